@@ -1,0 +1,144 @@
+"""DuckDB upsert sink (the embedded default warehouse)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import duckdb
+import pyarrow as pa
+
+from dbt_sink.base import LEDGER_TABLE, WarehouseUpsertSink
+from stateful_runtime.exceptions import SinkError
+from stateful_runtime.sinks.base import SinkSummary
+
+# DuckDB allows one writing process per file; a reader (srt status, a test, a BI tool) may hold
+# the lock briefly, so a batch waits for it this long before the batch fails and is retried.
+LOCK_WAIT_S = 30.0
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+class DuckDBUpsertSink(WarehouseUpsertSink):
+    """Upsert into a DuckDB table, created on first write with ``PRIMARY KEY (key...)``.
+
+    Args:
+        database: DuckDB file path.
+        table: table name.
+        key: the table's unique key columns (e.g. ``("merchant_id", "window_start")``).
+        summary_sql: query printed at the end of a run; ``{table}`` is replaced by the table.
+
+    The connection is opened per batch and closed after commit, so other processes can read
+    the file between batches.
+    """
+
+    def __init__(
+        self,
+        database: str,
+        table: str,
+        key: Sequence[str],
+        *,
+        summary_sql: str | None = None,
+    ) -> None:
+        super().__init__(table, key, summary_sql)
+        self.database = database
+
+    def describe(self) -> str:
+        return (f"DuckDB {self.database} table {self.table} (upsert by "
+                f"{', '.join(self.key_columns)}, ledger {LEDGER_TABLE})")
+
+    def _connect(self, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                return duckdb.connect(self.database, read_only=read_only)
+            except duckdb.IOException as exc:
+                if "lock" not in str(exc).lower() or time.monotonic() > deadline:
+                    raise SinkError(f"cannot open DuckDB {self.database}: {exc}") from exc
+                time.sleep(0.05)
+
+    def _ensure_tables(self, con: duckdb.DuckDBPyConnection, batch: pa.Table) -> None:
+        con.execute(
+            f"CREATE TABLE IF NOT EXISTS {LEDGER_TABLE} (job VARCHAR, sink VARCHAR, "
+            "batch_id BIGINT, rows BIGINT, committed_at TIMESTAMP, "
+            "PRIMARY KEY (job, sink, batch_id))"
+        )
+        existing = con.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = ? "
+            "ORDER BY ordinal_position", [self.table]
+        ).fetchall()
+        if existing:
+            have = [r[0] for r in existing]
+            if set(have) != set(batch.column_names):
+                raise SinkError(
+                    f"DuckDB table {self.table} has columns {have} but the job writes "
+                    f"{batch.column_names}; migrate the table or write to a new one"
+                )
+            return
+        con.register("_srt_schema", batch.slice(0, 0))
+        types = con.execute("DESCRIBE SELECT * FROM _srt_schema").fetchall()
+        con.unregister("_srt_schema")
+        cols = ", ".join(
+            f"{_q(name)} {tp}{' NOT NULL' if name in self.key_columns else ''}"
+            for name, tp, *_ in types
+        )
+        keys = ", ".join(_q(k) for k in self.key_columns)
+        con.execute(f"CREATE TABLE IF NOT EXISTS {_q(self.table)} ({cols}, PRIMARY KEY ({keys}))")
+
+    def _write(self, batch: pa.Table, batch_id: int) -> None:
+        con = self._connect()
+        try:
+            con.begin()
+            self._ensure_tables(con, batch)
+            seen = con.execute(
+                f"SELECT 1 FROM {LEDGER_TABLE} WHERE job = ? AND sink = ? AND batch_id = ?",
+                [self.job, self.sink_name, batch_id],
+            ).fetchone()
+            if seen:
+                con.rollback()
+                return
+            if batch.num_rows:
+                cols = ", ".join(_q(c) for c in batch.column_names)
+                keys = ", ".join(_q(k) for k in self.key_columns)
+                updates = ", ".join(
+                    f"{_q(c)} = excluded.{_q(c)}"
+                    for c in batch.column_names if c not in self.key_columns
+                )
+                action = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
+                con.register("_srt_batch", batch)
+                con.execute(
+                    f"INSERT INTO {_q(self.table)} ({cols}) SELECT {cols} FROM _srt_batch "
+                    f"ON CONFLICT ({keys}) {action}"
+                )
+                con.unregister("_srt_batch")
+            con.execute(
+                f"INSERT INTO {LEDGER_TABLE} VALUES (?, ?, ?, ?, now()::TIMESTAMP)",
+                [self.job, self.sink_name, batch_id, batch.num_rows],
+            )
+            con.commit()
+        except BaseException:
+            try:
+                con.rollback()
+            except duckdb.Error:
+                pass
+            raise
+        finally:
+            con.close()
+
+    def summary(self) -> SinkSummary | None:
+        con = self._connect(read_only=True)
+        try:
+            sql = (self.summary_sql or "SELECT * FROM {table} LIMIT 10").format(
+                table=_q(self.table)
+            )
+            cur = con.execute(sql)
+            cols = [d[0] for d in cur.description]
+            rows = cur.fetchall()
+            total = con.execute(f"SELECT count(*) FROM {_q(self.table)}").fetchone()[0]
+        except duckdb.CatalogException:
+            return SinkSummary(f"{self.table}: no rows written yet", [], [])
+        finally:
+            con.close()
+        return SinkSummary(f"{self.table} in {self.database} ({total} rows)", cols, rows)

@@ -1,0 +1,87 @@
+"""Every error the runtime raises on purpose.
+
+All of them derive from :class:`StatefulRuntimeError`, so a caller can catch the whole family,
+and each says what to do next, not only what went wrong::
+
+    StatefulRuntimeError
+    ├── ConfigError                 bad job file, unknown --set key, contradictory options
+    │   └── CheckpointOwnershipError  checkpoint dir written by another job
+    ├── PlanError                   a job graph the planner cannot turn into a Spark query
+    ├── LogError                    embedded event log
+    │   ├── TopicNotFoundError
+    │   ├── TopicExistsError
+    │   └── LogWriterBusyError      another process holds the topic's write lock
+    ├── SinkError                   a sink could not write or does not fit its table
+    └── JobError                    job registry: unknown job, not running, already running
+"""
+
+from __future__ import annotations
+
+
+class StatefulRuntimeError(Exception):
+    """Root of every error raised by stateful_runtime, dbt_sink and dagster_defs."""
+
+
+class ConfigError(StatefulRuntimeError):
+    """A job definition or its configuration is wrong; the message names the fix."""
+
+
+class CheckpointOwnershipError(ConfigError):
+    """The checkpoint directory belongs to another job.
+
+    Attributes:
+        directory: the checkpoint directory.
+        owner: the job name recorded in it.
+        job: the job that tried to use it.
+    """
+
+    def __init__(self, directory: str, owner: str, job: str) -> None:
+        self.directory, self.owner, self.job = directory, owner, job
+        super().__init__(
+            f"checkpoint directory {directory} belongs to job {owner!r}, not {job!r}. "
+            f"Point checkpoint.dir at a directory of this job's own (for example "
+            f"--set checkpoint.dir=<new dir>), or delete {directory} if job {owner!r} is gone."
+        )
+
+
+class PlanError(StatefulRuntimeError):
+    """The job graph cannot be planned onto Spark Structured Streaming."""
+
+
+class LogError(StatefulRuntimeError):
+    """An operation on the embedded event log failed."""
+
+
+class TopicNotFoundError(LogError):
+    def __init__(self, log_dir: str, topic: str) -> None:
+        self.log_dir, self.topic = log_dir, topic
+        super().__init__(
+            f"topic {topic!r} does not exist in log {log_dir}; "
+            f"create it with: srt log create {topic} --partitions N --log-dir {log_dir}"
+        )
+
+
+class TopicExistsError(LogError):
+    def __init__(self, log_dir: str, topic: str, partitions: int) -> None:
+        self.log_dir, self.topic, self.partitions = log_dir, topic, partitions
+        super().__init__(
+            f"topic {topic!r} already exists in log {log_dir} with {partitions} partitions"
+        )
+
+
+class LogWriterBusyError(LogError):
+    def __init__(self, topic: str, path: str) -> None:
+        self.topic, self.path = topic, path
+        super().__init__(
+            f"topic {topic!r} is open for writing by another process (only one writer per "
+            f"topic: a running `srt log serve` or `srt log append`). Send records to that "
+            f"process (e.g. through `srt log serve`'s port) or stop it first. Store: {path}"
+        )
+
+
+class SinkError(StatefulRuntimeError):
+    """A sink could not write a batch, or its target does not fit the job's output."""
+
+
+class JobError(StatefulRuntimeError):
+    """A job registry operation failed (unknown job, not running, already running)."""

@@ -1,0 +1,157 @@
+"""A streaming job: its name, checkpointing, parallelism, sources and sinks; and job files.
+
+A job file is a Python module with ``DEFAULTS`` (every configurable key and its default) and
+``build(config) -> StreamJob``. ``srt run JOB_FILE --set key=value`` overrides defaults; a key
+that is not in ``DEFAULTS`` is an error, so a typo never silently runs with the default.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from stateful_runtime.exceptions import ConfigError
+from stateful_runtime.sources.base import Source
+from stateful_runtime.streams import DataStream, SinkNode, SourceNode, check_name
+from stateful_runtime.watermarks import WatermarkStrategy
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Where and how often a job checkpoints.
+
+    Every micro-batch is a checkpoint: Spark writes the batch's source offsets, then its state
+    (RocksDB, changelog checkpointing) and then a commit marker, all under ``dir``. ``interval``
+    is the micro-batch trigger interval, so it is also the checkpoint interval.
+    """
+
+    dir: str
+    interval: timedelta = timedelta(seconds=5)
+
+    def __post_init__(self) -> None:
+        if not self.dir:
+            raise ConfigError("checkpoint dir must be set (checkpoint.dir)")
+        if not isinstance(self.interval, timedelta) or self.interval < timedelta(0):
+            raise ConfigError(f"checkpoint interval must be a timedelta >= 0, got {self.interval!r}")
+
+
+@dataclass
+class StreamJob:
+    """Flink's execution environment + job: build the graph, then ``srt run`` the file.
+
+    Args:
+        name: stable job name; the checkpoint directory is bound to it.
+        checkpoint: checkpoint directory and interval.
+        parallelism: number of state partitions (Spark shuffle partitions). Fixed by the first
+            run of a checkpoint; change it through a savepoint.
+    """
+
+    name: str
+    checkpoint: CheckpointConfig
+    parallelism: int = 4
+    sinks: list[SinkNode] = field(default_factory=list)
+    sources: list[SourceNode] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        check_name("job", self.name)
+        if self.parallelism < 1:
+            raise ConfigError(f"parallelism must be >= 1, got {self.parallelism}")
+
+    def from_source(
+        self, source: Source, watermark: WatermarkStrategy, name: str
+    ) -> DataStream:
+        if not isinstance(source, Source):
+            raise ConfigError(f"from_source takes a Source, got {type(source).__name__}")
+        if watermark.timestamp_field is None:
+            raise ConfigError(
+                f"source {name!r}: the watermark strategy needs a timestamp field: "
+                f"WatermarkStrategy...with_timestamp_field('ts_ms')"
+            )
+        node = SourceNode(source, watermark, check_name("source", name))
+        self.sources.append(node)
+        return DataStream(self, node)
+
+    def _add_sink(self, node: SinkNode) -> None:
+        if any(s.name == node.name for s in self.sinks):
+            raise ConfigError(f"two sinks are named {node.name!r}; give each sink_to a name")
+        self.sinks.append(node)
+
+    def explain(self) -> str:
+        from stateful_runtime.planner import plan
+
+        return plan(self).explain()
+
+
+@dataclass(frozen=True)
+class JobFile:
+    path: Path
+    defaults: Mapping[str, Any]
+    config: Mapping[str, Any]
+    job: StreamJob
+
+
+def _coerce(key: str, raw: str, default: Any) -> Any:
+    try:
+        if isinstance(default, bool):
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if isinstance(default, int):
+            return int(raw)
+        if isinstance(default, float):
+            return float(raw)
+    except ValueError:
+        raise ConfigError(
+            f"--set {key}={raw}: expected a {type(default).__name__} like the default {default!r}"
+        ) from None
+    return raw
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set takes KEY=VALUE, got {pair!r}")
+        out[key.strip()] = value
+    return out
+
+
+def load_job_file(path: str | Path, overrides: Mapping[str, str] | None = None) -> JobFile:
+    """Import a job file, apply ``--set`` overrides to its DEFAULTS, and build the job."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"job file {path} not found; give the path of a Python job file")
+    spec = importlib.util.spec_from_file_location(f"srt_job_{path.stem}", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise ConfigError(f"job file {path} failed to import: {type(exc).__name__}: {exc}") from exc
+    build = getattr(module, "build", None)
+    if not callable(build):
+        raise ConfigError(f"job file {path} must define build(config) -> StreamJob")
+    defaults: Mapping[str, Any] = getattr(module, "DEFAULTS", {})
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - set(defaults))
+    if unknown:
+        known = ", ".join(sorted(defaults)) or "(none: the job file declares no DEFAULTS)"
+        raise ConfigError(f"unknown config key(s) {', '.join(unknown)}; known keys: {known}")
+    config = dict(defaults)
+    for key, raw in overrides.items():
+        config[key] = _coerce(key, raw, defaults[key])
+    job = build(config)
+    if not isinstance(job, StreamJob):
+        raise ConfigError(f"{path}: build() returned {type(job).__name__}, not a StreamJob")
+    if not job.sinks:
+        raise ConfigError(f"job {job.name!r} has no sink: add .sink_to(...) to a stream")
+    return JobFile(path.resolve(), defaults, config, job)

@@ -1,0 +1,21 @@
+"""The embedded, durable event log (topics and partitions on RocksDB)."""
+
+from stateful_runtime.log._store import (
+    EventLog,
+    Record,
+    TopicInfo,
+    TopicReader,
+    TopicWriter,
+    cached_reader,
+    partition_for,
+)
+
+__all__ = [
+    "EventLog",
+    "Record",
+    "TopicInfo",
+    "TopicReader",
+    "TopicWriter",
+    "cached_reader",
+    "partition_for",
+]

@@ -1,0 +1,354 @@
+"""The embedded event log: Kafka's contract (topics, partitions, offsets, replay) on RocksDB.
+
+Layout of a log directory::
+
+    <log_dir>/<topic>/topic.json   {"format_version": 1, "topic": ..., "partitions": N}
+    <log_dir>/<topic>/store/       one RocksDB database holding every partition
+
+Keys in the store (all big-endian so that byte order is offset order):
+
+    b"r" + partition:u32 + offset:u64  -> record (see ``_encode``)
+    b"e" + partition:u32               -> next offset of the partition (its end offset)
+    b"p" + producer id (utf-8)         -> last sequence appended by that idempotent producer
+
+Durability: one ``append`` call is one RocksDB WriteBatch: records, end offsets and the producer
+sequence land together or not at all. The WAL is written before ``append`` returns, so a
+``kill -9`` of the writer loses nothing that ``append`` acknowledged. With ``fsync=True`` the WAL
+is also fsynced per call, which survives power loss too (~ one disk flush per call).
+
+Concurrency: one writer process per topic (RocksDB's lock); any number of readers in other
+processes, each a RocksDB *secondary* instance that tails the writer's WAL on ``catch_up``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+import shutil
+import struct
+import tempfile
+import time
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
+
+from stateful_runtime.exceptions import (
+    LogError,
+    LogWriterBusyError,
+    TopicExistsError,
+    TopicNotFoundError,
+)
+
+FORMAT_VERSION = 1
+_TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+_PART = struct.Struct(">I")
+_REC = struct.Struct(">IQ")
+_OFF = struct.Struct(">Q")
+_HDR = struct.Struct(">qiI")  # timestamp_ms, key length (-1 = no key), headers length
+
+
+@dataclass(frozen=True)
+class Record:
+    """One record of a topic. ``value`` is the raw payload, exactly as appended."""
+
+    value: bytes
+    key: bytes | None = None
+    timestamp_ms: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
+    partition: int = -1
+    offset: int = -1
+
+
+@dataclass(frozen=True)
+class TopicInfo:
+    name: str
+    partitions: int
+    path: Path
+
+
+def partition_for(key: bytes | None, value: bytes, partitions: int) -> int:
+    """Stable partitioner: crc32 of the key (of the value when there is no key) modulo N.
+
+    Stable across processes and Python versions (unlike ``hash()``), so a key always lands in
+    the same partition of a topic.
+    """
+    return zlib.crc32(key if key is not None else value) % partitions
+
+
+def _encode(rec: Record, now_ms: int) -> bytes:
+    key = rec.key
+    headers = json.dumps(rec.headers, separators=(",", ":")).encode() if rec.headers else b""
+    klen = -1 if key is None else len(key)
+    return b"".join(
+        (_HDR.pack(rec.timestamp_ms or now_ms, klen, len(headers)), key or b"", headers, rec.value)
+    )
+
+
+def _decode(raw: bytes, partition: int, offset: int) -> Record:
+    ts, klen, hlen = _HDR.unpack_from(raw)
+    pos = _HDR.size
+    key = None
+    if klen >= 0:
+        key = raw[pos : pos + klen]
+        pos += klen
+    headers = json.loads(raw[pos : pos + hlen]) if hlen else {}
+    pos += hlen
+    return Record(raw[pos:], key, ts, headers, partition, offset)
+
+
+def decode_value(raw: bytes) -> tuple[int, bytes]:
+    """Fast path for readers that need only (timestamp_ms, value) of an encoded record."""
+    ts, klen, hlen = _HDR.unpack_from(raw)
+    return ts, raw[_HDR.size + max(klen, 0) + hlen :]
+
+
+class EventLog:
+    """A directory of topics. Cheap to construct; opens nothing until asked."""
+
+    def __init__(self, log_dir: str | os.PathLike[str]) -> None:
+        self.log_dir = Path(log_dir)
+
+    def _topic_dir(self, topic: str) -> Path:
+        if not _TOPIC_NAME.match(topic):
+            raise LogError(
+                f"invalid topic name {topic!r}: use 1-200 of the characters A-Z a-z 0-9 . _ -"
+            )
+        return self.log_dir / topic
+
+    def create_topic(self, topic: str, partitions: int, *, exist_ok: bool = False) -> TopicInfo:
+        if partitions < 1:
+            raise LogError(f"a topic needs at least one partition, got {partitions}")
+        tdir = self._topic_dir(topic)
+        meta = tdir / "topic.json"
+        if meta.exists():
+            info = self.topic(topic)
+            if exist_ok and info.partitions == partitions:
+                return info
+            raise TopicExistsError(str(self.log_dir), topic, info.partitions)
+        tdir.mkdir(parents=True, exist_ok=True)
+        # Create the store first, then publish topic.json atomically: a crash in between leaves
+        # no half-made topic visible.
+        _open_primary(topic, tdir / "store").close()
+        tmp = tdir / "topic.json.tmp"
+        tmp.write_text(
+            json.dumps({"format_version": FORMAT_VERSION, "topic": topic, "partitions": partitions})
+        )
+        os.replace(tmp, meta)
+        return TopicInfo(topic, partitions, tdir)
+
+    def topic(self, topic: str) -> TopicInfo:
+        meta = self._topic_dir(topic) / "topic.json"
+        try:
+            data = json.loads(meta.read_text())
+        except FileNotFoundError:
+            raise TopicNotFoundError(str(self.log_dir), topic) from None
+        if data.get("format_version") != FORMAT_VERSION:
+            raise LogError(
+                f"topic {topic!r} has log format {data.get('format_version')!r}; this version of "
+                f"stateful_runtime reads format {FORMAT_VERSION} only"
+            )
+        return TopicInfo(topic, int(data["partitions"]), meta.parent)
+
+    def topics(self) -> list[TopicInfo]:
+        if not self.log_dir.is_dir():
+            return []
+        return [self.topic(p.name) for p in sorted(self.log_dir.iterdir())
+                if (p / "topic.json").exists()]
+
+    def writer(self, topic: str, *, fsync: bool = False) -> TopicWriter:
+        return TopicWriter(self.topic(topic), fsync=fsync)
+
+    def reader(self, topic: str) -> TopicReader:
+        return TopicReader(self.topic(topic))
+
+
+def _open_primary(topic: str, path: Path) -> Rdict:
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    try:
+        return Rdict(str(path), options=opts)
+    except Exception as exc:  # rocksdict raises a bare Exception for the LOCK conflict
+        if "lock" in str(exc).lower():
+            raise LogWriterBusyError(topic, str(path)) from None
+        raise LogError(f"cannot open topic {topic!r} at {path}: {exc}") from exc
+
+
+class TopicWriter:
+    """The single writer of a topic. Use as a context manager, or call ``close()``."""
+
+    def __init__(self, info: TopicInfo, *, fsync: bool = False) -> None:
+        self.info = info
+        self._db = _open_primary(info.name, info.path / "store")
+        self._wopts = WriteOptions()
+        self._wopts.sync = fsync
+        self._ends = [self._read_end(p) for p in range(info.partitions)]
+
+    def _read_end(self, partition: int) -> int:
+        raw = self._db.get(b"e" + _PART.pack(partition))
+        return _OFF.unpack(raw)[0] if raw else 0
+
+    def end_offsets(self) -> dict[int, int]:
+        return dict(enumerate(self._ends))
+
+    def producer_sequence(self, producer_id: str) -> int | None:
+        """Last sequence number committed by an idempotent producer, or None."""
+        raw = self._db.get(b"p" + producer_id.encode())
+        return struct.unpack(">q", raw)[0] if raw else None
+
+    def append(
+        self,
+        records: Iterable[Record],
+        *,
+        producer_id: str | None = None,
+        sequence: int | None = None,
+    ) -> int:
+        """Append records atomically; returns how many were appended.
+
+        Records with ``partition >= 0`` go to that partition; others are placed by
+        :func:`partition_for`. With ``producer_id`` and ``sequence`` the call is idempotent: a
+        sequence at or below the producer's last committed one appends nothing and returns 0
+        (how a re-executed micro-batch avoids writing its output twice).
+        """
+        if (producer_id is None) != (sequence is None):
+            raise LogError("append: give producer_id and sequence together, or neither")
+        if producer_id is not None:
+            last = self.producer_sequence(producer_id)
+            if last is not None and sequence is not None and sequence <= last:
+                return 0
+        n_parts = self.info.partitions
+        ends = list(self._ends)
+        now_ms = int(time.time() * 1000)
+        batch = WriteBatch(raw_mode=True)
+        count = 0
+        for rec in records:
+            p = rec.partition if rec.partition >= 0 else partition_for(rec.key, rec.value, n_parts)
+            if p >= n_parts:
+                raise LogError(f"partition {p} out of range for topic {self.info.name!r}")
+            batch.put(b"r" + _REC.pack(p, ends[p]), _encode(rec, now_ms))
+            ends[p] += 1
+            count += 1
+        for p in range(n_parts):
+            if ends[p] != self._ends[p]:
+                batch.put(b"e" + _PART.pack(p), _OFF.pack(ends[p]))
+        if producer_id is not None:
+            batch.put(b"p" + producer_id.encode(), struct.pack(">q", sequence))
+        if count or producer_id is not None:
+            self._db.write(batch, self._wopts)
+        self._ends = ends
+        return count
+
+    def append_values(self, values: Iterable[bytes], keys: Iterable[bytes | None]) -> int:
+        return self.append(Record(v, k) for v, k in zip(values, keys, strict=True))
+
+    def flush(self) -> None:
+        self._db.flush_wal(True)
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None  # type: ignore[assignment]
+
+    def __enter__(self) -> TopicWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_SECONDARY_ROOT: str | None = None
+
+
+def _secondary_dir() -> str:
+    global _SECONDARY_ROOT
+    if _SECONDARY_ROOT is None:
+        _SECONDARY_ROOT = tempfile.mkdtemp(prefix="srt-log-reader-")
+        atexit.register(shutil.rmtree, _SECONDARY_ROOT, True)
+    return tempfile.mkdtemp(dir=_SECONDARY_ROOT)
+
+
+class TopicReader:
+    """Reads a topic while another process may be writing it (a RocksDB secondary instance)."""
+
+    def __init__(self, info: TopicInfo) -> None:
+        self.info = info
+        store = info.path / "store"
+        try:
+            self._db = Rdict(
+                str(store),
+                options=Options(raw_mode=True),
+                access_type=AccessType.secondary(_secondary_dir()),
+            )
+        except Exception as exc:
+            raise LogError(f"cannot open topic {info.name!r} for reading at {store}: {exc}") from exc
+
+    def catch_up(self) -> None:
+        """See everything the writer has appended so far."""
+        self._db.try_catch_up_with_primary()
+
+    def end_offsets(self) -> dict[int, int]:
+        self.catch_up()
+        out = {}
+        for p in range(self.info.partitions):
+            raw = self._db.get(b"e" + _PART.pack(p))
+            out[p] = _OFF.unpack(raw)[0] if raw else 0
+        return out
+
+    def _raw(self, partition: int, start: int, end: int) -> Iterator[tuple[int, bytes]]:
+        if start >= end:
+            return
+        it = self._db.iter()
+        it.seek(b"r" + _REC.pack(partition, start))
+        upper = b"r" + _REC.pack(partition, end)
+        expected = start
+        while it.valid():
+            key = it.key()
+            if key >= upper:
+                break
+            offset = _REC.unpack_from(key, 1)[1]
+            if offset != expected:
+                raise LogError(
+                    f"topic {self.info.name!r} partition {partition}: offset {expected} missing "
+                    f"(found {offset}); the store is damaged"
+                )
+            yield offset, it.value()
+            expected += 1
+            it.next()
+        if expected != end:
+            raise LogError(
+                f"topic {self.info.name!r} partition {partition}: asked for offsets "
+                f"[{start}, {end}) but the log ends at {expected}; was the log directory replaced?"
+            )
+
+    def read(self, partition: int, start: int, end: int) -> Iterator[Record]:
+        """Records of one partition with ``start <= offset < end``."""
+        for offset, raw in self._raw(partition, start, end):
+            yield _decode(raw, partition, offset)
+
+    def read_values(self, partition: int, start: int, end: int) -> tuple[list[int], list[bytes]]:
+        """(timestamps_ms, values) of ``[start, end)``: the hot path of the Spark source."""
+        stamps, values = [], []
+        for _, raw in self._raw(partition, start, end):
+            ts, value = decode_value(raw)
+            stamps.append(ts)
+            values.append(value)
+        return stamps, values
+
+    def close(self) -> None:
+        self._db.close()
+
+
+_CACHED_READERS: dict[str, TopicReader] = {}
+
+
+def cached_reader(log_dir: str, topic: str) -> TopicReader:
+    """One reader per (log, topic) per process: opening a secondary costs ~0.3 s."""
+    key = os.path.join(os.path.abspath(log_dir), topic)
+    reader = _CACHED_READERS.get(key)
+    if reader is None:
+        reader = _CACHED_READERS[key] = EventLog(log_dir).reader(topic)
+    return reader

@@ -1,0 +1,86 @@
+"""The job registry: one JSON file per job under ``$SRT_HOME/jobs`` (default ``~/.srt``).
+
+``srt run`` registers its process there and keeps the entry's health fresh; ``srt status``,
+``srt stop`` and the Dagster plugin read it. Files are replaced atomically, so a reader never
+sees half an entry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from stateful_runtime.exceptions import JobError
+
+
+def home() -> Path:
+    return Path(os.environ.get("SRT_HOME") or Path.home() / ".srt")
+
+
+def _path(job: str) -> Path:
+    return home() / "jobs" / f"{job}.json"
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped) is not alive
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][:1] != "Z"
+    except OSError:
+        return True
+
+
+def write(job: str, entry: dict[str, Any]) -> None:
+    path = _path(job)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(entry, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def update(job: str, **fields: Any) -> dict[str, Any]:
+    entry = read(job) or {"job": job}
+    entry.update(fields)
+    write(job, entry)
+    return entry
+
+
+def read(job: str) -> dict[str, Any] | None:
+    try:
+        return json.loads(_path(job).read_text())
+    except FileNotFoundError:
+        return None
+
+
+def require(job: str) -> dict[str, Any]:
+    entry = read(job)
+    if entry is None:
+        known = ", ".join(e["job"] for e in entries()) or "none"
+        raise JobError(f"no job named {job!r} in {home() / 'jobs'} (known: {known})")
+    return entry
+
+
+def entries() -> list[dict[str, Any]]:
+    directory = home() / "jobs"
+    if not directory.is_dir():
+        return []
+    out = []
+    for p in sorted(directory.glob("*.json")):
+        try:
+            out.append(json.loads(p.read_text()))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def running(entry: dict[str, Any]) -> bool:
+    return entry.get("state") == "RUNNING" and pid_alive(entry.get("pid"))

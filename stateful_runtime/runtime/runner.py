@@ -1,0 +1,238 @@
+"""``srt run``: the job's process (Flink's JobManager role) on a local or cluster Spark.
+
+Starts one streaming query per planned query, prints a progress line per micro-batch, keeps
+the job's registry entry and health fresh, stops cleanly on SIGTERM/SIGINT (``srt stop``), and
+prints each sink's summary at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import IO, TYPE_CHECKING, Any
+
+from stateful_runtime import checkpoint
+from stateful_runtime.exceptions import JobError, SinkError
+from stateful_runtime.planner import QueryPlan, plan
+from stateful_runtime.runtime import registry
+from stateful_runtime.runtime.session import build_session, default_master
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.streaming import StreamingQuery
+
+    from stateful_runtime.job import JobFile
+    from stateful_runtime.sinks.base import Sink
+
+# How often the runner reads Spark's progress to print lines and refresh health. Spark keeps
+# the last 100 progress reports, so no batch is missed at this rate.
+MONITOR_INTERVAL_S = 0.5
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _foreach_batch(sink: Sink):  # -> Callable[[DataFrame, int], None]
+    def write(df: DataFrame, batch_id: int) -> None:
+        sink.write_batch(df.toArrow(), batch_id)
+
+    return write
+
+
+@dataclass
+class _Running:
+    plan: QueryPlan
+    query: StreamingQuery
+    checkpoint_dir: str
+    printed: int = -1
+    health: dict[str, Any] = field(default_factory=dict)
+
+
+def _fmt_int(n: Any) -> str:
+    return f"{int(n):,}" if isinstance(n, int | float) else "-"
+
+
+def progress_health(progress: dict[str, Any], checkpoint_dir: str) -> dict[str, Any]:
+    """Health of one query from its latest Spark progress report and checkpoint."""
+    ops = progress.get("stateOperators") or []
+    src = (progress.get("sources") or [{}])[0]
+    lag = None
+    end, latest = src.get("endOffset"), src.get("latestOffset")
+    if isinstance(end, dict) and isinstance(latest, dict):
+        lag = sum(max(0, int(latest[p]) - int(end.get(p, 0))) for p in latest)
+    commit_time = checkpoint.last_commit_time(checkpoint_dir)
+    return {
+        "last_batch": progress.get("batchId"),
+        "last_committed_batch": checkpoint.last_committed(checkpoint_dir),
+        "checkpoint_age_s": None if commit_time is None else round(time.time() - commit_time, 3),
+        "input_rows": progress.get("numInputRows"),
+        "input_rows_per_s": progress.get("inputRowsPerSecond"),
+        "processed_rows_per_s": progress.get("processedRowsPerSecond"),
+        "batch_duration_ms": (progress.get("durationMs") or {}).get("triggerExecution"),
+        "watermark": (progress.get("eventTime") or {}).get("watermark"),
+        "state_rows": sum(o.get("numRowsTotal", 0) for o in ops),
+        "state_bytes": sum(o.get("memoryUsedBytes", 0) for o in ops),
+        "late_rows_dropped": sum(o.get("numRowsDroppedByWatermark", 0) for o in ops),
+        "lag_records": lag,
+        "updated_at": _now(),
+    }
+
+
+def _line(job: str, run: _Running, h: dict[str, Any], out: IO[str]) -> None:
+    sink = run.plan.sink
+    dead = getattr(sink, "appended", None) if run.plan.name.startswith("dead-letters-") else None
+    parts = [
+        f"[{job}] {run.plan.name} batch {h['last_batch']}",
+        f"rows {_fmt_int(h['input_rows'])}",
+        f"{_fmt_int(h['processed_rows_per_s'])} rows/s",
+        f"{_fmt_int(h['batch_duration_ms'])} ms",
+    ]
+    if run.plan.stateful_operators:
+        parts += [
+            f"watermark {h['watermark'] or '-'}",
+            f"state {_fmt_int(h['state_rows'])} rows",
+            f"late-dropped {_fmt_int(h['late_rows_dropped'])}",
+        ]
+    if dead is not None:
+        parts.append(f"dead letters written {dead:,}")
+    if h["lag_records"] is not None:
+        parts.append(f"lag {_fmt_int(h['lag_records'])}")
+    print(" | ".join(parts), file=out, flush=True)
+
+
+def _print_summary(sink: Sink, out: IO[str]) -> None:
+    summary = sink.summary()
+    if summary is None:
+        return
+    print(f"\n{summary.title}", file=out)
+    if not summary.columns:
+        return
+    cells = [[str(c) for c in summary.columns]] + [[str(v) for v in r] for r in summary.rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(summary.columns))]
+    for i, row in enumerate(cells):
+        print("  " + "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)), file=out)
+        if i == 0:
+            print("  " + "  ".join("-" * w for w in widths), file=out)
+    out.flush()
+
+
+class JobRunner:
+    """Runs one job file until it ends (``available_now``) or is stopped."""
+
+    def __init__(self, jobfile: JobFile, *, available_now: bool = False,
+                 master: str | None = None, out: IO[str] = sys.stdout) -> None:
+        self.jobfile = jobfile
+        self.job = jobfile.job
+        self.available_now = available_now
+        self.master = master or default_master()
+        self.out = out
+        self.plan = plan(self.job)
+        self._stop = threading.Event()
+        self.runs: list[_Running] = []
+
+    def _register(self) -> None:
+        entry = registry.read(self.job.name)
+        if entry and registry.running(entry) and entry.get("pid") != os.getpid():
+            raise JobError(
+                f"job {self.job.name!r} is already running as pid {entry['pid']}; "
+                f"stop it with `srt stop {self.job.name}` or use `srt status`"
+            )
+        registry.write(self.job.name, {
+            "job": self.job.name, "state": "STARTING", "pid": os.getpid(),
+            "job_file": str(self.jobfile.path), "config": dict(self.jobfile.config),
+            "checkpoint_dir": str(self.checkpoint_dir), "master": self.master,
+            "available_now": self.available_now, "started_at": _now(),
+            "queries": {q.name: {"checkpoint_dir": str(self.checkpoint_dir / q.name),
+                                 "path": q.path, "output_mode": q.output_mode}
+                        for q in self.plan.queries},
+        })
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._stop.set()
+
+    def run(self) -> int:
+        """Run to the end; returns the process exit code (0 clean, 1 a query failed)."""
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        self.checkpoint_dir = checkpoint.claim(
+            self.job.checkpoint.dir, self.job.name, [q.name for q in self.plan.queries]
+        )
+        self._register()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        state, code = "FAILED", 1
+        try:
+            spark = build_session(self.job.parallelism, self.master)
+            registry.update(self.job.name, spark_app_id=spark.sparkContext.applicationId)
+            for q in self.plan.queries:
+                df = q.build(spark)
+                q.sink.check_schema(to_arrow_schema(df.schema))
+                q.sink.open(self.job.name, q.name)
+                qdir = str(self.checkpoint_dir / q.name)
+                writer = (
+                    df.writeStream.queryName(f"{self.job.name}.{q.name}")
+                    .outputMode(q.output_mode)
+                    .option("checkpointLocation", qdir)
+                    .foreachBatch(_foreach_batch(q.sink))
+                )
+                if self.available_now:
+                    writer = writer.trigger(availableNow=True)
+                else:
+                    secs = self.job.checkpoint.interval.total_seconds()
+                    writer = writer.trigger(processingTime=f"{secs} seconds")
+                self.runs.append(_Running(q, writer.start(), qdir))
+            registry.update(self.job.name, state="RUNNING")
+            print(f"[{self.job.name}] running {len(self.runs)} queries on {self.master}; "
+                  f"checkpoints in {self.checkpoint_dir}", file=self.out, flush=True)
+            failed = self._monitor()
+            state, code = ("FAILED", 1) if failed else (
+                "STOPPED" if self._stop.is_set() else "FINISHED", 0)
+        except SinkError as exc:
+            print(f"[{self.job.name}] error: {exc}", file=sys.stderr)
+        finally:
+            for run in self.runs:
+                if run.query.isActive:
+                    run.query.stop()
+            for q in self.plan.queries:
+                q.sink.close()
+            registry.update(self.job.name, state=state, ended_at=_now(),
+                            health={r.plan.name: r.health for r in self.runs})
+        if code == 0:
+            for q in self.plan.queries:
+                _print_summary(q.sink, self.out)
+        return code
+
+    def _report(self) -> None:
+        for run in self.runs:
+            for progress in run.query.recentProgress:
+                if progress["batchId"] > run.printed:
+                    run.printed = progress["batchId"]
+                    run.health = progress_health(progress, run.checkpoint_dir)
+                    _line(self.job.name, run, run.health, self.out)
+        registry.update(self.job.name, health={r.plan.name: r.health for r in self.runs})
+
+    def _monitor(self) -> bool:
+        """Wait until every query ends or a stop is requested; True if a query failed."""
+        while True:
+            self._report()
+            for run in self.runs:
+                if not run.query.isActive and run.query.exception() is not None:
+                    print(f"[{self.job.name}] query {run.plan.name} failed: "
+                          f"{run.query.exception()}", file=sys.stderr, flush=True)
+                    return True
+            if self._stop.is_set():
+                print(f"[{self.job.name}] stopping", file=self.out, flush=True)
+                for run in self.runs:
+                    run.query.stop()
+                self._report()
+                return False
+            if not any(run.query.isActive for run in self.runs):
+                self._report()
+                return False
+            self._stop.wait(MONITOR_INTERVAL_S)

@@ -1,0 +1,224 @@
+"""Source over the embedded event log, as a Spark Python streaming DataSource.
+
+Offsets are ``{"<partition>": <next offset>}`` JSON in Spark's offset log, so they are committed
+with the state of the same micro-batch. Each Spark task reads one offset range of one partition
+from a RocksDB secondary instance and yields Arrow record batches.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from stateful_runtime.exceptions import ConfigError
+from stateful_runtime.log import EventLog, cached_reader
+from stateful_runtime.sinks.log import DeadLetterSink
+from stateful_runtime.sources._decode import decode_json, to_struct
+from stateful_runtime.sources.base import ERROR, OFFSET, PARTITION, RAW, Source
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+FORMAT = "srt_log"
+# Upper bound on one Spark task's offset range, so one busy partition still spreads over cores.
+MAX_SPLIT_RECORDS = 250_000
+# Rows per Arrow batch handed to Spark: bounds a Python worker's memory per task.
+ARROW_BATCH_ROWS = 65_536
+
+
+class LogSource(Source):
+    """Read a topic of the embedded event log.
+
+    Args:
+        log_dir: the event log directory.
+        topic: topic to read.
+        schema: record schema, a ``{field: python type}`` mapping or a StructType; records are
+            JSON objects. Fields are required unless ``Optional``.
+        starting_offsets: ``"earliest"`` or ``"latest"``; used only by a query's first run, a
+            restarted query resumes from its checkpoint.
+        max_records_per_batch: cap on records per micro-batch (None: everything available).
+        dead_letter_topic: topic for records that fail to decode (default ``<topic>-dlq``).
+    """
+
+    def __init__(
+        self,
+        log_dir: str,
+        topic: str,
+        schema: StructType | Mapping[str, Any],
+        *,
+        starting_offsets: str = "earliest",
+        max_records_per_batch: int | None = None,
+        dead_letter_topic: str | None = None,
+    ) -> None:
+        if starting_offsets not in ("earliest", "latest"):
+            raise ConfigError(
+                f"starting_offsets must be 'earliest' or 'latest', got {starting_offsets!r}"
+            )
+        if max_records_per_batch is not None and max_records_per_batch < 1:
+            raise ConfigError(f"max_records_per_batch must be >= 1, got {max_records_per_batch}")
+        self.log_dir = log_dir
+        self.topic = topic
+        self.name = topic
+        self.schema = to_struct(schema)
+        self.starting_offsets = starting_offsets
+        self.max_records_per_batch = max_records_per_batch
+        self.dead_letter_topic = dead_letter_topic or f"{topic}-dlq"
+
+    def describe(self) -> str:
+        limit = self.max_records_per_batch or "unlimited"
+        return (
+            f"event log {self.log_dir} topic {self.topic!r} (from {self.starting_offsets}, "
+            f"max {limit} records/batch, JSON → {self.schema.simpleString()})"
+        )
+
+    def read_stream(self, spark: SparkSession) -> DataFrame:
+        info = EventLog(self.log_dir).topic(self.topic)  # fail fast with TopicNotFoundError
+        register_data_source(spark)
+        reader = (
+            spark.readStream.format(FORMAT)
+            .option("log_dir", self.log_dir)
+            .option("topic", info.name)
+            .option("schema", self.schema.json())
+            .option("starting_offsets", self.starting_offsets)
+        )
+        if self.max_records_per_batch:
+            reader = reader.option("max_records_per_batch", str(self.max_records_per_batch))
+        return reader.load()
+
+    def dead_letter_sink(self) -> DeadLetterSink:
+        partitions = EventLog(self.log_dir).topic(self.topic).partitions
+        return DeadLetterSink(
+            self.log_dir, self.dead_letter_topic, source_topic=self.topic, partitions=partitions
+        )
+
+
+_REGISTERED: set[str] = set()
+
+
+def register_data_source(spark: SparkSession) -> None:
+    """Register ``srt_log`` once per SparkSession (re-registering logs a warning)."""
+    session_id = spark.sparkContext.applicationId
+    if session_id not in _REGISTERED:
+        spark.dataSource.register(EventLogDataSource)
+        _REGISTERED.add(session_id)
+
+
+def stream_schema(record_schema: StructType) -> StructType:
+    """Declared fields + the source's metadata columns, as Spark sees them."""
+    # Every declared field is nullable here: a rejected record has nulls in all of them.
+    out = StructType([StructField(f.name, f.dataType, True) for f in record_schema.fields])
+    return (
+        out.add(ERROR, StringType())
+        .add(RAW, BinaryType())
+        .add(PARTITION, IntegerType())
+        .add(OFFSET, LongType())
+    )
+
+
+class EventLogDataSource(DataSource):
+    """``spark.readStream.format("srt_log")``; options as set by :class:`LogSource`."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> StructType:
+        return stream_schema(StructType.fromJson(json.loads(self.options["schema"])))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return EventLogStreamReader(self.options)
+
+
+@dataclass
+class LogSplit(InputPartition):
+    partition: int
+    start: int
+    end: int
+
+
+def limit_offsets(start: dict[str, int], ends: dict[str, int], max_rows: int) -> dict[str, int]:
+    """Advance each partition from ``start`` toward ``ends`` by at most ``max_rows`` in total,
+    sharing the budget fairly so a busy partition cannot starve the others."""
+    out = dict(start)
+    budget = max_rows
+    backlog = {p: ends[p] - start.get(p, 0) for p in ends if ends[p] > start.get(p, 0)}
+    while budget > 0 and backlog:
+        share = max(1, budget // len(backlog))
+        for p in sorted(backlog):
+            take = min(share, backlog[p], budget)
+            out[p] = out.get(p, 0) + take
+            backlog[p] -= take
+            budget -= take
+            if budget == 0:
+                break
+        backlog = {p: n for p, n in backlog.items() if n > 0}
+    return out
+
+
+class EventLogStreamReader(DataSourceStreamReader):
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.log_dir = options["log_dir"]
+        self.topic = options["topic"]
+        self.record_schema = StructType.fromJson(json.loads(options["schema"]))
+        self.starting = options.get("starting_offsets", "earliest")
+        max_rows = options.get("max_records_per_batch")
+        self.max_rows = int(max_rows) if max_rows else None
+
+    def _ends(self) -> dict[str, int]:
+        ends = cached_reader(self.log_dir, self.topic).end_offsets()
+        return {str(p): n for p, n in ends.items()}
+
+    def initialOffset(self) -> dict:
+        ends = self._ends()
+        return ends if self.starting == "latest" else dict.fromkeys(ends, 0)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_rows) if self.max_rows else ReadAllAvailable()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        ends = self._ends()
+        if isinstance(limit, ReadMaxRows):
+            return limit_offsets(start, ends, limit.maxRows)
+        return ends
+
+    def reportLatestOffset(self) -> dict:
+        return self._ends()
+
+    def partitions(self, start: dict, end: dict) -> list[LogSplit]:
+        splits = []
+        for p, stop in sorted(end.items(), key=lambda kv: int(kv[0])):
+            lo = start.get(p, 0)
+            while lo < stop:
+                hi = min(stop, lo + MAX_SPLIT_RECORDS)
+                splits.append(LogSplit(int(p), lo, hi))
+                lo = hi
+        return splits
+
+    def read(self, partition: LogSplit) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        reader = cached_reader(self.log_dir, self.topic)
+        reader.catch_up()
+        for lo in range(partition.start, partition.end, ARROW_BATCH_ROWS):
+            hi = min(partition.end, lo + ARROW_BATCH_ROWS)
+            _, values = reader.read_values(partition.partition, lo, hi)
+            table = decode_json(values, self.record_schema)
+            table = table.append_column(
+                PARTITION, pa.array([partition.partition] * len(values), pa.int32())
+            ).append_column(OFFSET, pa.array(range(lo, hi), pa.int64()))
+            yield from table.to_batches()
+
+    def commit(self, end: dict) -> None:
+        pass
