@@ -63,7 +63,14 @@ def _run_cmd(args: argparse.Namespace) -> int:
     from stateful_runtime.runtime.runner import JobRunner
 
     jobfile = load_job_file(args.job_file, parse_overrides(args.set))
-    return JobRunner(jobfile, available_now=args.available_now, master=args.master).run()
+    try:
+        return JobRunner(jobfile, available_now=args.available_now, master=args.master).run()
+    finally:
+        from pyspark.sql import SparkSession
+
+        session = SparkSession.getActiveSession()
+        if session is not None:  # end the Spark application cleanly (FINISHED on a cluster)
+            session.stop()
 
 
 def _explain_cmd(args: argparse.Namespace) -> int:

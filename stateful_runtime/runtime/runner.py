@@ -163,6 +163,8 @@ class JobRunner:
         self.checkpoint_dir = checkpoint.claim(
             self.job.checkpoint.dir, self.job.name, [q.name for q in self.plan.queries]
         )
+        for src in self.job.sources:
+            src.source.check()
         self._register()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)

@@ -79,9 +79,14 @@ class DeadLetterSink(LogSink):
     topic has as many partitions as the source.
     """
 
-    def __init__(self, log_dir: str, topic: str, *, source_topic: str, partitions: int) -> None:
-        super().__init__(log_dir, topic, partitions=partitions)
+    def __init__(self, log_dir: str, topic: str, *, source_topic: str) -> None:
+        super().__init__(log_dir, topic)
         self.source_topic = source_topic
+
+    def open(self, job: str, query: str) -> None:
+        # As many partitions as the source, so a dead letter stays in its source partition.
+        self.partitions = EventLog(self.log_dir).topic(self.source_topic).partitions
+        super().open(job, query)
 
     def default_name(self) -> str:
         return "dead-letters"

@@ -31,6 +31,9 @@ class Source(ABC):
     name: str
     schema: StructType
 
+    def check(self) -> None:
+        """Fail fast, before Spark starts, if the source cannot be read (missing topic...)."""
+
     @abstractmethod
     def read_stream(self, spark: SparkSession) -> DataFrame:
         """The decoded stream, good and bad records alike."""

@@ -85,8 +85,11 @@ class LogSource(Source):
             f"max {limit} records/batch, JSON → {self.schema.simpleString()})"
         )
 
+    def check(self) -> None:
+        EventLog(self.log_dir).topic(self.topic)
+
     def read_stream(self, spark: SparkSession) -> DataFrame:
-        info = EventLog(self.log_dir).topic(self.topic)  # fail fast with TopicNotFoundError
+        info = EventLog(self.log_dir).topic(self.topic)
         register_data_source(spark)
         reader = (
             spark.readStream.format(FORMAT)
@@ -100,10 +103,7 @@ class LogSource(Source):
         return reader.load()
 
     def dead_letter_sink(self) -> DeadLetterSink:
-        partitions = EventLog(self.log_dir).topic(self.topic).partitions
-        return DeadLetterSink(
-            self.log_dir, self.dead_letter_topic, source_topic=self.topic, partitions=partitions
-        )
+        return DeadLetterSink(self.log_dir, self.dead_letter_topic, source_topic=self.topic)
 
 
 _REGISTERED: set[str] = set()
@@ -192,7 +192,7 @@ class EventLogStreamReader(DataSourceStreamReader):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         ends = self._ends()
         if isinstance(limit, ReadMaxRows):
-            return limit_offsets(start, ends, limit.maxRows)
+            return limit_offsets(start, ends, limit.max_rows)
         return ends
 
     def reportLatestOffset(self) -> dict:

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Install with the dev extras and run the whole test suite (real Spark, DuckDB, processes).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+platform/bootstrap.sh dev
+export SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON="$PWD/.venv/bin/python"
+exec .venv/bin/python -m pytest -ra "$@"

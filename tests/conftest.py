@@ -1,0 +1,121 @@
+"""Shared fixtures: real services and real processes, started once where they can be shared."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+VENV_BIN = Path(sys.executable).parent
+sys.path.insert(0, str(EXAMPLES))
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+@pytest.fixture(scope="session")
+def srt_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    home = tmp_path_factory.mktemp("srt-home")
+    os.environ["SRT_HOME"] = str(home)
+    return home
+
+
+@pytest.fixture(scope="session")
+def srt_env(srt_home: Path) -> dict[str, str]:
+    """Environment for `srt` subprocesses: this venv first on PATH, Spark on loopback."""
+    env = dict(os.environ)
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["SRT_HOME"] = str(srt_home)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@pytest.fixture(scope="session")
+def spark(srt_home: Path):
+    """One local SparkSession for the whole test session (start-up costs ~5.5 s)."""
+    from stateful_runtime.runtime.session import build_session
+
+    session = build_session(parallelism=2, master="local[2]")
+    yield session
+    session.stop()
+
+
+def srt(args: Sequence[str], env: dict[str, str], *, cwd: Path | None = None,
+        input: bytes | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run the real `srt` console script and capture its output."""
+    return subprocess.run(
+        [str(VENV_BIN / "srt"), *args], env=env, cwd=cwd, input=input,
+        capture_output=True, timeout=timeout, **({} if input is not None else {"text": True}),
+    )
+
+
+@dataclass
+class UpiWorkspace:
+    """Paths of one UPI job instance and the `--set` flags that point the job at them."""
+
+    root: Path
+    partitions: int = 4
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "log"
+
+    @property
+    def database(self) -> Path:
+        return self.root / "upi.duckdb"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.root / "checkpoints"
+
+    def sets(self) -> list[str]:
+        values = {
+            "source.log_dir": str(self.log_dir),
+            "sink.database": str(self.database),
+            "checkpoint.dir": str(self.checkpoint_dir),
+            **self.extra,
+        }
+        return [arg for k, v in values.items() for arg in ("--set", f"{k}={v}")]
+
+    def run_args(self, *more: str) -> list[str]:
+        return ["run", str(EXAMPLES / "upi_per_minute.py"), *self.sets(), *more]
+
+    def table(self) -> dict:
+        """upi_counts as {(merchant_id, window_start): (payments, amount_paise)}."""
+        import duckdb
+
+        con = duckdb.connect(str(self.database), read_only=True)
+        try:
+            rows = con.execute(
+                "SELECT merchant_id, window_start, payments, amount_paise FROM upi_counts"
+            ).fetchall()
+        finally:
+            con.close()
+        return {(m, w): (p, a) for m, w, p, a in rows}
+
+
+@pytest.fixture
+def upi(tmp_path: Path) -> Iterator[UpiWorkspace]:
+    from stateful_runtime.log import EventLog
+
+    ws = UpiWorkspace(tmp_path)
+    EventLog(ws.log_dir).create_topic("upi-payments", ws.partitions)
+    yield ws
+
+
+def append_lines(log_dir: Path, lines: Sequence[bytes], topic: str = "upi-payments") -> None:
+    """Append JSON lines keyed by merchant_id, as `srt log append --key-field` does."""
+    from stateful_runtime.log import EventLog
+    from stateful_runtime.log._ingest import _records
+
+    with EventLog(log_dir).writer(topic) as writer:
+        writer.append(_records(lines, "merchant_id"))

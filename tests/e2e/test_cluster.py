@@ -1,0 +1,115 @@
+"""The UPI job end to end on a Spark standalone cluster (master + worker from the pyspark wheel).
+
+The same job and oracle as test_upi_available_now, but `srt run --master spark://...`: the
+driver is the `srt` process, the tasks (Python DataSource reads, RocksDB state) run in an
+executor the worker launched.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from upi_events import events, oracle
+
+from stateful_runtime.log import EventLog
+from tests.conftest import ROOT, append_lines, srt
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+SCRIPT = ROOT / "platform" / "spark-cluster.sh"
+
+
+@dataclass
+class Cluster:
+    dir: Path
+    master_url: str
+    webui_url: str
+    worker_dir: Path
+
+    def state(self) -> dict:
+        with urllib.request.urlopen(f"{self.webui_url}/json/", timeout=10) as resp:
+            return json.load(resp)
+
+    def wait_for_completed_app(self, app_id: str, timeout_s: float = 30) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            state = self.state()
+            for app in state["completedapps"]:
+                if app["id"] == app_id:
+                    return app
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{app_id} not among the master's completed apps: {state}")
+            time.sleep(0.2)  # poll interval
+
+
+def _env_file(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+
+
+def _cluster_cmd(cmd: str, cluster_dir: Path, env: dict[str, str],
+                 timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(SCRIPT), cmd, str(cluster_dir)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, srt_env: dict[str, str]) -> Iterator[Cluster]:
+    cluster_dir = tmp_path_factory.mktemp("spark-cluster")
+    # The daemons get PYSPARK_PYTHON = this interpreter; executors get it from the job's
+    # spark.executorEnv.PYSPARK_PYTHON (session.py, from srt_env's PYSPARK_PYTHON).
+    env = {**srt_env, "SRT_PYTHON": sys.executable, "SRT_CLUSTER_DIR": str(cluster_dir)}
+    try:
+        started = _cluster_cmd("start", cluster_dir, env)
+        assert started.returncode == 0, started.stderr[-4000:]
+        info = _env_file(cluster_dir / "cluster.env")
+        assert started.stdout.strip() == info["MASTER_URL"]
+        yield Cluster(cluster_dir, info["MASTER_URL"], info["MASTER_WEBUI_URL"],
+                      Path(info["WORKER_DIR"]))
+    finally:
+        stopped = _cluster_cmd("stop", cluster_dir, env)
+        assert stopped.returncode == 0, stopped.stderr[-4000:]
+
+
+def test_200k_events_on_standalone_cluster_equal_oracle(cluster: Cluster, upi, srt_env):
+    state = cluster.state()
+    assert state["status"] == "ALIVE" and state["aliveworkers"] == 1 and state["cores"] == 2
+
+    lines = list(events(200_000, merchants=40, rate_per_s=500, disorder_ms=4_500,
+                        bad_every=20_011, seed=23))
+    append_lines(upi.log_dir, lines)
+
+    result = srt(upi.run_args("--available-now", "--master", cluster.master_url), srt_env,
+                 timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert f"running 2 queries on {cluster.master_url}" in result.stdout, result.stdout[-2000:]
+    assert "upi-counts batch 0" in result.stdout
+
+    assert upi.table() == oracle(lines)
+
+    bad = [line for line in lines if line.startswith(b"{not") or b'"ten"' in line
+           or b'"amount_paise"' not in line]
+    reader = EventLog(upi.log_dir).reader("upi-payments-dlq")
+    dead = [r for p, end in reader.end_offsets().items() for r in reader.read(p, 0, end)]
+    assert sorted(r.value for r in dead) == sorted(bad)
+
+    # The run really was on the cluster: the registry names the master and a standalone app
+    # id, the master lists that app as finished, and the worker launched an executor for it.
+    status = json.loads(srt(["status", "upi-per-minute", "--json"], srt_env).stdout)[0]
+    assert status["state"] == "FINISHED"
+    assert status["master"] == cluster.master_url
+    app_id = status["spark_app_id"]
+    assert app_id.startswith("app-") and not app_id.startswith("local-"), app_id
+
+    # The driver exiting unregisters the app; the master records that asynchronously.
+    app = cluster.wait_for_completed_app(app_id)
+    assert app["state"] == "FINISHED" and app["cores"] == 2, app
+    executor_logs = list((cluster.worker_dir / app_id).glob("*/stderr"))
+    assert executor_logs, f"no executor of {app_id} under {cluster.worker_dir}"

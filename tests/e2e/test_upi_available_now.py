@@ -1,0 +1,43 @@
+"""The UPI job end to end through the real CLI: 200k disordered events → DuckDB = oracle."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from upi_events import events, oracle
+
+from stateful_runtime.log import EventLog
+from tests.conftest import append_lines, srt
+
+pytestmark = pytest.mark.slow
+
+
+def test_200k_events_available_now_equal_oracle(upi, srt_env):
+    lines = list(events(200_000, merchants=40, rate_per_s=500, disorder_ms=4_500,
+                        bad_every=20_011, seed=11))
+    append_lines(upi.log_dir, lines)
+
+    result = srt(upi.run_args("--available-now"), srt_env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "upi-counts batch 0" in result.stdout
+    assert "upi_counts in" in result.stdout  # the final summary table
+
+    expected = oracle(lines)
+    assert upi.table() == expected
+
+    # Every bad record is in the dead-letter topic, once, with its reason and origin.
+    bad = [line for line in lines if line.startswith(b"{not") or b'"ten"' in line
+           or b'"amount_paise"' not in line]
+    reader = EventLog(upi.log_dir).reader("upi-payments-dlq")
+    dead = [r for p, end in reader.end_offsets().items() for r in reader.read(p, 0, end)]
+    assert sorted(r.value for r in dead) == sorted(bad)
+    assert all(r.headers["error"] and r.headers["source.topic"] == "upi-payments" for r in dead)
+
+    # A second run finds nothing new and changes nothing.
+    again = srt(upi.run_args("--available-now"), srt_env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert upi.table() == expected
+    status = json.loads(srt(["status", "upi-per-minute", "--json"], srt_env).stdout)[0]
+    assert status["state"] == "FINISHED"
+    assert status["health"]["upi-counts"]["late_rows_dropped"] == 0

@@ -1,0 +1,184 @@
+"""The embedded event log: partitions, offsets, idempotent producers, concurrency, durability."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from stateful_runtime.exceptions import (
+    LogError,
+    LogWriterBusyError,
+    TopicExistsError,
+    TopicNotFoundError,
+)
+from stateful_runtime.log import EventLog, Record, partition_for
+from tests.conftest import srt
+
+
+def test_create_append_read_by_offset_range(tmp_path):
+    log = EventLog(tmp_path)
+    log.create_topic("t", 3)
+    with log.writer("t") as w:
+        n = w.append(Record(f"v{i}".encode(), f"k{i % 5}".encode()) for i in range(100))
+    assert n == 100
+    reader = log.reader("t")
+    ends = reader.end_offsets()
+    assert sum(ends.values()) == 100 and set(ends) == {0, 1, 2}
+    for p, end in ends.items():
+        records = list(reader.read(p, 0, end))
+        assert [r.offset for r in records] == list(range(end))
+        assert all(partition_for(r.key, r.value, 3) == p for r in records)
+    # A sub-range is exactly that range.
+    p = max(ends, key=ends.get)
+    assert [r.offset for r in reader.read(p, 2, 5)] == [2, 3, 4]
+    # Reading past the end is an error, not a silent short read.
+    with pytest.raises(LogError, match="log ends at"):
+        list(reader.read(p, 0, ends[p] + 1))
+
+
+def test_partitioning_is_stable_across_processes(tmp_path):
+    keys = [f"M{i:03d}".encode() for i in range(50)]
+    here = [partition_for(k, b"", 7) for k in keys]
+    code = ("from stateful_runtime.log import partition_for; import json; print(json.dumps("
+            f"[partition_for(('M%03d' % i).encode(), b'', 7) for i in range(50)]))")
+    there = json.loads(subprocess.check_output([sys.executable, "-c", code]))
+    assert here == there and len(set(here)) > 1
+
+
+def test_topic_errors_say_what_to_do(tmp_path):
+    log = EventLog(tmp_path)
+    with pytest.raises(TopicNotFoundError, match="srt log create missing"):
+        log.topic("missing")
+    log.create_topic("t", 2)
+    with pytest.raises(TopicExistsError):
+        log.create_topic("t", 3)
+    assert log.create_topic("t", 2, exist_ok=True).partitions == 2
+    with pytest.raises(LogError, match="invalid topic name"):
+        log.create_topic("a/b", 1)
+
+
+def test_idempotent_producer_appends_a_sequence_once(tmp_path):
+    log = EventLog(tmp_path)
+    log.create_topic("out", 1)
+    with log.writer("out") as w:
+        assert w.append([Record(b"a"), Record(b"b")], producer_id="job/q", sequence=0) == 2
+        assert w.append([Record(b"a"), Record(b"b")], producer_id="job/q", sequence=0) == 0
+        assert w.append([Record(b"c")], producer_id="job/q", sequence=1) == 1
+        assert w.append([Record(b"x")], producer_id="other", sequence=0) == 1
+    with log.writer("out") as w:  # the sequence survives reopening
+        assert w.producer_sequence("job/q") == 1
+        assert w.append([Record(b"c")], producer_id="job/q", sequence=1) == 0
+    assert log.reader("out").end_offsets() == {0: 4}
+
+
+def test_one_writer_per_topic(tmp_path):
+    log = EventLog(tmp_path)
+    log.create_topic("t", 1)
+    with log.writer("t"):
+        holder = subprocess.run(
+            [sys.executable, "-c",
+             f"from stateful_runtime.log import EventLog; EventLog({str(tmp_path)!r}).writer('t')"],
+            capture_output=True, text=True,
+        )
+    assert holder.returncode != 0
+    assert "LogWriterBusyError" in holder.stderr and "only one writer" in holder.stderr
+    with pytest.raises(LogWriterBusyError):
+        with log.writer("t"):
+            log.writer("t")
+
+
+WRITER = textwrap.dedent("""
+    import sys
+    from stateful_runtime.log import EventLog, Record
+    w = EventLog(sys.argv[1]).writer("t")
+    n = 0
+    while True:
+        w.append([Record(b"%d" % (n + i)) for i in range(100)])
+        n += 100
+        print(n, flush=True)
+""")
+
+
+def test_reader_in_another_process_follows_a_live_writer_and_kill_9_loses_no_ack(tmp_path):
+    log = EventLog(tmp_path)
+    log.create_topic("t", 1)
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)],
+                            stdout=subprocess.PIPE, text=True)
+    reader = log.reader("t")
+    seen = []
+    acked = 0
+    try:
+        while acked < 5_000:
+            acked = int(proc.stdout.readline())
+            end = reader.end_offsets()[0]
+            assert end >= min(seen[-1:] or [0])  # end offsets only move forward
+            seen.append(end)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        proc.kill()
+    assert len(set(seen)) > 1, "the reader never saw the writer's progress"
+    # Everything the writer acknowledged before the kill is there, in order, once.
+    after = EventLog(tmp_path).reader("t")
+    end = after.end_offsets()[0]
+    assert end >= acked
+    values = [int(r.value) for r in after.read(0, 0, end)]
+    assert values == list(range(end))
+
+
+def test_append_from_stdin_via_cli(tmp_path, srt_env):
+    log_dir = tmp_path / "log"
+    assert srt(["log", "create", "upi", "--partitions", "2", "--log-dir", str(log_dir)],
+               srt_env).returncode == 0
+    lines = b"".join(b'{"merchant_id": "M%d", "n": %d}\n' % (i % 3, i) for i in range(50))
+    result = srt(["log", "append", "upi", "--key-field", "merchant_id", "--log-dir",
+                  str(log_dir)], srt_env, input=lines + b"not json\n\n")
+    assert result.returncode == 0, result.stderr
+    reader = EventLog(log_dir).reader("upi")
+    records = [r for p, e in reader.end_offsets().items() for r in reader.read(p, 0, e)]
+    assert len(records) == 51  # the blank line is no record; the bad one is kept for the DLQ
+    assert {r.key for r in records if r.value.startswith(b"{")} == {b"M0", b"M1", b"M2"}
+    assert [r.key for r in records if r.value == b"not json"] == [None]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_accepts_nc_style_lines_and_stops_cleanly(tmp_path, srt_env):
+    from tests.conftest import VENV_BIN
+
+    log_dir = tmp_path / "log"
+    EventLog(log_dir).create_topic("socket", 2)
+    port = _free_port()
+    proc = subprocess.Popen(
+        [str(VENV_BIN / "srt"), "log", "serve", "socket", "--port", str(port),
+         "--key-field", "k", "--log-dir", str(log_dir)],
+        env=srt_env, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert "listening on" in proc.stdout.readline()
+        for batch in range(3):  # three connections, like three `nc` sessions
+            with socket.create_connection(("127.0.0.1", port)) as conn:
+                conn.sendall(b"".join(b'{"k": "a%d", "i": %d}\n' % (i, batch * 100 + i)
+                                      for i in range(100)))
+        reader = EventLog(log_dir).reader("socket")
+        deadline = time.monotonic() + 30
+        while sum(reader.end_offsets().values()) < 300:
+            assert time.monotonic() < deadline, reader.end_offsets()
+            time.sleep(0.02)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    values = sorted(json.loads(r.value)["i"] for p, e in reader.end_offsets().items()
+                    for r in reader.read(p, 0, e))
+    assert values == list(range(300))
