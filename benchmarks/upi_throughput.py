@@ -253,12 +253,22 @@ def _progress_by_batch(progress: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [out[k] for k in sorted(out)]
 
 
-def _timed_write(write: Callable[[Any, int], None], into: dict[int, tuple[float, int]]
+def _sinks(query: Any) -> list[Any]:
+    """The sinks of a planned query (one ``sink``, or several ``outputs``)."""
+    if getattr(query, "sink", None) is not None:
+        return [query.sink]
+    return [o.sink for o in getattr(query, "outputs", [])]
+
+
+def _timed_write(write: Callable[[Any, int], None], into: dict[int, list[float]]
                  ) -> Callable[[Any, int], None]:
+    """Wrap a sink's write_batch to add its duration (ms) and rows to ``into[batch_id]``."""
     def timed_write(batch: Any, batch_id: int) -> None:
         t0 = time.perf_counter()
         write(batch, batch_id)
-        into[batch_id] = (round((time.perf_counter() - t0) * 1000, 1), batch.num_rows)
+        acc = into.setdefault(batch_id, [0.0, 0])
+        acc[0] += (time.perf_counter() - t0) * 1000
+        acc[1] += batch.num_rows
 
     return timed_write
 
@@ -293,10 +303,11 @@ def run_job(*, workdir: Path, name: str, log_dir: Path, ends: dict[int, int], ba
     runner = JobRunner(jf, available_now=mode == "available-now", master=master, out=out)
     if aggregation_only:  # drop the dead-letter query: what does it cost the job?
         runner.plan.queries = [q for q in runner.plan.queries if q.name == AGG_QUERY]
-    sink_ms: dict[str, dict[int, tuple[float, int]]] = {}
+    sink_ms: dict[str, dict[int, list[float]]] = {}
     for q in runner.plan.queries:  # time each sink's write_batch (foreachBatch runs here)
         sink_ms[q.name] = {}
-        q.sink.write_batch = _timed_write(q.sink.write_batch, sink_ms[q.name])
+        for sink in _sinks(q):
+            sink.write_batch = _timed_write(sink.write_batch, sink_ms[q.name])
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     done = threading.Event()
     if mode == "catch-up":
@@ -321,7 +332,9 @@ def run_job(*, workdir: Path, name: str, log_dir: Path, ends: dict[int, int], ba
         progress = _progress_by_batch(r.query.recentProgress)
         rows = [_batch_row(p) for p in progress]
         for b in rows:
-            b["sink_write_ms"], b["sink_rows"] = sink_ms[r.plan.name].get(b["batch"], (None, None))
+            ms, n = sink_ms[r.plan.name].get(b["batch"], (None, None))
+            b["sink_write_ms"] = None if ms is None else round(ms, 1)
+            b["sink_rows"] = n
         stats = query_stats(rows)
         stats["sink_write_ms_total"] = round(sum(v[0] for v in sink_ms[r.plan.name].values()), 1)
         stats["caught_up"] = bool(progress) and _end_offsets(progress[-1]) == {

@@ -137,6 +137,11 @@ def load_job_file(path: str | Path, overrides: Mapping[str, str] | None = None) 
         spec.loader.exec_module(module)
     except Exception as exc:
         raise ConfigError(f"job file {path} failed to import: {type(exc).__name__}: {exc}") from exc
+    # Functions and classes defined in the job file travel to Spark's workers by value: the
+    # workers cannot import a module loaded from a file path.
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(module)
     build = getattr(module, "build", None)
     if not callable(build):
         raise ConfigError(f"job file {path} must define build(config) -> StreamJob")

@@ -1,31 +1,42 @@
 """Planner: turns a job graph into Spark Structured Streaming queries.
 
-One query per sink, plus one dead-letter query per source. Each query has its own checkpoint
-directory ``<checkpoint.dir>/<query name>`` in which Spark commits source offsets, state and the
-watermark together per micro-batch.
+One query per stateful pipeline: a keyed process function and all the sinks of its main and side
+outputs share one query (its foreachBatch writes every output of a micro-batch); a window or
+stateless chain gets one query per sink; each source adds a dead-letter query. Each query has its
+own checkpoint directory ``<checkpoint.dir>/<query name>`` in which Spark commits source
+offsets, state and the watermark together per micro-batch.
 
-Window paths:
+Paths:
 
 * ``native``: a window that needs nothing beyond Spark's semantics (tumbling event-time windows
   with built-in aggregates, fired by the watermark) compiles to ``groupBy(window(...))`` running
   in the JVM on the RocksDB state store — the fast path.
+* ``process``: a keyed process function on ``transformWithStateInPandas`` (RocksDB state store,
+  timers in Spark, TTL per descriptor).
+* ``stateless``: filters straight to a sink.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from stateful_runtime.exceptions import PlanError
 from stateful_runtime.sinks.base import Sink
-from stateful_runtime.sources.base import ERROR, META_COLUMNS
+from stateful_runtime.sources.base import ERROR, META_COLUMNS, OFFSET, PARTITION, RAW
 from stateful_runtime.streams import (
     FilterNode,
     KeyByNode,
     Node,
+    ProcessNode,
+    SideOutputNode,
     SinkNode,
     SourceNode,
     WindowAggregateNode,
@@ -42,17 +53,30 @@ DEAD_LETTER_PREFIX = "dead-letters-"
 
 
 @dataclass
+class QueryOutput:
+    """One sink of a query, and how to cut its rows out of the query's micro-batch."""
+
+    name: str
+    sink: Sink
+    select: Callable[[pa.Table], pa.Table] = field(repr=False, default=lambda t: t)
+
+
+@dataclass
 class QueryPlan:
     """One Spark streaming query of a job."""
 
     name: str
-    sink: Sink
+    outputs: list[QueryOutput]
     output_mode: str
     path: str
     reason: str
     steps: list[str]
     build: Callable[[SparkSession], DataFrame] = field(repr=False)
     stateful_operators: list[str] = field(default_factory=list)
+
+    def write_batch(self, batch: pa.Table, batch_id: int) -> None:
+        for out in self.outputs:
+            out.sink.write_batch(out.select(batch), batch_id)
 
 
 @dataclass
@@ -109,66 +133,17 @@ def _read_good(spark: SparkSession, src: SourceNode) -> DataFrame:
 
     df = src.source.read_stream(spark)
     df = df.filter(F.col(ERROR).isNull()).drop(*META_COLUMNS)
-    delay = spark_interval(src.watermark.max_out_of_orderness) if (
-        src.watermark.max_out_of_orderness.total_seconds() > 0
-    ) else "0 seconds"
-    return df.withColumn(EVENT_TIME, _event_time_column(src)).withWatermark(EVENT_TIME, delay)
+    delay = src.watermark.max_out_of_orderness
+    interval = spark_interval(delay) if delay.total_seconds() > 0 else "0 seconds"
+    return df.withColumn(EVENT_TIME, _event_time_column(src)).withWatermark(EVENT_TIME, interval)
 
 
-def _plan_sink(job: StreamJob, sink_node: SinkNode) -> QueryPlan:
-    chain = _chain(sink_node.parent)
-    src = chain[0]
-    if not isinstance(src, SourceNode):
-        raise PlanError(f"sink {sink_node.name!r} is not connected to a source")
-    steps = [
+def _source_steps(src: SourceNode) -> list[str]:
+    return [
         f"source {src.name}: {src.source.describe()}",
-        f"decode + route bad records to dead-letters-{src.name}",
+        f"decode; records that fail go to {DEAD_LETTER_PREFIX}{src.name}",
         f"watermark: {src.watermark.describe()}",
     ]
-    stateful: list[str] = []
-    path, reason = "stateless", "no stateful operator: records pass straight to the sink"
-    ops: list[Callable[[DataFrame], DataFrame]] = []
-    for node in chain[1:]:
-        if isinstance(node, FilterNode):
-            steps.append(f"filter {node.condition}")
-            ops.append(lambda df, c=node.condition: df.filter(c))
-        elif isinstance(node, KeyByNode):
-            steps.append(f"key_by {', '.join(node.keys)} (hash-partitioned into "
-                         f"{job.parallelism} state partitions)")
-        elif isinstance(node, WindowAggregateNode):
-            if not isinstance(node.assigner, TumblingEventTimeWindows):
-                raise PlanError(f"operator {node.name!r}: {node.assigner.describe()} "
-                                "is not supported by this planner")
-            aggs = ", ".join(f"{k}={a.describe()}" for k, a in node.aggregates.items())
-            steps.append(f"window {node.name}: {node.assigner.describe()} by "
-                         f"{', '.join(node.parent.keys)} → {aggs}")
-            stateful.append(node.name)
-            path = "native"
-            reason = ("tumbling event-time window with built-in aggregates and no allowed "
-                      "lateness, side output or custom trigger: Spark's groupBy(window) in the "
-                      "JVM, state in RocksDB")
-            ops.append(lambda df, n=node: _window_aggregate(df, n))
-        else:  # pragma: no cover - the API builds no other nodes
-            raise PlanError(f"unknown node {node!r}")
-    if not any(isinstance(n, WindowAggregateNode) for n in chain):
-        ops.append(lambda df: df.drop(EVENT_TIME))
-    sink = sink_node.sink
-    output_mode = "append"
-    if stateful:
-        output_mode = "update" if sink.upsert else "append"
-        steps.append(
-            "emit: every update of an open window (the sink upserts by key)"
-            if sink.upsert else "emit: each window once, when the watermark passes its end"
-        )
-    steps.append(f"sink {sink_node.name}: {sink.describe()}")
-
-    def build(spark: SparkSession) -> DataFrame:
-        df = _read_good(spark, src)
-        for op in ops:
-            df = op(df)
-        return df
-
-    return QueryPlan(sink_node.name, sink, output_mode, path, reason, steps, build, stateful)
 
 
 def _window_aggregate(df: DataFrame, node: WindowAggregateNode) -> DataFrame:
@@ -187,9 +162,162 @@ def _window_aggregate(df: DataFrame, node: WindowAggregateNode) -> DataFrame:
     )
 
 
-def _plan_dead_letters(src: SourceNode) -> QueryPlan:
-    from stateful_runtime.sources.base import OFFSET, PARTITION, RAW
+def _process(df: DataFrame, node: ProcessNode) -> DataFrame:
+    from pyspark.sql import functions as F
 
+    from stateful_runtime.operators.spark import TS, SparkKeyedProcessor, output_struct
+    from stateful_runtime.sources._decode import to_struct
+    from stateful_runtime.state import TimeDomain
+
+    fn = node.function
+    main = to_struct(fn.output_schema)
+    fields = [c for c in df.columns if c != EVENT_TIME]
+    hidden = [c for c in fields if c.startswith("_")]
+    if hidden:
+        raise PlanError(
+            f"operator {node.name!r}: field(s) {hidden} start with '_', which Spark's pandas "
+            f"state API renames; rename them in the source schema"
+        )
+    df = df.withColumn(TS, F.unix_millis(EVENT_TIME)).drop(EVENT_TIME)
+    mode = "EventTime" if fn.time_domain is TimeDomain.EVENT_TIME else "ProcessingTime"
+    return df.groupBy(*node.parent.keys).transformWithStateInPandas(
+        statefulProcessor=SparkKeyedProcessor(fn, fields, main.fieldNames()),
+        outputStructType=output_struct(main),
+        outputMode="Append",
+        timeMode=mode,
+    )
+
+
+def _main_rows(columns: list[str]) -> Callable[[pa.Table], pa.Table]:
+    from stateful_runtime.operators.spark import TAG
+
+    def select(batch: pa.Table) -> pa.Table:
+        return batch.filter(pc.is_null(batch.column(TAG))).select(columns)
+
+    return select
+
+
+def _side_rows(tag_name: str, schema: pa.Schema) -> Callable[[pa.Table], pa.Table]:
+    from stateful_runtime.operators.spark import SIDE, TAG
+
+    def select(batch: pa.Table) -> pa.Table:
+        rows = batch.filter(pc.equal(batch.column(TAG), tag_name)).column(SIDE).to_pylist()
+        return pa.Table.from_pylist([json.loads(r) for r in rows], schema=schema)
+
+    return select
+
+
+@dataclass
+class _Pipeline:
+    """What the planner gathers for one query before building it."""
+
+    name: str
+    src: SourceNode
+    nodes: list[Node]
+    sinks: list[tuple[SinkNode, SideOutputNode | None]] = field(default_factory=list)
+
+
+def _split(sink_node: SinkNode) -> tuple[str, _Pipeline, SideOutputNode | None]:
+    chain = _chain(sink_node.parent)
+    src = chain[0]
+    if not isinstance(src, SourceNode):
+        raise PlanError(f"sink {sink_node.name!r} is not connected to a source")
+    side = chain[-1] if isinstance(chain[-1], SideOutputNode) else None
+    body = chain[1:-1] if side else chain[1:]
+    procs = [n for n in body if isinstance(n, ProcessNode)]
+    if procs:
+        proc = procs[0]
+        if body[-1] is not proc:
+            raise PlanError(
+                f"operator {proc.name!r}: only sink_to() and get_side_output() may follow a "
+                f"process function in this version; sink its output and read it back"
+            )
+        return proc.name, _Pipeline(proc.name, src, body), side
+    return sink_node.name, _Pipeline(sink_node.name, src, body), None
+
+
+def _build_pipeline(job: StreamJob, p: _Pipeline) -> QueryPlan:
+    from stateful_runtime.sources._decode import arrow_schema, to_struct
+
+    steps = _source_steps(p.src)
+    stateful: list[str] = []
+    path, reason = "stateless", "no stateful operator: records pass straight to the sink"
+    ops: list[Callable[[DataFrame], DataFrame]] = []
+    upsert_required = False
+    for node in p.nodes:
+        if isinstance(node, FilterNode):
+            steps.append(f"filter {node.condition}")
+            ops.append(lambda df, c=node.condition: df.filter(c))
+        elif isinstance(node, KeyByNode):
+            steps.append(f"key_by {', '.join(node.keys)} (hash-partitioned into "
+                         f"{job.parallelism} state partitions)")
+        elif isinstance(node, WindowAggregateNode):
+            if not isinstance(node.assigner, TumblingEventTimeWindows):
+                raise PlanError(f"operator {node.name!r}: {node.assigner.describe()} "
+                                "is not supported by this planner")
+            aggs = ", ".join(f"{k}={a.describe()}" for k, a in node.aggregates.items())
+            steps.append(f"window {node.name}: {node.assigner.describe()} by "
+                         f"{', '.join(node.parent.keys)} → {aggs}")
+            stateful.append(node.name)
+            path = "native"
+            reason = ("tumbling event-time window with built-in aggregates and no allowed "
+                      "lateness, side output or custom trigger: Spark's groupBy(window) in the "
+                      "JVM, state in RocksDB")
+            upsert_required = True
+            ops.append(lambda df, n=node: _window_aggregate(df, n))
+        elif isinstance(node, ProcessNode):
+            fn = node.function
+            from stateful_runtime.functions import state_descriptors_of
+
+            states = ", ".join(f"{d.name}:{d.kind}" + (f" ttl {d.ttl.ttl} {d.ttl.time_domain.value}"
+                                                       if getattr(d, "ttl", None) else "")
+                               for d in state_descriptors_of(fn)) or "none"
+            steps.append(f"process {node.name}: {type(fn).__name__} in "
+                         f"{fn.time_domain.value} (state: {states})")
+            stateful.append(node.name)
+            path = "process"
+            reason = ("keyed process function: transformWithStateInPandas, named state in the "
+                      "RocksDB state store, timers in Spark")
+            ops.append(lambda df, n=node: _process(df, n))
+    if not stateful:
+        ops.append(lambda df: df.drop(EVENT_TIME))
+
+    outputs = []
+    for sink_node, side in p.sinks:
+        sink = sink_node.sink
+        if path == "process":
+            proc = p.nodes[-1]
+            assert isinstance(proc, ProcessNode)
+            if side is None:
+                cols = to_struct(proc.function.output_schema).fieldNames()
+                select = _main_rows(cols)
+                steps.append(f"sink {sink_node.name} (main output): {sink.describe()}")
+            else:
+                select = _side_rows(side.tag.name, arrow_schema(to_struct(side.tag.schema)))
+                steps.append(f"sink {sink_node.name} (side output {side.tag.name}): "
+                             f"{sink.describe()}")
+            outputs.append(QueryOutput(sink_node.name, sink, select))
+        else:
+            steps.append(f"sink {sink_node.name}: {sink.describe()}")
+            outputs.append(QueryOutput(sink_node.name, sink))
+    output_mode = "append"
+    if upsert_required:
+        sink = outputs[0].sink
+        output_mode = "update" if sink.upsert else "append"
+        steps.insert(-1, "emit: every update of an open window (the sink upserts by key)"
+                     if sink.upsert else "emit: each window once, when the watermark passes its end")
+    src = p.src
+
+    def build(spark: SparkSession) -> DataFrame:
+        df = _read_good(spark, src)
+        for op in ops:
+            df = op(df)
+        return df
+
+    return QueryPlan(p.name, outputs, output_mode, path, reason, steps, build, stateful)
+
+
+def _plan_dead_letters(src: SourceNode) -> QueryPlan:
     sink = src.source.dead_letter_sink()
 
     def build(spark: SparkSession) -> DataFrame:
@@ -198,9 +326,10 @@ def _plan_dead_letters(src: SourceNode) -> QueryPlan:
         df = src.source.read_stream(spark)
         return df.filter(F.col(ERROR).isNotNull()).select(RAW, ERROR, PARTITION, OFFSET)
 
+    name = DEAD_LETTER_PREFIX + src.name
     return QueryPlan(
-        DEAD_LETTER_PREFIX + src.name,
-        sink,
+        name,
+        [QueryOutput(name, sink)],
         "append",
         "stateless",
         "records that fail to decode are kept, with the reason, in the dead-letter topic",
@@ -212,10 +341,14 @@ def _plan_dead_letters(src: SourceNode) -> QueryPlan:
 
 def plan(job: StreamJob) -> Plan:
     """Plan every sink of ``job`` (and a dead-letter query per source) into Spark queries."""
-    queries = [_plan_sink(job, s) for s in job.sinks]
-    used = {id(_chain(s.parent)[0]) for s in job.sinks}
+    pipelines: dict[str, _Pipeline] = {}
+    for sink_node in job.sinks:
+        name, pipeline, side = _split(sink_node)
+        pipelines.setdefault(name, pipeline).sinks.append((sink_node, side))
+    queries = [_build_pipeline(job, p) for p in pipelines.values()]
+    used = {id(p.src) for p in pipelines.values()}
     queries += [_plan_dead_letters(src) for src in job.sources if id(src) in used]
     names = [q.name for q in queries]
     if len(set(names)) != len(names):
-        raise PlanError(f"query names collide: {names}; rename a sink or source")
+        raise PlanError(f"query names collide: {names}; rename a sink, operator or source")
     return Plan(job, queries)

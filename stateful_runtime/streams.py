@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from stateful_runtime.aggregates import Aggregate, Count
 from stateful_runtime.exceptions import ConfigError
+from stateful_runtime.functions import KeyedProcessFunction, OutputTag
 from stateful_runtime.sinks.base import Sink
 from stateful_runtime.sources.base import Source
 from stateful_runtime.watermarks import WatermarkStrategy
@@ -59,13 +60,26 @@ class WindowAggregateNode:
 
 
 @dataclass(frozen=True)
+class ProcessNode:
+    parent: KeyByNode
+    function: KeyedProcessFunction
+    name: str
+
+
+@dataclass(frozen=True)
+class SideOutputNode:
+    parent: ProcessNode
+    tag: OutputTag
+
+
+@dataclass(frozen=True)
 class SinkNode:
     parent: Node
     sink: Sink
     name: str
 
 
-Node = SourceNode | FilterNode | KeyByNode | WindowAggregateNode
+Node = SourceNode | FilterNode | KeyByNode | WindowAggregateNode | ProcessNode | SideOutputNode
 
 
 @dataclass(frozen=True)
@@ -85,6 +99,16 @@ class DataStream:
             raise ConfigError("key_by needs at least one field")
         return KeyedStream(self.job, KeyByNode(self.node, tuple(fields)))
 
+    def get_side_output(self, tag: OutputTag) -> DataStream:
+        """The records the process function sent to ``ctx.output(tag, ...)``."""
+        if not isinstance(self.node, ProcessNode):
+            raise ConfigError("get_side_output applies to the stream returned by process()")
+        if tag not in self.node.function.side_outputs:
+            raise ConfigError(
+                f"{type(self.node.function).__name__} does not declare side output {tag.name!r}"
+            )
+        return DataStream(self.job, SideOutputNode(self.node, tag))
+
     def sink_to(self, sink: Sink, name: str | None = None) -> DataStream:
         """Write this stream to ``sink``; ``name`` is the stable id of the sink's query."""
         if not isinstance(sink, Sink):
@@ -97,6 +121,15 @@ class DataStream:
 class KeyedStream:
     job: StreamJob = field(repr=False)
     node: KeyByNode
+
+    def process(self, function: KeyedProcessFunction, *, name: str) -> DataStream:
+        """Run a keyed process function (state, timers, side outputs) on every element."""
+        if not isinstance(function, KeyedProcessFunction):
+            raise ConfigError(
+                f"process takes a KeyedProcessFunction, got {type(function).__name__}")
+        if not function.output_schema:
+            raise ConfigError(f"{type(function).__name__} must declare output_schema")
+        return DataStream(self.job, ProcessNode(self.node, function, check_name("operator", name)))
 
     def window(self, assigner: WindowAssigner) -> WindowedStream:
         if not isinstance(assigner, WindowAssigner):

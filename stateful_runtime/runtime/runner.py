@@ -38,9 +38,9 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _foreach_batch(sink: Sink):  # -> Callable[[DataFrame, int], None]
+def _foreach_batch(query: QueryPlan):  # -> Callable[[DataFrame, int], None]
     def write(df: DataFrame, batch_id: int) -> None:
-        sink.write_batch(df.toArrow(), batch_id)
+        query.write_batch(df.toArrow(), batch_id)
 
     return write
 
@@ -85,7 +85,7 @@ def progress_health(progress: dict[str, Any], checkpoint_dir: str) -> dict[str, 
 
 
 def _line(job: str, run: _Running, h: dict[str, Any], out: IO[str]) -> None:
-    sink = run.plan.sink
+    sink = run.plan.outputs[0].sink
     dead = getattr(sink, "appended", None) if run.plan.name.startswith("dead-letters-") else None
     parts = [
         f"[{job}] {run.plan.name} batch {h['last_batch']}",
@@ -174,14 +174,16 @@ class JobRunner:
             registry.update(self.job.name, spark_app_id=spark.sparkContext.applicationId)
             for q in self.plan.queries:
                 df = q.build(spark)
-                q.sink.check_schema(to_arrow_schema(df.schema))
-                q.sink.open(self.job.name, q.name)
+                empty = to_arrow_schema(df.schema).empty_table()
+                for out in q.outputs:
+                    out.sink.check_schema(out.select(empty).schema)
+                    out.sink.open(self.job.name, out.name)
                 qdir = str(self.checkpoint_dir / q.name)
                 writer = (
                     df.writeStream.queryName(f"{self.job.name}.{q.name}")
                     .outputMode(q.output_mode)
                     .option("checkpointLocation", qdir)
-                    .foreachBatch(_foreach_batch(q.sink))
+                    .foreachBatch(_foreach_batch(q))
                 )
                 if self.available_now:
                     writer = writer.trigger(availableNow=True)
@@ -202,12 +204,14 @@ class JobRunner:
                 if run.query.isActive:
                     run.query.stop()
             for q in self.plan.queries:
-                q.sink.close()
+                for out in q.outputs:
+                    out.sink.close()
             registry.update(self.job.name, state=state, ended_at=_now(),
                             health={r.plan.name: r.health for r in self.runs})
         if code == 0:
             for q in self.plan.queries:
-                _print_summary(q.sink, self.out)
+                for out in q.outputs:
+                    _print_summary(out.sink, self.out)
         return code
 
     def _report(self) -> None:
@@ -225,8 +229,10 @@ class JobRunner:
             self._report()
             for run in self.runs:
                 if not run.query.isActive and run.query.exception() is not None:
-                    print(f"[{self.job.name}] query {run.plan.name} failed: "
-                          f"{run.query.exception()}", file=sys.stderr, flush=True)
+                    # Spark appends the whole logical plan to the message; the cause is above it.
+                    reason = str(run.query.exception()).split("=== Streaming Query ===")[0]
+                    print(f"[{self.job.name}] query {run.plan.name} failed: {reason.strip()}",
+                          file=sys.stderr, flush=True)
                     return True
             if self._stop.is_set():
                 print(f"[{self.job.name}] stopping", file=self.out, flush=True)

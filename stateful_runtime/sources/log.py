@@ -14,7 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import (
     BinaryType,
     IntegerType,
@@ -169,8 +174,9 @@ def limit_offsets(start: dict[str, int], ends: dict[str, int], max_rows: int) ->
     return out
 
 
-class EventLogStreamReader(DataSourceStreamReader):
+class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: Mapping[str, str]) -> None:
+        self.target: dict[str, int] | None = None
         self.log_dir = options["log_dir"]
         self.topic = options["topic"]
         self.record_schema = StructType.fromJson(json.loads(options["schema"]))
@@ -189,8 +195,12 @@ class EventLogStreamReader(DataSourceStreamReader):
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_rows) if self.max_rows else ReadAllAvailable()
 
+    def prepareForTriggerAvailableNow(self) -> None:
+        # availableNow: read up to what exists now, in batches of at most max_rows.
+        self.target = self._ends()
+
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        ends = self._ends()
+        ends = self._ends() if self.target is None else self.target
         if isinstance(limit, ReadMaxRows):
             return limit_offsets(start, ends, limit.max_rows)
         return ends

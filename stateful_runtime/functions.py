@@ -1,0 +1,193 @@
+"""User functions over keyed streams: Flink's KeyedProcessFunction and its contexts.
+
+Contract of :class:`KeyedProcessFunction` (the same on Spark and in the test harness):
+
+* ``open(ctx)`` is called once per task before any element: register state there with
+  ``ctx.get_state(ValueStateDescriptor(...))`` (and list/map/reducing/aggregating).
+* ``process_element(value, ctx)`` is called for every element, ``value`` being a ``dict`` of the
+  record's fields. Yield output records (dicts matching ``output_schema``); send records to a
+  side output with ``ctx.output(tag, record)``.
+* ``on_timer(timestamp, ctx)`` is called once for each timer when it fires: event-time timers
+  when the watermark reaches them, processing-time timers when the wall clock does.
+* State and timers belong to the current key and are checkpointed with the source offsets, so
+  after a restart a function sees exactly the state of the last committed micro-batch, the
+  uncommitted batch is replayed, and every timer fires exactly once.
+
+Elements of one key in one micro-batch are processed in arrival order; a micro-batch's timers
+fire after its elements, with the watermark of that batch.
+
+The function object is pickled to Spark's Python workers: keep heavy clients out of
+``__init__`` (open them in ``open``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, ClassVar
+
+from pyspark.sql.types import StructType
+
+from stateful_runtime.exceptions import ConfigError
+from stateful_runtime.state import (
+    AggregatingState,
+    AggregatingStateDescriptor,
+    ListState,
+    ListStateDescriptor,
+    MapState,
+    MapStateDescriptor,
+    ReducingState,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    TimeDomain,
+    ValueState,
+    ValueStateDescriptor,
+)
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def to_datetime(ms: int) -> datetime:
+    return EPOCH + timedelta(milliseconds=ms)
+
+
+def to_ms(when: datetime | int) -> int:
+    """Milliseconds since the epoch of an aware datetime (ints pass through)."""
+    if isinstance(when, int):
+        return when
+    if not isinstance(when, datetime) or when.tzinfo is None:
+        raise ConfigError(f"expected a timezone-aware datetime, got {when!r}")
+    return (when - EPOCH) // timedelta(milliseconds=1)
+
+
+@dataclass(frozen=True)
+class OutputTag:
+    """Names a side output and declares its record schema (``{field: type}`` or StructType)."""
+
+    name: str
+    schema: Mapping[str, Any] | StructType
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
+            raise ConfigError(f"output tag name must be letters, digits, '-' or '_': {self.name!r}")
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, OutputTag) and other.name == self.name
+
+
+class TimerService:
+    """Register and delete timers for the current key."""
+
+    def __init__(self, operator: Any) -> None:
+        self._op = operator
+
+    def current_watermark(self) -> datetime:
+        return to_datetime(self._op.watermark_ms)
+
+    def current_processing_time(self) -> datetime:
+        return to_datetime(self._op.processing_ms)
+
+    def register_event_time_timer(self, when: datetime) -> None:
+        self._op.register_user_timer(to_ms(when), TimeDomain.EVENT_TIME)
+
+    def delete_event_time_timer(self, when: datetime) -> None:
+        self._op.delete_user_timer(to_ms(when), TimeDomain.EVENT_TIME)
+
+    def register_processing_time_timer(self, when: datetime) -> None:
+        self._op.register_user_timer(to_ms(when), TimeDomain.PROCESSING_TIME)
+
+    def delete_processing_time_timer(self, when: datetime) -> None:
+        self._op.delete_user_timer(to_ms(when), TimeDomain.PROCESSING_TIME)
+
+
+class RuntimeContext:
+    """Given to ``open()``: declares state."""
+
+    def __init__(self, operator: Any) -> None:
+        self._op = operator
+
+    def get_state(self, descriptor: ValueStateDescriptor) -> ValueState:
+        return ValueState(self._op.cell(descriptor))
+
+    def get_list_state(self, descriptor: ListStateDescriptor) -> ListState:
+        return ListState(self._op.cell(descriptor))
+
+    def get_map_state(self, descriptor: MapStateDescriptor) -> MapState:
+        return MapState(self._op.cell(descriptor))
+
+    def get_reducing_state(self, descriptor: ReducingStateDescriptor) -> ReducingState:
+        return ReducingState(self._op.cell(descriptor), descriptor.reduce_function)
+
+    def get_aggregating_state(self, descriptor: AggregatingStateDescriptor) -> AggregatingState:
+        return AggregatingState(self._op.cell(descriptor), descriptor.aggregate_function)
+
+
+class Context:
+    """Given to ``process_element`` and ``on_timer``."""
+
+    def __init__(self, operator: Any) -> None:
+        self._op = operator
+        self._timers = TimerService(operator)
+
+    def timestamp(self) -> datetime:
+        """Event time of the element (in ``on_timer``: the timer's time)."""
+        return to_datetime(self._op.current_ms)
+
+    def get_current_key(self) -> Any:
+        """The key: a scalar for one key field, a tuple for several."""
+        key = self._op.current_key
+        return key[0] if len(key) == 1 else key
+
+    def timer_service(self) -> TimerService:
+        return self._timers
+
+    def current_watermark(self) -> datetime:
+        return to_datetime(self._op.watermark_ms)
+
+    def output(self, tag: OutputTag, record: Mapping[str, Any]) -> None:
+        """Send ``record`` to side output ``tag``."""
+        self._op.emit_side(tag, record)
+
+    def time_domain(self) -> TimeDomain:
+        """In ``on_timer``: the domain of the firing timer."""
+        return self._op.timer_domain
+
+
+class KeyedProcessFunction:
+    """Flink's KeyedProcessFunction; see the module docstring for the contract.
+
+    Class attributes:
+        output_schema: schema of the records ``process_element``/``on_timer`` yield
+            (``{field: python type}`` or a StructType).
+        side_outputs: the :class:`OutputTag` s this function may write to.
+        time_domain: ``TimeDomain.EVENT_TIME`` (default: event-time timers, event-time TTL) or
+            ``TimeDomain.PROCESSING_TIME`` (processing-time timers, Spark's TTL). Spark runs a
+            stateful operator in one time mode, so a function picks one.
+    """
+
+    output_schema: ClassVar[Mapping[str, Any] | StructType] = {}
+    side_outputs: ClassVar[tuple[OutputTag, ...]] = ()
+    time_domain: ClassVar[TimeDomain] = TimeDomain.EVENT_TIME
+
+    def open(self, ctx: RuntimeContext) -> None:
+        """Declare state; called once per task before any element."""
+
+    def process_element(self, value: dict[str, Any], ctx: Context) -> Iterator[dict[str, Any]]:
+        raise NotImplementedError
+
+    def on_timer(self, timestamp: datetime, ctx: Context) -> Iterator[dict[str, Any]]:
+        return iter(())
+
+    def close(self) -> None:
+        """Called when the task ends."""
+
+
+def state_descriptors_of(fn: KeyedProcessFunction) -> list[StateDescriptor]:
+    """The descriptors a function registers in ``open`` (dry run against a recorder)."""
+    from stateful_runtime.operators.keyed import describe_states
+
+    return describe_states(fn)

@@ -1,0 +1,1 @@
+"""Operator engines shared by the Spark path and the in-memory test harness."""

@@ -1,0 +1,215 @@
+"""Runs a KeyedOperator inside Spark's transformWithStateInPandas (state in RocksDB).
+
+Every state is one Spark state variable of the same name holding pickled Python values
+(``v BINARY``; map states ``k BINARY -> v BINARY``), so any picklable value can be state and
+state names in checkpoints and savepoints are exactly the descriptors' names. Cells cache per
+key and write back once at the end of the key's turn: a per-element state call would cross
+the Python↔JVM socket for every element.
+
+Output rows carry the main output's columns plus ``_tag`` (null for the main output, else the
+side output's name) and ``_side`` (the side record as JSON); the query's foreachBatch routes
+each row to its sink.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import pickle
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+from pyspark.sql.streaming.stateful_processor import (
+    ExpiredTimerInfo,
+    StatefulProcessor,
+    StatefulProcessorHandle,
+    TimerValues,
+)
+from pyspark.sql.types import StringType, StructField, StructType
+
+from stateful_runtime.functions import KeyedProcessFunction
+from stateful_runtime.operators.backend import MapCell, StateBackend, ValueCell
+from stateful_runtime.operators.keyed import KeyedOperator
+
+if TYPE_CHECKING:
+    pass
+
+TAG = "_tag"
+SIDE = "_side"
+# No leading underscore: Spark rebuilds pandas frames via itertuples, which renames such columns.
+TS = "srt_event_ms"
+_PICKLE = pickle.HIGHEST_PROTOCOL
+_MISSING = object()
+
+
+def output_struct(main: StructType) -> StructType:
+    fields = [StructField(f.name, f.dataType, True) for f in main.fields]
+    return StructType([*fields, StructField(TAG, StringType()), StructField(SIDE, StringType())])
+
+
+class _SparkValue(ValueCell):
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self.cached: Any = _MISSING
+        self.dirty = False
+
+    def get(self) -> Any:
+        if self.cached is _MISSING:
+            raw = self.state.get()
+            self.cached = None if raw is None else pickle.loads(raw[0])
+        return self.cached
+
+    def put(self, value: Any) -> None:
+        self.cached, self.dirty = value, True
+
+    def clear(self) -> None:
+        self.cached, self.dirty = None, True
+
+    def flush(self) -> None:
+        if self.dirty:
+            if self.cached is None:
+                self.state.clear()
+            else:
+                self.state.update((pickle.dumps(self.cached, _PICKLE),))
+        self.cached, self.dirty = _MISSING, False
+
+
+class _SparkMap(MapCell):
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self.entries_: dict[bytes, tuple[Any, Any]] | None = None
+        self.dirty: set[bytes] = set()
+        self.removed: set[bytes] = set()
+        self.cleared = False
+
+    def _load(self) -> dict[bytes, tuple[Any, Any]]:
+        if self.entries_ is None:
+            self.entries_ = {}
+            if not self.cleared and self.state.exists():
+                for (k,), (v,) in self.state.iterator():
+                    self.entries_[k] = (pickle.loads(k), pickle.loads(v))
+        return self.entries_
+
+    def get_entry(self, key: Any) -> Any:
+        found = self._load().get(pickle.dumps(key, _PICKLE))
+        return None if found is None else found[1]
+
+    def put_entry(self, key: Any, value: Any) -> None:
+        raw = pickle.dumps(key, _PICKLE)
+        self._load()[raw] = (key, value)
+        self.dirty.add(raw)
+        self.removed.discard(raw)
+
+    def remove_entry(self, key: Any) -> None:
+        raw = pickle.dumps(key, _PICKLE)
+        if self._load().pop(raw, None) is not None:
+            self.removed.add(raw)
+            self.dirty.discard(raw)
+
+    def entries(self) -> Iterator[tuple[Any, Any]]:
+        return iter(list(self._load().values()))
+
+    def clear(self) -> None:
+        self.entries_, self.dirty, self.removed, self.cleared = {}, set(), set(), True
+
+    def flush(self) -> None:
+        if self.cleared:
+            self.state.clear()
+        for raw in self.removed:
+            self.state.removeKey((raw,))
+        if self.entries_ is not None:
+            for raw in self.dirty:
+                self.state.updateValue((raw,), (pickle.dumps(self.entries_[raw][1], _PICKLE),))
+        self.entries_, self.dirty, self.removed, self.cleared = None, set(), set(), False
+
+
+class SparkBackend(StateBackend):
+    def __init__(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.cells: list[_SparkValue | _SparkMap] = []
+
+    def value_cell(self, name: str, processing_ttl_ms: int | None) -> ValueCell:
+        cell = _SparkValue(self.handle.getValueState(name, "v BINARY", processing_ttl_ms))
+        self.cells.append(cell)
+        return cell
+
+    def map_cell(self, name: str, processing_ttl_ms: int | None) -> MapCell:
+        cell = _SparkMap(self.handle.getMapState(name, "k BINARY", "v BINARY",
+                                                 processing_ttl_ms))
+        self.cells.append(cell)
+        return cell
+
+    def register_timer(self, ts: int) -> None:
+        self.handle.registerTimer(ts)
+
+    def delete_timer(self, ts: int) -> None:
+        self.handle.deleteTimer(ts)
+
+    def end_key(self) -> None:
+        for cell in self.cells:
+            cell.flush()
+
+
+def _clean(value: Any) -> Any:
+    # pandas turns a null in a numeric column into NaN
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+class SparkKeyedProcessor(StatefulProcessor):
+    """The StatefulProcessor Spark runs; one instance per task (Spark deep-copies it)."""
+
+    def __init__(self, fn: KeyedProcessFunction, fields: Sequence[str],
+                 output_columns: Sequence[str]) -> None:
+        self.fn = fn
+        self.fields = list(fields)
+        self.output_columns = list(output_columns)
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.op = KeyedOperator(copy.deepcopy(self.fn))
+        self.op.open(SparkBackend(handle))
+
+    def _frame(self) -> Iterator[pd.DataFrame]:
+        main, side = self.op.drain()
+        if not main and not side:
+            return
+        cols: dict[str, list[Any]] = {c: [] for c in self.output_columns}
+        for record in main:
+            for c in self.output_columns:
+                cols[c].append(record.get(c))
+        cols[TAG] = [None] * len(main)
+        cols[SIDE] = [None] * len(main)
+        for tag, record in side:
+            for c in self.output_columns:
+                cols[c].append(None)
+            cols[TAG].append(tag)
+            cols[SIDE].append(json.dumps(record, default=str))
+        yield pd.DataFrame({c: pd.Series(v, dtype=object) for c, v in cols.items()})
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
+                        timerValues: TimerValues) -> Iterator[pd.DataFrame]:
+        self.op.set_time(timerValues.getCurrentWatermarkInMs(),
+                         timerValues.getCurrentProcessingTimeInMs())
+        fields = self.fields
+
+        def elements() -> Iterator[tuple[int, dict[str, Any]]]:
+            for pdf in rows:
+                columns = [[_clean(v) for v in pdf[f].tolist()] if pdf[f].dtype.kind == "f"
+                           else pdf[f].tolist() for f in fields]
+                for ts, values in zip(pdf[TS].tolist(), zip(*columns, strict=True), strict=True):
+                    yield ts, dict(zip(fields, values, strict=True))
+
+        self.op.process(tuple(key), elements())
+        yield from self._frame()
+
+    def handleExpiredTimer(self, key: Any, timerValues: TimerValues,
+                           expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
+        self.op.set_time(timerValues.getCurrentWatermarkInMs(),
+                         timerValues.getCurrentProcessingTimeInMs())
+        self.op.fire(tuple(key), expiredTimerInfo.getExpiryTimeInMs())
+        yield from self._frame()
+
+    def close(self) -> None:
+        if hasattr(self, "op"):
+            self.op.close()

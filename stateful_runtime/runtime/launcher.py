@@ -1,0 +1,242 @@
+"""Detached job processes: launch ``srt run`` in a session of its own, wait for it, kill it.
+
+A streaming job outlives whatever started it (a Dagster run, a sensor tick, a shell), so the
+launcher starts ``srt run`` as a new session leader (its pid is its process group id: one
+``killpg`` reaches the driver, the JVM and the Python workers) with stdout and stderr appended
+to ``$SRT_HOME/jobs/<job>.log``, next to the job's registry entry. The launch is serialised per
+job by a lock file, so two launchers never start the same job twice; a job whose entry is
+STARTING or RUNNING with a live pid is reused, not relaunched.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from stateful_runtime import checkpoint
+from stateful_runtime.exceptions import JobError
+from stateful_runtime.runtime import registry
+
+LIVE_STATES = ("STARTING", "RUNNING")
+# Registry entries and checkpoints are plain files; polling them at this rate costs nothing.
+POLL_S = 0.5
+# Enough of a log to show a Python traceback or Spark's error, not the whole run.
+TAIL_BYTES = 6000
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The outcome of :func:`ensure_running`.
+
+    Attributes:
+        job: job name (its registry key).
+        pid: pid of the ``srt run`` process (also its process group id when launched here).
+        launched: True if this call started the process, False if a live one was reused.
+        log_path: the file the process writes its output to.
+        command: the command line that was started (None when reused).
+        entry: the registry entry as of the call.
+    """
+
+    job: str
+    pid: int
+    launched: bool
+    log_path: Path
+    command: list[str] | None = None
+    entry: dict[str, Any] = field(default_factory=dict)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def log_path(job: str) -> Path:
+    """Where a launched job's stdout and stderr go: next to its registry entry."""
+    return registry.home() / "jobs" / f"{job}.log"
+
+
+def live(entry: dict[str, Any] | None) -> bool:
+    """True if the entry's process is alive and starting or running."""
+    return bool(entry) and entry.get("state") in LIVE_STATES and registry.pid_alive(
+        entry.get("pid"))
+
+
+def srt_command() -> list[str]:
+    """The ``srt`` console script of this environment (``python -m`` when it is not installed)."""
+    script = Path(sys.executable).with_name("srt")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "stateful_runtime.cli"]
+
+
+def set_args(config: Mapping[str, Any]) -> list[str]:
+    """``--set KEY=VALUE`` arguments for a job's config overrides."""
+    return [arg for k, v in config.items() for arg in ("--set", f"{k}={v}")]
+
+
+def tail(path: str | Path, max_bytes: int = TAIL_BYTES) -> str:
+    """The end of a log file ('' if there is none)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def ensure_running(
+    job: str,
+    job_file: str | Path,
+    config: Mapping[str, Any],
+    *,
+    cwd: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    master: str | None = None,
+    extra_args: Sequence[str] = (),
+) -> Launch:
+    """Reuse the job's live process, or start ``srt run JOB_FILE --set ...`` detached.
+
+    Args:
+        job: the job's name, as its job file names it (the registry key).
+        job_file: path of the job file.
+        config: ``--set`` overrides of the job file's DEFAULTS.
+        cwd: working directory of the process (relative paths in the config resolve there).
+        env: environment of the process (default: this process's); ``SRT_HOME`` is set to
+            this registry's home.
+        master: Spark master URL (default: the runner's, ``$SRT_SPARK_MASTER`` or local[*]).
+        extra_args: more ``srt run`` arguments (e.g. a restore option).
+    """
+    jobs_dir = registry.home() / "jobs"
+    jobs_dir.mkdir(parents=True, exist_ok=True)
+    log = log_path(job)
+    with open(jobs_dir / f"{job}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        entry = registry.read(job)
+        if entry is not None and live(entry):
+            return Launch(job, int(entry["pid"]), False, log, None, entry)
+        command = [*srt_command(), "run", str(job_file), *set_args(config)]
+        if master:
+            command += ["--master", master]
+        command += list(extra_args)
+        penv = dict(os.environ if env is None else env)
+        penv["SRT_HOME"] = str(registry.home())
+        penv.setdefault("PYTHONUNBUFFERED", "1")
+        with open(log, "ab") as out:
+            out.write(f"\n--- {_now()} launching: {shlex.join(command)}\n".encode())
+            out.flush()
+            proc = subprocess.Popen(
+                command, cwd=cwd, env=penv, stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        # Reap the child when it exits, so a long-lived launcher (a sensor's process) keeps no
+        # zombie; the process itself does not depend on this thread.
+        threading.Thread(target=proc.wait, name=f"srt-reaper-{proc.pid}", daemon=True).start()
+        # The runner needs > 1 s (imports) before it registers itself; until then this entry
+        # says who is starting, so a concurrent launcher or `srt status` sees it.
+        current = registry.read(job)
+        if current is None or current.get("pid") != proc.pid:
+            current = {
+                "job": job, "state": "STARTING", "pid": proc.pid, "job_file": str(job_file),
+                "config": dict(config), "started_at": _now(), "log_path": str(log),
+            }
+            registry.write(job, current)
+        return Launch(job, proc.pid, True, log, command, current)
+
+
+def _failure(job: str, pid: int, what: str) -> JobError:
+    log = log_path(job)
+    return JobError(f"job {job!r} (pid {pid}) {what}; its log {log} ends with:\n{tail(log)}")
+
+
+def wait_until(job: str, pid: int, ready: Callable[[dict[str, Any]], bool], *, timeout: float,
+               what: str, raise_on_timeout: bool = True) -> dict[str, Any] | None:
+    """Poll the job's entry until ``ready(entry)``; raise if the process ends, and when time
+    runs out raise (or return None with ``raise_on_timeout=False``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        entry = registry.read(job) or {}
+        if entry.get("pid") == pid:
+            if ready(entry):
+                return entry
+            if entry.get("state") in ("FAILED", "FINISHED", "STOPPED"):
+                raise _failure(job, pid, f"ended with state {entry['state']} before {what}")
+        if not registry.pid_alive(pid):
+            raise _failure(job, pid, f"exited before {what}")
+        if time.monotonic() > deadline:
+            if not raise_on_timeout:
+                return None
+            raise _failure(job, pid, f"is still alive but not {what} after {timeout:.0f} s")
+        time.sleep(POLL_S)
+
+
+def wait_running(job: str, pid: int, *, timeout: float) -> dict[str, Any]:
+    """Wait until the process has started all its queries (state RUNNING)."""
+    entry = wait_until(job, pid, lambda e: e.get("state") == "RUNNING", timeout=timeout,
+                       what="RUNNING")
+    assert entry is not None
+    return entry
+
+
+def last_committed(entry: dict[str, Any]) -> dict[str, int | None]:
+    """Last committed batch of each of the entry's queries, read from the checkpoints."""
+    return {q: checkpoint.last_committed(info["checkpoint_dir"])
+            for q, info in (entry.get("queries") or {}).items()}
+
+
+def wait_committed(job: str, pid: int, *, since: float,
+                   timeout: float) -> dict[str, int | None] | None:
+    """Wait until one of the job's queries commits a batch at or after ``since`` (epoch s);
+    None if the job is still running but committed nothing in ``timeout`` (no input)."""
+
+    def fresh(entry: dict[str, Any]) -> bool:
+        times = [checkpoint.last_commit_time(info["checkpoint_dir"])
+                 for info in (entry.get("queries") or {}).values()]
+        return any(t is not None and t >= since for t in times)
+
+    entry = wait_until(job, pid, fresh, timeout=timeout, what="committing a micro-batch",
+                       raise_on_timeout=False)
+    return None if entry is None else last_committed(entry)
+
+
+def signal_group(pid: int, sig: int) -> None:
+    """Send ``sig`` to the process group led by ``pid`` (a launched job's driver, JVM and Python
+    workers, even after the driver died), or to ``pid`` alone if it leads no group."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def terminate(pid: int, *, grace: float) -> str:
+    """Stop a job process: SIGTERM (a clean stop, like ``srt stop``), then after ``grace``
+    seconds SIGKILL to its whole process group. Returns the signal that ended it."""
+    if not registry.pid_alive(pid):
+        return "none"
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return "none"
+    deadline = time.monotonic() + grace
+    while registry.pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if not registry.pid_alive(pid):
+        # The JVM and Python workers end with the driver; SIGKILL whatever is left of them.
+        signal_group(pid, signal.SIGKILL)
+        return "SIGTERM"
+    signal_group(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while registry.pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return "SIGKILL"
