@@ -76,12 +76,43 @@ def fmt_ms(x: float | None) -> str:
     return "-" if x is None else f"{x:,.0f} ms"
 
 
+def fmt_us(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.2f} us"
+
+
 def fmt_ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
 
 def say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds (user + system) used so far by this process and all its descendants (the
+    Spark JVM, its Python workers and source runners), reaped children included. A difference
+    of two readings is the CPU a step cost, whatever else runs on the machine."""
+    tick = os.sysconf("SC_CLK_TCK")
+    procs: dict[int, tuple[int, int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # fields[1] = ppid; [11..14] = utime, stime, cutime, cstime (clock ticks)
+        procs[int(name)] = (int(fields[1]), sum(int(x) for x in fields[11:15]))
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in procs.items():
+        children.setdefault(ppid, []).append(pid)
+    total, stack = 0, [os.getpid()]
+    while stack:
+        pid = stack.pop()
+        total += procs.get(pid, (0, 0))[1]
+        stack.extend(children.get(pid, ()))
+    return total / tick
 
 
 @contextlib.contextmanager
@@ -221,25 +252,34 @@ def _end_offsets(progress: dict[str, Any]) -> dict[str, int] | None:
     return {str(k): int(v) for k, v in end.items()} if isinstance(end, dict) else None
 
 
-def _stop_when_caught_up(runner: Any, target: dict[str, int], n_queries: int,
-                         done: threading.Event) -> None:
-    """Send ourselves SIGTERM (what ``srt stop`` does) once every query has committed a batch
-    ending at the log's end offsets and is idle."""
+def _watch(runner: Any, target: dict[str, int], n_queries: int, done: threading.Event,
+           stop_when_caught_up: bool, snapshot: dict[str, Any]) -> None:
+    """Beside ``runner.run()``: once every query has finished its first data batch, note the CPU
+    used so far and the rows each query has consumed (``snapshot``), for the warm CPU cost per
+    event. With ``stop_when_caught_up``, then send ourselves SIGTERM (what ``srt stop`` does) once
+    every query has committed a batch ending at the log's end offsets and is idle."""
     while not done.wait(0.1):
         runs = list(runner.runs)
         if len(runs) < n_queries:
             continue
         try:
-            caught_up = all(
+            if "cpu_s" not in snapshot:
+                progress = [_progress_by_batch(r.query.recentProgress) for r in runs]
+                if all(any(p.get("numInputRows") for p in pr) for pr in progress):
+                    snapshot["cpu_s"] = tree_cpu_s()
+                    snapshot["rows"] = [sum(p.get("numInputRows", 0) for p in pr)
+                                        for pr in progress]
+            if stop_when_caught_up and all(
                 r.query.lastProgress is not None
                 and _end_offsets(r.query.lastProgress) == target
                 and not r.query.status["isTriggerActive"]
                 for r in runs
-            )
+            ):
+                signal.raise_signal(signal.SIGTERM)
+                return
+            if not stop_when_caught_up and "cpu_s" in snapshot:
+                return
         except Exception:  # a query ended under us: the runner reports it
-            return
-        if caught_up:
-            signal.raise_signal(signal.SIGTERM)
             return
 
 
@@ -281,7 +321,7 @@ def run_job(*, workdir: Path, name: str, log_dir: Path, ends: dict[int, int], ba
     ``mode="available-now"``: exactly ``srt run --available-now``. ``mode="catch-up"``: the job
     with a 0 s trigger interval (micro-batches back to back, each capped at
     ``source.max_records_per_batch``), stopped by SIGTERM as soon as every query has consumed
-    the whole log: what available-now would do if the source split its backlog by the limit.
+    the whole log (for sources that read a whole backlog as one available-now batch).
     """
     from stateful_runtime.job import load_job_file
     from stateful_runtime.runtime.runner import JobRunner
@@ -310,18 +350,23 @@ def run_job(*, workdir: Path, name: str, log_dir: Path, ends: dict[int, int], ba
             sink.write_batch = _timed_write(sink.write_batch, sink_ms[q.name])
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     done = threading.Event()
-    if mode == "catch-up":
-        target = {str(p): n for p, n in ends.items()}
-        threading.Thread(target=_stop_when_caught_up, daemon=True,
-                         args=(runner, target, len(runner.plan.queries), done)).start()
-    t0 = time.perf_counter()
+    snapshot: dict[str, Any] = {}
+    target = {str(p): n for p, n in ends.items()}
+    watcher = threading.Thread(
+        target=_watch, daemon=True,
+        args=(runner, target, len(runner.plan.queries), done, mode == "catch-up", snapshot))
+    watcher.start()
+    cpu0, t0 = tree_cpu_s(), time.perf_counter()
     try:
         code = runner.run()
     finally:
         done.set()
+        watcher.join()
         for s, h in handlers.items():  # JobRunner installs its own; give Ctrl-C back
             signal.signal(s, h)
     wall = time.perf_counter() - t0
+    cpu_end = tree_cpu_s()
+    cpu = cpu_end - cpu0
     if verbose:
         say(out.getvalue().rstrip())
     if code != 0:
@@ -340,8 +385,17 @@ def run_job(*, workdir: Path, name: str, log_dir: Path, ends: dict[int, int], ba
         stats["caught_up"] = bool(progress) and _end_offsets(progress[-1]) == {
             str(p): n for p, n in ends.items()}
         queries[r.plan.name] = stats
+    n = sum(ends.values())
+    warm_cpu = None
+    if "cpu_s" in snapshot:  # events still to do after every query's first batch, on average
+        left = sum(n - r for r in snapshot["rows"]) / len(snapshot["rows"])
+        if left >= n / 2:  # else the end-of-run costs (no-data batch, stop) dominate
+            warm_cpu = round((cpu_end - snapshot["cpu_s"]) * 1e6 / left, 3)
     result: dict[str, Any] = {"mode": mode, "aggregation_only": aggregation_only,
-                              "wall_s": round(wall, 3), "queries": queries}
+                              "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
+                              "cpu_us_per_event": round(cpu * 1e6 / n, 3) if n else None,
+                              "warm_cpu_us_per_event": warm_cpu,
+                              "queries": queries}
     with contextlib.suppress(Exception):
         import duckdb
 
@@ -369,14 +423,16 @@ def _aggregate(df):  # DataFrame -> DataFrame
 
 def time_batch_job(build: Callable[[], Any], runs: int) -> dict[str, Any]:
     """Run ``build()`` (a DataFrame) to completion ``runs`` times; first run is the warm-up."""
-    times = []
+    times, cpus = [], []
     for _ in range(runs):
-        t0 = time.perf_counter()
+        cpu0, t0 = tree_cpu_s(), time.perf_counter()
         build().write.format("noop").mode("overwrite").save()
         times.append(time.perf_counter() - t0)
-    warm = times[1:] or times
-    return {"runs_s": [round(t, 3) for t in times], "cold_s": times[0],
-            "warm_median_s": percentile(warm, 50), "warm_best_s": min(warm)}
+        cpus.append(tree_cpu_s() - cpu0)
+    warm, warm_cpu = times[1:] or times, cpus[1:] or cpus
+    return {"runs_s": [round(t, 3) for t in times], "runs_cpu_s": [round(c, 3) for c in cpus],
+            "cold_s": times[0], "warm_median_s": percentile(warm, 50), "warm_best_s": min(warm),
+            "warm_median_cpu_s": percentile(warm_cpu, 50)}
 
 
 def _arrow_source_class():
@@ -470,6 +526,7 @@ def run_peers(spark, *, jsonl: Path, arrow_paths: list[str], runs: int, n: int
     for peer in out.values():
         peer["warm_events_per_s"] = rate(n, peer["warm_median_s"])
         peer["cold_events_per_s"] = rate(n, peer["cold_s"])
+        peer["warm_cpu_us_per_event"] = round(peer["warm_median_cpu_s"] * 1e6 / n, 3)
     return out
 
 
@@ -503,19 +560,19 @@ def read_path_breakdown(log_dir: Path, max_records: int) -> dict[str, Any]:
     for p, lo, hi in splits:
         for a in range(lo, hi, rows):
             b = min(hi, a + rows)
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             _, values = reader.read_values(p, a, b)
-            t1 = time.perf_counter()
+            t1 = time.process_time()
             decode_json(values, schema)
-            t2 = time.perf_counter()
+            t2 = time.process_time()
             t_read += t1 - t0
             t_decode += t2 - t1
 
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     for p, lo, hi in splits:
         for batch in stream.read(LogSplit(p, lo, hi)):
             assert isinstance(batch, pa.RecordBatch)
-    t_task = time.perf_counter() - t0
+    t_task = time.process_time() - t0
 
     def us(t: float) -> float:
         return round(t * 1e6 / n, 3)
@@ -566,13 +623,14 @@ def print_report(res: dict[str, Any]) -> None:
     p()
     g = res["generate"]
     p(f"  generate events              {fmt_rate(g['events_per_s']):>12}   "
-          f"({g['seconds']:.1f} s, {g['processes']} processes)")
+      f"({g['seconds']:.1f} s, {g['processes']} processes)")
     p(f"  append (srt log append path) {fmt_rate(app['events_per_s']):>12}   "
       f"(JSON key extraction {app['key_extraction_s']:.1f} s + RocksDB write "
       f"{app['store_append_s']:.1f} s; store alone {fmt_rate(app['store_events_per_s'])})")
     p(f"  Spark session start          {res['spark_session_start_s']:>10.1f} s")
     p()
-    p(f"  {AGG_QUERY}, job as shipped (+ dead-letter query), micro-batches until caught up:")
+    how = "--available-now" if cfg["mode"] == "available-now" else "catch-up (0 s trigger)"
+    p(f"  {AGG_QUERY}, job as shipped (+ dead-letter query), {how}:")
     _batch_table(p, agg)
     p()
     lat = agg["latency_ms"]
@@ -598,31 +656,43 @@ def print_report(res: dict[str, Any]) -> None:
         cost = s.get("dead_letter_cost_pct")
         if cost is not None:
             p(f"  -> the dead-letter query costs {cost:.0f}% of the job's warm throughput")
-    an = runs.get("available_now")
-    if an:
-        aq = an["queries"][AGG_QUERY]
-        p(f"  --available-now run: {aq['data_batches']} data batch(es) for {aq['rows']:,} rows; "
-          f"batch 0 {fmt_ms(aq['first_batch_ms'])} "
-          f"({fmt_rate(rate(aq['first_batch_rows'] or 0, (aq['first_batch_ms'] or 0) / 1000))}"
-          f"), wall {an['wall_s']:.1f} s")
-        if aq["data_batches"] == 1 and cfg["events"] > cfg["batch_size"]:
-            p("     (one batch: the source ignores max_records_per_batch under available-now)")
+    if not s.get("batch_limit_honoured", True):
+        p(f"  NOTE: {agg['data_batches']} data batch(es) for {cfg['events']:,} events: the source "
+          f"did not split the backlog by max_records_per_batch in this mode; try --mode catch-up")
     p()
     p("  peers: same events, same aggregation, Spark batch jobs in the same session "
       "(warm median)")
     for name, peer in res["peers"].items():
         p(f"    {name:<28} {fmt_rate(peer['warm_events_per_s']):>12}   "
           f"(runs {', '.join(f'{t:.2f}' for t in peer['runs_s'])} s)")
-    p(f"  streaming / spark_json_batch            {fmt_ratio(s['ratio_vs_spark_json_batch'])}")
-    p(f"  streaming / python_arrow_source_batch   "
+    p(f"  events/s after first batch / spark_json_batch            "
+      f"{fmt_ratio(s['ratio_vs_spark_json_batch'])}")
+    p(f"  events/s after first batch / python_arrow_source_batch   "
       f"{fmt_ratio(s['ratio_vs_python_arrow_source_batch'])}")
     if s.get("ratio_aggregation_only_vs_spark_json_batch") is not None:
-        p(f"  {AGG_QUERY} alone / spark_json_batch    "
+        p(f"  {AGG_QUERY} alone, same / spark_json_batch               "
           f"{fmt_ratio(s['ratio_aggregation_only_vs_spark_json_batch'])}")
+    p()
+    p("  CPU per event (this process tree: Spark JVM + Python workers; robust to other load)")
+    p(f"    {'':34} {'after batch 0':>14} {'whole run':>12}")
+    labels = {"job": "job (both queries)", "aggregation_only": f"job, {AGG_QUERY} only"}
+    for label, r in runs.items():
+        p(f"    {labels.get(label, label):<34} {fmt_us(r['warm_cpu_us_per_event']):>14} "
+          f"{fmt_us(r['cpu_us_per_event']):>12}   ({r['cpu_s']:.1f} CPU s in "
+          f"{r['wall_s']:.1f} s wall)")
+    for name, peer in res["peers"].items():
+        p(f"    peer {name:<29} {fmt_us(peer['warm_cpu_us_per_event']):>14}")
+    if s.get("dead_letter_cpu_us_per_event") is not None:
+        p(f"  -> the dead-letter query uses {fmt_us(s['dead_letter_cpu_us_per_event'])} of CPU "
+          f"per event, {s['dead_letter_cpu_pct']:.0f}% of the job's (after batch 0)")
+    p(f"  CPU efficiency spark_json_batch / job (after batch 0)            "
+      f"{fmt_ratio(s.get('cpu_efficiency_vs_spark_json_batch'))}")
+    p(f"  CPU efficiency python_arrow_source_batch / job (after batch 0)   "
+      f"{fmt_ratio(s.get('cpu_efficiency_vs_python_arrow_source_batch'))}")
     bd = res.get("read_path_breakdown")
     if bd:
         p()
-        p(f"  source read path, one core, in-process ({bd['records']:,} records):")
+        p(f"  source read path, in-process, CPU time on one core ({bd['records']:,} records):")
         p(f"    TopicReader.read_values     {bd['read_values_us_per_record']:>6.2f} us/record "
           f"({fmt_rate(bd['read_values_events_per_s'])})")
         p(f"    decode_json                 {bd['decode_json_us_per_record']:>6.2f} us/record "
@@ -657,8 +727,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="runs of each batch peer; the first is the warm-up (default 3)")
     ap.add_argument("--skip-aggregation-only", action="store_true",
                     help="skip the second job run without the dead-letter query")
-    ap.add_argument("--skip-available-now", action="store_true",
-                    help="skip the run with --available-now semantics (one batch per backlog)")
+    ap.add_argument("--mode", choices=("available-now", "catch-up"), default="available-now",
+                    help="available-now: run like `srt run --available-now` (default); "
+                    "catch-up: 0 s trigger interval, stopped once the log is consumed")
     ap.add_argument("--skip-breakdown", action="store_true",
                     help="skip the in-process timing of the source's read path")
     ap.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
@@ -698,7 +769,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "events": a.events, "batch_size": a.batch_size, "parallelism": parallelism,
             "topic_partitions": a.partitions, "master": a.master, "merchants": a.merchants,
             "rate_per_s": a.rate, "disorder_ms": a.disorder_ms, "seed": a.seed,
-            "peer_runs": a.peer_runs, "job_file": str(JOB_FILE.relative_to(ROOT)),
+            "peer_runs": a.peer_runs, "mode": a.mode,
+            "job_file": str(JOB_FILE.relative_to(ROOT)),
         },
         "env": {
             "python": platform.python_version(), "pyspark": pyspark.__version__,
@@ -743,20 +815,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                       parallelism=parallelism, master=a.master, verbose=a.verbose)
         runs: dict[str, Any] = {}
         res["runs"] = runs
-        with timed("run the job (both queries) until caught up", timings, "job"):
-            runs["job"] = run_job(workdir=workdir, name="job", mode="catch-up",
+        how = "with --available-now" if a.mode == "available-now" else "until caught up"
+        with timed(f"run the job (both queries) {how}", timings, "job"):
+            runs["job"] = run_job(workdir=workdir, name="job", mode=a.mode,
                                   aggregation_only=False, **common)
         if not a.skip_aggregation_only:
-            with timed(f"run the job with only {AGG_QUERY} until caught up", timings,
+            with timed(f"run the job with only {AGG_QUERY} {how}", timings,
                        "job_aggregation_only"):
                 runs["aggregation_only"] = run_job(
-                    workdir=workdir, name="job-aggregation-only", mode="catch-up",
+                    workdir=workdir, name="job-aggregation-only", mode=a.mode,
                     aggregation_only=True, **common)
-        if not a.skip_available_now:
-            with timed("run the job with --available-now", timings, "job_available_now"):
-                runs["available_now"] = run_job(
-                    workdir=workdir, name="job-available-now", mode="available-now",
-                    aggregation_only=False, **common)
 
         res["peers"] = run_peers(spark, jsonl=jsonl, arrow_paths=arrow_paths,
                                  runs=max(1, a.peer_runs), n=a.events)
@@ -787,6 +855,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "caught_up": all(q["caught_up"] for r in runs.values()
                              for q in r["queries"].values()),
         }
+        summary["cpu_us_per_event"] = runs["job"]["cpu_us_per_event"]
+        summary["cpu_efficiency_vs_spark_json_batch"] = ratio(
+            peers["spark_json_batch"]["warm_cpu_us_per_event"],
+            runs["job"]["warm_cpu_us_per_event"])
+        summary["cpu_efficiency_vs_python_arrow_source_batch"] = ratio(
+            peers["python_arrow_source_batch"]["warm_cpu_us_per_event"],
+            runs["job"]["warm_cpu_us_per_event"])
         sink = runs["job"].get("sink")
         if sink is not None:
             summary["sink_payments_ok"] = sink["payments"] == a.events
@@ -797,10 +872,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 100 * (1 - warm / alone) if warm and alone else None)
             summary["ratio_aggregation_only_vs_spark_json_batch"] = ratio(
                 alone, peers["spark_json_batch"]["warm_events_per_s"])
-        if "available_now" in runs:
-            an = runs["available_now"]["queries"][AGG_QUERY]
-            summary["available_now_batches"] = an["data_batches"]
-            summary["available_now_events_per_s"] = an["all_batches_events_per_s"]
+            job_cpu = runs["job"]["warm_cpu_us_per_event"]
+            alone_cpu = runs["aggregation_only"]["warm_cpu_us_per_event"]
+            if job_cpu and alone_cpu:
+                summary["dead_letter_cpu_us_per_event"] = round(job_cpu - alone_cpu, 3)
+                summary["dead_letter_cpu_pct"] = 100 * (job_cpu - alone_cpu) / job_cpu
+        summary["warm_cpu_us_per_event"] = runs["job"]["warm_cpu_us_per_event"]
+        summary["batch_limit_honoured"] = (
+            agg["data_batches"] >= math.ceil(a.events / a.batch_size))
         res["summary"] = summary
         res["env"]["loadavg_1m_after"] = os.getloadavg()[0]
         res["timings_s"] = {k: round(v, 3) for k, v in timings.items()}

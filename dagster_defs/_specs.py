@@ -31,9 +31,10 @@ class RestartPolicy:
     (Flink's ``exponential-delay`` and ``failure-rate`` restart strategies together).
 
     The first restart in ``window`` happens at the first tick that sees the failure; the n-th
-    waits ``initial_backoff * 2**(n-2)`` (at most ``max_backoff``) after the previous one. After
-    ``max_restarts`` restarts within ``window`` the sensor gives up and says so in its
-    observations until restarts age out of the window or a materialisation starts the job.
+    waits ``initial_backoff * 2**(n-2)`` (at most ``max_backoff``) after the previous one. When
+    the job fails again after ``max_restarts`` restarts within ``window``, the sensor gives up
+    (Flink: the job fails terminally) and says so in its observations until something else
+    starts the job (a materialisation); then the count starts afresh.
 
     Attributes:
         max_restarts: restarts allowed within ``window``.
@@ -58,8 +59,14 @@ class RestartPolicy:
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
             raise config_error(f"max_restarts must be >= 0, got {self.max_restarts}")
-        for name in ("window", "initial_backoff", "max_backoff", "max_checkpoint_age",
-                     "start_timeout", "stop_grace"):
+        for name in (
+            "window",
+            "initial_backoff",
+            "max_backoff",
+            "max_checkpoint_age",
+            "start_timeout",
+            "stop_grace",
+        ):
             value = getattr(self, name)
             if not isinstance(value, timedelta) or value < timedelta(0):
                 raise config_error(f"RestartPolicy.{name} must be a timedelta >= 0, got {value!r}")
@@ -94,11 +101,13 @@ class WindowReconciliation:
 
     def __post_init__(self) -> None:
         if not isinstance(self.window, timedelta) or self.window <= timedelta(0):
-            raise config_error(f"reconciliation window must be a timedelta > 0, got "
-                               f"{self.window!r}")
+            raise config_error(
+                f"reconciliation window must be a timedelta > 0, got {self.window!r}"
+            )
         if self.window % timedelta(milliseconds=1):
-            raise config_error(f"reconciliation window must be whole milliseconds, got "
-                               f"{self.window!r}")
+            raise config_error(
+                f"reconciliation window must be whole milliseconds, got {self.window!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -166,22 +175,28 @@ class StreamingJobSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "config", MappingProxyType(dict(self.config)))
-        object.__setattr__(self, "config_from_resources",
-                           MappingProxyType(dict(self.config_from_resources)))
+        object.__setattr__(
+            self, "config_from_resources", MappingProxyType(dict(self.config_from_resources))
+        )
         object.__setattr__(self, "sink_tables", tuple(self.sink_tables))
         if not _JOB_NAME.match(self.name or ""):
-            raise config_error(f"job name must be letters, digits, '-', '_' or '.', got "
-                               f"{self.name!r}")
+            raise config_error(
+                f"job name must be letters, digits, '-', '_' or '.', got {self.name!r}"
+            )
         if not self.job_file:
             raise config_error(f"job {self.name!r}: job_file must be the path of a job file")
         both = sorted(set(self.config) & set(self.config_from_resources))
         if both:
-            raise config_error(f"job {self.name!r}: config key(s) {both} are set both in config "
-                               f"and config_from_resources; keep one")
+            raise config_error(
+                f"job {self.name!r}: config key(s) {both} are set both in config "
+                f"and config_from_resources; keep one"
+            )
         for key, ref in self.config_from_resources.items():
             if not _RESOURCE_FIELD.match(ref):
-                raise config_error(f"job {self.name!r}: config_from_resources[{key!r}] = {ref!r}"
-                                   f" must be 'resource_key.field', e.g. 'warehouse.path'")
+                raise config_error(
+                    f"job {self.name!r}: config_from_resources[{key!r}] = {ref!r}"
+                    f" must be 'resource_key.field', e.g. 'warehouse.path'"
+                )
         tables = [t.table for t in self.sink_tables]
         if len(set(tables)) != len(tables):
             raise config_error(f"job {self.name!r}: sink tables {tables} repeat a table")

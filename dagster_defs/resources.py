@@ -35,12 +35,12 @@ class StreamingRuntime(ConfigurableResource):
     home: str = Field(
         default_factory=lambda: os.environ.get("SRT_HOME", str(Path.home() / ".srt")),
         description="Job registry directory ($SRT_HOME, default ~/.srt): one JSON entry and "
-                    "one log file per job.",
+        "one log file per job.",
     )
     working_directory: str = Field(
         default_factory=os.getcwd,
         description="Working directory of launched jobs; job files and relative paths in job "
-                    "config resolve against it (default: the Dagster process's).",
+        "config resolve against it (default: the Dagster process's).",
     )
     master: str | None = Field(
         default=None,
@@ -49,12 +49,12 @@ class StreamingRuntime(ConfigurableResource):
     launch_timeout_s: float = Field(
         default=300.0,
         description="How long a materialisation waits for a launched job to reach RUNNING "
-                    "(Spark starts in ~6 s on an idle machine, much slower on a busy one).",
+        "(Spark starts in ~6 s on an idle machine, much slower on a busy one).",
     )
     commit_timeout_s: float = Field(
         default=60.0,
         description="How long a materialisation then waits for a newly committed micro-batch; "
-                    "when none comes (no input yet) it succeeds and says so.",
+        "when none comes (no input yet) it succeeds and says so.",
     )
     stop_timeout_s: float = Field(
         default=120.0,
@@ -97,29 +97,42 @@ class StreamingRuntime(ConfigurableResource):
         self._registry()
         from stateful_runtime.runtime.launcher import srt_command
 
-        return subprocess.run([*srt_command(), *args], cwd=self.working_directory,
-                              env=self.env(), capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [*srt_command(), *args],
+            cwd=self.working_directory,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def explain(self, job_file: str, config: Mapping[str, Any]) -> str:
         """``srt explain JOB_FILE --no-spark``: the planned queries, without starting Spark."""
         from stateful_runtime.exceptions import ConfigError
         from stateful_runtime.runtime.launcher import set_args
 
-        out = self.srt(["explain", str(self.resolve(job_file)), "--no-spark", *set_args(config)],
-                       timeout=120)
+        out = self.srt(
+            ["explain", str(self.resolve(job_file)), "--no-spark", *set_args(config)], timeout=120
+        )
         if out.returncode != 0:
             raise ConfigError(f"srt explain {job_file} failed: {out.stderr.strip()[-3000:]}")
         return out.stdout.rstrip()
 
-    def ensure_running(self, job: str, job_file: str, config: Mapping[str, Any], *,
-                       extra_args: Sequence[str] = ()) -> Launch:
+    def ensure_running(
+        self, job: str, job_file: str, config: Mapping[str, Any], *, extra_args: Sequence[str] = ()
+    ) -> Launch:
         """Reuse the job's live process or launch ``srt run`` detached (see the launcher)."""
         self._registry()
         from stateful_runtime.runtime import launcher
 
         return launcher.ensure_running(
-            job, self.resolve(job_file), config, cwd=self.working_directory, env=self.env(),
-            master=self.master, extra_args=extra_args,
+            job,
+            self.resolve(job_file),
+            config,
+            cwd=self.working_directory,
+            env=self.env(),
+            master=self.master,
+            extra_args=extra_args,
         )
 
     def stop(self, job: str, *, timeout: float | None = None) -> str:
@@ -142,8 +155,8 @@ class DuckDBWarehouse(ConfigurableResource):
 
     path: str = Field(
         description="DuckDB database file; relative paths resolve against the Dagster "
-                    "process's working directory. Jobs bound to it with "
-                    "config_from_resources={'sink.database': 'warehouse.path'} write here.",
+        "process's working directory. Jobs bound to it with "
+        "config_from_resources={'sink.database': 'warehouse.path'} write here.",
     )
     lock_wait_s: float = Field(
         default=30.0,
@@ -160,8 +173,9 @@ class DuckDBWarehouse(ConfigurableResource):
 
         db = self.database()
         if not db.exists():
-            raise FileNotFoundError(f"DuckDB database {db} does not exist yet: no job has "
-                                    f"written a micro-batch to it")
+            raise FileNotFoundError(
+                f"DuckDB database {db} does not exist yet: no job has written a micro-batch to it"
+            )
         deadline = time.monotonic() + self.lock_wait_s
         while True:
             try:
@@ -192,7 +206,8 @@ class KafkaResource(ConfigurableResource):
         description="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL (security.protocol).",
     )
     sasl_mechanism: str | None = Field(
-        default=None, description="SASL mechanism, e.g. PLAIN or SCRAM-SHA-512 (sasl.mechanism).",
+        default=None,
+        description="SASL mechanism, e.g. PLAIN or SCRAM-SHA-512 (sasl.mechanism).",
     )
     sasl_username: str | None = Field(default=None, description="SASL user name.")
     sasl_password: str | None = Field(default=None, description="SASL password.")
@@ -205,7 +220,10 @@ class KafkaResource(ConfigurableResource):
             "security.protocol": self.security_protocol,
             "client.id": self.client_id,
         }
-        optional = {"sasl.mechanism": self.sasl_mechanism, "sasl.username": self.sasl_username,
-                    "sasl.password": self.sasl_password}
+        optional = {
+            "sasl.mechanism": self.sasl_mechanism,
+            "sasl.username": self.sasl_username,
+            "sasl.password": self.sasl_password,
+        }
         conf.update({k: v for k, v in optional.items() if v is not None})
         return conf

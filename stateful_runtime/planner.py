@@ -13,6 +13,9 @@ Paths:
   in the JVM on the RocksDB state store — the fast path.
 * ``process``: a keyed process function on ``transformWithStateInPandas`` (RocksDB state store,
   timers in Spark, TTL per descriptor).
+* ``window``: any other window (sliding, session, global + count trigger, allowed lateness,
+  late side output, early firing) on the runtime's window operator, itself a keyed process
+  function on ``transformWithStateInPandas``.
 * ``stateless``: filters straight to a sink.
 """
 
@@ -29,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stateful_runtime.exceptions import PlanError
+from stateful_runtime.operators.window import WindowOperator
 from stateful_runtime.sinks.base import Sink
 from stateful_runtime.sources.base import ERROR, META_COLUMNS, OFFSET, PARTITION, RAW
 from stateful_runtime.streams import (
@@ -272,12 +276,18 @@ def _build_pipeline(job: StreamJob, p: _Pipeline) -> QueryPlan:
             states = ", ".join(f"{d.name}:{d.kind}" + (f" ttl {d.ttl.ttl} {d.ttl.time_domain.value}"
                                                        if getattr(d, "ttl", None) else "")
                                for d in state_descriptors_of(fn)) or "none"
-            steps.append(f"process {node.name}: {type(fn).__name__} in "
-                         f"{fn.time_domain.value} (state: {states})")
             stateful.append(node.name)
-            path = "process"
-            reason = ("keyed process function: transformWithStateInPandas, named state in the "
-                      "RocksDB state store, timers in Spark")
+            if isinstance(fn, WindowOperator):
+                steps.append(f"window {node.name}: {fn.describe()}")
+                path = "window"
+                reason = ("the window needs " + fn.needs() + ": the runtime's window operator "
+                          "on transformWithStateInPandas (state in RocksDB, timers in Spark)")
+            else:
+                steps.append(f"process {node.name}: {type(fn).__name__} in "
+                             f"{fn.time_domain.value} (state: {states})")
+                path = "process"
+                reason = ("keyed process function: transformWithStateInPandas, named state in "
+                          "the RocksDB state store, timers in Spark")
             ops.append(lambda df, n=node: _process(df, n))
     if not stateful:
         ops.append(lambda df: df.drop(EVENT_TIME))
@@ -285,7 +295,7 @@ def _build_pipeline(job: StreamJob, p: _Pipeline) -> QueryPlan:
     outputs = []
     for sink_node, side in p.sinks:
         sink = sink_node.sink
-        if path == "process":
+        if path in ("process", "window"):
             proc = p.nodes[-1]
             assert isinstance(proc, ProcessNode)
             if side is None:

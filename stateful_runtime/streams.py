@@ -8,8 +8,11 @@ directories are keyed by them, never by derived ids.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from typing import TYPE_CHECKING
+
+from pyspark.sql.types import StructField, StructType, TimestampNTZType
 
 from stateful_runtime.aggregates import Aggregate, Count
 from stateful_runtime.exceptions import ConfigError
@@ -17,7 +20,13 @@ from stateful_runtime.functions import KeyedProcessFunction, OutputTag
 from stateful_runtime.sinks.base import Sink
 from stateful_runtime.sources.base import Source
 from stateful_runtime.watermarks import WatermarkStrategy
-from stateful_runtime.windows import WindowAssigner
+from stateful_runtime.windows import (
+    CountTrigger,
+    GlobalWindows,
+    Trigger,
+    TumblingEventTimeWindows,
+    WindowAssigner,
+)
 
 if TYPE_CHECKING:
     from stateful_runtime.job import StreamJob
@@ -139,9 +148,38 @@ class KeyedStream:
 
 @dataclass(frozen=True)
 class WindowedStream:
+    """A keyed stream cut into windows; finish with ``aggregate`` or ``count``.
+
+    Without lateness, late side output or a trigger, a tumbling window runs on Spark's native
+    ``groupBy(window)``; anything else runs on the runtime's window operator (see ``explain``).
+    """
+
     job: StreamJob = field(repr=False)
     keyed: KeyByNode
     assigner: WindowAssigner
+    lateness: timedelta = timedelta(0)
+    late_tag: OutputTag | None = None
+    trigger_: Trigger | None = None
+
+    def allowed_lateness(self, lateness: timedelta) -> WindowedStream:
+        """Keep windows this long after they fire; late elements update (re-fire) the result."""
+        if not isinstance(lateness, timedelta) or lateness < timedelta(0):
+            raise ConfigError(f"allowed_lateness takes a timedelta >= 0, got {lateness!r}")
+        return replace(self, lateness=lateness)
+
+    def side_output_late_data(self, tag: OutputTag) -> WindowedStream:
+        """Send elements later than the allowed lateness to side output ``tag`` (else counted)."""
+        return replace(self, late_tag=tag)
+
+    def trigger(self, trigger: Trigger) -> WindowedStream:
+        if isinstance(trigger, CountTrigger) != isinstance(self.assigner, GlobalWindows):
+            raise ConfigError("CountTrigger is the trigger of GlobalWindows (and GlobalWindows "
+                              "needs a CountTrigger); use EarlyFiring for time windows")
+        return replace(self, trigger_=trigger)
+
+    def _native(self) -> bool:
+        return (isinstance(self.assigner, TumblingEventTimeWindows) and not self.lateness
+                and self.late_tag is None and self.trigger_ is None)
 
     def aggregate(self, aggregates: Mapping[str, Aggregate], *, name: str) -> DataStream:
         """One output row per key and window: the key fields, ``window_start``, ``window_end``
@@ -154,10 +192,44 @@ class WindowedStream:
         clash = set(aggregates) & {*self.keyed.keys, "window_start", "window_end"}
         if clash:
             raise ConfigError(f"aggregate output names clash with key/window columns: {clash}")
-        node = WindowAggregateNode(
-            self.keyed, self.assigner, dict(aggregates), check_name("operator", name)
+        if isinstance(self.assigner, GlobalWindows) and self.trigger_ is None:
+            raise ConfigError("GlobalWindows never fire by themselves: add "
+                              ".trigger(CountTrigger.of(n))")
+        name = check_name("operator", name)
+        if self._native():
+            node = WindowAggregateNode(self.keyed, self.assigner, dict(aggregates), name)
+            return DataStream(self.job, node)
+        from stateful_runtime.operators.window import WindowOperator
+
+        operator = WindowOperator(
+            self.assigner, self.keyed.keys, aggregates,
+            window_output_schema(self.keyed, aggregates), allowed_lateness=self.lateness,
+            late_tag=self.late_tag, trigger=self.trigger_,
         )
-        return DataStream(self.job, node)
+        return DataStream(self.job, ProcessNode(self.keyed, operator, name))
 
     def count(self, *, name: str, column: str = "count") -> DataStream:
         return self.aggregate({column: Count()}, name=name)
+
+
+def source_schema(node: Node) -> StructType:
+    while not isinstance(node, SourceNode):
+        node = node.parent  # type: ignore[union-attr]
+    return node.source.schema
+
+
+def window_output_schema(keyed: KeyByNode, aggregates: Mapping[str, Aggregate]) -> StructType:
+    """Key fields, window bounds (UTC, no zone: like the native path) and the aggregates."""
+    schema = source_schema(keyed)
+    types = {f.name: f.dataType for f in schema.fields}
+    missing = [k for k in keyed.keys if k not in types]
+    if missing:
+        raise ConfigError(f"key_by field(s) {missing} are not in the source schema")
+    fields = [StructField(k, types[k]) for k in keyed.keys]
+    fields += [StructField("window_start", TimestampNTZType()),
+               StructField("window_end", TimestampNTZType())]
+    for out, agg in aggregates.items():
+        if agg.field is not None and agg.field not in types:
+            raise ConfigError(f"aggregate {out!r}: field {agg.field!r} is not in the source")
+        fields.append(StructField(out, agg.output_type(types.get(agg.field or ""))))
+    return StructType(fields)

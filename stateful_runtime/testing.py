@@ -19,12 +19,25 @@ from typing import Any
 
 from stateful_runtime.functions import KeyedProcessFunction, OutputTag, to_ms
 from stateful_runtime.operators.backend import MemoryBackend
-from stateful_runtime.operators.keyed import TIMERS_STATE, KeyedOperator
+from stateful_runtime.operators.keyed import TIMERS_STATE, KeyedOperator, _RefreshOnRead
+from stateful_runtime.operators.ttl import EventTtlValueCell
 from stateful_runtime.state import TimeDomain
 
 
 def _ms(value: datetime | int) -> int:
     return to_ms(value)
+
+
+def _peek(cell: Any) -> Any:
+    """A cell's live value without the side effects of a read (TTL refresh on read)."""
+    if isinstance(cell, _RefreshOnRead):
+        return _peek(cell.inner)
+    if isinstance(cell, EventTtlValueCell):
+        stored = cell.inner.get()
+        return stored[0] if stored is not None and cell.live(stored[1]) else None
+    if hasattr(cell, "entries"):
+        return dict(cell.entries()) or None
+    return cell.get()
 
 
 class KeyedProcessHarness:
@@ -107,9 +120,7 @@ class KeyedProcessHarness:
         saved_ms = self.operator.current_ms
         self.operator.current_ms = max(self.operator.watermark_ms, saved_ms)
         try:
-            if hasattr(cell, "entries"):
-                return dict(cell.entries()) or None
-            value = cell.get()
+            value = _peek(cell)
             if desc.kind == "aggregating" and value is not None:
                 return desc.aggregate_function.get_result(value)  # type: ignore[attr-defined]
             return value

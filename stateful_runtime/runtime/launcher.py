@@ -67,8 +67,9 @@ def log_path(job: str) -> Path:
 
 def live(entry: dict[str, Any] | None) -> bool:
     """True if the entry's process is alive and starting or running."""
-    return bool(entry) and entry.get("state") in LIVE_STATES and registry.pid_alive(
-        entry.get("pid"))
+    if not entry:
+        return False
+    return entry.get("state") in LIVE_STATES and registry.pid_alive(entry.get("pid"))
 
 
 def srt_command() -> list[str]:
@@ -134,8 +135,13 @@ def ensure_running(
             out.write(f"\n--- {_now()} launching: {shlex.join(command)}\n".encode())
             out.flush()
             proc = subprocess.Popen(
-                command, cwd=cwd, env=penv, stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True,
+                command,
+                cwd=cwd,
+                env=penv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         # Reap the child when it exits, so a long-lived launcher (a sensor's process) keeps no
         # zombie; the process itself does not depend on this thread.
@@ -144,9 +150,18 @@ def ensure_running(
         # says who is starting, so a concurrent launcher or `srt status` sees it.
         current = registry.read(job)
         if current is None or current.get("pid") != proc.pid:
+            # Where the last run checkpointed stays visible (health checks, reconciliation)
+            # even if this process dies before it registers its own queries.
+            kept = {k: v for k, v in (entry or {}).items() if k in ("checkpoint_dir", "queries")}
             current = {
-                "job": job, "state": "STARTING", "pid": proc.pid, "job_file": str(job_file),
-                "config": dict(config), "started_at": _now(), "log_path": str(log),
+                "job": job,
+                "state": "STARTING",
+                "pid": proc.pid,
+                "job_file": str(job_file),
+                "config": dict(config),
+                "started_at": _now(),
+                "log_path": str(log),
+                **kept,
             }
             registry.write(job, current)
         return Launch(job, proc.pid, True, log, command, current)
@@ -157,8 +172,15 @@ def _failure(job: str, pid: int, what: str) -> JobError:
     return JobError(f"job {job!r} (pid {pid}) {what}; its log {log} ends with:\n{tail(log)}")
 
 
-def wait_until(job: str, pid: int, ready: Callable[[dict[str, Any]], bool], *, timeout: float,
-               what: str, raise_on_timeout: bool = True) -> dict[str, Any] | None:
+def wait_until(
+    job: str,
+    pid: int,
+    ready: Callable[[dict[str, Any]], bool],
+    *,
+    timeout: float,
+    what: str,
+    raise_on_timeout: bool = True,
+) -> dict[str, Any] | None:
     """Poll the job's entry until ``ready(entry)``; raise if the process ends, and when time
     runs out raise (or return None with ``raise_on_timeout=False``)."""
     deadline = time.monotonic() + timeout
@@ -170,6 +192,10 @@ def wait_until(job: str, pid: int, ready: Callable[[dict[str, Any]], bool], *, t
             if entry.get("state") in ("FAILED", "FINISHED", "STOPPED"):
                 raise _failure(job, pid, f"ended with state {entry['state']} before {what}")
         if not registry.pid_alive(pid):
+            if entry.get("pid") == pid and entry.get("state") == "STARTING":
+                # It died before registering itself (bad config, missing topic): say so, or the
+                # entry would claim STARTING forever.
+                registry.update(job, state="FAILED", ended_at=_now())
             raise _failure(job, pid, f"exited before {what}")
         if time.monotonic() > deadline:
             if not raise_on_timeout:
@@ -180,30 +206,37 @@ def wait_until(job: str, pid: int, ready: Callable[[dict[str, Any]], bool], *, t
 
 def wait_running(job: str, pid: int, *, timeout: float) -> dict[str, Any]:
     """Wait until the process has started all its queries (state RUNNING)."""
-    entry = wait_until(job, pid, lambda e: e.get("state") == "RUNNING", timeout=timeout,
-                       what="RUNNING")
+    entry = wait_until(
+        job, pid, lambda e: e.get("state") == "RUNNING", timeout=timeout, what="RUNNING"
+    )
     assert entry is not None
     return entry
 
 
 def last_committed(entry: dict[str, Any]) -> dict[str, int | None]:
     """Last committed batch of each of the entry's queries, read from the checkpoints."""
-    return {q: checkpoint.last_committed(info["checkpoint_dir"])
-            for q, info in (entry.get("queries") or {}).items()}
+    return {
+        q: checkpoint.last_committed(info["checkpoint_dir"])
+        for q, info in (entry.get("queries") or {}).items()
+    }
 
 
-def wait_committed(job: str, pid: int, *, since: float,
-                   timeout: float) -> dict[str, int | None] | None:
+def wait_committed(
+    job: str, pid: int, *, since: float, timeout: float
+) -> dict[str, int | None] | None:
     """Wait until one of the job's queries commits a batch at or after ``since`` (epoch s);
     None if the job is still running but committed nothing in ``timeout`` (no input)."""
 
     def fresh(entry: dict[str, Any]) -> bool:
-        times = [checkpoint.last_commit_time(info["checkpoint_dir"])
-                 for info in (entry.get("queries") or {}).values()]
+        times = [
+            checkpoint.last_commit_time(info["checkpoint_dir"])
+            for info in (entry.get("queries") or {}).values()
+        ]
         return any(t is not None and t >= since for t in times)
 
-    entry = wait_until(job, pid, fresh, timeout=timeout, what="committing a micro-batch",
-                       raise_on_timeout=False)
+    entry = wait_until(
+        job, pid, fresh, timeout=timeout, what="committing a micro-batch", raise_on_timeout=False
+    )
     return None if entry is None else last_committed(entry)
 
 

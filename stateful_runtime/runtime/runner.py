@@ -51,6 +51,7 @@ class _Running:
     query: StreamingQuery
     checkpoint_dir: str
     printed: int = -1
+    late_total: int = 0
     health: dict[str, Any] = field(default_factory=dict)
 
 
@@ -97,7 +98,7 @@ def _line(job: str, run: _Running, h: dict[str, Any], out: IO[str]) -> None:
         parts += [
             f"watermark {h['watermark'] or '-'}",
             f"state {_fmt_int(h['state_rows'])} rows",
-            f"late-dropped {_fmt_int(h['late_rows_dropped'])}",
+            f"late-dropped {_fmt_int(h['late_rows_dropped_this_run'])}",
         ]
     if dead is not None:
         parts.append(f"dead letters written {dead:,}")
@@ -166,8 +167,8 @@ class JobRunner:
         for src in self.job.sources:
             src.source.check()
         self._register()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._on_signal)
+        previous = {sig: signal.signal(sig, self._on_signal)
+                    for sig in (signal.SIGTERM, signal.SIGINT)}
         state, code = "FAILED", 1
         try:
             spark = build_session(self.job.parallelism, self.master)
@@ -208,6 +209,8 @@ class JobRunner:
                     out.sink.close()
             registry.update(self.job.name, state=state, ended_at=_now(),
                             health={r.plan.name: r.health for r in self.runs})
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         if code == 0:
             for q in self.plan.queries:
                 for out in q.outputs:
@@ -220,6 +223,8 @@ class JobRunner:
                 if progress["batchId"] > run.printed:
                     run.printed = progress["batchId"]
                     run.health = progress_health(progress, run.checkpoint_dir)
+                    run.late_total += run.health["late_rows_dropped"]
+                    run.health["late_rows_dropped_this_run"] = run.late_total
                     _line(self.job.name, run, run.health, self.out)
         registry.update(self.job.name, health={r.plan.name: r.health for r in self.runs})
 

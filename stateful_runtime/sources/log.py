@@ -156,21 +156,30 @@ class LogSplit(InputPartition):
 
 
 def limit_offsets(start: dict[str, int], ends: dict[str, int], max_rows: int) -> dict[str, int]:
-    """Advance each partition from ``start`` toward ``ends`` by at most ``max_rows`` in total,
-    sharing the budget fairly so a busy partition cannot starve the others."""
-    out = dict(start)
-    budget = max_rows
+    """Advance each partition from ``start`` toward ``ends`` by at most ``max_rows`` in total.
+
+    The budget is shared in proportion to each partition's backlog (as Spark's Kafka source
+    does), so partitions holding the same span of event time stay aligned in event time: an
+    even split would let a short partition run ahead, push the watermark past the others and
+    make their records late.
+    """
     backlog = {p: ends[p] - start.get(p, 0) for p in ends if ends[p] > start.get(p, 0)}
-    while budget > 0 and backlog:
-        share = max(1, budget // len(backlog))
-        for p in sorted(backlog):
-            take = min(share, backlog[p], budget)
-            out[p] = out.get(p, 0) + take
-            backlog[p] -= take
-            budget -= take
-            if budget == 0:
-                break
-        backlog = {p: n for p, n in backlog.items() if n > 0}
+    total = sum(backlog.values())
+    if total <= max_rows:
+        return dict(ends)
+    out = dict(start)
+    granted = 0
+    for p, n in backlog.items():
+        take = n * max_rows // total
+        out[p] = start.get(p, 0) + take
+        granted += take
+    # Rounding leftovers go to the largest backlogs, at least one record overall.
+    for p in sorted(backlog, key=lambda q: -backlog[q]):
+        if granted >= max(1, max_rows):
+            break
+        if out[p] < ends[p]:
+            out[p] += 1
+            granted += 1
     return out
 
 

@@ -40,4 +40,4 @@ def test_200k_events_available_now_equal_oracle(upi, srt_env):
     assert upi.table() == expected
     status = json.loads(srt(["status", "upi-per-minute", "--json"], srt_env).stdout)[0]
     assert status["state"] == "FINISHED"
-    assert status["health"]["upi-counts"]["late_rows_dropped"] == 0
+    assert status["health"]["upi-counts"]["late_rows_dropped_this_run"] == 0

@@ -70,11 +70,14 @@ def test_unsupported_field_type_is_a_config_error():
         to_struct({"when": complex})
 
 
-def test_read_limit_is_shared_fairly_between_partitions():
+def test_read_limit_is_shared_in_proportion_to_backlog():
     start = {"0": 0, "1": 10, "2": 0}
-    ends = {"0": 1000, "1": 15, "2": 1000}
-    out = limit_offsets(start, ends, 100)
-    assert sum(out[p] - start[p] for p in out) == 100
-    assert out["1"] == 15  # the small backlog is drained, the rest split evenly
-    assert abs(out["0"] - out["2"]) <= 1
+    ends = {"0": 1000, "1": 510, "2": 2000}
+    out = limit_offsets(start, ends, 350)
+    assert sum(out[p] - start[p] for p in out) == 350
+    # Each partition advances by the same fraction of its backlog (1/10 here), so partitions
+    # covering the same event-time span stay aligned in event time.
+    assert [out[p] - start[p] for p in "012"] == [100, 50, 200]
     assert limit_offsets(start, ends, 10_000) == ends
+    assert limit_offsets({"0": 0, "1": 0}, {"0": 1, "1": 1}, 1) in ({"0": 1, "1": 0},
+                                                                    {"0": 0, "1": 1})

@@ -1,0 +1,195 @@
+"""Asset factories: a streaming job (materialising it makes it run) and its sink tables."""
+
+import json
+import shlex
+import time
+from typing import Any
+
+from dagster import (
+    AssetExecutionContext,
+    AssetsDefinition,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+    TableColumn,
+    TableSchema,
+    multi_asset,
+)
+
+from dagster_defs._launch import (
+    check_plan_job,
+    config_drift,
+    launch_config,
+    restore_args,
+    restore_point,
+)
+from dagster_defs._specs import SinkTableSpec, StreamingJobSpec
+from dagster_defs._translator import StreamingJobTranslator, identifier
+
+
+def _code(text: str) -> MetadataValue:
+    return MetadataValue.md(f"```\n{text}\n```")
+
+
+def _failure(exc: Exception, log_path: Any = None) -> Failure:
+    metadata: dict[str, Any] = {"error": type(exc).__name__}
+    if log_path is not None:
+        metadata["log_path"] = MetadataValue.path(str(log_path))
+    return Failure(description=str(exc), metadata=metadata)
+
+
+def job_asset(spec: StreamingJobSpec, translator: StreamingJobTranslator) -> AssetsDefinition:
+    """The asset of one streaming job: materialising it launches the job detached (or reuses
+    the live process), waits until it is RUNNING and has committed a micro-batch, and records
+    pid, Spark application id, checkpoint, plan and log as metadata."""
+
+    @multi_asset(
+        name=f"{identifier(spec.name)}_run",
+        specs=[translator.get_job_asset_spec(spec)],
+        required_resource_keys={"streaming_runtime", *spec.resource_keys},
+    )
+    def _run(context: AssetExecutionContext) -> MaterializeResult:
+        from stateful_runtime.exceptions import StatefulRuntimeError
+        from stateful_runtime.runtime import launcher
+
+        runtime = context.resources.streaming_runtime
+        log_path = None
+        try:
+            config = launch_config(spec, context.resources)
+            plan = runtime.explain(spec.job_file, config)
+            check_plan_job(plan, spec)
+            previous = runtime.entry(spec.name)
+            restored_from = restore_point(spec, previous)
+            since = time.time()
+            launch = runtime.ensure_running(
+                spec.name, spec.job_file, config, extra_args=restore_args(restored_from)
+            )
+            log_path = launch.log_path
+            committed: dict[str, int | None] | None
+            drift: list[str] = []
+            if launch.launched:
+                context.log.info(
+                    f"launched {spec.name} as pid {launch.pid}: "
+                    f"{shlex.join(launch.command or [])}; log {log_path}"
+                )
+                entry = launcher.wait_running(
+                    spec.name, launch.pid, timeout=runtime.launch_timeout_s
+                )
+                context.log.info(f"{spec.name} is RUNNING; waiting for a committed batch")
+                committed = launcher.wait_committed(
+                    spec.name, launch.pid, since=since, timeout=runtime.commit_timeout_s
+                )
+                if committed is None:
+                    context.log.warning(
+                        f"{spec.name} committed no micro-batch within "
+                        f"{runtime.commit_timeout_s:.0f} s of RUNNING: is there input in its "
+                        f"source? The health sensor keeps watching it."
+                    )
+                entry = runtime.entry(spec.name) or entry
+            else:
+                entry = launch.entry
+                # What the live process restored from, if its runner recorded it.
+                restored_from = entry.get("restored_from")
+                drift = config_drift(entry, str(runtime.resolve(spec.job_file)), config)
+                context.log.info(
+                    f"{spec.name} is already {entry.get('state')} as pid {launch.pid}; reusing it"
+                )
+                if drift:
+                    context.log.warning(
+                        f"the live {spec.name} runs with different {', '.join(drift)} than the "
+                        f"spec; stop it (stop_streaming_job) and materialise again to apply"
+                    )
+                if entry.get("state") == "STARTING":
+                    entry = launcher.wait_running(
+                        spec.name, launch.pid, timeout=runtime.launch_timeout_s
+                    )
+                committed = launcher.last_committed(entry)
+        except StatefulRuntimeError as exc:
+            raise _failure(exc, log_path) from exc
+
+        metadata: dict[str, Any] = {
+            "pid": launch.pid,
+            "launched": launch.launched,
+            "state": entry.get("state"),
+            "spark_app_id": entry.get("spark_app_id"),
+            "spark_master": entry.get("master"),
+            "checkpoint_dir": MetadataValue.path(str(entry.get("checkpoint_dir"))),
+            "log_path": MetadataValue.path(str(launch.log_path)),
+            "restored_from": restored_from,
+            "started_at": entry.get("started_at"),
+            "last_committed_batch": MetadataValue.json(committed or {}),
+            "config": MetadataValue.json(json.loads(json.dumps(config, default=str))),
+            "plan": _code(plan),
+        }
+        if launch.command:
+            metadata["command"] = shlex.join(launch.command)
+        if drift:
+            metadata["config_drift"] = drift
+        return MaterializeResult(metadata=metadata)
+
+    return _run
+
+
+def _table_exists(con: Any, table: str) -> bool:
+    return bool(
+        con.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table]
+        ).fetchone()[0]
+    )
+
+
+def sink_asset(
+    spec: StreamingJobSpec, table: SinkTableSpec, translator: StreamingJobTranslator
+) -> AssetsDefinition:
+    """The asset of one sink table. The job writes it; materialising records a snapshot
+    (rows, schema, the last micro-batch the sink committed) so checks and lineage have a
+    version to attach to."""
+
+    @multi_asset(
+        name=f"{identifier(spec.name)}_{identifier(table.table)}_snapshot",
+        specs=[translator.get_sink_asset_spec(spec, table)],
+        required_resource_keys={"warehouse"},
+    )
+    def _snapshot(context: AssetExecutionContext) -> MaterializeResult:
+        from dbt_sink import LEDGER_TABLE
+
+        warehouse = context.resources.warehouse
+        try:
+            with warehouse.read_only() as con:
+                if not _table_exists(con, table.table):
+                    job_key = translator.get_job_asset_key(spec).to_user_string()
+                    raise Failure(
+                        description=(
+                            f"table {table.table} is not in {warehouse.database()} yet: "
+                            f"materialise the job asset {job_key} and let it commit a "
+                            f"micro-batch with input"
+                        )
+                    )
+                quoted = '"' + table.table.replace('"', '""') + '"'
+                rows = con.execute(f"SELECT count(*) FROM {quoted}").fetchone()[0]
+                columns = con.execute(f"DESCRIBE {quoted}").fetchall()
+                ledger = (
+                    con.execute(
+                        f"SELECT max(batch_id), max(committed_at) FROM {LEDGER_TABLE} "
+                        "WHERE job = ? AND sink = ?",
+                        [spec.name, table.query],
+                    ).fetchone()
+                    if _table_exists(con, LEDGER_TABLE)
+                    else (None, None)
+                )
+        except FileNotFoundError as exc:
+            raise Failure(description=str(exc)) from exc
+        schema = TableSchema(
+            columns=[TableColumn(name, str(tp), constraints=None) for name, tp, *_ in columns]
+        )
+        return MaterializeResult(
+            metadata={
+                "dagster/row_count": int(rows),
+                "dagster/column_schema": schema,
+                "database": MetadataValue.path(str(warehouse.database())),
+                "last_sink_batch": None if ledger[0] is None else int(ledger[0]),
+                "last_sink_commit": None if ledger[1] is None else str(ledger[1]),
+            }
+        )
+
+    return _snapshot

@@ -1,0 +1,102 @@
+"""``build_definitions``: streaming job specs → Dagster Definitions."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+from dagster import DefaultSensorStatus, Definitions
+
+from dagster_defs._assets import job_asset, sink_asset
+from dagster_defs._checks import sink_checks
+from dagster_defs._sensor import health_sensor
+from dagster_defs._specs import StreamingJobSpec, config_error
+from dagster_defs._stop import stop_job
+from dagster_defs._translator import StreamingJobTranslator
+
+
+def default_resources() -> dict[str, Any]:
+    """Resources for local use: registry in $SRT_HOME (~/.srt), DuckDB under ./srt-data,
+    Kafka on 127.0.0.1:9092, S3 from the usual AWS settings (nothing connects at load)."""
+    import os
+
+    from dagster_aws.s3 import S3Resource
+
+    from dagster_defs.resources import DuckDBWarehouse, KafkaResource, StreamingRuntime
+
+    return {
+        "streaming_runtime": StreamingRuntime(),
+        "warehouse": DuckDBWarehouse(path="srt-data/warehouse.duckdb"),
+        "kafka": KafkaResource(),
+        # An S3-compatible endpoint (moto, SeaweedFS, MinIO) for checkpoint mirrors and
+        # savepoints; unset means AWS itself.
+        "s3": S3Resource(endpoint_url=os.environ.get("SRT_S3_ENDPOINT_URL")),
+    }
+
+
+def build_definitions(
+    specs: Sequence[StreamingJobSpec],
+    *,
+    translator: StreamingJobTranslator | None = None,
+    resources: Mapping[str, Any] | None = None,
+    sensor_interval: timedelta = timedelta(seconds=30),
+    sensor_default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING,
+) -> Definitions:
+    """Definitions for streaming jobs: per job an asset (materialising it runs the job), per
+    sink table a downstream asset with checks, one health sensor and a ``stop_streaming_job``
+    job.
+
+    Args:
+        specs: the jobs.
+        translator: maps jobs and tables to asset keys, groups and descriptions.
+        resources: resources by key, over :func:`default_resources` (``streaming_runtime``,
+            ``warehouse``, ``kafka``, ``s3``).
+        sensor_interval: minimum interval between health sensor ticks (30-60 s is sensible:
+            a tick reads files only, and restarts are rare).
+        sensor_default_status: whether the health sensor runs without being switched on.
+    """
+    translator = translator or StreamingJobTranslator()
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise config_error(f"job names repeat: {names}")
+    all_resources = {**default_resources(), **(resources or {})}
+    for spec in specs:
+        missing = sorted(spec.resource_keys - set(all_resources))
+        if missing:
+            raise config_error(
+                f"job {spec.name!r} takes config from resource(s) {missing}, "
+                f"which are not in resources {sorted(all_resources)}"
+            )
+    if not timedelta(seconds=1) <= sensor_interval <= timedelta(hours=1):
+        raise config_error(f"sensor_interval must be between 1 s and 1 h, got {sensor_interval}")
+
+    assets: list[Any] = []
+    checks: list[Any] = []
+    for spec in specs:
+        assets.append(job_asset(spec, translator))
+        for table in spec.sink_tables:
+            assets.append(sink_asset(spec, table, translator))
+            checks.append(sink_checks(spec, table, translator))
+    keys = [k for a in assets for k in a.keys]
+    if len(set(keys)) != len(keys):
+        raise config_error(
+            f"asset keys repeat: {[k.to_user_string() for k in keys]}; override "
+            f"the translator's get_*_asset_key to tell them apart"
+        )
+    return Definitions(
+        assets=assets,
+        asset_checks=checks,
+        sensors=[
+            health_sensor(
+                specs,
+                translator,
+                minimum_interval=sensor_interval,
+                default_status=sensor_default_status,
+            )
+        ]
+        if specs
+        else [],
+        jobs=[stop_job(specs, translator)] if specs else [],
+        resources=all_resources,
+    )

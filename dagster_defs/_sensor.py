@@ -1,0 +1,401 @@
+"""The health sensor: observe every streaming job, restart the dead and the stalled.
+
+Each tick reads the job registry and the checkpoints (files only: no Spark, no network), emits
+one AssetObservation per job with its health, and applies the job's :class:`RestartPolicy`.
+The restart history lives in the sensor cursor, so backoff and the restart limit survive
+daemon restarts. A job that was stopped (``STOPPED``) or finished is never restarted.
+
+Conditions and what the sensor does::
+
+    healthy        RUNNING, pid alive, nothing stalled              observe
+    starting       STARTING, pid alive                              observe
+    stopped        STOPPED / FINISHED                               observe
+    dead           RUNNING in the registry but the pid is gone      relaunch
+    failed         FAILED (a query failed; see the job's log)       relaunch
+    launch-failed  STARTING but the pid is gone                     relaunch
+    stalled        a micro-batch in flight (or lag with no commit)  kill, relaunch
+                   for longer than max_checkpoint_age; or STARTING
+                   for longer than start_timeout
+"""
+
+import json
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from dagster import (
+    AssetObservation,
+    DefaultSensorStatus,
+    SensorDefinition,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    sensor,
+)
+
+from dagster_defs._launch import launch_config
+from dagster_defs._specs import RestartPolicy, StreamingJobSpec
+from dagster_defs._translator import StreamingJobTranslator
+
+CURSOR_VERSION = 1
+# Health fields of a query (the runner's names) copied into each observation.
+HEALTH_FIELDS = (
+    "last_batch",
+    "batch_duration_ms",
+    "input_rows_per_s",
+    "processed_rows_per_s",
+    "lag_records",
+    "watermark",
+    "state_rows",
+    "state_bytes",
+    "late_rows_dropped",
+    "updated_at",
+)
+
+
+class Condition(StrEnum):
+    HEALTHY = "healthy"
+    STARTING = "starting"
+    STOPPED = "stopped"
+    DEAD = "dead"
+    FAILED = "failed"
+    LAUNCH_FAILED = "launch-failed"
+    STALLED = "stalled"
+    UNKNOWN = "unknown"
+
+
+RESTARTABLE = frozenset(
+    {Condition.DEAD, Condition.FAILED, Condition.LAUNCH_FAILED, Condition.STALLED}
+)
+
+
+class Action(StrEnum):
+    NONE = "none"
+    RESTART = "restart"
+    BACKOFF = "backoff"
+    GIVE_UP = "give-up"
+
+
+@dataclass(frozen=True)
+class Assessment:
+    condition: Condition
+    reason: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str
+    retry_at: float | None = None
+
+
+def _seconds(td: timedelta) -> float:
+    return td.total_seconds()
+
+
+def query_health(checkpoint_dir: str, health: Mapping[str, Any], now: float) -> dict[str, Any]:
+    """One query's health: the runner's last report plus ages read from the checkpoint now
+    (the report goes stale when the process hangs; the checkpoint does not lie)."""
+    from stateful_runtime import checkpoint
+
+    last = checkpoint.last_committed(checkpoint_dir)
+    commit_time = checkpoint.last_commit_time(checkpoint_dir)
+    planned = Path(checkpoint_dir, "offsets", str(0 if last is None else last + 1))
+    try:
+        inflight_age = round(now - planned.stat().st_mtime, 3)
+    except OSError:
+        inflight_age = None
+    out: dict[str, Any] = {
+        "last_committed_batch": last,
+        "checkpoint_age_s": None if commit_time is None else round(now - commit_time, 3),
+        "inflight_batch_age_s": inflight_age,
+    }
+    out.update({k: health.get(k) for k in HEALTH_FIELDS})
+    return out
+
+
+def assess(
+    entry: Mapping[str, Any],
+    *,
+    alive: bool,
+    queries: Mapping[str, Mapping[str, Any]],
+    now: float,
+    started_age_s: float | None,
+    policy: RestartPolicy,
+) -> Assessment:
+    """The job's condition from its registry entry, liveness and query health (pure)."""
+    state, pid = entry.get("state"), entry.get("pid")
+    if state == "RUNNING":
+        if not alive:
+            return Assessment(Condition.DEAD, f"registry says RUNNING but pid {pid} is gone")
+        limit = _seconds(policy.max_checkpoint_age)
+        for name, q in sorted(queries.items()):
+            inflight, age, lag = (
+                q.get("inflight_batch_age_s"),
+                q.get("checkpoint_age_s"),
+                q.get("lag_records"),
+            )
+            if inflight is not None and inflight > limit:
+                return Assessment(
+                    Condition.STALLED,
+                    (
+                        f"query {name}: the batch after {q.get('last_committed_batch')} has been "
+                        f"in flight for {inflight:.0f} s (limit {limit:.0f} s)"
+                    ),
+                )
+            if lag and age is not None and age > limit:
+                return Assessment(
+                    Condition.STALLED,
+                    (
+                        f"query {name}: {lag} records waiting and no commit for {age:.0f} s "
+                        f"(limit {limit:.0f} s)"
+                    ),
+                )
+        return Assessment(Condition.HEALTHY, f"RUNNING as pid {pid}")
+    if state == "STARTING":
+        if not alive:
+            return Assessment(
+                Condition.LAUNCH_FAILED, f"pid {pid} exited while STARTING (see the job's log)"
+            )
+        if started_age_s is not None and started_age_s > _seconds(policy.start_timeout):
+            return Assessment(Condition.STALLED, f"still STARTING after {started_age_s:.0f} s")
+        return Assessment(Condition.STARTING, f"STARTING as pid {pid}")
+    if state == "FAILED":
+        return Assessment(Condition.FAILED, "the job process failed (see the job's log)")
+    if state in ("STOPPED", "FINISHED"):
+        return Assessment(Condition.STOPPED, f"{state}: stopped on purpose, not restarted")
+    return Assessment(Condition.UNKNOWN, f"registry state {state!r}")
+
+
+def decide(
+    condition: Condition, restarts: Sequence[float], *, now: float, policy: RestartPolicy
+) -> Decision:
+    """Restart now, wait (backoff), give up (limit reached), or do nothing (pure)."""
+    if condition not in RESTARTABLE:
+        return Decision(Action.NONE, "")
+    window = _seconds(policy.window)
+    recent = sorted(t for t in restarts if now - t < window)
+    if len(recent) >= policy.max_restarts:
+        return Decision(
+            Action.GIVE_UP,
+            (
+                f"restart limit reached: {len(recent)} restarts in the last {window:.0f} s; "
+                f"fix the job and materialise its asset to start it again"
+            ),
+        )
+    if recent:
+        delay = min(
+            _seconds(policy.initial_backoff) * 2 ** (len(recent) - 1), _seconds(policy.max_backoff)
+        )
+        retry_at = recent[-1] + delay
+        if now < retry_at:
+            return Decision(
+                Action.BACKOFF, f"next restart in {retry_at - now:.0f} s (backoff)", retry_at
+            )
+    return Decision(
+        Action.RESTART, f"restart {len(recent) + 1} of {policy.max_restarts} within {window:.0f} s"
+    )
+
+
+@dataclass
+class Cursor:
+    """Per job: epoch seconds of each restart the sensor made, and the pid it gave up on."""
+
+    restarts: dict[str, list[float]] = field(default_factory=dict)
+    gave_up: dict[str, int | None] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, raw: str | None) -> "Cursor":
+        if not raw:
+            return cls()
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return cls()
+        if data.get("version") != CURSOR_VERSION:
+            return cls()  # an older sensor's history: start afresh rather than misread it
+        return cls(
+            {k: [float(t) for t in v] for k, v in (data.get("restarts") or {}).items()},
+            dict(data.get("gave_up") or {}),
+        )
+
+    def dump(self) -> str:
+        return json.dumps(
+            {"version": CURSOR_VERSION, "restarts": self.restarts, "gave_up": self.gave_up},
+            sort_keys=True,
+        )
+
+    def prune(self, job: str, *, now: float, window: timedelta) -> list[float]:
+        kept = [t for t in self.restarts.get(job, []) if now - t < _seconds(window)]
+        self.restarts[job] = kept
+        return kept
+
+
+def _started_age(entry: Mapping[str, Any], now: float) -> float | None:
+    from datetime import datetime
+
+    started = entry.get("started_at")
+    if not started:
+        return None
+    try:
+        return now - datetime.fromisoformat(str(started).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _flatten(queries: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    return {f"{q}.{k}": v for q, metrics in sorted(queries.items()) for k, v in metrics.items()}
+
+
+def check_job(
+    context: SensorEvaluationContext, spec: StreamingJobSpec, cursor: Cursor, now: float
+) -> dict[str, Any] | None:
+    """Observe one job and apply its restart policy; the observation's metadata, or None if
+    the job never ran here."""
+    runtime = context.resources.streaming_runtime
+    entry = runtime.entry(spec.name)
+    if entry is None:
+        return None
+    alive = runtime.pid_alive(entry.get("pid"))
+    queries = {
+        q: query_health(info["checkpoint_dir"], (entry.get("health") or {}).get(q) or {}, now)
+        for q, info in (entry.get("queries") or {}).items()
+    }
+    verdict = assess(
+        entry,
+        alive=alive,
+        queries=queries,
+        now=now,
+        started_age_s=_started_age(entry, now),
+        policy=spec.restart_policy,
+    )
+    pid = entry.get("pid")
+    if spec.name in cursor.gave_up and (
+        cursor.gave_up[spec.name] != pid or verdict.condition not in RESTARTABLE
+    ):
+        # Started again since the sensor gave up (a materialisation), or recovered: a fresh
+        # restart budget.
+        del cursor.gave_up[spec.name]
+        cursor.restarts[spec.name] = []
+    restarts = cursor.prune(spec.name, now=now, window=spec.restart_policy.window)
+    if spec.name in cursor.gave_up:
+        decision = Decision(
+            Action.GIVE_UP,
+            f"gave up on pid {pid} (restart limit); materialise the job asset to start it again",
+        )
+    else:
+        decision = decide(verdict.condition, restarts, now=now, policy=spec.restart_policy)
+    metadata: dict[str, Any] = {
+        "state": entry.get("state"),
+        "condition": verdict.condition.value,
+        "reason": verdict.reason,
+        "pid": pid,
+        "alive": alive,
+        "action": decision.action.value,
+        "restarts_in_window": len(restarts),
+        **_flatten(queries),
+    }
+    if decision.reason:
+        metadata["decision"] = decision.reason
+    if decision.action is Action.GIVE_UP and spec.name not in cursor.gave_up:
+        cursor.gave_up[spec.name] = pid
+        context.log.error(f"{spec.name}: {verdict.reason}; {decision.reason}")
+    elif decision.action is Action.RESTART:
+        metadata.update(_restart(context, spec, entry, alive, verdict))
+        cursor.restarts[spec.name] = [*restarts, now]
+        metadata["restarts_in_window"] = len(restarts) + 1
+    return metadata
+
+
+def _restart(
+    context: SensorEvaluationContext,
+    spec: StreamingJobSpec,
+    entry: Mapping[str, Any],
+    alive: bool,
+    verdict: Assessment,
+) -> dict[str, Any]:
+    from stateful_runtime.exceptions import StatefulRuntimeError
+    from stateful_runtime.runtime import launcher
+
+    runtime = context.resources.streaming_runtime
+    out: dict[str, Any] = {}
+    if alive:
+        out["killed_with"] = launcher.terminate(
+            int(entry["pid"]), grace=_seconds(spec.restart_policy.stop_grace)
+        )
+    else:  # the driver is gone; its JVM or Python workers may not be
+        launcher.signal_group(int(entry["pid"]), signal.SIGKILL)
+    try:
+        launch = runtime.ensure_running(
+            spec.name, spec.job_file, launch_config(spec, context.resources)
+        )
+    except StatefulRuntimeError as exc:
+        context.log.error(f"{spec.name}: relaunch failed: {exc}")
+        out["restart_error"] = str(exc)
+        return out
+    context.log.warning(
+        f"{spec.name} was {verdict.condition.value} ({verdict.reason}); "
+        f"relaunched as pid {launch.pid}, log {launch.log_path}"
+    )
+    out.update(
+        {
+            "restarted_pid": launch.pid,
+            "previous_pid": entry.get("pid"),
+            "log_path": str(launch.log_path),
+        }
+    )
+    return out
+
+
+def health_sensor(
+    specs: Sequence[StreamingJobSpec],
+    translator: StreamingJobTranslator,
+    *,
+    minimum_interval: timedelta = timedelta(seconds=30),
+    default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING,
+    name: str = "streaming_job_health",
+) -> SensorDefinition:
+    """A sensor observing every job of ``specs`` and restarting it per its restart policy."""
+    resource_keys = {"streaming_runtime"}.union(*(s.resource_keys for s in specs))
+
+    @sensor(
+        name=name,
+        minimum_interval_seconds=int(minimum_interval.total_seconds()),
+        default_status=default_status,
+        required_resource_keys=resource_keys,
+        description=(
+            "Observes each streaming job's health (checkpoint age, batch duration, "
+            "rates, lag, watermark, state size) and relaunches dead or stalled jobs "
+            "with backoff and a restart limit."
+        ),
+    )
+    # Dagster passes decorator-declared resources as keyword arguments when a sensor is
+    # called directly (tests) but not from the daemon; both read context.resources here.
+    def _health(context: SensorEvaluationContext, **_: Any) -> SensorResult | SkipReason:
+        cursor = Cursor.load(context.cursor)
+        now = time.time()
+        events = []
+        for spec in specs:
+            metadata = check_job(context, spec, cursor, now)
+            if metadata is not None:
+                events.append(
+                    AssetObservation(
+                        asset_key=translator.get_job_asset_key(spec),
+                        metadata=metadata,
+                        description=metadata["reason"],
+                    )
+                )
+        if not events:
+            return SensorResult(
+                skip_reason="no streaming job has run here yet; materialise a "
+                "job asset to start one",
+                cursor=cursor.dump(),
+            )
+        return SensorResult(asset_events=events, cursor=cursor.dump())
+
+    return _health

@@ -1,0 +1,75 @@
+"""Drop payments whose txn_id was already seen in the last 24 hours of event time.
+
+The seed's ``Deduplicator``: one ValueState per txn_id with a 24-hour event-time TTL, so state
+for old ids is removed once the watermark passes their expiry. First occurrences are appended,
+exactly once, to the topic ``upi-payments-deduped``.
+
+    srt run examples/deduplicate_payments.py --available-now
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from stateful_runtime import (
+    CheckpointConfig,
+    KeyedProcessFunction,
+    LogSink,
+    LogSource,
+    StateTtlConfig,
+    StreamJob,
+    TimeDomain,
+    ValueStateDescriptor,
+    WatermarkStrategy,
+)
+
+DEFAULTS = {
+    "source.log_dir": "srt-data/log",
+    "source.topic": "upi-payments",
+    "source.max_records_per_batch": 100_000,
+    "sink.topic": "upi-payments-deduped",
+    "checkpoint.dir": "srt-data/checkpoints/deduplicate-payments",
+    "checkpoint.interval_s": 2.0,
+    "ttl_hours": 24.0,
+    "parallelism": 4,
+}
+
+PAYMENT = {"txn_id": str, "merchant_id": str, "amount_paise": int, "ts_ms": int}
+
+
+class Deduplicator(KeyedProcessFunction):
+    output_schema = PAYMENT
+
+    def __init__(self, ttl: timedelta = timedelta(hours=24)) -> None:
+        self.ttl = ttl
+
+    def open(self, ctx):
+        self.seen = ctx.get_state(ValueStateDescriptor(
+            "seen", bool, ttl=StateTtlConfig(self.ttl, time_domain=TimeDomain.EVENT_TIME)))
+
+    def process_element(self, payment, ctx):
+        if self.seen.value():
+            return
+        self.seen.update(True)
+        yield payment
+
+
+def build(config: dict) -> StreamJob:
+    job = StreamJob(
+        "deduplicate-payments",
+        checkpoint=CheckpointConfig(config["checkpoint.dir"],
+                                    timedelta(seconds=config["checkpoint.interval_s"])),
+        parallelism=config["parallelism"],
+    )
+    payments = job.from_source(
+        LogSource(config["source.log_dir"], config["source.topic"], schema=PAYMENT,
+                  max_records_per_batch=config["source.max_records_per_batch"]),
+        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5))
+        .with_timestamp_field("ts_ms"),
+        name="upi-source",
+    )
+    (payments.key_by("txn_id")
+     .process(Deduplicator(timedelta(hours=config["ttl_hours"])), name="deduplicator")
+     .sink_to(LogSink(config["source.log_dir"], config["sink.topic"], key_field="merchant_id",
+                      partitions=4), name="deduped"))
+    return job

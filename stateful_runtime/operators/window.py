@@ -1,0 +1,222 @@
+"""The full-semantics window operator, as a keyed process function over the runtime's state.
+
+Used when a window needs more than Spark's native ``groupBy(window)``: sliding or session
+windows, the global window with a count trigger, allowed lateness (late firings update the
+result), a late side output, or early firings. It runs on the same keyed operator as user
+functions, so it has the same checkpointing, restart and harness behaviour.
+
+Per key, one map state ``windows``: window start → [end, accumulator, elements since last
+firing, processing time of last firing]. Timers: ``end - 1`` fires the window (Flink's window
+max timestamp); ``end - 1 + allowed lateness`` purges it. An element whose window was purged
+already (``end - 1 + lateness <= watermark``) is late: it goes to the late side output if there
+is one, else it is counted in the map state ``late_dropped``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pyspark.sql.types import StructType
+
+from stateful_runtime.aggregates import Aggregate
+from stateful_runtime.functions import Context, KeyedProcessFunction, OutputTag, to_datetime
+from stateful_runtime.state import MapStateDescriptor, ValueStateDescriptor
+from stateful_runtime.windows import (
+    CountTrigger,
+    EarlyFiring,
+    EventTimeSessionWindows,
+    GlobalWindows,
+    SlidingEventTimeWindows,
+    Trigger,
+    TumblingEventTimeWindows,
+    WindowAssigner,
+)
+
+GLOBAL_START = -(2**62)
+_MS = timedelta(milliseconds=1)
+
+
+def _ms(td: timedelta) -> int:
+    return int(td / _MS)
+
+
+def _naive_utc(ms: int) -> datetime | None:
+    if ms <= GLOBAL_START or ms >= 2**62:
+        return None
+    return to_datetime(ms).astimezone(UTC).replace(tzinfo=None)
+
+
+class WindowOperator(KeyedProcessFunction):
+    """Window assignment, triggers, lateness and aggregation for one keyed window stream."""
+
+    def __init__(
+        self,
+        assigner: WindowAssigner,
+        keys: Sequence[str],
+        aggregates: Mapping[str, Aggregate],
+        output_schema: StructType,
+        *,
+        allowed_lateness: timedelta = timedelta(0),
+        late_tag: OutputTag | None = None,
+        trigger: Trigger | None = None,
+    ) -> None:
+        self.assigner = assigner
+        self.keys = list(keys)
+        self.aggregates = dict(aggregates)
+        self.output_schema = output_schema  # type: ignore[misc]
+        self.side_outputs = (late_tag,) if late_tag else ()  # type: ignore[misc]
+        self.lateness = _ms(allowed_lateness)
+        self.late_tag = late_tag
+        self.trigger = trigger
+
+    def open(self, ctx: Any) -> None:
+        self.windows = ctx.get_map_state(MapStateDescriptor("windows", int, list))
+        self.late_dropped = ctx.get_state(ValueStateDescriptor("late_dropped", int))
+
+    def describe(self) -> str:
+        aggs = ", ".join(f"{k}={a.describe()}" for k, a in self.aggregates.items())
+        extra = [f"allowed lateness {timedelta(milliseconds=self.lateness)}"] if self.lateness \
+            else []
+        if self.late_tag:
+            extra.append(f"late data → side output {self.late_tag.name}")
+        if self.trigger:
+            extra.append(self.trigger.describe())
+        return (f"{self.assigner.describe()} by {', '.join(self.keys)} → {aggs}"
+                + (f" ({'; '.join(extra)})" if extra else ""))
+
+    def needs(self) -> str:
+        why = []
+        if not isinstance(self.assigner, TumblingEventTimeWindows):
+            why.append(self.assigner.describe())
+        if self.lateness:
+            why.append("allowed lateness")
+        if self.late_tag:
+            why.append("a late side output")
+        if self.trigger:
+            why.append(self.trigger.describe())
+        return ", ".join(why)
+
+    # ------------------------------------------------------------------ assignment
+
+    def _assign(self, ts: int) -> list[tuple[int, int]]:
+        a = self.assigner
+        if isinstance(a, TumblingEventTimeWindows):
+            size = _ms(a.size)
+            start = ts - ts % size
+            return [(start, start + size)]
+        if isinstance(a, SlidingEventTimeWindows):
+            size, slide = _ms(a.size), _ms(a.slide)
+            last = ts - ts % slide
+            return [(s, s + size) for s in range(last, ts - size, -slide)]
+        if isinstance(a, EventTimeSessionWindows):
+            return [(ts, ts + _ms(a.gap))]
+        return [(GLOBAL_START, 2**62)]
+
+    def _empty(self) -> dict[str, Any]:
+        return {name: agg.create() for name, agg in self.aggregates.items()}
+
+    def _add(self, acc: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+        return {name: agg.add(acc[name], record) for name, agg in self.aggregates.items()}
+
+    def _merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        return {name: agg.merge(a[name], b[name]) for name, agg in self.aggregates.items()}
+
+    def _result(self, ctx: Context, start: int, end: int, acc: dict[str, Any]) -> dict[str, Any]:
+        key = ctx._op.current_key
+        row = dict(zip(self.keys, key, strict=True))
+        row["window_start"] = _naive_utc(start)
+        row["window_end"] = _naive_utc(end)
+        for name, agg in self.aggregates.items():
+            row[name] = agg.result(acc[name])
+        return row
+
+    # ------------------------------------------------------------------ timers
+
+    def _timers_for(self, ctx: Context, end: int, register: bool) -> None:
+        if end >= 2**62:
+            return
+        service = ctx.timer_service()
+        op = service.register_event_time_timer if register else service.delete_event_time_timer
+        op(to_datetime(end - 1))
+        if self.lateness:
+            op(to_datetime(end - 1 + self.lateness))
+
+    # ------------------------------------------------------------------ elements
+
+    def process_element(self, value: dict[str, Any], ctx: Context) -> Iterator[dict[str, Any]]:
+        op = ctx._op
+        ts, watermark = op.current_ms, op.watermark_ms
+        if isinstance(self.assigner, EventTimeSessionWindows):
+            windows = [self._merge_session(ts, ctx)]
+        else:
+            windows = self._assign(ts)
+        for start, end in windows:
+            if end - 1 + self.lateness <= watermark and end < 2**62:
+                self._late(value, ctx)
+                continue
+            stored = self.windows.get(start)
+            if stored is None:
+                stored = [end, self._empty(), 0, 0.0]
+                self._timers_for(ctx, end, register=True)
+            stored[1] = self._add(stored[1], value)
+            stored[2] += 1
+            emit = end - 1 <= watermark  # a late firing: the window had fired already
+            emit = emit or self._early(stored)
+            if isinstance(self.trigger, CountTrigger) and stored[2] >= self.trigger.count:
+                yield self._result(ctx, start, end, stored[1])
+                self.windows.remove(start)  # fire and purge
+                continue
+            if emit:
+                stored[2], stored[3] = 0, time.time()
+                yield self._result(ctx, start, end, stored[1])
+            self.windows.put(start, stored)
+
+    def _early(self, stored: list) -> bool:
+        t = self.trigger
+        if not isinstance(t, EarlyFiring):
+            return False
+        if t.count and stored[2] >= t.count:
+            return True
+        return bool(t.interval and time.time() - stored[3] >= t.interval.total_seconds())
+
+    def _merge_session(self, ts: int, ctx: Context) -> tuple[int, int]:
+        start, end = ts, ts + _ms(self.assigner.gap)  # type: ignore[attr-defined]
+        merged_acc: dict[str, Any] | None = None
+        count = 0
+        for s, stored in list(self.windows.items()):
+            e = stored[0]
+            if s < end and start < e:  # overlapping sessions merge
+                start, end = min(start, s), max(end, e)
+                merged_acc = stored[1] if merged_acc is None else self._merge(merged_acc, stored[1])
+                count += stored[2]
+                self._timers_for(ctx, e, register=False)
+                self.windows.remove(s)
+        if merged_acc is not None:
+            self.windows.put(start, [end, merged_acc, count, 0.0])
+            self._timers_for(ctx, end, register=True)
+        return start, end
+
+    def _late(self, value: dict[str, Any], ctx: Context) -> None:
+        if self.late_tag is not None:
+            ctx.output(self.late_tag, value)
+        else:
+            self.late_dropped.update((self.late_dropped.value() or 0) + 1)
+
+    # ------------------------------------------------------------------ timers fire
+
+    def on_timer(self, timestamp: datetime, ctx: Context) -> Iterator[dict[str, Any]]:
+        t = ctx._op.current_ms
+        for start, stored in list(self.windows.items()):
+            end = stored[0]
+            if end - 1 == t:
+                stored[2] = 0
+                yield self._result(ctx, start, end, stored[1])
+                if not self.lateness:
+                    self.windows.remove(start)
+                else:
+                    self.windows.put(start, stored)
+            elif self.lateness and end - 1 + self.lateness <= t:
+                self.windows.remove(start)

@@ -1,0 +1,290 @@
+"""The Dagster plugin against a real ``srt run`` process: launch through ``materialize``, reuse,
+check the sink table, observe and restart from the sensor, stop, and catch a corrupted table.
+
+The tests share one job (a Spark launch costs ~6 s on an idle machine, far more on a busy one)
+and run in file order; the module fixture kills whatever is left of it at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from dagster import AssetKey, Definitions, build_sensor_context, materialize
+from upi_events import START_MS, events
+
+from dagster_defs import DuckDBWarehouse, StreamingRuntime, build_definitions
+from dagster_defs.definitions import UPI_JOB
+from stateful_runtime import checkpoint
+from stateful_runtime.log import EventLog
+from stateful_runtime.runtime import launcher, registry
+from tests.conftest import ROOT, UpiWorkspace, append_lines
+
+pytestmark = pytest.mark.slow
+
+JOB = UPI_JOB.name
+JOB_KEY = AssetKey(["upi_per_minute"])
+TABLE_KEY = AssetKey(["upi_counts"])
+WINDOW_MS = 60_000
+
+
+@dataclass
+class Live:
+    ws: UpiWorkspace
+    defs: Definitions
+    resources: dict[str, Any]
+    pids: list[int] = field(default_factory=list)
+
+    def materialize(self, *keys: AssetKey, raise_on_error: bool = True):
+        return materialize(
+            [*self.defs.assets, *self.defs.asset_checks],  # type: ignore[list-item]
+            selection=list(keys),
+            resources=self.resources,
+            raise_on_error=raise_on_error,
+        )
+
+    def tick(self, cursor: str | None = None):
+        sensor = self.defs.resolve_sensor_def("streaming_job_health")
+        return sensor(build_sensor_context(resources=self.resources, cursor=cursor))
+
+    @property
+    def qdir(self) -> Path:
+        return self.ws.checkpoint_dir / "upi-counts"
+
+
+def _feed(ws: UpiWorkspace, count: int, seed: int, start_ms: int = START_MS) -> None:
+    # 40 events per second of event time: 6000 events span 150 s, so two 1-minute windows
+    # close (the watermark trails the newest event by 5 s).
+    append_lines(
+        ws.log_dir,
+        list(
+            events(
+                count,
+                merchants=8,
+                rate_per_s=40,
+                disorder_ms=3_000,
+                bad_every=499,
+                seed=seed,
+                start_ms=start_ms,
+            )
+        ),
+    )
+
+
+def _wait(cond: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def _metadata(result, key: AssetKey) -> dict[str, Any]:
+    [event] = [e for e in result.get_asset_materialization_events() if e.asset_key == key]
+    return {k: v.value for k, v in event.materialization.metadata.items()}
+
+
+def _checks(result) -> dict[str, Any]:
+    return {e.check_name: e for e in result.get_asset_check_evaluations()}
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory, srt_env: dict[str, str]) -> Iterator[Live]:
+    ws = UpiWorkspace(tmp_path_factory.mktemp("upi-dagster"), partitions=2)
+    EventLog(ws.log_dir).create_topic("upi-payments", ws.partitions)
+    _feed(ws, 6_000, seed=3)
+    spec = replace(
+        UPI_JOB,
+        config={
+            "source.log_dir": str(ws.log_dir),
+            "checkpoint.dir": str(ws.checkpoint_dir),
+            "checkpoint.interval_s": 1.0,
+            "parallelism": 2,
+        },
+    )
+    resources = {
+        "streaming_runtime": StreamingRuntime(
+            home=srt_env["SRT_HOME"],
+            working_directory=str(ROOT),
+            launch_timeout_s=240,
+            commit_timeout_s=180,
+        ),
+        "warehouse": DuckDBWarehouse(path=str(ws.database)),
+    }
+    defs = build_definitions([spec], resources=resources)
+    state = Live(ws, defs, {**defs.resources})  # type: ignore[arg-type]
+    try:
+        yield state
+    finally:
+        entry = registry.read(JOB) or {}
+        for pid in {*state.pids, entry.get("pid")} - {None}:
+            launcher.signal_group(int(pid), signal.SIGKILL)  # type: ignore[arg-type]
+
+
+def test_materialize_launches_the_job_detached_and_waits_for_a_commit(live: Live):
+    result = live.materialize(JOB_KEY)
+    md = _metadata(result, JOB_KEY)
+    pid = md["pid"]
+    live.pids.append(pid)
+
+    assert md["launched"] is True
+    assert registry.pid_alive(pid) and os.getpgid(pid) == pid  # its own session and group
+    assert md["state"] == "RUNNING"
+    assert md["spark_app_id"].startswith("local-")
+    assert md["checkpoint_dir"] == str(live.ws.checkpoint_dir)
+    assert "path: native" in md["plan"]
+    assert md["restored_from"] is None
+    assert Path(md["log_path"]) == registry.home() / "jobs" / f"{JOB}.log"
+    assert "running 2 queries" in Path(md["log_path"]).read_text()
+    assert md["config"]["sink.database"] == str(live.ws.database)
+    # Materialisation returns once one of the job's queries committed a micro-batch.
+    assert any(b is not None for b in md["last_committed_batch"].values())
+
+
+def test_second_materialization_reuses_the_live_process(live: Live):
+    md = _metadata(live.materialize(JOB_KEY), JOB_KEY)
+    assert md["launched"] is False
+    assert md["pid"] == live.pids[0]
+    assert registry.read(JOB)["state"] == "RUNNING"
+
+
+def test_sink_table_snapshot_and_checks_pass_on_clean_data(live: Live):
+    # Two windows are closed once a committed batch carries a watermark past their end.
+    def closed_windows() -> bool:
+        offsets = checkpoint.committed_offsets(live.qdir)
+        return bool(offsets) and (offsets["watermark_ms"] or 0) >= START_MS + 2 * WINDOW_MS
+
+    _wait(closed_windows, 120, "a watermark past two windows")
+    result = live.materialize(TABLE_KEY)
+    md = _metadata(result, TABLE_KEY)
+    assert md["dagster/row_count"] > 0
+    assert md["last_sink_batch"] >= 1
+
+    checks = _checks(result)
+    assert set(checks) == {"unique_key", "not_null", "value_ranges", "closed_windows_reconcile"}
+    assert all(c.passed for c in checks.values()), {
+        n: c.metadata for n, c in checks.items() if not c.passed
+    }
+    rec = {k: v.value for k, v in checks["closed_windows_reconcile"].metadata.items()}
+    assert rec["closed_windows"] >= 2
+    assert rec["difference"] == 0
+    assert rec["table_events_in_closed_windows"] > 2_000
+    assert rec["dead_letters_in_range"] == 12  # every 499th of 6000 records is malformed
+
+
+def test_sensor_observes_health_and_restarts_a_killed_job(live: Live):
+    first = live.tick()
+    [obs] = first.asset_events
+    md = {k: v.value for k, v in obs.metadata.items()}
+    assert obs.asset_key == JOB_KEY
+    assert (md["condition"], md["action"], md["pid"]) == ("healthy", "none", live.pids[0])
+    for metric in (
+        "last_committed_batch",
+        "checkpoint_age_s",
+        "batch_duration_ms",
+        "processed_rows_per_s",
+        "lag_records",
+        "watermark",
+        "state_rows",
+        "state_bytes",
+    ):
+        assert f"upi-counts.{metric}" in md
+    assert md["upi-counts.last_committed_batch"] >= 1
+    assert md["upi-counts.state_rows"] > 0
+
+    old = live.pids[0]
+    before = checkpoint.last_committed(live.qdir)
+    os.killpg(old, signal.SIGKILL)  # driver, JVM and Python workers: a machine crash
+    _wait(lambda: not registry.pid_alive(old), 30, "the killed job to be gone")
+    assert registry.read(JOB)["state"] == "RUNNING"  # nobody told the registry
+    killed_at = time.time()
+    _feed(live.ws, 400, seed=4, start_ms=START_MS + 150_000)
+
+    second = live.tick(first.cursor)
+    md = {k: v.value for k, v in second.asset_events[0].metadata.items()}
+    assert (md["condition"], md["action"]) == ("dead", "restart")
+    new = md["restarted_pid"]
+    live.pids.append(new)
+    assert new != old and registry.pid_alive(new)
+    launcher.wait_running(JOB, new, timeout=240)
+    assert launcher.wait_committed(JOB, new, since=killed_at, timeout=180)
+    # The table's query resumes from its checkpoint and commits the new input.
+    _wait(
+        lambda: (checkpoint.last_committed(live.qdir) or -1) > (before or -1),
+        240,
+        "upi-counts to commit after the restart",
+    )
+    assert registry.pid_alive(new)
+
+    third = live.tick(second.cursor)
+    md = {k: v.value for k, v in third.asset_events[0].metadata.items()}
+    assert (md["condition"], md["action"], md["pid"]) == ("healthy", "none", new)
+    assert md["restarts_in_window"] == 1
+
+
+def test_stop_streaming_job_stops_it_cleanly(live: Live):
+    pid = registry.read(JOB)["pid"]
+    job = live.defs.resolve_job_def("stop_streaming_job")
+    result = job.execute_in_process(resources=live.resources)
+    assert result.success
+    assert registry.read(JOB)["state"] == "STOPPED"
+    assert not registry.pid_alive(pid)
+
+    md = {k: v.value for k, v in live.tick().asset_events[0].metadata.items()}
+    assert (md["condition"], md["action"]) == ("stopped", "none")  # stopped means stay stopped
+
+
+def test_checks_fail_on_a_corrupted_table(live: Live):
+    con = duckdb.connect(str(live.ws.database))
+    try:
+        # The sink's table has a primary key; a copy without one can hold what a broken
+        # writer (or a hand edit) would leave: a duplicate row of a closed window, a null key
+        # and impossible counts.
+        con.execute("CREATE TABLE broken AS SELECT * FROM upi_counts")
+        con.execute("""
+            INSERT INTO broken SELECT * FROM upi_counts ORDER BY window_start, merchant_id LIMIT 1
+        """)
+        con.execute("""
+            INSERT INTO broken VALUES (NULL, TIMESTAMP '2026-01-01 00:00:00',
+                                       TIMESTAMP '2026-01-01 00:01:00', 0, -5)
+        """)
+        con.execute("DROP TABLE upi_counts")
+        con.execute("ALTER TABLE broken RENAME TO upi_counts")
+    finally:
+        con.close()
+
+    checks = _checks(live.materialize(TABLE_KEY, raise_on_error=False))
+    assert not any(c.passed for c in checks.values()), checks
+    unique = checks["unique_key"].metadata["expectations"].value[0]
+    assert unique["unexpected_count"] == 2  # both copies of the duplicated key
+    rec = {k: v.value for k, v in checks["closed_windows_reconcile"].metadata.items()}
+    assert rec["difference"] > 0 and rec["mismatched_windows"] == 1
+
+
+def test_a_job_that_cannot_start_fails_the_materialization_with_its_log(live: Live, tmp_path):
+    spec = replace(
+        UPI_JOB,
+        config={"source.log_dir": str(tmp_path / "no-log"), "checkpoint.dir": str(tmp_path)},
+    )
+    defs = build_definitions([spec], resources=live.resources)
+    result = materialize(
+        defs.assets,
+        selection=[JOB_KEY],
+        resources=live.resources,  # type: ignore[arg-type]
+        raise_on_error=False,
+    )
+    assert not result.success
+    [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    message = failure.step_failure_data.error.message
+    assert "exited before RUNNING" in message
+    assert "srt log create upi-payments" in message  # the runtime's advice, from the job's log
+    assert registry.read(JOB)["state"] == "FAILED"

@@ -1,0 +1,177 @@
+"""The seed's keyed process functions on Spark, against independently computed oracles.
+
+Each job runs twice over a growing topic (a restart in the middle): state and pending timers
+come back from the checkpoint and every timer fires exactly once.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from collections import defaultdict
+
+import duckdb
+import pytest
+
+from stateful_runtime.job import load_job_file
+from stateful_runtime.log import EventLog
+from stateful_runtime.runtime.runner import JobRunner
+from tests.conftest import EXAMPLES, append_lines
+
+pytestmark = pytest.mark.slow
+
+M = 60_000
+H = 60 * M
+T0 = 1_767_225_600_000
+
+
+def run(job_file: str, tmp_path, **overrides) -> str:
+    values = {"source.log_dir": str(tmp_path / "log"),
+              "checkpoint.dir": str(tmp_path / "ck" / job_file), "parallelism": "2",
+              **{k: str(v) for k, v in overrides.items()}}
+    jf = load_job_file(EXAMPLES / job_file, values)
+    out = io.StringIO()
+    runner = JobRunner(jf, available_now=True, out=out)
+    assert runner.run() == 0, out.getvalue()
+    for r in runner.runs:  # nothing was late: every record reached the function
+        assert r.late_total == 0, out.getvalue()
+    return out.getvalue()
+
+
+def payment(i: int, merchant: str, ts: int, amount: int = 100, txn: str | None = None) -> bytes:
+    return json.dumps({"txn_id": txn or f"t{i}", "merchant_id": merchant,
+                       "amount_paise": amount, "ts_ms": ts}).encode()
+
+
+def table(db, sql):
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+@pytest.fixture
+def log(tmp_path):
+    # One partition: with several, a record cap per batch lets partitions drift apart in event
+    # time (the watermark is the max over all of them), and timer-driven results would then
+    # depend on batch boundaries. See NOTES.md, "per-partition watermarks".
+    EventLog(tmp_path / "log").create_topic("upi-payments", 1)
+    return tmp_path / "log"
+
+
+def test_fraud_counter_resets_per_minute_across_a_restart(spark, tmp_path, log):
+    rng = random.Random(3)
+    lines, bursts = [], []
+    # Bursts of 5-20 payments within 10 s, a burst per merchant every 3 minutes; merchants
+    # interleave so the watermark keeps moving. Timers fire at micro-batch granularity, so
+    # batches are capped (30 records span at most ~60 s of event time) below the spacing.
+    for minute in range(0, 60, 3):
+        for m in range(6):
+            n = rng.randint(5, 20)
+            start = T0 + minute * M + m * 5_000
+            stamps = [start + rng.randint(0, 10_000) for _ in range(n)]
+            bursts.append((f"M{m}", stamps))
+    # Filler payments every 2 s from one-off merchants keep event time moving between rounds,
+    # so every capped batch spans well under the 3-minute spacing.
+    filler = [(T0 + k * 2_000, f"F{k}") for k in range(60 * 30)]
+    events = sorted([(ts, merchant) for merchant, stamps in bursts for ts in stamps] + filler)
+    # Arrival order = time order with a little disorder inside the 5 s bound.
+    events.sort(key=lambda e: e[0] + rng.randint(0, 3_000))
+    lines = [payment(i, merchant, ts) for i, (ts, merchant) in enumerate(events)]
+    half = len(lines) // 2
+    append_lines(log, lines[:half])
+    db = tmp_path / "w.duckdb"
+    run("fraud_rate_limit.py", tmp_path, **{"sink.database": db,
+                                             "source.max_records_per_batch": 30})
+    append_lines(log, lines[half:])
+    run("fraud_rate_limit.py", tmp_path, **{"sink.database": db,
+                                             "source.max_records_per_batch": 30})
+
+    # Oracle: per merchant, a counter that starts at its first payment (arrival order) and
+    # resets one minute later; a payment beyond the 10th in that minute trips the alert.
+    expected = {}
+    first, count = {}, defaultdict(int)
+    for line in lines:
+        e = json.loads(line)
+        m, ts = e["merchant_id"], e["ts_ms"]
+        if m in first and ts >= first[m] + M + 5_000:  # the minute has passed the watermark
+            del first[m]
+            count[m] = 0
+        if m not in first:
+            first[m] = ts
+        count[m] += 1
+        if count[m] > 10:
+            expected[(m, first[m])] = count[m]
+    got = dict(((m, w), n) for m, w, n in table(
+        db, "SELECT merchant_id, window_start_ms, payments FROM rate_limit_alerts"))
+    assert got == expected and len(expected) > 10
+
+
+def test_deduplicator_with_event_time_ttl(spark, tmp_path, log):
+    rng = random.Random(5)
+    lines = []
+    for i in range(3_000):
+        ts = T0 + i * 60_000  # 50 hours of event time
+        txn = f"t{rng.randint(0, 400)}"  # ids repeat within and beyond 24 h
+        lines.append(payment(i, f"M{i % 7}", ts, txn=txn))
+    append_lines(log, lines[:1_500])
+    run("deduplicate_payments.py", tmp_path, **{"source.max_records_per_batch": 500})
+    append_lines(log, lines[1_500:])
+    run("deduplicate_payments.py", tmp_path, **{"source.max_records_per_batch": 500})
+
+    expected, stamped = [], {}
+    for line in lines:
+        e = json.loads(line)
+        if e["txn_id"] in stamped and e["ts_ms"] < stamped[e["txn_id"]] + 24 * H:
+            continue
+        stamped[e["txn_id"]] = e["ts_ms"]
+        expected.append(e)
+    reader = EventLog(log).reader("upi-payments-deduped")
+    got = [json.loads(r.value) for p, end in reader.end_offsets().items()
+           for r in reader.read(p, 0, end)]
+    key = lambda e: (e["txn_id"], e["ts_ms"])  # noqa: E731
+    assert sorted(got, key=key) == sorted(expected, key=key)
+    assert len(expected) < len(lines)
+
+
+def test_session_summaries_with_timer_moves(spark, tmp_path, log):
+    rng = random.Random(9)
+    lines, i = [], 0
+    clock = T0
+    for _ in range(400):
+        clock += rng.choice([20_000, 60_000, 5 * M, 45 * M])  # 45 min = a session break
+        for m in rng.sample(range(4), 2):
+            lines.append(payment(i, f"M{m}", clock + rng.randint(0, 2_000),
+                                 amount=rng.randint(1, 99)))
+            i += 1
+    append_lines(log, lines[: len(lines) // 2])
+    db = tmp_path / "s.duckdb"
+    run("session_summary.py", tmp_path, **{"sink.database": db,
+                                            "source.max_records_per_batch": 100})
+    append_lines(log, lines[len(lines) // 2:])
+    run("session_summary.py", tmp_path, **{"sink.database": db,
+                                            "source.max_records_per_batch": 100})
+
+    gap = 30 * M
+    sessions: dict[str, list] = defaultdict(list)
+    max_ts = 0
+    for line in lines:
+        e = json.loads(line)
+        ts, m = e["ts_ms"], e["merchant_id"]
+        max_ts = max(max_ts, ts)
+        s = sessions[m]
+        if s and ts - s[-1][1] < gap:
+            start, last, n, amount = s[-1]
+            s[-1] = (min(start, ts), max(last, ts), n + 1, amount + e["amount_paise"])
+        else:
+            s.append((ts, ts, 1, e["amount_paise"]))
+    watermark = max_ts - 5_000
+    expected = {(m, start): (last + gap, n, amount)
+                for m, ss in sessions.items() for start, last, n, amount in ss
+                if last + gap <= watermark}
+    got = {(m, s): (e, n, a) for m, s, e, n, a in table(
+        db, "SELECT merchant_id, session_start_ms, session_end_ms, payments, amount_paise "
+            "FROM merchant_sessions")}
+    assert got == expected and len(expected) > 50
