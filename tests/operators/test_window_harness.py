@@ -1,0 +1,148 @@
+"""Every window type through the harness, against brute-force oracles."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from datetime import timedelta
+
+import pytest
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from stateful_runtime import Count, OutputTag, Sum
+from stateful_runtime.exceptions import ConfigError
+from stateful_runtime.operators.window import WindowOperator
+from stateful_runtime.testing import KeyedProcessHarness
+from stateful_runtime.windows import (
+    CountTrigger,
+    EarlyFiring,
+    EventTimeSessionWindows,
+    GlobalWindows,
+    SlidingEventTimeWindows,
+    TumblingEventTimeWindows,
+)
+
+AGGS = {"n": Count(), "s": Sum("v")}
+SCHEMA = StructType([StructField("k", StringType()), StructField("n", LongType())])
+S = 1_000
+
+
+def events(seed: int, count: int = 400) -> list[dict]:
+    rng = random.Random(seed)
+    out, ts = [], 0
+    for _ in range(count):
+        ts += rng.choice([100, 700, 2_500, 9_000])
+        out.append({"k": rng.choice("ab"), "v": rng.randint(1, 9), "ts": ts})
+    return out
+
+
+def run(op: WindowOperator, evs: list[dict]) -> dict:
+    """Feed events in order, the watermark trailing by 0; return the last result per window."""
+    h = KeyedProcessHarness(op, "k", "ts")
+    for e in evs:
+        h.process_element(e)
+        h.process_watermark(e["ts"] - 1)
+    h.process_watermark(10**12)
+    return {(r["k"], r["window_start"]): (r["n"], r["s"]) for r in h.output}
+
+
+def key(k, start_ms):
+    from stateful_runtime.operators.window import _naive_utc
+
+    return (k, _naive_utc(start_ms))
+
+
+def test_tumbling_and_sliding_windows_equal_the_oracle():
+    evs = events(1)
+    tumbling = run(WindowOperator(TumblingEventTimeWindows.of(timedelta(seconds=10)), ["k"],
+                                  AGGS, SCHEMA), evs)
+    expected = defaultdict(lambda: [0, 0])
+    for e in evs:
+        acc = expected[key(e["k"], e["ts"] - e["ts"] % (10 * S))]
+        acc[0] += 1
+        acc[1] += e["v"]
+    assert tumbling == {k: tuple(v) for k, v in expected.items()}
+
+    sliding = run(WindowOperator(SlidingEventTimeWindows.of(timedelta(seconds=10),
+                                                            timedelta(seconds=5)),
+                                 ["k"], AGGS, SCHEMA), evs)
+    expected = defaultdict(lambda: [0, 0])
+    for e in evs:
+        for start in range(e["ts"] - e["ts"] % (5 * S) - 5 * S, e["ts"] + 1, 5 * S):
+            if start <= e["ts"] < start + 10 * S:
+                acc = expected[key(e["k"], start)]
+                acc[0] += 1
+                acc[1] += e["v"]
+    assert sliding == {k: tuple(v) for k, v in expected.items()}
+
+
+def test_session_windows_merge_and_equal_the_oracle():
+    evs = events(2)
+    gap = 5 * S
+    got = run(WindowOperator(EventTimeSessionWindows.with_gap(timedelta(seconds=5)), ["k"],
+                             AGGS, SCHEMA), evs)
+    expected = {}
+    for k in "ab":
+        mine = [e for e in evs if e["k"] == k]
+        sessions: list[list] = []
+        for e in mine:
+            if sessions and e["ts"] < sessions[-1][1] + gap:
+                sessions[-1][1] = e["ts"]
+                sessions[-1][2] += 1
+                sessions[-1][3] += e["v"]
+            else:
+                sessions.append([e["ts"], e["ts"], 1, e["v"]])
+        expected.update({key(k, s[0]): (s[2], s[3]) for s in sessions})
+    assert got == expected
+
+
+def test_global_window_count_trigger_fires_and_purges():
+    evs = events(3, 100)
+    h = KeyedProcessHarness(WindowOperator(GlobalWindows(), ["k"], AGGS, SCHEMA,
+                                           trigger=CountTrigger.of(7)), "k", "ts")
+    h.process_elements(evs)
+    for k in "ab":
+        values = [e["v"] for e in evs if e["k"] == k]
+        chunks = [values[i:i + 7] for i in range(0, len(values) - len(values) % 7, 7)]
+        assert [(r["n"], r["s"]) for r in h.output if r["k"] == k] == \
+               [(7, sum(c)) for c in chunks]
+
+
+def test_early_firing_every_k_elements_then_final_result():
+    h = KeyedProcessHarness(WindowOperator(TumblingEventTimeWindows.of(timedelta(seconds=60)),
+                                           ["k"], AGGS, SCHEMA,
+                                           trigger=EarlyFiring.every(count=3)), "k", "ts")
+    for i in range(8):
+        h.process_element({"k": "a", "v": 1, "ts": i})
+    assert [r["n"] for r in h.output] == [3, 6]  # running counts
+    h.process_watermark(60_000)
+    assert [r["n"] for r in h.output] == [3, 6, 8]  # and the final one
+
+
+def test_allowed_lateness_updates_and_later_data_goes_to_the_side_output():
+    late = OutputTag("late", {"k": str, "v": int, "ts": int})
+    h = KeyedProcessHarness(WindowOperator(TumblingEventTimeWindows.of(timedelta(seconds=10)),
+                                           ["k"], AGGS, SCHEMA,
+                                           allowed_lateness=timedelta(seconds=5), late_tag=late),
+                            "k", "ts")
+    h.process_element({"k": "a", "v": 1, "ts": 1_000})
+    assert [r["n"] for r in h.process_watermark(10_000)] == [1]  # on time
+    assert [r["n"] for r in h.process_element({"k": "a", "v": 1, "ts": 2_000})] == [2]  # late
+    h.process_watermark(14_999)  # the window is purged at 9 999 + 5 000
+    assert h.process_element({"k": "a", "v": 5, "ts": 3_000}) == []
+    assert h.side_output(late) == [{"k": "a", "v": 5, "ts": 3_000}]
+
+
+def test_late_data_without_a_side_output_is_counted_not_silently_lost():
+    h = KeyedProcessHarness(WindowOperator(TumblingEventTimeWindows.of(timedelta(seconds=10)),
+                                           ["k"], AGGS, SCHEMA), "k", "ts")
+    h.process_watermark(50_000)
+    h.process_element({"k": "a", "v": 1, "ts": 1_000})
+    assert h.output == [] and h.state("a", "late_dropped") == 1
+
+
+def test_window_configuration_errors():
+    with pytest.raises(ConfigError, match="multiple of the slide"):
+        SlidingEventTimeWindows.of(timedelta(seconds=10), timedelta(seconds=3))
+    with pytest.raises(ConfigError, match="count="):
+        EarlyFiring.every()
