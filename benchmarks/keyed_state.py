@@ -39,7 +39,6 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="srt-bench-keyed-"))
     os.environ["SRT_HOME"] = str(work / "home")
 
-    import pandas as pd
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
     from upi_events import events
 
@@ -142,7 +141,8 @@ def main() -> None:
         "events": a.events, "keys": a.keys, "batch_size": a.batch_size,
         "append_events_per_s": round(a.events / append_s),
         "load_avg": os.getloadavg()[0], "results": results,
-        "counter_vs_raw": round((results["counter"]["events_per_s_after_first"] or 0) / raw_rate, 3),
+        "counter_vs_raw": round(
+            (results["counter"]["events_per_s_after_first"] or 0) / raw_rate, 3),
         "sessions_vs_raw": round((results["sessions"]["events_per_s_after_first"] or 0) / raw_rate,
                                  3),
     }

@@ -18,6 +18,7 @@ from dbt_sink import DuckDBUpsertSink
 from stateful_runtime import (
     CheckpointConfig,
     Count,
+    EarlyFiring,
     LogSink,
     LogSource,
     OutputTag,
@@ -26,7 +27,6 @@ from stateful_runtime import (
     TumblingEventTimeWindows,
     WatermarkStrategy,
 )
-from stateful_runtime.windows import EarlyFiring
 
 DEFAULTS = {
     "source.log_dir": "srt-data/log",

@@ -1,61 +1,100 @@
-"""Flink-style stateful stream processing on Spark Structured Streaming."""
+"""Flink-style stateful stream processing on Spark Structured Streaming.
 
-from stateful_runtime.aggregates import Aggregate, Avg, Count, Max, Min, Sum
-from stateful_runtime.exceptions import StatefulRuntimeError
-from stateful_runtime.functions import (
-    Context,
-    KeyedProcessFunction,
-    OutputTag,
-    RuntimeContext,
-    TimerService,
-)
-from stateful_runtime.job import CheckpointConfig, StreamJob
-from stateful_runtime.sinks.base import Sink
-from stateful_runtime.sinks.log import LogSink
-from stateful_runtime.sources.base import Source
-from stateful_runtime.sources.log import LogSource
-from stateful_runtime.state import (
-    AggregateFunction,
-    AggregatingStateDescriptor,
-    ListStateDescriptor,
-    MapStateDescriptor,
-    ReducingStateDescriptor,
-    StateTtlConfig,
-    TimeDomain,
-    UpdateType,
-    ValueStateDescriptor,
-)
-from stateful_runtime.watermarks import WatermarkStrategy
-from stateful_runtime.windows import TumblingEventTimeWindows
+The public API is imported lazily (PEP 562), so that light modules such as
+``stateful_runtime.runtime.registry`` can be used (by Dagster, at definition load) without
+importing PySpark.
+"""
 
-__all__ = [
-    "Aggregate",
-    "AggregateFunction",
-    "AggregatingStateDescriptor",
-    "Context",
-    "KeyedProcessFunction",
-    "ListStateDescriptor",
-    "MapStateDescriptor",
-    "OutputTag",
-    "ReducingStateDescriptor",
-    "RuntimeContext",
-    "StateTtlConfig",
-    "TimeDomain",
-    "TimerService",
-    "UpdateType",
-    "ValueStateDescriptor",
-    "Avg",
-    "CheckpointConfig",
-    "Count",
-    "LogSink",
-    "LogSource",
-    "Max",
-    "Min",
-    "Sink",
-    "Source",
-    "StatefulRuntimeError",
-    "StreamJob",
-    "Sum",
-    "TumblingEventTimeWindows",
-    "WatermarkStrategy",
-]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "Aggregate": "aggregates",
+    "Avg": "aggregates",
+    "Count": "aggregates",
+    "Max": "aggregates",
+    "Min": "aggregates",
+    "Sum": "aggregates",
+    "StatefulRuntimeError": "exceptions",
+    "Context": "functions",
+    "KeyedProcessFunction": "functions",
+    "OutputTag": "functions",
+    "RuntimeContext": "functions",
+    "TimerService": "functions",
+    "CheckpointConfig": "job",
+    "StreamJob": "job",
+    "Sink": "sinks.base",
+    "LogSink": "sinks.log",
+    "Source": "sources.base",
+    "LogSource": "sources.log",
+    "AggregateFunction": "state",
+    "AggregatingStateDescriptor": "state",
+    "ListStateDescriptor": "state",
+    "MapStateDescriptor": "state",
+    "ReducingStateDescriptor": "state",
+    "StateTtlConfig": "state",
+    "TimeDomain": "state",
+    "UpdateType": "state",
+    "ValueStateDescriptor": "state",
+    "WatermarkStrategy": "watermarks",
+    "CountTrigger": "windows",
+    "EarlyFiring": "windows",
+    "EventTimeSessionWindows": "windows",
+    "GlobalWindows": "windows",
+    "SlidingEventTimeWindows": "windows",
+    "TumblingEventTimeWindows": "windows",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stateful_runtime' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"stateful_runtime.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
+    from stateful_runtime.aggregates import Aggregate, Avg, Count, Max, Min, Sum
+    from stateful_runtime.exceptions import StatefulRuntimeError
+    from stateful_runtime.functions import (
+        Context,
+        KeyedProcessFunction,
+        OutputTag,
+        RuntimeContext,
+        TimerService,
+    )
+    from stateful_runtime.job import CheckpointConfig, StreamJob
+    from stateful_runtime.sinks.base import Sink
+    from stateful_runtime.sinks.log import LogSink
+    from stateful_runtime.sources.base import Source
+    from stateful_runtime.sources.log import LogSource
+    from stateful_runtime.state import (
+        AggregateFunction,
+        AggregatingStateDescriptor,
+        ListStateDescriptor,
+        MapStateDescriptor,
+        ReducingStateDescriptor,
+        StateTtlConfig,
+        TimeDomain,
+        UpdateType,
+        ValueStateDescriptor,
+    )
+    from stateful_runtime.watermarks import WatermarkStrategy
+    from stateful_runtime.windows import (
+        CountTrigger,
+        EarlyFiring,
+        EventTimeSessionWindows,
+        GlobalWindows,
+        SlidingEventTimeWindows,
+        TumblingEventTimeWindows,
+    )

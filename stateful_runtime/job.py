@@ -37,7 +37,8 @@ class CheckpointConfig:
         if not self.dir:
             raise ConfigError("checkpoint dir must be set (checkpoint.dir)")
         if not isinstance(self.interval, timedelta) or self.interval < timedelta(0):
-            raise ConfigError(f"checkpoint interval must be a timedelta >= 0, got {self.interval!r}")
+            raise ConfigError(
+                f"checkpoint interval must be a timedelta >= 0, got {self.interval!r}")
 
 
 @dataclass

@@ -315,7 +315,8 @@ def _build_pipeline(job: StreamJob, p: _Pipeline) -> QueryPlan:
         sink = outputs[0].sink
         output_mode = "update" if sink.upsert else "append"
         steps.insert(-1, "emit: every update of an open window (the sink upserts by key)"
-                     if sink.upsert else "emit: each window once, when the watermark passes its end")
+                     if sink.upsert
+                     else "emit: each window once, when the watermark passes its end")
     src = p.src
 
     def build(spark: SparkSession) -> DataFrame:

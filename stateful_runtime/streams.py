@@ -122,7 +122,8 @@ class DataStream:
         """Write this stream to ``sink``; ``name`` is the stable id of the sink's query."""
         if not isinstance(sink, Sink):
             raise ConfigError(f"sink_to takes a stateful_runtime Sink, got {type(sink).__name__}")
-        self.job._add_sink(SinkNode(self.node, sink, check_name("sink", name or sink.default_name())))
+        name = check_name("sink", name or sink.default_name())
+        self.job._add_sink(SinkNode(self.node, sink, name))
         return self
 
 

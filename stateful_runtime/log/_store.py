@@ -284,7 +284,8 @@ class TopicReader:
                 access_type=AccessType.secondary(_secondary_dir()),
             )
         except Exception as exc:
-            raise LogError(f"cannot open topic {info.name!r} for reading at {store}: {exc}") from exc
+            raise LogError(
+                f"cannot open topic {info.name!r} for reading at {store}: {exc}") from exc
 
     def catch_up(self) -> None:
         """See everything the writer has appended so far."""

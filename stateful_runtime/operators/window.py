@@ -28,7 +28,6 @@ from stateful_runtime.windows import (
     CountTrigger,
     EarlyFiring,
     EventTimeSessionWindows,
-    GlobalWindows,
     SlidingEventTimeWindows,
     Trigger,
     TumblingEventTimeWindows,

@@ -47,7 +47,7 @@ def test_partitioning_is_stable_across_processes(tmp_path):
     keys = [f"M{i:03d}".encode() for i in range(50)]
     here = [partition_for(k, b"", 7) for k in keys]
     code = ("from stateful_runtime.log import partition_for; import json; print(json.dumps("
-            f"[partition_for(('M%03d' % i).encode(), b'', 7) for i in range(50)]))")
+            "[partition_for(('M%03d' % i).encode(), b'', 7) for i in range(50)]))")
     there = json.loads(subprocess.check_output([sys.executable, "-c", code]))
     assert here == there and len(set(here)) > 1
 
