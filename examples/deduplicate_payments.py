@@ -12,7 +12,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 from stateful_runtime import (
-    CheckpointConfig,
     KeyedProcessFunction,
     LogSink,
     LogSource,
@@ -55,15 +54,9 @@ class Deduplicator(KeyedProcessFunction):
 
 
 def build(config: dict) -> StreamJob:
-    job = StreamJob(
-        "deduplicate-payments",
-        checkpoint=CheckpointConfig(config["checkpoint.dir"],
-                                    timedelta(seconds=config["checkpoint.interval_s"])),
-        parallelism=config["parallelism"],
-    )
+    job = StreamJob.from_config("deduplicate-payments", config)
     payments = job.from_source(
-        LogSource(config["source.log_dir"], config["source.topic"], schema=PAYMENT,
-                  max_records_per_batch=config["source.max_records_per_batch"]),
+        LogSource.from_config(config, PAYMENT),
         WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5))
         .with_timestamp_field("ts_ms"),
         name="upi-source",

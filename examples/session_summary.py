@@ -13,7 +13,6 @@ from datetime import timedelta
 
 from dbt_sink import DuckDBUpsertSink
 from stateful_runtime import (
-    CheckpointConfig,
     KeyedProcessFunction,
     LogSource,
     StreamJob,
@@ -79,15 +78,9 @@ class SessionWindowFunction(KeyedProcessFunction):
 
 
 def build(config: dict) -> StreamJob:
-    job = StreamJob(
-        "session-summary",
-        checkpoint=CheckpointConfig(config["checkpoint.dir"],
-                                    timedelta(seconds=config["checkpoint.interval_s"])),
-        parallelism=config["parallelism"],
-    )
+    job = StreamJob.from_config("session-summary", config)
     payments = job.from_source(
-        LogSource(config["source.log_dir"], config["source.topic"], schema=PAYMENT,
-                  max_records_per_batch=config["source.max_records_per_batch"]),
+        LogSource.from_config(config, PAYMENT),
         WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5))
         .with_timestamp_field("ts_ms"),
         name="upi-source",

@@ -16,7 +16,6 @@ from datetime import timedelta
 
 from dbt_sink import DuckDBUpsertSink
 from stateful_runtime import (
-    CheckpointConfig,
     Count,
     EarlyFiring,
     LogSink,
@@ -47,15 +46,9 @@ LATE_RIDES = OutputTag("late-rides", RIDE)
 
 
 def build(config: dict) -> StreamJob:
-    job = StreamJob(
-        "taxi-zone-hourly",
-        checkpoint=CheckpointConfig(config["checkpoint.dir"],
-                                    timedelta(seconds=config["checkpoint.interval_s"])),
-        parallelism=config["parallelism"],
-    )
+    job = StreamJob.from_config("taxi-zone-hourly", config)
     rides = job.from_source(
-        LogSource(config["source.log_dir"], config["source.topic"], schema=RIDE,
-                  max_records_per_batch=config["source.max_records_per_batch"]),
+        LogSource.from_config(config, RIDE),
         WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5))
         .with_timestamp_field("pickup_ms"),
         name="rides",

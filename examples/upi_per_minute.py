@@ -15,7 +15,6 @@ from datetime import timedelta
 
 from dbt_sink import DuckDBUpsertSink
 from stateful_runtime import (
-    CheckpointConfig,
     Count,
     LogSource,
     StreamJob,
@@ -39,21 +38,9 @@ PAYMENT = {"txn_id": str, "merchant_id": str, "amount_paise": int, "ts_ms": int}
 
 
 def build(config: dict) -> StreamJob:
-    job = StreamJob(
-        "upi-per-minute",
-        checkpoint=CheckpointConfig(
-            dir=config["checkpoint.dir"],
-            interval=timedelta(seconds=config["checkpoint.interval_s"]),
-        ),
-        parallelism=config["parallelism"],
-    )
+    job = StreamJob.from_config("upi-per-minute", config)
     payments = job.from_source(
-        LogSource(
-            config["source.log_dir"],
-            config["source.topic"],
-            schema=PAYMENT,
-            max_records_per_batch=config["source.max_records_per_batch"],
-        ),
+        LogSource.from_config(config, PAYMENT),
         WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5))
         .with_timestamp_field("ts_ms"),
         name="upi-source",

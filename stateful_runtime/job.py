@@ -63,6 +63,17 @@ class StreamJob:
         if self.parallelism < 1:
             raise ConfigError(f"parallelism must be >= 1, got {self.parallelism}")
 
+    @classmethod
+    def from_config(cls, name: str, config: Mapping[str, Any]) -> StreamJob:
+        """A job from the standard job-file keys ``checkpoint.dir``, ``checkpoint.interval_s``
+        (seconds) and ``parallelism`` (optional, default 4)."""
+        return cls(
+            name,
+            CheckpointConfig(config["checkpoint.dir"],
+                             timedelta(seconds=config.get("checkpoint.interval_s", 5.0))),
+            parallelism=config.get("parallelism", 4),
+        )
+
     def from_source(
         self, source: Source, watermark: WatermarkStrategy, name: str
     ) -> DataStream:

@@ -126,9 +126,15 @@ class _SparkMap(MapCell):
 
 
 class SparkBackend(StateBackend):
+    """Spark's state handles behind cached cells; timer changes are netted per key turn and
+    sent at ``end_key`` (a session window moves its timer on every element: two JVM calls per
+    element otherwise)."""
+
     def __init__(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
         self.cells: list[_SparkValue | _SparkMap] = []
+        self.added: set[int] = set()
+        self.deleted: set[int] = set()
 
     def value_cell(self, name: str, processing_ttl_ms: int | None) -> ValueCell:
         cell = _SparkValue(self.handle.getValueState(name, "v BINARY", processing_ttl_ms))
@@ -142,14 +148,26 @@ class SparkBackend(StateBackend):
         return cell
 
     def register_timer(self, ts: int) -> None:
-        self.handle.registerTimer(ts)
+        if ts in self.deleted:
+            self.deleted.discard(ts)
+        else:
+            self.added.add(ts)
 
     def delete_timer(self, ts: int) -> None:
-        self.handle.deleteTimer(ts)
+        if ts in self.added:
+            self.added.discard(ts)
+        else:
+            self.deleted.add(ts)
 
     def end_key(self) -> None:
         for cell in self.cells:
             cell.flush()
+        for ts in self.deleted:
+            self.handle.deleteTimer(ts)
+        for ts in self.added:
+            self.handle.registerTimer(ts)
+        self.added.clear()
+        self.deleted.clear()
 
 
 def _clean(value: Any) -> Any:

@@ -83,6 +83,14 @@ class LogSource(Source):
         self.max_records_per_batch = max_records_per_batch
         self.dead_letter_topic = dead_letter_topic or f"{topic}-dlq"
 
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], schema: StructType | Mapping[str, Any]
+                    ) -> LogSource:
+        """A source from the standard job-file keys ``source.log_dir``, ``source.topic`` and
+        ``source.max_records_per_batch`` (optional)."""
+        return cls(config["source.log_dir"], config["source.topic"], schema,
+                   max_records_per_batch=config.get("source.max_records_per_batch"))
+
     def describe(self) -> str:
         limit = self.max_records_per_batch or "unlimited"
         return (
