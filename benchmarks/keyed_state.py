@@ -3,6 +3,7 @@
 Measures events/s after the first micro-batch for three queries over the same events in one
 Spark session, and reports the API layer's cost as a ratio against the peer in the same run:
 
+* ``source``: reading and decoding the events only (no state): the ceiling for the others.
 * ``raw``: a minimal StatefulProcessor written directly on Spark's API (one ValueState read and
   write per key per batch) — the peer.
 * ``counter``: the same counter as a KeyedProcessFunction (per-element ``value()``/``update()``
@@ -120,6 +121,9 @@ def main() -> None:
                 "events_per_s_after_first": round(rows / ms * 1000) if ms else None}
 
     results = {}
+    j, src = job("source")
+    results["source"] = measure("source", _read_good(spark, src.node))
+
     j, src = job("raw")
     raw = _read_good(spark, src.node).drop("_event_time")
     results["raw"] = measure("raw", raw.groupBy("merchant_id").transformWithStateInPandas(
