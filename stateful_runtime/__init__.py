@@ -21,6 +21,8 @@ _EXPORTS = {
     "Context": "functions",
     "KeyedProcessFunction": "functions",
     "OutputTag": "functions",
+    "ProcessWindowFunction": "functions",
+    "TimeWindow": "functions",
     "RuntimeContext": "functions",
     "TimerService": "functions",
     "CheckpointConfig": "job",
@@ -70,8 +72,10 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         Context,
         KeyedProcessFunction,
         OutputTag,
+        ProcessWindowFunction,
         RuntimeContext,
         TimerService,
+        TimeWindow,
     )
     from stateful_runtime.job import CheckpointConfig, StreamJob
     from stateful_runtime.sinks.base import Sink

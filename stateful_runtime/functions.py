@@ -186,6 +186,30 @@ class KeyedProcessFunction:
         """Called when the task ends."""
 
 
+@dataclass(frozen=True)
+class TimeWindow:
+    """A window's bounds in UTC (both None for the global window); ``end`` is exclusive."""
+
+    start: datetime | None
+    end: datetime | None
+
+
+class ProcessWindowFunction:
+    """Flink's ProcessWindowFunction: sees all elements of a window when it fires.
+
+    ``process(key, window, elements)`` is called each time the window fires (on time, on every
+    late firing within the allowed lateness, and on early firings) and yields output records
+    matching ``output_schema``. The window's elements are kept in state until it is purged, so
+    prefer ``aggregate`` when an accumulator suffices.
+    """
+
+    output_schema: ClassVar[Mapping[str, Any] | StructType] = {}
+
+    def process(self, key: Any, window: TimeWindow,
+                elements: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        raise NotImplementedError
+
+
 def state_descriptors_of(fn: KeyedProcessFunction) -> list[StateDescriptor]:
     """The descriptors a function registers in ``open`` (dry run against a recorder)."""
     from stateful_runtime.operators.keyed import describe_states

@@ -10,15 +10,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.types import StructField, StructType, TimestampNTZType
 
 from stateful_runtime.aggregates import Aggregate, Count
 from stateful_runtime.exceptions import ConfigError
-from stateful_runtime.functions import KeyedProcessFunction, OutputTag
+from stateful_runtime.functions import KeyedProcessFunction, OutputTag, ProcessWindowFunction
 from stateful_runtime.sinks.base import Sink
+from stateful_runtime.sources._decode import to_struct
 from stateful_runtime.sources.base import Source
+from stateful_runtime.state import AggregateFunction
 from stateful_runtime.watermarks import WatermarkStrategy
 from stateful_runtime.windows import (
     CountTrigger,
@@ -182,9 +184,21 @@ class WindowedStream:
         return (isinstance(self.assigner, TumblingEventTimeWindows) and not self.lateness
                 and self.late_tag is None and self.trigger_ is None)
 
-    def aggregate(self, aggregates: Mapping[str, Aggregate], *, name: str) -> DataStream:
+    def aggregate(self, aggregates: Mapping[str, Aggregate] | AggregateFunction, *, name: str,
+                  output: Mapping[str, Any] | None = None) -> DataStream:
         """One output row per key and window: the key fields, ``window_start``, ``window_end``
-        and one column per entry of ``aggregates`` (output name → aggregate)."""
+        and one column per entry of ``aggregates`` (output name → built-in aggregate).
+
+        Or pass an :class:`AggregateFunction` whose ``get_result`` returns a dict of the columns
+        declared in ``output`` (``{column: type}``); it runs on the runtime's window operator.
+        """
+        if isinstance(aggregates, AggregateFunction):
+            if not output:
+                raise ConfigError("aggregate(AggregateFunction) needs output={column: type}")
+            schema = window_output_schema(self.keyed, {})
+            for f in to_struct(output).fields:
+                schema = schema.add(f.name, f.dataType)
+            return self._full(aggregates, schema, name)
         if not aggregates:
             raise ConfigError("aggregate needs at least one output column")
         for out, agg in aggregates.items():
@@ -200,14 +214,28 @@ class WindowedStream:
         if self._native():
             node = WindowAggregateNode(self.keyed, self.assigner, dict(aggregates), name)
             return DataStream(self.job, node)
+        return self._full(aggregates, window_output_schema(self.keyed, aggregates), name)
+
+    def process(self, function: ProcessWindowFunction, *, name: str) -> DataStream:
+        """Call ``function.process(key, window, elements)`` whenever a window fires."""
+        if not isinstance(function, ProcessWindowFunction):
+            raise ConfigError(f"process takes a ProcessWindowFunction, got {function!r}")
+        if not function.output_schema:
+            raise ConfigError(f"{type(function).__name__} must declare output_schema")
+        if isinstance(self.assigner, GlobalWindows) and self.trigger_ is None:
+            raise ConfigError("GlobalWindows never fire by themselves: add "
+                              ".trigger(CountTrigger.of(n))")
+        return self._full(function, to_struct(function.output_schema),
+                          check_name("operator", name))
+
+    def _full(self, contents: Any, schema: StructType, name: str) -> DataStream:
         from stateful_runtime.operators.window import WindowOperator
 
         operator = WindowOperator(
-            self.assigner, self.keyed.keys, aggregates,
-            window_output_schema(self.keyed, aggregates), allowed_lateness=self.lateness,
+            self.assigner, self.keyed.keys, contents, schema, allowed_lateness=self.lateness,
             late_tag=self.late_tag, trigger=self.trigger_,
         )
-        return DataStream(self.job, ProcessNode(self.keyed, operator, name))
+        return DataStream(self.job, ProcessNode(self.keyed, operator, check_name("operator", name)))
 
     def count(self, *, name: str, column: str = "count") -> DataStream:
         return self.aggregate({column: Count()}, name=name)

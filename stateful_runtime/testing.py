@@ -139,3 +139,28 @@ class KeyedProcessHarness:
         key_t = key if isinstance(key, tuple) else (key,)
         stored = self.backend.data.get((TIMERS_STATE, key_t), {})
         return sorted(ts for ts, (flags, _) in stored.items() if flags & 1)
+
+
+def window_harness(
+    assigner: Any,
+    key_by: str | Sequence[str],
+    contents: Any,
+    *,
+    timestamp_field: str,
+    allowed_lateness: Any = None,
+    late_tag: OutputTag | None = None,
+    trigger: Any = None,
+) -> KeyedProcessHarness:
+    """A harness around the window operator: ``contents`` is what ``aggregate``/``process``
+    take (``{column: Aggregate}``, an AggregateFunction or a ProcessWindowFunction)."""
+    from datetime import timedelta
+
+    from pyspark.sql.types import StructType
+
+    from stateful_runtime.operators.window import WindowOperator
+
+    keys = (key_by,) if isinstance(key_by, str) else tuple(key_by)
+    operator = WindowOperator(assigner, keys, contents, StructType(),
+                              allowed_lateness=allowed_lateness or timedelta(0),
+                              late_tag=late_tag, trigger=trigger)
+    return KeyedProcessHarness(operator, keys, timestamp_field)

@@ -22,8 +22,15 @@ from typing import Any
 from pyspark.sql.types import StructType
 
 from stateful_runtime.aggregates import Aggregate
-from stateful_runtime.functions import Context, KeyedProcessFunction, OutputTag, to_datetime
-from stateful_runtime.state import MapStateDescriptor, ValueStateDescriptor
+from stateful_runtime.functions import (
+    Context,
+    KeyedProcessFunction,
+    OutputTag,
+    ProcessWindowFunction,
+    TimeWindow,
+    to_datetime,
+)
+from stateful_runtime.state import AggregateFunction, MapStateDescriptor, ValueStateDescriptor
 from stateful_runtime.windows import (
     CountTrigger,
     EarlyFiring,
@@ -55,7 +62,7 @@ class WindowOperator(KeyedProcessFunction):
         self,
         assigner: WindowAssigner,
         keys: Sequence[str],
-        aggregates: Mapping[str, Aggregate],
+        aggregates: Mapping[str, Aggregate] | AggregateFunction | ProcessWindowFunction,
         output_schema: StructType,
         *,
         allowed_lateness: timedelta = timedelta(0),
@@ -64,7 +71,12 @@ class WindowOperator(KeyedProcessFunction):
     ) -> None:
         self.assigner = assigner
         self.keys = list(keys)
-        self.aggregates = dict(aggregates)
+        self.window_function = aggregates if isinstance(aggregates, ProcessWindowFunction) \
+            else None
+        self.aggregate_function = aggregates if isinstance(aggregates, AggregateFunction) \
+            else None
+        self.aggregates = {} if self.window_function or self.aggregate_function \
+            else dict(aggregates)  # type: ignore[arg-type]
         self.output_schema = output_schema  # type: ignore[misc]
         self.side_outputs = (late_tag,) if late_tag else ()  # type: ignore[misc]
         self.lateness = _ms(allowed_lateness)
@@ -76,7 +88,9 @@ class WindowOperator(KeyedProcessFunction):
         self.late_dropped = ctx.get_state(ValueStateDescriptor("late_dropped", int))
 
     def describe(self) -> str:
-        aggs = ", ".join(f"{k}={a.describe()}" for k, a in self.aggregates.items())
+        fn = self.window_function or self.aggregate_function
+        aggs = type(fn).__name__ if fn is not None else ", ".join(
+            f"{k}={a.describe()}" for k, a in self.aggregates.items())
         extra = [f"allowed lateness {timedelta(milliseconds=self.lateness)}"] if self.lateness \
             else []
         if self.late_tag:
@@ -90,6 +104,8 @@ class WindowOperator(KeyedProcessFunction):
         why = []
         if not isinstance(self.assigner, TumblingEventTimeWindows):
             why.append(self.assigner.describe())
+        if self.window_function or self.aggregate_function:
+            why.append(f"a Python {type(self.window_function or self.aggregate_function).__name__}")
         if self.lateness:
             why.append("allowed lateness")
         if self.late_tag:
@@ -114,23 +130,47 @@ class WindowOperator(KeyedProcessFunction):
             return [(ts, ts + _ms(a.gap))]
         return [(GLOBAL_START, 2**62)]
 
-    def _empty(self) -> dict[str, Any]:
+    # The window's contents: built-in aggregates (a dict of accumulators), a user
+    # AggregateFunction (its accumulator), or a ProcessWindowFunction (the elements).
+
+    def _empty(self) -> Any:
+        if self.window_function is not None:
+            return []
+        if self.aggregate_function is not None:
+            return self.aggregate_function.create_accumulator()
         return {name: agg.create() for name, agg in self.aggregates.items()}
 
-    def _add(self, acc: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+    def _add(self, acc: Any, record: dict[str, Any]) -> Any:
+        if self.window_function is not None:
+            acc.append(record)
+            return acc
+        if self.aggregate_function is not None:
+            return self.aggregate_function.add(record, acc)
         return {name: agg.add(acc[name], record) for name, agg in self.aggregates.items()}
 
-    def _merge(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    def _merge(self, a: Any, b: Any) -> Any:
+        if self.window_function is not None:
+            return a + b
+        if self.aggregate_function is not None:
+            return self.aggregate_function.merge(a, b)
         return {name: agg.merge(a[name], b[name]) for name, agg in self.aggregates.items()}
 
-    def _result(self, ctx: Context, start: int, end: int, acc: dict[str, Any]) -> dict[str, Any]:
+    def _emit(self, ctx: Context, start: int, end: int, acc: Any) -> Iterator[dict[str, Any]]:
         key = ctx._op.current_key
+        if self.window_function is not None:
+            window = TimeWindow(_naive_utc(start), _naive_utc(end))
+            yield from self.window_function.process(key[0] if len(key) == 1 else key, window,
+                                                    list(acc))
+            return
         row = dict(zip(self.keys, key, strict=True))
         row["window_start"] = _naive_utc(start)
         row["window_end"] = _naive_utc(end)
-        for name, agg in self.aggregates.items():
-            row[name] = agg.result(acc[name])
-        return row
+        if self.aggregate_function is not None:
+            row.update(self.aggregate_function.get_result(acc))
+        else:
+            for name, agg in self.aggregates.items():
+                row[name] = agg.result(acc[name])
+        yield row
 
     # ------------------------------------------------------------------ timers
 
@@ -165,12 +205,12 @@ class WindowOperator(KeyedProcessFunction):
             emit = end - 1 <= watermark  # a late firing: the window had fired already
             emit = emit or self._early(stored)
             if isinstance(self.trigger, CountTrigger) and stored[2] >= self.trigger.count:
-                yield self._result(ctx, start, end, stored[1])
+                yield from self._emit(ctx, start, end, stored[1])
                 self.windows.remove(start)  # fire and purge
                 continue
             if emit:
                 stored[2], stored[3] = 0, time.time()
-                yield self._result(ctx, start, end, stored[1])
+                yield from self._emit(ctx, start, end, stored[1])
             self.windows.put(start, stored)
 
     def _early(self, stored: list) -> bool:
@@ -212,7 +252,7 @@ class WindowOperator(KeyedProcessFunction):
             end = stored[0]
             if end - 1 == t:
                 stored[2] = 0
-                yield self._result(ctx, start, end, stored[1])
+                yield from self._emit(ctx, start, end, stored[1])
                 if not self.lateness:
                     self.windows.remove(start)
                 else:

@@ -9,10 +9,10 @@ from datetime import timedelta
 import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from stateful_runtime import Count, OutputTag, Sum
+from stateful_runtime import AggregateFunction, Count, OutputTag, ProcessWindowFunction, Sum
 from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.operators.window import WindowOperator
-from stateful_runtime.testing import KeyedProcessHarness
+from stateful_runtime.testing import KeyedProcessHarness, window_harness
 from stateful_runtime.windows import (
     CountTrigger,
     EarlyFiring,
@@ -76,16 +76,12 @@ def test_tumbling_and_sliding_windows_equal_the_oracle():
     assert sliding == {k: tuple(v) for k, v in expected.items()}
 
 
-def test_session_windows_merge_and_equal_the_oracle():
-    evs = events(2)
-    gap = 5 * S
-    got = run(WindowOperator(EventTimeSessionWindows.with_gap(timedelta(seconds=5)), ["k"],
-                             AGGS, SCHEMA), evs)
+def sessions_oracle(evs: list[dict], gap: int) -> dict:
+    """(key, session start) → (count, sum) for in-order events."""
     expected = {}
     for k in "ab":
-        mine = [e for e in evs if e["k"] == k]
         sessions: list[list] = []
-        for e in mine:
+        for e in (e for e in evs if e["k"] == k):
             if sessions and e["ts"] < sessions[-1][1] + gap:
                 sessions[-1][1] = e["ts"]
                 sessions[-1][2] += 1
@@ -93,7 +89,14 @@ def test_session_windows_merge_and_equal_the_oracle():
             else:
                 sessions.append([e["ts"], e["ts"], 1, e["v"]])
         expected.update({key(k, s[0]): (s[2], s[3]) for s in sessions})
-    assert got == expected
+    return expected
+
+
+def test_session_windows_merge_and_equal_the_oracle():
+    evs = events(2)
+    got = run(WindowOperator(EventTimeSessionWindows.with_gap(timedelta(seconds=5)), ["k"],
+                             AGGS, SCHEMA), evs)
+    assert got == sessions_oracle(evs, 5 * S)
 
 
 def test_global_window_count_trigger_fires_and_purges():
@@ -146,3 +149,45 @@ def test_window_configuration_errors():
         SlidingEventTimeWindows.of(timedelta(seconds=10), timedelta(seconds=3))
     with pytest.raises(ConfigError, match="count="):
         EarlyFiring.every()
+
+
+class TopTwo(ProcessWindowFunction):
+    output_schema = {"k": str, "top": str}
+
+    def process(self, key, window, elements):
+        best = sorted((e["v"] for e in elements), reverse=True)[:2]
+        yield {"k": key, "top": f"{window.start:%H:%M:%S} {best}"}
+
+
+class MeanFn(AggregateFunction):
+    def create_accumulator(self):
+        return (0, 0)
+
+    def add(self, value, acc):
+        return (acc[0] + value["v"], acc[1] + 1)
+
+    def merge(self, a, b):
+        return (a[0] + b[0], a[1] + b[1])
+
+    def get_result(self, acc):
+        return {"mean": acc[0] / acc[1]}
+
+
+def test_process_window_function_and_user_aggregate_function():
+    evs = events(5, 200)
+    h = window_harness(TumblingEventTimeWindows.of(timedelta(seconds=30)), "k", TopTwo(),
+                       timestamp_field="ts")
+    h.process_elements(evs)
+    h.process_watermark(10**12)
+    by_window = defaultdict(list)
+    for e in evs:
+        by_window[(e["k"], e["ts"] // 30_000)].append(e["v"])
+    assert sorted(r["top"].split(" ", 1)[1] for r in h.output) == sorted(
+        str(sorted(v, reverse=True)[:2]) for v in by_window.values())
+
+    h = window_harness(EventTimeSessionWindows.with_gap(timedelta(seconds=5)), "k", MeanFn(),
+                       timestamp_field="ts")
+    h.process_elements(evs)
+    h.process_watermark(10**12)
+    expected = {k: s / n for k, (n, s) in sessions_oracle(evs, 5 * S).items()}
+    assert {(r["k"], r["window_start"]): r["mean"] for r in h.output} == expected
