@@ -178,13 +178,13 @@ def _count(
     import numpy as np
     import pyarrow.compute as pc
 
-    from stateful_runtime.sources._decode import ERROR_COLUMN, decode_json
+    from stateful_runtime.sources.base import ERROR
 
     for p, end in sorted(ends.items(), key=lambda kv: int(kv[0])):
         for lo in range(0, end, READ_CHUNK):
             _, values = reader.read_values(int(p), lo, min(end, lo + READ_CHUNK))
-            decoded = decode_json(values, source.schema)
-            good = pc.is_null(decoded.column(ERROR_COLUMN))
+            decoded = source.decode(values)
+            good = pc.is_null(decoded.column(ERROR))
             ts = decoded.column(ts_field).filter(good).drop_null()
             out.records += len(values)
             out.good += len(ts)

@@ -54,6 +54,7 @@ HEALTH_FIELDS = (
     "state_rows",
     "state_bytes",
     "late_rows_dropped",
+    "late_rows_dropped_this_run",
     "updated_at",
 )
 

@@ -101,6 +101,10 @@ class LogSource(Source):
     def check(self) -> None:
         EventLog(self.log_dir).topic(self.topic)
 
+    def decode(self, values: list[bytes]) -> pa.Table:
+        """Decode raw records exactly as the job does: declared fields + ``_error``/``_raw``."""
+        return decode_json(values, self.schema)
+
     def read_stream(self, spark: SparkSession) -> DataFrame:
         info = EventLog(self.log_dir).topic(self.topic)
         register_data_source(spark)
