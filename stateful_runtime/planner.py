@@ -2,9 +2,10 @@
 
 One query per stateful pipeline: a keyed process function and all the sinks of its main and side
 outputs share one query (its foreachBatch writes every output of a micro-batch); a window or
-stateless chain gets one query per sink; each source adds a dead-letter query. Each query has its
-own checkpoint directory ``<checkpoint.dir>/<query name>`` in which Spark commits source
-offsets, state and the watermark together per micro-batch.
+stateless chain gets one query per sink. The first query reading a source also routes the
+source's rejected records to its dead-letter topic. Each query has its own checkpoint
+directory ``<checkpoint.dir>/<query name>`` in which Spark commits source offsets, state and
+the watermark together per micro-batch.
 
 Paths:
 
@@ -26,6 +27,7 @@ import io
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -34,7 +36,8 @@ import pyarrow.compute as pc
 from stateful_runtime.exceptions import PlanError
 from stateful_runtime.operators.window import WindowOperator
 from stateful_runtime.sinks.base import Sink
-from stateful_runtime.sources.base import ERROR, META_COLUMNS, OFFSET, PARTITION, RAW
+from stateful_runtime.sources._dead_letters import DeadLetters
+from stateful_runtime.sources.base import ERROR, META_COLUMNS
 from stateful_runtime.streams import (
     FilterNode,
     KeyByNode,
@@ -53,7 +56,8 @@ if TYPE_CHECKING:
     from stateful_runtime.job import StreamJob
 
 EVENT_TIME = "_event_time"
-DEAD_LETTER_PREFIX = "dead-letters-"
+# Under the checkpoint directory: rejected records staged per split until their batch commits.
+DEAD_LETTER_STAGING = "_dead_letters"
 
 
 @dataclass
@@ -77,6 +81,7 @@ class QueryPlan:
     steps: list[str]
     build: Callable[[SparkSession], DataFrame] = field(repr=False)
     stateful_operators: list[str] = field(default_factory=list)
+    dead_letters: DeadLetters | None = None
 
     def write_batch(self, batch: pa.Table, batch_id: int) -> None:
         for out in self.outputs:
@@ -132,20 +137,23 @@ def _event_time_column(src: SourceNode):  # -> Column
     return col.cast("timestamp")
 
 
-def _read_good(spark: SparkSession, src: SourceNode) -> DataFrame:
+def _read_good(spark: SparkSession, src: SourceNode,
+               dead_letters: DeadLetters | None = None) -> DataFrame:
     from pyspark.sql import functions as F
 
-    df = src.source.read_stream(spark)
+    df = src.source.read_stream(spark, dead_letters)
     df = df.filter(F.col(ERROR).isNull()).drop(*META_COLUMNS)
     delay = src.watermark.max_out_of_orderness
     interval = spark_interval(delay) if delay.total_seconds() > 0 else "0 seconds"
     return df.withColumn(EVENT_TIME, _event_time_column(src)).withWatermark(EVENT_TIME, interval)
 
 
-def _source_steps(src: SourceNode) -> list[str]:
+def _source_steps(src: SourceNode, dead_letters: DeadLetters | None) -> list[str]:
+    where = (f"staged per split and published to the {dead_letters.sink.describe()} once the "
+             f"batch commits" if dead_letters else "handled by the query that owns the source")
     return [
         f"source {src.name}: {src.source.describe()}",
-        f"decode; records that fail go to {DEAD_LETTER_PREFIX}{src.name}",
+        f"decode; records that fail are {where}",
         f"watermark: {src.watermark.describe()}",
     ]
 
@@ -240,10 +248,11 @@ def _split(sink_node: SinkNode) -> tuple[str, _Pipeline, SideOutputNode | None]:
     return sink_node.name, _Pipeline(sink_node.name, src, body), None
 
 
-def _build_pipeline(job: StreamJob, p: _Pipeline) -> QueryPlan:
+def _build_pipeline(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | None
+                    ) -> QueryPlan:
     from stateful_runtime.sources._decode import arrow_schema, to_struct
 
-    steps = _source_steps(p.src)
+    steps = _source_steps(p.src, dead_letters)
     stateful: list[str] = []
     path, reason = "stateless", "no stateful operator: records pass straight to the sink"
     ops: list[Callable[[DataFrame], DataFrame]] = []
@@ -320,34 +329,13 @@ def _build_pipeline(job: StreamJob, p: _Pipeline) -> QueryPlan:
     src = p.src
 
     def build(spark: SparkSession) -> DataFrame:
-        df = _read_good(spark, src)
+        df = _read_good(spark, src, dead_letters)
         for op in ops:
             df = op(df)
         return df
 
-    return QueryPlan(p.name, outputs, output_mode, path, reason, steps, build, stateful)
-
-
-def _plan_dead_letters(src: SourceNode) -> QueryPlan:
-    sink = src.source.dead_letter_sink()
-
-    def build(spark: SparkSession) -> DataFrame:
-        from pyspark.sql import functions as F
-
-        df = src.source.read_stream(spark)
-        return df.filter(F.col(ERROR).isNotNull()).select(RAW, ERROR, PARTITION, OFFSET)
-
-    name = DEAD_LETTER_PREFIX + src.name
-    return QueryPlan(
-        name,
-        [QueryOutput(name, sink)],
-        "append",
-        "stateless",
-        "records that fail to decode are kept, with the reason, in the dead-letter topic",
-        [f"source {src.name}: {src.source.describe()}", "keep records whose decoding failed",
-         f"sink: {sink.describe()}"],
-        build,
-    )
+    return QueryPlan(p.name, outputs, output_mode, path, reason, steps, build, stateful,
+                     dead_letters)
 
 
 def plan(job: StreamJob) -> Plan:
@@ -356,9 +344,16 @@ def plan(job: StreamJob) -> Plan:
     for sink_node in job.sinks:
         name, pipeline, side = _split(sink_node)
         pipelines.setdefault(name, pipeline).sinks.append((sink_node, side))
-    queries = [_build_pipeline(job, p) for p in pipelines.values()]
-    used = {id(p.src) for p in pipelines.values()}
-    queries += [_plan_dead_letters(src) for src in job.sources if id(src) in used]
+    queries = []
+    owners: set[int] = set()
+    for p in pipelines.values():
+        # The first query reading a source owns its dead letters (one writer per topic).
+        dead_letters = None
+        if id(p.src) not in owners:
+            owners.add(id(p.src))
+            staging = Path(job.checkpoint.dir).resolve() / DEAD_LETTER_STAGING / p.src.name
+            dead_letters = p.src.source.dead_letters(job.name, str(staging))
+        queries.append(_build_pipeline(job, p, dead_letters))
     names = [q.name for q in queries]
     if len(set(names)) != len(names):
         raise PlanError(f"query names collide: {names}; rename a sink, operator or source")

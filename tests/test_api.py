@@ -48,7 +48,8 @@ def _job(tmp_path, sink_upsert: bool = True) -> StreamJob:
 
 def test_plan_chooses_native_path_and_explains_why(tmp_path):
     p = plan(_job(tmp_path))
-    assert [q.name for q in p.queries] == ["out", "dead-letters-src"]
+    assert [q.name for q in p.queries] == ["out"]
+    assert p.queries[0].dead_letters.sink.topic == "in-dlq"
     main = p.queries[0]
     assert main.path == "native" and main.output_mode == "update"
     assert main.stateful_operators == ["agg"]
@@ -135,4 +136,4 @@ def test_explain_cli_without_spark(tmp_path, srt_env):
               srt_env)
     assert out.returncode == 0, out.stderr
     assert "query upi-counts  [path: native; output mode: update]" in out.stdout
-    assert "query dead-letters-upi-source" in out.stdout
+    assert "published to the dead-letter topic 'upi-payments-dlq'" in out.stdout

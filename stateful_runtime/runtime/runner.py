@@ -86,8 +86,6 @@ def progress_health(progress: dict[str, Any], checkpoint_dir: str) -> dict[str, 
 
 
 def _line(job: str, run: _Running, h: dict[str, Any], out: IO[str]) -> None:
-    sink = run.plan.outputs[0].sink
-    dead = getattr(sink, "appended", None) if run.plan.name.startswith("dead-letters-") else None
     parts = [
         f"[{job}] {run.plan.name} batch {h['last_batch']}",
         f"rows {_fmt_int(h['input_rows'])}",
@@ -100,8 +98,8 @@ def _line(job: str, run: _Running, h: dict[str, Any], out: IO[str]) -> None:
             f"state {_fmt_int(h['state_rows'])} rows",
             f"late-dropped {_fmt_int(h['late_rows_dropped_this_run'])}",
         ]
-    if dead is not None:
-        parts.append(f"dead letters written {dead:,}")
+    if run.plan.dead_letters is not None:
+        parts.append(f"dead letters {run.plan.dead_letters.sink.records():,}")
     if h["lag_records"] is not None:
         parts.append(f"lag {_fmt_int(h['lag_records'])}")
     print(" | ".join(parts), file=out, flush=True)
@@ -173,6 +171,7 @@ class JobRunner:
         try:
             spark = build_session(self.job.parallelism, self.master)
             registry.update(self.job.name, spark_app_id=spark.sparkContext.applicationId)
+            self._publish_dead_letters()  # left staged by a run that crashed after a commit
             for q in self.plan.queries:
                 df = q.build(spark)
                 empty = to_arrow_schema(df.schema).empty_table()
@@ -204,6 +203,7 @@ class JobRunner:
             for run in self.runs:
                 if run.query.isActive:
                     run.query.stop()
+            self._publish_dead_letters()
             for q in self.plan.queries:
                 for out in q.outputs:
                     out.sink.close()
@@ -216,6 +216,15 @@ class JobRunner:
                 for out in q.outputs:
                     _print_summary(out.sink, self.out)
         return code
+
+    def _publish_dead_letters(self) -> None:
+        """Publish staged dead letters of every committed batch (idempotent)."""
+        for q in self.plan.queries:
+            if q.dead_letters is None:
+                continue
+            committed = checkpoint.committed_offsets(self.checkpoint_dir / q.name)
+            if committed and committed["sources"] and isinstance(committed["sources"][0], dict):
+                q.dead_letters.publish(committed["sources"][0])
 
     def _report(self) -> None:
         for run in self.runs:

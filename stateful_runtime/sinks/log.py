@@ -6,8 +6,10 @@ import json
 
 import pyarrow as pa
 
+from stateful_runtime.exceptions import TopicNotFoundError
 from stateful_runtime.log import EventLog, Record, TopicWriter
 from stateful_runtime.sinks.base import Sink, SinkSummary
+from stateful_runtime.sources.base import ERROR, OFFSET, PARTITION, RAW
 
 
 class LogSink(Sink):
@@ -76,17 +78,14 @@ class DeadLetterSink(LogSink):
 
     Headers: ``error`` (why it was rejected), ``source.topic``, ``source.partition``,
     ``source.offset`` and ``job``. The record keeps its source partition when the dead-letter
-    topic has as many partitions as the source.
+    topic has as many partitions as the source. Written split by split (see
+    :mod:`stateful_runtime.sources._dead_letters`), each source partition an idempotent producer.
     """
 
-    def __init__(self, log_dir: str, topic: str, *, source_topic: str) -> None:
+    def __init__(self, log_dir: str, topic: str, *, source_topic: str, job: str) -> None:
         super().__init__(log_dir, topic)
         self.source_topic = source_topic
-
-    def open(self, job: str, query: str) -> None:
-        # As many partitions as the source, so a dead letter stays in its source partition.
-        self.partitions = EventLog(self.log_dir).topic(self.source_topic).partitions
-        super().open(job, query)
+        self.job = job
 
     def default_name(self) -> str:
         return "dead-letters"
@@ -94,25 +93,31 @@ class DeadLetterSink(LogSink):
     def describe(self) -> str:
         return f"dead-letter topic {self.topic!r} in {self.log_dir}"
 
-    def _records(self, batch: pa.Table) -> list[Record]:
-        job = self._producer.split("/", 1)[0]
-        out = []
-        for row in batch.select(["_raw", "_error", "_partition", "_offset"]).to_pylist():
-            part = row["_partition"]
-            out.append(
-                Record(
-                    row["_raw"] or b"",
-                    headers={
-                        "error": row["_error"],
-                        "source.topic": self.source_topic,
-                        "source.partition": str(part),
-                        "source.offset": str(row["_offset"]),
-                        "job": job,
-                    },
-                    partition=part if part < self.partitions else -1,
-                )
+    def write_split(self, table: pa.Table, partition: int, start: int) -> int:
+        """Append one split's rejected records; a split already appended appends nothing."""
+        log = EventLog(self.log_dir)
+        partitions = log.topic(self.source_topic).partitions
+        log.create_topic(self.topic, partitions, exist_ok=True)
+        records = [
+            Record(
+                row[RAW] or b"",
+                headers={"error": row[ERROR], "source.topic": self.source_topic,
+                         "source.partition": str(row[PARTITION]),
+                         "source.offset": str(row[OFFSET]), "job": self.job},
+                partition=row[PARTITION],
             )
-        return out
+            for row in table.to_pylist()
+        ]
+        with log.writer(self.topic) as writer:
+            return writer.append(records, producer_id=f"{self.job}/{self.source_topic}/"
+                                 f"p{partition}", sequence=start)
 
-    def summary(self) -> SinkSummary | None:
-        return None
+    def write_batch(self, batch: pa.Table, batch_id: int) -> None:
+        raise NotImplementedError("dead letters are written per split: use write_split")
+
+    def records(self) -> int:
+        """How many dead letters the topic holds."""
+        try:
+            return sum(EventLog(self.log_dir).reader(self.topic).end_offsets().values())
+        except TopicNotFoundError:  # no dead letter yet
+            return 0

@@ -10,7 +10,7 @@ from pyspark.sql.types import StructType
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from stateful_runtime.sinks.base import Sink
+    from stateful_runtime.sources._dead_letters import DeadLetters
 
 # Columns every source adds to the declared record fields.
 ERROR = "_error"  # null for a good record, else why it was rejected
@@ -25,7 +25,9 @@ class Source(ABC):
 
     ``read_stream`` returns a streaming DataFrame of the declared record fields plus
     :data:`META_COLUMNS`. Records that do not decode into the declared schema are not dropped:
-    they come through with ``_error`` set and go to ``dead_letter_sink()``.
+    they come through with ``_error`` set; given ``dead_letters``, the source also stages them
+    per split and publishes them once their micro-batch is committed
+    (:mod:`stateful_runtime.sources._dead_letters`).
     """
 
     name: str
@@ -35,12 +37,13 @@ class Source(ABC):
         """Fail fast, before Spark starts, if the source cannot be read (missing topic...)."""
 
     @abstractmethod
-    def read_stream(self, spark: SparkSession) -> DataFrame:
+    def read_stream(self, spark: SparkSession, dead_letters: DeadLetters | None = None
+                    ) -> DataFrame:
         """The decoded stream, good and bad records alike."""
 
     @abstractmethod
-    def dead_letter_sink(self) -> Sink:
-        """Where records that fail to decode are written, with their reason."""
+    def dead_letters(self, job: str, staging: str) -> DeadLetters:
+        """Where this source's rejected records go, for job ``job``."""
 
     @abstractmethod
     def describe(self) -> str:

@@ -32,6 +32,7 @@ from pyspark.sql.types import (
 from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.log import EventLog, cached_reader
 from stateful_runtime.sinks.log import DeadLetterSink
+from stateful_runtime.sources._dead_letters import DeadLetters, stage
 from stateful_runtime.sources._decode import decode_json, to_struct
 from stateful_runtime.sources.base import ERROR, OFFSET, PARTITION, RAW, Source
 
@@ -105,7 +106,8 @@ class LogSource(Source):
         """Decode raw records exactly as the job does: declared fields + ``_error``/``_raw``."""
         return decode_json(values, self.schema)
 
-    def read_stream(self, spark: SparkSession) -> DataFrame:
+    def read_stream(self, spark: SparkSession, dead_letters: DeadLetters | None = None
+                    ) -> DataFrame:
         info = EventLog(self.log_dir).topic(self.topic)
         register_data_source(spark)
         reader = (
@@ -117,10 +119,15 @@ class LogSource(Source):
         )
         if self.max_records_per_batch:
             reader = reader.option("max_records_per_batch", str(self.max_records_per_batch))
+        if dead_letters is not None:
+            reader = (reader.option("dead_letter_staging", dead_letters.staging)
+                      .option("dead_letter_topic", dead_letters.sink.topic)
+                      .option("job", dead_letters.sink.job))
         return reader.load()
 
-    def dead_letter_sink(self) -> DeadLetterSink:
-        return DeadLetterSink(self.log_dir, self.dead_letter_topic, source_topic=self.topic)
+    def dead_letters(self, job: str, staging: str) -> DeadLetters:
+        return DeadLetters(staging, DeadLetterSink(self.log_dir, self.dead_letter_topic,
+                                                   source_topic=self.topic, job=job))
 
 
 _REGISTERED: set[str] = set()
@@ -204,6 +211,10 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.starting = options.get("starting_offsets", "earliest")
         max_rows = options.get("max_records_per_batch")
         self.max_rows = int(max_rows) if max_rows else None
+        self.staging = options.get("dead_letter_staging")
+        self.dead_letters = None if self.staging is None else DeadLetters(
+            self.staging, DeadLetterSink(self.log_dir, options["dead_letter_topic"],
+                                         source_topic=self.topic, job=options["job"]))
 
     def _ends(self) -> dict[str, int]:
         ends = cached_reader(self.log_dir, self.topic).end_offsets()
@@ -242,14 +253,21 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: LogSplit) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         reader = cached_reader(self.log_dir, self.topic)
         reader.catch_up()
+        tables = []
         for lo in range(partition.start, partition.end, ARROW_BATCH_ROWS):
             hi = min(partition.end, lo + ARROW_BATCH_ROWS)
             _, values = reader.read_values(partition.partition, lo, hi)
             table = decode_json(values, self.record_schema)
-            table = table.append_column(
+            tables.append(table.append_column(
                 PARTITION, pa.array([partition.partition] * len(values), pa.int32())
-            ).append_column(OFFSET, pa.array(range(lo, hi), pa.int64()))
+            ).append_column(OFFSET, pa.array(range(lo, hi), pa.int64())))
+        if self.staging is not None and tables:
+            # Staged before any row reaches Spark, so a committed batch always has its file.
+            stage(self.staging, partition.partition, partition.start, partition.end,
+                  pa.concat_tables(tables))
+        for table in tables:
             yield from table.to_batches()
 
     def commit(self, end: dict) -> None:
-        pass
+        if self.dead_letters is not None:
+            self.dead_letters.publish(end)

@@ -1,0 +1,80 @@
+"""Dead letters without a second query: stage per split, publish after the batch commits.
+
+A Spark task that reads a split (one offset range of one partition) writes the split's rejected
+records to ``<staging>/<partition>-<start>-<end>.arrow`` (atomically; a retried or replayed task
+writes the same file). Once Spark has committed the batch, the driver side publishes every staged
+split whose range is committed to the dead-letter topic, in offset order, as an idempotent
+producer per partition whose sequence is the split's start offset — so a split published twice
+(a crash between publishing and deleting the file) appends nothing the second time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc as ipc
+
+from stateful_runtime.sources.base import ERROR, OFFSET, PARTITION, RAW
+
+if TYPE_CHECKING:
+    from stateful_runtime.sinks.log import DeadLetterSink
+
+SUFFIX = ".arrow"
+COLUMNS = [RAW, ERROR, PARTITION, OFFSET]
+
+
+def stage(directory: str, partition: int, start: int, end: int, decoded: pa.Table) -> int:
+    """Write the rejected rows of one split; returns how many there were."""
+    bad = decoded.filter(pc.is_valid(decoded.column(ERROR))).select(COLUMNS)
+    if not bad.num_rows:
+        return 0
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    final = path / f"{partition}-{start}-{end}{SUFFIX}"
+    tmp = path / f".{final.name}.{os.getpid()}.tmp"
+    with ipc.new_file(str(tmp), bad.schema) as writer:
+        writer.write_table(bad)
+    os.replace(tmp, final)
+    return bad.num_rows
+
+
+def staged(directory: str) -> list[tuple[int, int, int, Path]]:
+    """Staged splits as (partition, start, end, path), in offset order."""
+    path = Path(directory)
+    if not path.is_dir():
+        return []
+    out = []
+    for f in path.glob(f"*{SUFFIX}"):
+        p, start, end = (int(x) for x in f.name[: -len(SUFFIX)].split("-"))
+        out.append((p, start, end, f))
+    return sorted(out)
+
+
+def publish(directory: str, committed: Mapping[str, int], sink: DeadLetterSink) -> int:
+    """Move the staged splits inside ``committed`` offsets into the dead-letter topic."""
+    done = 0
+    for partition, start, end, path in staged(directory):
+        if end > int(committed.get(str(partition), 0)):
+            continue  # its batch is not committed yet
+        with ipc.open_file(str(path)) as reader:
+            table = reader.read_all()
+        done += sink.write_split(table, partition, start)
+        path.unlink()
+    return done
+
+
+@dataclass(frozen=True)
+class DeadLetters:
+    """Where one source's rejected records are staged, and the topic they are published to."""
+
+    staging: str
+    sink: DeadLetterSink
+
+    def publish(self, committed: Mapping[str, int]) -> int:
+        return publish(self.staging, committed, self.sink)
