@@ -7,7 +7,7 @@ directories are keyed by them, never by derived ids.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -239,6 +239,40 @@ class WindowedStream:
 
     def count(self, *, name: str, column: str = "count") -> DataStream:
         return self.aggregate({column: Count()}, name=name)
+
+    def reduce(self, function: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]], *,
+               name: str) -> DataStream:
+        """Flink's reduce: fold a window's records pairwise with ``function(a, b)`` (both
+        records of the source schema; return one). One output row per key and window: the key
+        fields, ``window_start``, ``window_end`` and the reduced record's other fields. Runs on
+        the runtime's window operator (a Python function)."""
+        if not callable(function):
+            raise ConfigError(f"reduce takes a function (a, b) -> record, got {function!r}")
+        fields = {f.name: f.dataType for f in source_schema(self.keyed).fields
+                  if f.name not in self.keyed.keys}
+        return self.aggregate(_Reduce(function, tuple(fields)), name=name, output=fields)
+
+
+class _Reduce(AggregateFunction):
+    """A reduce function as an AggregateFunction: the accumulator is the reduced record."""
+
+    kind = "reduce function"
+
+    def __init__(self, function: Callable[[dict, dict], dict], fields: tuple[str, ...]) -> None:
+        self.function = function
+        self.fields = fields
+
+    def create_accumulator(self) -> dict | None:
+        return None
+
+    def add(self, value: dict, accumulator: dict | None) -> dict:
+        return dict(value) if accumulator is None else self.function(accumulator, value)
+
+    def merge(self, a: dict | None, b: dict | None) -> dict | None:
+        return b if a is None else a if b is None else self.function(a, b)
+
+    def get_result(self, accumulator: dict) -> dict:
+        return {f: accumulator.get(f) for f in self.fields}
 
 
 def source_schema(node: Node) -> StructType:

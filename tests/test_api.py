@@ -137,3 +137,25 @@ def test_explain_cli_without_spark(tmp_path, srt_env):
     assert out.returncode == 0, out.stderr
     assert "query upi-counts  [path: native; output mode: update]" in out.stdout
     assert "published to the dead-letter topic 'upi-payments-dlq'" in out.stdout
+
+
+def test_reduce_runs_on_the_window_operator_with_the_source_fields(tmp_path):
+    from stateful_runtime.log import EventLog
+    from stateful_runtime.sinks.log import LogSink
+    from stateful_runtime.testing import KeyedProcessHarness
+
+    EventLog(tmp_path / "log").create_topic("in", 1)
+    job = StreamJob("r", CheckpointConfig(str(tmp_path / "ck")))
+    stream = job.from_source(
+        LogSource(str(tmp_path / "log"), "in", {"k": str, "v": int, "ts": int}),
+        WatermarkStrategy.for_monotonous_timestamps().with_timestamp_field("ts"), name="src")
+    out = (stream.key_by("k").window(TumblingEventTimeWindows.of(timedelta(seconds=10)))
+           .reduce(lambda a, b: {**a, "v": a["v"] + b["v"]}, name="sum-v"))
+    out.sink_to(LogSink(str(tmp_path / "log"), "out"))
+    q = plan(job).queries[0]
+    assert q.path == "window" and "reduce" in q.reason
+    h = KeyedProcessHarness(out.node.function, "k", "ts")
+    for ts in (1, 2, 3, 11_000):
+        h.process_element({"k": "a", "v": 10, "ts": ts})
+    h.process_watermark(20_000)
+    assert [(r["v"], r["window_start"].second) for r in h.output] == [(30, 0), (10, 10)]

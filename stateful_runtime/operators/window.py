@@ -104,8 +104,9 @@ class WindowOperator(KeyedProcessFunction):
         why = []
         if not isinstance(self.assigner, TumblingEventTimeWindows):
             why.append(self.assigner.describe())
-        if self.window_function or self.aggregate_function:
-            why.append(f"a Python {type(self.window_function or self.aggregate_function).__name__}")
+        fn = self.window_function or self.aggregate_function
+        if fn is not None:
+            why.append(f"a Python {getattr(fn, 'kind', type(fn).__name__)}")
         if self.lateness:
             why.append("allowed lateness")
         if self.late_tag:
