@@ -116,7 +116,8 @@ class Plan:
         return "\n".join(lines)
 
 
-def _chain(node: Node) -> list[Node]:
+def chain(node: Node) -> list[Node]:
+    """The nodes from the source down to ``node``."""
     out: list[Node] = []
     cur: Node | None = node
     while cur is not None:
@@ -230,12 +231,12 @@ class _Pipeline:
 
 
 def _split(sink_node: SinkNode) -> tuple[str, _Pipeline, SideOutputNode | None]:
-    chain = _chain(sink_node.parent)
-    src = chain[0]
+    nodes = chain(sink_node.parent)
+    src = nodes[0]
     if not isinstance(src, SourceNode):
         raise PlanError(f"sink {sink_node.name!r} is not connected to a source")
-    side = chain[-1] if isinstance(chain[-1], SideOutputNode) else None
-    body = chain[1:-1] if side else chain[1:]
+    side = nodes[-1] if isinstance(nodes[-1], SideOutputNode) else None
+    body = nodes[1:-1] if side else nodes[1:]
     procs = [n for n in body if isinstance(n, ProcessNode)]
     if procs:
         proc = procs[0]

@@ -159,3 +159,24 @@ def test_reduce_runs_on_the_window_operator_with_the_source_fields(tmp_path):
         h.process_element({"k": "a", "v": 10, "ts": ts})
     h.process_watermark(20_000)
     assert [(r["v"], r["window_start"].second) for r in h.output] == [(30, 0), (10, 10)]
+
+
+def test_processing_time_functions_refuse_available_now(tmp_path):
+    from stateful_runtime import KeyedProcessFunction, TimeDomain
+    from stateful_runtime.job import JobFile
+    from stateful_runtime.log import EventLog
+    from stateful_runtime.runtime.runner import JobRunner
+    from stateful_runtime.sinks.log import LogSink
+
+    class Clocked(KeyedProcessFunction):
+        output_schema = {"k": str}
+        time_domain = TimeDomain.PROCESSING_TIME
+
+    EventLog(tmp_path).create_topic("in", 1)
+    job = StreamJob("p", CheckpointConfig(str(tmp_path / "ck")))
+    (job.from_source(LogSource(str(tmp_path), "in", {"k": str, "ts": int}),
+                     WatermarkStrategy.for_monotonous_timestamps().with_timestamp_field("ts"),
+                     name="s")
+     .key_by("k").process(Clocked(), name="clocked").sink_to(LogSink(str(tmp_path), "o")))
+    with pytest.raises(ConfigError, match="never lets --available-now finish"):
+        JobRunner(JobFile(tmp_path, {}, {}, job), available_now=True)

@@ -17,10 +17,12 @@ from datetime import UTC, datetime
 from typing import IO, TYPE_CHECKING, Any
 
 from stateful_runtime import checkpoint
-from stateful_runtime.exceptions import JobError, SinkError
-from stateful_runtime.planner import QueryPlan, plan
+from stateful_runtime.exceptions import ConfigError, JobError, SinkError
+from stateful_runtime.planner import QueryPlan, chain, plan
 from stateful_runtime.runtime import registry
 from stateful_runtime.runtime.session import build_session, default_master
+from stateful_runtime.state import TimeDomain
+from stateful_runtime.streams import ProcessNode
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -132,6 +134,16 @@ class JobRunner:
         self.master = master or default_master()
         self.out = out
         self.plan = plan(self.job)
+        if available_now:
+            timed = [n.name for s in self.job.sinks for n in chain(s.parent)
+                     if isinstance(n, ProcessNode)
+                     and n.function.time_domain is TimeDomain.PROCESSING_TIME]
+            if timed:
+                # Spark keeps an availableNow query with processing-time timers alive forever.
+                raise ConfigError(
+                    f"operator(s) {sorted(set(timed))} run in processing time, which never lets "
+                    f"--available-now finish; run without it and stop with `srt stop`"
+                )
         self._stop = threading.Event()
         self.runs: list[_Running] = []
 
