@@ -204,7 +204,9 @@ class JobRunner:
                     writer = writer.trigger(processingTime=f"{secs} seconds")
                 self.runs.append(_Running(q, writer.start(), qdir))
             registry.update(self.job.name, state="RUNNING")
-            print(f"[{self.job.name}] running {len(self.runs)} queries on {self.master}; "
+            n = len(self.runs)
+            print(f"[{self.job.name}] running {n} {'query' if n == 1 else 'queries'} on "
+                  f"{self.master}; "
                   f"checkpoints in {self.checkpoint_dir}", file=self.out, flush=True)
             failed = self._monitor()
             state, code = ("FAILED", 1) if failed else (

@@ -144,7 +144,7 @@ def test_materialize_launches_the_job_detached_and_waits_for_a_commit(live: Live
     assert "path: native" in md["plan"]
     assert md["restored_from"] is None
     assert Path(md["log_path"]) == registry.home() / "jobs" / f"{JOB}.log"
-    assert "running 2 queries" in Path(md["log_path"]).read_text()
+    assert "running 1 query" in Path(md["log_path"]).read_text()
     assert md["config"]["sink.database"] == str(live.ws.database)
     # Materialisation returns once one of the job's queries committed a micro-batch.
     assert any(b is not None for b in md["last_committed_batch"].values())
