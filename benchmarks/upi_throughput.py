@@ -571,7 +571,7 @@ def read_path_breakdown(log_dir: Path, max_records: int, repeats: int = 3) -> di
         for p, lo, hi in splits:
             for a in range(lo, hi, rows):
                 t0 = time.process_time()
-                _, values = reader.read_values(p, a, min(hi, a + rows))
+                values = reader.read_values(p, a, min(hi, a + rows))
                 t1 = time.process_time()
                 decode_json(values, schema)
                 t_read += t1 - t0
@@ -590,7 +590,7 @@ def read_path_breakdown(log_dir: Path, max_records: int, repeats: int = 3) -> di
     t_decode = min(t for _, t in split_times)
 
     # What one malformed record costs: its CHUNK-record chunk falls back to the Python decoder.
-    _, values = reader.read_values(splits[0][0], 0, min(CHUNK, splits[0][2]))
+    values = reader.read_values(splits[0][0], 0, min(CHUNK, splits[0][2]))
     clean = min(cpu(lambda: decode_json(values, schema)) for _ in range(repeats))
     dirty_values = [*values[:-1], b"{not json"]
     dirty = min(cpu(lambda: decode_json(dirty_values, schema)) for _ in range(repeats))

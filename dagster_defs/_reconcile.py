@@ -182,7 +182,7 @@ def _count(
 
     for p, end in sorted(ends.items(), key=lambda kv: int(kv[0])):
         for lo in range(0, end, READ_CHUNK):
-            _, values = reader.read_values(int(p), lo, min(end, lo + READ_CHUNK))
+            values = reader.read_values(int(p), lo, min(end, lo + READ_CHUNK))
             decoded = source.decode(values)
             good = pc.is_null(decoded.column(ERROR))
             ts = decoded.column(ts_field).filter(good).drop_null()

@@ -256,7 +256,7 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         tables = []
         for lo in range(partition.start, partition.end, ARROW_BATCH_ROWS):
             hi = min(partition.end, lo + ARROW_BATCH_ROWS)
-            _, values = reader.read_values(partition.partition, lo, hi)
+            values = reader.read_values(partition.partition, lo, hi)
             table = decode_json(values, self.record_schema)
             tables.append(table.append_column(
                 PARTITION, pa.array([partition.partition] * len(values), pa.int32())

@@ -38,9 +38,13 @@ def test_create_append_read_by_offset_range(tmp_path):
     # A sub-range is exactly that range.
     p = max(ends, key=ends.get)
     assert [r.offset for r in reader.read(p, 2, 5)] == [2, 3, 4]
+    # The source's fast path returns exactly the values of the same range.
+    assert reader.read_values(p, 1, 4) == [r.value for r in reader.read(p, 1, 4)]
     # Reading past the end is an error, not a silent short read.
     with pytest.raises(LogError, match="log ends at"):
         list(reader.read(p, 0, ends[p] + 1))
+    with pytest.raises(LogError, match="found"):
+        reader.read_values(p, 0, ends[p] + 1)
 
 
 def test_partitioning_is_stable_across_processes(tmp_path):
