@@ -229,6 +229,8 @@ class JobRunner:
             for q in self.plan.queries:
                 for out in q.outputs:
                     _print_summary(out.sink, self.out)
+                if q.dead_letters is not None:
+                    _print_summary(q.dead_letters.sink, self.out)
         return code
 
     def _publish_dead_letters(self) -> None:

@@ -115,6 +115,9 @@ class DeadLetterSink(LogSink):
     def write_batch(self, batch: pa.Table, batch_id: int) -> None:
         raise NotImplementedError("dead letters are written per split: use write_split")
 
+    def summary(self) -> SinkSummary | None:
+        return SinkSummary(f"dead letters: {self.records():,} in topic {self.topic}", [])
+
     def records(self) -> int:
         """How many dead letters the topic holds."""
         try:

@@ -32,6 +32,7 @@ def test_200k_events_available_now_equal_oracle(upi, srt_env):
     reader = EventLog(upi.log_dir).reader("upi-payments-dlq")
     dead = [r for p, end in reader.end_offsets().items() for r in reader.read(p, 0, end)]
     assert sorted(r.value for r in dead) == sorted(bad)
+    assert f"dead letters: {len(bad):,} in topic upi-payments-dlq" in result.stdout
     assert all(r.headers["error"] and r.headers["source.topic"] == "upi-payments" for r in dead)
 
     # A second run finds nothing new and changes nothing.
