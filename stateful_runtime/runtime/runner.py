@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
     from stateful_runtime.job import JobFile
-    from stateful_runtime.sinks.base import Sink
 
 # How often the runner reads Spark's progress to print lines and refresh health. Spark keeps
 # the last 100 progress reports, so no batch is missed at this rate.
@@ -107,7 +106,7 @@ def _line(job: str, run: _Running, h: dict[str, Any], out: IO[str]) -> None:
     print(" | ".join(parts), file=out, flush=True)
 
 
-def _print_summary(sink: Sink, out: IO[str]) -> None:
+def _print_summary(sink: Any, out: IO[str]) -> None:
     summary = sink.summary()
     if summary is None:
         return

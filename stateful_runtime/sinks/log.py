@@ -33,7 +33,6 @@ class LogSink(Sink):
         )
         self._writer: TopicWriter | None = None
         self._producer = ""
-        self.appended = 0
 
     def default_name(self) -> str:
         return f"log-{self.topic}"
@@ -57,7 +56,7 @@ class LogSink(Sink):
 
     def write_batch(self, batch: pa.Table, batch_id: int) -> None:
         assert self._writer is not None, "LogSink.write_batch before open"
-        self.appended += self._writer.append(
+        self._writer.append(
             self._records(batch), producer_id=self._producer, sequence=batch_id
         )
 
@@ -73,7 +72,7 @@ class LogSink(Sink):
         )
 
 
-class DeadLetterSink(LogSink):
+class DeadLetterSink:
     """Rejected input records, byte for byte, with the reason and origin in headers.
 
     Headers: ``error`` (why it was rejected), ``source.topic``, ``source.partition``,
@@ -83,12 +82,7 @@ class DeadLetterSink(LogSink):
     """
 
     def __init__(self, log_dir: str, topic: str, *, source_topic: str, job: str) -> None:
-        super().__init__(log_dir, topic)
-        self.source_topic = source_topic
-        self.job = job
-
-    def default_name(self) -> str:
-        return "dead-letters"
+        self.log_dir, self.topic, self.source_topic, self.job = log_dir, topic, source_topic, job
 
     def describe(self) -> str:
         return f"dead-letter topic {self.topic!r} in {self.log_dir}"
@@ -111,9 +105,6 @@ class DeadLetterSink(LogSink):
         with log.writer(self.topic) as writer:
             return writer.append(records, producer_id=f"{self.job}/{self.source_topic}/"
                                  f"p{partition}", sequence=start)
-
-    def write_batch(self, batch: pa.Table, batch_id: int) -> None:
-        raise NotImplementedError("dead letters are written per split: use write_split")
 
     def summary(self) -> SinkSummary | None:
         return SinkSummary(f"dead letters: {self.records():,} in topic {self.topic}", [])
