@@ -7,7 +7,7 @@ import json
 import pyarrow as pa
 
 from stateful_runtime.exceptions import TopicNotFoundError
-from stateful_runtime.log import EventLog, Record, TopicWriter
+from stateful_runtime.log import EventLog, Record, TopicWriter, cached_reader
 from stateful_runtime.sinks.base import Sink, SinkSummary
 from stateful_runtime.sources.base import ERROR, OFFSET, PARTITION, RAW
 
@@ -87,11 +87,15 @@ class DeadLetterSink:
     def describe(self) -> str:
         return f"dead-letter topic {self.topic!r} in {self.log_dir}"
 
-    def write_split(self, table: pa.Table, partition: int, start: int) -> int:
-        """Append one split's rejected records; a split already appended appends nothing."""
+    def writer(self) -> TopicWriter:
+        """The dead-letter topic's writer (created with the source's partition count)."""
         log = EventLog(self.log_dir)
-        partitions = log.topic(self.source_topic).partitions
-        log.create_topic(self.topic, partitions, exist_ok=True)
+        log.create_topic(self.topic, log.topic(self.source_topic).partitions, exist_ok=True)
+        return log.writer(self.topic)
+
+    def write_split(self, writer: TopicWriter, table: pa.Table, partition: int, start: int
+                    ) -> int:
+        """Append one split's rejected records; a split already appended appends nothing."""
         records = [
             Record(
                 row[RAW] or b"",
@@ -102,16 +106,15 @@ class DeadLetterSink:
             )
             for row in table.to_pylist()
         ]
-        with log.writer(self.topic) as writer:
-            return writer.append(records, producer_id=f"{self.job}/{self.source_topic}/"
-                                 f"p{partition}", sequence=start)
+        return writer.append(records, producer_id=f"{self.job}/{self.source_topic}/"
+                             f"p{partition}", sequence=start)
 
     def summary(self) -> SinkSummary | None:
         return SinkSummary(f"dead letters: {self.records():,} in topic {self.topic}", [])
 
     def records(self) -> int:
         """How many dead letters the topic holds."""
-        try:
-            return sum(EventLog(self.log_dir).reader(self.topic).end_offsets().values())
+        try:  # the cached reader: this runs for every progress line
+            return sum(cached_reader(self.log_dir, self.topic).end_offsets().values())
         except TopicNotFoundError:  # no dead letter yet
             return 0

@@ -58,14 +58,17 @@ def staged(directory: str) -> list[tuple[int, int, int, Path]]:
 
 def publish(directory: str, committed: Mapping[str, int], sink: DeadLetterSink) -> int:
     """Move the staged splits inside ``committed`` offsets into the dead-letter topic."""
+    due = [(p, start, path) for p, start, end, path in staged(directory)
+           if end <= int(committed.get(str(p), 0))]  # others' batches are not committed yet
+    if not due:
+        return 0
     done = 0
-    for partition, start, end, path in staged(directory):
-        if end > int(committed.get(str(partition), 0)):
-            continue  # its batch is not committed yet
-        with ipc.open_file(str(path)) as reader:
-            table = reader.read_all()
-        done += sink.write_split(table, partition, start)
-        path.unlink()
+    with sink.writer() as writer:  # one open of the topic per publish, not per split
+        for partition, start, path in due:
+            with ipc.open_file(str(path)) as reader:
+                table = reader.read_all()
+            done += sink.write_split(writer, table, partition, start)
+            path.unlink()
     return done
 
 
