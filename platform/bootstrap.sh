@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv with Python 3.11 and install the project (editable) with the given extras.
 #   platform/bootstrap.sh            runtime only
-#   platform/bootstrap.sh dev        + Dagster, Great Expectations, test services
+#   platform/bootstrap.sh dev        + Dagster, Great Expectations, test services, and Debian's
+#                                    chromium for the Dagster UI test (platform/install-chromium.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-}"
@@ -19,7 +20,10 @@ fi
 spec="."
 case "$extras" in
   "") ;;
-  dev) spec=".[dagster,dev]" ;;
+  dev)
+    spec=".[dagster,dev]"
+    platform/install-chromium.sh || echo "bootstrap: continuing without chromium (see above)" >&2
+    ;;
   *) echo "bootstrap: unknown extras '$extras' (use: dev)" >&2; exit 2 ;;
 esac
 .venv/bin/python -m pip install -q -e "$spec"
