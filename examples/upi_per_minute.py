@@ -9,6 +9,11 @@ amount_paise)``, timestamps in UTC, upserted by (merchant_id, window_start) so a
 micro-batch changes nothing. Bad records go to topic ``upi-payments-dlq`` with the reason.
 
     srt run examples/upi_per_minute.py --available-now --set source.log_dir=/tmp/log
+
+From Kafka, into a Kafka topic (exactly-once; read it with isolation.level=read_committed):
+
+    srt run examples/upi_per_minute.py --set source.kind=kafka \
+        --set source.bootstrap_servers=127.0.0.1:9092 --set sink.kind=kafka
 """
 
 from datetime import timedelta
@@ -16,17 +21,29 @@ from datetime import timedelta
 from dbt_sink import DuckDBUpsertSink
 from stateful_runtime import (
     Count,
-    LogSource,
     StreamJob,
     Sum,
     TumblingEventTimeWindows,
     WatermarkStrategy,
+    sinks_from_config,
+    source_from_config,
 )
 
 DEFAULTS = {
+    "source.kind": "log",  # or "kafka"
     "source.log_dir": "srt-data/log",
     "source.topic": "upi-payments",
     "source.max_records_per_batch": 500_000,
+    "source.bootstrap_servers": "",
+    "source.starting_offsets": "earliest",
+    "source.idle_timeout_s": 30.0,
+    "kafka.security.protocol": "",  # librdkafka settings; secrets as env:VARIABLE
+    "kafka.sasl.mechanism": "",
+    "kafka.sasl.username": "",
+    "kafka.sasl.password": "",
+    "sink.kind": "duckdb",  # or "kafka" or "both"
+    "sink.kafka_topic": "upi-counts",
+    "sink.delivery": "exactly_once",  # or "at_least_once"
     "sink.database": "srt-data/upi.duckdb",
     "sink.table": "upi_counts",
     "checkpoint.dir": "srt-data/checkpoints/upi-per-minute",
@@ -40,28 +57,29 @@ PAYMENT = {"txn_id": str, "merchant_id": str, "amount_paise": int, "ts_ms": int}
 def build(config: dict) -> StreamJob:
     job = StreamJob.from_config("upi-per-minute", config)
     payments = job.from_source(
-        LogSource.from_config(config, PAYMENT),
+        source_from_config(config, PAYMENT),
         WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5))
-        .with_timestamp_field("ts_ms"),
+        .with_timestamp_field("ts_ms")
+        .with_idleness(timedelta(seconds=config["source.idle_timeout_s"])),
         name="upi-source",
     )
-    (
+    counts = (
         payments.key_by("merchant_id")
         .window(TumblingEventTimeWindows.of(timedelta(minutes=1)))
         .aggregate({"payments": Count(), "amount_paise": Sum("amount_paise")},
                    name="per-merchant-minute")
-        .sink_to(
-            DuckDBUpsertSink(
-                config["sink.database"],
-                config["sink.table"],
-                key=("merchant_id", "window_start"),
-                summary_sql=(
-                    "SELECT merchant_id, count(*) AS minutes, sum(payments) AS payments, "
-                    "round(sum(amount_paise) / 100.0, 2) AS rupees FROM {table} "
-                    "GROUP BY merchant_id ORDER BY payments DESC, merchant_id LIMIT 10"
-                ),
-            ),
-            name="upi-counts",
-        )
     )
+    warehouse = DuckDBUpsertSink(
+        config["sink.database"],
+        config["sink.table"],
+        key=("merchant_id", "window_start"),
+        summary_sql=(
+            "SELECT merchant_id, count(*) AS minutes, sum(payments) AS payments, "
+            "round(sum(amount_paise) / 100.0, 2) AS rupees FROM {table} "
+            "GROUP BY merchant_id ORDER BY payments DESC, merchant_id LIMIT 10"
+        ),
+    )
+    sinks = sinks_from_config(config, warehouse, key=("merchant_id", "window_start"))
+    for sink in sinks:
+        counts.sink_to(sink, name="upi-counts" if sink is sinks[0] else "upi-counts-kafka")
     return job

@@ -29,8 +29,12 @@ _EXPORTS = {
     "StreamJob": "job",
     "Sink": "sinks.base",
     "LogSink": "sinks.log",
+    "KafkaSink": "sinks.kafka",
+    "source_from_config": "config",
+    "sinks_from_config": "config",
     "Source": "sources.base",
     "LogSource": "sources.log",
+    "KafkaSource": "sources.kafka",
     "AggregateFunction": "state",
     "AggregatingStateDescriptor": "state",
     "ListStateDescriptor": "state",
@@ -67,6 +71,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from stateful_runtime.aggregates import Aggregate, Avg, Count, Max, Min, Sum
+    from stateful_runtime.config import sinks_from_config, source_from_config
     from stateful_runtime.exceptions import StatefulRuntimeError
     from stateful_runtime.functions import (
         Context,
@@ -79,8 +84,10 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     )
     from stateful_runtime.job import CheckpointConfig, StreamJob
     from stateful_runtime.sinks.base import Sink
+    from stateful_runtime.sinks.kafka import KafkaSink
     from stateful_runtime.sinks.log import LogSink
     from stateful_runtime.sources.base import Source
+    from stateful_runtime.sources.kafka import KafkaSource
     from stateful_runtime.sources.log import LogSource
     from stateful_runtime.state import (
         AggregateFunction,

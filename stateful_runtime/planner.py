@@ -82,6 +82,9 @@ class QueryPlan:
     build: Callable[[SparkSession], DataFrame] = field(repr=False)
     stateful_operators: list[str] = field(default_factory=list)
     dead_letters: DeadLetters | None = None
+    # Operator name -> what its state looks like (kind, key fields, state name -> signature):
+    # the part of a savepoint's fingerprint that decides whether new code can restore it.
+    state_layout: dict[str, dict] = field(default_factory=dict)
 
     def write_batch(self, batch: pa.Table, batch_id: int) -> None:
         for out in self.outputs:
@@ -142,7 +145,10 @@ def _read_good(spark: SparkSession, src: SourceNode,
                dead_letters: DeadLetters | None = None) -> DataFrame:
     from pyspark.sql import functions as F
 
-    df = src.source.read_stream(spark, dead_letters)
+    if getattr(src.source, "aligns_event_time", False):  # per-partition event time (Kafka)
+        df = src.source.read_stream(spark, dead_letters, watermark=src.watermark)
+    else:
+        df = src.source.read_stream(spark, dead_letters)
     df = df.filter(F.col(ERROR).isNull()).drop(*META_COLUMNS)
     delay = src.watermark.max_out_of_orderness
     interval = spark_interval(delay) if delay.total_seconds() > 0 else "0 seconds"
@@ -157,6 +163,40 @@ def _source_steps(src: SourceNode, dead_letters: DeadLetters | None) -> list[str
         f"decode; records that fail are {where}",
         f"watermark: {src.watermark.describe()}",
     ]
+
+
+def _type_name(t: object) -> str:
+    return getattr(t, "__name__", None) or repr(t)
+
+
+def _state_signature(desc: object) -> str:
+    """A descriptor as restore compatibility sees it: kind, types and TTL clock (not its
+    duration, which may change between runs)."""
+    from stateful_runtime.state import MapStateDescriptor
+
+    if isinstance(desc, MapStateDescriptor):
+        types = f"{_type_name(desc.key_type)}, {_type_name(desc.value_type)}"
+    else:
+        types = _type_name(getattr(desc, "type", object))
+    ttl = getattr(desc, "ttl", None)
+    clock = f" ttl:{ttl.time_domain.value}" if ttl else ""
+    return f"{desc.kind}<{types}>{clock}"  # type: ignore[attr-defined]
+
+
+def state_layout(node: WindowAggregateNode | ProcessNode) -> dict:
+    """Kind, key fields and named states of one stateful operator."""
+    keys = list(node.parent.keys)
+    if isinstance(node, WindowAggregateNode):
+        # Spark keeps one state row per (window, key) whose schema follows every aggregate.
+        return {"kind": "native-window", "keys": keys,
+                "states": {"window": f"{node.assigner.describe()}: " + ", ".join(
+                    f"{k}={a.describe()}" for k, a in node.aggregates.items())}}
+    from stateful_runtime.functions import state_descriptors_of
+
+    fn = node.function
+    kind = "window" if isinstance(fn, WindowOperator) else "process"
+    return {"kind": kind, "keys": keys, "function": type(fn).__name__,
+            "states": {d.name: _state_signature(d) for d in state_descriptors_of(fn)}}
 
 
 def _window_aggregate(df: DataFrame, node: WindowAggregateNode) -> DataFrame:
@@ -255,6 +295,7 @@ def _build_pipeline(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | No
 
     steps = _source_steps(p.src, dead_letters)
     stateful: list[str] = []
+    layout: dict[str, dict] = {}
     path, reason = "stateless", "no stateful operator: records pass straight to the sink"
     ops: list[Callable[[DataFrame], DataFrame]] = []
     upsert_required = False
@@ -273,6 +314,7 @@ def _build_pipeline(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | No
             steps.append(f"window {node.name}: {node.assigner.describe()} by "
                          f"{', '.join(node.parent.keys)} → {aggs}")
             stateful.append(node.name)
+            layout[node.name] = state_layout(node)
             path = "native"
             reason = ("tumbling event-time window with built-in aggregates and no allowed "
                       "lateness, side output or custom trigger: Spark's groupBy(window) in the "
@@ -287,6 +329,7 @@ def _build_pipeline(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | No
                                                        if getattr(d, "ttl", None) else "")
                                for d in state_descriptors_of(fn)) or "none"
             stateful.append(node.name)
+            layout[node.name] = state_layout(node)
             if isinstance(fn, WindowOperator):
                 steps.append(f"window {node.name}: {fn.describe()}")
                 path = "window"
@@ -336,7 +379,7 @@ def _build_pipeline(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | No
         return df
 
     return QueryPlan(p.name, outputs, output_mode, path, reason, steps, build, stateful,
-                     dead_letters)
+                     dead_letters, layout)
 
 
 def plan(job: StreamJob) -> Plan:

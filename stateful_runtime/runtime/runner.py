@@ -14,10 +14,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from stateful_runtime import checkpoint
 from stateful_runtime.exceptions import ConfigError, JobError, SinkError
+from stateful_runtime.mirror import CheckpointMirror
 from stateful_runtime.planner import QueryPlan, chain, plan
 from stateful_runtime.runtime import registry
 from stateful_runtime.runtime.session import build_session, default_master
@@ -33,6 +35,9 @@ if TYPE_CHECKING:
 # How often the runner reads Spark's progress to print lines and refresh health. Spark keeps
 # the last 100 progress reports, so no batch is missed at this rate.
 MONITOR_INTERVAL_S = 0.5
+# On stop, how long to let a micro-batch in flight finish (Flink's stop drains too) before the
+# queries are interrupted; an interrupted batch is replayed on restart, so this is only tidiness.
+DRAIN_TIMEOUT_S = 60.0
 
 
 def _now() -> str:
@@ -56,6 +61,14 @@ class _Running:
     health: dict[str, Any] = field(default_factory=dict)
 
 
+def _redacted(config: Any) -> dict[str, Any]:
+    """Job config for the registry: secret values (``kafka.sasl.password``...) masked."""
+    from stateful_runtime._kafka import is_secret
+
+    return {k: ("***" if is_secret(k) and v and not str(v).startswith("env:") else v)
+            for k, v in dict(config).items()}
+
+
 def _fmt_int(n: Any) -> str:
     return f"{int(n):,}" if isinstance(n, int | float) else "-"
 
@@ -64,10 +77,12 @@ def progress_health(progress: dict[str, Any], checkpoint_dir: str) -> dict[str, 
     """Health of one query from its latest Spark progress report and checkpoint."""
     ops = progress.get("stateOperators") or []
     src = (progress.get("sources") or [{}])[0]
-    lag = None
+    lag, lag_by_partition = None, None
     end, latest = src.get("endOffset"), src.get("latestOffset")
     if isinstance(end, dict) and isinstance(latest, dict):
-        lag = sum(max(0, int(latest[p]) - int(end.get(p, 0))) for p in latest)
+        # Offsets are {"<partition>": next} (event log) or {"<topic>:<partition>": next} (Kafka).
+        lag_by_partition = {p: max(0, int(latest[p]) - int(end.get(p, 0))) for p in latest}
+        lag = sum(lag_by_partition.values())
     commit_time = checkpoint.last_commit_time(checkpoint_dir)
     return {
         "last_batch": progress.get("batchId"),
@@ -82,6 +97,7 @@ def progress_health(progress: dict[str, Any], checkpoint_dir: str) -> dict[str, 
         "state_bytes": sum(o.get("memoryUsedBytes", 0) for o in ops),
         "late_rows_dropped": sum(o.get("numRowsDroppedByWatermark", 0) for o in ops),
         "lag_records": lag,
+        "lag_by_partition": lag_by_partition,
         "updated_at": _now(),
     }
 
@@ -122,16 +138,34 @@ def _print_summary(sink: Any, out: IO[str]) -> None:
     out.flush()
 
 
+def savepoint_root(job: Any) -> str:
+    """Where the job's savepoints go unless a command names a target."""
+    return job.checkpoint.savepoint_dir or str(registry.home() / "savepoints")
+
+
 class JobRunner:
     """Runs one job file until it ends (``available_now``) or is stopped."""
 
     def __init__(self, jobfile: JobFile, *, available_now: bool = False,
-                 master: str | None = None, out: IO[str] = sys.stdout) -> None:
+                 master: str | None = None, out: IO[str] = sys.stdout,
+                 from_savepoint: str | None = None, restore_from: str | None = None,
+                 parallelism: int | None = None, allow_non_restored_state: bool = False) -> None:
         self.jobfile = jobfile
         self.job = jobfile.job
         self.available_now = available_now
         self.master = master or default_master()
         self.out = out
+        if from_savepoint and restore_from:
+            raise ConfigError("give --from-savepoint or --restore-from, not both")
+        if parallelism is not None:
+            if parallelism < 1:
+                raise ConfigError(f"--parallelism must be >= 1, got {parallelism}")
+            self.job.parallelism = parallelism
+        self.from_savepoint = from_savepoint
+        self.restore_from = restore_from
+        self.allow_non_restored_state = allow_non_restored_state
+        self.restored: dict[str, Any] | None = None
+        self.mirror: CheckpointMirror | None = None
         self.plan = plan(self.job)
         if available_now:
             timed = [n.name for s in self.job.sinks for n in chain(s.parent)
@@ -155,9 +189,14 @@ class JobRunner:
             )
         registry.write(self.job.name, {
             "job": self.job.name, "state": "STARTING", "pid": os.getpid(),
-            "job_file": str(self.jobfile.path), "config": dict(self.jobfile.config),
+            "job_file": str(self.jobfile.path), "config": _redacted(self.jobfile.config),
             "checkpoint_dir": str(self.checkpoint_dir), "master": self.master,
             "available_now": self.available_now, "started_at": _now(),
+            "parallelism": self.job.parallelism,
+            "savepoint_dir": savepoint_root(self.job),
+            "mirror": self.job.checkpoint.mirror,
+            "restored_from": (self.restored or {}).get("restored_from"),
+            "restore": self.restored,
             "queries": {q.name: {"checkpoint_dir": str(self.checkpoint_dir / q.name),
                                  "path": q.path, "output_mode": q.output_mode}
                         for q in self.plan.queries},
@@ -166,13 +205,74 @@ class JobRunner:
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._stop.set()
 
+    def _restore(self) -> None:
+        """Lay a savepoint or the mirror out as the job's checkpoint (before it is claimed)."""
+        from stateful_runtime import mirror, savepoint
+
+        ckpt = Path(self.job.checkpoint.dir).resolve()
+        if self.from_savepoint:
+            sp = savepoint.resolve(self.from_savepoint, [savepoint_root(self.job)])
+        else:
+            assert self.restore_from
+            if ckpt.is_dir() and any((ckpt / q.name / "commits").is_dir()
+                                     for q in self.plan.queries):
+                raise ConfigError(
+                    f"checkpoint directory {ckpt} already holds this job's checkpoints: "
+                    f"--restore-from is for an empty disk; run without it to resume from them")
+            sp = mirror.latest(self.restore_from)
+        self.restored = savepoint.restore(sp, ckpt, self.fingerprint,
+                                          allow_non_restored=self.allow_non_restored_state)
+        what = "savepoint" if self.from_savepoint else "checkpoint mirror"
+        print(f"[{self.job.name}] restored {what} {sp.location} (batches "
+              f"{self.restored['batches']}) into {ckpt}", file=self.out, flush=True)
+        if self.restored["previous_checkpoint_moved_to"]:
+            print(f"[{self.job.name}] the checkpoint that was there is kept in "
+                  f"{self.restored['previous_checkpoint_moved_to']}", file=self.out, flush=True)
+        for d in self.restored["dropped_state"]:
+            print(f"[{self.job.name}] not restored (--allow-non-restored-state): {d}",
+                  file=self.out, flush=True)
+
+    def _rescale(self, spark: Any) -> None:
+        """Give every stateful query the job's parallelism as its state partition count.
+
+        Spark fixes the count in a checkpoint's offset log; only a restore may change it (Flink's
+        rule: rescale through a savepoint). Spark's checkpoint repartition writes one extra
+        batch holding the redistributed state and no input.
+        """
+        for q in self.plan.queries:
+            qdir = self.checkpoint_dir / q.name
+            batch = checkpoint.last_committed(qdir)
+            current = None if batch is None else checkpoint.state_partitions(qdir, batch)
+            if current is None or current == self.job.parallelism:
+                continue
+            if self.restored is None:
+                print(f"[{self.job.name}] note: query {q.name} keeps its {current} state "
+                      f"partitions (parallelism {self.job.parallelism} ignored); rescale through "
+                      f"a savepoint: `srt savepoint create {self.job.name} --stop`, then "
+                      f"`srt run ... --from-savepoint ID --parallelism {self.job.parallelism}`",
+                      file=self.out, flush=True)
+                continue
+            pending = qdir / "offsets" / str(batch + 1)
+            pending.unlink(missing_ok=True)  # a planned batch is re-planned after the rescale
+            print(f"[{self.job.name}] rescaling the state of {q.name} from {current} to "
+                  f"{self.job.parallelism} partitions", file=self.out, flush=True)
+            spark._streamingCheckpointManager.repartition(str(qdir), self.job.parallelism)
+
     def run(self) -> int:
         """Run to the end; returns the process exit code (0 clean, 1 a query failed)."""
         from pyspark.sql.pandas.types import to_arrow_schema
 
+        from stateful_runtime.savepoint import fingerprint
+
+        self.fingerprint = fingerprint(self.job.name, self.plan.queries)
+        if self.from_savepoint or self.restore_from:
+            self._restore()
         self.checkpoint_dir = checkpoint.claim(
-            self.job.checkpoint.dir, self.job.name, [q.name for q in self.plan.queries]
+            self.job.checkpoint.dir, self.job.name, [q.name for q in self.plan.queries],
+            self.fingerprint,
         )
+        if self.job.checkpoint.mirror:
+            self.mirror = CheckpointMirror(self.checkpoint_dir, self.job.checkpoint.mirror)
         for src in self.job.sources:
             src.source.check()
         self._register()
@@ -182,6 +282,7 @@ class JobRunner:
         try:
             spark = build_session(self.job.parallelism, self.master)
             registry.update(self.job.name, spark_app_id=spark.sparkContext.applicationId)
+            self._rescale(spark)
             self._publish_dead_letters()  # left staged by a run that crashed after a commit
             for q in self.plan.queries:
                 df = q.build(spark)
@@ -217,6 +318,7 @@ class JobRunner:
                 if run.query.isActive:
                     run.query.stop()
             self._publish_dead_letters()
+            self._sync_mirror()
             for q in self.plan.queries:
                 for out in q.outputs:
                     out.sink.close()
@@ -250,7 +352,30 @@ class JobRunner:
                     run.late_total += run.health["late_rows_dropped"]
                     run.health["late_rows_dropped_this_run"] = run.late_total
                     _line(self.job.name, run, run.health, self.out)
+        self._sync_mirror()
         registry.update(self.job.name, health={r.plan.name: r.health for r in self.runs})
+
+    def _sync_mirror(self) -> None:
+        if self.mirror is None:
+            return
+        done = self.mirror.sync()
+        if done is None:
+            return
+        share = done.bytes_uploaded / done.bytes_referenced if done.bytes_referenced else 0.0
+        print(f"[{self.job.name}] mirror: batches {done.batches} -> {self.mirror.location}: "
+              f"{done.files_uploaded} files, {done.bytes_uploaded:,} bytes uploaded "
+              f"({share:.1%} of {done.bytes_referenced:,} bytes of checkpoint)",
+              file=self.out, flush=True)
+        for run in self.runs:
+            run.health["mirror_batch"] = done.batches.get(run.plan.name)
+            run.health["mirror_bytes_uploaded"] = done.bytes_uploaded
+
+    def _drain(self) -> None:
+        """Let a micro-batch in flight commit before stopping (bounded by DRAIN_TIMEOUT_S)."""
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while time.monotonic() < deadline and any(
+                r.query.isActive and r.query.status.get("isTriggerActive") for r in self.runs):
+            time.sleep(0.05)
 
     def _monitor(self) -> bool:
         """Wait until every query ends or a stop is requested; True if a query failed."""
@@ -265,6 +390,7 @@ class JobRunner:
                     return True
             if self._stop.is_set():
                 print(f"[{self.job.name}] stopping", file=self.out, flush=True)
+                self._drain()
                 for run in self.runs:
                     run.query.stop()
                 self._report()

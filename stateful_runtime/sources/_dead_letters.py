@@ -1,7 +1,8 @@
 """Dead letters without a second query: stage per split, publish after the batch commits.
 
 A Spark task that reads a split (one offset range of one partition) writes the split's rejected
-records to ``<staging>/<partition>-<start>-<end>.arrow`` (atomically; a retried or replayed task
+records to ``<staging>/<partition key>-<start>-<end>.arrow`` (the key as in the source's offsets:
+``0`` for the event log, ``topic:0`` for Kafka) (atomically; a retried or replayed task
 writes the same file). Once Spark has committed the batch, the driver side publishes every staged
 split whose range is committed to the dead-letter topic, in offset order, as an idempotent
 producer per partition whose sequence is the split's start offset — so a split published twice
@@ -23,13 +24,18 @@ import pyarrow.ipc as ipc
 from stateful_runtime.sources.base import ERROR, OFFSET, PARTITION, RAW
 
 if TYPE_CHECKING:
-    from stateful_runtime.sinks.log import DeadLetterSink
+    from stateful_runtime.sinks.log import DeadLetterSink as _LogDeadLetterSink
+
+    # Any dead-letter sink: ``writer()`` (a context manager), ``write_split(writer, table, key,
+    # start)``, ``records()``, ``topic``, ``job``, ``describe()`` and ``summary()``.
+    DeadLetterSink = _LogDeadLetterSink
 
 SUFFIX = ".arrow"
 COLUMNS = [RAW, ERROR, PARTITION, OFFSET]
 
 
-def stage(directory: str, partition: int, start: int, end: int, decoded: pa.Table) -> int:
+def stage(directory: str, partition: int | str, start: int, end: int, decoded: pa.Table
+          ) -> int:
     """Write the rejected rows of one split; returns how many there were."""
     bad = decoded.filter(pc.is_valid(decoded.column(ERROR))).select(COLUMNS)
     if not bad.num_rows:
@@ -44,22 +50,22 @@ def stage(directory: str, partition: int, start: int, end: int, decoded: pa.Tabl
     return bad.num_rows
 
 
-def staged(directory: str) -> list[tuple[int, int, int, Path]]:
-    """Staged splits as (partition, start, end, path), in offset order."""
+def staged(directory: str) -> list[tuple[str, int, int, Path]]:
+    """Staged splits as (partition key, start, end, path), in offset order per partition."""
     path = Path(directory)
     if not path.is_dir():
         return []
     out = []
     for f in path.glob(f"*{SUFFIX}"):
-        p, start, end = (int(x) for x in f.name[: -len(SUFFIX)].split("-"))
-        out.append((p, start, end, f))
-    return sorted(out)
+        p, start, end = f.name[: -len(SUFFIX)].rsplit("-", 2)
+        out.append((p, int(start), int(end), f))
+    return sorted(out, key=lambda s: (s[0].zfill(12), s[1]))
 
 
 def publish(directory: str, committed: Mapping[str, int], sink: DeadLetterSink) -> int:
     """Move the staged splits inside ``committed`` offsets into the dead-letter topic."""
     due = [(p, start, path) for p, start, end, path in staged(directory)
-           if end <= int(committed.get(str(p), 0))]  # others' batches are not committed yet
+           if end <= int(committed.get(p, 0))]  # others' batches are not committed yet
     if not due:
         return 0
     done = 0
@@ -67,8 +73,10 @@ def publish(directory: str, committed: Mapping[str, int], sink: DeadLetterSink) 
         for partition, start, path in due:
             with ipc.open_file(str(path)) as reader:
                 table = reader.read_all()
-            done += sink.write_split(writer, table, partition, start)
-            path.unlink()
+            done += sink.write_split(writer, table, int(partition) if partition.isdigit()
+                                     else partition, start)
+    for _, _, path in due:
+        path.unlink()
     return done
 
 

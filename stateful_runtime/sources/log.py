@@ -35,6 +35,7 @@ from stateful_runtime.log import EventLog, cached_reader
 from stateful_runtime.sinks.log import DeadLetterSink
 from stateful_runtime.sources._dead_letters import DeadLetters, stage
 from stateful_runtime.sources._decode import decode_json, to_struct
+from stateful_runtime.sources._ranges import limit_offsets, split_ranges
 from stateful_runtime.sources.base import ERROR, OFFSET, PARTITION, RAW, Source
 
 if TYPE_CHECKING:
@@ -175,34 +176,6 @@ class LogSplit(InputPartition):
     end: int
 
 
-def limit_offsets(start: dict[str, int], ends: dict[str, int], max_rows: int) -> dict[str, int]:
-    """Advance each partition from ``start`` toward ``ends`` by at most ``max_rows`` in total.
-
-    The budget is shared in proportion to each partition's backlog (as Spark's Kafka source
-    does), so partitions holding the same span of event time stay aligned in event time: an
-    even split would let a short partition run ahead, push the watermark past the others and
-    make their records late.
-    """
-    backlog = {p: ends[p] - start.get(p, 0) for p in ends if ends[p] > start.get(p, 0)}
-    total = sum(backlog.values())
-    if total <= max_rows:
-        return dict(ends)
-    out = dict(start)
-    granted = 0
-    for p, n in backlog.items():
-        take = n * max_rows // total
-        out[p] = start.get(p, 0) + take
-        granted += take
-    # Rounding leftovers go to the largest backlogs, at least one record overall.
-    for p in sorted(backlog, key=lambda q: -backlog[q]):
-        if granted >= max(1, max_rows):
-            break
-        if out[p] < ends[p]:
-            out[p] += 1
-            granted += 1
-    return out
-
-
 class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: Mapping[str, str]) -> None:
         self.target: dict[str, int] | None = None
@@ -242,14 +215,9 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._ends()
 
     def partitions(self, start: dict, end: dict) -> list[LogSplit]:
-        splits = []
-        for p, stop in sorted(end.items(), key=lambda kv: int(kv[0])):
-            lo = start.get(p, 0)
-            while lo < stop:
-                hi = min(stop, lo + MAX_SPLIT_RECORDS)
-                splits.append(LogSplit(int(p), lo, hi))
-                lo = hi
-        return splits
+        ordered = dict(sorted(end.items(), key=lambda kv: int(kv[0])))
+        return [LogSplit(int(p), lo, hi)
+                for p, lo, hi in split_ranges(start, ordered, MAX_SPLIT_RECORDS)]
 
     def read(self, partition: LogSplit) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         reader = cached_reader(self.log_dir, self.topic)

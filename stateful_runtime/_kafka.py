@@ -1,0 +1,182 @@
+"""What the Kafka source, the Kafka sink and the Kafka dead-letter topic share.
+
+* Client settings: ``bootstrap.servers`` plus pass-through librdkafka settings (SASL/SSL...).
+  Secret values never leave this module in clear: :func:`redact` masks them for ``describe()``,
+  logs and error messages; Spark options carry them, but offsets, registry entries and
+  ``explain()`` never do.
+* :func:`check_cluster`: reachability and topic checks with a message that says what to do.
+* :class:`CommitMarkers`: the last committed batch of each transactional producer, kept in a
+  small compacted control topic and written in the *same* transaction as the data, so "data
+  committed" and "batch marked committed" are one atomic fact (see ARCHITECTURE.md, Kafka sink).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from stateful_runtime.exceptions import ConfigError
+
+# Setting names whose values are secrets (librdkafka names; matched by substring).
+_SECRET_WORDS = ("password", "secret", "token", "key.pem", "keystore", "private", "credential",
+                 "sasl.oauthbearer.config", "sasl.jaas")
+METADATA_TIMEOUT_S = 10.0
+CONTROL_SUFFIX = ".srt-commits"
+
+
+def is_secret(name: str) -> bool:
+    lowered = name.lower()
+    return any(w in lowered for w in _SECRET_WORDS)
+
+
+def redact(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` with every secret value replaced by ``***``."""
+    return {k: ("***" if is_secret(k) else v) for k, v in config.items()}
+
+
+def client_config(bootstrap_servers: str, extra: Mapping[str, Any] | None = None
+                  ) -> dict[str, Any]:
+    if not bootstrap_servers:
+        raise ConfigError("bootstrap_servers must be set, e.g. '127.0.0.1:9092' "
+                          "(--set source.bootstrap_servers=HOST:PORT)")
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap_servers}
+    for k, v in (extra or {}).items():
+        if k in ("bootstrap.servers", "transactional.id", "isolation.level", "group.id"):
+            raise ConfigError(f"client setting {k!r} is set by the runtime; remove it")
+        conf[str(k)] = v
+    return conf
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception's text with nothing secret in it (librdkafka never prints values, but a
+    Python error may)."""
+    return str(exc)
+
+
+def check_cluster(config: Mapping[str, Any], topics: list[str] | None = None,
+                  pattern: str | None = None, *, what: str = "source") -> dict[str, int]:
+    """Partition counts of ``topics`` (or of topics matching ``pattern``); ConfigError if the
+    cluster cannot be reached, the security settings are wrong or a topic is missing."""
+    import re
+
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    servers = config["bootstrap.servers"]
+    try:
+        admin = AdminClient({**config, "logger": _QUIET})
+    except KafkaException as exc:
+        raise ConfigError(f"Kafka {what}: invalid client settings ({_reason(exc)}); check the "
+                          f"security.*/sasl.*/ssl.* settings against your cluster's") from None
+    try:
+        # list_topics(topic) would auto-create it on some brokers: list everything instead.
+        meta = admin.list_topics(timeout=METADATA_TIMEOUT_S)
+    except KafkaException as exc:
+        raise ConfigError(
+            f"Kafka {what}: cannot reach the cluster at {servers} within "
+            f"{METADATA_TIMEOUT_S:.0f} s ({_reason(exc)}). Check bootstrap_servers, that the "
+            f"brokers are up, and the security.protocol/sasl.* settings; nothing was read or "
+            f"written") from None
+    found = {t: len(m.partitions) for t, m in meta.topics.items()
+             if m.error is None and not t.startswith("__")}
+    if pattern is not None:
+        rx = re.compile(pattern)
+        return {t: n for t, n in found.items() if rx.fullmatch(t)}
+    missing = [t for t in topics or [] if t not in found]
+    if missing:
+        raise ConfigError(
+            f"Kafka {what}: topic(s) {missing} do not exist on {servers}; create them (e.g. "
+            f"kafka-topics --create --topic {missing[0]} --partitions N) or fix the topic name")
+    return {t: found[t] for t in topics or []}
+
+
+class _Quiet:
+    """A logger for librdkafka that drops its connection chatter (errors surface as
+    exceptions with our own message)."""
+
+    def log(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return self.log
+
+
+_QUIET = _Quiet()
+
+
+def quiet(config: Mapping[str, Any]) -> dict[str, Any]:
+    return {**config, "logger": _QUIET}
+
+
+def ensure_topic(config: Mapping[str, Any], topic: str, partitions: int,
+                 topic_config: Mapping[str, str] | None = None) -> int:
+    """Create ``topic`` if it does not exist; returns its partition count."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient(quiet(config))
+    meta = admin.list_topics(timeout=METADATA_TIMEOUT_S)
+    if topic in meta.topics and meta.topics[topic].error is None:
+        return len(meta.topics[topic].partitions)
+    fut = admin.create_topics([NewTopic(topic, partitions, -1, config=dict(topic_config or {}))
+                               ])[topic]
+    try:
+        fut.result(METADATA_TIMEOUT_S)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise
+    return partitions
+
+
+class CommitMarkers:
+    """Last committed batch per transactional producer, from the control topic.
+
+    The control topic ``<topic>.srt-commits`` (compacted, one partition) holds records keyed by
+    transactional id whose value is ``{"batch": N, ...}``. Each is written inside the producer's
+    transaction with the data of batch N, so a read_committed reader sees the marker iff it
+    sees the data.
+    """
+
+    def __init__(self, config: Mapping[str, Any], topic: str) -> None:
+        self.config = dict(config)
+        self.topic = topic + CONTROL_SUFFIX
+
+    def ensure(self) -> None:
+        ensure_topic(self.config, self.topic, 1,
+                     {"cleanup.policy": "compact", "min.compaction.lag.ms": "3600000"})
+
+    def read(self) -> dict[str, dict[str, Any]]:
+        """``{transactional id: last committed marker}``. Call after ``init_transactions``
+        of the reading producer: that aborts what a zombie left open, so the read ends."""
+        from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+        consumer = Consumer(quiet({
+            **self.config, "group.id": "srt-commit-markers", "enable.auto.commit": False,
+            "isolation.level": "read_committed", "enable.partition.eof": True,
+            "auto.offset.reset": "earliest", "allow.auto.create.topics": False,
+        }))
+        try:
+            tp = TopicPartition(self.topic, 0)
+            low, high = consumer.get_watermark_offsets(tp, timeout=METADATA_TIMEOUT_S)
+            out: dict[str, dict[str, Any]] = {}
+            if high <= low:
+                return out
+            consumer.assign([TopicPartition(self.topic, 0, low)])
+            while True:
+                msg = consumer.poll(METADATA_TIMEOUT_S)
+                if msg is None:
+                    raise TimeoutError(f"reading {self.topic} timed out")
+                if msg.error():
+                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                        return out
+                    raise RuntimeError(str(msg.error()))
+                if msg.key() is not None and msg.value() is not None:
+                    out[msg.key().decode()] = json.loads(msg.value())
+                if msg.offset() >= high - 1:
+                    return out
+        finally:
+            consumer.close()
+
+    def record(self, producer_id: str, marker: Mapping[str, Any]) -> tuple[bytes, bytes]:
+        return producer_id.encode(), json.dumps(dict(marker), separators=(",", ":")).encode()

@@ -1,0 +1,51 @@
+"""Job-file config keys shared by the examples: which source and which sink, by configuration.
+
+``source.kind`` picks the source (``log``: the embedded event log, ``kafka``); ``sink.kind``
+picks where results go (a warehouse sink the job file builds, ``kafka``, or ``both``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pyspark.sql.types import StructType
+
+from stateful_runtime.exceptions import ConfigError
+from stateful_runtime.sinks.base import Sink
+from stateful_runtime.sources.base import Source
+
+SOURCE_KINDS = ("log", "kafka")
+SINK_KINDS = ("duckdb", "kafka", "both")
+
+
+def source_from_config(config: Mapping[str, Any], schema: StructType | Mapping[str, Any]
+                       ) -> Source:
+    """The source ``source.kind`` names (default ``log``), from its ``source.*`` keys."""
+    kind = config.get("source.kind", "log")
+    if kind == "log":
+        from stateful_runtime.sources.log import LogSource
+
+        return LogSource.from_config(config, schema)
+    if kind == "kafka":
+        from stateful_runtime.sources.kafka import KafkaSource
+
+        return KafkaSource.from_config(config, schema)
+    raise ConfigError(f"source.kind={kind!r}: use one of {SOURCE_KINDS}")
+
+
+def sinks_from_config(config: Mapping[str, Any], warehouse: Sink, *,
+                      key: Sequence[str] = ()) -> list[Sink]:
+    """The sinks ``sink.kind`` names: ``duckdb`` (``warehouse``), ``kafka`` (a
+    :class:`~stateful_runtime.sinks.kafka.KafkaSink` on ``sink.kafka_topic``), or ``both``."""
+    kind = config.get("sink.kind", "duckdb")
+    if kind not in SINK_KINDS:
+        raise ConfigError(f"sink.kind={kind!r}: use one of {SINK_KINDS}")
+    out: list[Sink] = []
+    if kind in ("duckdb", "both"):
+        out.append(warehouse)
+    if kind in ("kafka", "both"):
+        from stateful_runtime.sinks.kafka import KafkaSink
+
+        out.append(KafkaSink.from_config(config, key=key))
+    return out

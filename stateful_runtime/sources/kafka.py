@@ -1,0 +1,570 @@
+"""Kafka source on confluent-kafka, as a Spark Python streaming DataSource (``srt_kafka``).
+
+Offsets in Spark's offset log are ``{"<topic>:<partition>": <next offset>}``: committed with
+the batch's state, and the same shape as the event log's, so lag, dead letters and range
+planning are shared (:mod:`._ranges`, :mod:`._dead_letters`). Each Spark task reads one offset
+range of one partition with ``isolation.level=read_committed`` (no consumer group; offsets live
+in the checkpoint only) and yields Arrow batches decoded by :mod:`._decode`.
+
+Per-partition event time (Flink's per-split watermarks): Spark's watermark is one number,
+``max(event time) - delay`` over everything read. Each task records the max event time of its
+split; when planning the next batch the driver holds back every partition whose event time is
+more than ``max_out_of_orderness`` ahead of the slowest *active* partition, so a lagging
+partition's records do not become late. A partition with nothing to read and no new record for
+``WatermarkStrategy.with_idleness(timeout)`` is idle and holds nobody back; without idleness a
+silent partition stalls the others, as in Flink.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from stateful_runtime._kafka import (
+    METADATA_TIMEOUT_S,
+    check_cluster,
+    client_config,
+    quiet,
+    redact,
+)
+from stateful_runtime.exceptions import ConfigError
+from stateful_runtime.sources._dead_letters import DeadLetters, stage
+from stateful_runtime.sources._decode import decode_json, to_struct
+from stateful_runtime.sources._ranges import limit_offsets, split_ranges
+from stateful_runtime.sources.base import ERROR, OFFSET, PARTITION, RAW, Source
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from stateful_runtime.watermarks import WatermarkStrategy
+
+FORMAT = "srt_kafka"
+MAX_SPLIT_RECORDS = 250_000
+ARROW_BATCH_ROWS = 65_536
+# How long a task waits for offsets it was told exist (an open transaction holds them back).
+READ_TIMEOUT_S = 120.0
+META = ("kafka_topic", "kafka_key", "kafka_timestamp_ms", "kafka_headers")
+HEADERS_TYPE = ArrayType(StructType([StructField("key", StringType()),
+                                     StructField("value", BinaryType())]))
+# Job-file keys holding librdkafka settings: ``kafka.<setting>``; a value ``env:NAME`` is read
+# from the environment when the job starts, so the secret is not in the job's config.
+CLIENT_PREFIX = "kafka."
+
+
+def client_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """librdkafka settings from job-file keys ``kafka.*`` (``env:NAME`` values resolved)."""
+    out = {}
+    for k, v in config.items():
+        if not k.startswith(CLIENT_PREFIX) or v in (None, ""):
+            continue
+        if isinstance(v, str) and v.startswith("env:"):
+            name = v[4:]
+            if name not in os.environ:
+                raise ConfigError(f"{k}=env:{name}: environment variable {name} is not set")
+            v = os.environ[name]
+        out[k[len(CLIENT_PREFIX):]] = v
+    return out
+
+
+def _parse_starting(value: Any) -> Any:
+    """``earliest``, ``latest``, ``timestamp:<epoch ms>``, or JSON ``{"topic:p": offset}`` /
+    ``{"topic": {"p": offset}}``."""
+    if isinstance(value, str):
+        v = value.strip()
+        if v in ("earliest", "latest"):
+            return v
+        if v.startswith("timestamp:"):
+            try:
+                return {"timestamp": int(v.split(":", 1)[1])}
+            except ValueError:
+                pass
+        elif v.startswith("{"):
+            try:
+                value = json.loads(v)
+            except ValueError:
+                pass
+    if isinstance(value, Mapping):
+        if set(value) == {"timestamp"} and isinstance(value["timestamp"], int):
+            return {"timestamp": value["timestamp"]}
+        flat: dict[str, int] = {}
+        for k, v in value.items():
+            if isinstance(v, Mapping):
+                flat.update({f"{k}:{p}": int(o) for p, o in v.items()})
+            elif ":" in str(k) and isinstance(v, int):
+                flat[str(k)] = v
+            else:
+                break
+        else:
+            if flat:
+                return flat
+    raise ConfigError(
+        f"starting_offsets {value!r} not understood; use 'earliest', 'latest', "
+        f"'timestamp:<epoch ms>' or JSON like '{{\"topic\": {{\"0\": 42}}}}'")
+
+
+class KafkaSource(Source):
+    """Read Kafka topics; records are JSON objects decoded into ``schema``.
+
+    Args:
+        bootstrap_servers: ``host:port[,host:port]``.
+        topics: a topic or list of topics (or give ``pattern``, a regex over topic names;
+            topics and partitions that appear later are read from their start).
+        schema: record schema (``{field: type}`` or a StructType), as for :class:`LogSource`.
+        starting_offsets: ``"earliest"``, ``"latest"``, ``{"timestamp": epoch_ms}`` (first
+            record at or after it), or ``{"topic": {"partition": offset}}``; used by a query's
+            first run only, a restarted query resumes from its checkpoint.
+        max_records_per_batch: cap per micro-batch (None: all available).
+        dead_letter_topic: where undecodable records go (default ``<first topic>-dlq``).
+        client_config: extra librdkafka settings (``security.protocol``, ``sasl.*``, ``ssl.*``).
+        metadata_columns: add ``kafka_topic``, ``kafka_key``, ``kafka_timestamp_ms`` and
+            ``kafka_headers`` columns.
+        name: source name (default: the topics joined, or ``kafka``).
+    """
+
+    # The planner passes the job's WatermarkStrategy to read_stream (per-partition alignment).
+    aligns_event_time = True
+
+    def __init__(self, bootstrap_servers: str, topics: str | Sequence[str] | None = None,
+                 schema: StructType | Mapping[str, Any] | None = None, *,
+                 pattern: str | None = None, starting_offsets: Any = "earliest",
+                 max_records_per_batch: int | None = None, dead_letter_topic: str | None = None,
+                 client_config: Mapping[str, Any] | None = None,
+                 metadata_columns: bool = False, name: str | None = None) -> None:
+        if isinstance(topics, str):
+            topics = [topics]
+        if bool(topics) == bool(pattern):
+            raise ConfigError("KafkaSource takes topics=[...] or pattern='regex', not both")
+        if schema is None:
+            raise ConfigError("KafkaSource needs a record schema")
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(f"topic pattern {pattern!r} is not a regex: {exc}") from None
+        if max_records_per_batch is not None and max_records_per_batch < 1:
+            raise ConfigError(f"max_records_per_batch must be >= 1, got {max_records_per_batch}")
+        self.config = _client(bootstrap_servers, client_config)
+        self.topics = list(topics or [])
+        self.pattern = pattern
+        self.schema = to_struct(schema)
+        self.starting_offsets = _parse_starting(starting_offsets)
+        self.max_records_per_batch = max_records_per_batch
+        self.metadata_columns = metadata_columns
+        base = self.topics[0] if self.topics else "kafka"
+        self.name = name or ("-".join(self.topics) if self.topics else "kafka")
+        self.dead_letter_topic = dead_letter_topic or f"{base}-dlq"
+        clash = [f for f in self.schema.fieldNames() if f in META] if metadata_columns else []
+        if clash:
+            raise ConfigError(f"schema field(s) {clash} clash with the Kafka metadata columns")
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], schema: StructType | Mapping[str, Any]
+                    ) -> KafkaSource:
+        """From job-file keys ``source.bootstrap_servers``, ``source.topic`` (comma-separated)
+        or ``source.topic_pattern``, ``source.starting_offsets``,
+        ``source.max_records_per_batch`` and ``kafka.*`` client settings."""
+        pattern = config.get("source.topic_pattern") or None
+        topics = None if pattern else [t for t in str(config["source.topic"]).split(",") if t]
+        return cls(config.get("source.bootstrap_servers", ""), topics, schema, pattern=pattern,
+                   starting_offsets=config.get("source.starting_offsets", "earliest"),
+                   max_records_per_batch=config.get("source.max_records_per_batch"),
+                   client_config=client_settings(config))
+
+    def describe(self) -> str:
+        what = f"topics {self.topics}" if self.topics else f"topics matching {self.pattern!r}"
+        limit = self.max_records_per_batch or "unlimited"
+        settings = redact({k: v for k, v in self.config.items() if k != "bootstrap.servers"})
+        return (f"Kafka {what} on {self.config['bootstrap.servers']} (from "
+                f"{self.starting_offsets}, max {limit} records/batch, read_committed, "
+                f"per-partition event-time alignment, JSON → {self.schema.simpleString()}"
+                + (f", client settings {settings}" if settings else "") + ")")
+
+    def check(self) -> None:
+        found = check_cluster(self.config, self.topics or None, self.pattern)
+        if self.pattern and not found:
+            raise ConfigError(f"Kafka source: no topic matches {self.pattern!r} on "
+                              f"{self.config['bootstrap.servers']}; create one or fix the pattern")
+
+    def decode(self, values: list[bytes]) -> pa.Table:
+        return decode_json(values, self.schema)
+
+    def read_stream(self, spark: SparkSession, dead_letters: DeadLetters | None = None,
+                    watermark: WatermarkStrategy | None = None) -> DataFrame:
+        self.check()
+        _register(spark)
+        opts = {
+            "config": json.dumps(self.config),
+            "topics": json.dumps(self.topics), "pattern": self.pattern or "",
+            "schema": self.schema.json(), "starting": json.dumps(self.starting_offsets),
+            "metadata_columns": "1" if self.metadata_columns else "",
+            "max_records_per_batch": str(self.max_records_per_batch or ""),
+        }
+        if dead_letters is not None:
+            opts["dead_letter_staging"] = dead_letters.staging
+            opts["dead_letter_topic"] = dead_letters.sink.topic
+            opts["job"] = dead_letters.sink.job
+            opts["source_name"] = self.name
+        if watermark is not None and watermark.timestamp_field and dead_letters is not None:
+            opts["event_time_field"] = watermark.timestamp_field
+            opts["event_time_unit"] = watermark.timestamp_unit
+            opts["max_drift_ms"] = str(int(watermark.max_out_of_orderness.total_seconds() * 1e3))
+            opts["idleness_ms"] = ("" if watermark.idleness is None
+                                   else str(int(watermark.idleness.total_seconds() * 1e3)))
+        reader = spark.readStream.format(FORMAT)
+        for k, v in opts.items():
+            reader = reader.option(k, v)
+        return reader.load()
+
+    def dead_letters(self, job: str, staging: str) -> DeadLetters:
+        from stateful_runtime.sinks.kafka import KafkaDeadLetterSink
+
+        return DeadLetters(staging, KafkaDeadLetterSink(
+            self.config, self.dead_letter_topic, source=self.name, job=job,
+            source_topics=self.topics, source_pattern=self.pattern))
+
+
+def _client(bootstrap_servers: str, extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    return client_config(bootstrap_servers, extra)
+
+
+_REGISTERED: set[str] = set()
+
+
+def _register(spark: SparkSession) -> None:
+    app = spark.sparkContext.applicationId
+    if app not in _REGISTERED:
+        spark.dataSource.register(KafkaDataSource)
+        _REGISTERED.add(app)
+
+
+def stream_schema(record_schema: StructType, metadata: bool) -> StructType:
+    out = StructType([StructField(f.name, f.dataType, True) for f in record_schema.fields])
+    if metadata:
+        out = (out.add("kafka_topic", StringType()).add("kafka_key", BinaryType())
+               .add("kafka_timestamp_ms", LongType()).add("kafka_headers", HEADERS_TYPE))
+    return (out.add(ERROR, StringType()).add(RAW, BinaryType())
+            .add(PARTITION, IntegerType()).add(OFFSET, LongType()))
+
+
+class KafkaDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> StructType:
+        return stream_schema(StructType.fromJson(json.loads(self.options["schema"])),
+                             bool(self.options.get("metadata_columns")))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return KafkaStreamReader(self.options)
+
+
+@dataclass
+class KafkaSplit(InputPartition):
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+
+_CONSUMERS: dict[str, Any] = {}
+
+
+def _consumer(config_json: str) -> Any:
+    """One consumer per Python worker process and client config (workers are reused)."""
+    from confluent_kafka import Consumer
+
+    c = _CONSUMERS.get(config_json)
+    if c is None:
+        c = Consumer(quiet({
+            **json.loads(config_json), "group.id": "srt-source", "enable.auto.commit": False,
+            "isolation.level": "read_committed", "enable.partition.eof": True,
+            "allow.auto.create.topics": False, "fetch.max.bytes": 64 << 20,
+            "auto.offset.reset": "earliest"}))
+        _CONSUMERS[config_json] = c
+    return c
+
+
+def _to_ms(values: pa.Array, unit: str) -> int | None:
+    import pyarrow.compute as pc
+
+    if unit == "timestamp":
+        values = pc.cast(values, pa.timestamp("ms")).cast(pa.int64())
+    top = pc.max(values).as_py()
+    if top is None:
+        return None
+    return int(top) * 1000 if unit == "s" else int(top)
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.config_json = options["config"]
+        self.config = json.loads(self.config_json)
+        self.topics: list[str] = json.loads(options["topics"])
+        self.pattern = options.get("pattern") or None
+        self.record_schema = StructType.fromJson(json.loads(options["schema"]))
+        self.starting = json.loads(options["starting"])
+        self.metadata = bool(options.get("metadata_columns"))
+        max_rows = options.get("max_records_per_batch")
+        self.max_rows = int(max_rows) if max_rows else None
+        self.staging = options.get("dead_letter_staging")
+        self.dead_letters = None
+        if self.staging is not None:
+            from stateful_runtime.sinks.kafka import KafkaDeadLetterSink
+
+            self.dead_letters = DeadLetters(self.staging, KafkaDeadLetterSink(
+                self.config, options["dead_letter_topic"], source=options["source_name"],
+                job=options["job"], source_topics=self.topics, source_pattern=self.pattern))
+        self.ts_field = options.get("event_time_field")
+        self.ts_unit = options.get("event_time_unit", "ms")
+        self.drift_ms = int(options.get("max_drift_ms") or 0)
+        idle = options.get("idleness_ms")
+        self.idle_s = int(idle) / 1e3 if idle else None
+        self.stats = None if (self.staging is None or not self.ts_field) else (
+            self.staging.rstrip("/") + ".event-time")
+        self.target: dict[str, int] | None = None
+        self.frontier: dict[str, int] = {}
+        self._arrival: dict[str, float] = {}
+        self._seen_end: dict[str, int] = {}
+        self._admin: Any = None
+
+    # -- driver side: offsets ------------------------------------------------------------
+    def _partitions(self) -> list[tuple[str, int]]:
+        counts = check_cluster(self.config, self.topics or None, self.pattern)
+        return [(t, p) for t, n in sorted(counts.items()) for p in range(n)]
+
+    def _list(self, spec: Any, parts: list[tuple[str, int]]) -> dict[str, int]:
+        from confluent_kafka import IsolationLevel, TopicPartition
+        from confluent_kafka.admin import AdminClient
+
+        if self._admin is None:
+            self._admin = AdminClient(quiet(self.config))
+        futures = self._admin.list_offsets(
+            {TopicPartition(t, p): spec for t, p in parts},
+            isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=METADATA_TIMEOUT_S)
+        return {f"{tp.topic}:{tp.partition}": f.result().offset for tp, f in futures.items()}
+
+    def _ends(self) -> dict[str, int]:
+        from confluent_kafka.admin import OffsetSpec
+
+        return self._list(OffsetSpec.latest(), self._partitions())
+
+    def _earliest(self, parts: list[tuple[str, int]]) -> dict[str, int]:
+        from confluent_kafka.admin import OffsetSpec
+
+        return self._list(OffsetSpec.earliest(), parts) if parts else {}
+
+    def initialOffset(self) -> dict:
+        parts = self._partitions()
+        ends = self._ends()
+        if self.starting == "latest":
+            return ends
+        earliest = self._earliest(parts)
+        if self.starting == "earliest":
+            return earliest
+        if "timestamp" in self.starting:
+            from confluent_kafka import Consumer, TopicPartition
+
+            c = Consumer(quiet({**self.config, "group.id": "srt-source-init"}))
+            try:
+                found = c.offsets_for_times(
+                    [TopicPartition(t, p, self.starting["timestamp"]) for t, p in parts],
+                    timeout=METADATA_TIMEOUT_S)
+            finally:
+                c.close()
+            # No record at or after the timestamp: start at the end.
+            return {f"{tp.topic}:{tp.partition}": tp.offset if tp.offset >= 0
+                    else ends[f"{tp.topic}:{tp.partition}"] for tp in found}
+        unknown = sorted(set(self.starting) - set(ends))
+        if unknown:
+            raise ConfigError(f"starting_offsets name partitions that do not exist: {unknown}; "
+                              f"existing: {sorted(ends)}")
+        out = dict(earliest)
+        for k, off in self.starting.items():
+            if not earliest[k] <= off <= ends[k]:
+                raise ConfigError(f"starting offset {off} for {k} is outside the partition's "
+                                  f"range [{earliest[k]}, {ends[k]}]")
+            out[k] = off
+        return out
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_rows) if self.max_rows else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = self._ends()
+
+    def _with_new_partitions(self, start: dict, ends: dict) -> dict:
+        new = [k for k in ends if k not in start]
+        if not new:
+            return start
+        parts = [(k.rsplit(":", 1)[0], int(k.rsplit(":", 1)[1])) for k in new]
+        return {**self._earliest(parts), **start}
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        ends = self._ends() if self.target is None else self.target
+        start = self._with_new_partitions(start, ends)
+        out = (limit_offsets(start, ends, limit.max_rows) if isinstance(limit, ReadMaxRows)
+               else {**start, **ends})
+        if self.stats is not None:
+            out = self._align(start, out, ends)
+        return out
+
+    def _refresh_frontiers(self) -> None:
+        path = Path(self.stats)  # type: ignore[arg-type]
+        if not path.is_dir():
+            return
+        for f in path.glob("*.json"):
+            key = f.name[:-5].rsplit("-", 2)[0]
+            try:
+                top = json.loads(f.read_text())["max"]
+            except (OSError, ValueError, KeyError):
+                continue
+            if top > self.frontier.get(key, -math.inf):
+                self.frontier[key] = top
+            f.unlink(missing_ok=True)
+
+    def _align(self, start: dict, planned: dict, ends: dict) -> dict:
+        """Hold back partitions running ahead in event time of the slowest active one."""
+        now = time.monotonic()
+        for k, e in ends.items():
+            if e > self._seen_end.get(k, -1):
+                self._seen_end[k] = e
+                self._arrival[k] = now
+        self._refresh_frontiers()
+
+        def idle(k: str) -> bool:
+            return (self.idle_s is not None and ends[k] <= start.get(k, 0)
+                    and now - self._arrival.get(k, now) >= self.idle_s)
+
+        active = [self.frontier.get(k, -math.inf) for k in ends if not idle(k)]
+        if not active:
+            return planned
+        low = min(active)
+        out = {k: (start.get(k, 0) if self.frontier.get(k, -math.inf) > low + self.drift_ms
+                   else v) for k, v in planned.items()}
+        if self.target is not None and out == {**planned, **start}:
+            return planned  # a bounded (availableNow) run never waits
+        return out
+
+    def reportLatestOffset(self) -> dict:
+        return self._ends()
+
+    def partitions(self, start: dict, end: dict) -> list[KafkaSplit]:
+        out = []
+        for key, lo, hi in split_ranges(start, end, MAX_SPLIT_RECORDS):
+            topic, p = key.rsplit(":", 1)
+            out.append(KafkaSplit(topic, int(p), lo, hi))
+        return out
+
+    def commit(self, end: dict) -> None:
+        if self.dead_letters is not None:
+            self.dead_letters.publish(end)
+
+    # -- executor side ----------------------------------------------------------------------
+    def _fetch(self, split: KafkaSplit) -> tuple[list[bytes], list[Any], list[int], list[int]]:
+        from confluent_kafka import KafkaError, TopicPartition
+
+        c = _consumer(self.config_json)
+        c.assign([TopicPartition(split.topic, split.partition, split.start)])
+        values: list[bytes] = []
+        offsets: list[int] = []
+        metas: list[Any] = []
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        try:
+            while True:
+                msgs = c.consume(10_000, 1.0)
+                for m in msgs:
+                    err = m.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            if m.offset() >= split.end:
+                                return values, metas, offsets, []
+                            continue
+                        raise RuntimeError(f"Kafka read {split}: {err}")
+                    off = m.offset()
+                    if off >= split.end:
+                        return values, metas, offsets, []
+                    values.append(m.value() or b"")
+                    offsets.append(off)
+                    if self.metadata:
+                        metas.append((m.key(), m.timestamp()[1], m.headers()))
+                    if off >= split.end - 1:
+                        return values, metas, offsets, []
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"Kafka read {split}: offsets up to {split.end} not readable within "
+                        f"{READ_TIMEOUT_S:.0f} s (last read {offsets[-1] if offsets else None})")
+        finally:
+            c.unassign()
+
+    def read(self, split: KafkaSplit) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        values, metas, offsets, _ = self._fetch(split)
+        tables = []
+        for lo in range(0, len(values), ARROW_BATCH_ROWS):
+            hi = min(len(values), lo + ARROW_BATCH_ROWS)
+            table = decode_json(values[lo:hi], self.record_schema)
+            cols = {}
+            if self.metadata:
+                chunk = metas[lo:hi]
+                cols = {
+                    "kafka_topic": pa.array([split.topic] * (hi - lo), pa.string()),
+                    "kafka_key": pa.array([m[0] for m in chunk], pa.binary()),
+                    "kafka_timestamp_ms": pa.array([m[1] for m in chunk], pa.int64()),
+                    "kafka_headers": pa.array(
+                        [[{"key": k, "value": v} for k, v in (m[2] or [])] for m in chunk],
+                        pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+                }
+            n = len(self.record_schema.fields)
+            for i, (name, col) in enumerate(cols.items()):
+                table = table.add_column(n + i, name, col)
+            tables.append(table.append_column(
+                PARTITION, pa.array(np.full(hi - lo, split.partition, np.int32))
+            ).append_column(OFFSET, pa.array(np.asarray(offsets[lo:hi], np.int64))))
+        key = f"{split.topic}:{split.partition}"
+        if self.staging is not None and tables:
+            stage(self.staging, key, split.start, split.end, pa.concat_tables(tables))
+        if self.stats is not None and tables:
+            self._stage_frontier(key, split, tables)
+        for table in tables:
+            yield from table.to_batches()
+
+    def _stage_frontier(self, key: str, split: KafkaSplit, tables: list[pa.Table]) -> None:
+        import pyarrow.compute as pc
+
+        tops = [_to_ms(t.filter(pc.is_null(t.column(ERROR))).column(self.ts_field),
+                       self.ts_unit) for t in tables]
+        tops = [t for t in tops if t is not None]
+        if not tops:
+            return
+        path = Path(self.stats)  # type: ignore[arg-type]
+        path.mkdir(parents=True, exist_ok=True)
+        final = path / f"{key}-{split.start}-{split.end}.json"
+        tmp = path / f".{final.name}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps({"max": max(tops)}))
+        os.replace(tmp, final)
