@@ -71,21 +71,44 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
         ).fetchall()
         if existing:
             have = [r[0] for r in existing]
-            if set(have) != set(batch.column_names):
+            gone = [c for c in have if c not in batch.column_names]
+            if gone:
                 raise SinkError(
                     f"DuckDB table {self.table} has columns {have} but the job writes "
-                    f"{batch.column_names}; migrate the table or write to a new one"
+                    f"{batch.column_names} (without {gone}); migrate the table or write to a "
+                    f"new one"
                 )
+            # An upgraded job may add output columns: add them (rows before it read NULL).
+            added = [c for c in batch.column_names if c not in have]
+            if added:
+                types = self._types(con, batch)
+                for c in added:
+                    con.execute(f"ALTER TABLE {_q(self.table)} ADD COLUMN {_q(c)} {types[c]}")
             return
-        con.register("_srt_schema", batch.slice(0, 0))
-        types = con.execute("DESCRIBE SELECT * FROM _srt_schema").fetchall()
-        con.unregister("_srt_schema")
         cols = ", ".join(
             f"{_q(name)} {tp}{' NOT NULL' if name in self.key_columns else ''}"
-            for name, tp, *_ in types
+            for name, tp in self._types(con, batch).items()
         )
         keys = ", ".join(_q(k) for k in self.key_columns)
         con.execute(f"CREATE TABLE IF NOT EXISTS {_q(self.table)} ({cols}, PRIMARY KEY ({keys}))")
+
+    @staticmethod
+    def _types(con: duckdb.DuckDBPyConnection, batch: pa.Table) -> dict[str, str]:
+        con.register("_srt_schema", batch.slice(0, 0))
+        types = con.execute("DESCRIBE SELECT * FROM _srt_schema").fetchall()
+        con.unregister("_srt_schema")
+        return {name: tp for name, tp, *_ in types}
+
+    def rewind(self, batch_id: int) -> None:
+        con = self._connect()
+        try:
+            exists = con.execute("SELECT 1 FROM information_schema.tables WHERE table_name = ?",
+                                 [LEDGER_TABLE]).fetchone()
+            if exists:
+                con.execute(f"DELETE FROM {LEDGER_TABLE} WHERE job = ? AND sink = ? AND "
+                            f"batch_id > ?", [self.job, self.sink_name, batch_id])
+        finally:
+            con.close()
 
     def _write(self, batch: pa.Table, batch_id: int) -> None:
         con = self._connect()

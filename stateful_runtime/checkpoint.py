@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,8 +28,10 @@ FORMAT_VERSION = 1
 MARKER = "_job.json"
 
 
-def claim(directory: str | Path, job: str, queries: Sequence[str]) -> Path:
-    """Bind ``directory`` to ``job`` (first run) or check that it is bound to ``job``."""
+def claim(directory: str | Path, job: str, queries: Sequence[str],
+          fingerprint: dict | None = None) -> Path:
+    """Bind ``directory`` to ``job`` (first run) or check that it is bound to ``job``; record the
+    running code's queries and state fingerprint (what a savepoint of it will carry)."""
     path = Path(directory).resolve()
     path.mkdir(parents=True, exist_ok=True)
     marker = path / MARKER
@@ -40,21 +44,32 @@ def claim(directory: str | Path, job: str, queries: Sequence[str]) -> Path:
             )
         if data.get("job") != job:
             raise CheckpointOwnershipError(str(path), str(data.get("job")), job)
-        return path
-    # A Spark checkpoint with no marker was not made by us: refuse rather than adopt it.
-    foreign = [p.name for p in path.iterdir() if (p / "offsets").is_dir() or p.name == "offsets"]
-    if foreign:
-        raise ConfigError(
-            f"checkpoint directory {path} holds Spark checkpoints ({', '.join(foreign)}) but no "
-            f"{MARKER}: it was not written by job {job!r}. Use an empty directory."
-        )
+    else:
+        # A Spark checkpoint with no marker was not made by us: refuse rather than adopt it.
+        foreign = [p.name for p in path.iterdir()
+                   if (p / "offsets").is_dir() or p.name == "offsets"]
+        if foreign:
+            raise ConfigError(
+                f"checkpoint directory {path} holds Spark checkpoints ({', '.join(foreign)}) but "
+                f"no {MARKER}: it was not written by job {job!r}. Use an empty directory."
+            )
+        data = {"format_version": FORMAT_VERSION, "job": job,
+                "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    data["queries"] = list(queries)
+    if fingerprint is not None:
+        data["fingerprint"] = fingerprint
     tmp = marker.with_suffix(".tmp")
-    tmp.write_text(json.dumps({
-        "format_version": FORMAT_VERSION, "job": job, "queries": list(queries),
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }, indent=2))
+    tmp.write_text(json.dumps(data, indent=2))
     os.replace(tmp, marker)
     return path
+
+
+def owner(directory: str | Path) -> dict:
+    """The marker of a job checkpoint directory."""
+    marker = Path(directory) / MARKER
+    if not marker.exists():
+        raise ConfigError(f"{directory} is not a job checkpoint (no {MARKER})")
+    return json.loads(marker.read_text())
 
 
 def _numbered(directory: Path) -> list[int]:
@@ -90,3 +105,83 @@ def committed_offsets(query_dir: str | Path, batch: int | None = None) -> dict |
     meta = json.loads(lines[1])
     return {"batch": batch, "watermark_ms": meta.get("batchWatermarkMs"),
             "sources": [json.loads(s) if s.startswith("{") else s for s in lines[2:]]}
+
+
+# State file names in a partition directory: "<version>.changelog", "<version>.zip", and the
+# same with "_<unique id>" after the version (Spark's checkpoint format v2).
+_STATE_FILE = re.compile(r"^(\d+)(?:_[^.]+)?\.(changelog|zip|delta|snapshot)$")
+
+
+def _state_partition_files(part_dir: Path, version: int) -> list[Path]:
+    """The files RocksDB needs to load ``version`` of one state partition: the newest snapshot
+    at or below it, the SST files that snapshot lists, and the changelogs after it."""
+    by_kind: dict[str, dict[int, Path]] = {"changelog": {}, "zip": {}, "delta": {}, "snapshot": {}}
+    for p in part_dir.iterdir():
+        m = _STATE_FILE.match(p.name)
+        if m and int(m.group(1)) <= version:
+            by_kind[m.group(2)][int(m.group(1))] = p
+    snaps = by_kind["zip"] or by_kind["snapshot"]
+    base = max(snaps) if snaps else 0
+    out = [snaps[base]] if snaps else []
+    if by_kind["zip"] and base:
+        meta = zipfile.ZipFile(snaps[base]).read("metadata").decode().splitlines()[1]
+        out += [part_dir / "SSTs" / f["dfsSstFileName"]
+                for f in json.loads(meta).get("sstFiles", [])]
+    deltas = by_kind["changelog"] or by_kind["delta"]
+    out += [deltas[v] for v in sorted(deltas) if v > base]
+    missing = [v for v in range(base + 1, version + 1) if v not in deltas]
+    if missing:
+        raise ConfigError(f"state partition {part_dir} lacks changelogs for versions {missing}: "
+                          f"the checkpoint is incomplete")
+    out += [p for p in (part_dir / "_metadata").glob("*")
+            if p.is_file() and not p.name.startswith(".")]
+    return out
+
+
+def _numbered_upto(directory: Path, batch: int) -> list[Path]:
+    """Files of an operator metadata dir whose name starts with a batch id <= ``batch``."""
+    out = []
+    for p in directory.rglob("*"):
+        head = p.name.split("_", 1)[0]
+        if p.is_file() and not p.name.startswith(".") and (not head.isdigit()
+                                                           or int(head) <= batch):
+            out.append(p)
+    return out
+
+
+def batch_files(query_dir: str | Path, batch: int, *, pending: bool = True) -> list[str]:
+    """Paths (relative to ``query_dir``) of every file a restart at committed ``batch`` reads:
+    the query metadata, offsets and commits of ``batch`` and the one before it (Spark reads
+    both), the planned-but-uncommitted batch after it when ``pending`` (so a restore replays
+    exactly its range), and, per stateful operator and partition, what state version
+    ``batch + 1`` needs. Hadoop's ``.crc`` side files are left out (Spark does not need them).
+    """
+    q = Path(query_dir)
+    files = [q / "metadata"]
+    for b in (batch - 1, batch):
+        if b >= 0:
+            files += [q / "offsets" / str(b), q / "commits" / str(b)]
+    if pending and (q / "offsets" / str(batch + 1)).exists():
+        files.append(q / "offsets" / str(batch + 1))
+    files += [p for p in (q / "sources").rglob("*") if p.is_file() and not p.name.startswith(".")]
+    state = q / "state"
+    # A rescale leaves the partitions above the new count behind, unused.
+    partitions = state_partitions(q, batch) or 0
+    for op in sorted(state.iterdir()) if state.is_dir() else []:
+        for meta in ("_metadata", "_stateSchema"):
+            files += _numbered_upto(op / meta, batch)
+        for part in sorted(op.iterdir()):
+            if part.name.isdigit() and int(part.name) < partitions:
+                files += _state_partition_files(part, batch + 1)
+    return [p.relative_to(q).as_posix() for p in files]
+
+
+def state_partitions(query_dir: str | Path, batch: int) -> int | None:
+    """Number of state partitions the query ran with at ``batch`` (Spark's shuffle partitions,
+    fixed in the offset log), or None for a query without state."""
+    q = Path(query_dir)
+    if not (q / "state").is_dir():
+        return None
+    conf = json.loads((q / "offsets" / str(batch)).read_text().splitlines()[1]).get("conf", {})
+    n = conf.get("spark.sql.shuffle.partitions")
+    return int(n) if n else None

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import sys
-import time
 from collections.abc import Sequence
+from datetime import timedelta
 
 from stateful_runtime.exceptions import JobError, StatefulRuntimeError
 
@@ -64,7 +62,10 @@ def _run_cmd(args: argparse.Namespace) -> int:
 
     jobfile = load_job_file(args.job_file, parse_overrides(args.set))
     try:
-        return JobRunner(jobfile, available_now=args.available_now, master=args.master).run()
+        return JobRunner(jobfile, available_now=args.available_now, master=args.master,
+                         from_savepoint=args.from_savepoint, restore_from=args.restore_from,
+                         parallelism=args.parallelism,
+                         allow_non_restored_state=args.allow_non_restored_state).run()
     finally:
         from pyspark.sql import SparkSession
 
@@ -114,20 +115,106 @@ def _status_cmd(args: argparse.Namespace) -> int:
 
 
 def _stop_cmd(args: argparse.Namespace) -> int:
+    from stateful_runtime.runtime import launcher
+
+    entry = launcher.stop(args.job, timeout=args.timeout)
+    print(f"stopped {args.job} (pid {entry.get('pid')}); state {entry.get('state')}")
+    return 0
+
+
+def _age(text: str) -> timedelta:
+    """``90s``, ``30m``, ``12h``, ``7d``."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        return timedelta(seconds=float(text[:-1]) * units[text[-1]])
+    except (KeyError, ValueError, IndexError):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: write an age like 90s, 30m, 12h or 7d") from None
+
+
+def _roots(args: argparse.Namespace) -> list[str]:
     from stateful_runtime.runtime import registry
 
-    entry = registry.require(args.job)
-    if not registry.running(entry):
-        raise JobError(f"job {args.job!r} is not running (state {entry.get('state')})")
-    pid = entry["pid"]
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + args.timeout
-    while registry.pid_alive(pid):
-        if time.monotonic() > deadline:
-            raise JobError(f"job {args.job!r} (pid {pid}) did not stop within {args.timeout} s; "
-                           f"check it, or kill it: it restarts from its last checkpoint")
-        time.sleep(0.2)
-    print(f"stopped {args.job} (pid {pid}); state {registry.read(args.job).get('state')}")
+    if getattr(args, "target", None):
+        return [args.target]
+    roots = {e["savepoint_dir"] for e in registry.entries() if e.get("savepoint_dir")}
+    return sorted(roots | {str(registry.home() / "savepoints")})
+
+
+def _print_savepoints(rows: list[dict], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        print("no savepoints")
+        return
+    for r in rows:
+        batches = ", ".join(f"{q}@{b}" for q, b in r["batches"].items())
+        print(f"{r['id']}  job {r['job']}  batch {batches}  watermark "
+              f"{list(r['watermark_ms'].values())}  {r['size_bytes']:,} bytes  {r['created_at']}"
+              f"  {r['kind']} v{r['format_version']}  {r['location']}")
+
+
+def _savepoint_cmd(args: argparse.Namespace) -> int:
+    from stateful_runtime import savepoint
+
+    if args.sp_cmd == "create":
+        sp = savepoint.for_job(args.job, target=args.target, stop=args.stop,
+                               timeout=args.timeout)
+        if args.json:
+            print(json.dumps(sp.summary(), indent=2))
+        else:
+            print(f"savepoint {sp.id} of {sp.job} at {sp.location} "
+                  f"({sp.size:,} bytes, batches {sp.summary()['batches']})"
+                  + ("; the job is stopped" if args.stop else ""))
+    elif args.sp_cmd == "list":
+        rows = [sp.summary() for root in _roots(args)
+                for sp in savepoint.list_savepoints(root, args.job)]
+        _print_savepoints(rows, args.json)
+    elif args.sp_cmd == "describe":
+        sp = savepoint.resolve(args.savepoint, _roots(args))
+        print(json.dumps({**sp.summary(), "manifest": sp.manifest} if args.files
+                         else {**sp.summary(), "fingerprint": sp.manifest["fingerprint"],
+                               "queries": sp.manifest["queries"]}, indent=2))
+    elif args.sp_cmd == "dispose":
+        sp = savepoint.resolve(args.savepoint, _roots(args))
+        if sp.location in savepoint.protected_locations() and not args.force:
+            raise JobError(f"a registered job was restored from {sp.location}; "
+                           f"pass --force to dispose of it anyway")
+        savepoint.dispose(sp)
+        print(f"disposed of savepoint {sp.id} ({sp.location})")
+    elif args.sp_cmd == "prune":
+        if args.keep is None and args.max_age is None:
+            raise JobError("say what to keep: --keep N and/or --max-age AGE")
+        policy = savepoint.Retention(max_count=args.keep, max_age=args.max_age)
+        gone = [sp for root in _roots(args)
+                for sp in savepoint.apply_retention(root, args.job, policy)]
+        for sp in gone:
+            print(f"disposed of savepoint {sp.id} ({sp.location})")
+        left = [sp.id for root in _roots(args) for sp in savepoint.list_savepoints(root, args.job)]
+        print(f"{len(gone)} disposed; kept {len(left)}: {', '.join(left) or 'none'}")
+    return 0
+
+
+def _state_cmd(args: argparse.Namespace) -> int:
+    from stateful_runtime.runtime.session import build_session
+    from stateful_runtime.state_reader import checkpoint_of, inspect
+
+    with checkpoint_of(args.location, _roots(args)) as ckpt:
+        spark = build_session(1, args.master)
+        rows = inspect(spark, ckpt, operator=args.operator, state=args.state, key=args.key,
+                       limit=args.limit)
+    if args.json:
+        for r in rows:
+            print(json.dumps(r, default=str))
+        return 0
+    if not rows:
+        print("no state rows")
+        return 0
+    import pandas as pd
+
+    with pd.option_context("display.max_rows", None, "display.width", 200):
+        print(pd.DataFrame(rows).to_string(index=False))
     return 0
 
 
@@ -170,6 +257,14 @@ def _parser() -> argparse.ArgumentParser:
         if name == "run":
             c.add_argument("--available-now", action="store_true",
                            help="process everything in the sources, then stop")
+            c.add_argument("--from-savepoint", metavar="ID|PATH",
+                           help="start from a savepoint (id, directory or s3:// URL)")
+            c.add_argument("--restore-from", metavar="LOCATION",
+                           help="bring the checkpoint back from its mirror (empty disk)")
+            c.add_argument("--parallelism", type=int,
+                           help="state partitions; with --from-savepoint, rescales the state")
+            c.add_argument("--allow-non-restored-state", action="store_true",
+                           help="start even if the savepoint holds state the job no longer has")
         else:
             c.add_argument("--no-spark", action="store_true", help="skip Spark's own plan")
 
@@ -181,6 +276,44 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("job")
     c.add_argument("--timeout", type=float, default=120.0)
     c.set_defaults(func=_stop_cmd)
+
+    sp = sub.add_parser("savepoint", help="take, list and dispose of savepoints")
+    ssub = sp.add_subparsers(dest="sp_cmd", required=True)
+    c = ssub.add_parser("create", help="savepoint of a job's last committed batch")
+    c.add_argument("job")
+    c.add_argument("--stop", action="store_true", help="stop the job first (stop-with-savepoint)")
+    c.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for --stop")
+    c = ssub.add_parser("list", help="complete savepoints")
+    c.add_argument("job", nargs="?")
+    for name in ("describe", "dispose"):
+        c = ssub.add_parser(name, help=f"{name} one savepoint")
+        c.add_argument("savepoint", metavar="ID|PATH")
+        if name == "describe":
+            c.add_argument("--files", action="store_true", help="the whole manifest")
+        else:
+            c.add_argument("--force", action="store_true")
+    c = ssub.add_parser("prune", help="apply a retention policy to a job's savepoints")
+    c.add_argument("job")
+    c.add_argument("--keep", type=int, help="keep at most N (the newest always stays)")
+    c.add_argument("--max-age", type=_age, help="dispose of those older than AGE (7d, 12h...)")
+    for c in ssub.choices.values():
+        c.add_argument("--target", help="savepoint root: a directory or s3://bucket/prefix "
+                       "(default: the job's savepoint.dir, else $SRT_HOME/savepoints)")
+        c.add_argument("--json", action="store_true")
+    sp.set_defaults(func=_savepoint_cmd)
+
+    st = sub.add_parser("state", help="read keyed state")
+    stsub = st.add_subparsers(dest="state_cmd", required=True)
+    c = stsub.add_parser("inspect", help="state of a checkpoint or savepoint as a table")
+    c.add_argument("location", metavar="SAVEPOINT|CHECKPOINT")
+    c.add_argument("--operator")
+    c.add_argument("--state")
+    c.add_argument("--key", help="only this key (first key field, as text)")
+    c.add_argument("--limit", type=int, default=1000)
+    c.add_argument("--json", action="store_true", help="one JSON object per row")
+    c.add_argument("--target", help="savepoint root to find an id in")
+    c.add_argument("--master", help="Spark master (default local[*])")
+    st.set_defaults(func=_state_cmd)
     return p
 
 

@@ -85,3 +85,25 @@ class SinkError(StatefulRuntimeError):
 
 class JobError(StatefulRuntimeError):
     """A job registry operation failed (unknown job, not running, already running)."""
+
+
+class StorageError(StatefulRuntimeError):
+    """A savepoint or mirror location could not be read or written (missing bucket, no
+    credentials, a refused write)."""
+
+
+class AlreadyExistsError(StorageError):
+    """A create-only write found the object already there."""
+
+
+class SavepointError(StatefulRuntimeError):
+    """A savepoint is missing, incomplete, corrupt, or cannot be taken now."""
+
+
+class IncompatibleSavepointError(SavepointError):
+    """The savepoint's state does not fit the job being started; lists every difference."""
+
+    def __init__(self, source: str, differences: list[str], hint: str) -> None:
+        self.differences = differences
+        lines = "\n".join(f"  - {d}" for d in differences)
+        super().__init__(f"savepoint {source} cannot be restored into this job:\n{lines}\n{hint}")

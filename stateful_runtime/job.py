@@ -32,6 +32,11 @@ class CheckpointConfig:
 
     dir: str
     interval: timedelta = timedelta(seconds=5)
+    # After each committed batch, upload what it added here (a directory or s3://bucket/prefix)
+    # so the job can come back on an empty disk (``srt run --restore-from``).
+    mirror: str | None = None
+    # Where `srt savepoint create` writes by default (None: $SRT_HOME/savepoints).
+    savepoint_dir: str | None = None
 
     def __post_init__(self) -> None:
         if not self.dir:
@@ -66,11 +71,14 @@ class StreamJob:
     @classmethod
     def from_config(cls, name: str, config: Mapping[str, Any]) -> StreamJob:
         """A job from the standard job-file keys ``checkpoint.dir``, ``checkpoint.interval_s``
-        (seconds) and ``parallelism`` (optional, default 4)."""
+        (seconds), ``parallelism`` (optional, default 4) and the :data:`RUNTIME_KEYS` every job
+        file accepts (``checkpoint.mirror``, ``savepoint.dir``)."""
         return cls(
             name,
             CheckpointConfig(config["checkpoint.dir"],
-                             timedelta(seconds=config.get("checkpoint.interval_s", 5.0))),
+                             timedelta(seconds=config.get("checkpoint.interval_s", 5.0)),
+                             mirror=config.get("checkpoint.mirror") or None,
+                             savepoint_dir=config.get("savepoint.dir") or None),
             parallelism=config.get("parallelism", 4),
         )
 
@@ -97,6 +105,10 @@ class StreamJob:
         from stateful_runtime.planner import plan
 
         return plan(self).explain()
+
+
+# Keys every job file accepts with --set, whatever its DEFAULTS say ("" = not set).
+RUNTIME_KEYS: Mapping[str, Any] = {"checkpoint.mirror": "", "savepoint.dir": ""}
 
 
 @dataclass(frozen=True)
@@ -157,7 +169,7 @@ def load_job_file(path: str | Path, overrides: Mapping[str, str] | None = None) 
     build = getattr(module, "build", None)
     if not callable(build):
         raise ConfigError(f"job file {path} must define build(config) -> StreamJob")
-    defaults: Mapping[str, Any] = getattr(module, "DEFAULTS", {})
+    defaults: Mapping[str, Any] = {**RUNTIME_KEYS, **getattr(module, "DEFAULTS", {})}
     overrides = dict(overrides or {})
     unknown = sorted(set(overrides) - set(defaults))
     if unknown:

@@ -273,3 +273,20 @@ def terminate(pid: int, *, grace: float) -> str:
     while registry.pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     return "SIGKILL"
+
+
+def stop(job: str, *, timeout: float) -> dict[str, Any]:
+    """Stop a running job cleanly (SIGTERM: the batch in flight commits, queries stop, sinks
+    close) and wait for its process to exit; returns its final registry entry."""
+    entry = registry.require(job)
+    if not registry.running(entry):
+        raise JobError(f"job {job!r} is not running (state {entry.get('state')})")
+    pid = entry["pid"]
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while registry.pid_alive(pid):
+        if time.monotonic() > deadline:
+            raise JobError(f"job {job!r} (pid {pid}) did not stop within {timeout} s; "
+                           f"check it, or kill it: it restarts from its last checkpoint")
+        time.sleep(0.2)
+    return registry.require(job)

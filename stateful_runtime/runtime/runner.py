@@ -290,6 +290,8 @@ class JobRunner:
                 for out in q.outputs:
                     out.sink.check_schema(out.select(empty).schema)
                     out.sink.open(self.job.name, out.name)
+                    if self.restored and q.name in self.restored["batches"]:
+                        out.sink.rewind(self.restored["batches"][q.name])
                 qdir = str(self.checkpoint_dir / q.name)
                 writer = (
                     df.writeStream.queryName(f"{self.job.name}.{q.name}")

@@ -29,6 +29,9 @@ class Sink(ABC):
       rows, so a sink must make a repeated ``batch_id`` change nothing: record the batch id in the
       same transaction as the data (a ledger) or write idempotently.
     * ``close()`` when the query stops.
+    * ``rewind(batch_id)`` after ``open`` when the job was restored from a savepoint or mirror
+      at committed ``batch_id``: the batches after it run again (maybe with other boundaries
+      and new code), so a sink that skips repeated batch ids must forget the later ones.
 
     ``upsert`` says whether the sink can take a new version of a row it already has (same key):
     the planner then emits window results on every update, not only when a window closes.
@@ -53,6 +56,9 @@ class Sink(ABC):
 
     def close(self) -> None:
         """Release connections; called when the query stops."""
+
+    def rewind(self, batch_id: int) -> None:
+        """Forget batches after ``batch_id``: they will be executed again (restore)."""
 
     def summary(self) -> SinkSummary | None:
         """A few rows to print when the job ends (``None``: nothing to show)."""
