@@ -113,7 +113,7 @@ class LocalStore(Store):
 
     def list(self, prefix: str = "") -> Iterator[StoredObject]:
         base = self._path(prefix)
-        start = base if base.is_dir() else base.parent
+        start = base if base.is_dir() or base == self.root else base.parent
         if not start.is_dir():
             return
         for path in start.rglob("*"):

@@ -119,3 +119,46 @@ def append_lines(log_dir: Path, lines: Sequence[bytes], topic: str = "upi-paymen
 
     with EventLog(log_dir).writer(topic) as writer:
         writer.append(_records(lines, "merchant_id"))
+
+
+@dataclass
+class S3Endpoint:
+    """A real S3 API endpoint (moto's server) on 127.0.0.1 with one bucket."""
+
+    url: str
+    bucket: str
+
+    def client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.url)
+
+    def keys(self, prefix: str = "") -> list[str]:
+        pages = self.client().get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=prefix)
+        return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
+
+@pytest.fixture(scope="session")
+def s3(srt_env: dict[str, str]) -> Iterator[S3Endpoint]:
+    """moto's S3 server (conditional writes and multipart uploads work): boto3 reaches it via
+    AWS_ENDPOINT_URL, here and in `srt` subprocesses."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    settings = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
+                "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    saved = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
+    srt_env.update(settings)
+    endpoint = S3Endpoint(settings["AWS_ENDPOINT_URL"], "srt-test")
+    endpoint.client().create_bucket(Bucket=endpoint.bucket)
+    yield endpoint
+    server.stop()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

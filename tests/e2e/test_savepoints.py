@@ -1,0 +1,277 @@
+"""Savepoints, restore, rescale, upgrade and the S3 checkpoint mirror, on real Spark and S3.
+
+The UPI job (native window path) and a keyed process function (transformWithStateInPandas)
+run in this process on the shared SparkSession; the running-job cases use the real `srt` CLI.
+Every case ends with the sink table equal to an oracle computed from the events directly.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+
+import duckdb
+import pytest
+from upi_events import events, oracle
+
+from stateful_runtime import checkpoint, savepoint
+from stateful_runtime.exceptions import IncompatibleSavepointError
+from stateful_runtime.job import load_job_file
+from stateful_runtime.runtime.runner import JobRunner
+from tests.conftest import EXAMPLES, VENV_BIN, append_lines, srt
+
+pytestmark = pytest.mark.slow
+
+LINES = list(events(36_000, merchants=30, rate_per_s=200, disorder_ms=3_000, seed=5))
+THIRDS = [LINES[:12_000], LINES[12_000:24_000], LINES[24_000:]]
+
+
+def run_job(job_file: Path, overrides: dict, **runner_args) -> tuple[JobRunner, str]:
+    jf = load_job_file(job_file, {k: str(v) for k, v in overrides.items()})
+    out = io.StringIO()
+    runner = JobRunner(jf, available_now=True, out=out, **runner_args)
+    code = runner.run()
+    assert code == 0, out.getvalue()
+    return runner, out.getvalue()
+
+
+def upi_sets(upi, ckpt: Path, sp_root: Path, **more) -> dict:
+    return {"source.log_dir": upi.log_dir, "sink.database": upi.database,
+            "checkpoint.dir": ckpt, "savepoint.dir": sp_root,
+            "source.max_records_per_batch": 6_000, **more}
+
+
+def test_rescale_4_to_2_to_4_through_savepoints_equals_oracle(spark, upi, tmp_path):
+    job = EXAMPLES / "upi_per_minute.py"
+    roots = tmp_path / "savepoints"
+    append_lines(upi.log_dir, THIRDS[0])
+    run_job(job, upi_sets(upi, tmp_path / "ck4", roots, parallelism=4))
+    sp1 = savepoint.create(tmp_path / "ck4", roots)
+    assert sp1.manifest["queries"]["upi-counts"]["state_partitions"] == 4
+
+    append_lines(upi.log_dir, THIRDS[1])
+    runner, out = run_job(job, upi_sets(upi, tmp_path / "ck2", roots, parallelism=2),
+                          from_savepoint=sp1.id)
+    assert "rescaling the state of upi-counts from 4 to 2 partitions" in out
+    assert upi.table() == oracle(THIRDS[0] + THIRDS[1])
+    qdir = tmp_path / "ck2" / "upi-counts"
+    assert checkpoint.state_partitions(qdir, checkpoint.last_committed(qdir)) == 2
+
+    sp2 = savepoint.create(tmp_path / "ck2", roots)
+    assert sp2.manifest["restored_from"] == sp1.location
+    append_lines(upi.log_dir, THIRDS[2])
+    run_job(job, upi_sets(upi, tmp_path / "ck4b", roots, parallelism=4),
+            from_savepoint=sp2.location)
+    assert upi.table() == oracle(LINES)
+    ids = [sp.id for sp in savepoint.list_savepoints(roots, "upi-per-minute")]
+    assert ids == [sp1.id, sp2.id]
+
+
+COUNTER_JOB = '''
+from dbt_sink import DuckDBUpsertSink
+from stateful_runtime import (KeyedProcessFunction, LogSource, StreamJob, ValueStateDescriptor,
+                              WatermarkStrategy)
+from datetime import timedelta
+
+DEFAULTS = {{"source.log_dir": "", "sink.database": "", "checkpoint.dir": "",
+             "checkpoint.interval_s": 0.2, "parallelism": 2}}
+PAYMENT = {{"txn_id": str, "merchant_id": str, "amount_paise": int, "ts_ms": int}}
+
+
+class PaymentCounter(KeyedProcessFunction):
+    output_schema = {output}
+
+    def open(self, ctx):
+        self.count = ctx.get_state(ValueStateDescriptor("{state}", int))
+
+    def process_element(self, event, ctx):
+        n = (self.count.value() or 0) + 1
+        self.count.update(n)
+        yield {emit}
+
+
+def build(config):
+    job = StreamJob.from_config("payment-counter", config)
+    src = LogSource.from_config({{**config, "source.topic": "upi-payments",
+                                 "source.max_records_per_batch": 4000}}, PAYMENT)
+    (job.from_source(src, WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5))
+                     .with_timestamp_field("ts_ms"), name="payments")
+        .key_by("merchant_id").process(PaymentCounter(), name="counter")
+        .sink_to(DuckDBUpsertSink(config["sink.database"], "payment_counts",
+                                  key=("merchant_id",)), name="counts"))
+    return job
+'''
+
+
+def counter_job(path: Path, *, upgraded: bool = False, state: str = "count") -> Path:
+    if upgraded:  # v2: a new output column, the same state
+        output = '{"merchant_id": str, "payments": int, "payments_x2": int}'
+        emit = '{"merchant_id": ctx.get_current_key(), "payments": n, "payments_x2": 2 * n}'
+    else:
+        output = '{"merchant_id": str, "payments": int}'
+        emit = '{"merchant_id": ctx.get_current_key(), "payments": n}'
+    path.write_text(COUNTER_JOB.format(output=output, emit=emit, state=state))
+    return path
+
+
+def counts(db: Path, columns: str = "merchant_id, payments") -> dict:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return {r[0]: r[1:] for r in con.execute(f"SELECT {columns} FROM payment_counts")}
+    finally:
+        con.close()
+
+
+def expected_counts(lines) -> Counter:
+    return Counter(json.loads(line)["merchant_id"] for line in lines)
+
+
+def _srt_popen(args, env, log: Path) -> subprocess.Popen:
+    return subprocess.Popen([str(VENV_BIN / "srt"), *args], env=env, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _poll(cond, proc, log: Path, what: str, timeout: float = 240):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert proc.poll() is None, f"job exited ({proc.returncode}) before {what}:\n" \
+                                    f"{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_savepoint_while_running_then_stop_with_savepoint_upgrade_and_restore(
+        upi, tmp_path, srt_env):
+    """Savepoint of a running job (it keeps running), stop-with-savepoint, new code with a new
+    output column restored from it: counts are exact (exactly once across the upgrade); an
+    older savepoint restored into a fresh directory also ends exact (the sink forgets the
+    batches after it and they run again)."""
+    v1 = counter_job(tmp_path / "counter_v1.py")
+    v2 = counter_job(tmp_path / "counter_v2.py", upgraded=True)
+    db, roots = tmp_path / "counts.duckdb", tmp_path / "savepoints"
+    sets = ["--set", f"source.log_dir={upi.log_dir}", "--set", f"sink.database={db}",
+            "--set", f"checkpoint.dir={tmp_path / 'ck'}", "--set", f"savepoint.dir={roots}"]
+    append_lines(upi.log_dir, THIRDS[0])
+    log = tmp_path / "v1.log"
+    proc = _srt_popen(["run", str(v1), *sets], srt_env, log)
+    qdir = tmp_path / "ck" / "counter"
+    try:
+        _poll(lambda: (checkpoint.last_committed(qdir) or -1) >= 1, proc, log, "two batches")
+        taken = srt(["savepoint", "create", "payment-counter", "--json"], srt_env)
+        assert taken.returncode == 0, taken.stderr
+        early = json.loads(taken.stdout)
+        assert proc.poll() is None  # the job kept running
+        append_lines(upi.log_dir, THIRDS[1])
+        total = len(THIRDS[0]) + len(THIRDS[1])
+        _poll(lambda: sum(c[0] for c in counts(db).values()) > 0
+              and sum(n for (n,) in counts(db).values()) == total, proc, log, "all events")
+        stopped = srt(["savepoint", "create", "payment-counter", "--stop", "--json"], srt_env)
+        assert stopped.returncode == 0, stopped.stderr + log.read_text()[-3000:]
+        final = json.loads(stopped.stdout)
+        assert final["kind"] == "stop-with-savepoint"
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    listed = srt(["savepoint", "list", "payment-counter", "--json"], srt_env)
+    assert [r["id"] for r in json.loads(listed.stdout)] == [early["id"], final["id"]]
+    assert early["batches"]["counter"] < final["batches"]["counter"]
+
+    # v2 restored from the stop-with-savepoint: new column, counts continue exactly.
+    append_lines(upi.log_dir, THIRDS[2])
+    up = srt(["run", str(v2), *sets, "--available-now", "--from-savepoint", final["id"]],
+             srt_env)
+    assert up.returncode == 0, up.stderr[-3000:]
+    want = expected_counts(LINES)
+    got = counts(db, "merchant_id, payments, payments_x2")
+    assert {m: p for m, (p, _) in got.items()} == want
+    touched = expected_counts(THIRDS[2])  # rows v2 updated carry the new column
+    assert all(got[m][1] == 2 * want[m] for m in touched)
+
+    # The early savepoint (taken mid-run) into a fresh directory: replays everything after it.
+    fresh = [*sets[:4], "--set", f"checkpoint.dir={tmp_path / 'ck-early'}", *sets[6:]]
+    again = srt(["run", str(v2), *fresh, "--available-now", "--from-savepoint",
+                 early["location"]], srt_env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert {m: p for m, (p, _) in counts(db, "merchant_id, payments, payments_x2").items()} \
+        == want
+
+
+def test_incompatible_savepoints_are_refused_with_the_differences(spark, upi, tmp_path):
+    v1 = counter_job(tmp_path / "counter_v1.py")
+    renamed = counter_job(tmp_path / "counter_renamed.py", state="payments_seen")
+    sets = {"source.log_dir": upi.log_dir, "sink.database": tmp_path / "c.duckdb",
+            "checkpoint.dir": tmp_path / "ck"}
+    append_lines(upi.log_dir, THIRDS[0][:2000])
+    run_job(v1, sets)
+    sp = savepoint.create(tmp_path / "ck", tmp_path / "sp")
+
+    # Another job's savepoint.
+    with pytest.raises(IncompatibleSavepointError, match="is of job 'payment-counter', this "
+                       "job is 'upi-per-minute'"):
+        run_job(EXAMPLES / "upi_per_minute.py",
+                {"source.log_dir": upi.log_dir, "checkpoint.dir": tmp_path / "ck-upi"},
+                from_savepoint=sp.location)
+    # State the new code no longer declares: refused, listed, and allowed with the flag.
+    other = {**sets, "checkpoint.dir": tmp_path / "ck-renamed"}
+    with pytest.raises(IncompatibleSavepointError) as err:
+        run_job(renamed, other, from_savepoint=sp.location)
+    assert err.value.differences == [
+        "query counter, operator counter: state 'count' (value<int>) is no longer declared"]
+    assert "--allow-non-restored-state" in str(err.value)
+    assert not (tmp_path / "ck-renamed").exists()  # nothing was laid out
+    _, out = run_job(renamed, other, from_savepoint=sp.location, allow_non_restored_state=True)
+    assert "not restored (--allow-non-restored-state)" in out
+
+    # A corrupt file is caught by its checksum before anything is restored.
+    victim = next(f for f in sp.manifest["files"] if "/state/" in f["path"])
+    path = Path(sp.location) / victim["path"]
+    path.write_bytes(path.read_bytes() + b"x")
+    with pytest.raises(savepoint.SavepointError, match="is corrupt: .*" + victim["path"]):
+        run_job(v1, {**sets, "checkpoint.dir": tmp_path / "ck-corrupt"},
+                from_savepoint=sp.location)
+
+
+CRASHING_UPLOAD = textwrap.dedent("""
+    import os, sys
+    from stateful_runtime import savepoint
+    try:
+        savepoint.create(sys.argv[1], sys.argv[2], _fail_after_files=3)
+    finally:
+        os._exit(9)  # die like kill -9: no cleanup
+""")
+
+
+def test_s3_savepoint_crash_mid_upload_is_never_listed_and_mirror_restores_an_empty_disk(
+        spark, upi, tmp_path, s3, srt_env):
+    roots = f"s3://{s3.bucket}/savepoints"
+    mirror = f"s3://{s3.bucket}/mirror/upi"
+    sets = upi_sets(upi, tmp_path / "ck", roots, **{"checkpoint.mirror": mirror})
+    append_lines(upi.log_dir, THIRDS[0])
+    _, out = run_job(EXAMPLES / "upi_per_minute.py", sets)
+    uploads = [line for line in out.splitlines() if "mirror: batches" in line]
+    assert len(uploads) >= 2, out
+
+    # A savepoint whose writer dies half-way is not listed, and the next one removes it.
+    crashed = subprocess.run([sys.executable, "-c", CRASHING_UPLOAD, str(tmp_path / "ck"),
+                              roots], env=srt_env, capture_output=True, text=True)
+    assert crashed.returncode == 9, crashed.stderr
+    half = {k.split("/")[1] for k in s3.keys("savepoints/")}
+    assert len(half) == 1 and savepoint.list_savepoints(roots) == []
+    good = savepoint.create(tmp_path / "ck", roots)
+    assert {k.split("/")[1] for k in s3.keys("savepoints/")} == {good.id}
+    assert [sp.id for sp in savepoint.list_savepoints(roots)] == [good.id]
+
+    # Lose the disk: checkpoint gone. The mirror brings the job back, exactly once.
+    shutil.rmtree(tmp_path / "ck")
+    append_lines(upi.log_dir, THIRDS[1])
+    _, out = run_job(EXAMPLES / "upi_per_minute.py", sets, restore_from=mirror)
+    assert "restored checkpoint mirror" in out
+    assert upi.table() == oracle(THIRDS[0] + THIRDS[1])
