@@ -343,10 +343,12 @@ def check_compatible(sp: Savepoint, new: dict[str, Any], allow_non_restored: boo
     return dropped
 
 
-def materialize(sp: Savepoint, dest: Path, queries: Iterable[str] | None = None) -> None:
+def materialize(sp: Savepoint, dest: Path, queries: Iterable[str] | None = None,
+                final: Path | None = None) -> None:
     """Copy the savepoint's files of ``queries`` (default all) into ``dest`` laid out as a
     checkpoint, verifying every file's size and sha256 and pointing Spark's operator metadata
-    at the new location. ``dest`` must not exist; nothing is left in it on failure."""
+    at ``final`` (default ``dest``), where the checkpoint will be read. ``dest`` must not
+    exist; nothing is left in it on failure."""
     wanted = set(sp.manifest["queries"]) if queries is None else set(queries)
     tmp = dest.with_name(f".{dest.name}.restoring-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -362,7 +364,7 @@ def materialize(sp: Savepoint, dest: Path, queries: Iterable[str] | None = None)
                     f"savepoint {sp.location} is corrupt: {f['path']} has {size} bytes, sha256 "
                     f"{digest[:12]}…; the manifest says {f['size']} bytes, {f['sha256'][:12]}…")
         for qname in wanted:
-            _relocate_operator_metadata(tmp / qname, dest / qname)
+            _relocate_operator_metadata(tmp / qname, (final or dest) / qname)
         os.replace(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -393,7 +395,7 @@ def restore(sp: Savepoint, checkpoint_dir: str | Path, new_fingerprint: dict[str
     restored_queries = [q for q in sp.manifest["queries"]
                         if q in new_fingerprint.get("queries", {})]
     staging = ckpt.with_name(f"{ckpt.name}.restore-{secrets.token_hex(3)}")
-    materialize(sp, staging, restored_queries)
+    materialize(sp, staging, restored_queries, final=ckpt)
     moved_aside = None
     if ckpt.exists() and any(ckpt.iterdir()):
         moved_aside = ckpt.with_name(
