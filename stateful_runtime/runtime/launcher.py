@@ -102,9 +102,13 @@ def ensure_running(
     cwd: str | Path | None = None,
     env: Mapping[str, str] | None = None,
     master: str | None = None,
+    from_savepoint: str | None = None,
+    parallelism: int | None = None,
     extra_args: Sequence[str] = (),
 ) -> Launch:
     """Reuse the job's live process, or start ``srt run JOB_FILE --set ...`` detached.
+
+    This is the one place that builds a launched job's ``srt run`` command line.
 
     Args:
         job: the job's name, as its job file names it (the registry key).
@@ -114,7 +118,10 @@ def ensure_running(
         env: environment of the process (default: this process's); ``SRT_HOME`` is set to
             this registry's home.
         master: Spark master URL (default: the runner's, ``$SRT_SPARK_MASTER`` or local[*]).
-        extra_args: more ``srt run`` arguments (e.g. a restore option).
+        from_savepoint: start from this savepoint (id, directory or s3:// URL) instead of
+            resuming the checkpoint (``--from-savepoint``).
+        parallelism: state partitions (``--parallelism``); with ``from_savepoint`` it rescales.
+        extra_args: more ``srt run`` arguments.
     """
     jobs_dir = registry.home() / "jobs"
     jobs_dir.mkdir(parents=True, exist_ok=True)
@@ -127,6 +134,10 @@ def ensure_running(
         command = [*srt_command(), "run", str(job_file), *set_args(config)]
         if master:
             command += ["--master", master]
+        if from_savepoint:
+            command += ["--from-savepoint", str(from_savepoint)]
+        if parallelism is not None:
+            command += ["--parallelism", str(int(parallelism))]
         command += list(extra_args)
         penv = dict(os.environ if env is None else env)
         penv["SRT_HOME"] = str(registry.home())
