@@ -61,6 +61,18 @@ class _Running:
     health: dict[str, Any] = field(default_factory=dict)
 
 
+def _offsets(value: Any) -> Any:
+    """A source's offsets from a progress report (a dict, or its JSON text)."""
+    if isinstance(value, str):
+        import json
+
+        try:
+            return json.loads(value)
+        except ValueError:
+            return None
+    return value
+
+
 def _redacted(config: Any) -> dict[str, Any]:
     """Job config for the registry: secret values (``kafka.sasl.password``...) masked."""
     from stateful_runtime._kafka import is_secret
@@ -78,7 +90,7 @@ def progress_health(progress: dict[str, Any], checkpoint_dir: str) -> dict[str, 
     ops = progress.get("stateOperators") or []
     src = (progress.get("sources") or [{}])[0]
     lag, lag_by_partition = None, None
-    end, latest = src.get("endOffset"), src.get("latestOffset")
+    end, latest = (_offsets(src.get("endOffset")), _offsets(src.get("latestOffset")))
     if isinstance(end, dict) and isinstance(latest, dict):
         # Offsets are {"<partition>": next} (event log) or {"<topic>:<partition>": next} (Kafka).
         lag_by_partition = {p: max(0, int(latest[p]) - int(end.get(p, 0))) for p in latest}

@@ -218,6 +218,15 @@ class KafkaSource(Source):
                     watermark: WatermarkStrategy | None = None) -> DataFrame:
         self.check()
         _register(spark)
+        reader = spark.readStream.format(FORMAT)
+        for k, v in self.options(dead_letters, watermark).items():
+            reader = reader.option(k, v)
+        return reader.load()
+
+    def options(self, dead_letters: DeadLetters | None = None,
+                watermark: WatermarkStrategy | None = None) -> dict[str, str]:
+        """The ``srt_kafka`` DataSource options (they carry the client settings: Spark redacts
+        option values whose names match ``spark.redaction.regex`` in plans; ours never print)."""
         opts = {
             "config": json.dumps(self.config),
             "topics": json.dumps(self.topics), "pattern": self.pattern or "",
@@ -236,10 +245,7 @@ class KafkaSource(Source):
             opts["max_drift_ms"] = str(int(watermark.max_out_of_orderness.total_seconds() * 1e3))
             opts["idleness_ms"] = ("" if watermark.idleness is None
                                    else str(int(watermark.idleness.total_seconds() * 1e3)))
-        reader = spark.readStream.format(FORMAT)
-        for k, v in opts.items():
-            reader = reader.option(k, v)
-        return reader.load()
+        return opts
 
     def dead_letters(self, job: str, staging: str) -> DeadLetters:
         from stateful_runtime.sinks.kafka import KafkaDeadLetterSink
@@ -429,11 +435,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         ends = self._ends() if self.target is None else self.target
         start = self._with_new_partitions(start, ends)
-        out = (limit_offsets(start, ends, limit.max_rows) if isinstance(limit, ReadMaxRows)
-               else {**start, **ends})
-        if self.stats is not None:
-            out = self._align(start, out, ends)
-        return out
+        if self.stats is not None:  # held-back partitions first, so the cap goes to the others
+            ends = self._align(start, ends)
+        return (limit_offsets(start, ends, limit.max_rows) if isinstance(limit, ReadMaxRows)
+                else {**start, **ends})
 
     def _refresh_frontiers(self) -> None:
         path = Path(self.stats)  # type: ignore[arg-type]
@@ -449,8 +454,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self.frontier[key] = top
             f.unlink(missing_ok=True)
 
-    def _align(self, start: dict, planned: dict, ends: dict) -> dict:
-        """Hold back partitions running ahead in event time of the slowest active one."""
+    def _align(self, start: dict, ends: dict) -> dict:
+        """``ends`` with every partition that runs ahead in event time of the slowest active
+        one held at its start offset."""
         now = time.monotonic()
         for k, e in ends.items():
             if e > self._seen_end.get(k, -1):
@@ -464,12 +470,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         active = [self.frontier.get(k, -math.inf) for k in ends if not idle(k)]
         if not active:
-            return planned
+            return ends
         low = min(active)
         out = {k: (start.get(k, 0) if self.frontier.get(k, -math.inf) > low + self.drift_ms
-                   else v) for k, v in planned.items()}
-        if self.target is not None and out == {**planned, **start}:
-            return planned  # a bounded (availableNow) run never waits
+                   else v) for k, v in ends.items()}
+        if self.target is not None and all(out[k] <= start.get(k, 0) for k in out):
+            return ends  # a bounded (availableNow) run never waits
         return out
 
     def reportLatestOffset(self) -> dict:

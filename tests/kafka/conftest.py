@@ -54,14 +54,15 @@ class Broker:
         admin.create_topics([NewTopic(name, partitions, 1, config=config)])[name].result(10)
 
     def produce(self, topic: str, records, *, partition_of=None) -> None:
-        """records: iterable of (key, value) or (key, value, partition)."""
+        """records: iterable of (key, value), (key, value, partition) or
+        (key, value, partition, timestamp_ms)."""
         from confluent_kafka import Producer
 
         p = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5,
                       "enable.idempotence": True})
         for rec in records:
-            key, value, *part = rec
-            kw = {"partition": part[0]} if part else {}
+            key, value, *more = rec
+            kw = dict(zip(("partition", "timestamp"), more, strict=False))
             while True:
                 try:
                     p.produce(topic, key=key, value=value, **kw)

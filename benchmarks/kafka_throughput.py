@@ -1,0 +1,126 @@
+"""Kafka source and sink throughput against raw confluent-kafka in the same run.
+
+    .venv/bin/python benchmarks/kafka_throughput.py --events 300000
+
+Starts a noida-db broker (tests/kafka/conftest.py), produces N UPI events to a 4-partition topic,
+then measures:
+
+* source: a Spark query over ``KafkaSource`` (read + JSON decode, availableNow, count per batch)
+  against a raw ``confluent_kafka.Consumer`` reading the same topic (ratio = source / raw);
+* sink: ``KafkaSink.write_batch`` of the same rows, exactly-once and at-least-once, against a
+  raw idempotent ``Producer`` of the same bytes (ratio = sink / raw).
+
+Writes ``benchmarks/results/kafka_throughput.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+def raw_consume(bootstrap: str, topic: str, partitions: int, n: int) -> float:
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench", "enable.auto.commit":
+                  False, "isolation.level": "read_committed"})
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    got, t0 = 0, time.perf_counter()
+    while got < n:
+        got += sum(1 for m in c.consume(10_000, 1.0) if not m.error())
+    dt = time.perf_counter() - t0
+    c.close()
+    return n / dt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--events", type=int, default=300_000)
+    ap.add_argument("--batch-size", type=int, default=250_000)
+    ap.add_argument("--output", default=str(ROOT / "benchmarks/results/kafka_throughput.json"))
+    args = ap.parse_args()
+    from confluent_kafka import Producer
+    from upi_events import events
+
+    from stateful_runtime.runtime.session import build_session
+    from stateful_runtime.sinks.kafka import KafkaSink
+    from stateful_runtime.sources.kafka import KafkaSource
+    from tests.kafka.conftest import start_broker
+
+    work = Path(tempfile.mkdtemp(prefix="srt-kafka-bench-"))
+    broker = start_broker(work / "data")
+    out: dict = {"events": args.events, "load_before": os.getloadavg()[0]}
+    try:
+        topic, parts = "bench-in", 4
+        broker.create_topic(topic, parts)
+        lines = list(events(args.events, merchants=50, rate_per_s=1000, seed=1))
+        broker.produce(topic, [(json.loads(x)["merchant_id"].encode(), x) for x in lines])
+
+        raw = raw_consume(broker.bootstrap, topic, parts, len(lines))
+        spark = build_session(4, "local[2]")
+        schema = {"txn_id": str, "merchant_id": str, "amount_paise": int, "ts_ms": int}
+        src = KafkaSource(broker.bootstrap, topic, schema, max_records_per_batch=args.batch_size)
+        counts: list[int] = []
+
+        def run_once(name: str) -> float:
+            df = src.read_stream(spark)
+            t0 = time.perf_counter()
+            q = (df.writeStream.foreachBatch(lambda d, _: counts.append(d.count()))
+                 .option("checkpointLocation", str(work / name)).trigger(availableNow=True)
+                 .start())
+            q.awaitTermination()
+            return len(lines) / (time.perf_counter() - t0)
+
+        run_once("warmup")  # JIT and Python workers, as in the UPI benchmark
+        source = run_once("measured")
+        out["source"] = {"events_per_s": round(source), "raw_consumer_per_s": round(raw),
+                         "ratio": round(source / raw, 3)}
+
+        import pyarrow as pa
+
+        table = pa.Table.from_pylist([json.loads(x) for x in lines[:100_000]])
+        payload = [json.dumps(r, separators=(",", ":")).encode() for r in table.to_pylist()]
+        p = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True,
+                      "linger.ms": 20})
+        t0 = time.perf_counter()
+        for v in payload:
+            while True:
+                try:
+                    p.produce("bench-raw", value=v)
+                    break
+                except BufferError:
+                    p.poll(0.05)
+        p.flush(60)
+        raw_p = len(payload) / (time.perf_counter() - t0)
+        out["sink"] = {"raw_producer_per_s": round(raw_p)}
+        for delivery in ("exactly_once", "at_least_once"):
+            sink = KafkaSink(broker.bootstrap, f"bench-{delivery}", partitions=4,
+                             delivery=delivery)
+            sink.open("bench", delivery)
+            t0 = time.perf_counter()
+            for b in range(0, table.num_rows, 25_000):
+                sink.write_batch(table.slice(b, 25_000), b // 25_000)
+            rate = table.num_rows / (time.perf_counter() - t0)
+            sink.close()
+            out["sink"][delivery] = {"rows_per_s": round(rate), "ratio": round(rate / raw_p, 3)}
+        spark.stop()
+    finally:
+        broker.process.terminate()
+    out["load_after"] = os.getloadavg()[0]
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(out, indent=2))
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
