@@ -308,7 +308,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("location", metavar="SAVEPOINT|CHECKPOINT")
     c.add_argument("--operator")
     c.add_argument("--state")
-    c.add_argument("--key", help="only this key (first key field, as text)")
+    c.add_argument("--key", help="only this key (the first key_by field, as text)")
     c.add_argument("--limit", type=int, default=1000)
     c.add_argument("--json", action="store_true", help="one JSON object per row")
     c.add_argument("--target", help="savepoint root to find an id in")

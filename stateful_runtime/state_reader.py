@@ -110,7 +110,9 @@ def inspect(spark: SparkSession, ckpt: Path, *, operator: str | None = None,
                 reader = reader.option("stateVarName", name)
             df = reader.load()
             if key is not None:
-                first = df.schema["key"].dataType.fieldNames()[0]  # type: ignore[attr-defined]
+                # The job's first key field (a window's state key starts with the window).
+                fields = df.schema["key"].dataType.fieldNames()  # type: ignore[attr-defined]
+                first = next((k for k in layout["keys"] if k in fields), fields[0])
                 df = df.filter(F.col(f"key.{first}").cast("string") == key)
             for r in df.limit(max(0, limit - len(rows))).collect():
                 rows.append({"query": qname, "operator": op,

@@ -25,6 +25,7 @@ from stateful_runtime import checkpoint, savepoint
 from stateful_runtime.exceptions import IncompatibleSavepointError
 from stateful_runtime.job import load_job_file
 from stateful_runtime.runtime.runner import JobRunner
+from stateful_runtime.state_reader import checkpoint_of, inspect
 from tests.conftest import EXAMPLES, VENV_BIN, append_lines, srt
 
 pytestmark = pytest.mark.slow
@@ -55,6 +56,9 @@ def test_rescale_4_to_2_to_4_through_savepoints_equals_oracle(spark, upi, tmp_pa
     run_job(job, upi_sets(upi, tmp_path / "ck4", roots, parallelism=4))
     sp1 = savepoint.create(tmp_path / "ck4", roots)
     assert sp1.manifest["queries"]["upi-counts"]["state_partitions"] == 4
+    with checkpoint_of(sp1.id, [str(roots)]) as ck:  # window state: one row per open window
+        rows = inspect(spark, ck, key="M001")
+    assert rows and all(r["merchant_id"] == "M001" and r["state"] == "window" for r in rows)
 
     append_lines(upi.log_dir, THIRDS[1])
     runner, out = run_job(job, upi_sets(upi, tmp_path / "ck2", roots, parallelism=2),
@@ -220,6 +224,15 @@ def test_incompatible_savepoints_are_refused_with_the_differences(spark, upi, tm
     append_lines(upi.log_dir, THIRDS[0][:2000])
     run_job(v1, sets)
     sp = savepoint.create(tmp_path / "ck", tmp_path / "sp")
+
+    # State inspection reads the same keyed state from the checkpoint and from the savepoint.
+    want = expected_counts(THIRDS[0][:2000])
+    for ref in (str(tmp_path / "ck"), sp.location):
+        with checkpoint_of(ref, []) as ck:
+            rows = inspect(spark, ck, operator="counter", state="count")
+            assert {r["merchant_id"]: r["value"] for r in rows} == want
+            one = inspect(spark, ck, key="M007")
+            assert [(r["state"], r["value"]) for r in one] == [("count", want["M007"])]
 
     # Another job's savepoint.
     with pytest.raises(IncompatibleSavepointError, match="is of job 'payment-counter', this "
