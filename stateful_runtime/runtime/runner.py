@@ -19,7 +19,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from stateful_runtime import checkpoint
 from stateful_runtime.exceptions import ConfigError, JobError, SinkError
-from stateful_runtime.mirror import CheckpointMirror
+from stateful_runtime.mirror import CheckpointMirror, MirrorSync
 from stateful_runtime.planner import QueryPlan, chain, plan
 from stateful_runtime.runtime import registry
 from stateful_runtime.runtime.session import build_session, default_master
@@ -178,6 +178,7 @@ class JobRunner:
         self.allow_non_restored_state = allow_non_restored_state
         self.restored: dict[str, Any] | None = None
         self.mirror: CheckpointMirror | None = None
+        self.mirror_syncs: list[MirrorSync] = []
         self.plan = plan(self.job)
         if available_now:
             timed = [n.name for s in self.job.sinks for n in chain(s.parent)
@@ -375,6 +376,7 @@ class JobRunner:
         done = self.mirror.sync()
         if done is None:
             return
+        self.mirror_syncs.append(done)
         share = done.bytes_uploaded / done.bytes_referenced if done.bytes_referenced else 0.0
         print(f"[{self.job.name}] mirror: batches {done.batches} -> {self.mirror.location}: "
               f"{done.files_uploaded} files, {done.bytes_uploaded:,} bytes uploaded "
