@@ -91,3 +91,19 @@ def test_incomplete_savepoint_of_a_dead_writer_is_removed(tmp_path):
     assert savepoint.list_savepoints(tmp_path) == []
     assert savepoint.cleanup_incomplete(store) == ["half"]
     assert sorted(store.children()) == ["live"]  # still being written by a live process
+
+
+def test_s3_store_multipart_upload_and_conditional_manifest(s3, tmp_path):
+    big = tmp_path / "big.sst"
+    big.write_bytes(os.urandom(9 * 1024 * 1024))  # above the 8 MiB multipart threshold
+    store = open_store(f"s3://{s3.bucket}/unit")
+    store.put_file(big, "sp/q/state/0/0/SSTs/big.sst")
+    head = s3.client().head_object(Bucket=s3.bucket, Key="unit/sp/q/state/0/0/SSTs/big.sst")
+    assert head["ETag"].strip('"').endswith("-2")  # two parts
+    store.get_file("sp/q/state/0/0/SSTs/big.sst", tmp_path / "back.sst")
+    assert (tmp_path / "back.sst").read_bytes() == big.read_bytes()
+    store.put_bytes("sp/_manifest.json", b"{}", create_only=True)
+    with pytest.raises(AlreadyExistsError):
+        store.put_bytes("sp/_manifest.json", b"{}", create_only=True)
+    store.delete([o.key for o in store.list("sp/")])
+    assert list(store.list()) == []

@@ -215,6 +215,19 @@ def test_savepoint_while_running_then_stop_with_savepoint_upgrade_and_restore(
     assert {m: p for m, (p, _) in counts(db, "merchant_id, payments, payments_x2").items()} \
         == want
 
+    # Retention never disposes of the savepoint the registered job was restored from.
+    pruned = srt(["savepoint", "prune", "payment-counter", "--keep", "1"], srt_env)
+    assert pruned.returncode == 0, pruned.stderr
+    assert "0 disposed" in pruned.stdout
+    refused = srt(["savepoint", "dispose", early["id"]], srt_env)
+    assert refused.returncode == 2 and "restored from" in refused.stderr
+    described = json.loads(srt(["savepoint", "describe", final["id"]], srt_env).stdout)
+    assert described["fingerprint"]["queries"]["counter"]["operators"]["counter"]["states"] \
+        == {"count": "value<int>"}
+    assert srt(["savepoint", "dispose", final["id"]], srt_env).returncode == 0
+    left = json.loads(srt(["savepoint", "list", "payment-counter", "--json"], srt_env).stdout)
+    assert [r["id"] for r in left] == [early["id"]]
+
 
 def test_incompatible_savepoints_are_refused_with_the_differences(spark, upi, tmp_path):
     v1 = counter_job(tmp_path / "counter_v1.py")
