@@ -39,7 +39,19 @@ def pid_alive(pid: int | None) -> bool:
         return True
 
 
+def redacted(config: dict[str, Any]) -> dict[str, Any]:
+    """Job config as entries keep it: secret values (``kafka.sasl.password``...) masked, unless
+    given as ``env:NAME`` (a reference, not the secret)."""
+    from stateful_runtime._kafka import is_secret
+
+    return {k: ("***" if is_secret(k) and v and not str(v).startswith("env:") else v)
+            for k, v in config.items()}
+
+
 def write(job: str, entry: dict[str, Any]) -> None:
+    """Replace ``job``'s entry (atomically; config secrets masked)."""
+    if isinstance(entry.get("config"), dict):
+        entry = {**entry, "config": redacted(entry["config"])}
     path = _path(job)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")

@@ -73,14 +73,6 @@ def _offsets(value: Any) -> Any:
     return value
 
 
-def _redacted(config: Any) -> dict[str, Any]:
-    """Job config for the registry: secret values (``kafka.sasl.password``...) masked."""
-    from stateful_runtime._kafka import is_secret
-
-    return {k: ("***" if is_secret(k) and v and not str(v).startswith("env:") else v)
-            for k, v in dict(config).items()}
-
-
 def _fmt_int(n: Any) -> str:
     return f"{int(n):,}" if isinstance(n, int | float) else "-"
 
@@ -202,7 +194,7 @@ class JobRunner:
             )
         registry.write(self.job.name, {
             "job": self.job.name, "state": "STARTING", "pid": os.getpid(),
-            "job_file": str(self.jobfile.path), "config": _redacted(self.jobfile.config),
+            "job_file": str(self.jobfile.path), "config": dict(self.jobfile.config),
             "checkpoint_dir": str(self.checkpoint_dir), "master": self.master,
             "available_now": self.available_now, "started_at": _now(),
             "parallelism": self.job.parallelism,

@@ -11,7 +11,8 @@ import pytest
 from stateful_runtime import StreamJob, WatermarkStrategy
 from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.job import CheckpointConfig
-from stateful_runtime.runtime.runner import _redacted, progress_health
+from stateful_runtime.runtime.registry import redacted
+from stateful_runtime.runtime.runner import progress_health
 from stateful_runtime.sources.kafka import KafkaSource, KafkaStreamReader
 
 SCHEMA = {"id": int, "ts_ms": int}
@@ -54,7 +55,7 @@ def test_starting_offsets_discovery_and_errors(kafka):
     assert reader.latestOffset(start, ReadAllAvailable())["so-later:0"] == 1
 
 
-def test_secrets_never_in_describe_offsets_explain_or_registry(kafka, tmp_path):
+def test_secrets_never_in_describe_offsets_explain_or_registry(kafka, tmp_path, monkeypatch):
     kafka.create_topic("sec", 1)
     src = KafkaSource(kafka.bootstrap, "sec", SCHEMA,
                       client_config={"sasl.password": SECRET, "ssl.key.password": SECRET})
@@ -64,8 +65,14 @@ def test_secrets_never_in_describe_offsets_explain_or_registry(kafka, tmp_path):
         __import__("stateful_runtime").LogSink(str(tmp_path / "log"), "o"))
     assert SECRET not in job.explain() and SECRET not in src.describe()
     assert SECRET not in json.dumps(KafkaStreamReader(src.options()).initialOffset())
-    assert SECRET not in json.dumps(_redacted({"kafka.sasl.password": SECRET}))
-    assert _redacted({"kafka.sasl.password": "env:PW"}) == {"kafka.sasl.password": "env:PW"}
+    assert SECRET not in json.dumps(redacted({"kafka.sasl.password": SECRET}))
+    assert redacted({"kafka.sasl.password": "env:PW"}) == {"kafka.sasl.password": "env:PW"}
+    # Every registry write masks the config, whoever writes it (runner or launcher).
+    from stateful_runtime.runtime import registry
+
+    monkeypatch.setenv("SRT_HOME", str(tmp_path / "home"))
+    registry.write("sec-job", {"job": "sec-job", "config": {"kafka.sasl.password": SECRET}})
+    assert SECRET not in (tmp_path / "home" / "jobs" / "sec-job.json").read_text()
 
 
 @pytest.mark.parametrize("idleness", [timedelta(seconds=1), None], ids=["idleness", "none"])
