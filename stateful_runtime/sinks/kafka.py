@@ -171,6 +171,26 @@ class KafkaSink(Sink):
                 f"({exc}); check the brokers and security settings") from None
         self._last = {tid: int(markers[tid]["batch"]) for tid in self._ids if tid in markers}
 
+    def rewind(self, batch_id: int) -> None:
+        """A restore from a savepoint at ``batch_id``: batches after it run again and are
+        written again (as Flink's sink does after restoring an older savepoint); skipping them
+        would lose whatever differs in the re-execution. One marker transaction per id."""
+        from confluent_kafka import KafkaException
+
+        if self.delivery == "at_least_once":
+            return  # no markers: every execution is written anyway
+        for tid, producer in zip(self._ids, self._producers, strict=True):
+            if self._last.get(tid, -1) <= batch_id:
+                continue
+            try:
+                producer.begin_transaction()
+                mkey, mvalue = self._markers.record(tid, {"batch": batch_id})
+                _produce(producer, self._markers.topic, key=mkey, value=mvalue, partition=0)
+                producer.commit_transaction(METADATA_TIMEOUT_S * 6)
+            except KafkaException as exc:
+                raise _fail(f"rewind to batch {batch_id}", exc, self._job, tid) from None
+            self._last[tid] = batch_id
+
     def last_committed(self) -> dict[str, int]:
         """Last batch committed per transactional id (read at ``open``)."""
         return dict(self._last)

@@ -40,6 +40,23 @@ def test_transactional_sink_replayed_batch_writes_nothing_and_zombie_is_fenced(k
     assert sorted(v["v"] for v, b in got if b == "2") == [200, 201, 202, 203, 204]
 
 
+def test_rewind_after_a_restore_writes_later_batches_again(kafka):
+    topic = "eos-rewind"
+    a = KafkaSink(kafka.bootstrap, topic)
+    a.open("job3", "q")
+    for b in range(3):
+        a.write_batch(_rows(b), b)
+    restored = KafkaSink(kafka.bootstrap, topic)  # restored from a savepoint at batch 0
+    restored.open("job3", "q")
+    restored.rewind(0)
+    assert restored.last_committed() == {"job3.q.0": 0}
+    restored.write_batch(_rows(1, n=2), 1)  # re-executed with other boundaries: written
+    again = KafkaSink(kafka.bootstrap, topic)
+    again.open("job3", "q")
+    assert again.last_committed() == {"job3.q.0": 1}
+    assert sorted(b for _, b in _values(kafka, topic)) == ["0"] * 5 + ["1"] * 7 + ["2"] * 5
+
+
 def test_open_transaction_of_a_crashed_driver_is_aborted_on_restart(kafka):
     from confluent_kafka import Producer
 
