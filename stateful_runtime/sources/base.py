@@ -5,10 +5,20 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
-from pyspark.sql.types import StructType
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.datasource import DataSource
 
     from stateful_runtime.sources._dead_letters import DeadLetters
 
@@ -48,3 +58,24 @@ class Source(ABC):
     @abstractmethod
     def describe(self) -> str:
         """One line for ``explain()``."""
+
+
+def stream_schema(record_schema: StructType, extra: Sequence[StructField] = ()) -> StructType:
+    """What a source's DataFrame holds: the declared fields (all nullable: a rejected record has
+    nulls in every one), the source's ``extra`` columns, then :data:`META_COLUMNS`."""
+    out = StructType([StructField(f.name, f.dataType, True) for f in record_schema.fields])
+    for f in extra:
+        out = out.add(f)
+    return (out.add(ERROR, StringType()).add(RAW, BinaryType())
+            .add(PARTITION, IntegerType()).add(OFFSET, LongType()))
+
+
+_REGISTERED: set[tuple[str, str]] = set()
+
+
+def register(spark: SparkSession, data_source: type[DataSource]) -> None:
+    """Register a Python DataSource once per Spark application (re-registering warns)."""
+    key = (spark.sparkContext.applicationId, data_source.name())
+    if key not in _REGISTERED:
+        spark.dataSource.register(data_source)
+        _REGISTERED.add(key)

@@ -39,7 +39,6 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
-    IntegerType,
     LongType,
     StringType,
     StructField,
@@ -57,7 +56,14 @@ from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.sources._dead_letters import DeadLetters, stage
 from stateful_runtime.sources._decode import decode_json, to_struct
 from stateful_runtime.sources._ranges import limit_offsets, split_ranges
-from stateful_runtime.sources.base import ERROR, OFFSET, PARTITION, RAW, Source
+from stateful_runtime.sources.base import (
+    ERROR,
+    OFFSET,
+    PARTITION,
+    Source,
+    register,
+    stream_schema,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -217,7 +223,7 @@ class KafkaSource(Source):
     def read_stream(self, spark: SparkSession, dead_letters: DeadLetters | None = None,
                     watermark: WatermarkStrategy | None = None) -> DataFrame:
         self.check()
-        _register(spark)
+        register(spark, KafkaDataSource)
         reader = spark.readStream.format(FORMAT)
         for k, v in self.options(dead_letters, watermark).items():
             reader = reader.option(k, v)
@@ -259,23 +265,10 @@ def _client(bootstrap_servers: str, extra: Mapping[str, Any] | None) -> dict[str
     return client_config(bootstrap_servers, extra)
 
 
-_REGISTERED: set[str] = set()
-
-
-def _register(spark: SparkSession) -> None:
-    app = spark.sparkContext.applicationId
-    if app not in _REGISTERED:
-        spark.dataSource.register(KafkaDataSource)
-        _REGISTERED.add(app)
-
-
-def stream_schema(record_schema: StructType, metadata: bool) -> StructType:
-    out = StructType([StructField(f.name, f.dataType, True) for f in record_schema.fields])
-    if metadata:
-        out = (out.add("kafka_topic", StringType()).add("kafka_key", BinaryType())
-               .add("kafka_timestamp_ms", LongType()).add("kafka_headers", HEADERS_TYPE))
-    return (out.add(ERROR, StringType()).add(RAW, BinaryType())
-            .add(PARTITION, IntegerType()).add(OFFSET, LongType()))
+# The optional Kafka record columns (``metadata_columns=True``).
+METADATA_FIELDS = (StructField("kafka_topic", StringType()), StructField("kafka_key", BinaryType()),
+                   StructField("kafka_timestamp_ms", LongType()),
+                   StructField("kafka_headers", HEADERS_TYPE))
 
 
 class KafkaDataSource(DataSource):
@@ -284,8 +277,8 @@ class KafkaDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> StructType:
-        return stream_schema(StructType.fromJson(json.loads(self.options["schema"])),
-                             bool(self.options.get("metadata_columns")))
+        extra = METADATA_FIELDS if self.options.get("metadata_columns") else ()
+        return stream_schema(StructType.fromJson(json.loads(self.options["schema"])), extra)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return KafkaStreamReader(self.options)

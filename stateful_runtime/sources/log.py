@@ -22,11 +22,6 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import (
-    BinaryType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
     StructType,
 )
 
@@ -36,7 +31,13 @@ from stateful_runtime.sinks.log import DeadLetterSink
 from stateful_runtime.sources._dead_letters import DeadLetters, stage
 from stateful_runtime.sources._decode import decode_json, to_struct
 from stateful_runtime.sources._ranges import limit_offsets, split_ranges
-from stateful_runtime.sources.base import ERROR, OFFSET, PARTITION, RAW, Source
+from stateful_runtime.sources.base import (
+    OFFSET,
+    PARTITION,
+    Source,
+    register,
+    stream_schema,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -111,7 +112,7 @@ class LogSource(Source):
     def read_stream(self, spark: SparkSession, dead_letters: DeadLetters | None = None
                     ) -> DataFrame:
         info = EventLog(self.log_dir).topic(self.topic)
-        register_data_source(spark)
+        register(spark, EventLogDataSource)
         reader = (
             spark.readStream.format(FORMAT)
             .option("log_dir", self.log_dir)
@@ -130,29 +131,6 @@ class LogSource(Source):
     def dead_letters(self, job: str, staging: str) -> DeadLetters:
         return DeadLetters(staging, DeadLetterSink(self.log_dir, self.dead_letter_topic,
                                                    source_topic=self.topic, job=job))
-
-
-_REGISTERED: set[str] = set()
-
-
-def register_data_source(spark: SparkSession) -> None:
-    """Register ``srt_log`` once per SparkSession (re-registering logs a warning)."""
-    session_id = spark.sparkContext.applicationId
-    if session_id not in _REGISTERED:
-        spark.dataSource.register(EventLogDataSource)
-        _REGISTERED.add(session_id)
-
-
-def stream_schema(record_schema: StructType) -> StructType:
-    """Declared fields + the source's metadata columns, as Spark sees them."""
-    # Every declared field is nullable here: a rejected record has nulls in all of them.
-    out = StructType([StructField(f.name, f.dataType, True) for f in record_schema.fields])
-    return (
-        out.add(ERROR, StringType())
-        .add(RAW, BinaryType())
-        .add(PARTITION, IntegerType())
-        .add(OFFSET, LongType())
-    )
 
 
 class EventLogDataSource(DataSource):
