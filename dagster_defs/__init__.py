@@ -8,13 +8,15 @@ Load it with ``dagster dev -w workspace.yaml``, or build your own definitions::
                                                sink_tables=[SinkTableSpec(...)])])
 
 Materialising a job's asset runs the job (a detached ``srt run``); sink tables are downstream
-assets with Great Expectations checks; a sensor observes health and restarts failed jobs.
+assets with Great Expectations checks; a sensor observes health and restarts failed jobs; a
+schedule per job takes periodic savepoints, and jobs stop, upgrade and rescale through them.
 """
 
 from dagster_defs._factory import build_definitions, default_resources
 from dagster_defs._sensor import Action, Condition, assess, decide
 from dagster_defs._specs import (
     RestartPolicy,
+    SavepointPolicy,
     SinkTableSpec,
     StreamingJobSpec,
     WindowReconciliation,
@@ -28,6 +30,7 @@ __all__ = [
     "DuckDBWarehouse",
     "KafkaResource",
     "RestartPolicy",
+    "SavepointPolicy",
     "SinkTableSpec",
     "StreamingJobSpec",
     "StreamingJobTranslator",

@@ -16,13 +16,7 @@ from dagster import (
     multi_asset,
 )
 
-from dagster_defs._launch import (
-    check_plan_job,
-    config_drift,
-    launch_config,
-    restore_args,
-    restore_point,
-)
+from dagster_defs._launch import check_plan_job, config_drift, launch_config
 from dagster_defs._specs import SinkTableSpec, StreamingJobSpec
 from dagster_defs._translator import StreamingJobTranslator, identifier
 
@@ -58,12 +52,10 @@ def job_asset(spec: StreamingJobSpec, translator: StreamingJobTranslator) -> Ass
             config = launch_config(spec, context.resources)
             plan = runtime.explain(spec.job_file, config)
             check_plan_job(plan, spec)
-            previous = runtime.entry(spec.name)
-            restored_from = restore_point(spec, previous)
             since = time.time()
-            launch = runtime.ensure_running(
-                spec.name, spec.job_file, config, extra_args=restore_args(restored_from)
-            )
+            # A materialisation resumes the job's checkpoint; starting from a savepoint is the
+            # upgrade and rescale jobs' business (_savepoints.py).
+            launch = runtime.ensure_running(spec.name, spec.job_file, config)
             log_path = launch.log_path
             committed: dict[str, int | None] | None
             drift: list[str] = []
@@ -88,8 +80,6 @@ def job_asset(spec: StreamingJobSpec, translator: StreamingJobTranslator) -> Ass
                 entry = runtime.entry(spec.name) or entry
             else:
                 entry = launch.entry
-                # What the live process restored from, if its runner recorded it.
-                restored_from = entry.get("restored_from")
                 drift = config_drift(entry, str(runtime.resolve(spec.job_file)), config)
                 context.log.info(
                     f"{spec.name} is already {entry.get('state')} as pid {launch.pid}; reusing it"
@@ -115,7 +105,8 @@ def job_asset(spec: StreamingJobSpec, translator: StreamingJobTranslator) -> Ass
             "spark_master": entry.get("master"),
             "checkpoint_dir": MetadataValue.path(str(entry.get("checkpoint_dir"))),
             "log_path": MetadataValue.path(str(launch.log_path)),
-            "restored_from": restored_from,
+            # What the process restored from (a savepoint, by the upgrade or rescale job).
+            "restored_from": entry.get("restored_from"),
             "started_at": entry.get("started_at"),
             "last_committed_batch": MetadataValue.json(committed or {}),
             "config": MetadataValue.json(json.loads(json.dumps(config, default=str))),

@@ -10,6 +10,13 @@ from dagster import DefaultSensorStatus, Definitions
 
 from dagster_defs._assets import job_asset, sink_asset
 from dagster_defs._checks import sink_checks
+from dagster_defs._savepoints import (
+    rescale_job,
+    savepoint_job,
+    savepoint_schedule,
+    stop_with_savepoint_job,
+    upgrade_job,
+)
 from dagster_defs._sensor import health_sensor
 from dagster_defs._specs import StreamingJobSpec, config_error
 from dagster_defs._stop import stop_job
@@ -43,9 +50,10 @@ def build_definitions(
     sensor_interval: timedelta = timedelta(seconds=30),
     sensor_default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING,
 ) -> Definitions:
-    """Definitions for streaming jobs: per job an asset (materialising it runs the job), per
-    sink table a downstream asset with checks, one health sensor and a ``stop_streaming_job``
-    job.
+    """Definitions for streaming jobs: per job an asset (materialising it runs the job) and a
+    periodic-savepoint schedule, per sink table a downstream asset with checks, one health
+    sensor, and the jobs ``stop_streaming_job``, ``savepoint_streaming_job``,
+    ``stop_with_savepoint``, ``upgrade_streaming_job`` and ``rescale_streaming_job``.
 
     Args:
         specs: the jobs.
@@ -84,6 +92,17 @@ def build_definitions(
             f"asset keys repeat: {[k.to_user_string() for k in keys]}; override "
             f"the translator's get_*_asset_key to tell them apart"
         )
+    jobs = (
+        [
+            stop_job(specs, translator),
+            savepoint_job(specs, translator),
+            stop_with_savepoint_job(specs, translator),
+            upgrade_job(specs, translator),
+            rescale_job(specs, translator),
+        ]
+        if specs
+        else []
+    )
     return Definitions(
         assets=assets,
         asset_checks=checks,
@@ -97,6 +116,7 @@ def build_definitions(
         ]
         if specs
         else [],
-        jobs=[stop_job(specs, translator)] if specs else [],
+        jobs=jobs,
+        schedules=[savepoint_schedule(spec, jobs[1]) for spec in specs],
         resources=all_resources,
     )

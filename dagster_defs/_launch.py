@@ -51,22 +51,12 @@ def check_plan_job(plan: str, spec: StreamingJobSpec) -> None:
         )
 
 
-def restore_point(spec: StreamingJobSpec, entry: Mapping[str, Any] | None) -> str | None:
-    """Where a launch restores state from beyond the job's own checkpoint: None (a launch
-    resumes from the checkpoint). Savepoint restore will choose a savepoint here and pass it
-    to ``srt run`` through :func:`restore_args`."""
-    return None
-
-
-def restore_args(restored_from: str | None) -> list[str]:
-    if restored_from is None:
-        return []
-    raise config_error("restoring from a savepoint is not supported yet")
-
-
 def config_drift(entry: Mapping[str, Any], job_file: str, config: Mapping[str, Any]) -> list[str]:
     """Keys whose value in the live process differs from what the spec asks for."""
+    from stateful_runtime.runtime.registry import redacted
+
     running = entry.get("config") or {}
+    config = redacted(dict(config))  # the registry keeps secrets masked; compare likewise
 
     def same(a: Any, b: Any) -> bool:
         if str(a) == str(b):

@@ -73,6 +73,49 @@ class RestartPolicy:
 
 
 @dataclass(frozen=True)
+class SavepointPolicy:
+    """Periodic savepoints of a job (the flink-kubernetes-operator's periodic savepoints and
+    savepoint history cleanup) by a schedule, ``<job>_savepoint_schedule``.
+
+    Each tick takes a savepoint of the running job and then disposes of the job's savepoints
+    beyond ``keep`` or older than ``max_age`` under the same root; the newest savepoint and any
+    a registered job was restored from are always kept. A job that is not running is skipped
+    (its checkpoint does not change; the last savepoint still holds its state).
+
+    Attributes:
+        cron: when to take one (default hourly), in ``timezone``.
+        keep: savepoints to keep (None: no count limit).
+        max_age: dispose of savepoints older than this (None: no age limit).
+        target: savepoint root, a directory or ``s3://bucket/prefix`` (default: the job's
+            ``savepoint.dir`` config, else ``$SRT_HOME/savepoints``).
+        running: whether the schedule runs without being switched on (default False:
+            a savepoint copies the whole state, so the cost is opted into, as in the operator).
+        timezone: the cron's time zone.
+    """
+
+    cron: str = "0 * * * *"
+    keep: int | None = 5
+    max_age: timedelta | None = timedelta(days=7)
+    target: str | None = None
+    running: bool = False
+    timezone: str = "UTC"
+
+    def __post_init__(self) -> None:
+        if self.keep is not None and self.keep < 1:
+            raise config_error(f"SavepointPolicy.keep must be >= 1 or None, got {self.keep}")
+        if self.max_age is not None and (
+            not isinstance(self.max_age, timedelta) or self.max_age <= timedelta(0)
+        ):
+            raise config_error(
+                f"SavepointPolicy.max_age must be a timedelta > 0 or None, got {self.max_age!r}"
+            )
+        if len(self.cron.split()) != 5:
+            raise config_error(
+                f"SavepointPolicy.cron must be a 5-field cron string, got {self.cron!r}"
+            )
+
+
+@dataclass(frozen=True)
 class WindowReconciliation:
     """Check that closed windows count every good source event exactly once.
 
@@ -162,6 +205,7 @@ class StreamingJobSpec:
             job writes where the resource (and the checks) look.
         sink_tables: tables the job writes, each a downstream asset with checks.
         restart_policy: how the health sensor restarts this job.
+        savepoints: periodic savepoints and their retention.
         description: asset description (default: one naming the job file).
     """
 
@@ -171,6 +215,7 @@ class StreamingJobSpec:
     config_from_resources: Mapping[str, str] = field(default_factory=dict)
     sink_tables: Sequence[SinkTableSpec] = ()
     restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
+    savepoints: SavepointPolicy = field(default_factory=SavepointPolicy)
     description: str | None = None
 
     def __post_init__(self) -> None:

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -84,23 +85,28 @@ class StreamingRuntime(ConfigurableResource):
         """``path`` made absolute against the working directory."""
         return Path(self.working_directory, path).resolve()
 
-    def env(self) -> dict[str, str]:
-        """Environment for ``srt`` processes: this one's, with this registry's SRT_HOME."""
+    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Environment for ``srt`` processes: this one's, with this registry's SRT_HOME, plus
+        ``extra`` (e.g. :func:`s3_env` of the run's S3 resource)."""
         env = dict(os.environ)
         env["SRT_HOME"] = self.home
         env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         env.setdefault("PYTHONUNBUFFERED", "1")
+        env.update(extra or {})
         return env
 
-    def srt(self, args: Sequence[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
-        """Run an ``srt`` command in the working directory and capture its output."""
+    def srt(
+        self, args: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run an ``srt`` command in the working directory and capture its output; ``env``
+        adds to :meth:`env`."""
         self._registry()
         from stateful_runtime.runtime.launcher import srt_command
 
         return subprocess.run(
             [*srt_command(), *args],
             cwd=self.working_directory,
-            env=self.env(),
+            env=self.env(env),
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -119,9 +125,17 @@ class StreamingRuntime(ConfigurableResource):
         return out.stdout.rstrip()
 
     def ensure_running(
-        self, job: str, job_file: str, config: Mapping[str, Any], *, extra_args: Sequence[str] = ()
+        self,
+        job: str,
+        job_file: str,
+        config: Mapping[str, Any],
+        *,
+        from_savepoint: str | None = None,
+        parallelism: int | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> Launch:
-        """Reuse the job's live process or launch ``srt run`` detached (see the launcher)."""
+        """Reuse the job's live process or launch ``srt run`` detached (see the launcher),
+        optionally from a savepoint and with a new parallelism; ``env`` adds to :meth:`env`."""
         self._registry()
         from stateful_runtime.runtime import launcher
 
@@ -130,9 +144,10 @@ class StreamingRuntime(ConfigurableResource):
             self.resolve(job_file),
             config,
             cwd=self.working_directory,
-            env=self.env(),
+            env=self.env(env),
             master=self.master,
-            extra_args=extra_args,
+            from_savepoint=from_savepoint,
+            parallelism=parallelism,
         )
 
     def stop(self, job: str, *, timeout: float | None = None) -> str:
@@ -144,6 +159,80 @@ class StreamingRuntime(ConfigurableResource):
         if out.returncode != 0:
             raise JobError(out.stderr.strip() or out.stdout.strip())
         return out.stdout.strip()
+
+    def savepoint(
+        self,
+        job: str,
+        *,
+        target: str | None = None,
+        stop: bool = False,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """``srt savepoint create JOB --json [--stop] [--target ROOT]``: a savepoint of the
+        job's last committed batch (with ``stop``, after stopping it cleanly). Returns the
+        savepoint's summary (id, location, batches, size_bytes, ...); raises the runtime's
+        message as a :class:`~stateful_runtime.exceptions.SavepointError`."""
+        import json
+
+        from stateful_runtime.exceptions import SavepointError
+
+        t = self.stop_timeout_s if timeout is None else timeout
+        args = ["savepoint", "create", job, "--json", "--timeout", str(t)]
+        if stop:
+            args.append("--stop")
+        if target:
+            args += ["--target", target]
+        out = self.srt(args, timeout=t + 300, env=env)
+        if out.returncode != 0:
+            raise SavepointError(out.stderr.strip() or out.stdout.strip())
+        return json.loads(out.stdout)
+
+    def prune_savepoints(
+        self,
+        job: str,
+        root: str,
+        *,
+        keep: int | None,
+        max_age_s: float | None,
+        env: Mapping[str, str] | None = None,
+    ) -> list[str]:
+        """``srt savepoint prune JOB --target ROOT --keep N --max-age AGE``: the retention policy
+        (the newest savepoint and any a registered job was restored from are kept). Returns
+        the locations it disposed of."""
+        from stateful_runtime.exceptions import SavepointError
+
+        args = ["savepoint", "prune", job, "--target", root]
+        if keep is not None:
+            args += ["--keep", str(keep)]
+        if max_age_s is not None:
+            args += ["--max-age", f"{int(max_age_s)}s"]
+        out = self.srt(args, timeout=300, env=env)
+        if out.returncode != 0:
+            raise SavepointError(out.stderr.strip() or out.stdout.strip())
+        return _DISPOSED.findall(out.stdout)
+
+
+# `srt savepoint prune` prints one line per savepoint it disposed of.
+_DISPOSED = re.compile(r"^disposed of savepoint \S+ \((.*)\)$", re.MULTILINE)
+
+
+def s3_env(s3: Any) -> dict[str, str]:
+    """Environment that points an ``srt`` process's S3 client where a dagster-aws
+    ``S3Resource`` points (endpoint, region, credentials, profile); empty for unset fields,
+    so boto3's own configuration applies."""
+    if s3 is None:
+        return {}
+    fields = {
+        "SRT_S3_ENDPOINT_URL": "endpoint_url",
+        "AWS_REGION": "region_name",
+        "AWS_DEFAULT_REGION": "region_name",
+        "AWS_ACCESS_KEY_ID": "aws_access_key_id",
+        "AWS_SECRET_ACCESS_KEY": "aws_secret_access_key",
+        "AWS_SESSION_TOKEN": "aws_session_token",
+        "AWS_PROFILE": "profile_name",
+    }
+    return {var: str(v) for var, attr in fields.items() if (v := getattr(s3, attr, None))}
 
 
 class DuckDBWarehouse(ConfigurableResource):

@@ -11,12 +11,15 @@ import pytest
 from dagster import AssetKey
 
 from dagster_defs import (
+    SavepointPolicy,
     SinkTableSpec,
     StreamingJobSpec,
     StreamingJobTranslator,
+    StreamingRuntime,
     WindowReconciliation,
     build_definitions,
 )
+from dagster_defs.resources import s3_env
 from stateful_runtime.exceptions import ConfigError
 from tests.conftest import ROOT, VENV_BIN
 
@@ -75,6 +78,16 @@ def test_default_definitions_expose_the_upi_job():
     assert 30 <= sensor.minimum_interval_seconds <= 60
     stop = defs.resolve_job_def("stop_streaming_job")
     assert list(stop.graph.node_dict) == ["stop_streaming_job_op"]
+    assert {j.name for j in defs.jobs} == {  # type: ignore[union-attr]
+        "stop_streaming_job",
+        "savepoint_streaming_job",
+        "stop_with_savepoint",
+        "upgrade_streaming_job",
+        "rescale_streaming_job",
+    }
+    schedule = defs.resolve_schedule_def("upi_per_minute_savepoint_schedule")
+    assert schedule.job_name == "savepoint_streaming_job"
+    assert (schedule.cron_schedule, schedule.default_status.value) == ("0 * * * *", "STOPPED")
     assert set(defs.resources) == {"streaming_runtime", "warehouse", "kafka", "s3"}
     for key, res in defs.resources.items():  # every field is described for the UI
         fields = type(res).model_fields
@@ -136,3 +149,24 @@ def test_build_rejects_config_from_a_missing_resource():
 def test_reconciliation_window_must_be_positive():
     with pytest.raises(ConfigError, match="window"):
         WindowReconciliation("payments", timedelta(0))
+
+
+def test_savepoint_policy_is_validated_at_load():
+    with pytest.raises(ConfigError, match="keep"):
+        SavepointPolicy(keep=0)
+    with pytest.raises(ConfigError, match="cron"):
+        SavepointPolicy(cron="hourly")
+
+
+def test_srt_processes_get_the_s3_resource_settings():
+    from dagster_aws.s3 import S3Resource
+
+    env = s3_env(S3Resource(endpoint_url="http://127.0.0.1:9000", region_name="ap-south-1"))
+    assert env == {
+        "SRT_S3_ENDPOINT_URL": "http://127.0.0.1:9000",
+        "AWS_REGION": "ap-south-1",
+        "AWS_DEFAULT_REGION": "ap-south-1",
+    }
+    assert s3_env(S3Resource()) == {}  # boto3's own configuration applies
+    runtime = StreamingRuntime(home="/tmp/srt-home")
+    assert runtime.env(env)["SRT_S3_ENDPOINT_URL"] == "http://127.0.0.1:9000"

@@ -10,124 +10,31 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import duckdb
 import pytest
-from dagster import AssetKey, Definitions, build_sensor_context, materialize
-from upi_events import START_MS, events
+from dagster import AssetKey, materialize
+from upi_events import START_MS
 
-from dagster_defs import DuckDBWarehouse, StreamingRuntime, build_definitions
+from dagster_defs import build_definitions
 from dagster_defs.definitions import UPI_JOB
 from stateful_runtime import checkpoint
-from stateful_runtime.log import EventLog
 from stateful_runtime.runtime import launcher, registry
-from tests.conftest import ROOT, UpiWorkspace, append_lines
+from tests.dagster_defs.conftest import JOB, JOB_KEY, Live
+from tests.dagster_defs.conftest import feed as _feed
+from tests.dagster_defs.conftest import metadata as _metadata
+from tests.dagster_defs.conftest import wait_for as _wait
 
 pytestmark = pytest.mark.slow
 
-JOB = UPI_JOB.name
-JOB_KEY = AssetKey(["upi_per_minute"])
 TABLE_KEY = AssetKey(["upi_counts"])
 WINDOW_MS = 60_000
 
 
-@dataclass
-class Live:
-    ws: UpiWorkspace
-    defs: Definitions
-    resources: dict[str, Any]
-    pids: list[int] = field(default_factory=list)
-
-    def materialize(self, *keys: AssetKey, raise_on_error: bool = True):
-        return materialize(
-            [*self.defs.assets, *self.defs.asset_checks],  # type: ignore[list-item]
-            selection=list(keys),
-            resources=self.resources,
-            raise_on_error=raise_on_error,
-        )
-
-    def tick(self, cursor: str | None = None):
-        sensor = self.defs.resolve_sensor_def("streaming_job_health")
-        return sensor(build_sensor_context(resources=self.resources, cursor=cursor))
-
-    @property
-    def qdir(self) -> Path:
-        return self.ws.checkpoint_dir / "upi-counts"
-
-
-def _feed(ws: UpiWorkspace, count: int, seed: int, start_ms: int = START_MS) -> None:
-    # 40 events per second of event time: 6000 events span 150 s, so two 1-minute windows
-    # close (the watermark trails the newest event by 5 s).
-    append_lines(
-        ws.log_dir,
-        list(
-            events(
-                count,
-                merchants=8,
-                rate_per_s=40,
-                disorder_ms=3_000,
-                bad_every=499,
-                seed=seed,
-                start_ms=start_ms,
-            )
-        ),
-    )
-
-
-def _wait(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def _metadata(result, key: AssetKey) -> dict[str, Any]:
-    [event] = [e for e in result.get_asset_materialization_events() if e.asset_key == key]
-    return {k: v.value for k, v in event.materialization.metadata.items()}
-
-
-def _checks(result) -> dict[str, Any]:
+def _checks(result) -> dict:
     return {e.check_name: e for e in result.get_asset_check_evaluations()}
-
-
-@pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory, srt_env: dict[str, str]) -> Iterator[Live]:
-    ws = UpiWorkspace(tmp_path_factory.mktemp("upi-dagster"), partitions=2)
-    EventLog(ws.log_dir).create_topic("upi-payments", ws.partitions)
-    _feed(ws, 6_000, seed=3)
-    spec = replace(
-        UPI_JOB,
-        config={
-            "source.log_dir": str(ws.log_dir),
-            "checkpoint.dir": str(ws.checkpoint_dir),
-            "checkpoint.interval_s": 1.0,
-            "parallelism": 2,
-        },
-    )
-    resources = {
-        "streaming_runtime": StreamingRuntime(
-            home=srt_env["SRT_HOME"],
-            working_directory=str(ROOT),
-            launch_timeout_s=240,
-            commit_timeout_s=180,
-        ),
-        "warehouse": DuckDBWarehouse(path=str(ws.database)),
-    }
-    defs = build_definitions([spec], resources=resources)
-    state = Live(ws, defs, {**defs.resources})  # type: ignore[arg-type]
-    try:
-        yield state
-    finally:
-        entry = registry.read(JOB) or {}
-        for pid in {*state.pids, entry.get("pid")} - {None}:
-            launcher.signal_group(int(pid), signal.SIGKILL)  # type: ignore[arg-type]
 
 
 def test_materialize_launches_the_job_detached_and_waits_for_a_commit(live: Live):

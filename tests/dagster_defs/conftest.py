@@ -1,0 +1,131 @@
+"""Shared by the Dagster tests that drive a real ``srt run`` process: a UPI job on a small
+event log, launched through Dagster, killed at the end of the module."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dagster import AssetKey, Definitions, build_sensor_context, materialize
+from upi_events import START_MS, events
+
+from dagster_defs import DuckDBWarehouse, StreamingJobSpec, StreamingRuntime, build_definitions
+from dagster_defs.definitions import UPI_JOB
+from stateful_runtime.log import EventLog
+from stateful_runtime.runtime import launcher, registry
+from tests.conftest import ROOT, UpiWorkspace, append_lines
+
+JOB = UPI_JOB.name
+JOB_KEY = AssetKey(["upi_per_minute"])
+
+
+@dataclass
+class Live:
+    ws: UpiWorkspace
+    defs: Definitions
+    resources: dict[str, Any]
+    spec: StreamingJobSpec
+    pids: list[int] = field(default_factory=list)
+
+    def materialize(self, *keys: AssetKey, raise_on_error: bool = True):
+        return materialize(
+            [*self.defs.assets, *self.defs.asset_checks],  # type: ignore[list-item]
+            selection=list(keys),
+            resources=self.resources,
+            raise_on_error=raise_on_error,
+        )
+
+    def tick(self, cursor: str | None = None):
+        sensor = self.defs.resolve_sensor_def("streaming_job_health")
+        return sensor(build_sensor_context(resources=self.resources, cursor=cursor))
+
+    @property
+    def qdir(self) -> Path:
+        return self.ws.checkpoint_dir / "upi-counts"
+
+
+def feed(ws: UpiWorkspace, count: int, seed: int, start_ms: int = START_MS) -> None:
+    # 40 events per second of event time: 6000 events span 150 s, so two 1-minute windows
+    # close (the watermark trails the newest event by 5 s).
+    append_lines(
+        ws.log_dir,
+        list(
+            events(
+                count,
+                merchants=8,
+                rate_per_s=40,
+                disorder_ms=3_000,
+                bad_every=499,
+                seed=seed,
+                start_ms=start_ms,
+            )
+        ),
+    )
+
+
+def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll ``cond`` until it returns something true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def metadata(result, key: AssetKey) -> dict[str, Any]:
+    """Metadata values of the run's one materialisation of ``key``."""
+    [event] = [e for e in result.get_asset_materialization_events() if e.asset_key == key]
+    return {k: v.value for k, v in event.materialization.metadata.items()}
+
+
+@contextmanager
+def live_job(
+    root: Path, srt_home: str, *, config: dict[str, Any] | None = None, **spec: Any
+) -> Iterator[Live]:
+    """Definitions for a UPI job on a fresh 2-partition log under ``root`` with 6000 events
+    (not launched yet); every process of the job is killed on exit."""
+    ws = UpiWorkspace(root, partitions=2)
+    EventLog(ws.log_dir).create_topic("upi-payments", ws.partitions)
+    feed(ws, 6_000, seed=3)
+    job_spec = replace(
+        UPI_JOB,
+        config={
+            "source.log_dir": str(ws.log_dir),
+            "checkpoint.dir": str(ws.checkpoint_dir),
+            "checkpoint.interval_s": 1.0,
+            "parallelism": 2,
+            **(config or {}),
+        },
+        **spec,
+    )
+    resources = {
+        "streaming_runtime": StreamingRuntime(
+            home=srt_home,
+            working_directory=str(ROOT),
+            launch_timeout_s=240,
+            commit_timeout_s=180,
+        ),
+        "warehouse": DuckDBWarehouse(path=str(ws.database)),
+    }
+    defs = build_definitions([job_spec], resources=resources)
+    state = Live(ws, defs, {**defs.resources}, job_spec)  # type: ignore[arg-type]
+    try:
+        yield state
+    finally:
+        entry = registry.read(JOB) or {}
+        for pid in {*state.pids, entry.get("pid")} - {None}:
+            launcher.signal_group(int(pid), signal.SIGKILL)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory, srt_env: dict[str, str]) -> Iterator[Live]:
+    with live_job(tmp_path_factory.mktemp("upi-dagster"), srt_env["SRT_HOME"]) as state:
+        yield state

@@ -1,0 +1,230 @@
+"""Savepoints from Dagster against a real ``srt run`` process: the periodic schedule takes a
+savepoint and prunes older ones, rescale and upgrade relaunch the job from a stop-with-savepoint,
+and errors (not running, incompatible new code) fail the run with the runtime's message.
+
+The tests share one job and run in file order (a Spark launch costs ~6 s idle, far more on a
+busy machine): launch, periodic savepoints, rescale 2 -> 3, upgrade, stop, failed upgrades.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dagster import build_schedule_context
+from upi_events import START_MS
+
+from dagster_defs import SavepointPolicy, build_definitions
+from dagster_defs._savepoints import (
+    RESCALE_JOB,
+    SAVEPOINT_JOB,
+    STOP_WITH_SAVEPOINT_JOB,
+    UPGRADE_JOB,
+)
+from stateful_runtime import checkpoint, savepoint
+from stateful_runtime.runtime import registry
+from tests.conftest import EXAMPLES
+from tests.dagster_defs.conftest import JOB, JOB_KEY, Live, feed, live_job, metadata, wait_for
+
+pytestmark = pytest.mark.slow
+
+SCHEDULE = "upi_per_minute_savepoint_schedule"
+KEEP = 2
+
+
+@pytest.fixture(scope="module")
+def sp_live(tmp_path_factory: pytest.TempPathFactory, srt_env: dict[str, str]) -> Iterator[Live]:
+    root = tmp_path_factory.mktemp("upi-savepoints")
+    with live_job(
+        root,
+        srt_env["SRT_HOME"],
+        config={"savepoint.dir": str(root / "savepoints")},
+        savepoints=SavepointPolicy(keep=KEEP, max_age=timedelta(days=1)),
+    ) as state:
+        yield state
+
+
+def _root(live: Live) -> Path:
+    return live.ws.root / "savepoints"
+
+
+def _tick(live: Live):
+    schedule = live.defs.resolve_schedule_def(SCHEDULE)
+    return schedule.evaluate_tick(build_schedule_context(resources=live.resources))
+
+
+def _run(live: Live, name: str, config: dict[str, Any] | None = None, defs=None, **kwargs):
+    job = (defs or live.defs).resolve_job_def(name)
+    run_config = kwargs.pop("run_config", None) or {"ops": {f"{name}_op": {"config": config or {}}}}
+    return job.execute_in_process(
+        run_config=run_config, resources=live.resources, raise_on_error=False, **kwargs
+    )
+
+
+def _observation(result) -> dict[str, Any]:
+    [event] = [e for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
+    obs = event.event_specific_data.asset_observation
+    assert obs.asset_key == JOB_KEY
+    return {k: v.value for k, v in obs.metadata.items()}
+
+
+def _failure(result) -> str:
+    assert not result.success
+    [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    return failure.step_failure_data.error.message
+
+
+def _ok(result) -> None:
+    if not result.success:
+        raise AssertionError(_failure(result))
+
+
+def _last(live: Live) -> int:
+    return checkpoint.last_committed(live.qdir) or -1
+
+
+def _commits_after(live: Live, batch: int, what: str) -> int:
+    return wait_for(lambda: _last(live) > batch and _last(live), 240, what)
+
+
+def _job_file(path: Path, old: str, new: str) -> Path:
+    text = (EXAMPLES / "upi_per_minute.py").read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+    return path
+
+
+def test_schedule_skips_a_job_that_is_not_running(sp_live: Live):
+    schedule = sp_live.defs.resolve_schedule_def(SCHEDULE)
+    assert schedule.cron_schedule == "0 * * * *"  # hourly by default
+    assert schedule.default_status.value == "STOPPED"  # opt in, as periodic savepoints are
+    entry = registry.read(JOB)
+    assert entry is None or entry["state"] != "RUNNING"  # another module's job, long gone
+    tick = _tick(sp_live)
+    assert not tick.run_requests
+    assert "not running" in tick.skip_message or "never run" in tick.skip_message
+
+
+def test_schedule_produces_a_savepoint_and_retention_deletes_older_ones(sp_live: Live):
+    md = metadata(sp_live.materialize(JOB_KEY), JOB_KEY)
+    sp_live.pids.append(md["pid"])
+
+    taken = []
+    for _ in range(KEEP + 1):
+        tick = _tick(sp_live)
+        [request] = tick.run_requests
+        assert request.tags["savepoint"] == "periodic"
+        result = _run(sp_live, SAVEPOINT_JOB, run_config=request.run_config, tags=request.tags)
+        _ok(result)
+        obs = _observation(result)
+        location = Path(obs["savepoint_location"])
+        assert location.parent == _root(sp_live)
+        manifest = json.loads((location / "_manifest.json").read_text())
+        assert manifest["job"] == JOB and manifest["kind"] == "savepoint"
+        assert obs["batches"] == {"upi-counts": manifest["queries"]["upi-counts"]["batch"]}
+        assert obs["size_bytes"] == sum(f["size"] for f in manifest["files"]) > 0
+        assert obs["job_state"] == "RUNNING" and obs["action"] == "savepoint"
+        taken.append((obs["savepoint_id"], str(location), obs["disposed"]))
+
+    # Keep 2: the third tick disposed of the first savepoint, and only of it.
+    (first, first_loc, _), (_, _, none), (_, _, disposed) = taken
+    assert none == [] and disposed == [first_loc]
+    assert not Path(first_loc).exists()
+    left = [sp.id for sp in savepoint.list_savepoints(_root(sp_live), JOB)]
+    assert left == [t[0] for t in taken[1:]]
+    assert registry.read(JOB)["last_savepoint"]["id"] == taken[-1][0]
+
+
+def test_rescale_relaunches_with_the_new_state_partition_count_and_keeps_committing(
+    sp_live: Live,
+):
+    old_pid = registry.read(JOB)["pid"]
+    assert checkpoint.state_partitions(sp_live.qdir, _last(sp_live)) == 2
+    result = _run(sp_live, RESCALE_JOB, {"parallelism": 3})
+    _ok(result)
+    obs = _observation(result)
+    entry = registry.read(JOB)
+    sp_live.pids.append(entry["pid"])
+    assert entry["pid"] == obs["pid"] != old_pid and not registry.pid_alive(old_pid)
+    assert entry["state"] == "RUNNING" and entry["parallelism"] == 3
+    assert obs["savepoint_kind"] == "stop-with-savepoint"
+    assert entry["restored_from"] == obs["restored_from"] == obs["savepoint_location"]
+    assert "--parallelism 3" in obs["command"] and "--from-savepoint" in obs["command"]
+    assert obs["state_partitions"] == {"upi-counts": 3}
+    # The op returned once the new process committed a batch of its own or, as here with no
+    # new input, reported itself caught up (the old job had committed everything).
+    assert obs["last_committed_batch"]["upi-counts"] >= obs["batches"]["upi-counts"] + 1
+
+    # It keeps committing new input, on 3 state partitions.
+    batch = _last(sp_live)
+    feed(sp_live.ws, 400, seed=6, start_ms=START_MS + 160_000)
+    after = _commits_after(sp_live, batch, "a commit after the rescale")
+    assert checkpoint.state_partitions(sp_live.qdir, after) == 3
+    assert registry.pid_alive(entry["pid"])
+
+
+def test_upgrade_runs_the_changed_job_file_from_a_stop_with_savepoint(
+    sp_live: Live, tmp_path: Path
+):
+    v2 = _job_file(tmp_path / "upi_per_minute_v2.py", "LIMIT 10", "LIMIT 5")
+    defs = build_definitions([replace(sp_live.spec, job_file=str(v2))], resources=sp_live.resources)
+    old_pid = registry.read(JOB)["pid"]
+
+    result = _run(sp_live, UPGRADE_JOB, defs=defs)
+    _ok(result)
+    obs = _observation(result)
+    entry = registry.read(JOB)
+    sp_live.pids.append(entry["pid"])
+    assert entry["pid"] != old_pid and not registry.pid_alive(old_pid)
+    assert entry["job_file"] == str(v2) and entry["state"] == "RUNNING"
+    assert entry["restored_from"] == obs["savepoint_location"]
+    # An upgrade keeps the parallelism the rescale gave the job.
+    assert entry["parallelism"] == 3 and obs["state_partitions"] == {"upi-counts": 3}
+    assert obs["last_committed_batch"]["upi-counts"] >= obs["batches"]["upi-counts"]
+
+    batch = _last(sp_live)
+    feed(sp_live.ws, 400, seed=8, start_ms=START_MS + 180_000)
+    _commits_after(sp_live, batch, "a commit after the upgrade")
+    # The savepoint the running job came from survives retention.
+    assert Path(obs["savepoint_location"], "_manifest.json").exists()
+
+
+def test_stop_with_savepoint_then_failed_upgrades_say_why(sp_live: Live, tmp_path: Path):
+    pid = registry.read(JOB)["pid"]
+    result = _run(sp_live, STOP_WITH_SAVEPOINT_JOB)
+    _ok(result)
+    obs = _observation(result)
+    assert obs["job_state"] == "STOPPED" and obs["savepoint_kind"] == "stop-with-savepoint"
+    assert not registry.pid_alive(pid)
+    stopped_at = Path(obs["savepoint_location"])
+    assert (stopped_at / "_manifest.json").exists()
+
+    # Nothing to stop: the runtime's message fails the run.
+    assert "is not running" in _failure(_run(sp_live, STOP_WITH_SAVEPOINT_JOB))
+    # The periodic schedule leaves a stopped job alone.
+    assert "not running (STOPPED)" in _tick(sp_live).skip_message
+
+    # An upgrade of a stopped job needs a savepoint to start from, and names the last one.
+    message = _failure(_run(sp_live, UPGRADE_JOB))
+    assert "not running (STOPPED)" in message and str(stopped_at) in message
+
+    # New code keyed differently cannot take the savepoint's state: the runtime's differences.
+    bad = _job_file(
+        tmp_path / "upi_rekeyed.py",
+        'payments.key_by("merchant_id")',
+        'payments.key_by("txn_id")',
+    )
+    defs = build_definitions(
+        [replace(sp_live.spec, job_file=str(bad))], resources=sp_live.resources
+    )
+    result = _run(sp_live, UPGRADE_JOB, {"from_savepoint": str(stopped_at)}, defs=defs)
+    message = _failure(result)
+    assert "cannot be restored into this job" in message
+    assert "keyed by" in message and "txn_id" in message
+    assert f"from_savepoint: {stopped_at}" in message
+    assert registry.read(JOB)["state"] == "FAILED"
