@@ -200,7 +200,9 @@ class JobRunner:
             "parallelism": self.job.parallelism,
             "savepoint_dir": savepoint_root(self.job),
             "mirror": self.job.checkpoint.mirror,
-            "restored_from": (self.restored or {}).get("restored_from"),
+            # Kept across plain restarts (the checkpoint remembers its origin), so retention
+            # keeps protecting the savepoint this checkpoint came from.
+            "restored_from": checkpoint.owner(self.checkpoint_dir).get("restored_from"),
             "restore": self.restored,
             "queries": {q.name: {"checkpoint_dir": str(self.checkpoint_dir / q.name),
                                  "path": q.path, "output_mode": q.output_mode}

@@ -215,7 +215,10 @@ def test_savepoint_while_running_then_stop_with_savepoint_upgrade_and_restore(
     assert {m: p for m, (p, _) in counts(db, "merchant_id, payments, payments_x2").items()} \
         == want
 
-    # Retention never disposes of the savepoint the registered job was restored from.
+    # Retention never disposes of the savepoint the registered job was restored from, also
+    # after a plain restart of the restored job.
+    plain = srt(["run", str(v2), *fresh, "--available-now"], srt_env)
+    assert plain.returncode == 0, plain.stderr[-3000:]
     pruned = srt(["savepoint", "prune", "payment-counter", "--keep", "1"], srt_env)
     assert pruned.returncode == 0, pruned.stderr
     assert "0 disposed" in pruned.stdout
