@@ -290,6 +290,7 @@ def _relaunch_op(
         from stateful_runtime import checkpoint
         from stateful_runtime.exceptions import StatefulRuntimeError
         from stateful_runtime.runtime import launcher
+        from stateful_runtime.runtime.launcher import set_args
 
         spec = _spec(specs, context.op_config["job"])
         runtime = context.resources.streaming_runtime
@@ -315,6 +316,19 @@ def _relaunch_op(
             raise Failure(
                 description=f"{spec.name} is running (pid {entry.get('pid')}); leave "
                 f"from_savepoint unset to stop it with a savepoint and {action} from that"
+            )
+        # The new code must take the state (the running job's checkpoint, or the savepoint
+        # given) before anything is stopped or started: the runtime lists the differences.
+        check = runtime.srt(
+            ["savepoint", "check", str(runtime.resolve(spec.job_file)),
+             *([source] if source else []), *set_args(config)],
+            timeout=120, env=_env(context),
+        )
+        if check.returncode != 0:
+            left = "the running job was left alone" if running else "nothing was started"
+            raise Failure(
+                description=f"{spec.job_file} cannot take {spec.name}'s state; {left}:\n"
+                f"{check.stderr.strip()[-3000:]}"
             )
         summary: dict[str, Any] | None = None
         if not source:

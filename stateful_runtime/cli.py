@@ -183,6 +183,8 @@ def _savepoint_cmd(args: argparse.Namespace) -> int:
                            f"pass --force to dispose of it anyway")
         savepoint.dispose(sp)
         print(f"disposed of savepoint {sp.id} ({sp.location})")
+    elif args.sp_cmd == "check":
+        return _check_cmd(args)
     elif args.sp_cmd == "prune":
         if args.keep is None and args.max_age is None:
             raise JobError("say what to keep: --keep N and/or --max-age AGE")
@@ -193,6 +195,27 @@ def _savepoint_cmd(args: argparse.Namespace) -> int:
             print(f"disposed of savepoint {sp.id} ({sp.location})")
         left = [sp.id for root in _roots(args) for sp in savepoint.list_savepoints(root, args.job)]
         print(f"{len(gone)} disposed; kept {len(left)}: {', '.join(left) or 'none'}")
+    return 0
+
+
+def _check_cmd(args: argparse.Namespace) -> int:
+    """Would the job file's code take this state? (No Spark: the planner's fingerprint.)"""
+    from stateful_runtime import checkpoint, savepoint
+    from stateful_runtime.job import load_job_file, parse_overrides
+    from stateful_runtime.planner import plan
+    from stateful_runtime.runtime.runner import savepoint_root
+
+    job = load_job_file(args.job_file, parse_overrides(args.set)).job
+    new = savepoint.fingerprint(job.name, plan(job).queries)
+    if args.savepoint:
+        sp = savepoint.resolve(args.savepoint, [savepoint_root(job)])
+        saved, where = sp.manifest.get("fingerprint") or {}, sp.location
+    else:
+        saved, where = checkpoint.owner(job.checkpoint.dir).get("fingerprint") or {}, \
+            str(job.checkpoint.dir)
+    dropped = savepoint.check_compatible(saved, new, args.allow_non_restored_state, where)
+    print(f"{args.job_file} can restore the state of {where}"
+          + "".join(f"\n  not restored: {d}" for d in dropped))
     return 0
 
 
@@ -292,6 +315,12 @@ def _parser() -> argparse.ArgumentParser:
             c.add_argument("--files", action="store_true", help="the whole manifest")
         else:
             c.add_argument("--force", action="store_true")
+    c = ssub.add_parser("check", help="can a job file's code restore a savepoint (default: the "
+                        "job's current checkpoint)? Exit 2 with the differences if not")
+    c.add_argument("job_file")
+    c.add_argument("savepoint", nargs="?", metavar="ID|PATH")
+    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    c.add_argument("--allow-non-restored-state", action="store_true")
     c = ssub.add_parser("prune", help="apply a retention policy to a job's savepoints")
     c.add_argument("job")
     c.add_argument("--keep", type=int, help="keep at most N (the newest always stays)")

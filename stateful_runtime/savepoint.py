@@ -323,23 +323,20 @@ def compatibility(saved: dict[str, Any], new: dict[str, Any]) -> tuple[list[str]
     return bad, dropped
 
 
-def check_compatible(sp: Savepoint, new: dict[str, Any], allow_non_restored: bool) -> list[str]:
-    """Raise if ``sp`` cannot be restored into a job with fingerprint ``new``; returns the
-    dropped state when ``allow_non_restored`` lets it go."""
-    if sp.manifest.get("format_version") != FORMAT_VERSION:
-        raise SavepointError(
-            f"savepoint {sp.location} has format {sp.manifest.get('format_version')}; this "
-            f"runtime reads format {FORMAT_VERSION}")
-    bad, dropped = compatibility(sp.manifest.get("fingerprint") or {}, new)
+def check_compatible(saved: dict[str, Any], new: dict[str, Any], allow_non_restored: bool,
+                     where: str) -> list[str]:
+    """Raise if state with fingerprint ``saved`` (a savepoint's or a checkpoint's, at
+    ``where``) cannot be restored into a job with fingerprint ``new``; returns the state left
+    behind when ``allow_non_restored`` lets it go."""
+    bad, dropped = compatibility(saved or {}, new)
     if bad:
         raise IncompatibleSavepointError(
-            sp.location, bad + dropped,
+            where, bad + dropped,
             "Restore it with the code that wrote it, or keep state names, kinds and key fields "
             "as they were (new state and new operators are fine).")
     if dropped and not allow_non_restored:
         raise IncompatibleSavepointError(
-            sp.location, dropped,
-            "Pass --allow-non-restored-state to start without that state.")
+            where, dropped, "Pass --allow-non-restored-state to start without that state.")
     return dropped
 
 
@@ -390,7 +387,12 @@ def restore(sp: Savepoint, checkpoint_dir: str | Path, new_fingerprint: dict[str
     An existing checkpoint there is moved aside (never deleted) to
     ``<checkpoint_dir>.before-restore-<time>``. Returns what was restored (for the registry).
     """
-    dropped = check_compatible(sp, new_fingerprint, allow_non_restored)
+    if sp.manifest.get("format_version") != FORMAT_VERSION:
+        raise SavepointError(
+            f"savepoint {sp.location} has format {sp.manifest.get('format_version')}; this "
+            f"runtime reads format {FORMAT_VERSION}")
+    dropped = check_compatible(sp.manifest.get("fingerprint") or {}, new_fingerprint,
+                               allow_non_restored, sp.location)
     ckpt = Path(checkpoint_dir).resolve()
     restored_queries = [q for q in sp.manifest["queries"]
                         if q in new_fingerprint.get("queries", {})]

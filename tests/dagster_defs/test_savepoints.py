@@ -196,6 +196,20 @@ def test_upgrade_runs_the_changed_job_file_from_a_stop_with_savepoint(
 
 def test_stop_with_savepoint_then_failed_upgrades_say_why(sp_live: Live, tmp_path: Path):
     pid = registry.read(JOB)["pid"]
+    # New code keyed differently cannot take the state: refused before the job is touched.
+    bad = _job_file(
+        tmp_path / "upi_rekeyed.py",
+        'payments.key_by("merchant_id")',
+        'payments.key_by("txn_id")',
+    )
+    bad_defs = build_definitions(
+        [replace(sp_live.spec, job_file=str(bad))], resources=sp_live.resources
+    )
+    message = _failure(_run(sp_live, UPGRADE_JOB, defs=bad_defs))
+    assert "the running job was left alone" in message
+    assert "keyed by" in message and "txn_id" in message
+    assert registry.pid_alive(pid) and registry.read(JOB)["state"] == "RUNNING"
+
     result = _run(sp_live, STOP_WITH_SAVEPOINT_JOB)
     _ok(result)
     obs = _observation(result)
@@ -213,18 +227,9 @@ def test_stop_with_savepoint_then_failed_upgrades_say_why(sp_live: Live, tmp_pat
     message = _failure(_run(sp_live, UPGRADE_JOB))
     assert "not running (STOPPED)" in message and str(stopped_at) in message
 
-    # New code keyed differently cannot take the savepoint's state: the runtime's differences.
-    bad = _job_file(
-        tmp_path / "upi_rekeyed.py",
-        'payments.key_by("merchant_id")',
-        'payments.key_by("txn_id")',
-    )
-    defs = build_definitions(
-        [replace(sp_live.spec, job_file=str(bad))], resources=sp_live.resources
-    )
-    result = _run(sp_live, UPGRADE_JOB, {"from_savepoint": str(stopped_at)}, defs=defs)
+    # ... and from a savepoint: the runtime's differences, nothing started.
+    result = _run(sp_live, UPGRADE_JOB, {"from_savepoint": str(stopped_at)}, defs=bad_defs)
     message = _failure(result)
-    assert "cannot be restored into this job" in message
+    assert "cannot be restored into this job" in message and "nothing was started" in message
     assert "keyed by" in message and "txn_id" in message
-    assert f"from_savepoint: {stopped_at}" in message
-    assert registry.read(JOB)["state"] == "FAILED"
+    assert registry.read(JOB)["state"] == "STOPPED"
