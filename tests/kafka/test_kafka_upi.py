@@ -67,7 +67,7 @@ def test_kafka_to_kafka_kill_dash_nine_read_committed_equals_oracle(upi, kafka, 
     kafka.create_topic(topic, 4)
     _kafka_job(upi, kafka, **{"source.topic": topic, "sink.kafka_topic": out_topic,
                               "checkpoint.interval_s": "0.5",
-                              "source.max_records_per_batch": "20000"})
+                              "source.max_records_per_batch": "50000"})
     feed_lines = events(10_000_000, merchants=30, rate_per_s=300, disorder_ms=4_000,
                         bad_every=997, seed=5)
     fed: list[bytes] = []
@@ -75,7 +75,7 @@ def test_kafka_to_kafka_kill_dash_nine_read_committed_equals_oracle(upi, kafka, 
 
     def feed() -> None:
         while not stop.is_set():
-            chunk = [next(feed_lines) for _ in range(300)]
+            chunk = [next(feed_lines) for _ in range(100)]
             kafka.produce(topic, [(_key(line), line) for line in chunk])
             fed.extend(chunk)
             stop.wait(0.1)
