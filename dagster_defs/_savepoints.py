@@ -452,8 +452,8 @@ def upgrade_job(
     specs: Sequence[StreamingJobSpec], translator: StreamingJobTranslator
 ) -> JobDefinition:
     """Stop with a savepoint and start the job file, as it is now, from it (Flink's stateful
-    upgrade); an incompatible savepoint fails the run with the runtime's list of differences
-    and leaves the job stopped with its savepoint."""
+    upgrade). New code that cannot take the job's state fails the run with the runtime's list
+    of differences (`srt savepoint check`) before anything is stopped."""
     relaunch = _relaunch_op(specs, translator, UPGRADE_JOB, rescale=False)
 
     @job(
