@@ -145,10 +145,7 @@ def _read_good(spark: SparkSession, src: SourceNode,
                dead_letters: DeadLetters | None = None) -> DataFrame:
     from pyspark.sql import functions as F
 
-    if getattr(src.source, "aligns_event_time", False):  # per-partition event time (Kafka)
-        df = src.source.read_stream(spark, dead_letters, watermark=src.watermark)
-    else:
-        df = src.source.read_stream(spark, dead_letters)
+    df = src.source.read_stream(spark, dead_letters, watermark=src.watermark)
     df = df.filter(F.col(ERROR).isNull()).drop(*META_COLUMNS)
     delay = src.watermark.max_out_of_orderness
     interval = spark_interval(delay) if delay.total_seconds() > 0 else "0 seconds"

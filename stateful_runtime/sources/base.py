@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from pyspark.sql.datasource import DataSource
 
     from stateful_runtime.sources._dead_letters import DeadLetters
+    from stateful_runtime.watermarks import WatermarkStrategy
 
 # Columns every source adds to the declared record fields.
 ERROR = "_error"  # null for a good record, else why it was rejected
@@ -47,9 +48,10 @@ class Source(ABC):
         """Fail fast, before Spark starts, if the source cannot be read (missing topic...)."""
 
     @abstractmethod
-    def read_stream(self, spark: SparkSession, dead_letters: DeadLetters | None = None
-                    ) -> DataFrame:
-        """The decoded stream, good and bad records alike."""
+    def read_stream(self, spark: SparkSession, dead_letters: DeadLetters | None = None,
+                    watermark: WatermarkStrategy | None = None) -> DataFrame:
+        """The decoded stream, good and bad records alike. With ``watermark``, a source may
+        align its partitions in event time (:mod:`stateful_runtime.sources._align`)."""
 
     @abstractmethod
     def dead_letters(self, job: str, staging: str) -> DeadLetters:

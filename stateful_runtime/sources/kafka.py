@@ -6,25 +6,18 @@ planning are shared (:mod:`._ranges`, :mod:`._dead_letters`). Each Spark task re
 range of one partition with ``isolation.level=read_committed`` (no consumer group; offsets live
 in the checkpoint only) and yields Arrow batches decoded by :mod:`._decode`.
 
-Per-partition event time (Flink's per-split watermarks): Spark's watermark is one number,
-``max(event time) - delay`` over everything read. Each task records the max event time of its
-split; when planning the next batch the driver holds back every partition whose event time is
-more than ``max_out_of_orderness`` ahead of the slowest *active* partition, so a lagging
-partition's records do not become late. A partition with nothing to read and no new record for
-``WatermarkStrategy.with_idleness(timeout)`` is idle and holds nobody back; without idleness a
-silent partition stalls the others, as in Flink.
+Partitions are aligned in event time (Flink's per-split watermarks, with idleness) as for
+every source: :mod:`._align`.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -53,11 +46,12 @@ from stateful_runtime._kafka import (
     redact,
 )
 from stateful_runtime.exceptions import ConfigError
+from stateful_runtime.sources import _align
+from stateful_runtime.sources._align import EventTimeAlignment
 from stateful_runtime.sources._dead_letters import DeadLetters, stage
 from stateful_runtime.sources._decode import decode_json, to_struct
 from stateful_runtime.sources._ranges import limit_offsets, split_ranges
 from stateful_runtime.sources.base import (
-    ERROR,
     OFFSET,
     PARTITION,
     Source,
@@ -153,8 +147,6 @@ class KafkaSource(Source):
         name: source name (default: the topics joined, or ``kafka``).
     """
 
-    # The planner passes the job's WatermarkStrategy to read_stream (per-partition alignment).
-    aligns_event_time = True
 
     def __init__(self, bootstrap_servers: str, topics: str | Sequence[str] | None = None,
                  schema: StructType | Mapping[str, Any] | None = None, *,
@@ -245,12 +237,7 @@ class KafkaSource(Source):
             opts["dead_letter_topic"] = dead_letters.sink.topic
             opts["job"] = dead_letters.sink.job
             opts["source_name"] = self.name
-        if watermark is not None and watermark.timestamp_field and dead_letters is not None:
-            opts["event_time_field"] = watermark.timestamp_field
-            opts["event_time_unit"] = watermark.timestamp_unit
-            opts["max_drift_ms"] = str(int(watermark.max_out_of_orderness.total_seconds() * 1e3))
-            opts["idleness_ms"] = ("" if watermark.idleness is None
-                                   else str(int(watermark.idleness.total_seconds() * 1e3)))
+        opts.update(_align.options(watermark, dead_letters.staging if dead_letters else None))
         return opts
 
     def dead_letters(self, job: str, staging: str) -> DeadLetters:
@@ -310,17 +297,6 @@ def _consumer(config_json: str) -> Any:
     return c
 
 
-def _to_ms(values: pa.Array, unit: str) -> int | None:
-    import pyarrow.compute as pc
-
-    if unit == "timestamp":
-        values = pc.cast(values, pa.timestamp("ms")).cast(pa.int64())
-    top = pc.max(values).as_py()
-    if top is None:
-        return None
-    return int(top) * 1000 if unit == "s" else int(top)
-
-
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: Mapping[str, str]) -> None:
         self.config_json = options["config"]
@@ -340,17 +316,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.dead_letters = DeadLetters(self.staging, KafkaDeadLetterSink(
                 self.config, options["dead_letter_topic"], source=options["source_name"],
                 job=options["job"], source_topics=self.topics, source_pattern=self.pattern))
-        self.ts_field = options.get("event_time_field")
-        self.ts_unit = options.get("event_time_unit", "ms")
-        self.drift_ms = int(options.get("max_drift_ms") or 0)
-        idle = options.get("idleness_ms")
-        self.idle_s = int(idle) / 1e3 if idle else None
-        self.stats = None if (self.staging is None or not self.ts_field) else (
-            self.staging.rstrip("/") + ".event-time")
+        self.align = EventTimeAlignment.of(options)
         self.target: dict[str, int] | None = None
-        self.frontier: dict[str, int] = {}
-        self._arrival: dict[str, float] = {}
-        self._seen_end: dict[str, int] = {}
         self._admin: Any = None
 
     # -- driver side: offsets ------------------------------------------------------------
@@ -428,48 +395,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         ends = self._ends() if self.target is None else self.target
         start = self._with_new_partitions(start, ends)
-        if self.stats is not None:  # held-back partitions first, so the cap goes to the others
-            ends = self._align(start, ends)
+        if self.align is not None:  # held-back partitions first, so the cap goes to the others
+            ends = self.align.hold_back(start, ends, bounded=self.target is not None)
         return (limit_offsets(start, ends, limit.max_rows) if isinstance(limit, ReadMaxRows)
                 else {**start, **ends})
-
-    def _refresh_frontiers(self) -> None:
-        path = Path(self.stats)  # type: ignore[arg-type]
-        if not path.is_dir():
-            return
-        for f in path.glob("*.json"):
-            key = f.name[:-5].rsplit("-", 2)[0]
-            try:
-                top = json.loads(f.read_text())["max"]
-            except (OSError, ValueError, KeyError):
-                continue
-            if top > self.frontier.get(key, -math.inf):
-                self.frontier[key] = top
-            f.unlink(missing_ok=True)
-
-    def _align(self, start: dict, ends: dict) -> dict:
-        """``ends`` with every partition that runs ahead in event time of the slowest active
-        one held at its start offset."""
-        now = time.monotonic()
-        for k, e in ends.items():
-            if e > self._seen_end.get(k, -1):
-                self._seen_end[k] = e
-                self._arrival[k] = now
-        self._refresh_frontiers()
-
-        def idle(k: str) -> bool:
-            return (self.idle_s is not None and ends[k] <= start.get(k, 0)
-                    and now - self._arrival.get(k, now) >= self.idle_s)
-
-        active = [self.frontier.get(k, -math.inf) for k in ends if not idle(k)]
-        if not active:
-            return ends
-        low = min(active)
-        out = {k: (start.get(k, 0) if self.frontier.get(k, -math.inf) > low + self.drift_ms
-                   else v) for k, v in ends.items()}
-        if self.target is not None and all(out[k] <= start.get(k, 0) for k in out):
-            return ends  # a bounded (availableNow) run never waits
-        return out
 
     def reportLatestOffset(self) -> dict:
         return self._ends()
@@ -548,22 +477,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         key = f"{split.topic}:{split.partition}"
         if self.staging is not None and tables:
             stage(self.staging, key, split.start, split.end, pa.concat_tables(tables))
-        if self.stats is not None and tables:
-            self._stage_frontier(key, split, tables)
+        if self.align is not None and tables:
+            self.align.record(key, split.start, split.end, tables)
         for table in tables:
             yield from table.to_batches()
-
-    def _stage_frontier(self, key: str, split: KafkaSplit, tables: list[pa.Table]) -> None:
-        import pyarrow.compute as pc
-
-        tops = [_to_ms(t.filter(pc.is_null(t.column(ERROR))).column(self.ts_field),
-                       self.ts_unit) for t in tables]
-        tops = [t for t in tops if t is not None]
-        if not tops:
-            return
-        path = Path(self.stats)  # type: ignore[arg-type]
-        path.mkdir(parents=True, exist_ok=True)
-        final = path / f"{key}-{split.start}-{split.end}.json"
-        tmp = path / f".{final.name}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps({"max": max(tops)}))
-        os.replace(tmp, final)

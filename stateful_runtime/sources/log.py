@@ -42,6 +42,8 @@ from stateful_runtime.sources.base import (
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from stateful_runtime.watermarks import WatermarkStrategy
+
 FORMAT = "srt_log"
 # Upper bound on one Spark task's offset range, so one busy partition still spreads over cores.
 MAX_SPLIT_RECORDS = 250_000
@@ -109,8 +111,8 @@ class LogSource(Source):
         """Decode raw records exactly as the job does: declared fields + ``_error``/``_raw``."""
         return decode_json(values, self.schema)
 
-    def read_stream(self, spark: SparkSession, dead_letters: DeadLetters | None = None
-                    ) -> DataFrame:
+    def read_stream(self, spark: SparkSession, dead_letters: DeadLetters | None = None,
+                    watermark: WatermarkStrategy | None = None) -> DataFrame:
         info = EventLog(self.log_dir).topic(self.topic)
         register(spark, EventLogDataSource)
         reader = (
@@ -126,6 +128,7 @@ class LogSource(Source):
             reader = (reader.option("dead_letter_staging", dead_letters.staging)
                       .option("dead_letter_topic", dead_letters.sink.topic)
                       .option("job", dead_letters.sink.job))
+
         return reader.load()
 
     def dead_letters(self, job: str, staging: str) -> DeadLetters:

@@ -1,0 +1,137 @@
+"""Per-partition event-time alignment with idleness, shared by the sources.
+
+Spark keeps one watermark per query: the maximum event time seen minus the out-of-orderness
+bound. A partition that lags the others in event time (a smaller backlog share, a slow
+producer) would see its records fall behind that watermark and be dropped as late. Flink
+tracks a watermark per partition and takes the minimum; we get the same effect by alignment in
+the source (Flink's watermark alignment):
+
+* every read task records the largest event time of its split in a small stats file
+  (:meth:`EventTimeAlignment.record`, next to the dead-letter staging directory);
+* when planning the next batch, the driver holds back at its start offset every partition more
+  than the bound ahead of the slowest *active* partition (:meth:`EventTimeAlignment.hold_back`),
+  before the batch's record cap is shared among the rest;
+* a partition with nothing new to read for longer than ``WatermarkStrategy.with_idleness`` is
+  idle and holds nobody back; without idleness a silent partition stalls the others (Flink's
+  behaviour too).
+
+Alignment works at batch granularity: it cannot stop a partition from covering more than the
+bound within one batch (the watermark then passes the slow partition's next records), so keep
+``max_records_per_batch`` small against a partition's event-time rate, or see NOTES.md
+(event time looked up at plan time). The frontiers live in the driver (the first batch after a
+restart is not held back), and a bounded (``--available-now``) run never waits.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from stateful_runtime.sources.base import ERROR
+
+if TYPE_CHECKING:
+    from stateful_runtime.watermarks import WatermarkStrategy
+
+
+def options(watermark: WatermarkStrategy | None, staging: str | None) -> dict[str, str]:
+    """DataSource options that switch alignment on (needs the query's staging directory)."""
+    if watermark is None or not watermark.timestamp_field or staging is None:
+        return {}
+    return {
+        "event_time_field": watermark.timestamp_field,
+        "event_time_unit": watermark.timestamp_unit,
+        "max_drift_ms": str(int(watermark.max_out_of_orderness.total_seconds() * 1e3)),
+        "idleness_ms": ("" if watermark.idleness is None
+                        else str(int(watermark.idleness.total_seconds() * 1e3))),
+    }
+
+
+def _max_ms(values: pa.Array, unit: str) -> int | None:
+    """Largest event time of a column in ms (``unit``: ms, s or timestamp)."""
+    if unit == "timestamp":
+        values = pc.cast(values, pa.timestamp("ms")).cast(pa.int64())
+    top = pc.max(values).as_py()
+    if top is None:
+        return None
+    return int(top) * 1000 if unit == "s" else int(top)
+
+
+class EventTimeAlignment:
+    """Driver and task sides of alignment for one source reader (None if not configured)."""
+
+    def __init__(self, opts: Mapping[str, str], staging: str) -> None:
+        self.field = opts["event_time_field"]
+        self.unit = opts.get("event_time_unit", "ms")
+        self.drift_ms = int(opts.get("max_drift_ms") or 0)
+        idle = opts.get("idleness_ms")
+        self.idle_s = int(idle) / 1e3 if idle else None
+        self.stats = Path(staging.rstrip("/") + ".event-time")
+        self.frontier: dict[str, float] = {}
+        self._arrival: dict[str, float] = {}
+        self._seen_end: dict[str, int] = {}
+
+    @classmethod
+    def of(cls, opts: Mapping[str, str]) -> EventTimeAlignment | None:
+        staging = opts.get("dead_letter_staging")
+        return cls(opts, staging) if staging and opts.get("event_time_field") else None
+
+    # -- task side ---------------------------------------------------------------------------
+    def record(self, key: str, start: int, end: int, tables: Sequence[pa.Table]) -> None:
+        """Record the largest event time of the good records of split ``key[start:end]``."""
+        tops = [_max_ms(t.filter(pc.is_null(t.column(ERROR))).column(self.field), self.unit)
+                for t in tables]
+        tops = [t for t in tops if t is not None]
+        if not tops:
+            return
+        self.stats.mkdir(parents=True, exist_ok=True)
+        final = self.stats / f"{key}-{start}-{end}.json"
+        tmp = self.stats / f".{final.name}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps({"max": max(tops)}))
+        os.replace(tmp, final)
+
+    # -- driver side -------------------------------------------------------------------------
+    def _refresh(self) -> None:
+        if not self.stats.is_dir():
+            return
+        for f in self.stats.glob("*.json"):
+            key = f.name[:-5].rsplit("-", 2)[0]
+            try:
+                top = json.loads(f.read_text())["max"]
+            except (OSError, ValueError, KeyError):
+                continue
+            if top > self.frontier.get(key, -math.inf):
+                self.frontier[key] = top
+            f.unlink(missing_ok=True)
+
+    def hold_back(self, start: Mapping[str, int], ends: dict[str, int], *,
+                  bounded: bool) -> dict[str, int]:
+        """``ends`` with every partition that runs ahead in event time of the slowest active
+        one held at its start offset."""
+        now = time.monotonic()
+        for k, e in ends.items():
+            if e > self._seen_end.get(k, -1):
+                self._seen_end[k] = e
+                self._arrival[k] = now
+        self._refresh()
+
+        def idle(k: str) -> bool:
+            return (self.idle_s is not None and ends[k] <= start.get(k, 0)
+                    and now - self._arrival.get(k, now) >= self.idle_s)
+
+        active = [self.frontier.get(k, -math.inf) for k in ends if not idle(k)]
+        if not active:
+            return ends
+        low = min(active)
+        out = {k: (start.get(k, 0) if self.frontier.get(k, -math.inf) > low + self.drift_ms
+                   else v) for k, v in ends.items()}
+        if bounded and all(out[k] <= start.get(k, 0) for k in out):
+            return ends  # a bounded (availableNow) run never waits
+        return out
