@@ -15,11 +15,15 @@ the source (Flink's watermark alignment):
   idle and holds nobody back; without idleness a silent partition stalls the others (Flink's
   behaviour too).
 
-Alignment works at batch granularity: it cannot stop a partition from covering more than the
-bound within one batch (the watermark then passes the slow partition's next records), so keep
-``max_records_per_batch`` small against a partition's event-time rate, or see NOTES.md
-(event time looked up at plan time). The frontiers live in the driver (the first batch after a
-restart is not held back), and a bounded (``--available-now``) run never waits.
+This *recorded* alignment works at batch granularity: it cannot stop a partition from covering
+more than the bound within one batch (the watermark then passes the slow partition's next
+records). The frontiers live in the driver (the first batch after a restart is not held back),
+and a bounded (``--available-now``) run never waits. Kafka uses it.
+
+A source that can read one record's event time cheaply (the embedded event log: one RocksDB
+read) aligns at *plan time* instead, which has no such gap: :func:`bound_by_event_time` cuts
+each partition's range where its event time passes the slowest partition's end by more than
+the bound.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,9 +45,10 @@ if TYPE_CHECKING:
     from stateful_runtime.watermarks import WatermarkStrategy
 
 
-def options(watermark: WatermarkStrategy | None, staging: str | None) -> dict[str, str]:
-    """DataSource options that switch alignment on (needs the query's staging directory)."""
-    if watermark is None or not watermark.timestamp_field or staging is None:
+def options(watermark: WatermarkStrategy | None) -> dict[str, str]:
+    """DataSource options that switch alignment on (the recording side also needs the query's
+    dead-letter staging directory)."""
+    if watermark is None or not watermark.timestamp_field:
         return {}
     return {
         "event_time_field": watermark.timestamp_field,
@@ -135,3 +140,66 @@ class EventTimeAlignment:
         if bounded and all(out[k] <= start.get(k, 0) for k in out):
             return ends  # a bounded (availableNow) run never waits
         return out
+
+
+# -- plan-time alignment (sources that can read one record's event time cheaply) ----------------
+
+def record_time(value: bytes, field: str, unit: str) -> int | None:
+    """Event time (ms) of one raw JSON record, None if it has none."""
+    try:
+        ts = json.loads(value)[field]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if isinstance(ts, bool):
+        return None
+    if isinstance(ts, int | float):
+        return int(ts * 1000) if unit == "s" else int(ts)
+    if isinstance(ts, str):
+        from datetime import UTC, datetime
+
+        try:
+            dt = datetime.fromisoformat(ts)
+        except ValueError:
+            return None
+        return int((dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp() * 1000)
+    return None
+
+
+# How far back from a range's end to look for a record with an event time (bad records).
+LOOK_BACK = 32
+
+
+def bound_by_event_time(start: Mapping[str, int], ends: dict[str, int],
+                        time_at: Callable[[str, int], int | None], drift_ms: int
+                        ) -> dict[str, int]:
+    """Cut every partition's range where its event time passes the slowest partition's end by
+    more than ``drift_ms``, so that no record of this batch moves the watermark past records
+    the slowest partition has not read yet. ``time_at(partition, offset)`` reads one record's
+    event time. Partitions are assumed ordered in event time up to ``drift_ms`` (a bisection
+    finds the cut); a partition with nothing to read does not hold the others (it counts as
+    idle at once)."""
+    last: dict[str, int] = {}
+    for k, e in ends.items():
+        lo = start.get(k, 0)
+        for o in range(e - 1, max(lo, e - LOOK_BACK) - 1, -1):
+            t = time_at(k, o)
+            if t is not None:
+                last[k] = t
+                break
+    if len(last) < 2:
+        return ends
+    target = min(last.values()) + drift_ms
+    out = dict(ends)
+    for k, t in last.items():
+        if t <= target:
+            continue
+        lo, hi = start.get(k, 0), ends[k]  # first offset in [lo, hi) past the target
+        while lo < hi:
+            mid = (lo + hi) // 2
+            tm = time_at(k, mid)
+            if tm is not None and tm > target:
+                hi = mid
+            else:
+                lo = mid + 1
+        out[k] = lo
+    return out

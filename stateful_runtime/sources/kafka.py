@@ -237,7 +237,7 @@ class KafkaSource(Source):
             opts["dead_letter_topic"] = dead_letters.sink.topic
             opts["job"] = dead_letters.sink.job
             opts["source_name"] = self.name
-        opts.update(_align.options(watermark, dead_letters.staging if dead_letters else None))
+        opts.update(_align.options(watermark))
         return opts
 
     def dead_letters(self, job: str, staging: str) -> DeadLetters:

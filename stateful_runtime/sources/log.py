@@ -28,6 +28,7 @@ from pyspark.sql.types import (
 from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.log import EventLog, cached_reader
 from stateful_runtime.sinks.log import DeadLetterSink
+from stateful_runtime.sources import _align
 from stateful_runtime.sources._dead_letters import DeadLetters, stage
 from stateful_runtime.sources._decode import decode_json, to_struct
 from stateful_runtime.sources._ranges import limit_offsets, split_ranges
@@ -128,6 +129,8 @@ class LogSource(Source):
             reader = (reader.option("dead_letter_staging", dead_letters.staging)
                       .option("dead_letter_topic", dead_letters.sink.topic)
                       .option("job", dead_letters.sink.job))
+        for k, v in _align.options(watermark).items():  # plan-time event-time alignment
+            reader = reader.option(k, v)
 
         return reader.load()
 
@@ -170,6 +173,9 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.dead_letters = None if self.staging is None else DeadLetters(
             self.staging, DeadLetterSink(self.log_dir, options["dead_letter_topic"],
                                          source_topic=self.topic, job=options["job"]))
+        self.time_field = options.get("event_time_field")
+        self.time_unit = options.get("event_time_unit", "ms")
+        self.drift_ms = int(options.get("max_drift_ms") or 0)
 
     def _ends(self) -> dict[str, int]:
         ends = cached_reader(self.log_dir, self.topic).end_offsets()
@@ -188,9 +194,22 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         ends = self._ends() if self.target is None else self.target
+        # Event-time cut first (so the cap is shared over what may be read), then the cap,
+        # then the cut again (the cap ends partitions at different event times).
+        if self.time_field:
+            ends = _align.bound_by_event_time(start, ends, self._time_at, self.drift_ms)
         if isinstance(limit, ReadMaxRows):
-            return limit_offsets(start, ends, limit.max_rows)
+            ends = limit_offsets(start, ends, limit.max_rows)
+            if self.time_field:
+                ends = _align.bound_by_event_time(start, ends, self._time_at, self.drift_ms)
         return ends
+
+    def _time_at(self, partition: str, offset: int) -> int | None:
+        values = cached_reader(self.log_dir, self.topic).read_values(int(partition), offset,
+                                                                    offset + 1)
+        if not values:
+            return None
+        return _align.record_time(values[0], self.time_field, self.time_unit)
 
     def reportLatestOffset(self) -> dict:
         return self._ends()
