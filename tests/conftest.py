@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +57,44 @@ def srt(args: Sequence[str], env: dict[str, str], *, cwd: Path | None = None,
         [str(VENV_BIN / "srt"), *args], env=env, cwd=cwd, input=input,
         capture_output=True, timeout=timeout, **({} if input is not None else {"text": True}),
     )
+
+
+def srt_background(args: Sequence[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """Start the real `srt` in a session of its own (one killpg reaches its driver, JVM and
+    Python workers, as a machine crash would), its output going to ``log``."""
+    with log.open("w") as out:
+        return subprocess.Popen([str(VENV_BIN / "srt"), *args], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """kill -9 a process started by :func:`srt_background`, with everything it started."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def wait_for(cond: Callable[[], bool], proc: subprocess.Popen, log: Path, what: str,
+             timeout: float = 240) -> None:
+    """Poll ``cond``; fail with the end of the job's log if it exits or time runs out first."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"no {what} (job exit code {proc.poll()}):\n"
+                                 f"{log.read_text()[-4000:]}")
+        time.sleep(0.05)
+
+
+def wait_for_commit(qdir: Path, after: int | None, proc: subprocess.Popen, log: Path,
+                    timeout: float = 240) -> None:
+    """Poll the checkpoint until a batch newer than ``after`` is committed."""
+    from stateful_runtime import checkpoint
+
+    floor = after if after is not None else -1
+    wait_for(lambda: (checkpoint.last_committed(qdir) or -1) > floor, proc, log,
+             "new committed batch", timeout)
 
 
 @dataclass

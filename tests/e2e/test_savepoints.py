@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from stateful_runtime.exceptions import IncompatibleSavepointError
 from stateful_runtime.job import load_job_file
 from stateful_runtime.runtime.runner import JobRunner
 from stateful_runtime.state_reader import checkpoint_of, inspect
-from tests.conftest import EXAMPLES, VENV_BIN, append_lines, srt
+from tests.conftest import EXAMPLES, append_lines, kill_group, srt, srt_background, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -146,20 +145,6 @@ def expected_counts(lines) -> Counter:
     return Counter(json.loads(line)["merchant_id"] for line in lines)
 
 
-def _srt_popen(args, env, log: Path) -> subprocess.Popen:
-    return subprocess.Popen([str(VENV_BIN / "srt"), *args], env=env, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _poll(cond, proc, log: Path, what: str, timeout: float = 240):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert proc.poll() is None, f"job exited ({proc.returncode}) before {what}:\n" \
-                                    f"{log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
 def test_savepoint_while_running_then_stop_with_savepoint_upgrade_and_restore(
         upi, tmp_path, srt_env):
     """Savepoint of a running job (it keeps running), stop-with-savepoint, new code with a new
@@ -173,17 +158,17 @@ def test_savepoint_while_running_then_stop_with_savepoint_upgrade_and_restore(
             "--set", f"checkpoint.dir={tmp_path / 'ck'}", "--set", f"savepoint.dir={roots}"]
     append_lines(upi.log_dir, THIRDS[0])
     log = tmp_path / "v1.log"
-    proc = _srt_popen(["run", str(v1), *sets], srt_env, log)
+    proc = srt_background(["run", str(v1), *sets], srt_env, log)
     qdir = tmp_path / "ck" / "counter"
     try:
-        _poll(lambda: (checkpoint.last_committed(qdir) or -1) >= 1, proc, log, "two batches")
+        wait_for(lambda: (checkpoint.last_committed(qdir) or -1) >= 1, proc, log, "two batches")
         taken = srt(["savepoint", "create", "payment-counter", "--json"], srt_env)
         assert taken.returncode == 0, taken.stderr
         early = json.loads(taken.stdout)
         assert proc.poll() is None  # the job kept running
         append_lines(upi.log_dir, THIRDS[1])
         total = len(THIRDS[0]) + len(THIRDS[1])
-        _poll(lambda: counted(db) == total, proc, log, "all events counted")
+        wait_for(lambda: counted(db) == total, proc, log, "all events counted")
         stopped = srt(["savepoint", "create", "payment-counter", "--stop", "--json"], srt_env)
         assert stopped.returncode == 0, stopped.stderr + log.read_text()[-3000:]
         final = json.loads(stopped.stdout)
@@ -191,7 +176,7 @@ def test_savepoint_while_running_then_stop_with_savepoint_upgrade_and_restore(
         assert proc.wait(timeout=60) == 0
     finally:
         if proc.poll() is None:
-            proc.kill()
+            kill_group(proc)
     listed = srt(["savepoint", "list", "payment-counter", "--json"], srt_env)
     assert [r["id"] for r in json.loads(listed.stdout)] == [early["id"], final["id"]]
     assert early["batches"]["counter"] < final["batches"]["counter"]

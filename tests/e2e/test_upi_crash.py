@@ -8,10 +8,7 @@ mid-sink-transaction or between the sink's commit and Spark's commit marker.
 
 from __future__ import annotations
 
-import os
 import random
-import signal
-import subprocess
 import threading
 import time
 
@@ -21,22 +18,12 @@ from upi_events import events, oracle
 from stateful_runtime import checkpoint
 from stateful_runtime.log import EventLog
 from stateful_runtime.log._ingest import _records
-from tests.conftest import VENV_BIN, srt
+from tests.conftest import kill_group, srt, srt_background, wait_for_commit
 
 pytestmark = pytest.mark.slow
 
 KILLS = 5
 QUERY = "upi-counts"
-
-
-def _wait_for_commit(qdir, after: int | None, proc: subprocess.Popen, log, timeout: float):
-    """Poll the checkpoint until a batch newer than ``after`` is committed."""
-    deadline = time.monotonic() + timeout
-    while (checkpoint.last_committed(qdir) or -1) <= (after if after is not None else -1):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise AssertionError(f"no new committed batch (job exit code {proc.poll()}):\n"
-                                 f"{log.read_text()[-4000:]}")
-        time.sleep(0.05)
 
 
 def test_kill_dash_nine_five_times_result_equals_oracle(upi, srt_env):
@@ -64,17 +51,12 @@ def test_kill_dash_nine_five_times_result_equals_oracle(upi, srt_env):
         for kill in range(KILLS):
             before = checkpoint.last_committed(qdir)
             log = upi.root / f"run-{kill}.log"
-            with log.open("w") as out:
-                proc = subprocess.Popen(
-                    [str(VENV_BIN / "srt"), *upi.run_args()], env=srt_env,
-                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                )
+            proc = srt_background(upi.run_args(), srt_env, log)
             try:
-                _wait_for_commit(qdir, before, proc, log, timeout=240)
+                wait_for_commit(qdir, before, proc, log)
                 time.sleep(rng.uniform(0, 1.5))  # the random point: not a synchronisation
             finally:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+                kill_group(proc)
     finally:
         stop.set()
         feeder.join()

@@ -10,10 +10,7 @@ each (window, batch) update once, and the last update per window equals the orac
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
-import subprocess
 import threading
 import time
 from datetime import datetime
@@ -23,8 +20,7 @@ from upi_events import events, oracle
 
 from stateful_runtime import checkpoint
 from stateful_runtime.sinks.kafka import AFTER_COMMIT_HOOK, BATCH_HEADER
-from tests.conftest import VENV_BIN, srt
-from tests.e2e.test_upi_crash import _wait_for_commit
+from tests.conftest import kill_group, srt, srt_background, wait_for, wait_for_commit
 
 pytestmark = pytest.mark.slow
 
@@ -91,23 +87,16 @@ def test_kafka_to_kafka_kill_dash_nine_read_committed_equals_oracle(upi, kafka, 
             if kill == HOOK_KILL:
                 env[AFTER_COMMIT_HOOK] = str(hook_dir)
             log = upi.root / f"run-{kill}.log"
-            with log.open("w") as out:
-                proc = subprocess.Popen([str(VENV_BIN / "srt"), *upi.run_args()], env=env,
-                                        stdout=out, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+            proc = srt_background(upi.run_args(), env, log)
             try:
                 if kill == HOOK_KILL:
-                    deadline = time.monotonic() + 240
-                    while not any(hook_dir.glob("committed-*")):
-                        assert proc.poll() is None and time.monotonic() < deadline, \
-                            log.read_text()[-4000:]
-                        time.sleep(0.05)
+                    wait_for(lambda: any(hook_dir.glob("committed-*")), proc, log,
+                             "Kafka commit at the hook")
                 else:
-                    _wait_for_commit(qdir, before, proc, log, timeout=240)
+                    wait_for_commit(qdir, before, proc, log)
                     time.sleep(rng.uniform(0, 1.5))  # the random point: not a synchronisation
             finally:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+                kill_group(proc)
             if kill == HOOK_KILL:  # Kafka has batch N, Spark's checkpoint does not
                 hooked = int(next(hook_dir.glob("committed-*")).name.split("-")[1])
                 assert (checkpoint.last_committed(qdir) or -1) < hooked
