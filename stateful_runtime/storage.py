@@ -58,9 +58,6 @@ class Store(ABC):
     @abstractmethod
     def delete(self, keys: list[str]) -> None: ...
 
-    def exists(self, key: str) -> bool:
-        return any(o.key == key for o in self.list(key))
-
     def children(self) -> set[str]:
         """First path component of every key (the savepoints under a savepoint root)."""
         return {o.key.split("/", 1)[0] for o in self.list() if "/" in o.key}
@@ -109,7 +106,10 @@ class LocalStore(Store):
 
     def get_file(self, key: str, local: Path) -> None:
         local.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(self._path(key), local)
+        try:
+            shutil.copyfile(self._path(key), local)
+        except FileNotFoundError:
+            raise StorageError(f"{self._path(key)} does not exist") from None
 
     def list(self, prefix: str = "") -> Iterator[StoredObject]:
         base = self._path(prefix)
@@ -219,7 +219,3 @@ def open_store(location: str | Path) -> Store:
     if "://" in text:
         raise ConfigError(f"unsupported location {text!r}: use a local path or s3://bucket/prefix")
     return LocalStore(text)
-
-
-def is_remote(location: str | Path) -> bool:
-    return str(location).startswith("s3://")
