@@ -104,6 +104,7 @@ def test_idle_partition_does_not_stall_windows(spark, kafka, tmp_path, idleness)
         deadline = time.monotonic() + 90
         while len(closed) < 4 and time.monotonic() < deadline:
             time.sleep(0.2)
+            assert q.isActive, f"the query failed: {q.exception()}"
             if not idleness and sum(p["numInputRows"] for p in q.recentProgress) >= 50:
                 # Partition 1 fully read, partition 0 held back: give it 8 s (8x the
                 # idleness of the other case) to show it does not move.
