@@ -39,6 +39,9 @@ def spark_conf(parallelism: int, master: str) -> dict[str, str]:
         "spark.driver.extraJavaOptions": java_opts,
         "spark.executor.extraJavaOptions": java_opts,
         "spark.executorEnv.PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
+        # A Python worker that dies (a native crash in a client library) reports where, in the
+        # query's error, instead of a bare EOFException.
+        "spark.python.worker.faulthandler.enabled": "true",
     }
 
 
