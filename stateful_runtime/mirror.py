@@ -20,14 +20,13 @@ checkpoint on an empty disk (checksums verified) and the job continues exactly o
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from stateful_runtime import checkpoint
 from stateful_runtime.exceptions import SavepointError
-from stateful_runtime.savepoint import FORMAT_VERSION, Savepoint, sha256_file
+from stateful_runtime.savepoint import Savepoint, new_manifest, query_entry, sha256_file
 from stateful_runtime.storage import Store, open_store
 
 PREFIX = "_mirror/"
@@ -79,11 +78,7 @@ class CheckpointMirror:
         uploaded = uploaded_bytes = 0
         for q, batch in batches.items():
             qdir = self.checkpoint_dir / q
-            committed = checkpoint.committed_offsets(qdir, batch) or {}
-            queries[q] = {"batch": batch, "watermark_ms": committed.get("watermark_ms"),
-                          "offsets": committed.get("sources"), "pending_batch": None,
-                          "state_partitions": checkpoint.state_partitions(qdir, batch),
-                          "checkpoint_dir": str(qdir)}
+            queries[q] = query_entry(qdir, batch, pending=False)
             for rel in checkpoint.batch_files(qdir, batch, pending=False):
                 key, path = f"{q}/{rel}", qdir / rel
                 entry = self.known.get(key)
@@ -97,15 +92,8 @@ class CheckpointMirror:
                     uploaded_bytes += entry["size"]
                     self.known[key] = entry
                 entries.append(entry)
-        now = time.time()
-        manifest = {
-            "format_version": FORMAT_VERSION, "kind": "mirror", "id": "", "job": owner["job"],
-            "fingerprint": owner.get("fingerprint"), "spark_version": None,
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
-            "created_at_epoch": now, "restored_from": owner.get("restored_from"),
-            "queries": queries, "files": entries,
-        }
-        self.store.put_bytes(f"{PREFIX}{int(now * 1000):015d}.json",
+        manifest = new_manifest("mirror", "", owner, queries, entries)
+        self.store.put_bytes(f"{PREFIX}{int(manifest['created_at_epoch'] * 1000):015d}.json",
                              json.dumps(manifest).encode())
         self._prune()
         self.synced = batches

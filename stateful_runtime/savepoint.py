@@ -110,6 +110,29 @@ class Savepoint:
         }
 
 
+def query_entry(qdir: Path, batch: int, *, pending: bool) -> dict[str, Any]:
+    """What a manifest says of one query at committed ``batch``."""
+    committed = checkpoint.committed_offsets(qdir, batch) or {}
+    return {"batch": batch, "watermark_ms": committed.get("watermark_ms"),
+            "offsets": committed.get("sources"), "pending_batch": batch + 1 if pending else None,
+            "state_partitions": checkpoint.state_partitions(qdir, batch),
+            "checkpoint_dir": str(qdir)}
+
+
+def new_manifest(kind: str, sid: str, owner: dict[str, Any], queries: dict[str, Any],
+                 files: list[dict[str, Any]]) -> dict[str, Any]:
+    """A manifest (savepoints and mirror snapshots share the shape and the restore path)."""
+    from importlib.metadata import version
+
+    now = time.time()
+    return {
+        "format_version": FORMAT_VERSION, "kind": kind, "id": sid, "job": owner["job"],
+        "fingerprint": owner.get("fingerprint"), "spark_version": version("pyspark"),
+        "created_at": _utc(now), "created_at_epoch": now,
+        "restored_from": owner.get("restored_from"), "queries": queries, "files": files,
+    }
+
+
 # -- taking a savepoint --------------------------------------------------------------------------
 
 def new_id(job: str) -> str:
@@ -136,15 +159,9 @@ def create(checkpoint_dir: str | Path, target: str | Path, *, kind: str = "savep
             raise SavepointError(
                 f"query {qname} of job {job!r} has not committed a batch yet: take the savepoint "
                 f"after its first batch (`srt status {job}` shows the last committed batch)")
-        committed = checkpoint.committed_offsets(qdir, batch) or {}
         rels = checkpoint.batch_files(qdir, batch)
-        queries[qname] = {
-            "batch": batch, "watermark_ms": committed.get("watermark_ms"),
-            "offsets": committed.get("sources"),
-            "pending_batch": batch + 1 if f"offsets/{batch + 1}" in rels else None,
-            "state_partitions": checkpoint.state_partitions(qdir, batch),
-            "checkpoint_dir": str(qdir),
-        }
+        queries[qname] = query_entry(qdir, batch,
+                                     pending=f"offsets/{batch + 1}" in rels)
         files += [(f"{qname}/{rel}", qdir / rel) for rel in rels]
 
     store = open_store(target)
@@ -158,15 +175,7 @@ def create(checkpoint_dir: str | Path, target: str | Path, *, kind: str = "savep
             raise SavepointError(f"savepoint {sid} interrupted after {i} files (test hook)")
         entries.append({"path": key, "size": path.stat().st_size, "sha256": sha256_file(path)})
         store.put_file(path, f"{sid}/{key}")
-    import pyspark
-
-    now = time.time()
-    manifest = {
-        "format_version": FORMAT_VERSION, "kind": kind, "id": sid, "job": job,
-        "fingerprint": owner.get("fingerprint"), "spark_version": pyspark.__version__,
-        "created_at": _utc(now), "created_at_epoch": now,
-        "restored_from": owner.get("restored_from"), "queries": queries, "files": entries,
-    }
+    manifest = new_manifest(kind, sid, owner, queries, entries)
     try:
         store.put_bytes(f"{sid}/{MANIFEST}", json.dumps(manifest, indent=1).encode(),
                         create_only=True)
