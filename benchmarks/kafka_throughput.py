@@ -50,12 +50,12 @@ def main() -> None:
     ap.add_argument("--output", default=str(ROOT / "benchmarks/results/kafka_throughput.json"))
     args = ap.parse_args()
     from confluent_kafka import Producer
+    from tests.kafka.conftest import start_broker
     from upi_events import events
 
+    from stateful_runtime.connectors.kafka.sink import KafkaSink
+    from stateful_runtime.connectors.kafka.source import KafkaSource
     from stateful_runtime.runtime.session import build_session
-    from stateful_runtime.sinks.kafka import KafkaSink
-    from stateful_runtime.sources.kafka import KafkaSource
-    from tests.kafka.conftest import start_broker
 
     work = Path(tempfile.mkdtemp(prefix="srt-kafka-bench-"))
     broker = start_broker(work / "data")

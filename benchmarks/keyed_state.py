@@ -54,8 +54,8 @@ def main() -> None:
         ValueStateDescriptor,
         WatermarkStrategy,
     )
-    from stateful_runtime.log import EventLog
-    from stateful_runtime.log._ingest import _records
+    from stateful_runtime.connectors.eventlog import EventLog
+    from stateful_runtime.connectors.eventlog.ingest import _records
     from stateful_runtime.planner import _read_good, plan
     from stateful_runtime.runtime.session import build_session
     from stateful_runtime.windows import EventTimeSessionWindows

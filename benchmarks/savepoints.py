@@ -3,7 +3,7 @@
 For each state size (keys), the UPI job (native window path) builds state with one open
 window per key, then runs churn batches that touch ``--churn`` of the keys. Reported per size:
 
-* ``savepoint``: seconds and bytes of ``savepoint.create`` (the files batch N needs), against
+* ``savepoint``: seconds and bytes of ``savepoints.create`` (the files batch N needs), against
   the bytes of the whole checkpoint directory;
 * ``restore``: seconds to lay the savepoint out again (copy + sha256 of every file), and the
   first run on the restored checkpoint over one churn batch (RocksDB load included);
@@ -48,10 +48,10 @@ def _dir_bytes(path: Path) -> int:
 
 
 def bench(keys: int, churn: float, batches: int, work: Path) -> dict:
-    from stateful_runtime import savepoint
-    from stateful_runtime.job import load_job_file
-    from stateful_runtime.log import EventLog
-    from stateful_runtime.log._ingest import _records
+    from stateful_runtime.checkpoints import restore, savepoints
+    from stateful_runtime.connectors.eventlog import EventLog
+    from stateful_runtime.connectors.eventlog.ingest import _records
+    from stateful_runtime.runtime.loader import load_job_file
     from stateful_runtime.runtime.runner import JobRunner
 
     log = EventLog(work / "log")
@@ -88,10 +88,10 @@ def bench(keys: int, churn: float, batches: int, work: Path) -> dict:
                        "checkpoint_bytes": s.bytes_referenced,
                        "share": s.bytes_uploaded / s.bytes_referenced})
     t = time.perf_counter()
-    sp = savepoint.create(ckpt, work / "savepoints")
+    sp = savepoints.create(ckpt, work / "savepoints")
     sp_s = time.perf_counter() - t
     t = time.perf_counter()
-    savepoint.materialize(sp, work / "laid-out")
+    restore.materialize(sp, work / "laid-out")
     lay_s = time.perf_counter() - t
     append(_lines(rng.sample(range(keys), max(1, int(keys * churn))), seed=99))
     t = time.perf_counter()

@@ -159,8 +159,8 @@ def generate(n: int, *, merchants: int, rate_per_s: int, disorder_ms: int, bad_e
 def append_to_log(log_dir: Path, lines: Sequence[bytes], partitions: int) -> dict[str, Any]:
     """Append like ``srt log append --key-field merchant_id``: key extraction + one RocksDB
     WriteBatch per APPEND_BATCH lines. Times the two halves separately."""
-    from stateful_runtime.log import EventLog
-    from stateful_runtime.log._ingest import APPEND_BATCH, _records
+    from stateful_runtime.connectors.eventlog import EventLog
+    from stateful_runtime.connectors.eventlog.ingest import APPEND_BATCH, _records
 
     EventLog(log_dir).create_topic(TOPIC, partitions)
     key_s = append_s = 0.0
@@ -326,7 +326,7 @@ def run_job(*, workdir: Path, name: str, log_dir: Path, ends: dict[int, int], ba
     ``source.max_records_per_batch``), stopped by SIGTERM as soon as every query has consumed
     the whole log (for sources that read a whole backlog as one available-now batch).
     """
-    from stateful_runtime.job import load_job_file
+    from stateful_runtime.runtime.loader import load_job_file
     from stateful_runtime.runtime.runner import JobRunner
 
     run_dir = workdir / name
@@ -411,7 +411,7 @@ def run_job(*, workdir: Path, name: str, log_dir: Path, ends: dict[int, int], ba
         result["sink"] = {"payments": int(payments or 0), "rows": int(windows)}
     result["dead_letter_queries"] = [q for q in queries if q.startswith(DLQ_PREFIX)]
     with contextlib.suppress(Exception):  # dead letters published by this run (fresh topic)
-        from stateful_runtime.log import EventLog
+        from stateful_runtime.connectors.eventlog import EventLog
 
         dlq = EventLog(log_dir).reader(f"{TOPIC}-dlq").end_offsets()
         result["dead_letters_in_topic"] = sum(dlq.values())
@@ -488,7 +488,7 @@ def write_arrow_files(lines: Sequence[bytes], out_dir: Path, rows_per_file: int,
     import numpy as np
     import pyarrow as pa
 
-    from stateful_runtime.sources._decode import decode_json, to_struct
+    from stateful_runtime.connectors.formats.json import decode_json, to_struct
 
     schema = to_struct({"txn_id": str, "merchant_id": str, "amount_paise": int, "ts_ms": int})
     out_dir.mkdir()
@@ -511,7 +511,7 @@ def run_peers(spark, *, jsonl: Path, arrow_paths: list[str], runs: int, n: int
               ) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
-    from stateful_runtime.sources.base import ERROR
+    from stateful_runtime.connectors.base import ERROR
 
     out: dict[str, Any] = {}
     say(f"... peer: spark.read.json + groupBy(window, merchant_id) ({runs} runs)")
@@ -546,10 +546,11 @@ def read_path_breakdown(log_dir: Path, max_records: int, repeats: int = 3) -> di
     """CPU time per record of the source's read path, in this process on one core: the code a
     Spark source task runs. Each figure is the best of ``repeats`` passes over the same records,
     after a warm-up pass (block cache, allocator)."""
-    from stateful_runtime.log import cached_reader
     from stateful_runtime.sources import log as srclog
-    from stateful_runtime.sources._decode import CHUNK, decode_json, to_struct
-    from stateful_runtime.sources.log import EventLogStreamReader, LogSplit
+
+    from stateful_runtime.connectors.eventlog import cached_reader
+    from stateful_runtime.connectors.eventlog.source import EventLogStreamReader, LogSplit
+    from stateful_runtime.connectors.formats.json import CHUNK, decode_json, to_struct
 
     schema = to_struct({"txn_id": str, "merchant_id": str, "amount_paise": int, "ts_ms": int})
     reader = cached_reader(str(log_dir), TOPIC)
@@ -835,7 +836,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             with open(jsonl, "wb") as f:
                 f.write(b"\n".join(lines))
                 f.write(b"\n")
-        from stateful_runtime.sources.log import ARROW_BATCH_ROWS
+        from stateful_runtime.connectors.eventlog.source import ARROW_BATCH_ROWS
 
         with timed("write pre-decoded Arrow files (Arrow-source peer input)", timings, "arrow"):
             arrow_paths = write_arrow_files(

@@ -64,7 +64,7 @@ def read_table_side(
 ) -> TableSide:
     """The last sink batch, its offsets and watermark, and the table's closed-window counts."""
     from dbt_sink import LEDGER_TABLE
-    from stateful_runtime import checkpoint
+    from stateful_runtime.checkpoints import layout
 
     row = con.execute(
         f"SELECT max(batch_id) FROM {LEDGER_TABLE} WHERE job = ? AND sink = ?",
@@ -79,7 +79,7 @@ def read_table_side(
             f"job {job.name!r} has no query {table.query!r} in its registry entry "
             f"(queries: {sorted(queries)}); SinkTableSpec.query must name it"
         )
-    offsets = checkpoint.committed_offsets(queries[table.query]["checkpoint_dir"], int(batch))
+    offsets = layout.committed_offsets(queries[table.query]["checkpoint_dir"], int(batch))
     assert offsets is not None
     if len(offsets["sources"]) != 1 or not isinstance(offsets["sources"][0], dict):
         raise LookupError(
@@ -114,9 +114,9 @@ def count_source(
     watermark_ms: int,
 ) -> SourceSide:
     """Good records per closed window in the job's source topic up to ``ends``."""
-    from stateful_runtime.job import load_job_file
-    from stateful_runtime.log import EventLog
-    from stateful_runtime.sources.log import LogSource
+    from stateful_runtime.connectors.eventlog import EventLog
+    from stateful_runtime.connectors.eventlog.source import LogSource
+    from stateful_runtime.runtime.loader import load_job_file
 
     # The job exactly as the live process runs it: its file and its full config.
     job = load_job_file(
@@ -178,7 +178,7 @@ def _count(
     import numpy as np
     import pyarrow.compute as pc
 
-    from stateful_runtime.sources.base import ERROR
+    from stateful_runtime.connectors.base import ERROR
 
     for p, end in sorted(ends.items(), key=lambda kv: int(kv[0])):
         for lo in range(0, end, READ_CHUNK):

@@ -287,7 +287,7 @@ def _relaunch_op(
         required_resource_keys=resource_keys,
     )
     def _relaunch(context: OpExecutionContext) -> None:
-        from stateful_runtime import checkpoint
+        from stateful_runtime.checkpoints import layout
         from stateful_runtime.exceptions import StatefulRuntimeError
         from stateful_runtime.runtime import launcher
         from stateful_runtime.runtime.launcher import set_args
@@ -378,11 +378,11 @@ def _relaunch_op(
         entry = runtime.entry(spec.name) or entry
         partitions = {}
         for q, info in (entry.get("queries") or {}).items():
-            batch = checkpoint.last_committed(info["checkpoint_dir"])
+            batch = layout.last_committed(info["checkpoint_dir"])
             partitions[q] = (
                 None
                 if batch is None
-                else checkpoint.state_partitions(info["checkpoint_dir"], batch)
+                else layout.state_partitions(info["checkpoint_dir"], batch)
             )
         metadata: dict[str, Any] = {
             "action": action,
@@ -414,7 +414,7 @@ def _wait_committed_after_restore(
     """Wait until the restored job commits a micro-batch of its own: past the savepoint's
     batch and, when it rescaled, past the batch Spark's state repartition wrote before the
     queries started. Returns the last committed batches, None if none came in ``timeout``."""
-    from stateful_runtime import checkpoint
+    from stateful_runtime.checkpoints import layout
     from stateful_runtime.runtime import launcher
 
     restore = entry.get("restore") or {}
@@ -429,7 +429,7 @@ def _wait_committed_after_restore(
 
     def fresh(current: dict[str, Any]) -> bool:
         if any(
-            (checkpoint.last_committed(info["checkpoint_dir"]) or -1) > after[q]
+            (layout.last_committed(info["checkpoint_dir"]) or -1) > after[q]
             for q, info in queries.items()
         ):
             return True

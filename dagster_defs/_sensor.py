@@ -102,10 +102,10 @@ def _seconds(td: timedelta) -> float:
 def query_health(checkpoint_dir: str, health: Mapping[str, Any], now: float) -> dict[str, Any]:
     """One query's health: the runner's last report plus ages read from the checkpoint now
     (the report goes stale when the process hangs; the checkpoint does not lie)."""
-    from stateful_runtime import checkpoint
+    from stateful_runtime.checkpoints import layout
 
-    last = checkpoint.last_committed(checkpoint_dir)
-    commit_time = checkpoint.last_commit_time(checkpoint_dir)
+    last = layout.last_committed(checkpoint_dir)
+    commit_time = layout.last_commit_time(checkpoint_dir)
     planned = Path(checkpoint_dir, "offsets", str(0 if last is None else last + 1))
     try:
         inflight_age = round(now - planned.stat().st_mtime, 3)

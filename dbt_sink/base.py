@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stateful_runtime.connectors.base import Sink
 from stateful_runtime.exceptions import SinkError
-from stateful_runtime.sinks.base import Sink
 
 LEDGER_TABLE = "srt_sink_ledger"
 _ROW = "__srt_row"

@@ -9,8 +9,8 @@ import duckdb
 import pyarrow as pa
 
 from dbt_sink.base import LEDGER_TABLE, WarehouseUpsertSink
+from stateful_runtime.connectors.base import SinkSummary
 from stateful_runtime.exceptions import SinkError
-from stateful_runtime.sinks.base import SinkSummary
 
 # DuckDB allows one writing process per file; a reader (srt status, a test, a BI tool) may hold
 # the lock briefly, so a batch waits for it this long before the batch fails and is retried.

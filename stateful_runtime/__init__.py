@@ -27,14 +27,14 @@ _EXPORTS = {
     "TimerService": "functions",
     "CheckpointConfig": "job",
     "StreamJob": "job",
-    "Sink": "sinks.base",
-    "LogSink": "sinks.log",
-    "KafkaSink": "sinks.kafka",
-    "source_from_config": "config",
-    "sinks_from_config": "config",
-    "Source": "sources.base",
-    "LogSource": "sources.log",
-    "KafkaSource": "sources.kafka",
+    "Sink": "connectors.base",
+    "LogSink": "connectors.eventlog.sink",
+    "KafkaSink": "connectors.kafka.sink",
+    "source_from_config": "connectors.config",
+    "sinks_from_config": "connectors.config",
+    "Source": "connectors.base",
+    "LogSource": "connectors.eventlog.source",
+    "KafkaSource": "connectors.kafka.source",
     "AggregateFunction": "state",
     "AggregatingStateDescriptor": "state",
     "ListStateDescriptor": "state",
@@ -71,7 +71,12 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from stateful_runtime.aggregates import Aggregate, Avg, Count, Max, Min, Sum
-    from stateful_runtime.config import sinks_from_config, source_from_config
+    from stateful_runtime.connectors.base import Sink, Source
+    from stateful_runtime.connectors.config import sinks_from_config, source_from_config
+    from stateful_runtime.connectors.eventlog.sink import LogSink
+    from stateful_runtime.connectors.eventlog.source import LogSource
+    from stateful_runtime.connectors.kafka.sink import KafkaSink
+    from stateful_runtime.connectors.kafka.source import KafkaSource
     from stateful_runtime.exceptions import StatefulRuntimeError
     from stateful_runtime.functions import (
         Context,
@@ -83,12 +88,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         TimeWindow,
     )
     from stateful_runtime.job import CheckpointConfig, StreamJob
-    from stateful_runtime.sinks.base import Sink
-    from stateful_runtime.sinks.kafka import KafkaSink
-    from stateful_runtime.sinks.log import LogSink
-    from stateful_runtime.sources.base import Source
-    from stateful_runtime.sources.kafka import KafkaSource
-    from stateful_runtime.sources.log import LogSource
     from stateful_runtime.state import (
         AggregateFunction,
         AggregatingStateDescriptor,

@@ -14,8 +14,8 @@ EXIT_USAGE = 2
 
 
 def _log_cmd(args: argparse.Namespace) -> int:
-    from stateful_runtime.log import EventLog
-    from stateful_runtime.log._ingest import append_stream, serve_lines
+    from stateful_runtime.connectors.eventlog import EventLog
+    from stateful_runtime.connectors.eventlog.ingest import append_stream, serve_lines
 
     log = EventLog(args.log_dir)
     if args.log_cmd == "create":
@@ -57,7 +57,7 @@ def _log_cmd(args: argparse.Namespace) -> int:
 
 
 def _run_cmd(args: argparse.Namespace) -> int:
-    from stateful_runtime.job import load_job_file, parse_overrides
+    from stateful_runtime.runtime.loader import load_job_file, parse_overrides
     from stateful_runtime.runtime.runner import JobRunner
 
     jobfile = load_job_file(args.job_file, parse_overrides(args.set))
@@ -75,8 +75,8 @@ def _run_cmd(args: argparse.Namespace) -> int:
 
 
 def _explain_cmd(args: argparse.Namespace) -> int:
-    from stateful_runtime.job import load_job_file, parse_overrides
     from stateful_runtime.planner import plan
+    from stateful_runtime.runtime.loader import load_job_file, parse_overrides
 
     job = load_job_file(args.job_file, parse_overrides(args.set)).job
     spark = None
@@ -156,10 +156,11 @@ def _print_savepoints(rows: list[dict], as_json: bool) -> None:
 
 
 def _savepoint_cmd(args: argparse.Namespace) -> int:
-    from stateful_runtime import savepoint
+    from stateful_runtime.checkpoints import retention, savepoints
+    from stateful_runtime.runtime import launcher, registry
 
     if args.sp_cmd == "create":
-        sp = savepoint.for_job(args.job, target=args.target, stop=args.stop,
+        sp = launcher.savepoint(args.job, target=args.target, stop=args.stop,
                                timeout=args.timeout)
         if args.json:
             print(json.dumps(sp.summary(), indent=2))
@@ -169,59 +170,61 @@ def _savepoint_cmd(args: argparse.Namespace) -> int:
                   + ("; the job is stopped" if args.stop else ""))
     elif args.sp_cmd == "list":
         rows = [sp.summary() for root in _roots(args)
-                for sp in savepoint.list_savepoints(root, args.job)]
+                for sp in savepoints.list_savepoints(root, args.job)]
         _print_savepoints(rows, args.json)
     elif args.sp_cmd == "describe":
-        sp = savepoint.resolve(args.savepoint, _roots(args))
+        sp = savepoints.resolve(args.savepoint, _roots(args))
         print(json.dumps({**sp.summary(), "manifest": sp.manifest} if args.files
                          else {**sp.summary(), "fingerprint": sp.manifest["fingerprint"],
                                "queries": sp.manifest["queries"]}, indent=2))
     elif args.sp_cmd == "dispose":
-        sp = savepoint.resolve(args.savepoint, _roots(args))
-        if sp.location in savepoint.protected_locations() and not args.force:
+        sp = savepoints.resolve(args.savepoint, _roots(args))
+        if sp.location in registry.protected_locations() and not args.force:
             raise JobError(f"a registered job was restored from {sp.location}; "
                            f"pass --force to dispose of it anyway")
-        savepoint.dispose(sp)
+        savepoints.dispose(sp)
         print(f"disposed of savepoint {sp.id} ({sp.location})")
     elif args.sp_cmd == "check":
         return _check_cmd(args)
     elif args.sp_cmd == "prune":
         if args.keep is None and args.max_age is None:
             raise JobError("say what to keep: --keep N and/or --max-age AGE")
-        policy = savepoint.Retention(max_count=args.keep, max_age=args.max_age)
+        policy = retention.Retention(max_count=args.keep, max_age=args.max_age)
         gone = [sp for root in _roots(args)
-                for sp in savepoint.apply_retention(root, args.job, policy)]
+                for sp in retention.apply_retention(root, args.job, policy,
+                                                         registry.protected_locations())]
         for sp in gone:
             print(f"disposed of savepoint {sp.id} ({sp.location})")
-        left = [sp.id for root in _roots(args) for sp in savepoint.list_savepoints(root, args.job)]
+        left = [sp.id for root in _roots(args) for sp in savepoints.list_savepoints(root, args.job)]
         print(f"{len(gone)} disposed; kept {len(left)}: {', '.join(left) or 'none'}")
     return 0
 
 
 def _check_cmd(args: argparse.Namespace) -> int:
     """Would the job file's code take this state? (No Spark: the planner's fingerprint.)"""
-    from stateful_runtime import checkpoint, savepoint
-    from stateful_runtime.job import load_job_file, parse_overrides
+    from stateful_runtime.checkpoints import layout, restore, savepoints
+    from stateful_runtime.checkpoints.manifest import fingerprint
     from stateful_runtime.planner import plan
+    from stateful_runtime.runtime.loader import load_job_file, parse_overrides
     from stateful_runtime.runtime.runner import savepoint_root
 
     job = load_job_file(args.job_file, parse_overrides(args.set)).job
-    new = savepoint.fingerprint(job.name, plan(job).queries)
+    new = fingerprint(job.name, plan(job).queries)
     if args.savepoint:
-        sp = savepoint.resolve(args.savepoint, [savepoint_root(job)])
+        sp = savepoints.resolve(args.savepoint, [savepoint_root(job)])
         saved, where = sp.manifest.get("fingerprint") or {}, sp.location
     else:
-        saved, where = checkpoint.owner(job.checkpoint.dir).get("fingerprint") or {}, \
+        saved, where = layout.owner(job.checkpoint.dir).get("fingerprint") or {}, \
             str(job.checkpoint.dir)
-    dropped = savepoint.check_compatible(saved, new, args.allow_non_restored_state, where)
+    dropped = restore.check_compatible(saved, new, args.allow_non_restored_state, where)
     print(f"{args.job_file} can restore the state of {where}"
           + "".join(f"\n  not restored: {d}" for d in dropped))
     return 0
 
 
 def _state_cmd(args: argparse.Namespace) -> int:
+    from stateful_runtime.checkpoints.state_reader import checkpoint_of, inspect
     from stateful_runtime.runtime.session import build_session
-    from stateful_runtime.state_reader import checkpoint_of, inspect
 
     with checkpoint_of(args.location, _roots(args)) as ckpt:
         spark = build_session(1, args.master)

@@ -33,11 +33,10 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stateful_runtime.connectors.base import ERROR, META_COLUMNS, Sink
+from stateful_runtime.connectors.dead_letters import DeadLetters
 from stateful_runtime.exceptions import PlanError
 from stateful_runtime.operators.window import WindowOperator
-from stateful_runtime.sinks.base import Sink
-from stateful_runtime.sources._dead_letters import DeadLetters
-from stateful_runtime.sources.base import ERROR, META_COLUMNS
 from stateful_runtime.streams import (
     FilterNode,
     KeyByNode,
@@ -215,8 +214,8 @@ def _window_aggregate(df: DataFrame, node: WindowAggregateNode) -> DataFrame:
 def _process(df: DataFrame, node: ProcessNode) -> DataFrame:
     from pyspark.sql import functions as F
 
+    from stateful_runtime.connectors.formats.json import to_struct
     from stateful_runtime.operators.spark import TS, SparkKeyedProcessor, output_struct
-    from stateful_runtime.sources._decode import to_struct
     from stateful_runtime.state import TimeDomain
 
     fn = node.function
@@ -288,7 +287,7 @@ def _split(sink_node: SinkNode) -> tuple[str, _Pipeline, SideOutputNode | None]:
 
 def _build_pipeline(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | None
                     ) -> QueryPlan:
-    from stateful_runtime.sources._decode import arrow_schema, to_struct
+    from stateful_runtime.connectors.formats.json import arrow_schema, to_struct
 
     steps = _source_steps(p.src, dead_letters)
     stateful: list[str] = []

@@ -15,11 +15,10 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.types import StructField, StructType, TimestampNTZType
 
 from stateful_runtime.aggregates import Aggregate, Count
+from stateful_runtime.connectors.base import Sink, Source
+from stateful_runtime.connectors.formats.json import to_struct
 from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.functions import KeyedProcessFunction, OutputTag, ProcessWindowFunction
-from stateful_runtime.sinks.base import Sink
-from stateful_runtime.sources._decode import to_struct
-from stateful_runtime.sources.base import Source
 from stateful_runtime.state import AggregateFunction
 from stateful_runtime.watermarks import WatermarkStrategy
 from stateful_runtime.windows import (

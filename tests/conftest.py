@@ -90,10 +90,10 @@ def wait_for(cond: Callable[[], bool], proc: subprocess.Popen, log: Path, what: 
 def wait_for_commit(qdir: Path, after: int | None, proc: subprocess.Popen, log: Path,
                     timeout: float = 240) -> None:
     """Poll the checkpoint until a batch newer than ``after`` is committed."""
-    from stateful_runtime import checkpoint
+    from stateful_runtime.checkpoints import layout
 
     floor = after if after is not None else -1
-    wait_for(lambda: (checkpoint.last_committed(qdir) or -1) > floor, proc, log,
+    wait_for(lambda: (layout.last_committed(qdir) or -1) > floor, proc, log,
              "new committed batch", timeout)
 
 
@@ -145,7 +145,7 @@ class UpiWorkspace:
 
 @pytest.fixture
 def upi(tmp_path: Path) -> Iterator[UpiWorkspace]:
-    from stateful_runtime.log import EventLog
+    from stateful_runtime.connectors.eventlog import EventLog
 
     ws = UpiWorkspace(tmp_path)
     EventLog(ws.log_dir).create_topic("upi-payments", ws.partitions)
@@ -154,8 +154,8 @@ def upi(tmp_path: Path) -> Iterator[UpiWorkspace]:
 
 def append_lines(log_dir: Path, lines: Sequence[bytes], topic: str = "upi-payments") -> None:
     """Append JSON lines keyed by merchant_id, as `srt log append --key-field` does."""
-    from stateful_runtime.log import EventLog
-    from stateful_runtime.log._ingest import _records
+    from stateful_runtime.connectors.eventlog import EventLog
+    from stateful_runtime.connectors.eventlog.ingest import _records
 
     with EventLog(log_dir).writer(topic) as writer:
         writer.append(_records(lines, "merchant_id"))

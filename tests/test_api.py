@@ -16,18 +16,18 @@ from stateful_runtime import (
     TumblingEventTimeWindows,
     WatermarkStrategy,
 )
-from stateful_runtime.checkpoint import claim
+from stateful_runtime.checkpoints.layout import claim
 from stateful_runtime.exceptions import CheckpointOwnershipError, ConfigError
-from stateful_runtime.job import load_job_file
 from stateful_runtime.planner import plan
+from stateful_runtime.runtime.loader import load_job_file
 from tests.conftest import EXAMPLES, srt
 
 UPI = EXAMPLES / "upi_per_minute.py"
 
 
 def _job(tmp_path, sink_upsert: bool = True) -> StreamJob:
-    from stateful_runtime.log import EventLog
-    from stateful_runtime.sinks.log import LogSink
+    from stateful_runtime.connectors.eventlog import EventLog
+    from stateful_runtime.connectors.eventlog.sink import LogSink
 
     EventLog(tmp_path / "log").create_topic("in", 2, exist_ok=True)
     job = StreamJob("j", CheckpointConfig(str(tmp_path / "ck")), parallelism=3)
@@ -129,7 +129,7 @@ def test_cli_config_mistakes_exit_non_zero_with_a_message(tmp_path, srt_env):
 
 
 def test_explain_cli_without_spark(tmp_path, srt_env):
-    from stateful_runtime.log import EventLog
+    from stateful_runtime.connectors.eventlog import EventLog
 
     EventLog(tmp_path / "log").create_topic("upi-payments", 2)
     out = srt(["explain", str(UPI), "--no-spark", "--set", f"source.log_dir={tmp_path / 'log'}"],
@@ -140,8 +140,8 @@ def test_explain_cli_without_spark(tmp_path, srt_env):
 
 
 def test_reduce_runs_on_the_window_operator_with_the_source_fields(tmp_path):
-    from stateful_runtime.log import EventLog
-    from stateful_runtime.sinks.log import LogSink
+    from stateful_runtime.connectors.eventlog import EventLog
+    from stateful_runtime.connectors.eventlog.sink import LogSink
     from stateful_runtime.testing import KeyedProcessHarness
 
     EventLog(tmp_path / "log").create_topic("in", 1)
@@ -163,10 +163,10 @@ def test_reduce_runs_on_the_window_operator_with_the_source_fields(tmp_path):
 
 def test_processing_time_functions_refuse_available_now(tmp_path):
     from stateful_runtime import KeyedProcessFunction, TimeDomain
-    from stateful_runtime.job import JobFile
-    from stateful_runtime.log import EventLog
+    from stateful_runtime.connectors.eventlog import EventLog
+    from stateful_runtime.connectors.eventlog.sink import LogSink
+    from stateful_runtime.runtime.loader import JobFile
     from stateful_runtime.runtime.runner import JobRunner
-    from stateful_runtime.sinks.log import LogSink
 
     class Clocked(KeyedProcessFunction):
         output_schema = {"k": str}

@@ -24,7 +24,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from stateful_runtime import checkpoint
+from stateful_runtime.checkpoints import layout, savepoints
+from stateful_runtime.checkpoints.manifest import Savepoint
 from stateful_runtime.exceptions import JobError
 from stateful_runtime.runtime import registry
 
@@ -227,7 +228,7 @@ def wait_running(job: str, pid: int, *, timeout: float) -> dict[str, Any]:
 def last_committed(entry: dict[str, Any]) -> dict[str, int | None]:
     """Last committed batch of each of the entry's queries, read from the checkpoints."""
     return {
-        q: checkpoint.last_committed(info["checkpoint_dir"])
+        q: layout.last_committed(info["checkpoint_dir"])
         for q, info in (entry.get("queries") or {}).items()
     }
 
@@ -240,7 +241,7 @@ def wait_committed(
 
     def fresh(entry: dict[str, Any]) -> bool:
         times = [
-            checkpoint.last_commit_time(info["checkpoint_dir"])
+            layout.last_commit_time(info["checkpoint_dir"])
             for info in (entry.get("queries") or {}).values()
         ]
         return any(t is not None and t >= since for t in times)
@@ -301,3 +302,19 @@ def stop(job: str, *, timeout: float) -> dict[str, Any]:
                            f"check it, or kill it: it restarts from its last checkpoint")
         time.sleep(0.2)
     return registry.require(job)
+
+
+def savepoint(job: str, *, target: str | None = None, stop: bool = False,
+            timeout: float = 120.0) -> Savepoint:
+    """Savepoint of a job known to the registry (running or not); with ``stop``, stop it first
+    (stop-with-savepoint: the batch in flight commits, then the last committed batch is saved).
+    The registry entry records it as ``last_savepoint``."""
+    entry = registry.require(job)
+    if stop:
+        entry = stop(job, timeout=timeout)
+    root = target or entry.get("savepoint_dir") or str(registry.home() / "savepoints")
+    sp = savepoints.create(entry["checkpoint_dir"], root,
+                           kind="stop-with-savepoint" if stop else "savepoint")
+    registry.update(job, last_savepoint={"id": sp.id, "location": sp.location,
+                                         "created_at": sp.manifest["created_at"]})
+    return sp

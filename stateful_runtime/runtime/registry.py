@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from stateful_runtime._process import pid_alive
 from stateful_runtime.exceptions import JobError
 
 
@@ -23,26 +24,10 @@ def _path(job: str) -> Path:
     return home() / "jobs" / f"{job}.json"
 
 
-def pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (exited, not yet reaped) is not alive
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][:1] != "Z"
-    except OSError:
-        return True
-
-
 def redacted(config: dict[str, Any]) -> dict[str, Any]:
     """Job config as entries keep it: secret values (``kafka.sasl.password``...) masked, unless
     given as ``env:NAME`` (a reference, not the secret)."""
-    from stateful_runtime._kafka import is_secret
+    from stateful_runtime.connectors.kafka.client import is_secret
 
     return {k: ("***" if is_secret(k) and v and not str(v).startswith("env:") else v)
             for k, v in config.items()}
@@ -96,3 +81,8 @@ def entries() -> list[dict[str, Any]]:
 
 def running(entry: dict[str, Any]) -> bool:
     return entry.get("state") == "RUNNING" and pid_alive(entry.get("pid"))
+
+
+def protected_locations() -> set[str]:
+    """Savepoints a registered job was restored from: retention never deletes them."""
+    return {e["restored_from"] for e in entries() if e.get("restored_from")}

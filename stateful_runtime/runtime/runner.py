@@ -17,9 +17,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from stateful_runtime import checkpoint
+from stateful_runtime.checkpoints import layout, manifest, restore
+from stateful_runtime.checkpoints.mirror import CheckpointMirror, MirrorSync
 from stateful_runtime.exceptions import ConfigError, JobError, SinkError
-from stateful_runtime.mirror import CheckpointMirror, MirrorSync
 from stateful_runtime.planner import QueryPlan, chain, plan
 from stateful_runtime.runtime import registry
 from stateful_runtime.runtime.session import build_session, default_master
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.streaming import StreamingQuery
 
-    from stateful_runtime.job import JobFile
+    from stateful_runtime.runtime.loader import JobFile
 
 # How often the runner reads Spark's progress to print lines and refresh health. Spark keeps
 # the last 100 progress reports, so no batch is missed at this rate.
@@ -87,10 +87,10 @@ def progress_health(progress: dict[str, Any], checkpoint_dir: str) -> dict[str, 
         # Offsets are {"<partition>": next} (event log) or {"<topic>:<partition>": next} (Kafka).
         lag_by_partition = {p: max(0, int(latest[p]) - int(end.get(p, 0))) for p in latest}
         lag = sum(lag_by_partition.values())
-    commit_time = checkpoint.last_commit_time(checkpoint_dir)
+    commit_time = layout.last_commit_time(checkpoint_dir)
     return {
         "last_batch": progress.get("batchId"),
-        "last_committed_batch": checkpoint.last_committed(checkpoint_dir),
+        "last_committed_batch": layout.last_committed(checkpoint_dir),
         "checkpoint_age_s": None if commit_time is None else round(time.time() - commit_time, 3),
         "input_rows": progress.get("numInputRows"),
         "input_rows_per_s": progress.get("inputRowsPerSecond"),
@@ -202,7 +202,7 @@ class JobRunner:
             "mirror": self.job.checkpoint.mirror,
             # Kept across plain restarts (the checkpoint remembers its origin), so retention
             # keeps protecting the savepoint this checkpoint came from.
-            "restored_from": checkpoint.owner(self.checkpoint_dir).get("restored_from"),
+            "restored_from": layout.owner(self.checkpoint_dir).get("restored_from"),
             "restore": self.restored,
             "queries": {q.name: {"checkpoint_dir": str(self.checkpoint_dir / q.name),
                                  "path": q.path, "output_mode": q.output_mode}
@@ -214,67 +214,31 @@ class JobRunner:
 
     def _restore(self) -> None:
         """Lay a savepoint or the mirror out as the job's checkpoint (before it is claimed)."""
-        from stateful_runtime import mirror, savepoint
-
-        ckpt = Path(self.job.checkpoint.dir).resolve()
-        if self.from_savepoint:
-            sp = savepoint.resolve(self.from_savepoint, [savepoint_root(self.job)])
-        else:
-            assert self.restore_from
-            if ckpt.is_dir() and any((ckpt / q.name / "commits").is_dir()
-                                     for q in self.plan.queries):
-                raise ConfigError(
-                    f"checkpoint directory {ckpt} already holds this job's checkpoints: "
-                    f"--restore-from is for an empty disk; run without it to resume from them")
-            sp = mirror.latest(self.restore_from)
-        self.restored = savepoint.restore(sp, ckpt, self.fingerprint,
-                                          allow_non_restored=self.allow_non_restored_state)
+        queries = [q.name for q in self.plan.queries]
+        sp, self.restored = restore.restore_job(
+            self.job.checkpoint.dir, queries, self.fingerprint,
+            from_savepoint=self.from_savepoint, savepoint_roots=[savepoint_root(self.job)],
+            restore_from=self.restore_from, allow_non_restored=self.allow_non_restored_state)
         what = "savepoint" if self.from_savepoint else "checkpoint mirror"
-        print(f"[{self.job.name}] restored {what} {sp.location} (batches "
-              f"{self.restored['batches']}) into {ckpt}", file=self.out, flush=True)
+        self._say(f"restored {what} {sp.location} (batches {self.restored['batches']}) into "
+                  f"{Path(self.job.checkpoint.dir).resolve()}")
         if self.restored["previous_checkpoint_moved_to"]:
-            print(f"[{self.job.name}] the checkpoint that was there is kept in "
-                  f"{self.restored['previous_checkpoint_moved_to']}", file=self.out, flush=True)
+            self._say("the checkpoint that was there is kept in "
+                      f"{self.restored['previous_checkpoint_moved_to']}")
         for d in self.restored["dropped_state"]:
-            print(f"[{self.job.name}] not restored (--allow-non-restored-state): {d}",
-                  file=self.out, flush=True)
+            self._say(f"not restored (--allow-non-restored-state): {d}")
 
-    def _rescale(self, spark: Any) -> None:
-        """Give every stateful query the job's parallelism as its state partition count.
-
-        Spark fixes the count in a checkpoint's offset log; only a restore may change it (Flink's
-        rule: rescale through a savepoint). Spark's checkpoint repartition writes one extra
-        batch holding the redistributed state and no input.
-        """
-        for q in self.plan.queries:
-            qdir = self.checkpoint_dir / q.name
-            batch = checkpoint.last_committed(qdir)
-            current = None if batch is None else checkpoint.state_partitions(qdir, batch)
-            if current is None or current == self.job.parallelism:
-                continue
-            if self.restored is None:
-                print(f"[{self.job.name}] note: query {q.name} keeps its {current} state "
-                      f"partitions (parallelism {self.job.parallelism} ignored); rescale through "
-                      f"a savepoint: `srt savepoint create {self.job.name} --stop`, then "
-                      f"`srt run ... --from-savepoint ID --parallelism {self.job.parallelism}`",
-                      file=self.out, flush=True)
-                continue
-            pending = qdir / "offsets" / str(batch + 1)
-            pending.unlink(missing_ok=True)  # a planned batch is re-planned after the rescale
-            print(f"[{self.job.name}] rescaling the state of {q.name} from {current} to "
-                  f"{self.job.parallelism} partitions", file=self.out, flush=True)
-            spark._streamingCheckpointManager.repartition(str(qdir), self.job.parallelism)
+    def _say(self, text: str) -> None:
+        print(f"[{self.job.name}] {text}", file=self.out, flush=True)
 
     def run(self) -> int:
         """Run to the end; returns the process exit code (0 clean, 1 a query failed)."""
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        from stateful_runtime.savepoint import fingerprint
-
-        self.fingerprint = fingerprint(self.job.name, self.plan.queries)
+        self.fingerprint = manifest.fingerprint(self.job.name, self.plan.queries)
         if self.from_savepoint or self.restore_from:
             self._restore()
-        self.checkpoint_dir = checkpoint.claim(
+        self.checkpoint_dir = layout.claim(
             self.job.checkpoint.dir, self.job.name, [q.name for q in self.plan.queries],
             self.fingerprint,
         )
@@ -289,7 +253,11 @@ class JobRunner:
         try:
             spark = build_session(self.job.parallelism, self.master)
             registry.update(self.job.name, spark_app_id=spark.sparkContext.applicationId)
-            self._rescale(spark)
+            queries = [q.name for q in self.plan.queries]
+            for note in restore.rescale(spark, self.checkpoint_dir, queries, self.job.parallelism,
+                                        restored=self.restored is not None,
+                                        job=self.job.name):
+                self._say(note)
             self._publish_dead_letters()  # left staged by a run that crashed after a commit
             for q in self.plan.queries:
                 df = q.build(spark)
@@ -348,7 +316,7 @@ class JobRunner:
         for q in self.plan.queries:
             if q.dead_letters is None:
                 continue
-            committed = checkpoint.committed_offsets(self.checkpoint_dir / q.name)
+            committed = layout.committed_offsets(self.checkpoint_dir / q.name)
             if committed and committed["sources"] and isinstance(committed["sources"][0], dict):
                 q.dead_letters.publish(committed["sources"][0])
 

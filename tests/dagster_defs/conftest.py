@@ -17,7 +17,7 @@ from upi_events import START_MS, events
 
 from dagster_defs import DuckDBWarehouse, StreamingJobSpec, StreamingRuntime, build_definitions
 from dagster_defs.definitions import UPI_JOB
-from stateful_runtime.log import EventLog
+from stateful_runtime.connectors.eventlog import EventLog
 from stateful_runtime.runtime import launcher, registry
 from tests.conftest import ROOT, UpiWorkspace, append_lines
 

@@ -26,7 +26,7 @@ from dagster_defs._savepoints import (
     STOP_WITH_SAVEPOINT_JOB,
     UPGRADE_JOB,
 )
-from stateful_runtime import checkpoint, savepoint
+from stateful_runtime.checkpoints import layout, savepoints
 from stateful_runtime.runtime import registry
 from tests.conftest import EXAMPLES
 from tests.dagster_defs.conftest import JOB, JOB_KEY, Live, feed, live_job, metadata, wait_for
@@ -85,7 +85,7 @@ def _ok(result) -> None:
 
 
 def _last(live: Live) -> int:
-    return checkpoint.last_committed(live.qdir) or -1
+    return layout.last_committed(live.qdir) or -1
 
 
 def _commits_after(live: Live, batch: int, what: str) -> int:
@@ -135,7 +135,7 @@ def test_schedule_produces_a_savepoint_and_retention_deletes_older_ones(sp_live:
     (first, first_loc, _), (_, _, none), (_, _, disposed) = taken
     assert none == [] and disposed == [first_loc]
     assert not Path(first_loc).exists()
-    left = [sp.id for sp in savepoint.list_savepoints(_root(sp_live), JOB)]
+    left = [sp.id for sp in savepoints.list_savepoints(_root(sp_live), JOB)]
     assert left == [t[0] for t in taken[1:]]
     assert registry.read(JOB)["last_savepoint"]["id"] == taken[-1][0]
 
@@ -144,7 +144,7 @@ def test_rescale_relaunches_with_the_new_state_partition_count_and_keeps_committ
     sp_live: Live,
 ):
     old_pid = registry.read(JOB)["pid"]
-    assert checkpoint.state_partitions(sp_live.qdir, _last(sp_live)) == 2
+    assert layout.state_partitions(sp_live.qdir, _last(sp_live)) == 2
     result = _run(sp_live, RESCALE_JOB, {"parallelism": 3})
     _ok(result)
     obs = _observation(result)
@@ -164,7 +164,7 @@ def test_rescale_relaunches_with_the_new_state_partition_count_and_keeps_committ
     batch = _last(sp_live)
     feed(sp_live.ws, 400, seed=6, start_ms=START_MS + 160_000)
     after = _commits_after(sp_live, batch, "a commit after the rescale")
-    assert checkpoint.state_partitions(sp_live.qdir, after) == 3
+    assert layout.state_partitions(sp_live.qdir, after) == 3
     assert registry.pid_alive(entry["pid"])
 
 

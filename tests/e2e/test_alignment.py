@@ -1,4 +1,4 @@
-"""Per-partition event-time alignment of the event-log source at plan time (`sources/_align.py`).
+"""Per-partition event-time alignment of the event-log source at plan time (`sources/alignment.py`).
 
 Two partitions with equal backlogs but different event-time density: with a record cap the
 batch is shared by backlog, so the dense partition would race minutes ahead in event time each
@@ -16,11 +16,11 @@ import duckdb
 import pytest
 from upi_events import oracle
 
-from stateful_runtime.job import load_job_file
-from stateful_runtime.log import EventLog
-from stateful_runtime.log._store import Record
+from stateful_runtime.connectors.alignment import bound_by_event_time
+from stateful_runtime.connectors.eventlog import EventLog
+from stateful_runtime.connectors.eventlog.store import Record
+from stateful_runtime.runtime.loader import load_job_file
 from stateful_runtime.runtime.runner import JobRunner
-from stateful_runtime.sources._align import bound_by_event_time
 from tests.conftest import EXAMPLES
 
 T0 = 1_767_225_600_000

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from upi_events import events, oracle
 
-from stateful_runtime.log import EventLog
+from stateful_runtime.connectors.eventlog import EventLog
 from tests.conftest import ROOT, append_lines, srt
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

@@ -14,8 +14,8 @@ from collections import defaultdict
 import duckdb
 import pytest
 
-from stateful_runtime.job import load_job_file
-from stateful_runtime.log import EventLog
+from stateful_runtime.connectors.eventlog import EventLog
+from stateful_runtime.runtime.loader import load_job_file
 from stateful_runtime.runtime.runner import JobRunner
 from tests.conftest import EXAMPLES, append_lines
 

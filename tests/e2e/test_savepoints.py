@@ -20,11 +20,11 @@ import duckdb
 import pytest
 from upi_events import events, oracle
 
-from stateful_runtime import checkpoint, savepoint
+from stateful_runtime.checkpoints import layout, savepoints
+from stateful_runtime.checkpoints.state_reader import checkpoint_of, inspect
 from stateful_runtime.exceptions import IncompatibleSavepointError
-from stateful_runtime.job import load_job_file
+from stateful_runtime.runtime.loader import load_job_file
 from stateful_runtime.runtime.runner import JobRunner
-from stateful_runtime.state_reader import checkpoint_of, inspect
 from tests.conftest import EXAMPLES, append_lines, kill_group, srt, srt_background, wait_for
 
 pytestmark = pytest.mark.slow
@@ -53,7 +53,7 @@ def test_rescale_4_to_2_to_4_through_savepoints_equals_oracle(spark, upi, tmp_pa
     roots = tmp_path / "savepoints"
     append_lines(upi.log_dir, THIRDS[0])
     run_job(job, upi_sets(upi, tmp_path / "ck4", roots, parallelism=4))
-    sp1 = savepoint.create(tmp_path / "ck4", roots)
+    sp1 = savepoints.create(tmp_path / "ck4", roots)
     assert sp1.manifest["queries"]["upi-counts"]["state_partitions"] == 4
     with checkpoint_of(sp1.id, [str(roots)]) as ck:  # window state: one row per open window
         rows = inspect(spark, ck, key="M001")
@@ -65,15 +65,15 @@ def test_rescale_4_to_2_to_4_through_savepoints_equals_oracle(spark, upi, tmp_pa
     assert "rescaling the state of upi-counts from 4 to 2 partitions" in out
     assert upi.table() == oracle(THIRDS[0] + THIRDS[1])
     qdir = tmp_path / "ck2" / "upi-counts"
-    assert checkpoint.state_partitions(qdir, checkpoint.last_committed(qdir)) == 2
+    assert layout.state_partitions(qdir, layout.last_committed(qdir)) == 2
 
-    sp2 = savepoint.create(tmp_path / "ck2", roots)
+    sp2 = savepoints.create(tmp_path / "ck2", roots)
     assert sp2.manifest["restored_from"] == sp1.location
     append_lines(upi.log_dir, THIRDS[2])
     run_job(job, upi_sets(upi, tmp_path / "ck4b", roots, parallelism=4),
             from_savepoint=sp2.location)
     assert upi.table() == oracle(LINES)
-    ids = [sp.id for sp in savepoint.list_savepoints(roots, "upi-per-minute")]
+    ids = [sp.id for sp in savepoints.list_savepoints(roots, "upi-per-minute")]
     assert ids == [sp1.id, sp2.id]
 
 
@@ -161,7 +161,7 @@ def test_savepoint_while_running_then_stop_with_savepoint_upgrade_and_restore(
     proc = srt_background(["run", str(v1), *sets], srt_env, log)
     qdir = tmp_path / "ck" / "counter"
     try:
-        wait_for(lambda: (checkpoint.last_committed(qdir) or -1) >= 1, proc, log, "two batches")
+        wait_for(lambda: (layout.last_committed(qdir) or -1) >= 1, proc, log, "two batches")
         taken = srt(["savepoint", "create", "payment-counter", "--json"], srt_env)
         assert taken.returncode == 0, taken.stderr
         early = json.loads(taken.stdout)
@@ -224,7 +224,7 @@ def test_incompatible_savepoints_are_refused_with_the_differences(spark, upi, tm
             "checkpoint.dir": tmp_path / "ck"}
     append_lines(upi.log_dir, THIRDS[0][:2000])
     run_job(v1, sets)
-    sp = savepoint.create(tmp_path / "ck", tmp_path / "sp")
+    sp = savepoints.create(tmp_path / "ck", tmp_path / "sp")
 
     # State inspection reads the same keyed state from the checkpoint and from the savepoint.
     want = expected_counts(THIRDS[0][:2000])
@@ -256,16 +256,16 @@ def test_incompatible_savepoints_are_refused_with_the_differences(spark, upi, tm
     victim = next(f for f in sp.manifest["files"] if "/state/" in f["path"])
     path = Path(sp.location) / victim["path"]
     path.write_bytes(path.read_bytes() + b"x")
-    with pytest.raises(savepoint.SavepointError, match="is corrupt: .*" + victim["path"]):
+    with pytest.raises(savepoints.SavepointError, match="is corrupt: .*" + victim["path"]):
         run_job(v1, {**sets, "checkpoint.dir": tmp_path / "ck-corrupt"},
                 from_savepoint=sp.location)
 
 
 CRASHING_UPLOAD = textwrap.dedent("""
     import os, sys
-    from stateful_runtime import savepoint
+    from stateful_runtime.checkpoints import savepoints
     try:
-        savepoint.create(sys.argv[1], sys.argv[2], _fail_after_files=3)
+        savepoints.create(sys.argv[1], sys.argv[2], _fail_after_files=3)
     finally:
         os._exit(9)  # die like kill -9: no cleanup
 """)
@@ -286,10 +286,10 @@ def test_s3_savepoint_crash_mid_upload_is_never_listed_and_mirror_restores_an_em
                               roots], env=srt_env, capture_output=True, text=True)
     assert crashed.returncode == 9, crashed.stderr
     half = {k.split("/")[1] for k in s3.keys("savepoints/")}
-    assert len(half) == 1 and savepoint.list_savepoints(roots) == []
-    good = savepoint.create(tmp_path / "ck", roots)
+    assert len(half) == 1 and savepoints.list_savepoints(roots) == []
+    good = savepoints.create(tmp_path / "ck", roots)
     assert {k.split("/")[1] for k in s3.keys("savepoints/")} == {good.id}
-    assert [sp.id for sp in savepoint.list_savepoints(roots)] == [good.id]
+    assert [sp.id for sp in savepoints.list_savepoints(roots)] == [good.id]
 
     # Lose the disk: checkpoint gone. The mirror brings the job back, exactly once.
     shutil.rmtree(tmp_path / "ck")

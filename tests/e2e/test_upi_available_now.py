@@ -7,7 +7,7 @@ import json
 import pytest
 from upi_events import events, oracle
 
-from stateful_runtime.log import EventLog
+from stateful_runtime.connectors.eventlog import EventLog
 from tests.conftest import append_lines, srt
 
 pytestmark = pytest.mark.slow

@@ -15,9 +15,9 @@ import time
 import pytest
 from upi_events import events, oracle
 
-from stateful_runtime import checkpoint
-from stateful_runtime.log import EventLog
-from stateful_runtime.log._ingest import _records
+from stateful_runtime.checkpoints import layout
+from stateful_runtime.connectors.eventlog import EventLog
+from stateful_runtime.connectors.eventlog.ingest import _records
 from tests.conftest import kill_group, srt, srt_background, wait_for_commit
 
 pytestmark = pytest.mark.slow
@@ -49,7 +49,7 @@ def test_kill_dash_nine_five_times_result_equals_oracle(upi, srt_env):
     upi.extra["source.max_records_per_batch"] = "100000"
     try:
         for kill in range(KILLS):
-            before = checkpoint.last_committed(qdir)
+            before = layout.last_committed(qdir)
             log = upi.root / f"run-{kill}.log"
             proc = srt_background(upi.run_args(), srt_env, log)
             try:

@@ -8,7 +8,7 @@ from collections import defaultdict
 
 import pytest
 
-from stateful_runtime.log import EventLog
+from stateful_runtime.connectors.eventlog import EventLog
 from tests.conftest import append_lines
 from tests.e2e.test_process_functions import run, table
 

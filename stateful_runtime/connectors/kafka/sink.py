@@ -29,7 +29,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from stateful_runtime._kafka import (
+from stateful_runtime.connectors.base import ERROR, OFFSET, PARTITION, RAW, Sink, SinkSummary
+from stateful_runtime.connectors.kafka.client import (
     METADATA_TIMEOUT_S,
     CommitMarkers,
     client_config,
@@ -38,8 +39,6 @@ from stateful_runtime._kafka import (
     redact,
 )
 from stateful_runtime.exceptions import ConfigError, SinkError
-from stateful_runtime.sinks.base import Sink, SinkSummary
-from stateful_runtime.sources.base import ERROR, OFFSET, PARTITION, RAW
 
 DELIVERY = ("exactly_once", "at_least_once")
 # Test hook: after committing a batch's transaction the sink touches
@@ -126,8 +125,8 @@ class KafkaSink(Sink):
     def from_config(cls, config: Mapping[str, Any], *, key: Sequence[str] = ()) -> KafkaSink:
         """A sink from the job-file keys ``sink.kafka_topic``, ``sink.bootstrap_servers``
         (default: ``source.bootstrap_servers``), ``sink.delivery`` and the ``kafka.*`` client
-        settings (see :func:`stateful_runtime.sources.kafka.client_settings`)."""
-        from stateful_runtime.sources.kafka import client_settings
+        settings (see :func:`stateful_runtime.connectors.kafka.source.client_settings`)."""
+        from stateful_runtime.connectors.kafka.source import client_settings
 
         servers = config.get("sink.bootstrap_servers") or config.get("source.bootstrap_servers")
         return cls(servers, config["sink.kafka_topic"], key=key,
@@ -342,7 +341,7 @@ class _DeadLetterTxn:
         from confluent_kafka import Producer
 
         self.sink = sink
-        from stateful_runtime._kafka import check_cluster
+        from stateful_runtime.connectors.kafka.client import check_cluster
 
         counts = check_cluster(sink.config, sink.source_topics or None, sink.source_pattern)
         self._parts = ensure_topic(sink.config, sink.topic, max(counts.values(), default=1))

@@ -7,9 +7,9 @@ from typing import Optional
 
 import pytest
 
+from stateful_runtime.connectors.formats.json import CHUNK, decode_json, to_struct
+from stateful_runtime.connectors.ranges import limit_offsets
 from stateful_runtime.exceptions import ConfigError
-from stateful_runtime.sources._decode import CHUNK, decode_json, to_struct
-from stateful_runtime.sources._ranges import limit_offsets
 
 SCHEMA = to_struct({"id": str, "n": int, "x": float, "ok": Optional[bool]})  # noqa: UP045
 

@@ -10,17 +10,17 @@ from datetime import timedelta
 
 import pytest
 
-from stateful_runtime import savepoint
+from stateful_runtime.checkpoints import manifest, restore, retention, savepoints
+from stateful_runtime.checkpoints.storage import LocalStore, open_store
 from stateful_runtime.exceptions import AlreadyExistsError
-from stateful_runtime.storage import LocalStore, open_store
 
 DAY = 86_400.0
 
 
 def _write(store: LocalStore, sid: str, job: str, created: float) -> None:
     store.put_bytes(f"{sid}/q/offsets/0", b"v1")
-    store.put_bytes(f"{sid}/{savepoint.MANIFEST}", json.dumps({
-        "format_version": savepoint.FORMAT_VERSION, "id": sid, "job": job,
+    store.put_bytes(f"{sid}/{manifest.MANIFEST}", json.dumps({
+        "format_version": manifest.FORMAT_VERSION, "id": sid, "job": job,
         "created_at": "", "created_at_epoch": created, "queries": {}, "files": [],
         "fingerprint": {}}).encode())
 
@@ -33,22 +33,22 @@ def test_retention_keeps_newest_protected_and_within_limits(tmp_path, monkeypatc
         _write(store, f"sp{i}", "job-a", now - age_days * DAY)
     _write(store, "other", "job-b", now - 30 * DAY)
 
-    policy = savepoint.Retention(max_count=2, protected={"sp0"})
-    gone = policy.expired(savepoint.list_savepoints(store.url, "job-a"), now=now)
+    policy = retention.Retention(max_count=2, protected={"sp0"})
+    gone = policy.expired(savepoints.list_savepoints(store.url, "job-a"), now=now)
     assert sorted(s.id for s in gone) == ["sp1", "sp2"]  # sp0 protected, sp3+sp4 newest two
 
-    by_age = savepoint.Retention(max_age=timedelta(days=4))
+    by_age = retention.Retention(max_age=timedelta(days=4))
     assert sorted(s.id for s in by_age.expired(
-        savepoint.list_savepoints(store.url, "job-a"), now=now)) == ["sp0", "sp1"]
+        savepoints.list_savepoints(store.url, "job-a"), now=now)) == ["sp0", "sp1"]
 
     # Everything too old: the newest one still stays.
-    every = savepoint.Retention(max_age=timedelta(hours=1))
-    expired = {s.id for s in every.expired(savepoint.list_savepoints(store.url, "job-a"),
+    every = retention.Retention(max_age=timedelta(hours=1))
+    expired = {s.id for s in every.expired(savepoints.list_savepoints(store.url, "job-a"),
                                            now=now)}
     assert expired == {"sp0", "sp1", "sp2", "sp3"}
 
-    savepoint.apply_retention(store.url, "job-a", savepoint.Retention(max_count=1))
-    assert [s.id for s in savepoint.list_savepoints(store.url)] == ["other", "sp4"]
+    retention.apply_retention(store.url, "job-a", retention.Retention(max_count=1))
+    assert [s.id for s in savepoints.list_savepoints(store.url)] == ["other", "sp4"]
     assert not (tmp_path / "sp" / "sp0").exists()  # files gone, not only manifests
 
 
@@ -61,12 +61,12 @@ def test_compatibility_lists_every_difference():
         "op": {"kind": "process", "keys": ["k"], "states": {"a": "value<str>",
                                                             "c": "value<int>"}},
         "win": {"kind": "native-window", "keys": ["k2"], "states": {"window": "sum(x)"}}}}}}
-    bad, dropped = savepoint.compatibility(saved, new)
+    bad, dropped = restore.compatibility(saved, new)
     assert bad == ["query q, operator op: state 'a' was value<int>, is now value<str>",
                    "query q, operator win: keyed by ['k'], now by ['k2']"]
     assert dropped == ["query q, operator op: state 'b' (map<str, int>) is no longer declared"]
-    assert savepoint.compatibility(saved, saved) == ([], [])
-    other_job = savepoint.compatibility(saved, {**saved, "job": "x"})[0]
+    assert restore.compatibility(saved, saved) == ([], [])
+    other_job = restore.compatibility(saved, {**saved, "job": "x"})[0]
     assert other_job == ["the savepoint is of job 'j', this job is 'x'"]
 
 
@@ -83,13 +83,13 @@ def test_incomplete_savepoint_of_a_dead_writer_is_removed(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True)
     pid = int(dead.stdout)
-    store.put_bytes(f"half/{savepoint.WRITER}", json.dumps(
+    store.put_bytes(f"half/{savepoints.WRITER}", json.dumps(
         {"pid": pid, "host": os.uname().nodename}).encode())
     store.put_bytes("half/q/offsets/0", b"v1")
-    store.put_bytes(f"live/{savepoint.WRITER}", json.dumps(
+    store.put_bytes(f"live/{savepoints.WRITER}", json.dumps(
         {"pid": os.getpid(), "host": os.uname().nodename}).encode())
-    assert savepoint.list_savepoints(tmp_path) == []
-    assert savepoint.cleanup_incomplete(store) == ["half"]
+    assert savepoints.list_savepoints(tmp_path) == []
+    assert savepoints.cleanup_incomplete(store) == ["half"]
     assert sorted(store.children()) == ["live"]  # still being written by a live process
 
 

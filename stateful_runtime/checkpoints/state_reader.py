@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stateful_runtime import checkpoint, savepoint
+from stateful_runtime.checkpoints import layout, restore, savepoints
 from stateful_runtime.exceptions import ConfigError
 
 if TYPE_CHECKING:
@@ -31,15 +31,15 @@ def checkpoint_of(ref: str, roots: list[str]) -> Iterator[Path]:
     """A checkpoint directory for ``ref``: itself if it is one, else the savepoint laid out in
     a temporary directory."""
     path = Path(ref)
-    if (path / checkpoint.MARKER).is_file():
+    if (path / layout.MARKER).is_file():
         yield path.resolve()
         return
-    sp = savepoint.resolve(ref, roots)
+    sp = savepoints.resolve(ref, roots)
     with tempfile.TemporaryDirectory(prefix="srt-inspect-") as tmp:
         dest = Path(tmp) / "checkpoint"
-        savepoint.materialize(sp, dest)
-        (dest / checkpoint.MARKER).write_text(json.dumps({
-            "format_version": checkpoint.FORMAT_VERSION, "job": sp.job,
+        restore.materialize(sp, dest)
+        (dest / layout.MARKER).write_text(json.dumps({
+            "format_version": layout.FORMAT_VERSION, "job": sp.job,
             "queries": list(sp.manifest["queries"]), "fingerprint": sp.manifest["fingerprint"]}))
         yield dest
 
@@ -80,10 +80,10 @@ def inspect(spark: SparkSession, ckpt: Path, *, operator: str | None = None,
     state name."""
     from pyspark.sql import functions as F
 
-    owner = checkpoint.owner(ckpt)
+    owner = layout.owner(ckpt)
     fp = owner.get("fingerprint") or {}
-    operators = [(q, op, layout) for q, spec in fp.get("queries", {}).items()
-                 for op, layout in spec.get("operators", {}).items()]
+    operators = [(q, op, spec_) for q, spec in fp.get("queries", {}).items()
+                 for op, spec_ in spec.get("operators", {}).items()]
     known = ", ".join(op for _, op, _ in operators) or "none"
     if operator is not None:
         operators = [o for o in operators if o[1] == operator]
@@ -91,17 +91,17 @@ def inspect(spark: SparkSession, ckpt: Path, *, operator: str | None = None,
             raise ConfigError(f"no stateful operator {operator!r} in job {owner['job']!r} "
                               f"(operators: {known})")
     rows: list[dict[str, Any]] = []
-    for qname, op, layout in operators:
+    for qname, op, op_layout in operators:
         qdir = ckpt / qname
-        batch = checkpoint.last_committed(qdir)
+        batch = layout.last_committed(qdir)
         if batch is None:
             continue
-        names: list[str | None] = [None] if layout["kind"] == "native-window" else list(
-            layout["states"])
+        names: list[str | None] = [None] if op_layout["kind"] == "native-window" else list(
+            op_layout["states"])
         if state is not None:
-            if layout["kind"] == "native-window" or state not in layout["states"]:
+            if op_layout["kind"] == "native-window" or state not in op_layout["states"]:
                 raise ConfigError(f"operator {op!r} has no state {state!r} (states: "
-                                  f"{', '.join(layout['states'])})")
+                                  f"{', '.join(op_layout['states'])})")
             names = [state]
         for name in names:
             reader = (spark.read.format("statestore").option("path", str(qdir))
@@ -112,7 +112,7 @@ def inspect(spark: SparkSession, ckpt: Path, *, operator: str | None = None,
             if key is not None:
                 # The job's first key field (a window's state key starts with the window).
                 fields = df.schema["key"].dataType.fieldNames()  # type: ignore[attr-defined]
-                first = next((k for k in layout["keys"] if k in fields), fields[0])
+                first = next((k for k in op_layout["keys"] if k in fields), fields[0])
                 df = df.filter(F.col(f"key.{first}").cast("string") == key)
             for r in df.limit(max(0, limit - len(rows))).collect():
                 rows.append({"query": qname, "operator": op,

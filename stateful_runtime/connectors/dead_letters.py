@@ -21,10 +21,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
-from stateful_runtime.sources.base import ERROR, OFFSET, PARTITION, RAW
+from stateful_runtime.connectors.base import ERROR, OFFSET, PARTITION, RAW
 
 if TYPE_CHECKING:
-    from stateful_runtime.sinks.log import DeadLetterSink as _LogDeadLetterSink
+    from stateful_runtime.connectors.eventlog.sink import DeadLetterSink as _LogDeadLetterSink
 
     # Any dead-letter sink: ``writer()`` (a context manager), ``write_split(writer, table, key,
     # start)``, ``records()``, ``topic``, ``job``, ``describe()`` and ``summary()``.

@@ -13,7 +13,7 @@ import signal
 from collections.abc import Callable, Iterable
 from typing import BinaryIO
 
-from stateful_runtime.log._store import Record, TopicWriter
+from stateful_runtime.connectors.eventlog.store import Record, TopicWriter
 
 # One WriteBatch per this many lines: ~330k rec/s measured at 5k per batch, and a batch is the
 # unit a crash can lose before it is acknowledged.

@@ -6,10 +6,9 @@ import json
 
 import pyarrow as pa
 
+from stateful_runtime.connectors.base import ERROR, OFFSET, PARTITION, RAW, Sink, SinkSummary
+from stateful_runtime.connectors.eventlog import EventLog, Record, TopicWriter, cached_reader
 from stateful_runtime.exceptions import TopicNotFoundError
-from stateful_runtime.log import EventLog, Record, TopicWriter, cached_reader
-from stateful_runtime.sinks.base import Sink, SinkSummary
-from stateful_runtime.sources.base import ERROR, OFFSET, PARTITION, RAW
 
 
 class LogSink(Sink):
@@ -78,7 +77,7 @@ class DeadLetterSink:
     Headers: ``error`` (why it was rejected), ``source.topic``, ``source.partition``,
     ``source.offset`` and ``job``. The record keeps its source partition when the dead-letter
     topic has as many partitions as the source. Written split by split (see
-    :mod:`stateful_runtime.sources._dead_letters`), each source partition an idempotent producer.
+    :mod:`stateful_runtime.connectors.dead_letters`), each source partition an idempotent producer.
     """
 
     def __init__(self, log_dir: str, topic: str, *, source_topic: str, job: str) -> None:

@@ -7,8 +7,8 @@ import json
 import pyarrow as pa
 import pytest
 
+from stateful_runtime.connectors.kafka.sink import BATCH_HEADER, KafkaSink
 from stateful_runtime.exceptions import SinkError
-from stateful_runtime.sinks.kafka import BATCH_HEADER, KafkaSink
 
 
 def _rows(batch: int, n: int = 5) -> pa.Table:

@@ -9,11 +9,11 @@ from datetime import timedelta
 import pytest
 
 from stateful_runtime import StreamJob, WatermarkStrategy
+from stateful_runtime.connectors.kafka.source import KafkaSource, KafkaStreamReader
 from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.job import CheckpointConfig
 from stateful_runtime.runtime.registry import redacted
 from stateful_runtime.runtime.runner import progress_health
-from stateful_runtime.sources.kafka import KafkaSource, KafkaStreamReader
 
 SCHEMA = {"id": int, "ts_ms": int}
 BASE = 1_767_225_600_000

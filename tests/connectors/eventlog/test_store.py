@@ -12,13 +12,13 @@ import time
 
 import pytest
 
+from stateful_runtime.connectors.eventlog import EventLog, Record, partition_for
 from stateful_runtime.exceptions import (
     LogError,
     LogWriterBusyError,
     TopicExistsError,
     TopicNotFoundError,
 )
-from stateful_runtime.log import EventLog, Record, partition_for
 from tests.conftest import srt
 
 
@@ -50,7 +50,8 @@ def test_create_append_read_by_offset_range(tmp_path):
 def test_partitioning_is_stable_across_processes(tmp_path):
     keys = [f"M{i:03d}".encode() for i in range(50)]
     here = [partition_for(k, b"", 7) for k in keys]
-    code = ("from stateful_runtime.log import partition_for; import json; print(json.dumps("
+    code = ("from stateful_runtime.connectors.eventlog import partition_for; import json; "
+            "print(json.dumps("
             "[partition_for(('M%03d' % i).encode(), b'', 7) for i in range(50)]))")
     there = json.loads(subprocess.check_output([sys.executable, "-c", code]))
     assert here == there and len(set(here)) > 1
@@ -88,7 +89,8 @@ def test_one_writer_per_topic(tmp_path):
     with log.writer("t"):
         holder = subprocess.run(
             [sys.executable, "-c",
-             f"from stateful_runtime.log import EventLog; EventLog({str(tmp_path)!r}).writer('t')"],
+             "from stateful_runtime.connectors.eventlog import EventLog; "
+             f"EventLog({str(tmp_path)!r}).writer('t')"],
             capture_output=True, text=True,
         )
     assert holder.returncode != 0
@@ -100,7 +102,7 @@ def test_one_writer_per_topic(tmp_path):
 
 WRITER = textwrap.dedent("""
     import sys
-    from stateful_runtime.log import EventLog, Record
+    from stateful_runtime.connectors.eventlog import EventLog, Record
     w = EventLog(sys.argv[1]).writer("t")
     n = 0
     while True:

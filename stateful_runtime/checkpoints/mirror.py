@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stateful_runtime import checkpoint
+from stateful_runtime.checkpoints import layout
+from stateful_runtime.checkpoints.manifest import Savepoint, new_manifest, query_entry, sha256_file
+from stateful_runtime.checkpoints.storage import Store, open_store
 from stateful_runtime.exceptions import SavepointError
-from stateful_runtime.savepoint import Savepoint, new_manifest, query_entry, sha256_file
-from stateful_runtime.storage import Store, open_store
 
 PREFIX = "_mirror/"
 KEEP_MANIFESTS = 3
@@ -66,10 +66,10 @@ class CheckpointMirror:
     def sync(self) -> MirrorSync | None:
         """Upload what the newest committed batches added; None if nothing was committed since
         the last sync."""
-        owner = checkpoint.owner(self.checkpoint_dir)
+        owner = layout.owner(self.checkpoint_dir)
         batches: dict[str, int] = {}
         for q in owner.get("queries", []):
-            b = checkpoint.last_committed(self.checkpoint_dir / q)
+            b = layout.last_committed(self.checkpoint_dir / q)
             if b is not None:
                 batches[q] = b
         if not batches or batches == self.synced:
@@ -79,7 +79,7 @@ class CheckpointMirror:
         for q, batch in batches.items():
             qdir = self.checkpoint_dir / q
             queries[q] = query_entry(qdir, batch, pending=False)
-            for rel in checkpoint.batch_files(qdir, batch, pending=False):
+            for rel in layout.batch_files(qdir, batch, pending=False):
                 key, path = f"{q}/{rel}", qdir / rel
                 entry = self.known.get(key)
                 # Offsets/commits/changelogs are new names every batch; a file with a known

@@ -25,20 +25,20 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from stateful_runtime.exceptions import ConfigError
-from stateful_runtime.log import EventLog, cached_reader
-from stateful_runtime.sinks.log import DeadLetterSink
-from stateful_runtime.sources import _align
-from stateful_runtime.sources._dead_letters import DeadLetters, stage
-from stateful_runtime.sources._decode import decode_json, to_struct
-from stateful_runtime.sources._ranges import limit_offsets, split_ranges
-from stateful_runtime.sources.base import (
+from stateful_runtime.connectors import alignment
+from stateful_runtime.connectors.base import (
     OFFSET,
     PARTITION,
     Source,
     register,
     stream_schema,
 )
+from stateful_runtime.connectors.dead_letters import DeadLetters, stage
+from stateful_runtime.connectors.eventlog import EventLog, cached_reader
+from stateful_runtime.connectors.eventlog.sink import DeadLetterSink
+from stateful_runtime.connectors.formats.json import decode_json, to_struct
+from stateful_runtime.connectors.ranges import limit_offsets, split_ranges
+from stateful_runtime.exceptions import ConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -129,7 +129,7 @@ class LogSource(Source):
             reader = (reader.option("dead_letter_staging", dead_letters.staging)
                       .option("dead_letter_topic", dead_letters.sink.topic)
                       .option("job", dead_letters.sink.job))
-        for k, v in _align.options(watermark).items():  # plan-time event-time alignment
+        for k, v in alignment.options(watermark).items():  # plan-time event-time alignment
             reader = reader.option(k, v)
 
         return reader.load()
@@ -197,11 +197,11 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Event-time cut first (so the cap is shared over what may be read), then the cap,
         # then the cut again (the cap ends partitions at different event times).
         if self.time_field:
-            ends = _align.bound_by_event_time(start, ends, self._time_at, self.drift_ms)
+            ends = alignment.bound_by_event_time(start, ends, self._time_at, self.drift_ms)
         if isinstance(limit, ReadMaxRows):
             ends = limit_offsets(start, ends, limit.max_rows)
             if self.time_field:
-                ends = _align.bound_by_event_time(start, ends, self._time_at, self.drift_ms)
+                ends = alignment.bound_by_event_time(start, ends, self._time_at, self.drift_ms)
         return ends
 
     def _time_at(self, partition: str, offset: int) -> int | None:
@@ -209,7 +209,7 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                                                     offset + 1)
         if not values:
             return None
-        return _align.record_time(values[0], self.time_field, self.time_unit)
+        return alignment.record_time(values[0], self.time_field, self.time_unit)
 
     def reportLatestOffset(self) -> dict:
         return self._ends()

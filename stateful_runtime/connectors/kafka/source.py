@@ -38,26 +38,26 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from stateful_runtime._kafka import (
-    METADATA_TIMEOUT_S,
-    check_cluster,
-    client_config,
-    quiet,
-    redact,
-)
-from stateful_runtime.exceptions import ConfigError
-from stateful_runtime.sources import _align
-from stateful_runtime.sources._align import EventTimeAlignment
-from stateful_runtime.sources._dead_letters import DeadLetters, stage
-from stateful_runtime.sources._decode import decode_json, to_struct
-from stateful_runtime.sources._ranges import limit_offsets, split_ranges
-from stateful_runtime.sources.base import (
+from stateful_runtime.connectors import alignment
+from stateful_runtime.connectors.alignment import EventTimeAlignment
+from stateful_runtime.connectors.base import (
     OFFSET,
     PARTITION,
     Source,
     register,
     stream_schema,
 )
+from stateful_runtime.connectors.dead_letters import DeadLetters, stage
+from stateful_runtime.connectors.formats.json import decode_json, to_struct
+from stateful_runtime.connectors.kafka.client import (
+    METADATA_TIMEOUT_S,
+    check_cluster,
+    client_config,
+    quiet,
+    redact,
+)
+from stateful_runtime.connectors.ranges import limit_offsets, split_ranges
+from stateful_runtime.exceptions import ConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -237,11 +237,11 @@ class KafkaSource(Source):
             opts["dead_letter_topic"] = dead_letters.sink.topic
             opts["job"] = dead_letters.sink.job
             opts["source_name"] = self.name
-        opts.update(_align.options(watermark))
+        opts.update(alignment.options(watermark))
         return opts
 
     def dead_letters(self, job: str, staging: str) -> DeadLetters:
-        from stateful_runtime.sinks.kafka import KafkaDeadLetterSink
+        from stateful_runtime.connectors.kafka.sink import KafkaDeadLetterSink
 
         return DeadLetters(staging, KafkaDeadLetterSink(
             self.config, self.dead_letter_topic, source=self.name, job=job,
@@ -311,7 +311,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.staging = options.get("dead_letter_staging")
         self.dead_letters = None
         if self.staging is not None:
-            from stateful_runtime.sinks.kafka import KafkaDeadLetterSink
+            from stateful_runtime.connectors.kafka.sink import KafkaDeadLetterSink
 
             self.dead_letters = DeadLetters(self.staging, KafkaDeadLetterSink(
                 self.config, options["dead_letter_topic"], source=options["source_name"],

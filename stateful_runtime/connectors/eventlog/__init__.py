@@ -1,6 +1,6 @@
 """The embedded, durable event log (topics and partitions on RocksDB)."""
 
-from stateful_runtime.log._store import (
+from stateful_runtime.connectors.eventlog.store import (
     EventLog,
     Record,
     TopicInfo,

@@ -11,9 +11,8 @@ from typing import Any
 
 from pyspark.sql.types import StructType
 
+from stateful_runtime.connectors.base import Sink, Source
 from stateful_runtime.exceptions import ConfigError
-from stateful_runtime.sinks.base import Sink
-from stateful_runtime.sources.base import Source
 
 SOURCE_KINDS = ("log", "kafka")
 SINK_KINDS = ("duckdb", "kafka", "both")
@@ -24,11 +23,11 @@ def source_from_config(config: Mapping[str, Any], schema: StructType | Mapping[s
     """The source ``source.kind`` names (default ``log``), from its ``source.*`` keys."""
     kind = config.get("source.kind", "log")
     if kind == "log":
-        from stateful_runtime.sources.log import LogSource
+        from stateful_runtime.connectors.eventlog.source import LogSource
 
         return LogSource.from_config(config, schema)
     if kind == "kafka":
-        from stateful_runtime.sources.kafka import KafkaSource
+        from stateful_runtime.connectors.kafka.source import KafkaSource
 
         return KafkaSource.from_config(config, schema)
     raise ConfigError(f"source.kind={kind!r}: use one of {SOURCE_KINDS}")
@@ -37,7 +36,8 @@ def source_from_config(config: Mapping[str, Any], schema: StructType | Mapping[s
 def sinks_from_config(config: Mapping[str, Any], warehouse: Sink, *,
                       key: Sequence[str] = ()) -> list[Sink]:
     """The sinks ``sink.kind`` names: ``duckdb`` (``warehouse``), ``kafka`` (a
-    :class:`~stateful_runtime.sinks.kafka.KafkaSink` on ``sink.kafka_topic``), or ``both``."""
+    :class:`~stateful_runtime.connectors.kafka.sink.KafkaSink` on ``sink.kafka_topic``), or
+    ``both``."""
     kind = config.get("sink.kind", "duckdb")
     if kind not in SINK_KINDS:
         raise ConfigError(f"sink.kind={kind!r}: use one of {SINK_KINDS}")
@@ -45,7 +45,7 @@ def sinks_from_config(config: Mapping[str, Any], warehouse: Sink, *,
     if kind in ("duckdb", "both"):
         out.append(warehouse)
     if kind in ("kafka", "both"):
-        from stateful_runtime.sinks.kafka import KafkaSink
+        from stateful_runtime.connectors.kafka.sink import KafkaSink
 
         out.append(KafkaSink.from_config(config, key=key))
     return out

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stateful_runtime.sources.base import ERROR
+from stateful_runtime.connectors.base import ERROR
 
 if TYPE_CHECKING:
     from stateful_runtime.watermarks import WatermarkStrategy

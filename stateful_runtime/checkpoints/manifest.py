@@ -1,0 +1,103 @@
+"""Savepoint manifests: the versioned description of a self-contained copy of one committed batch.
+
+The manifest (format :data:`FORMAT_VERSION`) holds the job name, the job's *fingerprint*
+(queries, their stateful operators, key fields, state names and signatures), the Spark version,
+per query the batch id, source offsets, watermark and state partition count, and each file's
+size and sha256. Savepoints and mirror snapshots share it, so restore has one code path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stateful_runtime.checkpoints import layout
+from stateful_runtime.checkpoints.storage import Store
+
+FORMAT_VERSION = 1
+MANIFEST = "_manifest.json"
+CHUNK = 1 << 20
+
+
+def _utc(ts: float | None = None) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def fingerprint(job_name: str, queries: Iterable[Any]) -> dict[str, Any]:
+    """What a restore must agree with: the job and, per query, its stateful operators."""
+    return {"job": job_name,
+            "queries": {q.name: {"path": q.path, "operators": q.state_layout} for q in queries}}
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass
+class Savepoint:
+    """A listed (complete) savepoint: where it is and its manifest."""
+
+    store: Store
+    id: str
+    manifest: dict[str, Any]
+
+    @property
+    def location(self) -> str:
+        return self.store.join(self.id) if self.id else self.store.url
+
+    def key(self, path: str) -> str:
+        """Store key of one of the savepoint's files."""
+        return f"{self.id}/{path}" if self.id else path
+
+    @property
+    def job(self) -> str:
+        return self.manifest["job"]
+
+    @property
+    def created_at(self) -> float:
+        return float(self.manifest["created_at_epoch"])
+
+    @property
+    def size(self) -> int:
+        return sum(f["size"] for f in self.manifest["files"])
+
+    def summary(self) -> dict[str, Any]:
+        m = self.manifest
+        return {
+            "id": self.id, "job": m["job"], "location": self.location,
+            "batches": {q: v["batch"] for q, v in m["queries"].items()},
+            "watermark_ms": {q: v["watermark_ms"] for q, v in m["queries"].items()},
+            "size_bytes": self.size, "files": len(m["files"]), "created_at": m["created_at"],
+            "format_version": m["format_version"], "kind": m.get("kind", "savepoint"),
+        }
+
+
+def query_entry(qdir: Path, batch: int, *, pending: bool) -> dict[str, Any]:
+    """What a manifest says of one query at committed ``batch``."""
+    committed = layout.committed_offsets(qdir, batch) or {}
+    return {"batch": batch, "watermark_ms": committed.get("watermark_ms"),
+            "offsets": committed.get("sources"), "pending_batch": batch + 1 if pending else None,
+            "state_partitions": layout.state_partitions(qdir, batch),
+            "checkpoint_dir": str(qdir)}
+
+
+def new_manifest(kind: str, sid: str, owner: dict[str, Any], queries: dict[str, Any],
+                 files: list[dict[str, Any]]) -> dict[str, Any]:
+    """A manifest (savepoints and mirror snapshots share the shape and the restore path)."""
+    from importlib.metadata import version
+
+    now = time.time()
+    return {
+        "format_version": FORMAT_VERSION, "kind": kind, "id": sid, "job": owner["job"],
+        "fingerprint": owner.get("fingerprint"), "spark_version": version("pyspark"),
+        "created_at": _utc(now), "created_at_epoch": now,
+        "restored_from": owner.get("restored_from"), "queries": queries, "files": files,
+    }

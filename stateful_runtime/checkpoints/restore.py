@@ -1,0 +1,204 @@
+"""Restore: lay a savepoint (or a mirror snapshot) out as a job's checkpoint, after checking
+that the new code can take its state; rescale its state to a new partition count."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from stateful_runtime.checkpoints import layout
+from stateful_runtime.checkpoints.manifest import FORMAT_VERSION, Savepoint, _utc, sha256_file
+from stateful_runtime.exceptions import ConfigError, IncompatibleSavepointError, SavepointError
+
+
+def compatibility(saved: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(incompatible changes, state the new job no longer declares) between two fingerprints."""
+    bad: list[str] = []
+    dropped: list[str] = []
+    if saved.get("job") != new.get("job"):
+        bad.append(f"the savepoint is of job {saved.get('job')!r}, this job is {new.get('job')!r}")
+        return bad, dropped
+    new_queries = new.get("queries", {})
+    for qname, sq in saved.get("queries", {}).items():
+        nq = new_queries.get(qname)
+        for op, so in sq.get("operators", {}).items():
+            where = f"query {qname}, operator {op}"
+            no = (nq or {}).get("operators", {}).get(op)
+            if no is None:
+                dropped += [f"{where}: state {s!r} ({sig}) — the operator is gone"
+                            for s, sig in so["states"].items()]
+                continue
+            if so["kind"] != no["kind"]:
+                bad.append(f"{where}: was a {so['kind']} operator, is now {no['kind']}")
+                continue
+            if so["keys"] != no["keys"]:
+                bad.append(f"{where}: keyed by {so['keys']}, now by {no['keys']}")
+            for s, sig in so["states"].items():
+                now_sig = no["states"].get(s)
+                if now_sig is None:
+                    (bad if so["kind"] == "native-window" else dropped).append(
+                        f"{where}: state {s!r} ({sig}) is no longer declared")
+                elif now_sig != sig:
+                    bad.append(f"{where}: state {s!r} was {sig}, is now {now_sig}")
+            if so["kind"] == "native-window":
+                bad += [f"{where}: new state {s!r} ({sig}) changes Spark's state schema"
+                        for s, sig in no["states"].items() if s not in so["states"]]
+    return bad, dropped
+
+
+def check_compatible(saved: dict[str, Any], new: dict[str, Any], allow_non_restored: bool,
+                     where: str) -> list[str]:
+    """Raise if state with fingerprint ``saved`` (a savepoint's or a checkpoint's, at
+    ``where``) cannot be restored into a job with fingerprint ``new``; returns the state left
+    behind when ``allow_non_restored`` lets it go."""
+    bad, dropped = compatibility(saved or {}, new)
+    if bad:
+        raise IncompatibleSavepointError(
+            where, bad + dropped,
+            "Restore it with the code that wrote it, or keep state names, kinds and key fields "
+            "as they were (new state and new operators are fine).")
+    if dropped and not allow_non_restored:
+        raise IncompatibleSavepointError(
+            where, dropped, "Pass --allow-non-restored-state to start without that state.")
+    return dropped
+
+
+def materialize(sp: Savepoint, dest: Path, queries: Iterable[str] | None = None,
+                final: Path | None = None) -> None:
+    """Copy the savepoint's files of ``queries`` (default all) into ``dest`` laid out as a
+    checkpoint, verifying every file's size and sha256 and pointing Spark's operator metadata
+    at ``final`` (default ``dest``), where the checkpoint will be read. ``dest`` must not
+    exist; nothing is left in it on failure."""
+    wanted = set(sp.manifest["queries"]) if queries is None else set(queries)
+    tmp = dest.with_name(f".{dest.name}.restoring-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        for f in sp.manifest["files"]:
+            if f["path"].split("/", 1)[0] not in wanted:
+                continue
+            local = tmp / f["path"]
+            sp.store.get_file(sp.key(f["path"]), local)
+            size, digest = local.stat().st_size, sha256_file(local)
+            if size != f["size"] or digest != f["sha256"]:
+                raise SavepointError(
+                    f"savepoint {sp.location} is corrupt: {f['path']} has {size} bytes, sha256 "
+                    f"{digest[:12]}…; the manifest says {f['size']} bytes, {f['sha256'][:12]}…")
+        for qname in wanted:
+            _relocate_operator_metadata(tmp / qname, (final or dest) / qname)
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _relocate_operator_metadata(qdir: Path, final_qdir: Path) -> None:
+    """Spark's operator metadata (v2) names state schema files by absolute path: point those
+    paths into the restored checkpoint."""
+    for meta in qdir.glob("state/*/_metadata/v2/*"):
+        lines = meta.read_text().splitlines()
+        body = json.loads(lines[1])
+        for store_info in body.get("stateStoreInfo", []):
+            store_info["stateSchemaFilePaths"] = [
+                f"file:{final_qdir}/state/{p.rsplit('/state/', 1)[1]}"
+                for p in store_info.get("stateSchemaFilePaths", [])]
+        meta.write_text("\n".join([lines[0], json.dumps(body), *lines[2:]]))
+
+
+def restore(sp: Savepoint, checkpoint_dir: str | Path, new_fingerprint: dict[str, Any],
+            *, allow_non_restored: bool = False) -> dict[str, Any]:
+    """Lay ``sp`` out as the job's checkpoint at ``checkpoint_dir``.
+
+    An existing checkpoint there is moved aside (never deleted) to
+    ``<checkpoint_dir>.before-restore-<time>``. Returns what was restored (for the registry).
+    """
+    if sp.manifest.get("format_version") != FORMAT_VERSION:
+        raise SavepointError(
+            f"savepoint {sp.location} has format {sp.manifest.get('format_version')}; this "
+            f"runtime reads format {FORMAT_VERSION}")
+    dropped = check_compatible(sp.manifest.get("fingerprint") or {}, new_fingerprint,
+                               allow_non_restored, sp.location)
+    ckpt = Path(checkpoint_dir).resolve()
+    restored_queries = [q for q in sp.manifest["queries"]
+                        if q in new_fingerprint.get("queries", {})]
+    staging = ckpt.with_name(f"{ckpt.name}.restore-{secrets.token_hex(3)}")
+    materialize(sp, staging, restored_queries, final=ckpt)
+    moved_aside = None
+    if ckpt.exists() and any(ckpt.iterdir()):
+        moved_aside = ckpt.with_name(
+            f"{ckpt.name}.before-restore-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}")
+        os.replace(ckpt, moved_aside)
+    elif ckpt.exists():
+        ckpt.rmdir()
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    # Query dirs were materialised against their final paths; move the whole tree in one step.
+    os.replace(staging, ckpt)
+    marker = {
+        "format_version": layout.FORMAT_VERSION, "job": sp.job,
+        "queries": list(new_fingerprint.get("queries", {})),
+        "created_at": _utc(), "restored_from": sp.location,
+        "fingerprint": new_fingerprint,
+    }
+    (ckpt / layout.MARKER).write_text(json.dumps(marker, indent=2))
+    return {"restored_from": sp.location, "savepoint_id": sp.id, "dropped_state": dropped,
+            "previous_checkpoint_moved_to": str(moved_aside) if moved_aside else None,
+            "batches": {q: sp.manifest["queries"][q]["batch"] for q in restored_queries},
+            "state_partitions": {q: sp.manifest["queries"][q]["state_partitions"]
+                                 for q in restored_queries}}
+
+
+def restore_job(checkpoint_dir: str | Path, queries: Sequence[str], new_fingerprint: dict[str, Any],
+                *, from_savepoint: str | None = None, savepoint_roots: Iterable[str] = (),
+                restore_from: str | None = None, allow_non_restored: bool = False,
+                ) -> tuple[Savepoint, dict[str, Any]]:
+    """Restore a job's checkpoint from a savepoint (by id under ``savepoint_roots`` or by
+    location) or from the newest snapshot of the checkpoint mirror at ``restore_from``."""
+    from stateful_runtime.checkpoints import mirror, savepoints
+
+    ckpt = Path(checkpoint_dir).resolve()
+    if from_savepoint and restore_from:
+        raise ConfigError("give --from-savepoint or --restore-from, not both")
+    if from_savepoint:
+        sp = savepoints.resolve(from_savepoint, savepoint_roots)
+    elif restore_from:
+        if ckpt.is_dir() and any((ckpt / q / "commits").is_dir() for q in queries):
+            raise ConfigError(
+                f"checkpoint directory {ckpt} already holds this job's checkpoints: "
+                f"--restore-from is for an empty disk; run without it to resume from them")
+        sp = mirror.latest(restore_from)
+    else:
+        raise ConfigError("restore_job needs a savepoint or a mirror location")
+    return sp, restore(sp, ckpt, new_fingerprint, allow_non_restored=allow_non_restored)
+
+
+def rescale(spark: Any, checkpoint_dir: Path, queries: Sequence[str], parallelism: int, *,
+            restored: bool, job: str) -> list[str]:
+    """Give every stateful query ``parallelism`` state partitions; returns what was done.
+
+    Spark fixes the count in a checkpoint's offset log; only a restore may change it (Flink's
+    rule: rescale through a savepoint). Spark's checkpoint repartition writes one extra batch
+    holding the redistributed state and no input.
+    """
+    notes = []
+    for q in queries:
+        qdir = Path(checkpoint_dir) / q
+        batch = layout.last_committed(qdir)
+        current = None if batch is None else layout.state_partitions(qdir, batch)
+        if current is None or current == parallelism:
+            continue
+        if not restored:
+            notes.append(
+                f"note: query {q} keeps its {current} state partitions (parallelism "
+                f"{parallelism} ignored); rescale through a savepoint: `srt savepoint create "
+                f"{job} --stop`, then `srt run ... --from-savepoint ID --parallelism "
+                f"{parallelism}`")
+            continue
+        pending = qdir / "offsets" / str(batch + 1)
+        pending.unlink(missing_ok=True)  # a planned batch is re-planned after the rescale
+        notes.append(f"rescaling the state of {q} from {current} to {parallelism} partitions")
+        spark._streamingCheckpointManager.repartition(str(qdir), parallelism)
+    return notes

@@ -1,0 +1,172 @@
+"""Savepoints: self-contained, portable copies of one committed batch of a job.
+
+A checkpoint belongs to one run of one job and Spark reads it only in place. A savepoint is what
+Flink users upgrade, migrate and rescale through: every file a restart at committed batch ``N``
+needs (offsets and commits of ``N`` and ``N-1``, the query metadata, and per state partition the
+newest RocksDB snapshot, its SST files and the changelogs up to version ``N+1``), copied to a
+local directory or S3 with a manifest.
+
+Layout under a savepoint root (``savepoint.dir`` of the job, or ``--target``)::
+
+    <root>/<id>/_writer.json          who is writing it (removed when done)
+    <root>/<id>/<query>/...           the checkpoint files, as in the checkpoint
+    <root>/<id>/_manifest.json        written last, create-only: the commit point
+
+A savepoint without ``_manifest.json`` is never listed and is removed once its writer is gone.
+
+The manifest is described in :mod:`stateful_runtime.checkpoints.manifest`; retention in
+:mod:`~stateful_runtime.checkpoints.retention`, restore in
+:mod:`~stateful_runtime.checkpoints.restore`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import socket
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from stateful_runtime import _process
+from stateful_runtime.checkpoints import layout
+from stateful_runtime.checkpoints.manifest import (
+    MANIFEST,
+    Savepoint,
+    _utc,
+    new_manifest,
+    query_entry,
+    sha256_file,
+)
+from stateful_runtime.checkpoints.storage import Store, open_store
+from stateful_runtime.exceptions import AlreadyExistsError, SavepointError, StorageError
+
+WRITER = "_writer.json"
+# A savepoint left without a manifest by a writer on another host is garbage after this long.
+ABANDONED_AFTER_S = 3600.0
+
+
+def new_id(job: str) -> str:
+    return f"{job}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
+
+
+def create(checkpoint_dir: str | Path, target: str | Path, *, kind: str = "savepoint",
+           savepoint_id: str | None = None, _fail_after_files: int | None = None) -> Savepoint:
+    """Copy the last committed batch of the checkpoint at ``checkpoint_dir`` to ``target``.
+
+    Safe while the job runs: files of a committed batch are never rewritten, and state files are
+    kept for 100 batches (``minBatchesToRetain``), far longer than a copy takes.
+    ``_fail_after_files`` stops the copy half-way (tests of crash safety).
+    """
+    ckpt = Path(checkpoint_dir).resolve()
+    owner = layout.owner(ckpt)
+    job = owner["job"]
+    queries: dict[str, Any] = {}
+    files: list[tuple[str, Path]] = []
+    for qname in owner.get("queries", []):
+        qdir = ckpt / qname
+        batch = layout.last_committed(qdir)
+        if batch is None:
+            raise SavepointError(
+                f"query {qname} of job {job!r} has not committed a batch yet: take the savepoint "
+                f"after its first batch (`srt status {job}` shows the last committed batch)")
+        rels = layout.batch_files(qdir, batch)
+        queries[qname] = query_entry(qdir, batch,
+                                     pending=f"offsets/{batch + 1}" in rels)
+        files += [(f"{qname}/{rel}", qdir / rel) for rel in rels]
+
+    store = open_store(target)
+    cleanup_incomplete(store)
+    sid = savepoint_id or new_id(job)
+    store.put_bytes(f"{sid}/{WRITER}", json.dumps(
+        {"pid": os.getpid(), "host": socket.gethostname(), "started_at": _utc()}).encode())
+    entries = []
+    for i, (key, path) in enumerate(files):
+        if _fail_after_files is not None and i >= _fail_after_files:
+            raise SavepointError(f"savepoint {sid} interrupted after {i} files (test hook)")
+        entries.append({"path": key, "size": path.stat().st_size, "sha256": sha256_file(path)})
+        store.put_file(path, f"{sid}/{key}")
+    manifest = new_manifest(kind, sid, owner, queries, entries)
+    try:
+        store.put_bytes(f"{sid}/{MANIFEST}", json.dumps(manifest, indent=1).encode(),
+                        create_only=True)
+    except AlreadyExistsError:
+        raise SavepointError(f"savepoint {store.join(sid)} already exists") from None
+    store.delete([f"{sid}/{WRITER}"])
+    return Savepoint(store, sid, manifest)
+
+
+def cleanup_incomplete(store: Store) -> list[str]:
+    """Remove savepoints that have no manifest and whose writer is gone."""
+    removed = []
+    by_id: dict[str, list[Any]] = {}
+    for obj in store.list():
+        if "/" in obj.key:
+            by_id.setdefault(obj.key.split("/", 1)[0], []).append(obj)
+    for sid, objs in by_id.items():
+        names = {o.key.split("/", 1)[1] for o in objs}
+        if MANIFEST in names:
+            continue
+        if WRITER in names:
+            try:
+                writer = json.loads(store.get_bytes(f"{sid}/{WRITER}"))
+            except (StorageError, ValueError):
+                writer = {}
+            same_host = writer.get("host") == socket.gethostname()
+            if same_host and _process.pid_alive(writer.get("pid")):
+                continue
+            newest = max(o.mtime for o in objs)
+            if not same_host and time.time() - newest < ABANDONED_AFTER_S:
+                continue
+        store.delete([o.key for o in objs])
+        removed.append(sid)
+    return removed
+
+
+# -- finding savepoints --------------------------------------------------------------------------
+
+def list_savepoints(root: str | Path, job: str | None = None) -> list[Savepoint]:
+    """Complete savepoints under ``root``, oldest first."""
+    store = open_store(root)
+    out = []
+    for obj in store.list():
+        parts = obj.key.split("/")
+        if len(parts) == 2 and parts[1] == MANIFEST:
+            manifest = json.loads(store.get_bytes(obj.key))
+            if job is None or manifest.get("job") == job:
+                out.append(Savepoint(store, parts[0], manifest))
+    return sorted(out, key=lambda s: s.created_at)
+
+
+_ID = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+def resolve(ref: str | Path, roots: Iterable[str | Path] = ()) -> Savepoint:
+    """A savepoint by location (a directory or s3:// URL holding a manifest) or by id under one
+    of ``roots``."""
+    text = str(ref).rstrip("/")
+    candidates: list[tuple[Store, str]] = []
+    if "/" in text or text.startswith("s3:"):
+        parent, _, sid = text.rpartition("/")
+        candidates.append((open_store(parent or "/"), sid))
+    elif _ID.match(text):
+        candidates += [(open_store(r), text) for r in roots]
+    for store, sid in candidates:
+        try:
+            manifest = json.loads(store.get_bytes(f"{sid}/{MANIFEST}"))
+        except (StorageError, FileNotFoundError, NotADirectoryError):
+            continue
+        return Savepoint(store, sid, manifest)
+    where = ", ".join(str(r) for r in roots) or "nowhere"
+    raise SavepointError(
+        f"no complete savepoint {text!r} (looked in {where if '/' not in text else text}); "
+        f"`srt savepoint list` shows the savepoints there")
+
+
+def dispose(sp: Savepoint) -> None:
+    """Delete a savepoint: the manifest first, so a half-deleted one is never listed."""
+    sp.store.delete([f"{sp.id}/{MANIFEST}"])
+    sp.store.delete([o.key for o in sp.store.list(f"{sp.id}/")])

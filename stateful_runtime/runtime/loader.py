@@ -1,0 +1,93 @@
+"""Job files: import one, apply ``--set`` overrides to its ``DEFAULTS``, build the job.
+
+``srt run JOB_FILE --set key=value`` overrides defaults; a key that is not in ``DEFAULTS`` (or
+:data:`~stateful_runtime.job.RUNTIME_KEYS`) is an error, so a typo never silently runs with the
+default.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stateful_runtime.exceptions import ConfigError
+from stateful_runtime.job import RUNTIME_KEYS, StreamJob
+
+
+@dataclass(frozen=True)
+class JobFile:
+    path: Path
+    defaults: Mapping[str, Any]
+    config: Mapping[str, Any]
+    job: StreamJob
+
+
+def _coerce(key: str, raw: str, default: Any) -> Any:
+    try:
+        if isinstance(default, bool):
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if isinstance(default, int):
+            return int(raw)
+        if isinstance(default, float):
+            return float(raw)
+    except ValueError:
+        raise ConfigError(
+            f"--set {key}={raw}: expected a {type(default).__name__} like the default {default!r}"
+        ) from None
+    return raw
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set takes KEY=VALUE, got {pair!r}")
+        out[key.strip()] = value
+    return out
+
+
+def load_job_file(path: str | Path, overrides: Mapping[str, str] | None = None) -> JobFile:
+    """Import a job file, apply ``--set`` overrides to its DEFAULTS, and build the job."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"job file {path} not found; give the path of a Python job file")
+    spec = importlib.util.spec_from_file_location(f"srt_job_{path.stem}", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise ConfigError(f"job file {path} failed to import: {type(exc).__name__}: {exc}") from exc
+    # Functions and classes defined in the job file travel to Spark's workers by value: the
+    # workers cannot import a module loaded from a file path.
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(module)
+    build = getattr(module, "build", None)
+    if not callable(build):
+        raise ConfigError(f"job file {path} must define build(config) -> StreamJob")
+    defaults: Mapping[str, Any] = {**RUNTIME_KEYS, **getattr(module, "DEFAULTS", {})}
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - set(defaults))
+    if unknown:
+        known = ", ".join(sorted(defaults)) or "(none: the job file declares no DEFAULTS)"
+        raise ConfigError(f"unknown config key(s) {', '.join(unknown)}; known keys: {known}")
+    config = dict(defaults)
+    for key, raw in overrides.items():
+        config[key] = _coerce(key, raw, defaults[key])
+    job = build(config)
+    if not isinstance(job, StreamJob):
+        raise ConfigError(f"{path}: build() returned {type(job).__name__}, not a StreamJob")
+    if not job.sinks:
+        raise ConfigError(f"job {job.name!r} has no sink: add .sink_to(...) to a stream")
+    return JobFile(path.resolve(), defaults, config, job)
