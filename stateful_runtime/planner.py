@@ -144,7 +144,8 @@ def _read_good(spark: SparkSession, src: SourceNode,
                dead_letters: DeadLetters | None = None) -> DataFrame:
     from pyspark.sql import functions as F
 
-    df = src.source.read_stream(spark, dead_letters, watermark=src.watermark)
+    staging = dead_letters.staging if dead_letters is not None else None
+    df = src.source.read_stream(spark, staging, watermark=src.watermark)
     df = df.filter(F.col(ERROR).isNull()).drop(*META_COLUMNS)
     delay = src.watermark.max_out_of_orderness
     interval = spark_interval(delay) if delay.total_seconds() > 0 else "0 seconds"
@@ -379,7 +380,8 @@ def _build_pipeline(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | No
 
 
 def plan(job: StreamJob) -> Plan:
-    """Plan every sink of ``job`` (and a dead-letter query per source) into Spark queries."""
+    """Plan every sink of ``job`` into Spark queries; the first query reading a source owns
+    its dead letters (:mod:`stateful_runtime.connectors.dead_letters`)."""
     pipelines: dict[str, _Pipeline] = {}
     for sink_node in job.sinks:
         name, pipeline, side = _split(sink_node)
@@ -392,7 +394,7 @@ def plan(job: StreamJob) -> Plan:
         if id(p.src) not in owners:
             owners.add(id(p.src))
             staging = Path(job.checkpoint.dir).resolve() / DEAD_LETTER_STAGING / p.src.name
-            dead_letters = p.src.source.dead_letters(job.name, str(staging))
+            dead_letters = DeadLetters(str(staging), p.src.source.dead_letter_sink(job.name))
         queries.append(_build_pipeline(job, p, dead_letters))
     names = [q.name for q in queries]
     if len(set(names)) != len(names):

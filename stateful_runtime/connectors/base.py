@@ -8,8 +8,9 @@ these and on nothing of another system's package.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 from pyspark.sql.types import (
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.datasource import DataSource
 
-    from stateful_runtime.connectors.dead_letters import DeadLetters
     from stateful_runtime.watermarks import WatermarkStrategy
 
 # Columns every source adds to the declared record fields.
@@ -43,8 +43,8 @@ class Source(ABC):
 
     ``read_stream`` returns a streaming DataFrame of the declared record fields plus
     :data:`META_COLUMNS`. Records that do not decode into the declared schema are not dropped:
-    they come through with ``_error`` set; given ``dead_letters``, the source also stages them
-    per split and publishes them once their micro-batch is committed
+    they come through with ``_error`` set, and the read tasks stage them per split; the job
+    publishes them to :meth:`dead_letter_sink` once their micro-batch is committed
     (:mod:`stateful_runtime.connectors.dead_letters`).
     """
 
@@ -55,14 +55,16 @@ class Source(ABC):
         """Fail fast, before Spark starts, if the source cannot be read (missing topic...)."""
 
     @abstractmethod
-    def read_stream(self, spark: SparkSession, dead_letters: DeadLetters | None = None,
+    def read_stream(self, spark: SparkSession, dead_letter_staging: str | None = None,
                     watermark: WatermarkStrategy | None = None) -> DataFrame:
-        """The decoded stream, good and bad records alike. With ``watermark``, a source may
-        align its partitions in event time (:mod:`stateful_runtime.connectors.alignment`)."""
+        """The decoded stream, good and bad records alike. With ``dead_letter_staging``, each
+        read task also stages its split's rejected records there
+        (:func:`stateful_runtime.connectors.dead_letters.stage`). With ``watermark``, a source
+        may align its partitions in event time (:mod:`stateful_runtime.connectors.alignment`)."""
 
     @abstractmethod
-    def dead_letters(self, job: str, staging: str) -> DeadLetters:
-        """Where this source's rejected records go, for job ``job``."""
+    def dead_letter_sink(self, job: str) -> DeadLetterSink:
+        """Where this source's rejected records are published, for job ``job``."""
 
     @abstractmethod
     def describe(self) -> str:
@@ -147,3 +149,34 @@ class Sink(ABC):
 
     def describe(self) -> str:
         return self.default_name()
+
+
+class DeadLetterSink(Protocol):
+    """Where a source's rejected records are published: a topic of the source's own system.
+
+    The publish protocol (:class:`stateful_runtime.connectors.dead_letters.DeadLetters`) opens
+    one ``writer()`` per publish and calls ``write_split`` once per staged split, in offset
+    order per source partition. ``write_split`` must append nothing for a split it already
+    holds (``start`` is the split's first source offset: an idempotent producer sequence), so a
+    crash between publishing and removing the staged file duplicates nothing. Each record keeps
+    its raw bytes; the reason and origin travel in headers (``error``, ``source.topic``,
+    ``source.partition``, ``source.offset``, ``job``).
+    """
+
+    topic: str
+    job: str
+
+    def writer(self) -> AbstractContextManager[Any]:
+        """One publish: a context that commits on a clean exit, aborts on an exception."""
+
+    def write_split(self, writer: Any, table: pa.Table, partition: int | str, start: int) -> int:
+        """Append one split's rejected records; returns how many were appended (0: had it)."""
+
+    def records(self) -> int:
+        """How many dead letters the topic holds (for progress lines and summaries)."""
+
+    def describe(self) -> str:
+        """One line for ``explain()``."""
+
+    def summary(self) -> SinkSummary | None:
+        """What to print at the end of a run."""

@@ -1,4 +1,14 @@
-"""Dead letters without a second query: stage per split, publish after the batch commits.
+"""Dead letters: the one owner of a rejected record's way from its source to a topic.
+
+A record that does not decode is never dropped and never reaches the job's operators: the
+source marks it (``_error``), and then:
+
+1. **staged** by the Spark task that read it (:func:`stage`), in the query's checkpoint
+   directory (``<checkpoint.dir>/<query>/_dead_letters/``... see the planner);
+2. **published** by the job process (:meth:`DeadLetters.publish`, called by the runner after
+   every committed batch, at start and at stop) to the source's
+   :class:`~stateful_runtime.connectors.base.DeadLetterSink`, once: only splits whose batch is
+   committed, in offset order, idempotently.
 
 A Spark task that reads a split (one offset range of one partition) writes the split's rejected
 records to ``<staging>/<partition key>-<start>-<end>.arrow`` (the key as in the source's offsets:
@@ -24,11 +34,7 @@ import pyarrow.ipc as ipc
 from stateful_runtime.connectors.base import ERROR, OFFSET, PARTITION, RAW
 
 if TYPE_CHECKING:
-    from stateful_runtime.connectors.eventlog.sink import DeadLetterSink as _LogDeadLetterSink
-
-    # Any dead-letter sink: ``writer()`` (a context manager), ``write_split(writer, table, key,
-    # start)``, ``records()``, ``topic``, ``job``, ``describe()`` and ``summary()``.
-    DeadLetterSink = _LogDeadLetterSink
+    from stateful_runtime.connectors.base import DeadLetterSink
 
 SUFFIX = ".arrow"
 COLUMNS = [RAW, ERROR, PARTITION, OFFSET]
@@ -82,7 +88,7 @@ def publish(directory: str, committed: Mapping[str, int], sink: DeadLetterSink) 
 
 @dataclass(frozen=True)
 class DeadLetters:
-    """Where one source's rejected records are staged, and the topic they are published to."""
+    """Where one source's rejected records are staged, and the sink they are published to."""
 
     staging: str
     sink: DeadLetterSink

@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,9 +45,32 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _foreach_batch(query: QueryPlan):  # -> Callable[[DataFrame, int], None]
+@dataclass(frozen=True)
+class BatchCommitted:
+    """What ``on_batch`` listeners hear after each committed micro-batch of a query.
+
+    ``sink_write_ms``/``sink_rows``: time spent in, and rows given to, the query's sinks for
+    this batch (every output); ``health`` is what the registry and ``srt status`` show;
+    ``progress`` is Spark's ``StreamingQueryProgress`` as JSON.
+    """
+
+    job: str
+    query: str
+    batch_id: int
+    input_rows: int
+    sink_write_ms: float | None
+    sink_rows: int | None
+    health: Mapping[str, Any]
+    progress: Mapping[str, Any]
+
+
+def _foreach_batch(query: QueryPlan, timings: dict[tuple[str, int], tuple[float, int]]
+                   ) -> Callable[[DataFrame, int], None]:
     def write(df: DataFrame, batch_id: int) -> None:
-        query.write_batch(df.toArrow(), batch_id)
+        batch = df.toArrow()
+        t0 = time.perf_counter()
+        query.write_batch(batch, batch_id)
+        timings[(query.name, batch_id)] = ((time.perf_counter() - t0) * 1000, batch.num_rows)
 
     return write
 
@@ -148,12 +172,18 @@ def savepoint_root(job: Any) -> str:
 
 
 class JobRunner:
-    """Runs one job file until it ends (``available_now``) or is stopped."""
+    """Runs one job file until it ends (``available_now``) or is stopped.
+
+    ``on_batch`` listeners are called on the job process's monitor thread with a
+    :class:`BatchCommitted` once per committed micro-batch of each query (after the runner's
+    own bookkeeping: health, dead letters, mirror); a listener may call :meth:`stop`.
+    """
 
     def __init__(self, jobfile: JobFile, *, available_now: bool = False,
                  master: str | None = None, out: IO[str] = sys.stdout,
                  from_savepoint: str | None = None, restore_from: str | None = None,
-                 parallelism: int | None = None, allow_non_restored_state: bool = False) -> None:
+                 parallelism: int | None = None, allow_non_restored_state: bool = False,
+                 on_batch: Sequence[Callable[[BatchCommitted], None]] = ()) -> None:
         self.jobfile = jobfile
         self.job = jobfile.job
         self.available_now = available_now
@@ -184,6 +214,8 @@ class JobRunner:
                 )
         self._stop = threading.Event()
         self.runs: list[_Running] = []
+        self.on_batch = list(on_batch)
+        self._timings: dict[tuple[str, int], tuple[float, int]] = {}
 
     def _register(self) -> None:
         entry = registry.read(self.job.name)
@@ -208,6 +240,10 @@ class JobRunner:
                                  "path": q.path, "output_mode": q.output_mode}
                         for q in self.plan.queries},
         })
+
+    def stop(self) -> None:
+        """Ask the job to stop: the batch in flight commits, then the queries stop."""
+        self._stop.set()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._stop.set()
@@ -272,7 +308,7 @@ class JobRunner:
                     df.writeStream.queryName(f"{self.job.name}.{q.name}")
                     .outputMode(q.output_mode)
                     .option("checkpointLocation", qdir)
-                    .foreachBatch(_foreach_batch(q))
+                    .foreachBatch(_foreach_batch(q, self._timings))
                 )
                 if self.available_now:
                     writer = writer.trigger(availableNow=True)
@@ -312,7 +348,9 @@ class JobRunner:
         return code
 
     def _publish_dead_letters(self) -> None:
-        """Publish staged dead letters of every committed batch (idempotent)."""
+        """Publish the staged dead letters of every committed batch (idempotent): at start (a
+        run that crashed after a commit), after each committed batch, and at stop. The job
+        process is their one publisher (:mod:`stateful_runtime.connectors.dead_letters`)."""
         for q in self.plan.queries:
             if q.dead_letters is None:
                 continue
@@ -321,6 +359,8 @@ class JobRunner:
                 q.dead_letters.publish(committed["sources"][0])
 
     def _report(self) -> None:
+        """Per newly committed batch: health, progress line, dead letters, mirror, listeners."""
+        events = []
         for run in self.runs:
             for progress in run.query.recentProgress:
                 if progress["batchId"] > run.printed:
@@ -329,8 +369,18 @@ class JobRunner:
                     run.late_total += run.health["late_rows_dropped"]
                     run.health["late_rows_dropped_this_run"] = run.late_total
                     _line(self.job.name, run, run.health, self.out)
+                    ms, rows = self._timings.pop((run.plan.name, progress["batchId"]),
+                                                 (None, None))
+                    events.append(BatchCommitted(
+                        self.job.name, run.plan.name, progress["batchId"],
+                        progress.get("numInputRows") or 0, ms, rows, dict(run.health), progress))
+        if events:
+            self._publish_dead_letters()
         self._sync_mirror()
         registry.update(self.job.name, health={r.plan.name: r.health for r in self.runs})
+        for event in events:
+            for listener in self.on_batch:
+                listener(event)
 
     def _sync_mirror(self) -> None:
         if self.mirror is None:

@@ -1,4 +1,4 @@
-"""Sinks into the embedded event log: results as JSON records, and dead letters."""
+"""Sink into the embedded event log: results as JSON records, exactly once."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ import json
 
 import pyarrow as pa
 
-from stateful_runtime.connectors.base import ERROR, OFFSET, PARTITION, RAW, Sink, SinkSummary
-from stateful_runtime.connectors.eventlog import EventLog, Record, TopicWriter, cached_reader
-from stateful_runtime.exceptions import TopicNotFoundError
+from stateful_runtime.connectors.base import Sink, SinkSummary
+from stateful_runtime.connectors.eventlog.store import EventLog, Record, TopicWriter
 
 
 class LogSink(Sink):
@@ -69,51 +68,3 @@ class LogSink(Sink):
         return SinkSummary(
             f"topic {self.topic}", ["partition", "end offset"], sorted(ends.items())
         )
-
-
-class DeadLetterSink:
-    """Rejected input records, byte for byte, with the reason and origin in headers.
-
-    Headers: ``error`` (why it was rejected), ``source.topic``, ``source.partition``,
-    ``source.offset`` and ``job``. The record keeps its source partition when the dead-letter
-    topic has as many partitions as the source. Written split by split (see
-    :mod:`stateful_runtime.connectors.dead_letters`), each source partition an idempotent producer.
-    """
-
-    def __init__(self, log_dir: str, topic: str, *, source_topic: str, job: str) -> None:
-        self.log_dir, self.topic, self.source_topic, self.job = log_dir, topic, source_topic, job
-
-    def describe(self) -> str:
-        return f"dead-letter topic {self.topic!r} in {self.log_dir}"
-
-    def writer(self) -> TopicWriter:
-        """The dead-letter topic's writer (created with the source's partition count)."""
-        log = EventLog(self.log_dir)
-        log.create_topic(self.topic, log.topic(self.source_topic).partitions, exist_ok=True)
-        return log.writer(self.topic)
-
-    def write_split(self, writer: TopicWriter, table: pa.Table, partition: int, start: int
-                    ) -> int:
-        """Append one split's rejected records; a split already appended appends nothing."""
-        records = [
-            Record(
-                row[RAW] or b"",
-                headers={"error": row[ERROR], "source.topic": self.source_topic,
-                         "source.partition": str(row[PARTITION]),
-                         "source.offset": str(row[OFFSET]), "job": self.job},
-                partition=row[PARTITION],
-            )
-            for row in table.to_pylist()
-        ]
-        return writer.append(records, producer_id=f"{self.job}/{self.source_topic}/"
-                             f"p{partition}", sequence=start)
-
-    def summary(self) -> SinkSummary | None:
-        return SinkSummary(f"dead letters: {self.records():,} in topic {self.topic}", [])
-
-    def records(self) -> int:
-        """How many dead letters the topic holds."""
-        try:  # the cached reader: this runs for every progress line
-            return sum(cached_reader(self.log_dir, self.topic).end_offsets().values())
-        except TopicNotFoundError:  # no dead letter yet
-            return 0

@@ -33,9 +33,9 @@ from stateful_runtime.connectors.base import (
     register,
     stream_schema,
 )
-from stateful_runtime.connectors.dead_letters import DeadLetters, stage
+from stateful_runtime.connectors.dead_letters import stage
 from stateful_runtime.connectors.eventlog import EventLog, cached_reader
-from stateful_runtime.connectors.eventlog.sink import DeadLetterSink
+from stateful_runtime.connectors.eventlog.dead_letters import EventLogDeadLetterSink
 from stateful_runtime.connectors.formats.json import decode_json, to_struct
 from stateful_runtime.connectors.ranges import limit_offsets, split_ranges
 from stateful_runtime.exceptions import ConfigError
@@ -112,7 +112,7 @@ class LogSource(Source):
         """Decode raw records exactly as the job does: declared fields + ``_error``/``_raw``."""
         return decode_json(values, self.schema)
 
-    def read_stream(self, spark: SparkSession, dead_letters: DeadLetters | None = None,
+    def read_stream(self, spark: SparkSession, dead_letter_staging: str | None = None,
                     watermark: WatermarkStrategy | None = None) -> DataFrame:
         info = EventLog(self.log_dir).topic(self.topic)
         register(spark, EventLogDataSource)
@@ -125,18 +125,16 @@ class LogSource(Source):
         )
         if self.max_records_per_batch:
             reader = reader.option("max_records_per_batch", str(self.max_records_per_batch))
-        if dead_letters is not None:
-            reader = (reader.option("dead_letter_staging", dead_letters.staging)
-                      .option("dead_letter_topic", dead_letters.sink.topic)
-                      .option("job", dead_letters.sink.job))
+        if dead_letter_staging is not None:
+            reader = reader.option("dead_letter_staging", dead_letter_staging)
         for k, v in alignment.options(watermark).items():  # plan-time event-time alignment
             reader = reader.option(k, v)
 
         return reader.load()
 
-    def dead_letters(self, job: str, staging: str) -> DeadLetters:
-        return DeadLetters(staging, DeadLetterSink(self.log_dir, self.dead_letter_topic,
-                                                   source_topic=self.topic, job=job))
+    def dead_letter_sink(self, job: str) -> EventLogDeadLetterSink:
+        return EventLogDeadLetterSink(self.log_dir, self.dead_letter_topic,
+                                      source_topic=self.topic, job=job)
 
 
 class EventLogDataSource(DataSource):
@@ -170,9 +168,6 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         max_rows = options.get("max_records_per_batch")
         self.max_rows = int(max_rows) if max_rows else None
         self.staging = options.get("dead_letter_staging")
-        self.dead_letters = None if self.staging is None else DeadLetters(
-            self.staging, DeadLetterSink(self.log_dir, options["dead_letter_topic"],
-                                         source_topic=self.topic, job=options["job"]))
         self.time_field = options.get("event_time_field")
         self.time_unit = options.get("event_time_unit", "ms")
         self.drift_ms = int(options.get("max_drift_ms") or 0)
@@ -238,6 +233,3 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for table in tables:
             yield from table.to_batches()
 
-    def commit(self, end: dict) -> None:
-        if self.dead_letters is not None:
-            self.dead_letters.publish(end)

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -180,3 +181,33 @@ class CommitMarkers:
 
     def record(self, producer_id: str, marker: Mapping[str, Any]) -> tuple[bytes, bytes]:
         return producer_id.encode(), json.dumps(dict(marker), separators=(",", ":")).encode()
+
+
+# Job-file keys holding librdkafka settings: ``kafka.<setting>``; a value ``env:NAME`` is read
+# from the environment when the job starts, so the secret is not in the job's config.
+CLIENT_PREFIX = "kafka."
+
+
+def client_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """librdkafka settings from job-file keys ``kafka.*`` (``env:NAME`` values resolved)."""
+    out = {}
+    for k, v in config.items():
+        if not k.startswith(CLIENT_PREFIX) or v in (None, ""):
+            continue
+        if isinstance(v, str) and v.startswith("env:"):
+            name = v[4:]
+            if name not in os.environ:
+                raise ConfigError(f"{k}=env:{name}: environment variable {name} is not set")
+            v = os.environ[name]
+        out[k[len(CLIENT_PREFIX):]] = v
+    return out
+
+
+def produce(producer: Any, topic: str, **kwargs: Any) -> None:
+    """Produce one record, waiting for room when the local queue is full."""
+    while True:
+        try:
+            producer.produce(topic, **kwargs)
+            return
+        except BufferError:  # local queue full: let deliveries drain
+            producer.poll(0.05)

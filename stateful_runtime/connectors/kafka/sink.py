@@ -29,12 +29,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from stateful_runtime.connectors.base import ERROR, OFFSET, PARTITION, RAW, Sink, SinkSummary
+from stateful_runtime.connectors.base import Sink, SinkSummary
+from stateful_runtime.connectors.kafka import client as kafka_client
 from stateful_runtime.connectors.kafka.client import (
     METADATA_TIMEOUT_S,
     CommitMarkers,
-    client_config,
     ensure_topic,
+    produce,
     quiet,
     redact,
 )
@@ -53,15 +54,6 @@ def _partition_for(key: bytes | None, i: int, partitions: int) -> int:
     if key is None:
         return i % partitions
     return zlib.crc32(key) % partitions
-
-
-def _produce(producer: Any, topic: str, **kwargs: Any) -> None:
-    while True:
-        try:
-            producer.produce(topic, **kwargs)
-            return
-        except BufferError:  # local queue full: let deliveries drain
-            producer.poll(0.05)
 
 
 def _fail(what: str, exc: BaseException, job: str, tid: str) -> SinkError:
@@ -106,7 +98,7 @@ class KafkaSink(Sink):
             raise ConfigError(f"delivery must be one of {DELIVERY}, got {delivery!r}")
         if producers < 1 or partitions < 1:
             raise ConfigError("producers and partitions must be >= 1")
-        self.config = _client(bootstrap_servers, client_config)
+        self.config = kafka_client.client_config(bootstrap_servers, client_config)
         self.topic = topic
         self.key_columns = tuple(key)
         self.upsert = bool(self.key_columns)
@@ -125,13 +117,11 @@ class KafkaSink(Sink):
     def from_config(cls, config: Mapping[str, Any], *, key: Sequence[str] = ()) -> KafkaSink:
         """A sink from the job-file keys ``sink.kafka_topic``, ``sink.bootstrap_servers``
         (default: ``source.bootstrap_servers``), ``sink.delivery`` and the ``kafka.*`` client
-        settings (see :func:`stateful_runtime.connectors.kafka.source.client_settings`)."""
-        from stateful_runtime.connectors.kafka.source import client_settings
-
+        settings (see :func:`stateful_runtime.connectors.kafka.client.client_settings`)."""
         servers = config.get("sink.bootstrap_servers") or config.get("source.bootstrap_servers")
         return cls(servers, config["sink.kafka_topic"], key=key,
                    delivery=config.get("sink.delivery", "exactly_once"),
-                   client_config=client_settings(config))
+                   client_config=kafka_client.client_settings(config))
 
     def default_name(self) -> str:
         return f"kafka-{self.topic}"
@@ -184,7 +174,7 @@ class KafkaSink(Sink):
             try:
                 producer.begin_transaction()
                 mkey, mvalue = self._markers.record(tid, {"batch": batch_id})
-                _produce(producer, self._markers.topic, key=mkey, value=mvalue, partition=0)
+                produce(producer, self._markers.topic, key=mkey, value=mvalue, partition=0)
                 producer.commit_transaction(METADATA_TIMEOUT_S * 6)
             except KafkaException as exc:
                 raise _fail(f"rewind to batch {batch_id}", exc, self._job, tid) from None
@@ -219,10 +209,10 @@ class KafkaSink(Sink):
                 producer.begin_transaction()
                 for part, key, value in records:
                     if part % self.producers == n:
-                        _produce(producer, self.topic, key=key, value=value, partition=part,
+                        produce(producer, self.topic, key=key, value=value, partition=part,
                                  headers=headers)
                 mkey, mvalue = self._markers.record(tid, {"batch": batch_id})
-                _produce(producer, self._markers.topic, key=mkey, value=mvalue, partition=0)
+                produce(producer, self._markers.topic, key=mkey, value=mvalue, partition=0)
                 producer.commit_transaction(METADATA_TIMEOUT_S * 6)
             except KafkaException as exc:
                 err = exc.args[0]
@@ -244,7 +234,7 @@ class KafkaSink(Sink):
                 errors.append(str(err))
 
         for part, key, value in records:
-            _produce(producer, self.topic, key=key, value=value, partition=part,
+            produce(producer, self.topic, key=key, value=value, partition=part,
                      headers=headers, on_delivery=done)
         left = producer.flush(METADATA_TIMEOUT_S * 6)
         if left or errors:
@@ -283,103 +273,3 @@ def _after_commit_hook(batch_id: int) -> None:
         Path(where).mkdir(parents=True, exist_ok=True)
         (Path(where) / f"committed-{batch_id}").touch()
         threading.Event().wait(600)  # the test kills the job here
-
-
-def _client(bootstrap_servers: str, extra: Mapping[str, Any] | None) -> dict[str, Any]:
-    return client_config(bootstrap_servers, extra)
-
-
-class KafkaDeadLetterSink:
-    """Rejected input records, byte for byte, on a Kafka topic, with the reason in headers.
-
-    Headers: ``error``, ``source.topic``, ``source.partition``, ``source.offset``, ``job``.
-    Record ``p`` of a source partition goes to dead-letter partition ``p % partitions`` (the
-    topic is created with the source's partition count). One publish (every staged split of the
-    committed batches) is one transaction with producer id ``<job>.<source>.dlq`` that also
-    records, per source partition, how far it has published; a split already published is
-    skipped, so crashes between publishing and removing the staged files duplicate nothing.
-    """
-
-    def __init__(self, config: Mapping[str, Any], topic: str, *, source: str, job: str,
-                 source_topics: Sequence[str] = (), source_pattern: str | None = None) -> None:
-        self.config = dict(config)
-        self.topic = topic
-        self.source_topic = source
-        self.job = job
-        self.source_topics = list(source_topics)
-        self.source_pattern = source_pattern
-        self.producer_id = f"{job}.{source}.dlq"
-        self._markers = CommitMarkers(self.config, topic)
-        self._count: int | None = None
-
-    def describe(self) -> str:
-        return f"Kafka dead-letter topic {self.topic!r} on {self.config['bootstrap.servers']}"
-
-    def writer(self) -> _DeadLetterTxn:
-        return _DeadLetterTxn(self)
-
-    def write_split(self, writer: _DeadLetterTxn, table: pa.Table, key: str | int, start: int
-                    ) -> int:
-        return writer.write_split(table, str(key), start)
-
-    def records(self) -> int:
-        """Dead letters published so far (from the control topic's marker, then counted)."""
-        if self._count is None:
-            try:
-                marker = self._markers.read().get(self.producer_id, {})
-            except Exception:  # noqa: BLE001 - no topic yet, or broker away: show 0
-                return 0
-            self._count = int(marker.get("count", 0))
-        return self._count
-
-    def summary(self) -> SinkSummary | None:
-        return SinkSummary(f"dead letters: {self.records():,} in topic {self.topic}", [])
-
-
-class _DeadLetterTxn:
-    def __init__(self, sink: KafkaDeadLetterSink) -> None:
-        from confluent_kafka import Producer
-
-        self.sink = sink
-        from stateful_runtime.connectors.kafka.client import check_cluster
-
-        counts = check_cluster(sink.config, sink.source_topics or None, sink.source_pattern)
-        self._parts = ensure_topic(sink.config, sink.topic, max(counts.values(), default=1))
-        sink._markers.ensure()
-        self.producer = Producer(quiet({**sink.config, "transactional.id": sink.producer_id,
-                                        "linger.ms": 20}))
-        self.producer.init_transactions(METADATA_TIMEOUT_S * 3)
-        marker = sink._markers.read().get(sink.producer_id, {})
-        self.published: dict[str, int] = dict(marker.get("published", {}))
-        self.count = int(marker.get("count", 0))
-        self.producer.begin_transaction()
-
-    def write_split(self, table: pa.Table, key: str, start: int) -> int:
-        if start < self.published.get(key, 0):
-            return 0  # published by a run that crashed before removing the staged file
-        topic = key.rsplit(":", 1)[0]
-        n = 0
-        for row in table.to_pylist():
-            headers = [("error", (row[ERROR] or "").encode()), ("source.topic", topic.encode()),
-                       ("source.partition", str(row[PARTITION]).encode()),
-                       ("source.offset", str(row[OFFSET]).encode()),
-                       ("job", self.sink.job.encode())]
-            _produce(self.producer, self.sink.topic, value=row[RAW] or b"",
-                     partition=row[PARTITION] % self._parts, headers=headers)
-            n += 1
-        self.published[key] = start + 1
-        self.count += n
-        return n
-
-    def __enter__(self) -> _DeadLetterTxn:
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is not None:
-            self.producer.abort_transaction(METADATA_TIMEOUT_S)
-            return
-        mkey, mvalue = self.sink._markers.record(
-            self.sink.producer_id, {"published": self.published, "count": self.count})
-        _produce(self.producer, self.sink._markers.topic, key=mkey, value=mvalue, partition=0)
-        self.producer.commit_transaction(METADATA_TIMEOUT_S * 6)
-        self.sink._count = self.count

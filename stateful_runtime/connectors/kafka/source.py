@@ -2,18 +2,17 @@
 
 Offsets in Spark's offset log are ``{"<topic>:<partition>": <next offset>}``: committed with
 the batch's state, and the same shape as the event log's, so lag, dead letters and range
-planning are shared (:mod:`._ranges`, :mod:`._dead_letters`). Each Spark task reads one offset
+planning are shared (:mod:`..ranges`, :mod:`..dead_letters`). Each Spark task reads one offset
 range of one partition with ``isolation.level=read_committed`` (no consumer group; offsets live
-in the checkpoint only) and yields Arrow batches decoded by :mod:`._decode`.
+in the checkpoint only) and yields Arrow batches decoded by :mod:`..formats.json`.
 
 Partitions are aligned in event time (Flink's per-split watermarks, with idleness) as for
-every source: :mod:`._align`.
+every source: :mod:`..alignment`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -47,15 +46,16 @@ from stateful_runtime.connectors.base import (
     register,
     stream_schema,
 )
-from stateful_runtime.connectors.dead_letters import DeadLetters, stage
+from stateful_runtime.connectors.dead_letters import stage
 from stateful_runtime.connectors.formats.json import decode_json, to_struct
+from stateful_runtime.connectors.kafka import client as kafka_client
 from stateful_runtime.connectors.kafka.client import (
     METADATA_TIMEOUT_S,
     check_cluster,
-    client_config,
     quiet,
     redact,
 )
+from stateful_runtime.connectors.kafka.dead_letters import KafkaDeadLetterSink
 from stateful_runtime.connectors.ranges import limit_offsets, split_ranges
 from stateful_runtime.exceptions import ConfigError
 
@@ -72,26 +72,6 @@ READ_TIMEOUT_S = 120.0
 META = ("kafka_topic", "kafka_key", "kafka_timestamp_ms", "kafka_headers")
 HEADERS_TYPE = ArrayType(StructType([StructField("key", StringType()),
                                      StructField("value", BinaryType())]))
-# Job-file keys holding librdkafka settings: ``kafka.<setting>``; a value ``env:NAME`` is read
-# from the environment when the job starts, so the secret is not in the job's config.
-CLIENT_PREFIX = "kafka."
-
-
-def client_settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    """librdkafka settings from job-file keys ``kafka.*`` (``env:NAME`` values resolved)."""
-    out = {}
-    for k, v in config.items():
-        if not k.startswith(CLIENT_PREFIX) or v in (None, ""):
-            continue
-        if isinstance(v, str) and v.startswith("env:"):
-            name = v[4:]
-            if name not in os.environ:
-                raise ConfigError(f"{k}=env:{name}: environment variable {name} is not set")
-            v = os.environ[name]
-        out[k[len(CLIENT_PREFIX):]] = v
-    return out
-
-
 def _parse_starting(value: Any) -> Any:
     """``earliest``, ``latest``, ``timestamp:<epoch ms>``, or JSON ``{"topic:p": offset}`` /
     ``{"topic": {"p": offset}}``."""
@@ -167,7 +147,7 @@ class KafkaSource(Source):
                 raise ConfigError(f"topic pattern {pattern!r} is not a regex: {exc}") from None
         if max_records_per_batch is not None and max_records_per_batch < 1:
             raise ConfigError(f"max_records_per_batch must be >= 1, got {max_records_per_batch}")
-        self.config = _client(bootstrap_servers, client_config)
+        self.config = kafka_client.client_config(bootstrap_servers, client_config)
         self.topics = list(topics or [])
         self.pattern = pattern
         self.schema = to_struct(schema)
@@ -192,7 +172,7 @@ class KafkaSource(Source):
         return cls(config.get("source.bootstrap_servers", ""), topics, schema, pattern=pattern,
                    starting_offsets=config.get("source.starting_offsets", "earliest"),
                    max_records_per_batch=config.get("source.max_records_per_batch"),
-                   client_config=client_settings(config))
+                   client_config=kafka_client.client_settings(config))
 
     def describe(self) -> str:
         what = f"topics {self.topics}" if self.topics else f"topics matching {self.pattern!r}"
@@ -212,16 +192,16 @@ class KafkaSource(Source):
     def decode(self, values: list[bytes]) -> pa.Table:
         return decode_json(values, self.schema)
 
-    def read_stream(self, spark: SparkSession, dead_letters: DeadLetters | None = None,
+    def read_stream(self, spark: SparkSession, dead_letter_staging: str | None = None,
                     watermark: WatermarkStrategy | None = None) -> DataFrame:
         self.check()
         register(spark, KafkaDataSource)
         reader = spark.readStream.format(FORMAT)
-        for k, v in self.options(dead_letters, watermark).items():
+        for k, v in self.options(dead_letter_staging, watermark).items():
             reader = reader.option(k, v)
         return reader.load()
 
-    def options(self, dead_letters: DeadLetters | None = None,
+    def options(self, dead_letter_staging: str | None = None,
                 watermark: WatermarkStrategy | None = None) -> dict[str, str]:
         """The ``srt_kafka`` DataSource options (they carry the client settings: Spark redacts
         option values whose names match ``spark.redaction.regex`` in plans; ours never print)."""
@@ -232,24 +212,14 @@ class KafkaSource(Source):
             "metadata_columns": "1" if self.metadata_columns else "",
             "max_records_per_batch": str(self.max_records_per_batch or ""),
         }
-        if dead_letters is not None:
-            opts["dead_letter_staging"] = dead_letters.staging
-            opts["dead_letter_topic"] = dead_letters.sink.topic
-            opts["job"] = dead_letters.sink.job
-            opts["source_name"] = self.name
+        if dead_letter_staging is not None:
+            opts["dead_letter_staging"] = dead_letter_staging
         opts.update(alignment.options(watermark))
         return opts
 
-    def dead_letters(self, job: str, staging: str) -> DeadLetters:
-        from stateful_runtime.connectors.kafka.sink import KafkaDeadLetterSink
-
-        return DeadLetters(staging, KafkaDeadLetterSink(
-            self.config, self.dead_letter_topic, source=self.name, job=job,
-            source_topics=self.topics, source_pattern=self.pattern))
-
-
-def _client(bootstrap_servers: str, extra: Mapping[str, Any] | None) -> dict[str, Any]:
-    return client_config(bootstrap_servers, extra)
+    def dead_letter_sink(self, job: str) -> KafkaDeadLetterSink:
+        return KafkaDeadLetterSink(self.config, self.dead_letter_topic, source=self.name, job=job,
+                                   source_topics=self.topics, source_pattern=self.pattern)
 
 
 # The optional Kafka record columns (``metadata_columns=True``).
@@ -309,13 +279,6 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         max_rows = options.get("max_records_per_batch")
         self.max_rows = int(max_rows) if max_rows else None
         self.staging = options.get("dead_letter_staging")
-        self.dead_letters = None
-        if self.staging is not None:
-            from stateful_runtime.connectors.kafka.sink import KafkaDeadLetterSink
-
-            self.dead_letters = DeadLetters(self.staging, KafkaDeadLetterSink(
-                self.config, options["dead_letter_topic"], source=options["source_name"],
-                job=options["job"], source_topics=self.topics, source_pattern=self.pattern))
         self.align = EventTimeAlignment.of(options)
         self.target: dict[str, int] | None = None
         self._admin: Any = None
@@ -409,10 +372,6 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             topic, p = key.rsplit(":", 1)
             out.append(KafkaSplit(topic, int(p), lo, hi))
         return out
-
-    def commit(self, end: dict) -> None:
-        if self.dead_letters is not None:
-            self.dead_letters.publish(end)
 
     # -- executor side ----------------------------------------------------------------------
     def _fetch(self, split: KafkaSplit) -> tuple[list[bytes], list[Any], list[int], list[int]]:

@@ -91,8 +91,8 @@ def test_idle_partition_does_not_stall_windows(spark, kafka, tmp_path, idleness)
         .with_timestamp_field("ts_ms")
     if idleness:
         wm = wm.with_idleness(idleness)
-    dead = src.dead_letters("idle", str(tmp_path / "stage"))
-    df = (src.read_stream(spark, dead, watermark=wm).filter(F.col("_error").isNull())
+    df = (src.read_stream(spark, str(tmp_path / "stage"), watermark=wm)
+          .filter(F.col("_error").isNull())
           .withColumn("et", F.timestamp_millis("ts_ms")).withWatermark("et", "5 seconds")
           .groupBy(F.window("et", "1 minute")).count())
     closed: list = []

@@ -1,0 +1,116 @@
+"""Kafka dead letters: rejected records published to a topic, once, after their batch commits.
+
+Staging and the publish protocol are :mod:`stateful_runtime.connectors.dead_letters`; this is
+the Kafka side of its :class:`~stateful_runtime.connectors.base.DeadLetterSink` contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from stateful_runtime.connectors.base import ERROR, OFFSET, PARTITION, RAW, SinkSummary
+from stateful_runtime.connectors.kafka.client import (
+    METADATA_TIMEOUT_S,
+    CommitMarkers,
+    check_cluster,
+    ensure_topic,
+    produce,
+    quiet,
+)
+
+
+class KafkaDeadLetterSink:
+    """Rejected input records, byte for byte, on a Kafka topic, with the reason in headers.
+
+    Headers: ``error``, ``source.topic``, ``source.partition``, ``source.offset``, ``job``.
+    Record ``p`` of a source partition goes to dead-letter partition ``p % partitions`` (the
+    topic is created with the source's partition count). One publish (every staged split of the
+    committed batches) is one transaction with producer id ``<job>.<source>.dlq`` that also
+    records, per source partition, how far it has published; a split already published is
+    skipped, so crashes between publishing and removing the staged files duplicate nothing.
+    """
+
+    def __init__(self, config: Mapping[str, Any], topic: str, *, source: str, job: str,
+                 source_topics: Sequence[str] = (), source_pattern: str | None = None) -> None:
+        self.config = dict(config)
+        self.topic = topic
+        self.source_topic = source
+        self.job = job
+        self.source_topics = list(source_topics)
+        self.source_pattern = source_pattern
+        self.producer_id = f"{job}.{source}.dlq"
+        self._markers = CommitMarkers(self.config, topic)
+        self._count: int | None = None
+
+    def describe(self) -> str:
+        return f"Kafka dead-letter topic {self.topic!r} on {self.config['bootstrap.servers']}"
+
+    def writer(self) -> _DeadLetterTxn:
+        return _DeadLetterTxn(self)
+
+    def write_split(self, writer: _DeadLetterTxn, table: pa.Table, key: str | int, start: int
+                    ) -> int:
+        return writer.write_split(table, str(key), start)
+
+    def records(self) -> int:
+        """Dead letters published so far (from the control topic's marker, then counted)."""
+        if self._count is None:
+            try:
+                marker = self._markers.read().get(self.producer_id, {})
+            except Exception:  # noqa: BLE001 - no topic yet, or broker away: show 0
+                return 0
+            self._count = int(marker.get("count", 0))
+        return self._count
+
+    def summary(self) -> SinkSummary | None:
+        return SinkSummary(f"dead letters: {self.records():,} in topic {self.topic}", [])
+
+
+class _DeadLetterTxn:
+    def __init__(self, sink: KafkaDeadLetterSink) -> None:
+        from confluent_kafka import Producer
+
+        self.sink = sink
+        counts = check_cluster(sink.config, sink.source_topics or None, sink.source_pattern)
+        self._parts = ensure_topic(sink.config, sink.topic, max(counts.values(), default=1))
+        sink._markers.ensure()
+        self.producer = Producer(quiet({**sink.config, "transactional.id": sink.producer_id,
+                                        "linger.ms": 20}))
+        self.producer.init_transactions(METADATA_TIMEOUT_S * 3)
+        marker = sink._markers.read().get(sink.producer_id, {})
+        self.published: dict[str, int] = dict(marker.get("published", {}))
+        self.count = int(marker.get("count", 0))
+        self.producer.begin_transaction()
+
+    def write_split(self, table: pa.Table, key: str, start: int) -> int:
+        if start < self.published.get(key, 0):
+            return 0  # published by a run that crashed before removing the staged file
+        topic = key.rsplit(":", 1)[0]
+        n = 0
+        for row in table.to_pylist():
+            headers = [("error", (row[ERROR] or "").encode()), ("source.topic", topic.encode()),
+                       ("source.partition", str(row[PARTITION]).encode()),
+                       ("source.offset", str(row[OFFSET]).encode()),
+                       ("job", self.sink.job.encode())]
+            produce(self.producer, self.sink.topic, value=row[RAW] or b"",
+                     partition=row[PARTITION] % self._parts, headers=headers)
+            n += 1
+        self.published[key] = start + 1
+        self.count += n
+        return n
+
+    def __enter__(self) -> _DeadLetterTxn:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:
+            self.producer.abort_transaction(METADATA_TIMEOUT_S)
+            return
+        mkey, mvalue = self.sink._markers.record(
+            self.sink.producer_id, {"published": self.published, "count": self.count})
+        produce(self.producer, self.sink._markers.topic, key=mkey, value=mvalue, partition=0)
+        self.producer.commit_transaction(METADATA_TIMEOUT_S * 6)
+        self.sink._count = self.count
