@@ -18,10 +18,14 @@ fire after its elements, with the watermark of that batch.
 
 The function object is pickled to Spark's Python workers: keep heavy clients out of
 ``__init__`` (open them in ``open``).
+
+The contexts here are interfaces: the engine (:mod:`stateful_runtime.operators.keyed`)
+implements them, on Spark and in the test harness alike.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -39,7 +43,6 @@ from stateful_runtime.state import (
     MapStateDescriptor,
     ReducingState,
     ReducingStateDescriptor,
-    StateDescriptor,
     TimeDomain,
     ValueState,
     ValueStateDescriptor,
@@ -79,82 +82,84 @@ class OutputTag:
         return isinstance(other, OutputTag) and other.name == self.name
 
 
-class TimerService:
-    """Register and delete timers for the current key."""
+class TimerService(ABC):
+    """Register and delete timers for the current key (implemented by the engine)."""
 
-    def __init__(self, operator: Any) -> None:
-        self._op = operator
-
+    @abstractmethod
     def current_watermark(self) -> datetime:
-        return to_datetime(self._op.watermark_ms)
+        """The event-time watermark of the current micro-batch."""
 
+    @abstractmethod
     def current_processing_time(self) -> datetime:
-        return to_datetime(self._op.processing_ms)
+        """The wall-clock time the current micro-batch started."""
 
+    @abstractmethod
     def register_event_time_timer(self, when: datetime) -> None:
-        self._op.register_user_timer(to_ms(when), TimeDomain.EVENT_TIME)
+        """Call ``on_timer`` for the current key once the watermark passes ``when``."""
 
+    @abstractmethod
     def delete_event_time_timer(self, when: datetime) -> None:
-        self._op.delete_user_timer(to_ms(when), TimeDomain.EVENT_TIME)
+        """Forget an event-time timer of the current key (no-op if there is none)."""
 
+    @abstractmethod
     def register_processing_time_timer(self, when: datetime) -> None:
-        self._op.register_user_timer(to_ms(when), TimeDomain.PROCESSING_TIME)
+        """Call ``on_timer`` for the current key once the wall clock passes ``when``."""
 
+    @abstractmethod
     def delete_processing_time_timer(self, when: datetime) -> None:
-        self._op.delete_user_timer(to_ms(when), TimeDomain.PROCESSING_TIME)
+        """Forget a processing-time timer of the current key (no-op if there is none)."""
 
 
-class RuntimeContext:
-    """Given to ``open()``: declares state."""
+class RuntimeContext(ABC):
+    """Given to ``open()``: declares state (implemented by the engine)."""
 
-    def __init__(self, operator: Any) -> None:
-        self._op = operator
-
+    @abstractmethod
     def get_state(self, descriptor: ValueStateDescriptor) -> ValueState:
-        return ValueState(self._op.cell(descriptor))
+        """A single value per key."""
 
+    @abstractmethod
     def get_list_state(self, descriptor: ListStateDescriptor) -> ListState:
-        return ListState(self._op.cell(descriptor))
+        """A list per key."""
 
+    @abstractmethod
     def get_map_state(self, descriptor: MapStateDescriptor) -> MapState:
-        return MapState(self._op.cell(descriptor))
+        """A map per key."""
 
+    @abstractmethod
     def get_reducing_state(self, descriptor: ReducingStateDescriptor) -> ReducingState:
-        return ReducingState(self._op.cell(descriptor), descriptor.reduce_function)
+        """A value per key folded with the descriptor's reduce function."""
 
+    @abstractmethod
     def get_aggregating_state(self, descriptor: AggregatingStateDescriptor) -> AggregatingState:
-        return AggregatingState(self._op.cell(descriptor), descriptor.aggregate_function)
+        """An accumulator per key driven by the descriptor's AggregateFunction."""
 
 
-class Context:
-    """Given to ``process_element`` and ``on_timer``."""
+class Context(ABC):
+    """Given to ``process_element`` and ``on_timer`` (implemented by the engine)."""
 
-    def __init__(self, operator: Any) -> None:
-        self._op = operator
-        self._timers = TimerService(operator)
-
+    @abstractmethod
     def timestamp(self) -> datetime:
         """Event time of the element (in ``on_timer``: the timer's time)."""
-        return to_datetime(self._op.current_ms)
 
+    @abstractmethod
     def get_current_key(self) -> Any:
         """The key: a scalar for one key field, a tuple for several."""
-        key = self._op.current_key
-        return key[0] if len(key) == 1 else key
 
+    @abstractmethod
     def timer_service(self) -> TimerService:
-        return self._timers
+        """Timers of the current key."""
 
+    @abstractmethod
     def current_watermark(self) -> datetime:
-        return to_datetime(self._op.watermark_ms)
+        """The event-time watermark of the current micro-batch."""
 
+    @abstractmethod
     def output(self, tag: OutputTag, record: Mapping[str, Any]) -> None:
         """Send ``record`` to side output ``tag``."""
-        self._op.emit_side(tag, record)
 
+    @abstractmethod
     def time_domain(self) -> TimeDomain:
         """In ``on_timer``: the domain of the firing timer."""
-        return self._op.timer_domain
 
 
 class KeyedProcessFunction:
@@ -208,10 +213,3 @@ class ProcessWindowFunction:
     def process(self, key: Any, window: TimeWindow,
                 elements: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         raise NotImplementedError
-
-
-def state_descriptors_of(fn: KeyedProcessFunction) -> list[StateDescriptor]:
-    """The descriptors a function registers in ``open`` (dry run against a recorder)."""
-    from stateful_runtime.operators.keyed import describe_states
-
-    return describe_states(fn)

@@ -97,11 +97,6 @@ class StreamJob:
             raise ConfigError(f"two sinks are named {node.name!r}; give each sink_to a name")
         self.sinks.append(node)
 
-    def explain(self) -> str:
-        from stateful_runtime.planner import plan
-
-        return plan(self).explain()
-
 
 # Keys every job file accepts with --set, whatever its DEFAULTS say ("" = not set).
 RUNTIME_KEYS: Mapping[str, Any] = {"checkpoint.mirror": "", "savepoint.dir": ""}

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 from stateful_runtime.connectors.base import ERROR, META_COLUMNS, Sink
 from stateful_runtime.connectors.dead_letters import DeadLetters
 from stateful_runtime.exceptions import PlanError
+from stateful_runtime.operators.keyed import describe_states
 from stateful_runtime.operators.window import WindowOperator
 from stateful_runtime.streams import (
     FilterNode,
@@ -45,16 +46,58 @@ from stateful_runtime.streams import (
     SideOutputNode,
     SinkNode,
     SourceNode,
-    WindowAggregateNode,
+    WindowNode,
 )
 from stateful_runtime.windows import TumblingEventTimeWindows, spark_interval
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from stateful_runtime.aggregates import Aggregate
     from stateful_runtime.job import StreamJob
 
 EVENT_TIME = "_event_time"
+
+
+@dataclass(frozen=True)
+class NativeWindowNode:
+    """A window the planner compiles to Spark's native ``groupBy(window)`` (JVM speed)."""
+
+    parent: KeyByNode
+    assigner: TumblingEventTimeWindows
+    aggregates: Mapping[str, Aggregate]
+    name: str
+
+
+def native_window_reason(node: WindowNode) -> str | None:
+    """Why ``node`` cannot run on Spark's native window aggregation (None: it can)."""
+    needs = []
+    if not isinstance(node.assigner, TumblingEventTimeWindows):
+        needs.append(node.assigner.describe())
+    if not isinstance(node.contents, Mapping):
+        needs.append(f"a {type(node.contents).__name__}")
+    if node.lateness:
+        needs.append("allowed lateness")
+    if node.late_tag is not None:
+        needs.append("a late side output")
+    if node.trigger is not None:
+        needs.append("a custom trigger")
+    return ", ".join(needs) or None
+
+
+def _lower(node: Node) -> Node | NativeWindowNode:
+    """The planner's one decision on windows: Spark's native aggregation when nothing more is
+    needed, else the runtime's window operator (a keyed process function)."""
+    if not isinstance(node, WindowNode):
+        return node
+    if native_window_reason(node) is None:
+        assert isinstance(node.assigner, TumblingEventTimeWindows)
+        assert isinstance(node.contents, Mapping)
+        return NativeWindowNode(node.parent, node.assigner, dict(node.contents), node.name)
+    operator = WindowOperator(node.assigner, node.parent.keys, node.contents, node.output_schema,
+                              allowed_lateness=node.lateness, late_tag=node.late_tag,
+                              trigger=node.trigger)
+    return ProcessNode(node.parent, operator, node.name)
 # Under the checkpoint directory: rejected records staged per split until their batch commits.
 DEAD_LETTER_STAGING = "_dead_letters"
 
@@ -180,23 +223,21 @@ def _state_signature(desc: object) -> str:
     return f"{desc.kind}<{types}>{clock}"  # type: ignore[attr-defined]
 
 
-def state_layout(node: WindowAggregateNode | ProcessNode) -> dict:
+def state_layout(node: NativeWindowNode | ProcessNode) -> dict:
     """Kind, key fields and named states of one stateful operator."""
     keys = list(node.parent.keys)
-    if isinstance(node, WindowAggregateNode):
+    if isinstance(node, NativeWindowNode):
         # Spark keeps one state row per (window, key) whose schema follows every aggregate.
         return {"kind": "native-window", "keys": keys,
                 "states": {"window": f"{node.assigner.describe()}: " + ", ".join(
                     f"{k}={a.describe()}" for k, a in node.aggregates.items())}}
-    from stateful_runtime.functions import state_descriptors_of
-
     fn = node.function
     kind = "window" if isinstance(fn, WindowOperator) else "process"
     return {"kind": kind, "keys": keys, "function": type(fn).__name__,
-            "states": {d.name: _state_signature(d) for d in state_descriptors_of(fn)}}
+            "states": {d.name: _state_signature(d) for d in describe_states(fn)}}
 
 
-def _window_aggregate(df: DataFrame, node: WindowAggregateNode) -> DataFrame:
+def _window_aggregate(df: DataFrame, node: NativeWindowNode) -> DataFrame:
     from pyspark.sql import functions as F
 
     assert isinstance(node.assigner, TumblingEventTimeWindows)
@@ -263,12 +304,12 @@ class _Pipeline:
 
     name: str
     src: SourceNode
-    nodes: list[Node]
+    nodes: list[Node | NativeWindowNode]
     sinks: list[tuple[SinkNode, SideOutputNode | None]] = field(default_factory=list)
 
 
 def _split(sink_node: SinkNode) -> tuple[str, _Pipeline, SideOutputNode | None]:
-    nodes = chain(sink_node.parent)
+    nodes = [_lower(n) for n in chain(sink_node.parent)]
     src = nodes[0]
     if not isinstance(src, SourceNode):
         raise PlanError(f"sink {sink_node.name!r} is not connected to a source")
@@ -303,7 +344,7 @@ def _build_pipeline(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | No
         elif isinstance(node, KeyByNode):
             steps.append(f"key_by {', '.join(node.keys)} (hash-partitioned into "
                          f"{job.parallelism} state partitions)")
-        elif isinstance(node, WindowAggregateNode):
+        elif isinstance(node, NativeWindowNode):
             if not isinstance(node.assigner, TumblingEventTimeWindows):
                 raise PlanError(f"operator {node.name!r}: {node.assigner.describe()} "
                                 "is not supported by this planner")
@@ -320,11 +361,9 @@ def _build_pipeline(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | No
             ops.append(lambda df, n=node: _window_aggregate(df, n))
         elif isinstance(node, ProcessNode):
             fn = node.function
-            from stateful_runtime.functions import state_descriptors_of
-
             states = ", ".join(f"{d.name}:{d.kind}" + (f" ttl {d.ttl.ttl} {d.ttl.time_domain.value}"
                                                        if getattr(d, "ttl", None) else "")
-                               for d in state_descriptors_of(fn)) or "none"
+                               for d in describe_states(fn)) or "none"
             stateful.append(node.name)
             layout[node.name] = state_layout(node)
             if isinstance(fn, WindowOperator):

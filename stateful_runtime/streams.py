@@ -25,7 +25,6 @@ from stateful_runtime.windows import (
     CountTrigger,
     GlobalWindows,
     Trigger,
-    TumblingEventTimeWindows,
     WindowAssigner,
 )
 
@@ -62,11 +61,22 @@ class KeyByNode:
 
 
 @dataclass(frozen=True)
-class WindowAggregateNode:
+class WindowNode:
+    """A keyed window and what it computes; the planner decides how it runs (Spark's native
+    window aggregation or the runtime's window operator), never the API."""
+
     parent: KeyByNode
     assigner: WindowAssigner
-    aggregates: Mapping[str, Aggregate]
+    contents: Mapping[str, Aggregate] | AggregateFunction | ProcessWindowFunction
+    output_schema: StructType
     name: str
+    lateness: timedelta = timedelta(0)
+    late_tag: OutputTag | None = None
+    trigger: Trigger | None = None
+
+    @property
+    def side_outputs(self) -> tuple[OutputTag, ...]:
+        return (self.late_tag,) if self.late_tag is not None else ()
 
 
 @dataclass(frozen=True)
@@ -78,7 +88,7 @@ class ProcessNode:
 
 @dataclass(frozen=True)
 class SideOutputNode:
-    parent: ProcessNode
+    parent: ProcessNode | WindowNode
     tag: OutputTag
 
 
@@ -89,7 +99,7 @@ class SinkNode:
     name: str
 
 
-Node = SourceNode | FilterNode | KeyByNode | WindowAggregateNode | ProcessNode | SideOutputNode
+Node = SourceNode | FilterNode | KeyByNode | WindowNode | ProcessNode | SideOutputNode
 
 
 @dataclass(frozen=True)
@@ -110,13 +120,17 @@ class DataStream:
         return KeyedStream(self.job, KeyByNode(self.node, tuple(fields)))
 
     def get_side_output(self, tag: OutputTag) -> DataStream:
-        """The records the process function sent to ``ctx.output(tag, ...)``."""
-        if not isinstance(self.node, ProcessNode):
-            raise ConfigError("get_side_output applies to the stream returned by process()")
-        if tag not in self.node.function.side_outputs:
-            raise ConfigError(
-                f"{type(self.node.function).__name__} does not declare side output {tag.name!r}"
-            )
+        """The records the process function sent to ``ctx.output(tag, ...)``, or a window's
+        late records (``side_output_late_data(tag)``)."""
+        if isinstance(self.node, ProcessNode):
+            declared, who = self.node.function.side_outputs, type(self.node.function).__name__
+        elif isinstance(self.node, WindowNode):
+            declared, who = self.node.side_outputs, f"window {self.node.name!r}"
+        else:
+            raise ConfigError("get_side_output applies to the stream returned by process() or "
+                              "by a window's aggregate/process")
+        if tag not in declared:
+            raise ConfigError(f"{who} does not declare side output {tag.name!r}")
         return DataStream(self.job, SideOutputNode(self.node, tag))
 
     def sink_to(self, sink: Sink, name: str | None = None) -> DataStream:
@@ -150,10 +164,8 @@ class KeyedStream:
 
 @dataclass(frozen=True)
 class WindowedStream:
-    """A keyed stream cut into windows; finish with ``aggregate`` or ``count``.
-
-    Without lateness, late side output or a trigger, a tumbling window runs on Spark's native
-    ``groupBy(window)``; anything else runs on the runtime's window operator (see ``explain``).
+    """A keyed stream cut into windows; finish with ``aggregate``, ``count``, ``reduce`` or
+    ``process``. The planner picks how the window runs (``explain`` says which and why).
     """
 
     job: StreamJob = field(repr=False)
@@ -179,10 +191,6 @@ class WindowedStream:
                               "needs a CountTrigger); use EarlyFiring for time windows")
         return replace(self, trigger_=trigger)
 
-    def _native(self) -> bool:
-        return (isinstance(self.assigner, TumblingEventTimeWindows) and not self.lateness
-                and self.late_tag is None and self.trigger_ is None)
-
     def aggregate(self, aggregates: Mapping[str, Aggregate] | AggregateFunction, *, name: str,
                   output: Mapping[str, Any] | None = None) -> DataStream:
         """One output row per key and window: the key fields, ``window_start``, ``window_end``
@@ -197,7 +205,7 @@ class WindowedStream:
             schema = window_output_schema(self.keyed, {})
             for f in to_struct(output).fields:
                 schema = schema.add(f.name, f.dataType)
-            return self._full(aggregates, schema, name)
+            return self._window(aggregates, schema, name)
         if not aggregates:
             raise ConfigError("aggregate needs at least one output column")
         for out, agg in aggregates.items():
@@ -209,11 +217,7 @@ class WindowedStream:
         if isinstance(self.assigner, GlobalWindows) and self.trigger_ is None:
             raise ConfigError("GlobalWindows never fire by themselves: add "
                               ".trigger(CountTrigger.of(n))")
-        name = check_name("operator", name)
-        if self._native():
-            node = WindowAggregateNode(self.keyed, self.assigner, dict(aggregates), name)
-            return DataStream(self.job, node)
-        return self._full(aggregates, window_output_schema(self.keyed, aggregates), name)
+        return self._window(dict(aggregates), window_output_schema(self.keyed, aggregates), name)
 
     def process(self, function: ProcessWindowFunction, *, name: str) -> DataStream:
         """Call ``function.process(key, window, elements)`` whenever a window fires."""
@@ -224,17 +228,13 @@ class WindowedStream:
         if isinstance(self.assigner, GlobalWindows) and self.trigger_ is None:
             raise ConfigError("GlobalWindows never fire by themselves: add "
                               ".trigger(CountTrigger.of(n))")
-        return self._full(function, to_struct(function.output_schema),
-                          check_name("operator", name))
+        return self._window(function, to_struct(function.output_schema), name)
 
-    def _full(self, contents: Any, schema: StructType, name: str) -> DataStream:
-        from stateful_runtime.operators.window import WindowOperator
-
-        operator = WindowOperator(
-            self.assigner, self.keyed.keys, contents, schema, allowed_lateness=self.lateness,
-            late_tag=self.late_tag, trigger=self.trigger_,
-        )
-        return DataStream(self.job, ProcessNode(self.keyed, operator, check_name("operator", name)))
+    def _window(self, contents: Any, schema: StructType, name: str) -> DataStream:
+        node = WindowNode(self.keyed, self.assigner, contents, schema,
+                          check_name("operator", name), self.lateness, self.late_tag,
+                          self.trigger_)
+        return DataStream(self.job, node)
 
     def count(self, *, name: str, column: str = "count") -> DataStream:
         return self.aggregate({column: Count()}, name=name)

@@ -142,7 +142,7 @@ def test_explain_cli_without_spark(tmp_path, srt_env):
 def test_reduce_runs_on_the_window_operator_with_the_source_fields(tmp_path):
     from stateful_runtime.connectors.eventlog import EventLog
     from stateful_runtime.connectors.eventlog.sink import LogSink
-    from stateful_runtime.testing import KeyedProcessHarness
+    from stateful_runtime.testing import window_harness
 
     EventLog(tmp_path / "log").create_topic("in", 1)
     job = StreamJob("r", CheckpointConfig(str(tmp_path / "ck")))
@@ -154,7 +154,8 @@ def test_reduce_runs_on_the_window_operator_with_the_source_fields(tmp_path):
     out.sink_to(LogSink(str(tmp_path / "log"), "out"))
     q = plan(job).queries[0]
     assert q.path == "window" and "reduce" in q.reason
-    h = KeyedProcessHarness(out.node.function, "k", "ts")
+    node = out.node
+    h = window_harness(node.assigner, node.parent.keys, node.contents, timestamp_field="ts")
     for ts in (1, 2, 3, 11_000):
         h.process_element({"k": "a", "v": 10, "ts": ts})
     h.process_watermark(20_000)

@@ -11,7 +11,8 @@ that a user timer and a cleanup timer at the same instant fire once and each doe
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
 from stateful_runtime.exceptions import ConfigError
@@ -20,11 +21,27 @@ from stateful_runtime.functions import (
     KeyedProcessFunction,
     OutputTag,
     RuntimeContext,
+    TimerService,
     to_datetime,
+    to_ms,
 )
 from stateful_runtime.operators.backend import MapCell, StateBackend, ValueCell
 from stateful_runtime.operators.ttl import EventTtlMapCell, EventTtlValueCell
-from stateful_runtime.state import MapStateDescriptor, StateDescriptor, TimeDomain, UpdateType
+from stateful_runtime.state import (
+    AggregatingState,
+    AggregatingStateDescriptor,
+    ListState,
+    ListStateDescriptor,
+    MapState,
+    MapStateDescriptor,
+    ReducingState,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    TimeDomain,
+    UpdateType,
+    ValueState,
+    ValueStateDescriptor,
+)
 
 TIMERS_STATE = "_srt_timers"
 _USER = 1
@@ -49,14 +66,14 @@ class KeyedOperator:
         self.timer_domain = self.domain
         self.main: list[dict[str, Any]] = []
         self.side: list[tuple[str, dict[str, Any]]] = []
-        self._ctx = Context(self)
+        self._ctx = OperatorContext(self)
 
     # ----------------------------------------------------------------------- lifecycle
 
     def open(self, backend: StateBackend) -> None:
         self.backend = backend
         self._timers = backend.map_cell(TIMERS_STATE, None)
-        self.fn.open(RuntimeContext(self))
+        self.fn.open(_OperatorRuntimeContext(self))
 
     def close(self) -> None:
         self.fn.close()
@@ -217,6 +234,77 @@ class KeyedOperator:
         finally:
             backend.end_key()
 
+
+
+class _OperatorTimers(TimerService):
+    def __init__(self, operator: KeyedOperator) -> None:
+        self._op = operator
+
+    def current_watermark(self) -> datetime:
+        return to_datetime(self._op.watermark_ms)
+
+    def current_processing_time(self) -> datetime:
+        return to_datetime(self._op.processing_ms)
+
+    def register_event_time_timer(self, when: datetime) -> None:
+        self._op.register_user_timer(to_ms(when), TimeDomain.EVENT_TIME)
+
+    def delete_event_time_timer(self, when: datetime) -> None:
+        self._op.delete_user_timer(to_ms(when), TimeDomain.EVENT_TIME)
+
+    def register_processing_time_timer(self, when: datetime) -> None:
+        self._op.register_user_timer(to_ms(when), TimeDomain.PROCESSING_TIME)
+
+    def delete_processing_time_timer(self, when: datetime) -> None:
+        self._op.delete_user_timer(to_ms(when), TimeDomain.PROCESSING_TIME)
+
+
+class _OperatorRuntimeContext(RuntimeContext):
+    def __init__(self, operator: KeyedOperator) -> None:
+        self._op = operator
+
+    def get_state(self, descriptor: ValueStateDescriptor) -> ValueState:
+        return ValueState(self._op.cell(descriptor))
+
+    def get_list_state(self, descriptor: ListStateDescriptor) -> ListState:
+        return ListState(self._op.cell(descriptor))
+
+    def get_map_state(self, descriptor: MapStateDescriptor) -> MapState:
+        return MapState(self._op.cell(descriptor))
+
+    def get_reducing_state(self, descriptor: ReducingStateDescriptor) -> ReducingState:
+        return ReducingState(self._op.cell(descriptor), descriptor.reduce_function)
+
+    def get_aggregating_state(self, descriptor: AggregatingStateDescriptor) -> AggregatingState:
+        return AggregatingState(self._op.cell(descriptor), descriptor.aggregate_function)
+
+
+class OperatorContext(Context):
+    """The engine's :class:`~stateful_runtime.functions.Context`; ``operator`` is the
+    :class:`KeyedOperator` running the function (the window operator reads it directly)."""
+
+    def __init__(self, operator: KeyedOperator) -> None:
+        self.operator = operator
+        self._timers = _OperatorTimers(operator)
+
+    def timestamp(self) -> datetime:
+        return to_datetime(self.operator.current_ms)
+
+    def get_current_key(self) -> Any:
+        key = self.operator.current_key
+        return key[0] if len(key) == 1 else key
+
+    def timer_service(self) -> TimerService:
+        return self._timers
+
+    def current_watermark(self) -> datetime:
+        return to_datetime(self.operator.watermark_ms)
+
+    def output(self, tag: OutputTag, record: Mapping[str, Any]) -> None:
+        self.operator.emit_side(tag, record)
+
+    def time_domain(self) -> TimeDomain:
+        return self.operator.timer_domain
 
 class _RefreshOnRead(ValueCell):
     """Processing-time TTL with ON_READ_AND_WRITE: a read rewrites the value (Spark's TTL

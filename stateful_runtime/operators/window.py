@@ -23,13 +23,13 @@ from pyspark.sql.types import StructType
 
 from stateful_runtime.aggregates import Aggregate
 from stateful_runtime.functions import (
-    Context,
     KeyedProcessFunction,
     OutputTag,
     ProcessWindowFunction,
     TimeWindow,
     to_datetime,
 )
+from stateful_runtime.operators.keyed import OperatorContext
 from stateful_runtime.state import AggregateFunction, MapStateDescriptor, ValueStateDescriptor
 from stateful_runtime.windows import (
     CountTrigger,
@@ -156,8 +156,9 @@ class WindowOperator(KeyedProcessFunction):
             return self.aggregate_function.merge(a, b)
         return {name: agg.merge(a[name], b[name]) for name, agg in self.aggregates.items()}
 
-    def _emit(self, ctx: Context, start: int, end: int, acc: Any) -> Iterator[dict[str, Any]]:
-        key = ctx._op.current_key
+    def _emit(self, ctx: OperatorContext, start: int, end: int, acc: Any
+              ) -> Iterator[dict[str, Any]]:
+        key = ctx.operator.current_key
         if self.window_function is not None:
             window = TimeWindow(_naive_utc(start), _naive_utc(end))
             yield from self.window_function.process(key[0] if len(key) == 1 else key, window,
@@ -175,7 +176,7 @@ class WindowOperator(KeyedProcessFunction):
 
     # ------------------------------------------------------------------ timers
 
-    def _timers_for(self, ctx: Context, end: int, register: bool) -> None:
+    def _timers_for(self, ctx: OperatorContext, end: int, register: bool) -> None:
         if end >= 2**62:
             return
         service = ctx.timer_service()
@@ -186,8 +187,9 @@ class WindowOperator(KeyedProcessFunction):
 
     # ------------------------------------------------------------------ elements
 
-    def process_element(self, value: dict[str, Any], ctx: Context) -> Iterator[dict[str, Any]]:
-        op = ctx._op
+    def process_element(self, value: dict[str, Any], ctx: OperatorContext  # type: ignore[override]
+                        ) -> Iterator[dict[str, Any]]:
+        op = ctx.operator
         ts, watermark = op.current_ms, op.watermark_ms
         if isinstance(self.assigner, EventTimeSessionWindows):
             windows = [self._merge_session(ts, ctx)]
@@ -222,7 +224,7 @@ class WindowOperator(KeyedProcessFunction):
             return True
         return bool(t.interval and time.time() - stored[3] >= t.interval.total_seconds())
 
-    def _merge_session(self, ts: int, ctx: Context) -> tuple[int, int]:
+    def _merge_session(self, ts: int, ctx: OperatorContext) -> tuple[int, int]:
         start, end = ts, ts + _ms(self.assigner.gap)  # type: ignore[attr-defined]
         merged_acc: dict[str, Any] | None = None
         count = 0
@@ -239,7 +241,7 @@ class WindowOperator(KeyedProcessFunction):
             self._timers_for(ctx, end, register=True)
         return start, end
 
-    def _late(self, value: dict[str, Any], ctx: Context) -> None:
+    def _late(self, value: dict[str, Any], ctx: OperatorContext) -> None:
         if self.late_tag is not None:
             ctx.output(self.late_tag, value)
         else:
@@ -247,8 +249,8 @@ class WindowOperator(KeyedProcessFunction):
 
     # ------------------------------------------------------------------ timers fire
 
-    def on_timer(self, timestamp: datetime, ctx: Context) -> Iterator[dict[str, Any]]:
-        t = ctx._op.current_ms
+    def on_timer(self, timestamp: datetime, ctx: OperatorContext) -> Iterator[dict[str, Any]]:
+        t = ctx.operator.current_ms
         for start, stored in list(self.windows.items()):
             end = stored[0]
             if end - 1 == t:
