@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -51,7 +51,8 @@ class BatchCommitted:
 
     ``sink_write_ms``/``sink_rows``: time spent in, and rows given to, the query's sinks for
     this batch (every output); ``health`` is what the registry and ``srt status`` show;
-    ``progress`` is Spark's ``StreamingQueryProgress`` as JSON.
+    ``progress`` is Spark's ``StreamingQueryProgress`` as JSON; ``mirror`` is what the
+    checkpoint mirror uploaded after this batch (None: no mirror, or nothing new).
     """
 
     job: str
@@ -62,6 +63,7 @@ class BatchCommitted:
     sink_rows: int | None
     health: Mapping[str, Any]
     progress: Mapping[str, Any]
+    mirror: MirrorSync | None = None
 
 
 def _foreach_batch(query: QueryPlan, timings: dict[tuple[str, int], tuple[float, int]]
@@ -200,7 +202,6 @@ class JobRunner:
         self.allow_non_restored_state = allow_non_restored_state
         self.restored: dict[str, Any] | None = None
         self.mirror: CheckpointMirror | None = None
-        self.mirror_syncs: list[MirrorSync] = []
         self.plan = plan(self.job)
         if available_now:
             timed = [n.name for s in self.job.sinks for n in chain(s.parent)
@@ -376,19 +377,18 @@ class JobRunner:
                         progress.get("numInputRows") or 0, ms, rows, dict(run.health), progress))
         if events:
             self._publish_dead_letters()
-        self._sync_mirror()
+        synced = self._sync_mirror()
         registry.update(self.job.name, health={r.plan.name: r.health for r in self.runs})
         for event in events:
             for listener in self.on_batch:
-                listener(event)
+                listener(replace(event, mirror=synced))
 
-    def _sync_mirror(self) -> None:
+    def _sync_mirror(self) -> MirrorSync | None:
         if self.mirror is None:
-            return
+            return None
         done = self.mirror.sync()
         if done is None:
-            return
-        self.mirror_syncs.append(done)
+            return None
         share = done.bytes_uploaded / done.bytes_referenced if done.bytes_referenced else 0.0
         print(f"[{self.job.name}] mirror: batches {done.batches} -> {self.mirror.location}: "
               f"{done.files_uploaded} files, {done.bytes_uploaded:,} bytes uploaded "
@@ -397,6 +397,7 @@ class JobRunner:
         for run in self.runs:
             run.health["mirror_batch"] = done.batches.get(run.plan.name)
             run.health["mirror_bytes_uploaded"] = done.bytes_uploaded
+        return done
 
     def _drain(self) -> None:
         """Let a micro-batch in flight commit before stopping (bounded by DRAIN_TIMEOUT_S)."""
