@@ -4,15 +4,19 @@ All of them derive from :class:`StatefulRuntimeError`, so a caller can catch the
 and each says what to do next, not only what went wrong::
 
     StatefulRuntimeError
-    ├── ConfigError                 bad job file, unknown --set key, contradictory options
+    ├── ConfigError                   bad job file, unknown --set key, contradictory options
     │   └── CheckpointOwnershipError  checkpoint dir written by another job
-    ├── PlanError                   a job graph the planner cannot turn into a Spark query
-    ├── LogError                    embedded event log
+    ├── PlanError                     a job graph the planner cannot turn into a Spark query
+    ├── LogError                      embedded event log
     │   ├── TopicNotFoundError
     │   ├── TopicExistsError
-    │   └── LogWriterBusyError      another process holds the topic's write lock
-    ├── SinkError                   a sink could not write or does not fit its table
-    └── JobError                    job registry: unknown job, not running, already running
+    │   └── LogWriterBusyError        another process holds the topic's write lock
+    ├── SinkError                     a sink could not write or does not fit its table
+    ├── JobError                      job registry: unknown job, not running, already running
+    ├── StorageError                  a savepoint/mirror location cannot be read or written
+    │   └── AlreadyExistsError        a create-only write found the object there
+    └── SavepointError                missing, incomplete or corrupt savepoint
+        └── IncompatibleSavepointError  the new code cannot take the savepoint's state
 """
 
 from __future__ import annotations

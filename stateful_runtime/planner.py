@@ -2,12 +2,15 @@
 
 One query per stateful pipeline: a keyed process function and all the sinks of its main and side
 outputs share one query (its foreachBatch writes every output of a micro-batch); a window or
-stateless chain gets one query per sink. The first query reading a source also routes the
-source's rejected records to its dead-letter topic. Each query has its own checkpoint
-directory ``<checkpoint.dir>/<query name>`` in which Spark commits source offsets, state and
-the watermark together per micro-batch.
+stateless chain gets one query per sink. The first query reading a source owns its dead
+letters: its read tasks stage rejected records under ``<checkpoint.dir>/_dead_letters/<source>``
+and the job process publishes them once their batch commits
+(:mod:`stateful_runtime.connectors.dead_letters`); no second query reads the source. Each query
+has its own checkpoint directory ``<checkpoint.dir>/<query name>`` in which Spark commits source
+offsets, state and the watermark together per micro-batch.
 
-Paths:
+Windows are one node in the graph (:class:`~stateful_runtime.streams.WindowNode`); the planner
+alone decides how each runs (:func:`native_window_reason`). Paths:
 
 * ``native``: a window that needs nothing beyond Spark's semantics (tumbling event-time windows
   with built-in aggregates, fired by the watermark) compiles to ``groupBy(window(...))`` running

@@ -1,22 +1,19 @@
 """Dead letters: the one owner of a rejected record's way from its source to a topic.
 
 A record that does not decode is never dropped and never reaches the job's operators: the
-source marks it (``_error``), and then:
+source marks it (``_error``, ``_raw``), and then it is
 
-1. **staged** by the Spark task that read it (:func:`stage`), in the query's checkpoint
-   directory (``<checkpoint.dir>/<query>/_dead_letters/``... see the planner);
-2. **published** by the job process (:meth:`DeadLetters.publish`, called by the runner after
-   every committed batch, at start and at stop) to the source's
-   :class:`~stateful_runtime.connectors.base.DeadLetterSink`, once: only splits whose batch is
-   committed, in offset order, idempotently.
-
-A Spark task that reads a split (one offset range of one partition) writes the split's rejected
-records to ``<staging>/<partition key>-<start>-<end>.arrow`` (the key as in the source's offsets:
-``0`` for the event log, ``topic:0`` for Kafka) (atomically; a retried or replayed task
-writes the same file). Once Spark has committed the batch, the driver side publishes every staged
-split whose range is committed to the dead-letter topic, in offset order, as an idempotent
-producer per partition whose sequence is the split's start offset — so a split published twice
-(a crash between publishing and deleting the file) appends nothing the second time.
+1. **staged** by the Spark task that read it (:func:`stage`): the split's rejected records go
+   to ``<staging>/<partition key>-<start>-<end>.arrow`` (the key as in the source's offsets:
+   ``0`` for the event log, ``topic:0`` for Kafka), atomically; a retried or replayed task
+   writes the same file. The staging directory is ``<checkpoint.dir>/_dead_letters/<source>``
+   of the query that owns the source (the planner's choice);
+2. **published** by the job process alone (:meth:`DeadLetters.publish`: the runner calls it
+   after every committed batch, at start and at stop) to the source's
+   :class:`~stateful_runtime.connectors.base.DeadLetterSink`: every staged split whose range is
+   committed, in offset order, as an idempotent producer per source partition whose sequence
+   is the split's start offset — a split published twice (a crash between publishing and
+   deleting the file) appends nothing the second time.
 """
 
 from __future__ import annotations

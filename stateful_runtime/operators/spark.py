@@ -18,7 +18,7 @@ import json
 import math
 import pickle
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 from pyspark.sql.streaming.stateful_processor import (
@@ -32,9 +32,6 @@ from pyspark.sql.types import StringType, StructField, StructType
 from stateful_runtime.functions import KeyedProcessFunction
 from stateful_runtime.operators.backend import MapCell, StateBackend, ValueCell
 from stateful_runtime.operators.keyed import KeyedOperator
-
-if TYPE_CHECKING:
-    pass
 
 TAG = "_tag"
 SIDE = "_side"
