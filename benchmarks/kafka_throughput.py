@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/kafka_throughput.py --events 300000
 
-Starts a noida-db broker (tests/kafka/conftest.py), produces N UPI events to a 4-partition topic,
-then measures:
+Starts a noida-db broker (tests/connectors/kafka/conftest.py), produces N UPI events to a
+4-partition topic, then measures:
 
 * source: a Spark query over ``KafkaSource`` (read + JSON decode, availableNow, count per batch)
   against a raw ``confluent_kafka.Consumer`` reading the same topic (ratio = source / raw);
@@ -50,12 +50,12 @@ def main() -> None:
     ap.add_argument("--output", default=str(ROOT / "benchmarks/results/kafka_throughput.json"))
     args = ap.parse_args()
     from confluent_kafka import Producer
-    from tests.kafka.conftest import start_broker
     from upi_events import events
 
     from stateful_runtime.connectors.kafka.sink import KafkaSink
     from stateful_runtime.connectors.kafka.source import KafkaSource
     from stateful_runtime.runtime.session import build_session
+    from tests.connectors.kafka.conftest import start_broker
 
     work = Path(tempfile.mkdtemp(prefix="srt-kafka-bench-"))
     broker = start_broker(work / "data")

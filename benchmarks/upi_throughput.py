@@ -1,7 +1,8 @@
 """Throughput benchmark of the UPI per-minute job (examples/upi_per_minute.py).
 
 Generates N payment events into a fresh event log, runs the job in-process with
-``--available-now`` semantics, and reads Spark's per-batch progress of its queries. In the same
+``--available-now`` semantics, and hears each committed micro-batch (Spark's progress and the
+sink write time) through the runner's ``on_batch`` listener hook. In the same
 process and on the same events it also runs peers (plain Spark *batch* jobs doing the same
 aggregation), so the headline numbers are ratios that mean something on any machine.
 
@@ -22,15 +23,16 @@ import multiprocessing as mp
 import os
 import platform
 import shutil
-import signal
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stateful_runtime.runtime.runner import BatchCommitted, JobRunner
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -45,7 +47,6 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 TOPIC = "upi-payments"
 AGG_QUERY = "upi-counts"
-DLQ_PREFIX = "dead-letters-"
 TARGET_EVENTS_PER_S = 300_000  # from the issue: after warm-up, on a 2-core machine
 PAYMENT_DDL = "txn_id STRING, merchant_id STRING, amount_paise BIGINT, ts_ms BIGINT"
 
@@ -191,7 +192,7 @@ def append_to_log(log_dir: Path, lines: Sequence[bytes], partitions: int) -> dic
 # 2. the streaming job
 
 
-def _batch_row(p: dict[str, Any]) -> dict[str, Any]:
+def _batch_row(p: Mapping[str, Any]) -> dict[str, Any]:
     d = p.get("durationMs") or {}
     ops = p.get("stateOperators") or []
     return {
@@ -247,7 +248,7 @@ def query_stats(batches: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _end_offsets(progress: dict[str, Any]) -> dict[str, int] | None:
+def _end_offsets(progress: Mapping[str, Any]) -> dict[str, int] | None:
     src = (progress.get("sources") or [{}])[0]
     end = src.get("endOffset")
     if isinstance(end, str):
@@ -255,76 +256,65 @@ def _end_offsets(progress: dict[str, Any]) -> dict[str, int] | None:
     return {str(k): int(v) for k, v in end.items()} if isinstance(end, dict) else None
 
 
-def _watch(runner: Any, target: dict[str, int], n_queries: int, done: threading.Event,
-           stop_when_caught_up: bool, snapshot: dict[str, Any]) -> None:
-    """Beside ``runner.run()``: once every query has finished its first data batch, note the CPU
-    used so far and the rows each query has consumed (``snapshot``), for the warm CPU cost per
-    event. With ``stop_when_caught_up``, then send ourselves SIGTERM (what ``srt stop`` does) once
-    every query has committed a batch ending at the log's end offsets and is idle."""
-    while not done.wait(0.1):
-        runs = list(runner.runs)
-        if len(runs) < n_queries:
-            continue
-        try:
-            if "cpu_s" not in snapshot:
-                progress = [_progress_by_batch(r.query.recentProgress) for r in runs]
-                if all(any(p.get("numInputRows") for p in pr) for pr in progress):
-                    snapshot["cpu_s"] = tree_cpu_s()
-                    snapshot["rows"] = [sum(p.get("numInputRows", 0) for p in pr)
-                                        for pr in progress]
-            if stop_when_caught_up and all(
-                r.query.lastProgress is not None
-                and _end_offsets(r.query.lastProgress) == target
-                and not r.query.status["isTriggerActive"]
-                for r in runs
-            ):
-                signal.raise_signal(signal.SIGTERM)
-                return
-            if not stop_when_caught_up and "cpu_s" in snapshot:
-                return
-        except Exception:  # a query ended under us: the runner reports it
-            return
+class BatchListener:
+    """The benchmark's ``JobRunner(on_batch=[...])`` listener, called on the job process's
+    monitor thread once per committed micro-batch of each query (a ``BatchCommitted``).
 
+    It keeps each query's per-batch progress row with the sink write time the runner measured;
+    once every query has committed a data batch, notes the CPU used so far and the rows each
+    query has consumed (``snapshot``, for the warm CPU cost per event); and with
+    ``stop_when_caught_up``, calls ``runner.stop()`` (what ``srt stop`` asks for) once every
+    query has committed a batch ending at the log's end offsets (``target``).
+    """
 
-def _progress_by_batch(progress: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One report per batchId (an idle query repeats its last batchId with 0 rows)."""
-    out: dict[int, dict[str, Any]] = {}
-    for p in progress:
-        seen = out.get(p["batchId"])
-        if seen is None or p.get("numInputRows", 0) > seen.get("numInputRows", 0):
-            out[p["batchId"]] = p
-    return [out[k] for k in sorted(out)]
+    def __init__(self, target: dict[str, int], stop_when_caught_up: bool) -> None:
+        self.target = target
+        self.stop_when_caught_up = stop_when_caught_up
+        self.stop: Callable[[], None] | None = None
+        self.batches: dict[str, list[dict[str, Any]]] = {}
+        self.rows: dict[str, int] = {}
+        self.last_end: dict[str, dict[str, int] | None] = {}
+        self.caught_up: set[str] = set()
+        self.snapshot: dict[str, Any] = {}
+        self.stop_requested = False
 
+    def attach(self, runner: JobRunner) -> None:
+        """Expect a batch from every query the runner planned; stop with its ``stop()``."""
+        self.stop = runner.stop
+        for q in runner.plan.queries:
+            self.batches[q.name] = []
+            self.rows[q.name] = 0
+            self.last_end[q.name] = None
 
-def _sinks(query: Any) -> list[Any]:
-    """The sinks of a planned query (one ``sink``, or several ``outputs``)."""
-    if getattr(query, "sink", None) is not None:
-        return [query.sink]
-    return [o.sink for o in getattr(query, "outputs", [])]
-
-
-def _timed_write(write: Callable[[Any, int], None], into: dict[int, list[float]]
-                 ) -> Callable[[Any, int], None]:
-    """Wrap a sink's write_batch to add its duration (ms) and rows to ``into[batch_id]``."""
-    def timed_write(batch: Any, batch_id: int) -> None:
-        t0 = time.perf_counter()
-        write(batch, batch_id)
-        acc = into.setdefault(batch_id, [0.0, 0])
-        acc[0] += (time.perf_counter() - t0) * 1000
-        acc[1] += batch.num_rows
-
-    return timed_write
+    def __call__(self, event: BatchCommitted) -> None:
+        row = _batch_row(event.progress)
+        row["sink_write_ms"] = None if event.sink_write_ms is None else round(
+            event.sink_write_ms, 1)
+        row["sink_rows"] = event.sink_rows
+        self.batches.setdefault(event.query, []).append(row)
+        self.rows[event.query] = self.rows.get(event.query, 0) + event.input_rows
+        end = _end_offsets(event.progress)
+        self.last_end[event.query] = end
+        if "cpu_s" not in self.snapshot and self.rows and all(self.rows.values()):
+            self.snapshot["cpu_s"] = tree_cpu_s()
+            self.snapshot["rows"] = list(self.rows.values())
+        if end == self.target:
+            self.caught_up.add(event.query)
+        everyone = self.caught_up >= set(self.rows)
+        if self.stop_when_caught_up and everyone and not self.stop_requested and self.stop:
+            self.stop_requested = True
+            self.stop()  # the batch in flight (if any) commits, then the queries stop
 
 
 def run_job(*, workdir: Path, name: str, log_dir: Path, ends: dict[int, int], batch_size: int,
-            parallelism: int, master: str, mode: str, aggregation_only: bool,
-            verbose: bool) -> dict[str, Any]:
+            parallelism: int, master: str, mode: str, verbose: bool) -> dict[str, Any]:
     """Run the UPI job once in this process; return per-query stats.
 
     ``mode="available-now"``: exactly ``srt run --available-now``. ``mode="catch-up"``: the job
     with a 0 s trigger interval (micro-batches back to back, each capped at
-    ``source.max_records_per_batch``), stopped by SIGTERM as soon as every query has consumed
-    the whole log (for sources that read a whole backlog as one available-now batch).
+    ``source.max_records_per_batch``), stopped with ``runner.stop()`` as soon as every query has
+    consumed the whole log (for sources that read a whole backlog as one available-now batch).
+    Per-batch figures come from the runner's ``on_batch`` listener hook.
     """
     from stateful_runtime.runtime.loader import load_job_file
     from stateful_runtime.runtime.runner import JobRunner
@@ -343,30 +333,12 @@ def run_job(*, workdir: Path, name: str, log_dir: Path, ends: dict[int, int], ba
         overrides["checkpoint.interval_s"] = "0"
     jf = load_job_file(JOB_FILE, overrides)
     out = io.StringIO()
-    runner = JobRunner(jf, available_now=mode == "available-now", master=master, out=out)
-    if aggregation_only:  # drop the dead-letter query: what does it cost the job?
-        runner.plan.queries = [q for q in runner.plan.queries if q.name == AGG_QUERY]
-    sink_ms: dict[str, dict[int, list[float]]] = {}
-    for q in runner.plan.queries:  # time each sink's write_batch (foreachBatch runs here)
-        sink_ms[q.name] = {}
-        for sink in _sinks(q):
-            sink.write_batch = _timed_write(sink.write_batch, sink_ms[q.name])
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    done = threading.Event()
-    snapshot: dict[str, Any] = {}
-    target = {str(p): n for p, n in ends.items()}
-    watcher = threading.Thread(
-        target=_watch, daemon=True,
-        args=(runner, target, len(runner.plan.queries), done, mode == "catch-up", snapshot))
-    watcher.start()
+    listener = BatchListener({str(p): n for p, n in ends.items()}, mode == "catch-up")
+    runner = JobRunner(jf, available_now=mode == "available-now", master=master, out=out,
+                       on_batch=[listener])
+    listener.attach(runner)
     cpu0, t0 = tree_cpu_s(), time.perf_counter()
-    try:
-        code = runner.run()
-    finally:
-        done.set()
-        watcher.join()
-        for s, h in handlers.items():  # JobRunner installs its own; give Ctrl-C back
-            signal.signal(s, h)
+    code = runner.run()
     wall = time.perf_counter() - t0
     cpu_end = tree_cpu_s()
     cpu = cpu_end - cpu0
@@ -376,28 +348,24 @@ def run_job(*, workdir: Path, name: str, log_dir: Path, ends: dict[int, int], ba
         say(out.getvalue())
         raise SystemExit(f"job run {name!r} failed with exit code {code}")
     queries = {}
-    for r in runner.runs:
-        progress = _progress_by_batch(r.query.recentProgress)
-        rows = [_batch_row(p) for p in progress]
-        for b in rows:
-            ms, n = sink_ms[r.plan.name].get(b["batch"], (None, None))
-            b["sink_write_ms"] = None if ms is None else round(ms, 1)
-            b["sink_rows"] = n
+    for q, rows in listener.batches.items():
         stats = query_stats(rows)
-        stats["sink_write_ms_total"] = round(sum(v[0] for v in sink_ms[r.plan.name].values()), 1)
-        stats["caught_up"] = bool(progress) and _end_offsets(progress[-1]) == {
-            str(p): n for p, n in ends.items()}
-        queries[r.plan.name] = stats
+        stats["sink_write_ms_total"] = round(
+            sum(b["sink_write_ms"] or 0 for b in rows), 1)
+        stats["caught_up"] = listener.last_end.get(q) == listener.target
+        queries[q] = stats
     n = sum(ends.values())
     warm_cpu = None
+    snapshot = listener.snapshot
     if "cpu_s" in snapshot:  # events still to do after every query's first batch, on average
         left = sum(n - r for r in snapshot["rows"]) / len(snapshot["rows"])
         if left >= n / 2:  # else the end-of-run costs (no-data batch, stop) dominate
             warm_cpu = round((cpu_end - snapshot["cpu_s"]) * 1e6 / left, 3)
-    result: dict[str, Any] = {"mode": mode, "aggregation_only": aggregation_only,
+    result: dict[str, Any] = {"mode": mode,
                               "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
                               "cpu_us_per_event": round(cpu * 1e6 / n, 3) if n else None,
                               "warm_cpu_us_per_event": warm_cpu,
+                              "stopped_when_caught_up": listener.stop_requested,
                               "queries": queries}
     with contextlib.suppress(Exception):
         import duckdb
@@ -409,7 +377,6 @@ def run_job(*, workdir: Path, name: str, log_dir: Path, ends: dict[int, int], ba
         finally:
             con.close()
         result["sink"] = {"payments": int(payments or 0), "rows": int(windows)}
-    result["dead_letter_queries"] = [q for q in queries if q.startswith(DLQ_PREFIX)]
     with contextlib.suppress(Exception):  # dead letters published by this run (fresh topic)
         from stateful_runtime.connectors.eventlog import EventLog
 
@@ -546,10 +513,12 @@ def read_path_breakdown(log_dir: Path, max_records: int, repeats: int = 3) -> di
     """CPU time per record of the source's read path, in this process on one core: the code a
     Spark source task runs. Each figure is the best of ``repeats`` passes over the same records,
     after a warm-up pass (block cache, allocator)."""
-    from stateful_runtime.sources import log as srclog
-
     from stateful_runtime.connectors.eventlog import cached_reader
-    from stateful_runtime.connectors.eventlog.source import EventLogStreamReader, LogSplit
+    from stateful_runtime.connectors.eventlog.source import (
+        ARROW_BATCH_ROWS,
+        EventLogStreamReader,
+        LogSplit,
+    )
     from stateful_runtime.connectors.formats.json import CHUNK, decode_json, to_struct
 
     schema = to_struct({"txn_id": str, "merchant_id": str, "amount_paise": int, "ts_ms": int})
@@ -558,7 +527,7 @@ def read_path_breakdown(log_dir: Path, max_records: int, repeats: int = 3) -> di
     per_part = max(1, max_records // len(ends))
     splits = [(p, 0, min(e, per_part)) for p, e in ends.items() if e]
     n = sum(hi - lo for _, lo, hi in splits)
-    rows = srclog.ARROW_BATCH_ROWS
+    rows = ARROW_BATCH_ROWS
     stream = EventLogStreamReader({"log_dir": str(log_dir), "topic": TOPIC,
                                    "schema": schema.json()})
 
@@ -635,7 +604,6 @@ def print_report(res: dict[str, Any]) -> None:
     runs = res["runs"]
     job = runs["job"]["queries"]
     agg = job[AGG_QUERY]
-    dlq_name = next((q for q in job if q.startswith(DLQ_PREFIX)), None)
     p = print
     p()
     p(f"UPI per-minute job: {cfg['events']:,} events, max {cfg['batch_size']:,} records/batch, "
@@ -669,25 +637,10 @@ def print_report(res: dict[str, Any]) -> None:
       f"{fmt_ms(lat['max'])}   (batches >= 1)")
     p(f"  job wall time                {runs['job']['wall_s']:>10.1f} s   "
       f"({fmt_rate(s['job_wall_events_per_s'])} end to end, start to stop)")
-    if dlq_name:
-        d = job[dlq_name]
-        p(f"  {dlq_name}: {fmt_rate(d['warm_events_per_s'])} after first batch, batch "
-          f"p50 {fmt_ms(d['latency_ms']['p50'])} / max {fmt_ms(d['latency_ms']['max'])}, "
-          f"{d['data_batches']} batches (concurrent with {AGG_QUERY})")
-    if not dlq_name:
-        dl = runs["job"].get("dead_letters_in_topic")
-        p(f"  dead letters: no separate query (staged per split inside {AGG_QUERY}); "
-          f"{res['generate']['bad_records']:,} bad records generated"
-          + (f", {dl:,} in topic {TOPIC}-dlq" if dl is not None else ""))
-    iso = runs.get("aggregation_only")
-    if iso:
-        ia = iso["queries"][AGG_QUERY]
-        p(f"  {AGG_QUERY} alone (no dead-letter query): {fmt_rate(ia['warm_events_per_s'])} "
-          f"after first batch, p50 {fmt_ms(ia['latency_ms']['p50'])}, wall "
-          f"{iso['wall_s']:.1f} s")
-        cost = s.get("dead_letter_cost_pct")
-        if cost is not None:
-            p(f"  -> the dead-letter query costs {cost:.0f}% of the job's warm throughput")
+    dl = runs["job"].get("dead_letters_in_topic")
+    p(f"  dead letters: staged per split inside {AGG_QUERY}, published by the job process; "
+      f"{res['generate']['bad_records']:,} bad records generated"
+      + (f", {dl:,} in topic {TOPIC}-dlq" if dl is not None else ""))
     if not s.get("batch_limit_honoured", True):
         p(f"  NOTE: {agg['data_batches']} data batch(es) for {cfg['events']:,} events: the source "
           f"did not split the backlog by max_records_per_batch in this mode; try --mode catch-up")
@@ -701,22 +654,16 @@ def print_report(res: dict[str, Any]) -> None:
       f"{fmt_ratio(s['ratio_vs_spark_json_batch'])}")
     p(f"  events/s after first batch / python_arrow_source_batch   "
       f"{fmt_ratio(s['ratio_vs_python_arrow_source_batch'])}")
-    if s.get("ratio_aggregation_only_vs_spark_json_batch") is not None:
-        p(f"  {AGG_QUERY} alone, same / spark_json_batch               "
-          f"{fmt_ratio(s['ratio_aggregation_only_vs_spark_json_batch'])}")
     p()
     p("  CPU per event (this process tree: Spark JVM + Python workers; robust to other load)")
     p(f"    {'':42} {'after batch 0':>14} {'whole run':>12}")
-    labels = {"job": f"job ({' + '.join(job)})", "aggregation_only": f"job, {AGG_QUERY} only"}
+    labels = {"job": f"job ({' + '.join(job)})"}
     for label, r in runs.items():
         p(f"    {labels.get(label, label):<42} {fmt_us(r['warm_cpu_us_per_event']):>14} "
           f"{fmt_us(r['cpu_us_per_event']):>12}   ({r['cpu_s']:.1f} CPU s in "
           f"{r['wall_s']:.1f} s wall)")
     for name, peer in res["peers"].items():
         p(f"    peer {name:<37} {fmt_us(peer['warm_cpu_us_per_event']):>14}")
-    if s.get("dead_letter_cpu_us_per_event") is not None:
-        p(f"  -> the dead-letter query uses {fmt_us(s['dead_letter_cpu_us_per_event'])} of CPU "
-          f"per event, {s['dead_letter_cpu_pct']:.0f}% of the job's (after batch 0)")
     p(f"  CPU efficiency spark_json_batch / job (after batch 0)            "
       f"{fmt_ratio(s.get('cpu_efficiency_vs_spark_json_batch'))}")
     p(f"  CPU efficiency python_arrow_source_batch / job (after batch 0)   "
@@ -763,8 +710,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--peer-runs", type=int, default=3,
                     help="runs of each batch peer; the first is the warm-up (default 3)")
-    ap.add_argument("--skip-aggregation-only", action="store_true",
-                    help="skip the second job run without the dead-letter query")
     ap.add_argument("--mode", choices=("available-now", "catch-up"), default="available-now",
                     help="available-now: run like `srt run --available-now` (default); "
                     "catch-up: 0 s trigger interval, stopped once the log is consumed")
@@ -857,14 +802,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         res["runs"] = runs
         how = "with --available-now" if a.mode == "available-now" else "until caught up"
         with timed(f"run the job {how}", timings, "job"):
-            runs["job"] = run_job(workdir=workdir, name="job", mode=a.mode,
-                                  aggregation_only=False, **common)
-        if runs["job"]["dead_letter_queries"] and not a.skip_aggregation_only:
-            with timed(f"run the job with only {AGG_QUERY} {how}", timings,
-                       "job_aggregation_only"):
-                runs["aggregation_only"] = run_job(
-                    workdir=workdir, name="job-aggregation-only", mode=a.mode,
-                    aggregation_only=True, **common)
+            runs["job"] = run_job(workdir=workdir, name="job", mode=a.mode, **common)
 
         res["peers"] = run_peers(spark, jsonl=jsonl, arrow_paths=arrow_paths,
                                  runs=max(1, a.peer_runs), n=a.events)
@@ -905,18 +843,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         sink = runs["job"].get("sink")
         if sink is not None:
             summary["sink_payments_ok"] = sink["payments"] == a.events - n_bad
-        if "aggregation_only" in runs:
-            alone = runs["aggregation_only"]["queries"][AGG_QUERY]["warm_events_per_s"]
-            summary["aggregation_only_warm_events_per_s"] = alone
-            summary["dead_letter_cost_pct"] = (
-                100 * (1 - warm / alone) if warm and alone else None)
-            summary["ratio_aggregation_only_vs_spark_json_batch"] = ratio(
-                alone, peers["spark_json_batch"]["warm_events_per_s"])
-            job_cpu = runs["job"]["warm_cpu_us_per_event"]
-            alone_cpu = runs["aggregation_only"]["warm_cpu_us_per_event"]
-            if job_cpu and alone_cpu:
-                summary["dead_letter_cpu_us_per_event"] = round(job_cpu - alone_cpu, 3)
-                summary["dead_letter_cpu_pct"] = 100 * (job_cpu - alone_cpu) / job_cpu
         summary["warm_cpu_us_per_event"] = runs["job"]["warm_cpu_us_per_event"]
         summary["batch_limit_honoured"] = (
             agg["data_batches"] >= math.ceil(a.events / a.batch_size))
