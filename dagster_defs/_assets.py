@@ -3,6 +3,7 @@
 import json
 import shlex
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from dagster import (
@@ -16,7 +17,7 @@ from dagster import (
     multi_asset,
 )
 
-from dagster_defs._launch import check_plan_job, config_drift, launch_config
+from dagster_defs._launch import launch_config
 from dagster_defs._specs import SinkTableSpec, StreamingJobSpec
 from dagster_defs._translator import StreamingJobTranslator, identifier
 
@@ -43,79 +44,70 @@ def job_asset(spec: StreamingJobSpec, translator: StreamingJobTranslator) -> Ass
         required_resource_keys={"streaming_runtime", *spec.resource_keys},
     )
     def _run(context: AssetExecutionContext) -> MaterializeResult:
-        from stateful_runtime.exceptions import StatefulRuntimeError
-        from stateful_runtime.runtime import launcher
+        from dagster_defs.errors import StatefulRuntimeError
 
         runtime = context.resources.streaming_runtime
         log_path = None
         try:
             config = launch_config(spec, context.resources)
-            plan = runtime.explain(spec.job_file, config)
-            check_plan_job(plan, spec)
             since = time.time()
-            # A materialisation resumes the job's checkpoint; starting from a savepoint is the
-            # upgrade and rescale jobs' business (_savepoints.py).
-            launch = runtime.ensure_running(spec.name, spec.job_file, config)
+            # Plans the job file (it must build the job the spec names) and resumes the job's
+            # checkpoint; starting from a savepoint is the upgrade and rescale jobs' business.
+            launch = runtime.launch(spec.name, spec.job_file, config)
             log_path = launch.log_path
-            committed: dict[str, int | None] | None
-            drift: list[str] = []
+            committed: Mapping[str, int | None] | None
             if launch.launched:
                 context.log.info(
                     f"launched {spec.name} as pid {launch.pid}: "
-                    f"{shlex.join(launch.command or [])}; log {log_path}"
+                    f"{shlex.join(launch.command or ())}; log {log_path}"
                 )
-                entry = launcher.wait_running(
-                    spec.name, launch.pid, timeout=runtime.launch_timeout_s
-                )
+                runtime.wait_running(spec.name, launch.pid)
                 context.log.info(f"{spec.name} is RUNNING; waiting for a committed batch")
-                committed = launcher.wait_committed(
-                    spec.name, launch.pid, since=since, timeout=runtime.commit_timeout_s
-                )
+                waited = runtime.wait_committed(spec.name, launch.pid, since=since)
+                committed = waited.last_committed if waited.reached else None
                 if committed is None:
                     context.log.warning(
                         f"{spec.name} committed no micro-batch within "
                         f"{runtime.commit_timeout_s:.0f} s of RUNNING: is there input in its "
                         f"source? The health sensor keeps watching it."
                     )
-                entry = runtime.entry(spec.name) or entry
+                status = waited.status
             else:
-                entry = launch.entry
-                drift = config_drift(entry, str(runtime.resolve(spec.job_file)), config)
+                status = launch.status
                 context.log.info(
-                    f"{spec.name} is already {entry.get('state')} as pid {launch.pid}; reusing it"
+                    f"{spec.name} is already {status.state} as pid {launch.pid}; reusing it"
                 )
-                if drift:
+                if launch.config_drift:
                     context.log.warning(
-                        f"the live {spec.name} runs with different {', '.join(drift)} than the "
-                        f"spec; stop it (stop_streaming_job) and materialise again to apply"
+                        f"the live {spec.name} runs with different "
+                        f"{', '.join(launch.config_drift)} than the spec; stop it "
+                        f"(stop_streaming_job) and materialise again to apply"
                     )
-                if entry.get("state") == "STARTING":
-                    entry = launcher.wait_running(
-                        spec.name, launch.pid, timeout=runtime.launch_timeout_s
-                    )
-                committed = launcher.last_committed(entry)
+                if status.state == "STARTING":
+                    status = runtime.wait_running(spec.name, launch.pid)
+                committed = status.last_committed
         except StatefulRuntimeError as exc:
             raise _failure(exc, log_path) from exc
 
         metadata: dict[str, Any] = {
             "pid": launch.pid,
             "launched": launch.launched,
-            "state": entry.get("state"),
-            "spark_app_id": entry.get("spark_app_id"),
-            "spark_master": entry.get("master"),
-            "checkpoint_dir": MetadataValue.path(str(entry.get("checkpoint_dir"))),
+            "state": status.state,
+            "spark_app_id": status.spark_app_id,
+            "spark_master": status.master,
+            "checkpoint_dir": MetadataValue.path(str(status.checkpoint_dir)),
             "log_path": MetadataValue.path(str(launch.log_path)),
             # What the process restored from (a savepoint, by the upgrade or rescale job).
-            "restored_from": entry.get("restored_from"),
-            "started_at": entry.get("started_at"),
-            "last_committed_batch": MetadataValue.json(committed or {}),
+            "restored_from": status.restored_from,
+            "started_at": status.started_at,
+            "last_committed_batch": MetadataValue.json(dict(committed or {})),
             "config": MetadataValue.json(json.loads(json.dumps(config, default=str))),
-            "plan": _code(plan),
+            "plan": _code(launch.plan),
         }
         if launch.command:
             metadata["command"] = shlex.join(launch.command)
-        if drift:
-            metadata["config_drift"] = drift
+        if launch.config_drift:
+            metadata["config_drift"] = list(launch.config_drift)
         return MaterializeResult(metadata=metadata)
 
     return _run
@@ -142,8 +134,6 @@ def sink_asset(
         required_resource_keys={"warehouse"},
     )
     def _snapshot(context: AssetExecutionContext) -> MaterializeResult:
-        from dbt_sink import LEDGER_TABLE
-
         warehouse = context.resources.warehouse
         try:
             with warehouse.read_only() as con:
@@ -159,15 +149,7 @@ def sink_asset(
                 quoted = '"' + table.table.replace('"', '""') + '"'
                 rows = con.execute(f"SELECT count(*) FROM {quoted}").fetchone()[0]
                 columns = con.execute(f"DESCRIBE {quoted}").fetchall()
-                ledger = (
-                    con.execute(
-                        f"SELECT max(batch_id), max(committed_at) FROM {LEDGER_TABLE} "
-                        "WHERE job = ? AND sink = ?",
-                        [spec.name, table.query],
-                    ).fetchone()
-                    if _table_exists(con, LEDGER_TABLE)
-                    else (None, None)
-                )
+                last = warehouse.committed_batches(spec.name, table.query, newest=1, con=con)
         except FileNotFoundError as exc:
             raise Failure(description=str(exc)) from exc
         schema = TableSchema(
@@ -178,8 +160,8 @@ def sink_asset(
                 "dagster/row_count": int(rows),
                 "dagster/column_schema": schema,
                 "database": MetadataValue.path(str(warehouse.database())),
-                "last_sink_batch": None if ledger[0] is None else int(ledger[0]),
-                "last_sink_commit": None if ledger[1] is None else str(ledger[1]),
+                "last_sink_batch": last[0].batch_id if last else None,
+                "last_sink_commit": str(last[0].committed_at) if last else None,
             }
         )
 

@@ -154,17 +154,18 @@ def sink_checks(
         selected = {k.name for k in context.selected_asset_check_keys}
         warehouse = context.resources.warehouse
         runtime = context.resources.streaming_runtime
-        entry = runtime.entry(spec.name)
         quoted = '"' + table.table.replace('"', '""') + '"'
-        side = error = None
+        side: Any = None
         try:
             with warehouse.read_only() as con:
                 df = con.execute(f"SELECT * FROM {quoted}").df()
                 if RECONCILE in selected and table.reconcile is not None:
                     try:
-                        side = _reconcile.read_table_side(con, spec, table, table.reconcile, entry)
-                    except (LookupError, OSError) as exc:
-                        error = str(exc)
+                        side = _reconcile.read_table_side(
+                            con, warehouse, spec, table, table.reconcile
+                        )
+                    except Exception as exc:  # noqa: BLE001 - e.g. a window column missing
+                        side = exc
         except Exception as exc:  # noqa: BLE001 - a missing file or table fails every check
             for name in sorted(selected):
                 yield AssetCheckResult(
@@ -192,41 +193,52 @@ def sink_checks(
             )
 
         if RECONCILE in selected and table.reconcile is not None:
-            yield _reconcile_result(key, runtime, entry, table, side, error)
+            assert side is not None
+            yield _reconcile_result(key, runtime, spec, table, side)
 
     return _checks
 
 
 def _reconcile_result(
-    key: AssetKey, runtime: Any, entry: Any, table: SinkTableSpec, side: Any, error: str | None
+    key: AssetKey, runtime: Any, spec: StreamingJobSpec, table: SinkTableSpec, side: Any
 ) -> AssetCheckResult:
+    """The table side against the source's window counts, which an ``srt reconcile`` process
+    computes (it loads the job file; this process does not)."""
     from dagster_defs import _reconcile
-    from stateful_runtime.exceptions import StatefulRuntimeError
+    from dagster_defs.errors import StatefulRuntimeError
 
-    if error is None and side is not None and side.batch is None:
+    if isinstance(side, Exception):
+        return AssetCheckResult(
+            asset_key=key,
+            check_name=RECONCILE,
+            passed=False,
+            description=f"cannot reconcile: {side}",
+        )
+    if side.batch is None:
         return AssetCheckResult(
             asset_key=key,
             check_name=RECONCILE,
             passed=True,
             description="the sink has written no micro-batch yet",
         )
-    if error is None and side is not None:
-        assert table.reconcile is not None and side.watermark_ms is not None
-        try:
-            source = _reconcile.count_source(
-                runtime, entry, table.reconcile, side.source_ends, side.watermark_ms
-            )
-        except (LookupError, OSError, StatefulRuntimeError) as exc:
-            error = str(exc)
-        else:
-            outcome = _reconcile.compare(side, source)
-            return AssetCheckResult(
-                asset_key=key,
-                check_name=RECONCILE,
-                passed=outcome.passed,
-                description=outcome.description,
-                metadata=outcome.metadata,
-            )
+    rec = table.reconcile
+    assert rec is not None
+    try:
+        source = runtime.window_counts(
+            spec.name, table.query, window=rec.window, batch=side.batch, source=rec.source
+        )
+    except StatefulRuntimeError as exc:
+        return AssetCheckResult(
+            asset_key=key,
+            check_name=RECONCILE,
+            passed=False,
+            description=f"cannot reconcile: {exc}",
+        )
+    outcome = _reconcile.compare(side, source)
     return AssetCheckResult(
-        asset_key=key, check_name=RECONCILE, passed=False, description=f"cannot reconcile: {error}"
+        asset_key=key,
+        check_name=RECONCILE,
+        passed=outcome.passed,
+        description=outcome.description,
+        metadata=outcome.metadata,
     )

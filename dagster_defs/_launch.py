@@ -1,15 +1,11 @@
-"""From a job spec and the run's resources to a running ``srt run`` process."""
+"""From a job spec and the run's resources to the config of its ``srt run`` process."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
 from typing import Any
 
 from dagster_defs._specs import StreamingJobSpec, config_error
 from dagster_defs.resources import DuckDBWarehouse
-
-_PLAN_JOB = re.compile(r"^job (\S+):", re.MULTILINE)
 
 
 def launch_config(spec: StreamingJobSpec, resources: Any) -> dict[str, Any]:
@@ -39,34 +35,3 @@ def launch_config(spec: StreamingJobSpec, resources: Any) -> dict[str, Any]:
             value = str(resource.database())
         config[key] = value
     return config
-
-
-def check_plan_job(plan: str, spec: StreamingJobSpec) -> None:
-    """The job file must build the job the spec names: the registry is keyed by that name."""
-    m = _PLAN_JOB.search(plan)
-    if m and m.group(1) != spec.name:
-        raise config_error(
-            f"{spec.job_file} builds job {m.group(1)!r} but the spec names {spec.name!r}; "
-            f"set StreamingJobSpec(name={m.group(1)!r}, ...)"
-        )
-
-
-def config_drift(entry: Mapping[str, Any], job_file: str, config: Mapping[str, Any]) -> list[str]:
-    """Keys whose value in the live process differs from what the spec asks for."""
-    from stateful_runtime.runtime.registry import redacted
-
-    running = entry.get("config") or {}
-    config = redacted(dict(config))  # the registry keeps secrets masked; compare likewise
-
-    def same(a: Any, b: Any) -> bool:
-        if str(a) == str(b):
-            return True
-        try:
-            return float(a) == float(b)
-        except (TypeError, ValueError):
-            return False
-
-    drift = [k for k, v in config.items() if k not in running or not same(running[k], v)]
-    if entry.get("job_file") and str(entry["job_file"]) != str(job_file):
-        drift.insert(0, "job_file")
-    return drift

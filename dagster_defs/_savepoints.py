@@ -1,10 +1,10 @@
 """Savepoints from Dagster: a periodic-savepoint schedule per streaming job, and jobs that
 trigger a savepoint, stop a job with one, and upgrade or rescale a job through one.
 
-Everything goes through ``srt`` processes (``srt savepoint create|prune``, and the detached
-``srt run --from-savepoint`` launch), in the ``streaming_runtime`` resource's registry and with
-the ``s3`` resource's endpoint and credentials in their environment (savepoint roots may be
-``s3://``). Runtime errors fail the Dagster run with the runtime's own message.
+Everything goes through the ``streaming_runtime`` resource's ``srt`` processes (``srt savepoint
+create|prune``, ``srt upgrade``), with the ``s3`` resource's endpoint and credentials in their
+environment (savepoint roots may be ``s3://``). Runtime errors fail the Dagster run with the
+runtime's own message.
 
 =============================  ==========================================================
 ``<job>_savepoint_schedule``   per job, on its ``SavepointPolicy.cron``: a savepoint of the
@@ -13,8 +13,9 @@ the ``s3`` resource's endpoint and credentials in their environment (savepoint r
 ``savepoint_streaming_job``    a savepoint now (running or stopped job: the last committed
                                batch); optionally applies the retention policy
 ``stop_with_savepoint``        stop the job cleanly, then a savepoint of its final batch
-``upgrade_streaming_job``      check the (new) job file plans, stop with a savepoint, relaunch
-                               the job file from it, wait for RUNNING and a committed batch
+``upgrade_streaming_job``      ``srt upgrade``: check the (new) job file plans and takes the
+                               state, stop with a savepoint, relaunch the job file from it,
+                               wait for RUNNING and a committed batch
 ``rescale_streaming_job``      the same with ``--parallelism N``: the state is repartitioned
 =============================  ==========================================================
 """
@@ -40,7 +41,8 @@ from dagster import (
     schedule,
 )
 
-from dagster_defs._launch import check_plan_job, launch_config
+from dagster_defs._launch import launch_config
+from dagster_defs._results import SavepointInfo
 from dagster_defs._specs import StreamingJobSpec
 from dagster_defs._translator import StreamingJobTranslator, identifier
 from dagster_defs.resources import s3_env
@@ -77,35 +79,30 @@ def _location_value(location: str) -> Any:
     return MetadataValue.url(location) if "://" in location else MetadataValue.path(location)
 
 
-def _savepoint_metadata(summary: Mapping[str, Any]) -> dict[str, Any]:
+def _savepoint_metadata(sp: SavepointInfo) -> dict[str, Any]:
     return {
-        "savepoint_id": summary["id"],
-        "savepoint_location": _location_value(summary["location"]),
-        "savepoint_kind": summary.get("kind"),
-        "size_bytes": summary["size_bytes"],
-        "files": summary["files"],
-        "batches": MetadataValue.json(summary["batches"]),
-        "watermark_ms": MetadataValue.json(summary["watermark_ms"]),
-        "created_at": summary["created_at"],
+        "savepoint_id": sp.id,
+        "savepoint_location": _location_value(sp.location),
+        "savepoint_kind": sp.kind,
+        "size_bytes": sp.size_bytes,
+        "files": sp.files,
+        "batches": MetadataValue.json(dict(sp.batches)),
+        "watermark_ms": MetadataValue.json(dict(sp.watermark_ms)),
+        "created_at": sp.created_at,
     }
-
-
-def _root(location: str) -> str:
-    """The savepoint root a savepoint's location lies in (``<root>/<id>``)."""
-    return location.rstrip("/").rpartition("/")[0]
 
 
 def _take_savepoint(
     context: OpExecutionContext, spec: StreamingJobSpec, *, stop: bool
-) -> dict[str, Any]:
+) -> SavepointInfo:
     """``srt savepoint create`` (``--stop``) for the op's job; the runtime's error fails the
     run."""
-    from stateful_runtime.exceptions import StatefulRuntimeError
+    from dagster_defs.errors import StatefulRuntimeError
 
     runtime = context.resources.streaming_runtime
     target = context.op_config.get("target") or spec.savepoints.target
     try:
-        summary = runtime.savepoint(
+        sp = runtime.savepoint(
             spec.name,
             target=target,
             stop=stop,
@@ -113,13 +110,18 @@ def _take_savepoint(
             env=_env(context),
         )
     except StatefulRuntimeError as exc:
-        raise Failure(description=str(exc), metadata={"error": type(exc).__name__}) from exc
+        raise Failure(description=str(exc), metadata={"error": _kind(exc)}) from exc
     context.log.info(
-        f"savepoint {summary['id']} of {spec.name} at {summary['location']}: "
-        f"{summary['size_bytes']:,} bytes, batches {summary['batches']}"
+        f"savepoint {sp.id} of {spec.name} at {sp.location}: "
+        f"{sp.size_bytes:,} bytes, batches {dict(sp.batches)}"
         + ("; the job is stopped" if stop else "")
     )
-    return summary
+    return sp
+
+
+def _kind(exc: Exception) -> str:
+    """The runtime's name for an error (an srt command's error carries it as ``kind``)."""
+    return str(getattr(exc, "kind", None) or type(exc).__name__)
 
 
 def _observe(
@@ -173,39 +175,37 @@ def savepoint_job(
         required_resource_keys={"streaming_runtime", "s3"},
     )
     def _savepoint(context: OpExecutionContext) -> None:
-        from stateful_runtime.exceptions import StatefulRuntimeError
+        from dagster_defs.errors import StatefulRuntimeError
 
         spec = _spec(specs, context.op_config["job"])
         runtime = context.resources.streaming_runtime
-        state = (runtime.entry(spec.name) or {}).get("state")
-        summary = _take_savepoint(context, spec, stop=False)
-        metadata = {**_savepoint_metadata(summary), "job_state": state, "action": "savepoint"}
+        status = runtime.status(spec.name)
+        sp = _take_savepoint(context, spec, stop=False)
+        metadata = {
+            **_savepoint_metadata(sp),
+            "job_state": status.state if status else None,
+            "action": "savepoint",
+        }
         if context.op_config["apply_retention"]:
             policy = spec.savepoints
             try:
                 disposed = runtime.prune_savepoints(
                     spec.name,
-                    _root(summary["location"]),
+                    sp.root,
                     keep=policy.keep,
                     max_age_s=None if policy.max_age is None else policy.max_age.total_seconds(),
                     env=_env(context),
                 )
             except StatefulRuntimeError as exc:
                 raise Failure(
-                    description=f"savepoint {summary['location']} was taken, but the retention "
+                    description=f"savepoint {sp.location} was taken, but the retention "
                     f"policy failed: {exc}"
                 ) from exc
             for location in disposed:
                 context.log.info(f"retention: disposed of {location}")
             metadata["disposed"] = MetadataValue.json(disposed)
             metadata["retention"] = f"keep {policy.keep}, max age {policy.max_age}"
-        _observe(
-            context,
-            translator,
-            spec,
-            f"savepoint {summary['id']} at {summary['location']}",
-            metadata,
-        )
+        _observe(context, translator, spec, f"savepoint {sp.id} at {sp.location}", metadata)
 
     @job(
         name=SAVEPOINT_JOB,
@@ -234,14 +234,18 @@ def stop_with_savepoint_job(
     )
     def _stop(context: OpExecutionContext) -> None:
         spec = _spec(specs, context.op_config["job"])
-        summary = _take_savepoint(context, spec, stop=True)
-        after = context.resources.streaming_runtime.entry(spec.name) or {}
+        sp = _take_savepoint(context, spec, stop=True)
+        after = context.resources.streaming_runtime.status(spec.name)
         _observe(
             context,
             translator,
             spec,
-            f"stopped with savepoint {summary['id']} at {summary['location']}",
-            {**_savepoint_metadata(summary), "job_state": after.get("state"), "action": "stop"},
+            f"stopped with savepoint {sp.id} at {sp.location}",
+            {
+                **_savepoint_metadata(sp),
+                "job_state": after.state if after else None,
+                "action": "stop",
+            },
         )
 
     @job(
@@ -287,165 +291,72 @@ def _relaunch_op(
         required_resource_keys=resource_keys,
     )
     def _relaunch(context: OpExecutionContext) -> None:
-        from stateful_runtime.checkpoints import layout
-        from stateful_runtime.exceptions import StatefulRuntimeError
-        from stateful_runtime.runtime import launcher
-        from stateful_runtime.runtime.launcher import set_args
+        from dagster_defs.errors import StatefulRuntimeError
 
         spec = _spec(specs, context.op_config["job"])
         runtime = context.resources.streaming_runtime
-        entry = runtime.entry(spec.name) or {}
-        # An upgrade keeps the job's current parallelism (a rescale may have changed it);
-        # without one on record, the job file's own applies.
-        n = context.op_config.get("parallelism") or entry.get("parallelism")
+        # Without a parallelism the runtime keeps the job's current one (a rescale sticks).
+        n = context.op_config.get("parallelism")
         if n is not None and n < 1:
             raise Failure(description=f"parallelism must be >= 1, got {n}")
         action = "rescale" if rescale else "upgrade"
         try:
-            # The job file as it is now (the new code) must plan before the old job stops.
             config = launch_config(spec, context.resources)
-            check_plan_job(runtime.explain(spec.job_file, config), spec)
-        except StatefulRuntimeError as exc:
-            raise Failure(
-                description=f"{spec.job_file} does not plan; the running job was left alone: {exc}"
-            ) from exc
-
-        running = launcher.live(entry)
-        source = context.op_config.get("from_savepoint")
-        if source and running:
-            raise Failure(
-                description=f"{spec.name} is running (pid {entry.get('pid')}); leave "
-                f"from_savepoint unset to stop it with a savepoint and {action} from that"
-            )
-        # The new code must take the state (the running job's checkpoint, or the savepoint
-        # given) before anything is stopped or started: the runtime lists the differences.
-        check = runtime.srt(
-            ["savepoint", "check", str(runtime.resolve(spec.job_file)),
-             *([source] if source else []), *set_args(config)],
-            timeout=120, env=_env(context),
-        )
-        if check.returncode != 0:
-            left = "the running job was left alone" if running else "nothing was started"
-            raise Failure(
-                description=f"{spec.job_file} cannot take {spec.name}'s state; {left}:\n"
-                f"{check.stderr.strip()[-3000:]}"
-            )
-        summary: dict[str, Any] | None = None
-        if not source:
-            if not running:
-                last = (entry.get("last_savepoint") or {}).get("location")
-                hint = f" (its last savepoint: {last})" if last else ""
-                raise Failure(
-                    description=f"{spec.name} is not running "
-                    f"({entry.get('state', 'never started')}): there is nothing to stop with a "
-                    f"savepoint; set from_savepoint to start it from a savepoint{hint}"
-                )
-            summary = _take_savepoint(context, spec, stop=True)
-            source = summary["location"]
-
-        try:
-            launch = runtime.ensure_running(
+            # One runtime command: check the job file plans and takes the state, stop with a
+            # savepoint, relaunch from it, wait for RUNNING and a batch of its own.
+            done = runtime.upgrade(
                 spec.name,
                 spec.job_file,
                 config,
-                from_savepoint=source,
                 parallelism=n,
+                from_savepoint=context.op_config.get("from_savepoint"),
+                target=context.op_config.get("target") or spec.savepoints.target,
+                stop_timeout=context.op_config.get("timeout_s"),
                 env=_env(context),
             )
-            if not launch.launched:
-                raise Failure(
-                    description=f"{spec.name} was started by someone else (pid {launch.pid}) "
-                    f"after it stopped; it did not restore {source}"
-                )
-            context.log.info(
-                f"relaunched {spec.name} from {source} as pid {launch.pid}: "
-                f"{shlex.join(launch.command or [])}"
-            )
-            entry = launcher.wait_running(spec.name, launch.pid, timeout=runtime.launch_timeout_s)
-            committed = _wait_committed_after_restore(entry, runtime.commit_timeout_s)
         except StatefulRuntimeError as exc:
-            raise Failure(
-                description=f"{exc}\n\n{spec.name} is not running; its state is in savepoint "
-                f"{source}. Fix the job and run {name} with from_savepoint: {source} (or run "
-                f"the previous code from it).",
-                metadata={"error": type(exc).__name__, "savepoint_location": source},
-            ) from exc
-        if committed is None:
+            details = getattr(exc, "details", {})
+            metadata: dict[str, Any] = {"error": _kind(exc)}
+            if details.get("stage"):
+                metadata["stage"] = details["stage"]
+            if details.get("savepoint_location"):
+                metadata["savepoint_location"] = details["savepoint_location"]
+            if details.get("stage") == "relaunch":
+                description = f"{exc}\n\nRun {name} with from_savepoint set to that savepoint."
+            else:
+                description = str(exc)
+            raise Failure(description=description, metadata=metadata) from exc
+        context.log.info(
+            f"{action}: {spec.name} restarted from {done.restored_from} as pid {done.pid}: "
+            f"{shlex.join(done.command)}"
+        )
+        if done.committed is False:
             context.log.warning(
                 f"{spec.name} is RUNNING but committed no micro-batch within "
                 f"{runtime.commit_timeout_s:.0f} s: is there input in its source?"
             )
-        entry = runtime.entry(spec.name) or entry
-        partitions = {}
-        for q, info in (entry.get("queries") or {}).items():
-            batch = layout.last_committed(info["checkpoint_dir"])
-            partitions[q] = (
-                None
-                if batch is None
-                else layout.state_partitions(info["checkpoint_dir"], batch)
-            )
-        metadata: dict[str, Any] = {
+        metadata = {
             "action": action,
-            "restored_from": _location_value(source),
-            "pid": launch.pid,
+            "restored_from": _location_value(done.restored_from),
+            "pid": done.pid,
             "job_file": spec.job_file,
-            "parallelism": entry.get("parallelism"),
-            "state_partitions": MetadataValue.json(partitions),
-            "last_committed_batch": MetadataValue.json(committed or {}),
-            "command": shlex.join(launch.command or []),
-            "log_path": MetadataValue.path(str(launch.log_path)),
+            "parallelism": done.parallelism,
+            "state_partitions": MetadataValue.json(dict(done.state_partitions)),
+            "last_committed_batch": MetadataValue.json(dict(done.last_committed)),
+            "command": shlex.join(done.command),
+            "log_path": MetadataValue.path(done.log_path),
         }
-        if summary is not None:
-            metadata.update(_savepoint_metadata(summary))
+        if done.savepoint is not None:
+            metadata.update(_savepoint_metadata(done.savepoint))
         _observe(
             context,
             translator,
             spec,
-            f"{action}: restarted from {source} as pid {launch.pid}",
+            f"{action}: restarted from {done.restored_from} as pid {done.pid}",
             metadata,
         )
 
     return _relaunch
-
-
-def _wait_committed_after_restore(
-    entry: Mapping[str, Any], timeout: float
-) -> dict[str, int | None] | None:
-    """Wait until the restored job commits a micro-batch of its own: past the savepoint's
-    batch and, when it rescaled, past the batch Spark's state repartition wrote before the
-    queries started. Returns the last committed batches, None if none came in ``timeout``."""
-    from stateful_runtime.checkpoints import layout
-    from stateful_runtime.runtime import launcher
-
-    restore = entry.get("restore") or {}
-    batches = restore.get("batches") or {}
-    partitions = restore.get("state_partitions") or {}
-    queries = entry.get("queries") or {}
-    after = {
-        q: batches.get(q, -1)
-        + (1 if partitions.get(q) not in (None, entry.get("parallelism")) else 0)
-        for q in queries
-    }
-
-    def fresh(current: dict[str, Any]) -> bool:
-        if any(
-            (layout.last_committed(info["checkpoint_dir"]) or -1) > after[q]
-            for q, info in queries.items()
-        ):
-            return True
-        # No input, nothing to commit: the new process reported every query caught up.
-        health = current.get("health") or {}
-        return bool(queries) and all((health.get(q) or {}).get("lag_records") == 0 for q in queries)
-
-    done = launcher.wait_until(
-        entry["job"],
-        entry["pid"],
-        fresh,
-        timeout=timeout,
-        what="committing a micro-batch",
-        raise_on_timeout=False,
-    )
-    return None if done is None else launcher.last_committed(done)
 
 
 def upgrade_job(
@@ -505,11 +416,11 @@ def savepoint_schedule(spec: StreamingJobSpec, target: JobDefinition) -> Schedul
     # As with the sensor: resources come as keyword arguments when called directly.
     def _tick(context: ScheduleEvaluationContext, **_: Any) -> RunRequest | SkipReason:
         runtime = context.resources.streaming_runtime
-        entry = runtime.entry(spec.name)
-        if entry is None:
+        status = runtime.status(spec.name)
+        if status is None:
             return SkipReason(f"{spec.name} has never run here; nothing to save")
-        state = entry.get("state")
-        if state != "RUNNING" or not runtime.pid_alive(entry.get("pid")):
+        state = status.state
+        if state != "RUNNING" or not status.alive:
             shown = state if state != "RUNNING" else "RUNNING in the registry, but its pid is gone"
             return SkipReason(
                 f"{spec.name} is not running ({shown}): periodic savepoints are taken of running "

@@ -1,6 +1,7 @@
 """The health sensor: observe every streaming job, restart the dead and the stalled.
 
-Each tick reads the job registry and the checkpoints (files only: no Spark, no network), emits
+Each tick asks the runtime for each job's status (``srt status --json``: the registry and the
+checkpoints, files only: no Spark, no network), emits
 one AssetObservation per job with its health, and applies the job's :class:`RestartPolicy`.
 The restart history lives in the sensor cursor, so backoff and the restart limit survive
 daemon restarts. A job that was stopped (``STOPPED``) or finished is never restarted.
@@ -19,13 +20,11 @@ Conditions and what the sensor does::
 """
 
 import json
-import signal
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
-from pathlib import Path
 from typing import Any
 
 from dagster import (
@@ -39,6 +38,7 @@ from dagster import (
 )
 
 from dagster_defs._launch import launch_config
+from dagster_defs._results import QueryStatus
 from dagster_defs._specs import RestartPolicy, StreamingJobSpec
 from dagster_defs._translator import StreamingJobTranslator
 
@@ -99,24 +99,16 @@ def _seconds(td: timedelta) -> float:
     return td.total_seconds()
 
 
-def query_health(checkpoint_dir: str, health: Mapping[str, Any], now: float) -> dict[str, Any]:
-    """One query's health: the runner's last report plus ages read from the checkpoint now
-    (the report goes stale when the process hangs; the checkpoint does not lie)."""
-    from stateful_runtime.checkpoints import layout
-
-    last = layout.last_committed(checkpoint_dir)
-    commit_time = layout.last_commit_time(checkpoint_dir)
-    planned = Path(checkpoint_dir, "offsets", str(0 if last is None else last + 1))
-    try:
-        inflight_age = round(now - planned.stat().st_mtime, 3)
-    except OSError:
-        inflight_age = None
+def query_health(query: QueryStatus) -> dict[str, Any]:
+    """One query's health: the job process's last report plus what its checkpoint said when
+    the status was taken (the report goes stale when the process hangs; the checkpoint does
+    not lie)."""
     out: dict[str, Any] = {
-        "last_committed_batch": last,
-        "checkpoint_age_s": None if commit_time is None else round(now - commit_time, 3),
-        "inflight_batch_age_s": inflight_age,
+        "last_committed_batch": query.last_committed_batch,
+        "checkpoint_age_s": query.checkpoint_age_s,
+        "inflight_batch_age_s": query.inflight_batch_age_s,
     }
-    out.update({k: health.get(k) for k in HEALTH_FIELDS})
+    out.update({k: query.health.get(k) for k in HEALTH_FIELDS})
     return out
 
 
@@ -259,14 +251,12 @@ def check_job(
     """Observe one job and apply its restart policy; the observation's metadata, or None if
     the job never ran here."""
     runtime = context.resources.streaming_runtime
-    entry = runtime.entry(spec.name)
-    if entry is None:
+    status = runtime.status(spec.name)
+    if status is None:
         return None
-    alive = runtime.pid_alive(entry.get("pid"))
-    queries = {
-        q: query_health(info["checkpoint_dir"], (entry.get("health") or {}).get(q) or {}, now)
-        for q, info in (entry.get("queries") or {}).items()
-    }
+    alive = status.alive
+    entry = {"state": status.state, "pid": status.pid, "started_at": status.started_at}
+    queries = {q: query_health(info) for q, info in status.queries.items()}
     verdict = assess(
         entry,
         alive=alive,
@@ -320,21 +310,20 @@ def _restart(
     alive: bool,
     verdict: Assessment,
 ) -> dict[str, Any]:
-    from stateful_runtime.exceptions import StatefulRuntimeError
-    from stateful_runtime.runtime import launcher
+    from dagster_defs.errors import StatefulRuntimeError
 
     runtime = context.resources.streaming_runtime
     out: dict[str, Any] = {}
-    if alive:
-        out["killed_with"] = launcher.terminate(
-            int(entry["pid"]), grace=_seconds(spec.restart_policy.stop_grace)
-        )
-    else:  # the driver is gone; its JVM or Python workers may not be
-        launcher.signal_group(int(entry["pid"]), signal.SIGKILL)
     try:
-        launch = runtime.ensure_running(
-            spec.name, spec.job_file, launch_config(spec, context.resources)
-        )
+        # A live process gets SIGTERM, then SIGKILL after the grace period; of a dead driver
+        # the JVM or Python workers may be left: its process group is killed.
+        if entry.get("pid") is not None:
+            ended = runtime.kill(
+                spec.name, pid=int(entry["pid"]), grace=_seconds(spec.restart_policy.stop_grace)
+            )
+            if alive:
+                out["killed_with"] = ended.signal
+        launch = runtime.launch(spec.name, spec.job_file, launch_config(spec, context.resources))
     except StatefulRuntimeError as exc:
         context.log.error(f"{spec.name}: relaunch failed: {exc}")
         out["restart_error"] = str(exc)

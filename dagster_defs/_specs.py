@@ -18,9 +18,9 @@ _RESOURCE_FIELD = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]
 
 
 def config_error(message: str) -> Exception:
-    """A ``stateful_runtime`` ConfigError, imported only when there is an error to raise
-    (importing the runtime package at definition load would import pyspark)."""
-    from stateful_runtime.exceptions import ConfigError
+    """A ConfigError (:mod:`dagster_defs.errors`), imported only when there is an error to
+    raise: definition load imports nothing of the runtime."""
+    from dagster_defs.errors import ConfigError
 
     return ConfigError(message)
 

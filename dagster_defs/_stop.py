@@ -40,8 +40,7 @@ def stop_job(
         required_resource_keys={"streaming_runtime"},
     )
     def _stop(context: OpExecutionContext) -> None:
-        from stateful_runtime.exceptions import JobError
-        from stateful_runtime.runtime import launcher
+        from dagster_defs.errors import JobError
 
         job_name = context.op_config["job"]
         spec = by_name.get(job_name)
@@ -50,23 +49,25 @@ def stop_job(
                 f"no streaming job named {job_name!r} in these definitions (known: {names})"
             )
         runtime = context.resources.streaming_runtime
-        entry = runtime.entry(job_name)
-        if entry is None or not launcher.live(entry):
-            state = (entry or {}).get("state", "never started")
+        status = runtime.status(job_name)
+        if status is None or not status.live:
+            state = status.state if status is not None else "never started"
             context.log.info(f"{job_name} is not running ({state}); nothing to stop")
             output = f"not running ({state})"
+            after = status
         else:
-            output = runtime.stop(job_name, timeout=context.op_config.get("timeout_s"))
+            stopped = runtime.stop(job_name, timeout=context.op_config.get("timeout_s"))
+            after = stopped.status
+            output = f"stopped {job_name} (pid {stopped.pid}); state {after.state}"
             context.log.info(output)
-        after = runtime.entry(job_name) or {}
         context.log_event(
             AssetObservation(
                 asset_key=translator.get_job_asset_key(spec),
                 description=output,
                 metadata={
-                    "state": after.get("state"),
-                    "pid": after.get("pid"),
-                    "ended_at": after.get("ended_at"),
+                    "state": after.state if after else None,
+                    "pid": after.pid if after else None,
+                    "ended_at": after.ended_at if after else None,
                     "action": "stop",
                 },
             )

@@ -1,6 +1,6 @@
 """Dagster resources of the stateful runtime; nothing here touches Spark or the network at load.
 
-* :class:`StreamingRuntime` — the job registry (``$SRT_HOME``) and the ``srt`` processes.
+* :class:`StreamingRuntime` — the runtime's one door: typed methods over ``srt ... --json``.
 * :class:`DuckDBWarehouse` — the DuckDB database sink tables are written to.
 * :class:`KafkaResource` — connection settings of a Kafka cluster (confluent-kafka config).
 * S3 is dagster-aws's ``S3Resource`` (``endpoint_url`` for MinIO, moto or SeaweedFS).
@@ -8,44 +8,65 @@
 
 from __future__ import annotations
 
+import json
 import os
-import re
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dagster import ConfigurableResource
 from pydantic import Field
 
+from dagster_defs._results import (
+    JobStatus,
+    Launch,
+    Plan,
+    SavepointInfo,
+    Stopped,
+    Upgrade,
+    Wait,
+    WindowCounts,
+)
+
 if TYPE_CHECKING:
     import duckdb
 
-    from stateful_runtime.runtime.launcher import Launch
+    from dbt_sink import LedgerEntry
 
 
 class StreamingRuntime(ConfigurableResource):
-    """The stateful runtime on this machine: where jobs register and how they are launched.
+    """The stateful runtime on this machine, through one door: the ``srt`` command line.
 
-    Jobs run as detached ``srt run`` processes (they outlive Dagster runs); this resource
-    starts, finds and stops them through the job registry, the files ``srt status`` reads.
+    Jobs run as detached ``srt run`` processes (they outlive Dagster runs). Every method runs
+    one ``srt ... --json`` command in :attr:`working_directory` with this registry
+    (``--home``) and returns a typed result parsed from its JSON; a failed command raises
+    :class:`dagster_defs.errors.SrtCommandError` with the runtime's own message. The Dagster
+    process itself never imports the runtime's engine or a job file.
     """
 
     home: str = Field(
         default_factory=lambda: os.environ.get("SRT_HOME", str(Path.home() / ".srt")),
         description="Job registry directory ($SRT_HOME, default ~/.srt): one JSON entry and "
-        "one log file per job.",
+        "one log file per job. Passed to every srt process (--home).",
     )
     working_directory: str = Field(
         default_factory=os.getcwd,
-        description="Working directory of launched jobs; job files and relative paths in job "
-        "config resolve against it (default: the Dagster process's).",
+        description="Working directory of srt processes and launched jobs; job files and "
+        "relative paths in job config resolve against it (default: the Dagster process's).",
     )
     master: str | None = Field(
         default=None,
         description="Spark master URL for launched jobs (default $SRT_SPARK_MASTER or local[*]).",
+    )
+    srt_executable: str | None = Field(
+        default=None,
+        description="The srt command (default: the srt script next to this Python "
+        "interpreter, else `python -m stateful_runtime.cli`).",
     )
     launch_timeout_s: float = Field(
         default=300.0,
@@ -62,24 +83,7 @@ class StreamingRuntime(ConfigurableResource):
         description="How long `srt stop` waits for a job to stop cleanly.",
     )
 
-    def _registry(self):  # -> module stateful_runtime.runtime.registry
-        # The registry reads $SRT_HOME; imported here because the runtime package imports
-        # pyspark, which definition load must not.
-        os.environ["SRT_HOME"] = self.home
-        from stateful_runtime.runtime import registry
-
-        return registry
-
-    def jobs(self) -> list[dict]:
-        """Registry entries of every job this runtime has run."""
-        return self._registry().entries()
-
-    def entry(self, job: str) -> dict[str, Any] | None:
-        """The job's registry entry, or None if it never ran here."""
-        return self._registry().read(job)
-
-    def pid_alive(self, pid: int | None) -> bool:
-        return self._registry().pid_alive(pid)
+    # ------------------------------------------------------------------ plumbing
 
     def resolve(self, path: str | os.PathLike[str]) -> Path:
         """``path`` made absolute against the working directory."""
@@ -87,7 +91,8 @@ class StreamingRuntime(ConfigurableResource):
 
     def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         """Environment for ``srt`` processes: this one's, with this registry's SRT_HOME, plus
-        ``extra`` (e.g. :func:`s3_env` of the run's S3 resource)."""
+        ``extra`` (e.g. :func:`s3_env` of the run's S3 resource). This process's own
+        environment is never changed."""
         env = dict(os.environ)
         env["SRT_HOME"] = self.home
         env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -95,36 +100,77 @@ class StreamingRuntime(ConfigurableResource):
         env.update(extra or {})
         return env
 
-    def srt(
+    def command(self, args: Sequence[str]) -> list[str]:
+        """The full command line of ``srt ARGS`` against this registry."""
+        if self.srt_executable:
+            base = [self.srt_executable]
+        else:
+            script = Path(sys.executable).with_name("srt")
+            base = (
+                [str(script)] if script.exists() else [sys.executable, "-m", "stateful_runtime.cli"]
+            )
+        return [*base, "--home", self.home, *args]
+
+    def run_json(
         self, args: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        """Run an ``srt`` command in the working directory and capture its output; ``env``
-        adds to :meth:`env`."""
-        self._registry()
-        from stateful_runtime.runtime.launcher import srt_command
+    ) -> Any:
+        """Run ``srt ARGS --json`` and return the JSON document it printed; raise
+        :class:`~dagster_defs.errors.SrtCommandError` with the runtime's error if it failed."""
+        command = self.command([*args, "--json"])
+        what = f"srt {' '.join(args[:2])}"
+        try:
+            out = subprocess.run(
+                command,
+                cwd=self.working_directory,
+                env=self.env(env),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired as exc:
+            from dagster_defs.errors import SrtCommandError
 
-        return subprocess.run(
-            [*srt_command(), *args],
-            cwd=self.working_directory,
-            env=self.env(env),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-
-    def explain(self, job_file: str, config: Mapping[str, Any]) -> str:
-        """``srt explain JOB_FILE --no-spark``: the planned queries, without starting Spark."""
-        from stateful_runtime.exceptions import ConfigError
-        from stateful_runtime.runtime.launcher import set_args
-
-        out = self.srt(
-            ["explain", str(self.resolve(job_file)), "--no-spark", *set_args(config)], timeout=120
-        )
+            raise SrtCommandError(
+                f"{what} did not finish within {timeout:.0f} s", kind="Timeout", command=command
+            ) from exc
         if out.returncode != 0:
-            raise ConfigError(f"srt explain {job_file} failed: {out.stderr.strip()[-3000:]}")
-        return out.stdout.rstrip()
+            from dagster_defs.errors import from_process
 
-    def ensure_running(
+            raise from_process(what, command, out.returncode, out.stderr)
+        try:
+            return json.loads(out.stdout)
+        except ValueError as exc:
+            from dagster_defs.errors import SrtCommandError
+
+            raise SrtCommandError(
+                f"{what} printed no JSON: {out.stdout.strip()[-2000:]}",
+                kind="ProcessError",
+                command=command,
+                returncode=out.returncode,
+            ) from exc
+
+    # ------------------------------------------------------------------ jobs
+
+    def statuses(self) -> list[JobStatus]:
+        """Every job this registry knows (``srt status --json``)."""
+        return [JobStatus.from_json(e) for e in self.run_json(["status"], timeout=120)]
+
+    def status(self, job: str) -> JobStatus | None:
+        """The job's state, liveness, config and per-query health and checkpoint facts (last
+        committed batch, checkpoint age, batch in flight); None if it never ran here."""
+        found = self.run_json(["status", job], timeout=120)
+        return JobStatus.from_json(found[0]) if found else None
+
+    def explain(self, job_file: str, config: Mapping[str, Any]) -> Plan:
+        """``srt explain JOB_FILE --no-spark``: the planned queries, without starting Spark."""
+        data = self.run_json(
+            ["explain", str(self.resolve(job_file)), "--no-spark", *_set_args(config)],
+            timeout=120,
+        )
+        return Plan.from_json(data)
+
+    def launch(
         self,
         job: str,
         job_file: str,
@@ -134,31 +180,65 @@ class StreamingRuntime(ConfigurableResource):
         parallelism: int | None = None,
         env: Mapping[str, str] | None = None,
     ) -> Launch:
-        """Reuse the job's live process or launch ``srt run`` detached (see the launcher),
-        optionally from a savepoint and with a new parallelism; ``env`` adds to :meth:`env`."""
-        self._registry()
-        from stateful_runtime.runtime import launcher
+        """``srt launch``: plan the job file (it must build ``job``), then reuse the job's live
+        process or start ``srt run`` detached, optionally from a savepoint and with a new
+        parallelism. Returns at once; see :meth:`wait_running` and :meth:`wait_committed`."""
+        args = ["launch", str(self.resolve(job_file)), "--job", job, *_set_args(config)]
+        if self.master:
+            args += ["--master", self.master]
+        if from_savepoint:
+            args += ["--from-savepoint", from_savepoint]
+        if parallelism is not None:
+            args += ["--parallelism", str(int(parallelism))]
+        return Launch.from_json(self.run_json(args, timeout=300, env=env))
 
-        return launcher.ensure_running(
-            job,
-            self.resolve(job_file),
-            config,
-            cwd=self.working_directory,
-            env=self.env(env),
-            master=self.master,
-            from_savepoint=from_savepoint,
-            parallelism=parallelism,
+    def wait_running(self, job: str, pid: int, *, timeout: float | None = None) -> JobStatus:
+        """Wait until process ``pid`` of the job has started its queries (RUNNING); raises
+        with the end of the job's log if it ends first or time runs out."""
+        t = self.launch_timeout_s if timeout is None else timeout
+        data = self.run_json(
+            ["wait", job, "--until", "running", "--pid", str(pid), "--timeout", str(t)],
+            timeout=t + 60,
         )
+        return Wait.from_json(data).status
 
-    def stop(self, job: str, *, timeout: float | None = None) -> str:
+    def wait_committed(
+        self, job: str, pid: int, *, since: float, timeout: float | None = None
+    ) -> Wait:
+        """Wait until one of the job's queries commits a micro-batch at or after ``since``
+        (epoch seconds); ``reached`` is False if the job runs but committed none in time (no
+        input)."""
+        t = self.commit_timeout_s if timeout is None else timeout
+        data = self.run_json(
+            [
+                "wait",
+                job,
+                "--until",
+                "commit",
+                "--pid",
+                str(pid),
+                "--since",
+                repr(since),
+                "--timeout",
+                str(t),
+            ],
+            timeout=t + 60,
+        )
+        return Wait.from_json(data)
+
+    def stop(self, job: str, *, timeout: float | None = None) -> Stopped:
         """``srt stop JOB``: a clean stop (the job resumes from its checkpoint next time)."""
-        from stateful_runtime.exceptions import JobError
-
         t = self.stop_timeout_s if timeout is None else timeout
-        out = self.srt(["stop", job, "--timeout", str(t)], timeout=t + 30)
-        if out.returncode != 0:
-            raise JobError(out.stderr.strip() or out.stdout.strip())
-        return out.stdout.strip()
+        return Stopped.from_json(self.run_json(["stop", job, "--timeout", str(t)], timeout=t + 60))
+
+    def kill(self, job: str, *, pid: int, grace: float) -> Stopped:
+        """``srt stop JOB --kill``: end process ``pid`` of the job whatever its state (SIGTERM,
+        SIGKILL to its process group after ``grace`` s; a gone process's group is SIGKILLed).
+        Refused if the job's process is no longer ``pid``."""
+        args = ["stop", job, "--kill", "--pid", str(pid), "--timeout", str(grace)]
+        return Stopped.from_json(self.run_json(args, timeout=grace + 90))
+
+    # ------------------------------------------------------------------ savepoints
 
     def savepoint(
         self,
@@ -168,25 +248,16 @@ class StreamingRuntime(ConfigurableResource):
         stop: bool = False,
         timeout: float | None = None,
         env: Mapping[str, str] | None = None,
-    ) -> dict[str, Any]:
-        """``srt savepoint create JOB --json [--stop] [--target ROOT]``: a savepoint of the
-        job's last committed batch (with ``stop``, after stopping it cleanly). Returns the
-        savepoint's summary (id, location, batches, size_bytes, ...); raises the runtime's
-        message as a :class:`~stateful_runtime.exceptions.SavepointError`."""
-        import json
-
-        from stateful_runtime.exceptions import SavepointError
-
+    ) -> SavepointInfo:
+        """``srt savepoint create JOB [--stop] [--target ROOT]``: a savepoint of the job's last
+        committed batch (with ``stop``, after stopping it cleanly)."""
         t = self.stop_timeout_s if timeout is None else timeout
-        args = ["savepoint", "create", job, "--json", "--timeout", str(t)]
+        args = ["savepoint", "create", job, "--timeout", str(t)]
         if stop:
             args.append("--stop")
         if target:
             args += ["--target", target]
-        out = self.srt(args, timeout=t + 300, env=env)
-        if out.returncode != 0:
-            raise SavepointError(out.stderr.strip() or out.stdout.strip())
-        return json.loads(out.stdout)
+        return SavepointInfo.from_json(self.run_json(args, timeout=t + 300, env=env))
 
     def prune_savepoints(
         self,
@@ -200,21 +271,87 @@ class StreamingRuntime(ConfigurableResource):
         """``srt savepoint prune JOB --target ROOT --keep N --max-age AGE``: the retention policy
         (the newest savepoint and any a registered job was restored from are kept). Returns
         the locations it disposed of."""
-        from stateful_runtime.exceptions import SavepointError
-
         args = ["savepoint", "prune", job, "--target", root]
         if keep is not None:
             args += ["--keep", str(keep)]
         if max_age_s is not None:
             args += ["--max-age", f"{int(max_age_s)}s"]
-        out = self.srt(args, timeout=300, env=env)
-        if out.returncode != 0:
-            raise SavepointError(out.stderr.strip() or out.stdout.strip())
-        return _DISPOSED.findall(out.stdout)
+        data = self.run_json(args, timeout=300, env=env)
+        return [str(d["location"]) for d in data["disposed"]]
+
+    def upgrade(
+        self,
+        job: str,
+        job_file: str,
+        config: Mapping[str, Any],
+        *,
+        parallelism: int | None = None,
+        from_savepoint: str | None = None,
+        target: str | None = None,
+        stop_timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Upgrade:
+        """``srt upgrade JOB JOB_FILE``: check that the file's code takes the job's state, stop
+        the job with a savepoint (or, for a job that is not running, start from
+        ``from_savepoint``), relaunch the file from it detached (``parallelism``: rescale;
+        default the job's current one), wait until RUNNING and for a batch of its own (up to
+        :attr:`commit_timeout_s`). A failure's ``details`` say the ``stage`` it reached and
+        the ``savepoint_location`` holding the state."""
+        st = self.stop_timeout_s if stop_timeout is None else stop_timeout
+        args = [
+            "upgrade",
+            job,
+            str(self.resolve(job_file)),
+            *_set_args(config),
+            "--stop-timeout",
+            str(st),
+            "--timeout",
+            str(self.launch_timeout_s),
+            "--commit-timeout",
+            str(self.commit_timeout_s),
+        ]
+        if parallelism is not None:
+            args += ["--parallelism", str(int(parallelism))]
+        if from_savepoint:
+            args += ["--from-savepoint", from_savepoint]
+        if target:
+            args += ["--target", target]
+        if self.master:
+            args += ["--master", self.master]
+        budget = st + self.launch_timeout_s + self.commit_timeout_s + 600
+        return Upgrade.from_json(self.run_json(args, timeout=budget, env=env))
+
+    def rescale(
+        self, job: str, job_file: str, config: Mapping[str, Any], parallelism: int, **kwargs: Any
+    ) -> Upgrade:
+        """:meth:`upgrade` to ``parallelism`` state partitions (the state is repartitioned)."""
+        return self.upgrade(job, job_file, config, parallelism=parallelism, **kwargs)
+
+    # ------------------------------------------------------------------ reconciliation
+
+    def window_counts(
+        self,
+        job: str,
+        query: str,
+        *,
+        window: timedelta,
+        batch: int | None = None,
+        source: str | None = None,
+    ) -> WindowCounts:
+        """``srt reconcile JOB --query Q --window W --batch B``: the good records of the
+        query's source topic per closed tumbling window, up to committed batch ``batch``'s
+        offsets (computed by an srt process, which loads the job file as the job runs it)."""
+        args = ["reconcile", job, "--query", query, "--window", f"{window.total_seconds()!r}s"]
+        if batch is not None:
+            args += ["--batch", str(int(batch))]
+        if source:
+            args += ["--source", source]
+        return WindowCounts.from_json(self.run_json(args, timeout=1800))
 
 
-# `srt savepoint prune` prints one line per savepoint it disposed of.
-_DISPOSED = re.compile(r"^disposed of savepoint \S+ \((.*)\)$", re.MULTILINE)
+def _set_args(config: Mapping[str, Any]) -> list[str]:
+    """``--set KEY=VALUE`` arguments for a job's config."""
+    return [arg for k, v in config.items() for arg in ("--set", f"{k}={v}")]
 
 
 def s3_env(s3: Any) -> dict[str, str]:
@@ -278,6 +415,24 @@ class DuckDBWarehouse(ConfigurableResource):
             yield con
         finally:
             con.close()
+
+    def committed_batches(
+        self,
+        job: str,
+        sink: str,
+        *,
+        newest: int | None = None,
+        con: duckdb.DuckDBPyConnection | None = None,
+    ) -> list[LedgerEntry]:
+        """The micro-batches the job's sink ``sink`` (its query's name) committed here, newest
+        first, from the sink ledger (``dbt_sink.committed_batches``). Pass ``con`` to read them
+        in the same snapshot as a table read on it."""
+        from dbt_sink import committed_batches
+
+        if con is not None:
+            return committed_batches(con, job, sink, newest=newest)
+        with self.read_only() as own:
+            return committed_batches(own, job, sink, newest=newest)
 
 
 class KafkaResource(ConfigurableResource):

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import duckdb
 import pyarrow as pa
 
-from dbt_sink.base import LEDGER_TABLE, WarehouseUpsertSink
+from dbt_sink.base import LEDGER_TABLE, LedgerEntry, WarehouseUpsertSink
 from stateful_runtime.connectors.base import SinkSummary
 from stateful_runtime.exceptions import SinkError
 
@@ -19,6 +19,23 @@ LOCK_WAIT_S = 30.0
 
 def _q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
+
+
+def committed_batches(con: duckdb.DuckDBPyConnection, job: str, sink: str, *,
+                      newest: int | None = None) -> list[LedgerEntry]:
+    """The micro-batches sink ``sink`` (the writing query's name) of ``job`` committed, newest
+    first (only the ``newest`` N if given), read from the ledger on ``con``: a caller reading
+    the sink's table on the same connection sees both in one snapshot. Empty if the sink has
+    written nothing yet."""
+    exists = con.execute("SELECT 1 FROM information_schema.tables WHERE table_name = ?",
+                         [LEDGER_TABLE]).fetchone()
+    if not exists:
+        return []
+    limit = "" if newest is None else f" LIMIT {int(newest)}"
+    rows = con.execute(
+        f"SELECT batch_id, rows, committed_at FROM {LEDGER_TABLE} WHERE job = ? AND sink = ? "
+        f"ORDER BY batch_id DESC{limit}", [job, sink]).fetchall()
+    return [LedgerEntry(int(b), int(n or 0), at) for b, n, at in rows]
 
 
 class DuckDBUpsertSink(WarehouseUpsertSink):

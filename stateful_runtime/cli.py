@@ -4,13 +4,35 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from datetime import timedelta
+from pathlib import Path
 
 from stateful_runtime.exceptions import JobError, StatefulRuntimeError
 
 EXIT_USAGE = 2
+
+
+def _json(value: object) -> None:
+    """A command's result under ``--json``: one JSON document on stdout, nothing else."""
+    print(json.dumps(value, indent=2, default=str))
+
+
+def _error_json(exc: StatefulRuntimeError) -> str:
+    """An error under ``--json``, for programs (one line on stderr): the error's type, its
+    message and its public fields (``differences``, ``stage``, ...)."""
+    details = {}
+    for key, value in vars(exc).items():
+        if key.startswith("_") or key in ("type", "message"):
+            continue
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            continue
+        details[key] = value
+    return json.dumps({"error": {"type": type(exc).__name__, "message": str(exc), **details}})
 
 
 def _log_cmd(args: argparse.Namespace) -> int:
@@ -84,21 +106,27 @@ def _explain_cmd(args: argparse.Namespace) -> int:
         from stateful_runtime.runtime.session import build_session
 
         spark = build_session(job.parallelism, args.master)
-    print(plan(job).explain(spark))
+    planned = plan(job)
+    text = planned.explain(spark)
+    if args.json:
+        _json({"job": job.name, "parallelism": job.parallelism,
+               "checkpoint_dir": str(job.checkpoint.dir), "text": text,
+               "queries": [{"name": q.name, "path": q.path, "reason": q.reason,
+                            "output_mode": q.output_mode, "steps": list(q.steps),
+                            "stateful_operators": list(q.stateful_operators)}
+                           for q in planned.queries]})
+    else:
+        print(text)
     return 0
 
 
 def _status_cmd(args: argparse.Namespace) -> int:
-    from stateful_runtime.runtime import registry
+    from stateful_runtime.runtime import control, registry
 
-    entries = [registry.require(args.job)] if args.job else registry.entries()
-    for e in entries:
-        e["alive"] = registry.pid_alive(e.get("pid"))
-        if e.get("state") == "RUNNING" and not e["alive"]:
-            e["state"] = "DEAD"
-    if args.json:
-        print(json.dumps(entries, indent=2, default=str))
+    if args.json:  # an unknown JOB is an empty list: "no such job" is an answer, not an error
+        _json(control.statuses(args.job))
         return 0
+    entries = control.statuses(registry.require(args.job)["job"] if args.job else None)
     if not entries:
         print(f"no jobs registered in {registry.home() / 'jobs'}")
         return 0
@@ -115,10 +143,97 @@ def _status_cmd(args: argparse.Namespace) -> int:
 
 
 def _stop_cmd(args: argparse.Namespace) -> int:
-    from stateful_runtime.runtime import launcher
+    from stateful_runtime.runtime import control, launcher
 
+    if args.kill:
+        out = control.kill(args.job, pid=args.pid, grace=args.timeout)
+        if args.json:
+            _json(out)
+        else:
+            print(f"ended {args.job} (pid {out['pid']}) with {out['signal']}; state "
+                  f"{out['status'].get('state')}")
+        return 0
     entry = launcher.stop(args.job, timeout=args.timeout)
-    print(f"stopped {args.job} (pid {entry.get('pid')}); state {entry.get('state')}")
+    if args.json:
+        _json({"job": args.job, "pid": entry.get("pid"), "signal": "SIGTERM",
+               "status": control.job_status(entry)})
+    else:
+        print(f"stopped {args.job} (pid {entry.get('pid')}); state {entry.get('state')}")
+    return 0
+
+
+def _launch_cmd(args: argparse.Namespace) -> int:
+    from stateful_runtime.runtime import control
+    from stateful_runtime.runtime.loader import parse_overrides
+
+    out = control.launch(args.job_file, parse_overrides(args.set), job=args.job,
+                         master=args.master, from_savepoint=args.from_savepoint,
+                         parallelism=args.parallelism)
+    if args.json:
+        _json(out)
+    elif out["launched"]:
+        print(f"launched {out['job']} as pid {out['pid']}; log {out['log_path']}")
+    else:
+        print(f"{out['job']} is already {out['status'].get('state')} as pid {out['pid']}; "
+              f"reused" + (f" (it runs with other {', '.join(out['config_drift'])})"
+                           if out["config_drift"] else ""))
+    return 0
+
+
+def _wait_cmd(args: argparse.Namespace) -> int:
+    from stateful_runtime.runtime import control
+
+    out = control.wait(args.job, args.until, pid=args.pid, since=args.since,
+                       timeout=args.timeout)
+    if args.json:
+        _json(out)
+    elif out["reached"]:
+        print(f"{args.job} is {out['status'].get('state')}; committed {out['last_committed']}")
+    else:
+        print(f"{args.job} committed no micro-batch in {args.timeout:g} s "
+              f"(last committed {out['last_committed']})")
+    return 0
+
+
+def _upgrade_cmd(args: argparse.Namespace) -> int:
+    from stateful_runtime.runtime import control
+    from stateful_runtime.runtime.loader import parse_overrides
+
+    out = control.upgrade(
+        args.job, args.job_file, parse_overrides(args.set), parallelism=args.parallelism,
+        from_savepoint=args.from_savepoint, target=args.target,
+        allow_non_restored_state=args.allow_non_restored_state, master=args.master,
+        stop_timeout=args.stop_timeout, start_timeout=args.timeout,
+        commit_timeout=args.commit_timeout)
+    if args.json:
+        _json(out)
+        return 0
+    if out["savepoint"]:
+        print(f"stopped {args.job} with savepoint {out['savepoint']['id']} "
+              f"(batches {out['savepoint']['batches']})")
+    print(f"{args.job} runs {out['job_file']} from {out['restored_from']} as pid {out['pid']} "
+          f"with parallelism {out['parallelism']}; log {out['log_path']}"
+          + "".join(f"\n  not restored: {d}" for d in out["not_restored"]))
+    return 0
+
+
+def _reconcile_cmd(args: argparse.Namespace) -> int:
+    from stateful_runtime.runtime import control
+
+    out = control.window_counts(args.job, args.query,
+                                window_ms=int(args.window.total_seconds() * 1000),
+                                batch=args.batch, source=args.source)
+    if args.json:
+        _json(out)
+        return 0
+    if out["batch"] is None:
+        print(f"query {args.query} of {args.job} has committed no batch yet")
+        return 0
+    print(f"{args.job} {args.query} batch {out['batch']}, watermark {out['watermark_ms']} ms: "
+          f"{out['good']:,} good and {out['dead_letters']:,} dead-letter records of "
+          f"{out['records']:,} in {out['topic']} up to {out['source_ends']}")
+    for start, n in out["windows"].items():
+        print(f"  window {start}: {n:,}")
     return 0
 
 
@@ -183,7 +298,10 @@ def _savepoint_cmd(args: argparse.Namespace) -> int:
             raise JobError(f"a registered job was restored from {sp.location}; "
                            f"pass --force to dispose of it anyway")
         savepoints.dispose(sp)
-        print(f"disposed of savepoint {sp.id} ({sp.location})")
+        if args.json:
+            _json({"disposed": [{"id": sp.id, "location": sp.location}]})
+        else:
+            print(f"disposed of savepoint {sp.id} ({sp.location})")
     elif args.sp_cmd == "check":
         return _check_cmd(args)
     elif args.sp_cmd == "prune":
@@ -193,32 +311,29 @@ def _savepoint_cmd(args: argparse.Namespace) -> int:
         gone = [sp for root in _roots(args)
                 for sp in retention.apply_retention(root, args.job, policy,
                                                          registry.protected_locations())]
+        left = [sp.id for root in _roots(args) for sp in savepoints.list_savepoints(root, args.job)]
+        if args.json:
+            _json({"disposed": [{"id": sp.id, "location": sp.location} for sp in gone],
+                   "kept": left})
+            return 0
         for sp in gone:
             print(f"disposed of savepoint {sp.id} ({sp.location})")
-        left = [sp.id for root in _roots(args) for sp in savepoints.list_savepoints(root, args.job)]
         print(f"{len(gone)} disposed; kept {len(left)}: {', '.join(left) or 'none'}")
     return 0
 
 
 def _check_cmd(args: argparse.Namespace) -> int:
     """Would the job file's code take this state? (No Spark: the planner's fingerprint.)"""
-    from stateful_runtime.checkpoints import layout, restore, savepoints
-    from stateful_runtime.checkpoints.manifest import fingerprint
-    from stateful_runtime.planner import plan
-    from stateful_runtime.runtime.loader import load_job_file, parse_overrides
-    from stateful_runtime.runtime.runner import savepoint_root
+    from stateful_runtime.runtime import control
+    from stateful_runtime.runtime.loader import parse_overrides
 
-    job = load_job_file(args.job_file, parse_overrides(args.set)).job
-    new = fingerprint(job.name, plan(job).queries)
-    if args.savepoint:
-        sp = savepoints.resolve(args.savepoint, [savepoint_root(job)])
-        saved, where = sp.manifest.get("fingerprint") or {}, sp.location
-    else:
-        saved, where = layout.owner(job.checkpoint.dir).get("fingerprint") or {}, \
-            str(job.checkpoint.dir)
-    dropped = restore.check_compatible(saved, new, args.allow_non_restored_state, where)
-    print(f"{args.job_file} can restore the state of {where}"
-          + "".join(f"\n  not restored: {d}" for d in dropped))
+    out = control.check_state(args.job_file, parse_overrides(args.set), args.savepoint,
+                              allow_non_restored_state=args.allow_non_restored_state)
+    if args.json:
+        _json(out)
+        return 0
+    print(f"{args.job_file} can restore the state of {out['location']}"
+          + "".join(f"\n  not restored: {d}" for d in out["not_restored"]))
     return 0
 
 
@@ -246,6 +361,8 @@ def _state_cmd(args: argparse.Namespace) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="srt", description="Stateful stream processing on Spark.")
+    p.add_argument("--home", metavar="DIR",
+                   help="job registry directory (default $SRT_HOME, else ~/.srt)")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     log = sub.add_parser("log", help="the embedded event log")
@@ -293,15 +410,75 @@ def _parser() -> argparse.ArgumentParser:
                            help="start even if the savepoint holds state the job no longer has")
         else:
             c.add_argument("--no-spark", action="store_true", help="skip Spark's own plan")
+            c.add_argument("--json", action="store_true",
+                           help="job name, queries (path, reason, steps) and the text")
+
+    c = sub.add_parser("launch", help="start a job file detached (or reuse its live process)")
+    c.add_argument("job_file")
+    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    c.add_argument("--job", metavar="NAME", help="refuse a file that builds another job")
+    c.add_argument("--master", help="Spark master (default $SRT_SPARK_MASTER or local[*])")
+    c.add_argument("--from-savepoint", metavar="ID|PATH")
+    c.add_argument("--parallelism", type=int)
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=_launch_cmd)
+
+    c = sub.add_parser("wait", help="wait until a job's process is RUNNING or has committed")
+    c.add_argument("job")
+    c.add_argument("--until", choices=("running", "commit"), default="running")
+    c.add_argument("--pid", type=int, help="the process to wait for (default: the registered)")
+    c.add_argument("--since", type=float, metavar="EPOCH_S",
+                   help="with --until commit: a commit at or after this time (default: now)")
+    c.add_argument("--timeout", type=float, default=300.0)
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=_wait_cmd)
 
     c = sub.add_parser("status", help="jobs and their health")
     c.add_argument("job", nargs="?")
-    c.add_argument("--json", action="store_true")
+    c.add_argument("--json", action="store_true",
+                   help="entries with liveness and each query's checkpoint (unknown JOB: [])")
     c.set_defaults(func=_status_cmd)
     c = sub.add_parser("stop", help="stop a running job (it resumes from its checkpoint)")
     c.add_argument("job")
-    c.add_argument("--timeout", type=float, default=120.0)
+    c.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds to wait for a clean stop (with --kill: before SIGKILL)")
+    c.add_argument("--kill", action="store_true",
+                   help="whatever its state: SIGTERM, then SIGKILL to its process group")
+    c.add_argument("--pid", type=int, help="with --kill: only if this is still the job's pid")
+    c.add_argument("--json", action="store_true")
     c.set_defaults(func=_stop_cmd)
+
+    c = sub.add_parser("upgrade", help="check, stop with a savepoint, run NEW_FILE from it")
+    c.add_argument("job")
+    c.add_argument("job_file", metavar="NEW_FILE")
+    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config of the new run, as for `srt run` (give the same as the job's)")
+    c.add_argument("--parallelism", type=int,
+                   help="state partitions (a rescale; default: the job's current count)")
+    c.add_argument("--from-savepoint", metavar="ID|PATH",
+                   help="for a job that is not running: start from this savepoint")
+    c.add_argument("--target", help="savepoint root for the stop-with-savepoint")
+    c.add_argument("--allow-non-restored-state", action="store_true")
+    c.add_argument("--master", help="Spark master of the new run")
+    c.add_argument("--stop-timeout", type=float, default=120.0,
+                   help="seconds to wait for the running job to stop")
+    c.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds to wait for the new process to be RUNNING")
+    c.add_argument("--commit-timeout", type=float, default=0.0,
+                   help="then wait this long for its first own commit (0: do not wait)")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=_upgrade_cmd)
+
+    c = sub.add_parser("reconcile", help="good source records per closed event-time window up "
+                       "to a committed batch (what the sink's closed windows must count)")
+    c.add_argument("job")
+    c.add_argument("--query", required=True, help="the query writing the table")
+    c.add_argument("--window", type=_age, required=True,
+                   help="tumbling window size (60s, 1m...)")
+    c.add_argument("--batch", type=int, help="committed batch (default: the last)")
+    c.add_argument("--source", help="source name, if the job has several")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=_reconcile_cmd)
 
     sp = sub.add_parser("savepoint", help="take, list and dispose of savepoints")
     ssub = sp.add_subparsers(dest="sp_cmd", required=True)
@@ -351,10 +528,16 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.home:
+        # This process's registry (a child of Dagster or a test gets it as a value).
+        os.environ["SRT_HOME"] = str(Path(args.home).resolve())
     try:
         return args.func(args)
     except StatefulRuntimeError as exc:
-        print(f"srt: error: {exc}", file=sys.stderr)
+        if getattr(args, "json", False):
+            print(_error_json(exc), file=sys.stderr)
+        else:
+            print(f"srt: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
 

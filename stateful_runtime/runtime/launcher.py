@@ -304,14 +304,18 @@ def stop(job: str, *, timeout: float) -> dict[str, Any]:
     return registry.require(job)
 
 
+# ``savepoint``'s ``stop`` flag shadows the function inside it.
+_stop_job = stop
+
+
 def savepoint(job: str, *, target: str | None = None, stop: bool = False,
-            timeout: float = 120.0) -> Savepoint:
+              timeout: float = 120.0) -> Savepoint:
     """Savepoint of a job known to the registry (running or not); with ``stop``, stop it first
     (stop-with-savepoint: the batch in flight commits, then the last committed batch is saved).
     The registry entry records it as ``last_savepoint``."""
     entry = registry.require(job)
     if stop:
-        entry = stop(job, timeout=timeout)
+        entry = _stop_job(job, timeout=timeout)
     root = target or entry.get("savepoint_dir") or str(registry.home() / "savepoints")
     sp = savepoints.create(entry["checkpoint_dir"], root,
                            kind="stop-with-savepoint" if stop else "savepoint")

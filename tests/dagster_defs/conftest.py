@@ -3,12 +3,15 @@ event log, launched through Dagster, killed at the end of the module."""
 
 from __future__ import annotations
 
+import importlib.util
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -16,11 +19,26 @@ from dagster import AssetKey, Definitions, build_sensor_context, materialize
 from upi_events import START_MS, events
 
 from dagster_defs import DuckDBWarehouse, StreamingJobSpec, StreamingRuntime, build_definitions
-from dagster_defs.definitions import UPI_JOB
 from stateful_runtime.connectors.eventlog import EventLog
 from stateful_runtime.runtime import launcher, registry
-from tests.conftest import ROOT, UpiWorkspace, append_lines
+from tests.conftest import EXAMPLES, ROOT, UpiWorkspace, append_lines
 
+DEFINITIONS = EXAMPLES / "definitions.py"
+
+
+def example_definitions() -> ModuleType:
+    """examples/definitions.py, the file workspace.yaml loads, imported by path."""
+    name = "srt_example_definitions"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, DEFINITIONS)
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
+UPI_JOB: StreamingJobSpec = example_definitions().UPI_JOB
 JOB = UPI_JOB.name
 JOB_KEY = AssetKey(["upi_per_minute"])
 

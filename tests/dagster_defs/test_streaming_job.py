@@ -19,10 +19,9 @@ from dagster import AssetKey, materialize
 from upi_events import START_MS
 
 from dagster_defs import build_definitions
-from dagster_defs.definitions import UPI_JOB
 from stateful_runtime.checkpoints import layout
 from stateful_runtime.runtime import launcher, registry
-from tests.dagster_defs.conftest import JOB, JOB_KEY, Live
+from tests.dagster_defs.conftest import JOB, JOB_KEY, UPI_JOB, Live
 from tests.dagster_defs.conftest import feed as _feed
 from tests.dagster_defs.conftest import metadata as _metadata
 from tests.dagster_defs.conftest import wait_for as _wait

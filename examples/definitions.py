@@ -1,5 +1,8 @@
 """The Definitions ``workspace.yaml`` loads: the UPI example job and its table, with the
-quickstart's paths under ./srt-data. Loading imports no Spark or GX and opens nothing."""
+quickstart's paths under ./srt-data. Loading imports no Spark or GX and opens nothing.
+
+An example of using the ``dagster_defs`` plugin (your own definitions file looks like this):
+``dagster dev -w workspace.yaml`` loads it by path, from the repository root."""
 
 from __future__ import annotations
 
@@ -14,8 +17,8 @@ from dagster_defs import (
     build_definitions,
 )
 
-# The example ships with the package's repository; data goes under the working directory.
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+# The job file sits next to this file; data goes under the working directory.
+EXAMPLES = Path(__file__).resolve().parent
 
 UPI_COUNTS = SinkTableSpec(
     table="upi_counts",

@@ -1,0 +1,470 @@
+"""Control-plane workflows shared by the command line and Dagster.
+
+Each function here is one ``srt`` command's work and returns plain JSON-able data: the command
+prints it with ``--json`` (or a short human summary), and Dagster's ``StreamingRuntime``
+resource runs the command and parses that JSON, so both drive jobs the same way.
+
+===================  =============================================================
+``status``           registry entries, with liveness and each query's checkpoint
+                     facts (last committed batch, checkpoint age, batch in flight)
+``launch``           plan the job file (no Spark), then reuse its live process or
+                     start ``srt run`` detached
+``wait``             until a process is RUNNING, or has committed a micro-batch
+``kill``             SIGTERM, then SIGKILL to the process group after a grace period
+``check_state``      can a job file's code take a savepoint's or checkpoint's state
+``upgrade``          check, stop with a savepoint, relaunch from it (new code and/or
+                     parallelism), wait for RUNNING (Flink's stateful upgrade/rescale)
+``window_counts``    good source records per event-time window up to a committed
+                     batch's offsets (closed-window reconciliation of a sink table)
+===================  =============================================================
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from stateful_runtime.checkpoints import layout
+from stateful_runtime.exceptions import (
+    ConfigError,
+    IncompatibleSavepointError,
+    JobError,
+    StatefulRuntimeError,
+)
+from stateful_runtime.runtime import launcher, registry
+
+# Records decoded per read while counting a topic: bounds memory on a large topic.
+READ_CHUNK = 65_536
+
+
+class UpgradeError(JobError):
+    """An upgrade or rescale stopped part way; the message says where the job's state is.
+
+    Attributes:
+        stage: ``check`` (nothing was stopped or started), ``stop`` (stopping the job or taking
+            its savepoint failed) or ``relaunch`` (the old process is stopped; its state is in
+            ``savepoint_location``).
+        savepoint_location: the savepoint the job was (to be) restarted from, if any.
+        differences: what keeps the new code from taking the state (compatibility check).
+        cause: type name of the error underneath.
+    """
+
+    def __init__(self, message: str, *, stage: str, savepoint_location: str | None = None,
+                 differences: list[str] | None = None, cause: str | None = None) -> None:
+        self.stage = stage
+        self.savepoint_location = savepoint_location
+        self.differences = list(differences or [])
+        self.cause = cause
+        super().__init__(message)
+
+
+# ----------------------------------------------------------------------------- status
+
+
+def query_checkpoint(checkpoint_dir: str | Path, now: float) -> dict[str, Any]:
+    """What one query's checkpoint says now: last committed batch, when it committed, and how
+    long the batch after it has been planned (in flight). Read from files, so it does not go
+    stale when the job process hangs, as its own health report does."""
+    last = layout.last_committed(checkpoint_dir)
+    commit_time = layout.last_commit_time(checkpoint_dir)
+    planned = Path(checkpoint_dir, "offsets", str(0 if last is None else last + 1))
+    try:
+        inflight_age: float | None = round(now - planned.stat().st_mtime, 3)
+    except OSError:
+        inflight_age = None
+    try:
+        partitions = None if last is None else layout.state_partitions(checkpoint_dir, last)
+    except (OSError, ValueError):
+        partitions = None
+    return {
+        "last_committed_batch": last,
+        "last_commit_time": commit_time,
+        "checkpoint_age_s": None if commit_time is None else round(now - commit_time, 3),
+        "inflight_batch_age_s": inflight_age,
+        "state_partitions": partitions,
+    }
+
+
+def job_status(entry: Mapping[str, Any], now: float | None = None) -> dict[str, Any]:
+    """A registry entry as ``srt status --json`` shows it: the entry, plus ``alive`` (its pid
+    is a live process), ``live`` (alive and STARTING or RUNNING), ``registered_state`` (the
+    entry's own state; ``state`` says DEAD for a RUNNING entry whose process is gone),
+    ``checked_at`` and, per query, :func:`query_checkpoint`."""
+    now = time.time() if now is None else now
+    out = dict(entry)
+    alive = registry.pid_alive(entry.get("pid"))
+    out["registered_state"] = entry.get("state")
+    out["alive"] = alive
+    out["live"] = launcher.live(dict(entry))
+    if entry.get("state") == "RUNNING" and not alive:
+        out["state"] = "DEAD"
+    out["checked_at"] = now
+    out["queries"] = {
+        q: {**info, **query_checkpoint(info["checkpoint_dir"], now)}
+        for q, info in (entry.get("queries") or {}).items()
+    }
+    return out
+
+
+def statuses(job: str | None = None) -> list[dict[str, Any]]:
+    """:func:`job_status` of one job (empty if it never registered here) or of every job."""
+    now = time.time()
+    entries = registry.entries() if job is None else [e for e in [registry.read(job)] if e]
+    return [job_status(e, now) for e in entries]
+
+
+def last_committed(entry: Mapping[str, Any]) -> dict[str, int | None]:
+    return {q: layout.last_committed(info["checkpoint_dir"])
+            for q, info in (entry.get("queries") or {}).items()}
+
+
+# ----------------------------------------------------------------------------- launch
+
+
+def config_drift(entry: Mapping[str, Any], job_file: str, config: Mapping[str, Any]) -> list[str]:
+    """Keys whose value in the live process differs from ``config`` (and ``job_file`` if the
+    process runs another file)."""
+    running = entry.get("config") or {}
+    wanted = registry.redacted(dict(config))  # entries keep secrets masked; compare likewise
+
+    def same(a: Any, b: Any) -> bool:
+        if str(a) == str(b):
+            return True
+        try:
+            return float(a) == float(b)
+        except (TypeError, ValueError):
+            return False
+
+    drift = [k for k, v in wanted.items() if k not in running or not same(running[k], v)]
+    if entry.get("job_file") and str(entry["job_file"]) != str(job_file):
+        drift.insert(0, "job_file")
+    return drift
+
+
+def _load(job_file: str | Path, overrides: Mapping[str, str], job: str | None) -> Any:
+    """The job file loaded and planned (no Spark); refuses a file that builds another job."""
+    from stateful_runtime.planner import plan
+    from stateful_runtime.runtime.loader import load_job_file
+
+    jf = load_job_file(job_file, {k: str(v) for k, v in overrides.items()})
+    if job is not None and jf.job.name != job:
+        raise ConfigError(f"{job_file} builds job {jf.job.name!r}, not {job!r}; the registry "
+                          f"knows a job by the name its file gives it")
+    return jf, plan(jf.job)
+
+
+def launch(job_file: str | Path, overrides: Mapping[str, str], *, job: str | None = None,
+           master: str | None = None, from_savepoint: str | None = None,
+           parallelism: int | None = None) -> dict[str, Any]:
+    """Plan the job file, then reuse the job's live process or start ``srt run`` detached
+    (:func:`launcher.ensure_running`). Returns pid, whether it launched, the command, log path,
+    the plan, the config keys a reused process runs differently, and the job's status."""
+    jf, planned = _load(job_file, overrides, job)
+    result = launcher.ensure_running(jf.job.name, jf.path, overrides, master=master,
+                                     from_savepoint=from_savepoint, parallelism=parallelism)
+    drift = [] if result.launched else config_drift(result.entry, str(jf.path), overrides)
+    return {
+        "job": jf.job.name, "pid": result.pid, "launched": result.launched,
+        "log_path": str(result.log_path), "command": result.command,
+        "plan": planned.explain(None), "config_drift": drift,
+        "status": job_status(result.entry),
+    }
+
+
+def wait(job: str, until: str, *, pid: int | None = None, since: float | None = None,
+         timeout: float) -> dict[str, Any]:
+    """Wait for the job's process ``pid`` (default: the registered one) to be RUNNING
+    (``until="running"``; an error if it ends or time runs out) or to commit a micro-batch at
+    or after ``since`` (``until="commit"``; ``reached`` false if none came in ``timeout``)."""
+    pid = int(pid if pid is not None else registry.require(job)["pid"])
+    if until == "running":
+        entry = launcher.wait_running(job, pid, timeout=timeout)
+        return {"reached": True, "last_committed": last_committed(entry),
+                "status": job_status(entry)}
+    if until != "commit":
+        raise ConfigError(f"wait until 'running' or 'commit', not {until!r}")
+    committed = launcher.wait_committed(job, pid, since=time.time() if since is None else since,
+                                        timeout=timeout)
+    entry = registry.require(job)
+    return {"reached": committed is not None,
+            "last_committed": committed if committed is not None else last_committed(entry),
+            "status": job_status(entry)}
+
+
+def kill(job: str, *, pid: int | None = None, grace: float) -> dict[str, Any]:
+    """End the job's process whatever its state: SIGTERM, and SIGKILL to its process group
+    after ``grace`` seconds; a process that is already gone gets its group SIGKILLed (its JVM
+    or Python workers may outlive it). With ``pid``, only if that is still the job's process."""
+    entry = registry.require(job)
+    current = entry.get("pid")
+    if pid is not None and current != pid:
+        raise JobError(f"job {job!r} is now pid {current}, not {pid}: someone else restarted it; "
+                       f"left alone")
+    if not current:
+        raise JobError(f"job {job!r} has no process on record")
+    if registry.pid_alive(current):
+        sent = launcher.terminate(int(current), grace=grace)
+    else:
+        launcher.signal_group(int(current), signal.SIGKILL)
+        sent = "none"
+    return {"job": job, "pid": current, "signal": sent,
+            "status": job_status(registry.require(job))}
+
+
+# ----------------------------------------------------------------------------- upgrade
+
+
+def check_state(job_file: str | Path, overrides: Mapping[str, str], savepoint: str | None = None,
+                *, allow_non_restored_state: bool = False, job: str | None = None,
+                ) -> dict[str, Any]:
+    """Would the job file's code take the state of ``savepoint`` (id, directory or URL), or by
+    default of the job's current checkpoint? Decided on the planner's fingerprint, no Spark.
+    Raises :class:`IncompatibleSavepointError` listing every difference."""
+    from stateful_runtime.checkpoints import restore, savepoints
+    from stateful_runtime.checkpoints.manifest import fingerprint
+    from stateful_runtime.runtime.runner import savepoint_root
+
+    jf, planned = _load(job_file, overrides, job)
+    new = fingerprint(jf.job.name, planned.queries)
+    if savepoint:
+        sp = savepoints.resolve(savepoint, [savepoint_root(jf.job)])
+        saved, where = sp.manifest.get("fingerprint") or {}, sp.location
+    else:
+        saved = layout.owner(jf.job.checkpoint.dir).get("fingerprint") or {}
+        where = str(jf.job.checkpoint.dir)
+    dropped = restore.check_compatible(saved, new, allow_non_restored_state, where)
+    return {"job": jf.job.name, "job_file": str(jf.path), "location": where,
+            "compatible": True, "not_restored": dropped}
+
+
+def wait_restored(entry: Mapping[str, Any], timeout: float) -> dict[str, int | None] | None:
+    """Wait until a job restored from a savepoint commits a micro-batch of its own: past the
+    savepoint's batch and, when it rescaled, past the batch Spark's state repartition wrote
+    before the queries started; or until it reports every query caught up (no input). Returns
+    the last committed batches, None if neither happened in ``timeout``."""
+    restored = entry.get("restore") or {}
+    batches = restored.get("batches") or {}
+    partitions = restored.get("state_partitions") or {}
+    queries = entry.get("queries") or {}
+    after = {
+        q: batches.get(q, -1)
+        + (1 if partitions.get(q) not in (None, entry.get("parallelism")) else 0)
+        for q in queries
+    }
+
+    def fresh(current: dict[str, Any]) -> bool:
+        if any((layout.last_committed(info["checkpoint_dir"]) or -1) > after[q]
+               for q, info in queries.items()):
+            return True
+        health = current.get("health") or {}
+        return bool(queries) and all((health.get(q) or {}).get("lag_records") == 0
+                                     for q in queries)
+
+    done = launcher.wait_until(entry["job"], entry["pid"], fresh, timeout=timeout,
+                               what="committing a micro-batch", raise_on_timeout=False)
+    return None if done is None else last_committed(done)
+
+
+def upgrade(job: str, job_file: str | Path, overrides: Mapping[str, str], *,
+            parallelism: int | None = None, from_savepoint: str | None = None,
+            target: str | None = None, allow_non_restored_state: bool = False,
+            master: str | None = None, stop_timeout: float = 120.0,
+            start_timeout: float = 300.0, commit_timeout: float = 0.0) -> dict[str, Any]:
+    """Run ``job_file`` (new code, or the same with a new ``parallelism``) from the job's state:
+
+    1. the file must plan, build job ``job`` and take the state (:func:`check_state`) of the
+       running job's checkpoint, or of ``from_savepoint`` for a job that is not running;
+    2. stop the running job with a savepoint (under ``target``);
+    3. start ``srt run job_file --from-savepoint ... [--parallelism N]`` detached (by default
+       with the parallelism the job has now: a rescale sticks across upgrades);
+    4. wait until it is RUNNING and, with ``commit_timeout``, until it commits a batch of its
+       own (or reports itself caught up).
+
+    Any failure raises :class:`UpgradeError` saying at which stage and where the state is.
+    """
+    entry = registry.read(job) or {}
+    running = registry.running(entry)
+    state = entry.get("state", "never started")
+    left = "the running job was left alone" if running else "nothing was started"
+    n = parallelism if parallelism is not None else entry.get("parallelism")
+    try:
+        if n is not None and int(n) < 1:
+            raise ConfigError(f"parallelism must be >= 1, got {n}")
+        if from_savepoint and running:
+            raise JobError(f"{job} is running (pid {entry.get('pid')}); leave --from-savepoint "
+                           f"out to stop it with a savepoint and upgrade from that")
+        if not from_savepoint and not running:
+            last = (entry.get("last_savepoint") or {}).get("location")
+            hint = f" (its last savepoint: {last})" if last else ""
+            raise JobError(f"{job} is not running ({state}): there is nothing to stop with a "
+                           f"savepoint; give a savepoint to start from{hint}")
+        checked = check_state(job_file, overrides, from_savepoint,
+                              allow_non_restored_state=allow_non_restored_state, job=job)
+    except StatefulRuntimeError as exc:
+        differences = exc.differences if isinstance(exc, IncompatibleSavepointError) else []
+        raise UpgradeError(f"{job_file} cannot take {job}'s state; {left}:\n{exc}"
+                           if differences else f"{exc}\n({left})", stage="check",
+                           differences=differences, cause=type(exc).__name__) from exc
+
+    summary: dict[str, Any] | None = None
+    source = from_savepoint
+    if not source:
+        try:
+            sp = launcher.savepoint(job, target=target, stop=True, timeout=stop_timeout)
+        except StatefulRuntimeError as exc:
+            after = registry.read(job) or {}
+            where = ("it is still running" if registry.running(after)
+                     else "it is stopped; its state is in its checkpoint (`srt run` resumes it)")
+            raise UpgradeError(f"stop-with-savepoint of {job} failed: {exc}\n({where})",
+                               stage="stop", cause=type(exc).__name__) from exc
+        summary = sp.summary()
+        source = sp.location
+
+    extra = ["--allow-non-restored-state"] if allow_non_restored_state else []
+    try:
+        jf_path = Path(job_file).resolve()
+        started = launcher.ensure_running(
+            job, jf_path, overrides, master=master, from_savepoint=source,
+            parallelism=None if n is None else int(n), extra_args=extra)
+        if not started.launched:
+            raise JobError(f"{job} was started by someone else (pid {started.pid}) after it "
+                           f"stopped; it did not restore {source}")
+        entry = launcher.wait_running(job, started.pid, timeout=start_timeout)
+        committed = wait_restored(entry, commit_timeout) if commit_timeout > 0 else None
+    except StatefulRuntimeError as exc:
+        raise UpgradeError(
+            f"{exc}\n\n{job} is not running; its state is in savepoint {source}. Fix the job "
+            f"and upgrade again from that savepoint (`srt upgrade {job} FILE --from-savepoint "
+            f"{source}`), or run the previous code from it.",
+            stage="relaunch", savepoint_location=source, cause=type(exc).__name__) from exc
+
+    entry = registry.require(job)
+    last = last_committed(entry)
+    partitions = {
+        q: None if last[q] is None else layout.state_partitions(info["checkpoint_dir"], last[q])
+        for q, info in (entry.get("queries") or {}).items()
+    }
+    return {
+        "job": job, "job_file": str(jf_path), "pid": started.pid, "command": started.command,
+        "log_path": str(started.log_path), "restored_from": source, "savepoint": summary,
+        "parallelism": entry.get("parallelism"), "state_partitions": partitions,
+        "last_committed": committed if committed is not None else last,
+        "committed": None if commit_timeout <= 0 else committed is not None,
+        "not_restored": checked["not_restored"], "status": job_status(entry),
+    }
+
+
+# ----------------------------------------------------------------------------- reconcile
+
+
+def window_counts(job: str, query: str, *, window_ms: int, batch: int | None = None,
+                  source: str | None = None) -> dict[str, Any]:
+    """Good records of the query's source topic per tumbling event-time window (aligned to
+    the epoch) whose end is at or before the watermark of committed ``batch`` (default: the
+    last), counting only records up to that batch's source end offsets: what a sink table
+    written up to ``batch`` must hold in its closed windows.
+
+    The job file is loaded exactly as the registered process runs it (its file and config), so
+    the source decodes records as the job does; dead letters are counted apart.
+    """
+    from stateful_runtime.connectors.eventlog import EventLog
+    from stateful_runtime.connectors.eventlog.source import LogSource
+    from stateful_runtime.runtime.loader import load_job_file
+
+    if window_ms <= 0:
+        raise ConfigError(f"window must be > 0, got {window_ms} ms")
+    entry = registry.require(job)
+    queries = entry.get("queries") or {}
+    if query not in queries:
+        raise JobError(f"job {job!r} has no query {query!r} in its registry entry (queries: "
+                       f"{sorted(queries)}); name the query that writes the table")
+    qdir = queries[query]["checkpoint_dir"]
+    batch = layout.last_committed(qdir) if batch is None else batch
+    out: dict[str, Any] = {"job": job, "query": query, "batch": batch, "window_ms": window_ms,
+                           "watermark_ms": None, "windows": {}, "records": 0, "good": 0,
+                           "dead_letters": 0}
+    if batch is None:
+        return out
+    try:
+        offsets = layout.committed_offsets(qdir, int(batch))
+    except OSError as exc:
+        raise JobError(f"batch {batch} of query {query!r} is not in its checkpoint {qdir}: "
+                       f"{exc}") from exc
+    assert offsets is not None
+    if len(offsets["sources"]) != 1 or not isinstance(offsets["sources"][0], dict):
+        raise JobError(f"query {query!r} reads {len(offsets['sources'])} sources; "
+                       f"window counts handle one")
+    watermark = int(offsets["watermark_ms"] or 0)
+    ends = {str(k): int(v) for k, v in offsets["sources"][0].items()}
+
+    loaded = load_job_file(entry["job_file"],
+                           {k: str(v) for k, v in (entry.get("config") or {}).items()}).job
+    nodes = [n for n in loaded.sources if source in (None, n.name)]
+    if len(nodes) != 1:
+        raise ConfigError(f"job {job!r} has sources {[n.name for n in loaded.sources]}; name "
+                          f"one of them")
+    node = nodes[0]
+    src = node.source
+    if not isinstance(src, LogSource):
+        raise ConfigError(f"source {node.name!r} is a {type(src).__name__}; window counts read "
+                          f"the embedded event log (LogSource)")
+    if src.starting_offsets != "earliest":
+        raise ConfigError(f"source {node.name!r} starts at {src.starting_offsets!r} offsets; "
+                          f"window counts need a source read from the earliest offset")
+    ts_field, unit = node.watermark.timestamp_field, node.watermark.timestamp_unit
+    if ts_field is None:
+        raise ConfigError(f"source {node.name!r} has no timestamp field")
+    if unit not in ("ms", "s"):
+        raise ConfigError(f"event time unit {unit!r} of source {node.name!r} is not ms or s")
+
+    log = EventLog(src.log_dir)
+    reader = log.reader(src.topic)
+    reader.catch_up()
+    windows: dict[int, int] = {}
+    try:
+        counts = _count(reader, src, ts_field, ends, 1000 if unit == "s" else 1, window_ms,
+                        watermark, windows)
+    finally:
+        reader.close()
+    dlq_records = None
+    if src.dead_letter_topic in {t.name for t in log.topics()}:
+        dlq = log.reader(src.dead_letter_topic)
+        try:
+            dlq_records = sum(dlq.end_offsets().values())
+        finally:
+            dlq.close()
+    out.update(counts)
+    out.update({"watermark_ms": watermark, "source": node.name, "topic": src.topic,
+                "source_ends": ends, "windows": {str(w): n for w, n in sorted(windows.items())},
+                "dead_letter_topic": src.dead_letter_topic,
+                "dead_letter_topic_records": dlq_records})
+    return out
+
+
+def _count(reader: Any, source: Any, ts_field: str, ends: Mapping[str, int], scale: int,
+           size: int, watermark_ms: int, windows: dict[int, int]) -> dict[str, int]:
+    import numpy as np
+    import pyarrow.compute as pc
+
+    from stateful_runtime.connectors.base import ERROR
+
+    records = good_total = dead = 0
+    for p, end in sorted(ends.items(), key=lambda kv: int(kv[0])):
+        for lo in range(0, end, READ_CHUNK):
+            values = reader.read_values(int(p), lo, min(end, lo + READ_CHUNK))
+            decoded = source.decode(values)
+            good = pc.is_null(decoded.column(ERROR))
+            ts = decoded.column(ts_field).filter(good).drop_null()
+            records += len(values)
+            good_total += len(ts)
+            dead += len(values) - pc.sum(good.cast("int64")).as_py()
+            if not len(ts):
+                continue
+            starts = ts.to_numpy().astype(np.int64) * scale // size * size
+            closed = starts[starts + size <= watermark_ms]
+            for w, c in zip(*np.unique(closed, return_counts=True), strict=True):
+                windows[int(w)] = windows.get(int(w), 0) + int(c)
+    return {"records": records, "good": good_total, "dead_letters": dead}
