@@ -13,7 +13,8 @@ from typing import Any
 
 from stateful_runtime.connectors.base import Source
 from stateful_runtime.exceptions import ConfigError
-from stateful_runtime.streams import DataStream, SinkNode, SourceNode, check_name
+from stateful_runtime.names import check_name
+from stateful_runtime.streams import DataStream, SinkNode, SourceNode
 from stateful_runtime.watermarks import WatermarkStrategy
 
 
@@ -60,7 +61,7 @@ class StreamJob:
     sources: list[SourceNode] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        check_name("job", self.name)
+        self.name = check_name("job", self.name)
         if self.parallelism < 1:
             raise ConfigError(f"parallelism must be >= 1, got {self.parallelism}")
 

@@ -19,6 +19,7 @@ from stateful_runtime.connectors.base import Sink, Source
 from stateful_runtime.connectors.formats.json import to_struct
 from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.functions import KeyedProcessFunction, OutputTag, ProcessWindowFunction
+from stateful_runtime.names import check_name
 from stateful_runtime.state import AggregateFunction
 from stateful_runtime.watermarks import WatermarkStrategy
 from stateful_runtime.windows import (
@@ -30,15 +31,6 @@ from stateful_runtime.windows import (
 
 if TYPE_CHECKING:
     from stateful_runtime.job import StreamJob
-
-
-def check_name(kind: str, name: str) -> str:
-    if not isinstance(name, str) or not name or not all(c.isalnum() or c in "-_." for c in name):
-        raise ConfigError(
-            f"{kind} name must be a non-empty string of letters, digits, '-', '_' or '.', "
-            f"got {name!r}"
-        )
-    return name
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stateful_runtime.exceptions import CheckpointOwnershipError, ConfigError
+from stateful_runtime.names import Name
 
 FORMAT_VERSION = 1
 MARKER = "_job.json"
@@ -36,7 +37,7 @@ def claim(directory: str | Path, job: str, queries: Sequence[str],
     path.mkdir(parents=True, exist_ok=True)
     marker = path / MARKER
     if marker.exists():
-        data = json.loads(marker.read_text())
+        data = _read_marker(marker)
         if data.get("format_version") != FORMAT_VERSION:
             raise ConfigError(
                 f"checkpoint {path} has format {data.get('format_version')!r}; this runtime "
@@ -58,9 +59,7 @@ def claim(directory: str | Path, job: str, queries: Sequence[str],
     data["queries"] = list(queries)
     if fingerprint is not None:
         data["fingerprint"] = fingerprint
-    tmp = marker.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, marker)
+    write_marker(path, data)
     return path
 
 
@@ -69,7 +68,30 @@ def owner(directory: str | Path) -> dict:
     marker = Path(directory) / MARKER
     if not marker.exists():
         raise ConfigError(f"{directory} is not a job checkpoint (no {MARKER})")
-    return json.loads(marker.read_text())
+    return _read_marker(marker)
+
+
+def write_marker(directory: Path, data: dict) -> None:
+    """Write the ownership marker (atomically): the one place it is written."""
+    tmp = directory / f".{MARKER}.tmp"
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, directory / MARKER)
+
+
+def _read_marker(marker: Path) -> dict:
+    """The marker's JSON, or a :class:`ConfigError` naming the file and what to do."""
+    try:
+        data = json.loads(marker.read_text())
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        data["job"] = Name(data.get("job"), "job")
+        data["queries"] = [Name(q, "query") for q in data.get("queries", [])]
+    except (ValueError, UnicodeDecodeError, ConfigError) as exc:
+        raise ConfigError(
+            f"checkpoint marker {marker} is corrupt ({exc}): the checkpoint's ownership cannot "
+            f"be proved. Restore the job from a savepoint or the mirror into an empty directory "
+            f"(`srt run JOB_FILE --from-savepoint ID` / `--restore-from LOCATION`)") from None
+    return data
 
 
 def _numbered(directory: Path) -> list[int]:

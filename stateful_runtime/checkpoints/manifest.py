@@ -9,6 +9,7 @@ size and sha256. Savepoints and mirror snapshots share it, so restore has one co
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from typing import Any
 
 from stateful_runtime.checkpoints import layout
 from stateful_runtime.checkpoints.storage import Store
+from stateful_runtime.exceptions import ConfigError, SavepointError
+from stateful_runtime.names import Name, safe_relative
 
 FORMAT_VERSION = 1
 MANIFEST = "_manifest.json"
@@ -101,3 +104,57 @@ def new_manifest(kind: str, sid: str, owner: dict[str, Any], queries: dict[str, 
         "created_at": _utc(now), "created_at_epoch": now,
         "restored_from": owner.get("restored_from"), "queries": queries, "files": files,
     }
+
+
+class CorruptManifestError(SavepointError):
+    """A manifest that cannot be read, or says something no manifest of ours says.
+
+    Attributes:
+        location: where the manifest is.
+        problem: what is wrong with it.
+    """
+
+    def __init__(self, location: str, problem: str) -> None:
+        self.location, self.problem = location, problem
+        super().__init__(
+            f"savepoint manifest {location} is unusable: {problem}. The other savepoints are "
+            f"unaffected; restore from another one (`srt savepoint list`), and remove this one "
+            f"with `srt savepoint dispose --force ID` once you no longer need to inspect it.")
+
+
+def parse_manifest(data: bytes, location: str) -> dict[str, Any]:
+    """A manifest's JSON, checked: format version, names, and every file path relative and
+    inside the savepoint (a manifest is read back from storage anyone may have written to)."""
+    try:
+        manifest = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CorruptManifestError(location, f"not JSON ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise CorruptManifestError(location, "not a JSON object")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise CorruptManifestError(
+            location, f"format {manifest.get('format_version')!r}; this runtime reads format "
+            f"{FORMAT_VERSION} (restore it with the version that wrote it)")
+    try:
+        Name(manifest.get("job"), "job")
+        queries, files = manifest["queries"], manifest["files"]
+        if not isinstance(queries, dict) or not isinstance(files, list):
+            raise ValueError("queries must be an object and files a list")
+        for q in queries:
+            Name(q, "query")
+        for f in files:
+            safe_relative(f["path"], root=location, where=f"manifest {location}")
+            if Name(f["path"].split("/", 1)[0], "query") not in queries:
+                raise ValueError(f"file {f['path']!r} belongs to no query of the manifest")
+            int(f["size"]), str(f["sha256"])
+        float(manifest["created_at_epoch"])
+    except ConfigError as exc:
+        raise CorruptManifestError(location, str(exc)) from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptManifestError(location, f"missing or malformed field ({exc})") from None
+    return manifest
+
+
+def read_manifest(store: Store, key: str) -> dict[str, Any]:
+    """The manifest at ``key`` in ``store``, checked (:func:`parse_manifest`)."""
+    return parse_manifest(store.get_bytes(key), store.join(key))

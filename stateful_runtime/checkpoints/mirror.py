@@ -25,7 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from stateful_runtime.checkpoints import layout
-from stateful_runtime.checkpoints.manifest import Savepoint, new_manifest, query_entry, sha256_file
+from stateful_runtime.checkpoints.manifest import (
+    Savepoint,
+    new_manifest,
+    query_entry,
+    read_manifest,
+    sha256_file,
+)
 from stateful_runtime.checkpoints.storage import Store, open_store
 from stateful_runtime.exceptions import SavepointError
 
@@ -60,7 +66,7 @@ class CheckpointMirror:
         self.synced: dict[str, int] = {}
         names = _manifests(self.store)
         if names:
-            latest = json.loads(self.store.get_bytes(names[-1]))
+            latest = read_manifest(self.store, names[-1])
             self.known = {f["path"]: f for f in latest["files"]}
 
     def sync(self) -> MirrorSync | None:
@@ -104,7 +110,7 @@ class CheckpointMirror:
         old, keep = names[:-KEEP_MANIFESTS], names[-KEEP_MANIFESTS:]
         if not old:
             return
-        live = {f["path"] for n in keep for f in json.loads(self.store.get_bytes(n))["files"]}
+        live = {f["path"] for n in keep for f in read_manifest(self.store, n)["files"]}
         self.store.delete(old)
         dead = [k for k in list(self.known) if k not in live]
         self.store.delete(dead)
@@ -120,4 +126,4 @@ def latest(location: str) -> Savepoint:
         raise SavepointError(
             f"no mirrored checkpoint at {location}: a job mirrors there only with "
             f"checkpoint.mirror set and after its first committed batch")
-    return Savepoint(store, "", json.loads(store.get_bytes(names[-1])))
+    return Savepoint(store, "", read_manifest(store, names[-1]))

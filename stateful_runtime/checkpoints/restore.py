@@ -15,6 +15,7 @@ from typing import Any
 from stateful_runtime.checkpoints import layout
 from stateful_runtime.checkpoints.manifest import FORMAT_VERSION, Savepoint, _utc, sha256_file
 from stateful_runtime.exceptions import ConfigError, IncompatibleSavepointError, SavepointError
+from stateful_runtime.names import contained
 
 
 def compatibility(saved: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -78,11 +79,14 @@ def materialize(sp: Savepoint, dest: Path, queries: Iterable[str] | None = None,
     wanted = set(sp.manifest["queries"]) if queries is None else set(queries)
     tmp = dest.with_name(f".{dest.name}.restoring-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
     try:
-        for f in sp.manifest["files"]:
+        # Every path first: a manifest naming one outside the checkpoint is refused whole.
+        files = [(f, contained(tmp, f["path"], where=f"savepoint {sp.location}"))
+                 for f in sp.manifest["files"]]
+        for f, local in files:
             if f["path"].split("/", 1)[0] not in wanted:
                 continue
-            local = tmp / f["path"]
             sp.store.get_file(sp.key(f["path"]), local)
             size, digest = local.stat().st_size, sha256_file(local)
             if size != f["size"] or digest != f["sha256"]:
@@ -143,7 +147,7 @@ def restore(sp: Savepoint, checkpoint_dir: str | Path, new_fingerprint: dict[str
         "created_at": _utc(), "restored_from": sp.location,
         "fingerprint": new_fingerprint,
     }
-    (ckpt / layout.MARKER).write_text(json.dumps(marker, indent=2))
+    layout.write_marker(ckpt, marker)
     return {"restored_from": sp.location, "savepoint_id": sp.id, "dropped_state": dropped,
             "previous_checkpoint_moved_to": str(moved_aside) if moved_aside else None,
             "batches": {q: sp.manifest["queries"][q]["batch"] for q in restored_queries},

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import socket
 import time
@@ -35,16 +34,22 @@ from stateful_runtime import _process
 from stateful_runtime.checkpoints import layout
 from stateful_runtime.checkpoints.manifest import (
     MANIFEST,
+    CorruptManifestError,
     Savepoint,
     _utc,
     new_manifest,
     query_entry,
+    read_manifest,
     sha256_file,
 )
 from stateful_runtime.checkpoints.storage import Store, open_store
 from stateful_runtime.exceptions import AlreadyExistsError, SavepointError, StorageError
+from stateful_runtime.names import InvalidNameError, Name, check_name
 
 WRITER = "_writer.json"
+# What a savepoint writer writes first: the proof that a directory without a manifest is an
+# unfinished savepoint of ours (anything else in a savepoint root is never deleted).
+WRITER_MARK = "srt-savepoint-writer/1"
 # A savepoint left without a manifest by a writer on another host is garbage after this long.
 ABANDONED_AFTER_S = 3600.0
 
@@ -64,6 +69,10 @@ def create(checkpoint_dir: str | Path, target: str | Path, *, kind: str = "savep
     ckpt = Path(checkpoint_dir).resolve()
     owner = layout.owner(ckpt)
     job = owner["job"]
+    store = open_store(target)
+    sid = check_name("savepoint id", savepoint_id or new_id(job))
+    if any(True for _ in store.list(f"{sid}/")):
+        raise SavepointError(f"{store.join(sid)} already exists; choose another savepoint id")
     queries: dict[str, Any] = {}
     files: list[tuple[str, Path]] = []
     for qname in owner.get("queries", []):
@@ -78,11 +87,10 @@ def create(checkpoint_dir: str | Path, target: str | Path, *, kind: str = "savep
                                      pending=f"offsets/{batch + 1}" in rels)
         files += [(f"{qname}/{rel}", qdir / rel) for rel in rels]
 
-    store = open_store(target)
     cleanup_incomplete(store)
-    sid = savepoint_id or new_id(job)
     store.put_bytes(f"{sid}/{WRITER}", json.dumps(
-        {"pid": os.getpid(), "host": socket.gethostname(), "started_at": _utc()}).encode())
+        {"mark": WRITER_MARK, "pid": os.getpid(), "host": socket.gethostname(),
+         "started_at": _utc()}).encode(), create_only=True)
     entries = []
     for i, (key, path) in enumerate(files):
         if _fail_after_files is not None and i >= _fail_after_files:
@@ -99,8 +107,22 @@ def create(checkpoint_dir: str | Path, target: str | Path, *, kind: str = "savep
     return Savepoint(store, sid, manifest)
 
 
+def _writer_of(store: Store, sid: str) -> dict[str, Any] | None:
+    """The writer record of an unfinished savepoint of ours, or None if ``sid`` is not one."""
+    try:
+        writer = json.loads(store.get_bytes(f"{sid}/{WRITER}"))
+    except (StorageError, ValueError, UnicodeDecodeError):
+        return None
+    return writer if isinstance(writer, dict) and writer.get("mark") == WRITER_MARK else None
+
+
 def cleanup_incomplete(store: Store) -> list[str]:
-    """Remove savepoints that have no manifest and whose writer is gone."""
+    """Remove unfinished savepoints whose writer is gone.
+
+    Only a directory this runtime can prove it created is removed: one whose writer record
+    (:data:`WRITER_MARK`) is there and whose manifest is not. Anything else under a savepoint
+    root (an event log, a checkpoint, someone's files) is left alone.
+    """
     removed = []
     by_id: dict[str, list[Any]] = {}
     for obj in store.list():
@@ -108,19 +130,17 @@ def cleanup_incomplete(store: Store) -> list[str]:
             by_id.setdefault(obj.key.split("/", 1)[0], []).append(obj)
     for sid, objs in by_id.items():
         names = {o.key.split("/", 1)[1] for o in objs}
-        if MANIFEST in names:
+        if MANIFEST in names or WRITER not in names:
             continue
-        if WRITER in names:
-            try:
-                writer = json.loads(store.get_bytes(f"{sid}/{WRITER}"))
-            except (StorageError, ValueError):
-                writer = {}
-            same_host = writer.get("host") == socket.gethostname()
-            if same_host and _process.pid_alive(writer.get("pid")):
-                continue
-            newest = max(o.mtime for o in objs)
-            if not same_host and time.time() - newest < ABANDONED_AFTER_S:
-                continue
+        writer = _writer_of(store, sid)
+        if writer is None:
+            continue
+        same_host = writer.get("host") == socket.gethostname()
+        if same_host and _process.pid_alive(writer.get("pid")):
+            continue
+        newest = max(o.mtime for o in objs)
+        if not same_host and time.time() - newest < ABANDONED_AFTER_S:
+            continue
         store.delete([o.key for o in objs])
         removed.append(sid)
     return removed
@@ -128,20 +148,27 @@ def cleanup_incomplete(store: Store) -> list[str]:
 
 # -- finding savepoints --------------------------------------------------------------------------
 
-def list_savepoints(root: str | Path, job: str | None = None) -> list[Savepoint]:
-    """Complete savepoints under ``root``, oldest first."""
+def list_savepoints(root: str | Path, job: str | None = None,
+                    problems: list[CorruptManifestError] | None = None) -> list[Savepoint]:
+    """Complete savepoints under ``root``, oldest first. A savepoint whose manifest is corrupt
+    is left out (and appended to ``problems`` when given): one bad manifest never hides the
+    others."""
     store = open_store(root)
     out = []
     for obj in store.list():
         parts = obj.key.split("/")
         if len(parts) == 2 and parts[1] == MANIFEST:
-            manifest = json.loads(store.get_bytes(obj.key))
+            try:
+                Name(parts[0], "savepoint id")
+                manifest = read_manifest(store, obj.key)
+            except (CorruptManifestError, InvalidNameError) as exc:
+                if problems is not None:
+                    problems.append(exc if isinstance(exc, CorruptManifestError)
+                                    else CorruptManifestError(store.join(obj.key), str(exc)))
+                continue
             if job is None or manifest.get("job") == job:
                 out.append(Savepoint(store, parts[0], manifest))
     return sorted(out, key=lambda s: s.created_at)
-
-
-_ID = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
 def resolve(ref: str | Path, roots: Iterable[str | Path] = ()) -> Savepoint:
@@ -151,12 +178,12 @@ def resolve(ref: str | Path, roots: Iterable[str | Path] = ()) -> Savepoint:
     candidates: list[tuple[Store, str]] = []
     if "/" in text or text.startswith("s3:"):
         parent, _, sid = text.rpartition("/")
-        candidates.append((open_store(parent or "/"), sid))
-    elif _ID.match(text):
-        candidates += [(open_store(r), text) for r in roots]
+        candidates.append((open_store(parent or "/"), check_name("savepoint id", sid)))
+    else:
+        candidates += [(open_store(r), check_name("savepoint id", text)) for r in roots]
     for store, sid in candidates:
         try:
-            manifest = json.loads(store.get_bytes(f"{sid}/{MANIFEST}"))
+            manifest = read_manifest(store, f"{sid}/{MANIFEST}")
         except (StorageError, FileNotFoundError, NotADirectoryError):
             continue
         return Savepoint(store, sid, manifest)
@@ -168,5 +195,23 @@ def resolve(ref: str | Path, roots: Iterable[str | Path] = ()) -> Savepoint:
 
 def dispose(sp: Savepoint) -> None:
     """Delete a savepoint: the manifest first, so a half-deleted one is never listed."""
-    sp.store.delete([f"{sp.id}/{MANIFEST}"])
-    sp.store.delete([o.key for o in sp.store.list(f"{sp.id}/")])
+    _delete(sp.store, check_name("savepoint id", sp.id))
+
+
+def dispose_unreadable(root: str | Path, savepoint_id: str) -> str:
+    """Delete a savepoint whose manifest cannot be read (``srt savepoint dispose --force``):
+    only if the directory holds a manifest file or a writer record of ours. Returns where."""
+    store = open_store(root)
+    sid = check_name("savepoint id", savepoint_id)
+    names = {o.key.split("/", 1)[1] for o in store.list(f"{sid}/")}
+    if MANIFEST not in names and _writer_of(store, sid) is None:
+        raise SavepointError(
+            f"{store.join(sid)} is not a savepoint (no {MANIFEST} and no writer record of this "
+            f"runtime): nothing was deleted")
+    _delete(store, sid)
+    return store.join(sid)
+
+
+def _delete(store: Store, sid: Name) -> None:
+    store.delete([f"{sid}/{MANIFEST}"])
+    store.delete([o.key for o in store.list(f"{sid}/")])

@@ -8,7 +8,6 @@ temporary directory first (checksums verified), so S3 savepoints read the same w
 
 from __future__ import annotations
 
-import json
 import pickle
 import tempfile
 from collections.abc import Iterator
@@ -38,9 +37,9 @@ def checkpoint_of(ref: str, roots: list[str]) -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="srt-inspect-") as tmp:
         dest = Path(tmp) / "checkpoint"
         restore.materialize(sp, dest)
-        (dest / layout.MARKER).write_text(json.dumps({
+        layout.write_marker(dest, {
             "format_version": layout.FORMAT_VERSION, "job": sp.job,
-            "queries": list(sp.manifest["queries"]), "fingerprint": sp.manifest["fingerprint"]}))
+            "queries": list(sp.manifest["queries"]), "fingerprint": sp.manifest["fingerprint"]})
         yield dest
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from stateful_runtime.exceptions import AlreadyExistsError, ConfigError, StorageError
+from stateful_runtime.names import contained
 
 MULTIPART_THRESHOLD = 8 * 1024 * 1024
 
@@ -72,7 +73,10 @@ class LocalStore(Store):
         self.url = str(self.root)
 
     def _path(self, key: str) -> Path:
-        return self.root / key
+        """The file of ``key`` (``""`` or a ``prefix/``: the root or a directory), never
+        outside the root."""
+        rel = key.rstrip("/")
+        return contained(self.root, rel, where=f"store key {key!r}") if rel else self.root
 
     def put_file(self, local: Path, key: str) -> None:
         dest = self._path(key)

@@ -84,10 +84,11 @@ def test_incomplete_savepoint_of_a_dead_writer_is_removed(tmp_path):
                           capture_output=True, text=True)
     pid = int(dead.stdout)
     store.put_bytes(f"half/{savepoints.WRITER}", json.dumps(
-        {"pid": pid, "host": os.uname().nodename}).encode())
+        {"mark": savepoints.WRITER_MARK, "pid": pid, "host": os.uname().nodename}).encode())
     store.put_bytes("half/q/offsets/0", b"v1")
     store.put_bytes(f"live/{savepoints.WRITER}", json.dumps(
-        {"pid": os.getpid(), "host": os.uname().nodename}).encode())
+        {"mark": savepoints.WRITER_MARK, "pid": os.getpid(),
+         "host": os.uname().nodename}).encode())
     assert savepoints.list_savepoints(tmp_path) == []
     assert savepoints.cleanup_incomplete(store) == ["half"]
     assert sorted(store.children()) == ["live"]  # still being written by a live process

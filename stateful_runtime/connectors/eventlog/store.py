@@ -25,7 +25,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import re
 import shutil
 import struct
 import tempfile
@@ -43,9 +42,9 @@ from stateful_runtime.exceptions import (
     TopicExistsError,
     TopicNotFoundError,
 )
+from stateful_runtime.names import check_name
 
 FORMAT_VERSION = 1
-_TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 _PART = struct.Struct(">I")
 _REC = struct.Struct(">IQ")
 _OFF = struct.Struct(">Q")
@@ -108,11 +107,7 @@ class EventLog:
         self.log_dir = Path(log_dir)
 
     def _topic_dir(self, topic: str) -> Path:
-        if not _TOPIC_NAME.match(topic):
-            raise LogError(
-                f"invalid topic name {topic!r}: use 1-200 of the characters A-Z a-z 0-9 . _ -"
-            )
-        return self.log_dir / topic
+        return self.log_dir / check_name("topic", topic)
 
     def create_topic(self, topic: str, partitions: int, *, exist_ok: bool = False) -> TopicInfo:
         if partitions < 1:
