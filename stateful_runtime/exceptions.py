@@ -10,6 +10,7 @@ and each says what to do next, not only what went wrong::
     ├── LogError                      embedded event log
     │   ├── TopicNotFoundError
     │   ├── TopicExistsError
+    │   ├── CorruptLogError           damaged or contradictory topic files
     │   └── LogWriterBusyError        another process holds the topic's write lock
     ├── SinkError                     a sink could not write or does not fit its table
     ├── JobError                      job registry: unknown job, not running, already running
@@ -71,6 +72,23 @@ class TopicExistsError(LogError):
         super().__init__(
             f"topic {topic!r} already exists in log {log_dir} with {partitions} partitions"
         )
+
+
+class CorruptLogError(LogError):
+    """A topic's files are damaged or contradict each other; names the file and what to do.
+
+    Attributes:
+        topic: the topic.
+        path: the damaged file or store.
+        problem: what is wrong.
+    """
+
+    def __init__(self, topic: str, path: str, problem: str) -> None:
+        self.topic, self.path, self.problem = topic, path, problem
+        super().__init__(
+            f"topic {topic!r} is damaged: {problem} ({path}). Nothing was read past the damage. "
+            f"Restore the topic's directory from a backup, or re-create the topic and replay "
+            f"its producers; jobs reading it keep their committed offsets and resume after.")
 
 
 class LogWriterBusyError(LogError):

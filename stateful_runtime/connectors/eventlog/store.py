@@ -10,6 +10,8 @@ Keys in the store (all big-endian so that byte order is offset order):
     b"r" + partition:u32 + offset:u64  -> record (see ``_encode``)
     b"e" + partition:u32               -> next offset of the partition (its end offset)
     b"p" + producer id (utf-8)         -> last sequence appended by that idempotent producer
+    b"m"                               -> {"partitions": N} as created (checked against
+                                          topic.json, so an edited count is refused)
 
 Durability: one ``append`` call is one RocksDB WriteBatch: records, end offsets and the producer
 sequence land together or not at all. The WAL is written before ``append`` returns, so a
@@ -37,6 +39,7 @@ from pathlib import Path
 from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from stateful_runtime.exceptions import (
+    CorruptLogError,
     LogError,
     LogWriterBusyError,
     TopicExistsError,
@@ -45,6 +48,7 @@ from stateful_runtime.exceptions import (
 from stateful_runtime.names import check_name
 
 FORMAT_VERSION = 1
+_META = b"m"
 _PART = struct.Struct(">I")
 _REC = struct.Struct(">IQ")
 _OFF = struct.Struct(">Q")
@@ -122,7 +126,9 @@ class EventLog:
         tdir.mkdir(parents=True, exist_ok=True)
         # Create the store first, then publish topic.json atomically: a crash in between leaves
         # no half-made topic visible.
-        _open_primary(topic, tdir / "store").close()
+        db = _open_primary(topic, tdir / "store")
+        db[_META] = json.dumps({"partitions": partitions}).encode()
+        db.close()
         tmp = tdir / "topic.json.tmp"
         tmp.write_text(
             json.dumps({"format_version": FORMAT_VERSION, "topic": topic, "partitions": partitions})
@@ -136,12 +142,22 @@ class EventLog:
             data = json.loads(meta.read_text())
         except FileNotFoundError:
             raise TopicNotFoundError(str(self.log_dir), topic) from None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CorruptLogError(topic, str(meta), f"topic.json is not JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise CorruptLogError(topic, str(meta), "topic.json is not a JSON object")
         if data.get("format_version") != FORMAT_VERSION:
             raise LogError(
                 f"topic {topic!r} has log format {data.get('format_version')!r}; this version of "
                 f"stateful_runtime reads format {FORMAT_VERSION} only"
             )
-        return TopicInfo(topic, int(data["partitions"]), meta.parent)
+        parts = data.get("partitions")
+        if data.get("topic") != topic or not isinstance(parts, int) or isinstance(parts, bool) \
+                or parts < 1:
+            raise CorruptLogError(topic, str(meta),
+                                  f"topic.json says topic {data.get('topic')!r} with "
+                                  f"{parts!r} partitions")
+        return TopicInfo(topic, parts, meta.parent)
 
     def topics(self) -> list[TopicInfo]:
         if not self.log_dir.is_dir():
@@ -156,6 +172,40 @@ class EventLog:
         return TopicReader(self.topic(topic))
 
 
+def _scan(db: Rdict, prefix: bytes) -> dict[bytes, bytes]:
+    """Every key with ``prefix`` and its value, through an iterator whose status is checked:
+    RocksDB's point ``get`` can answer "absent" for a key in a corrupt block, an iterator
+    reports the corruption."""
+    out = {}
+    it = db.iter()
+    it.seek(prefix)
+    while it.valid() and it.key().startswith(prefix):
+        out[it.key()] = it.value()
+        it.next()
+    it.status()
+    return out
+
+
+def _check_partitions(db: Rdict, info: TopicInfo) -> None:
+    """topic.json's partition count must be the one the store was created with (a store made
+    before the count was recorded: no end offset beyond it)."""
+    where = str(info.path / "topic.json")
+    try:
+        meta = _scan(db, _META)
+        if meta:
+            created = json.loads(meta[_META])["partitions"]
+        else:
+            ends = [_PART.unpack_from(k, 1)[0] for k in _scan(db, b"e")]
+            created = max(ends) + 1 if ends and max(ends) >= info.partitions else None
+    except Exception as exc:  # rocksdict raises bare exceptions for corruption
+        raise CorruptLogError(info.name, str(info.path / "store"), f"unreadable ({exc})") from None
+    if created is not None and created != info.partitions:
+        raise CorruptLogError(
+            info.name, where,
+            f"topic.json says {info.partitions} partitions but the store holds {created}; "
+            f"put the count back to {created}")
+
+
 def _open_primary(topic: str, path: Path) -> Rdict:
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
@@ -164,6 +214,8 @@ def _open_primary(topic: str, path: Path) -> Rdict:
     except Exception as exc:  # rocksdict raises a bare Exception for the LOCK conflict
         if "lock" in str(exc).lower():
             raise LogWriterBusyError(topic, str(path)) from None
+        if "corrupt" in str(exc).lower():
+            raise CorruptLogError(topic, str(path), str(exc)) from None
         raise LogError(f"cannot open topic {topic!r} at {path}: {exc}") from exc
 
 
@@ -173,13 +225,21 @@ class TopicWriter:
     def __init__(self, info: TopicInfo, *, fsync: bool = False) -> None:
         self.info = info
         self._db = _open_primary(info.name, info.path / "store")
+        try:
+            _check_partitions(self._db, info)
+        except CorruptLogError:
+            self._db.close()
+            raise
         self._wopts = WriteOptions()
         self._wopts.sync = fsync
-        self._ends = [self._read_end(p) for p in range(info.partitions)]
-
-    def _read_end(self, partition: int) -> int:
-        raw = self._db.get(b"e" + _PART.pack(partition))
-        return _OFF.unpack(raw)[0] if raw else 0
+        try:  # through an iterator: a point get may answer "absent" for a damaged block
+            ends = _scan(self._db, b"e")
+        except Exception as exc:  # noqa: BLE001 - rocksdict raises bare exceptions
+            self._db.close()
+            raise CorruptLogError(info.name, str(info.path / "store"),
+                                  f"end offsets unreadable ({exc})") from None
+        self._ends = [_OFF.unpack(ends[b"e" + _PART.pack(p)])[0]
+                      if b"e" + _PART.pack(p) in ends else 0 for p in range(info.partitions)]
 
     def end_offsets(self) -> dict[int, int]:
         return dict(enumerate(self._ends))
@@ -275,16 +335,56 @@ class TopicReader:
         except Exception as exc:
             raise LogError(
                 f"cannot open topic {info.name!r} for reading at {store}: {exc}") from exc
+        try:
+            _check_partitions(self._db, info)
+            # A secondary instance that cannot load a damaged table file opens anyway, with an
+            # empty view (seen with a corrupt properties block): every topic of ours has its
+            # metadata key once anything was written, so an empty view of a written store is
+            # damage, not an empty topic.
+            if self._db.latest_sequence_number() > 0 and not _scan(self._db, _META) \
+                    and not _scan(self._db, b"e"):
+                raise CorruptLogError(
+                    info.name, str(store), f"RocksDB holds {self._db.latest_sequence_number()} "
+                    f"writes but none of its table files could be loaded")
+        except CorruptLogError:
+            self._db.close()
+            raise
+        except Exception as exc:  # noqa: BLE001 - rocksdict raises bare exceptions
+            self._db.close()
+            raise CorruptLogError(info.name, str(store), f"unreadable ({exc})") from None
+
+    def _corrupt(self, exc: BaseException, what: str) -> CorruptLogError:
+        return CorruptLogError(self.info.name, str(self.info.path / "store"),
+                               f"RocksDB error while {what}: {exc}")
+
+    def verify(self) -> dict[int, int]:
+        """Read every record of every partition (RocksDB checks each block's checksum) and
+        check offsets are dense up to the end offsets; returns the end offsets, or raises
+        :class:`CorruptLogError` naming the first damage (``srt log info`` runs it)."""
+        ends = self.end_offsets()
+        for p, end in ends.items():
+            count = 0
+            for offset, _ in self._raw(p, 0, end):
+                count = offset + 1
+            if count != end:
+                raise CorruptLogError(self.info.name, str(self.info.path / "store"),
+                                      f"partition {p} holds {count} records, its end offset "
+                                      f"says {end}")
+        return ends
 
     def catch_up(self) -> None:
         """See everything the writer has appended so far."""
         self._db.try_catch_up_with_primary()
 
     def end_offsets(self) -> dict[int, int]:
-        self.catch_up()
+        try:
+            self.catch_up()
+            ends = _scan(self._db, b"e")
+        except Exception as exc:  # noqa: BLE001 - rocksdict raises bare exceptions
+            raise self._corrupt(exc, "reading end offsets") from None
         out = {}
         for p in range(self.info.partitions):
-            raw = self._db.get(b"e" + _PART.pack(p))
+            raw = ends.get(b"e" + _PART.pack(p))
             out[p] = _OFF.unpack(raw)[0] if raw else 0
         return out
 
@@ -301,13 +401,16 @@ class TopicReader:
                 break
             offset = _REC.unpack_from(key, 1)[1]
             if offset != expected:
-                raise LogError(
-                    f"topic {self.info.name!r} partition {partition}: offset {expected} missing "
-                    f"(found {offset}); the store is damaged"
-                )
+                raise CorruptLogError(
+                    self.info.name, str(self.info.path / "store"),
+                    f"partition {partition}: offset {expected} missing (found {offset})")
             yield offset, it.value()
             expected += 1
             it.next()
+        try:
+            it.status()
+        except Exception as exc:  # noqa: BLE001 - an iterator stops early on a corrupt block
+            raise self._corrupt(exc, f"reading partition {partition}") from None
         if expected != end:
             raise LogError(
                 f"topic {self.info.name!r} partition {partition}: asked for offsets "
@@ -329,8 +432,14 @@ class TopicReader:
             return []
         opts = ReadOptions()
         opts.set_iterate_upper_bound(b"r" + _REC.pack(partition, end))
-        raws = list(self._db.values(from_key=b"r" + _REC.pack(partition, start), read_opt=opts))
+        try:
+            raws = list(self._db.values(from_key=b"r" + _REC.pack(partition, start),
+                                        read_opt=opts))
+        except Exception as exc:  # noqa: BLE001 - rocksdict raises bare exceptions
+            raise self._corrupt(exc, f"reading partition {partition}") from None
         if len(raws) != end - start:
+            for _ in self._raw(partition, start, end):  # corruption, or records missing?
+                pass
             raise LogError(
                 f"topic {self.info.name!r} partition {partition}: asked for offsets "
                 f"[{start}, {end}) but found {len(raws)} records; was the log directory replaced?"

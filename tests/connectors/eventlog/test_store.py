@@ -19,6 +19,7 @@ from stateful_runtime.exceptions import (
     TopicExistsError,
     TopicNotFoundError,
 )
+from stateful_runtime.names import InvalidNameError
 from tests.conftest import srt
 
 
@@ -43,7 +44,7 @@ def test_create_append_read_by_offset_range(tmp_path):
     # Reading past the end is an error, not a silent short read.
     with pytest.raises(LogError, match="log ends at"):
         list(reader.read(p, 0, ends[p] + 1))
-    with pytest.raises(LogError, match="found"):
+    with pytest.raises(LogError, match="log ends at"):
         reader.read_values(p, 0, ends[p] + 1)
 
 
@@ -65,8 +66,9 @@ def test_topic_errors_say_what_to_do(tmp_path):
     with pytest.raises(TopicExistsError):
         log.create_topic("t", 3)
     assert log.create_topic("t", 2, exist_ok=True).partitions == 2
-    with pytest.raises(LogError, match="invalid topic name"):
-        log.create_topic("a/b", 1)
+    for bad in ("a/b", "..", ".hidden"):
+        with pytest.raises(InvalidNameError, match="topic name"):
+            log.create_topic(bad, 1)
 
 
 def test_idempotent_producer_appends_a_sequence_once(tmp_path):
