@@ -10,6 +10,14 @@ micro-batch changes nothing. Bad records go to topic ``upi-payments-dlq`` with t
 
     srt run examples/upi_per_minute.py --available-now --set source.log_dir=/tmp/log
 
+Into PostgreSQL, ClickHouse or Delta Lake instead of DuckDB (exactly-once on each; see README):
+
+    srt run examples/upi_per_minute.py --set sink.kind=postgres \
+        --set sink.dsn=postgresql://srt@127.0.0.1:5432/srt --set sink.password=env:PGPASSWORD
+    srt run examples/upi_per_minute.py --set sink.kind=clickhouse \
+        --set sink.url=clickhouse://default@127.0.0.1:9000/default
+    srt run examples/upi_per_minute.py --set sink.kind=delta --set sink.path=s3://bucket/upi
+
 From Kafka, into a Kafka topic (exactly-once; read it with isolation.level=read_committed):
 
     srt run examples/upi_per_minute.py --set source.kind=kafka \
@@ -18,7 +26,7 @@ From Kafka, into a Kafka topic (exactly-once; read it with isolation.level=read_
 
 from datetime import timedelta
 
-from dbt_sink import DuckDBUpsertSink
+from dbt_sink.config import warehouse_from_config
 from stateful_runtime import (
     Count,
     StreamJob,
@@ -41,10 +49,15 @@ DEFAULTS = {
     "kafka.sasl.mechanism": "",
     "kafka.sasl.username": "",
     "kafka.sasl.password": "",
-    "sink.kind": "duckdb",  # or "kafka" or "both"
+    "sink.kind": "duckdb",  # or "postgres", "clickhouse", "delta", "kafka", "both"
     "sink.kafka_topic": "upi-counts",
     "sink.delivery": "exactly_once",  # or "at_least_once"
-    "sink.database": "srt-data/upi.duckdb",
+    "sink.database": "srt-data/upi.duckdb",  # duckdb
+    "sink.dsn": "",  # postgres: postgresql://user@host:port/database
+    "sink.url": "",  # clickhouse: clickhouse://user@host:port/database (native protocol)
+    "sink.path": "",  # delta: a directory or s3://bucket/prefix
+    "sink.password": "",  # postgres/clickhouse: env:VARIABLE
+    "sink.partitions": 0,  # postgres/clickhouse: partitions written per batch (0: parallelism)
     "sink.table": "upi_counts",
     "checkpoint.dir": "srt-data/checkpoints/upi-per-minute",
     "checkpoint.interval_s": 2.0,
@@ -69,9 +82,8 @@ def build(config: dict) -> StreamJob:
         .aggregate({"payments": Count(), "amount_paise": Sum("amount_paise")},
                    name="per-merchant-minute")
     )
-    warehouse = DuckDBUpsertSink(
-        config["sink.database"],
-        config["sink.table"],
+    warehouse = warehouse_from_config(
+        config,
         key=("merchant_id", "window_start"),
         summary_sql=(
             "SELECT merchant_id, count(*) AS minutes, sum(payments) AS payments, "

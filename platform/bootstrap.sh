@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Create .venv with Python 3.11 and install the project (editable) with the given extras.
 #   platform/bootstrap.sh            runtime only
-#   platform/bootstrap.sh dev        + Dagster, Great Expectations, test services, and Debian's
+#   platform/bootstrap.sh dev        + Dagster, Great Expectations, test services, Debian's
 #                                    chromium for the Dagster UI test (platform/install-chromium.sh)
+#                                    and clickhouse-server for the ClickHouse sink tests
+#                                    (platform/install-clickhouse.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-}"
@@ -23,6 +25,8 @@ case "$extras" in
   dev)
     spec=".[dagster,dev]"
     platform/install-chromium.sh || echo "bootstrap: continuing without chromium (see above)" >&2
+    platform/install-clickhouse.sh \
+      || echo "bootstrap: continuing without clickhouse-server (see above)" >&2
     ;;
   *) echo "bootstrap: unknown extras '$extras' (use: dev)" >&2; exit 2 ;;
 esac

@@ -36,7 +36,17 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stateful_runtime.connectors.base import ERROR, META_COLUMNS, Sink
+from stateful_runtime.connectors.base import (
+    ERROR,
+    META_COLUMNS,
+    REPORT_SCHEMA,
+    SEQUENCE,
+    PartitionedSink,
+    PartitionWriteTask,
+    Sink,
+    WritePath,
+    reports_from_rows,
+)
 from stateful_runtime.connectors.dead_letters import DeadLetters
 from stateful_runtime.exceptions import PlanError
 from stateful_runtime.operators.keyed import describe_states
@@ -131,9 +141,95 @@ class QueryPlan:
     # the part of a savepoint's fingerprint that decides whether new code can restore it.
     state_layout: dict[str, dict] = field(default_factory=dict)
 
-    def write_batch(self, batch: pa.Table, batch_id: int) -> None:
-        for out in self.outputs:
-            out.sink.write_batch(out.select(batch), batch_id)
+    # Output partitions of a partitioned sink's write when the sink names none.
+    parallelism: int = 1
+
+    def write_batch(self, df: DataFrame, batch_id: int) -> SinkWrite:
+        """Write micro-batch ``batch_id`` (the query's output ``df``) to every sink, each on
+        the path it asked for (:func:`write_path`); returns the rows the sinks took and the
+        time their writes took."""
+        import time
+
+        many = len(self.outputs) > 1
+        if many:
+            df = df.persist()  # computed once for every output, not once per sink
+        rows, ms = 0, 0.0
+        batch: pa.Table | None = None
+        try:
+            for out in self.outputs:
+                path = write_path(out.sink)
+                if path.where == "executors":
+                    assert isinstance(out.sink, PartitionedSink)
+                    n, t = _write_on_executors(df, out, batch_id,
+                                               out.sink.partitions or self.parallelism)
+                else:
+                    if batch is None:
+                        batch = df.toArrow()
+                    t0 = time.perf_counter()
+                    selected = out.select(batch)
+                    out.sink.write_batch(selected, batch_id)
+                    n, t = selected.num_rows, (time.perf_counter() - t0) * 1000
+                rows += n
+                ms += t
+        finally:
+            if many:
+                df.unpersist()
+        return SinkWrite(rows, ms)
+
+
+@dataclass(frozen=True)
+class SinkWrite:
+    """What a micro-batch's sink writes took: rows given to the sinks (after a partitioned
+    sink's in-batch dedupe) and milliseconds spent writing (on the executor path: the slowest
+    partition's write plus the driver's begin and commit; tasks write in parallel)."""
+
+    rows: int
+    ms: float
+
+
+def write_path(sink: Sink) -> WritePath:
+    """Where ``sink``'s batches are written (explain prints it)."""
+    return sink.write_path()
+
+
+def _write_on_executors(df: DataFrame, out: QueryOutput, batch_id: int, partitions: int
+                        ) -> tuple[int, float]:
+    """The executor write protocol (:class:`~stateful_runtime.connectors.base.PartitionedSink`):
+    begin on the driver, one task per output partition (repartitioned by the sink's key, each
+    row numbered in batch order so the in-batch winner is stable), collect the small reports,
+    commit on the driver after every partition succeeded."""
+    import time
+
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+
+    sink = out.sink
+    assert isinstance(sink, PartitionedSink)
+    schema = out.select(to_arrow_schema(df.schema).empty_table()).schema
+    t0 = time.perf_counter()
+    if not sink.begin_batch(batch_id, schema):
+        return 0, (time.perf_counter() - t0) * 1000
+    begin_ms = (time.perf_counter() - t0) * 1000
+    rows = df
+    if schema != to_arrow_schema(df.schema):
+        select = out.select
+
+        def cut(batches):  # the sink's rows of each upstream partition (side outputs...)
+            for b in batches:
+                yield from select(pa.Table.from_batches([b])).to_batches()
+
+        rows = df.mapInArrow(cut, from_arrow_schema(schema))
+    rows = (rows.withColumn(SEQUENCE, F.monotonically_increasing_id())
+            .repartition(partitions, *[F.col(k) for k in sink.key_columns]))
+    task = PartitionWriteTask(sink, batch_id, partitions,
+                              schema.append(pa.field(SEQUENCE, pa.int64(), False)))
+    reports = reports_from_rows(
+        rows.mapInArrow(task, from_arrow_schema(REPORT_SCHEMA)).collect())
+    t1 = time.perf_counter()
+    sink.commit_batch(batch_id, reports)
+    commit_ms = (time.perf_counter() - t1) * 1000
+    slowest = max((r.write_ms for r in reports), default=0.0)
+    return sum(r.rows for r in reports), begin_ms + slowest + commit_ms
 
 
 @dataclass
@@ -385,6 +481,7 @@ def _build_pipeline(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | No
         ops.append(lambda df: df.drop(EVENT_TIME))
 
     outputs = []
+    first_sink_step = len(steps)
     for sink_node, side in p.sinks:
         sink = sink_node.sink
         if path in ("process", "window"):
@@ -402,11 +499,17 @@ def _build_pipeline(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | No
         else:
             steps.append(f"sink {sink_node.name}: {sink.describe()}")
             outputs.append(QueryOutput(sink_node.name, sink))
+        wp = write_path(sink)
+        where = (f"on the executors, {getattr(sink, 'partitions', None) or job.parallelism} "
+                 f"partitions by {', '.join(sink.key_columns)}" if wp.where == "executors"
+                 else "on the driver")
+        steps.append(f"write {sink_node.name} {where}: {wp.why}")
     output_mode = "append"
     if upsert_required:
         sink = outputs[0].sink
         output_mode = "update" if sink.upsert else "append"
-        steps.insert(-1, "emit: every update of an open window (the sink upserts by key)"
+        steps.insert(first_sink_step,
+                     "emit: every update of an open window (the sink upserts by key)"
                      if sink.upsert
                      else "emit: each window once, when the watermark passes its end")
     src = p.src
@@ -418,7 +521,7 @@ def _build_pipeline(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | No
         return df
 
     return QueryPlan(p.name, outputs, output_mode, path, reason, steps, build, stateful,
-                     dead_letters, layout)
+                     dead_letters, layout, job.parallelism)
 
 
 def plan(job: StreamJob) -> Plan:

@@ -202,3 +202,215 @@ def s3(srt_env: dict[str, str]) -> Iterator[S3Endpoint]:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+# -- warehouses (dbt_sink): real servers on 127.0.0.1 ------------------------------------------
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pg_binary(name: str) -> str:
+    import glob
+    import shutil
+
+    found = shutil.which(name) or next(iter(sorted(
+        glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)), None)
+    if not found:
+        pytest.skip(f"PostgreSQL's {name} is not installed (Debian: postgresql)")
+    return found
+
+
+@dataclass
+class PostgresServer:
+    """A PostgreSQL cluster of its own (initdb + pg_ctl), trust auth for user ``srt``."""
+
+    dir: Path
+    port: int
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://srt@127.0.0.1:{self.port}/postgres"
+
+    def _ctl(self, *args: str) -> None:
+        cmd = [_pg_binary("pg_ctl"), "-D", str(self.dir / "data"), *args]
+        if os.geteuid() == 0:  # PostgreSQL refuses to run as root
+            cmd = ["runuser", "-u", "postgres", "--", *cmd]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=60)
+
+    def start(self) -> None:
+        self._ctl("-o", f"-p {self.port} -k {self.dir / 'data'} -c listen_addresses=127.0.0.1 "
+                  "-c fsync=off -c max_connections=50", "-l", str(self.dir / "log"), "-w",
+                  "start")
+
+    def stop(self) -> None:
+        self._ctl("-m", "immediate", "-w", "stop")  # as a crash would: no checkpoint
+
+    def database(self, name: str) -> str:
+        """A fresh database; its DSN."""
+        import psycopg
+
+        with psycopg.connect(self.dsn, autocommit=True) as con:
+            con.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            con.execute(f'CREATE DATABASE "{name}"')
+        return f"postgresql://srt@127.0.0.1:{self.port}/{name}"
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """One PostgreSQL for the session; each test takes a database of its own."""
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="srt-pg-"))
+    initdb = [_pg_binary("initdb"), "-D", str(root / "data"), "-U", "srt", "--auth=trust",
+              "--no-sync"]
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres")
+        initdb = ["runuser", "-u", "postgres", "--", *initdb]
+    subprocess.run(initdb, check=True, capture_output=True, timeout=120)
+    server = PostgresServer(root, free_port())
+    server.start()
+    yield server
+    try:
+        server.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def pg_dsn(postgres: PostgresServer, request: pytest.FixtureRequest) -> str:
+    import re
+
+    return postgres.database("t_" + re.sub(r"\W", "_", request.node.name.lower())[:50])
+
+
+@dataclass
+class ClickHouseServer:
+    """Debian's clickhouse-server (18.16) as a plain process on 127.0.0.1."""
+
+    dir: Path
+    tcp_port: int
+    http_port: int
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"clickhouse://default@127.0.0.1:{self.tcp_port}/default"
+
+    def start(self) -> None:
+        import urllib.request
+
+        d = self.dir
+        for sub in ("tmp", "uf", "fs"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        with (d / "out").open("a") as out:
+            self.proc = subprocess.Popen(
+                ["clickhouse-server", "--config-file=/etc/clickhouse-server/config.xml", "--",
+                 f"--path={d}/", f"--tmp_path={d}/tmp/", f"--user_files_path={d}/uf/",
+                 f"--format_schema_path={d}/fs/", f"--http_port={self.http_port}",
+                 f"--tcp_port={self.tcp_port}", "--listen_host=127.0.0.1",
+                 f"--logger.log={d}/log", f"--logger.errorlog={d}/err"],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/ping",
+                                            timeout=1) as r:
+                    if r.read().strip() == b"Ok.":
+                        return
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"clickhouse-server did not start:\n"
+                                   f"{(d / 'out').read_text()[-2000:]}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()  # as a crash would
+            self.proc.wait()
+
+    def database(self, name: str) -> str:
+        from clickhouse_driver import Client
+
+        c = Client(host="127.0.0.1", port=self.tcp_port)
+        c.execute(f"DROP DATABASE IF EXISTS {name}")
+        c.execute(f"CREATE DATABASE {name}")
+        c.disconnect()
+        return f"clickhouse://default@127.0.0.1:{self.tcp_port}/{name}"
+
+
+@pytest.fixture(scope="session")
+def clickhouse(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClickHouseServer]:
+    """One ClickHouse server for the session (installed by platform/install-clickhouse.sh);
+    each test takes a database of its own."""
+    import shutil
+
+    if not shutil.which("clickhouse-server"):
+        pytest.skip("clickhouse-server is not installed: run platform/install-clickhouse.sh")
+    server = ClickHouseServer(tmp_path_factory.mktemp("clickhouse"), free_port(), free_port())
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def ch_url(clickhouse: ClickHouseServer, request: pytest.FixtureRequest) -> str:
+    import re
+
+    return clickhouse.database("t_" + re.sub(r"\W", "_", request.node.name.lower())[:50])
+
+
+def utc_naive(value):  # noqa: ANN001, ANN201  (datetime or anything)
+    """A timestamp as the oracle keys it: naive UTC (ClickHouse returns aware ones)."""
+    from datetime import UTC, datetime
+
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return value.astimezone(UTC).replace(tzinfo=None)
+    return value
+
+
+def read_counts(kind: str, where: str, table: str = "upi_counts") -> dict:
+    """A UPI counts table as {(merchant_id, window_start): (payments, amount_paise)}: from
+    DuckDB (a file), PostgreSQL (a DSN), ClickHouse (a URL; with FINAL) or Delta (a path)."""
+    sql = f"SELECT merchant_id, window_start, payments, amount_paise FROM {table}"
+    if kind == "duckdb":
+        import duckdb
+
+        con = duckdb.connect(where, read_only=True)
+        try:
+            rows = con.execute(sql).fetchall()
+        finally:
+            con.close()
+    elif kind == "postgres":
+        import psycopg
+
+        with psycopg.connect(where) as con:
+            rows = con.execute(sql).fetchall()
+    elif kind == "clickhouse":
+        from dbt_sink.clickhouse import ClickHouseUpsertSink
+
+        sink = ClickHouseUpsertSink(where, table, ("merchant_id", "window_start"))
+        client = sink._client()
+        try:
+            rows = client.query(sql + " FINAL")
+        finally:
+            client.close()
+    elif kind == "delta":
+        from dbt_sink.delta import DeltaUpsertSink
+
+        t = DeltaUpsertSink(where, table, ("merchant_id",)).read_arrow()
+        rows = list(zip(*(t.column(c).to_pylist() for c in
+                          ("merchant_id", "window_start", "payments", "amount_paise")),
+                        strict=True)) if t.num_rows else []
+    else:
+        raise ValueError(kind)
+    out = {(m, utc_naive(w)): (p, a) for m, w, p, a in rows}
+    assert len(out) == len(rows), f"{kind}: duplicate keys in {table}"
+    return out

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.types import (
     BinaryType,
     IntegerType,
@@ -23,7 +24,7 @@ from pyspark.sql.types import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterator, Sequence
 
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.datasource import DataSource
@@ -118,6 +119,9 @@ class Sink(ABC):
 
     ``upsert`` says whether the sink can take a new version of a row it already has (same key):
     the planner then emits window results on every update, not only when a window closes.
+
+    A sink with large output can be written by Spark's executors instead of the driver:
+    subclass :class:`PartitionedSink`.
     """
 
     upsert: bool = False
@@ -149,6 +153,154 @@ class Sink(ABC):
 
     def describe(self) -> str:
         return self.default_name()
+
+    def write_path(self) -> WritePath:
+        """Where batches are written and why (``explain``): a plain sink on the driver."""
+        return WritePath("driver", "the sink takes each batch whole (collected to the job "
+                         "process)")
+
+
+@dataclass(frozen=True)
+class WritePath:
+    """Where a sink's batches are written, and why (``explain`` prints both).
+
+    Attributes:
+        where: ``"executors"`` (each output partition by the task that computed it) or
+            ``"driver"`` (the batch collected to the job process as one Arrow table).
+        why: the reason, one clause.
+    """
+
+    where: str
+    why: str
+
+
+@dataclass(frozen=True)
+class PartitionReport:
+    """What one task reports to the driver after writing its partition of a batch.
+
+    Attributes:
+        partition: the output partition (0 ≤ partition < partitions).
+        rows: rows of the partition after the in-batch dedupe.
+        written: rows written now (0 when an earlier attempt had already written them).
+        write_ms: time the task spent writing.
+        note: what the sink wants the driver to know (e.g. ``"replay"``), free text.
+    """
+
+    partition: int
+    rows: int
+    written: int
+    write_ms: float
+    note: str = ""
+
+
+# Hidden column the executor path adds: a row's position in the batch's output (upstream
+# partition, then offset in it), so the in-batch winner of a key is the same on every replay.
+SEQUENCE = "__srt_seq"
+
+
+def prepare_rows(batch: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """The rows a sink writes for one partition: one row per key — the last in batch order
+    (the row with the highest :data:`SEQUENCE` if present, else the last position) — sorted
+    by key, without :data:`SEQUENCE`. Deterministic: a replayed batch gives the same rows in
+    the same order, so chunks cut from it are the same too."""
+    if batch.num_rows == 0:
+        return batch.drop_columns([SEQUENCE]) if SEQUENCE in batch.column_names else batch
+    if SEQUENCE not in batch.column_names:
+        batch = batch.append_column(SEQUENCE, pa.array(range(batch.num_rows), pa.int64()))
+    last = batch.group_by(list(keys), use_threads=False).aggregate([(SEQUENCE, "max")])
+    if last.num_rows != batch.num_rows:
+        batch = batch.filter(pc.is_in(batch.column(SEQUENCE),
+                                     value_set=last.column(f"{SEQUENCE}_max")))
+    return batch.sort_by([(k, "ascending") for k in keys]).drop_columns([SEQUENCE])
+
+
+class PartitionedSink(Sink):
+    """A sink whose batches are written by Spark's executors, one output partition per task.
+
+    Per micro-batch ``N`` the runtime repartitions the batch's output by ``key_columns`` into
+    ``partitions`` partitions (a key lives in exactly one), then:
+
+    * driver: ``begin_batch(N, schema)`` — create or evolve the target; ``False`` means the
+      ledger already has ``N`` committed (a replay after a crash between the sink's commit
+      and Spark's), and nothing else runs for this batch.
+    * executors: ``write_partition(rows, N, p, partitions)`` in the task that computed
+      partition ``p``: ``rows`` has one row per key (the last in batch order wins, see
+      :func:`prepare_rows`), sorted by key. The idempotency key is ``(job, sink, N, p,
+      partitions)``: a repeated call (Spark's task retry, or the replay of a batch that
+      crashed between partitions) must change nothing.
+    * driver: ``commit_batch(N, reports)`` once every partition reported success: record
+      ``N`` in the ledger. A failed task fails the batch before this; Spark replays it.
+
+    The sink object is pickled to the executors after ``open``: keep connections out of its
+    pickled state (``__getstate__``) and open them per task. ``write_batch`` runs the same
+    protocol on the driver as one partition (:meth:`write_path` says which path a sink takes
+    and why; the planner prints it).
+    """
+
+    upsert = True
+    # Output partitions per batch; None: the job's parallelism.
+    partitions: int | None = None
+
+    def write_path(self) -> WritePath:
+        return WritePath("executors", "each output partition is written by the task that "
+                         "computed it; the driver commits the batch after all reported")
+
+    def begin_batch(self, batch_id: int, schema: pa.Schema) -> bool:
+        """Driver, before the tasks: prepare the target; False if ``batch_id`` is committed."""
+        return True
+
+    @abstractmethod
+    def write_partition(self, rows: pa.Table, batch_id: int, partition: int,
+                        partitions: int) -> PartitionReport:
+        """Executor: write one partition of batch ``batch_id`` idempotently."""
+
+    @abstractmethod
+    def commit_batch(self, batch_id: int, reports: Sequence[PartitionReport]) -> None:
+        """Driver, after every partition succeeded: record the batch in the ledger."""
+
+    def write_batch(self, batch: pa.Table, batch_id: int) -> None:
+        """The driver path: the whole batch as partition 0 of 1."""
+        if not self.begin_batch(batch_id, batch.schema):
+            return
+        report = self.write_partition(prepare_rows(batch, self.key_columns), batch_id, 0, 1)
+        self.commit_batch(batch_id, [report])
+
+
+REPORT_SCHEMA = pa.schema([("partition", pa.int32()), ("rows", pa.int64()),
+                           ("written", pa.int64()), ("write_ms", pa.float64()),
+                           ("note", pa.string())])
+
+
+class PartitionWriteTask:
+    """The function ``mapInArrow`` runs per output partition on an executor: gather the
+    partition, :func:`prepare_rows`, ``sink.write_partition``, yield one report row.
+    Picklable (the sink is, after ``open``)."""
+
+    def __init__(self, sink: PartitionedSink, batch_id: int, partitions: int,
+                 schema: pa.Schema) -> None:
+        self.sink, self.batch_id, self.partitions, self.schema = sink, batch_id, partitions, schema
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        partition = ctx.partitionId() if ctx is not None else 0
+        table = pa.Table.from_batches(list(batches), schema=self.schema)
+        rows = prepare_rows(table, self.sink.key_columns)
+        report = self.sink.write_partition(rows, self.batch_id, partition, self.partitions)
+        yield pa.RecordBatch.from_pylist([{
+            "partition": report.partition, "rows": report.rows, "written": report.written,
+            "write_ms": report.write_ms, "note": report.note}], schema=REPORT_SCHEMA)
+
+
+def reports_from_rows(rows: Sequence[Any]) -> list[PartitionReport]:
+    """Collected report rows (Spark ``Row`` objects or dicts) as :class:`PartitionReport`."""
+    out = []
+    for r in rows:
+        d = r.asDict() if hasattr(r, "asDict") else dict(r)
+        out.append(PartitionReport(int(d["partition"]), int(d["rows"]), int(d["written"]),
+                                   float(d["write_ms"]), d.get("note") or ""))
+    return sorted(out, key=lambda r: r.partition)
 
 
 class DeadLetterSink(Protocol):

@@ -1,7 +1,9 @@
 """Job-file config keys shared by the examples: which source and which sink, by configuration.
 
 ``source.kind`` picks the source (``log``: the embedded event log, ``kafka``); ``sink.kind``
-picks where results go (a warehouse sink the job file builds, ``kafka``, or ``both``).
+picks where results go: a warehouse (``duckdb``, ``postgres``, ``clickhouse``, ``delta``; the
+job file builds it, e.g. with ``dbt_sink.config.warehouse_from_config``), ``kafka``, or
+``both`` (the warehouse and Kafka).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from stateful_runtime.connectors.base import Sink, Source
 from stateful_runtime.exceptions import ConfigError
 
 SOURCE_KINDS = ("log", "kafka")
-SINK_KINDS = ("duckdb", "kafka", "both")
+WAREHOUSE_KINDS = ("duckdb", "postgres", "clickhouse", "delta")
+SINK_KINDS = (*WAREHOUSE_KINDS, "kafka", "both")
 
 
 def source_from_config(config: Mapping[str, Any], schema: StructType | Mapping[str, Any]
@@ -35,14 +38,14 @@ def source_from_config(config: Mapping[str, Any], schema: StructType | Mapping[s
 
 def sinks_from_config(config: Mapping[str, Any], warehouse: Sink, *,
                       key: Sequence[str] = ()) -> list[Sink]:
-    """The sinks ``sink.kind`` names: ``duckdb`` (``warehouse``), ``kafka`` (a
+    """The sinks ``sink.kind`` names: a warehouse kind (``warehouse``), ``kafka`` (a
     :class:`~stateful_runtime.connectors.kafka.sink.KafkaSink` on ``sink.kafka_topic``), or
     ``both``."""
     kind = config.get("sink.kind", "duckdb")
     if kind not in SINK_KINDS:
         raise ConfigError(f"sink.kind={kind!r}: use one of {SINK_KINDS}")
     out: list[Sink] = []
-    if kind in ("duckdb", "both"):
+    if kind in (*WAREHOUSE_KINDS, "both"):
         out.append(warehouse)
     if kind in ("kafka", "both"):
         from stateful_runtime.connectors.kafka.sink import KafkaSink

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,13 @@ def redacted(config: dict[str, Any]) -> dict[str, Any]:
     given as ``env:NAME`` (a reference, not the secret)."""
     from stateful_runtime.connectors.kafka.client import is_secret
 
-    return {k: ("***" if is_secret(k) and v and not str(v).startswith("env:") else v)
+    return {k: ("***" if is_secret(k) and v and not str(v).startswith("env:")
+                else _URL_PASSWORD.sub(r"\1***@", v) if isinstance(v, str) else v)
             for k, v in config.items()}
+
+
+# A password inside a URL (``sink.dsn=postgresql://user:pw@host/db``): masked, ``env:`` too.
+_URL_PASSWORD = re.compile(r"(\w[\w+.-]*://[^:/@\s]*:)[^@\s]+@")
 
 
 def write(job: str, entry: dict[str, Any]) -> None:

@@ -50,7 +50,8 @@ class BatchCommitted:
     """What ``on_batch`` listeners hear after each committed micro-batch of a query.
 
     ``sink_write_ms``/``sink_rows``: time spent in, and rows given to, the query's sinks for
-    this batch (every output); ``health`` is what the registry and ``srt status`` show;
+    this batch (every output; :class:`~stateful_runtime.planner.SinkWrite` says how the
+    executor path counts them); ``health`` is what the registry and ``srt status`` show;
     ``progress`` is Spark's ``StreamingQueryProgress`` as JSON; ``mirror`` is what the
     checkpoint mirror uploaded after this batch (None: no mirror, or nothing new).
     """
@@ -69,10 +70,8 @@ class BatchCommitted:
 def _foreach_batch(query: QueryPlan, timings: dict[tuple[str, int], tuple[float, int]]
                    ) -> Callable[[DataFrame, int], None]:
     def write(df: DataFrame, batch_id: int) -> None:
-        batch = df.toArrow()
-        t0 = time.perf_counter()
-        query.write_batch(batch, batch_id)
-        timings[(query.name, batch_id)] = ((time.perf_counter() - t0) * 1000, batch.num_rows)
+        done = query.write_batch(df, batch_id)
+        timings[(query.name, batch_id)] = (done.ms, done.rows)
 
     return write
 

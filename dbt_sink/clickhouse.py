@@ -1,0 +1,424 @@
+"""ClickHouse upsert sink: exactly-once without transactions, written from Spark's executors.
+
+ClickHouse has no multi-statement transaction, so data and ledger cannot commit together.
+The design follows ClickHouse's Kafka Connect sink (per-partition state BEFORE/AFTER around
+each insert; a replay inserts the identical rows again, and the copies are absorbed):
+
+* The table is ``ReplacingMergeTree(_srt_batch) ORDER BY (key)``: every row carries the batch
+  that wrote it, so for a key the row of the latest batch wins, and the replay of a batch
+  writes rows identical to the first attempt's (same key, same version, same values).
+  Readers use ``FINAL`` (or ``argMax``) to see one row per key before merges have run.
+* The ledger ``srt_sink_ledger`` (append-only MergeTree) holds, per ``(job, sink, batch,
+  partition, partitions)``, a ``BEFORE`` row when a task starts inserting (rows, chunks) and
+  an ``AFTER`` row when every chunk is in; the driver adds ``COMMITTED`` for the batch
+  (``partition = -1``) once every partition reported. A task that finds ``AFTER`` writes
+  nothing; one that finds only ``BEFORE`` is a replay of an interrupted insert and inserts the
+  same chunks again.
+* Servers ≥ 22.2: each chunk is inserted with ``insert_deduplication_token =
+  job/sink/batch/partition-of-partitions/chunk`` and the table keeps
+  ``non_replicated_deduplication_window`` blocks, so the server drops a replayed chunk: the
+  raw table holds no copies. Older servers (Debian's 18.16) have neither; a replayed chunk is
+  stored twice until a merge collapses it, and ``FINAL`` reads exactly one row per key.
+  ``describe()`` (and so ``srt explain``) says which holds for the server it reached.
+
+URLs: ``clickhouse://user[:password]@host:9000/database`` (native protocol, clickhouse-driver;
+the password may be ``env:NAME``), or ``chdb:///path`` (chdb, ClickHouse in this process: one
+process per directory, so it is written from the driver).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pyarrow as pa
+
+from dbt_sink.partitioned import (
+    Column,
+    PartitionedWarehouseSink,
+    RetryPolicy,
+    hook,
+    mask_url,
+    options,
+    secret,
+)
+from stateful_runtime.connectors.base import PartitionReport, SinkSummary, WritePath
+from stateful_runtime.exceptions import ConfigError, SinkError
+
+LEDGER_TABLE = "srt_sink_ledger"
+VERSION_COLUMN = "_srt_batch"
+# Rows per INSERT: one block per chunk (well under the server's max_insert_block_size of
+# 1,048,576, which would split a block and its token), small enough to stream from a task.
+CHUNK_ROWS = 100_000
+# Blocks whose tokens the table remembers: a batch writes partitions × chunks blocks (4 × 1 in
+# the UPI job) and only the batch in flight can be replayed, so 1,000 covers it many times.
+DEDUP_WINDOW = 1000
+# First release with insert_deduplication_token (and non_replicated_deduplication_window).
+TOKENS_SINCE = (22, 2)
+DATETIME64_SINCE = (20, 1)
+MUTATION_WAIT_S = 120.0
+
+
+def _q(name: str) -> str:
+    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
+
+
+def _lit(value: Any) -> str:
+    """A SQL literal (strings escaped ClickHouse's way; ints as ints)."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise TypeError(f"literal of {type(value).__name__}")
+    if isinstance(value, int):
+        return str(value)
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def ch_type(t: pa.DataType, version: tuple[int, ...]) -> str:
+    """The ClickHouse type of an Arrow type (not Nullable-wrapped)."""
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "String"
+    for check, name in ((pa.types.is_int64, "Int64"), (pa.types.is_int32, "Int32"),
+                        (pa.types.is_int16, "Int16"), (pa.types.is_int8, "Int8"),
+                        (pa.types.is_uint64, "UInt64"), (pa.types.is_uint32, "UInt32"),
+                        (pa.types.is_float64, "Float64"), (pa.types.is_float32, "Float32"),
+                        (pa.types.is_boolean, "UInt8"), (pa.types.is_date32, "Date")):
+        if check(t):
+            return name
+    if pa.types.is_timestamp(t):
+        # Stored in UTC either way; 18.16 has DateTime only (seconds).
+        return ("DateTime64(6, 'UTC')" if version >= DATETIME64_SINCE else "DateTime('UTC')")
+    raise SinkError(f"ClickHouse sink: no column type for Arrow type {t}; cast the column in "
+                    f"the job (string, integer, float, boolean, timestamp, date)")
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split(".")[:3] if p.isdigit())
+
+
+class _Native:
+    """clickhouse-driver on the native protocol (works with 18.16 and current servers)."""
+
+    def __init__(self, url: str, password: str | None, timeout_s: float) -> None:
+        from clickhouse_driver import Client
+
+        parts = urlsplit(url)
+        self.database = (parts.path or "/default").strip("/") or "default"
+        self.client = Client(host=parts.hostname or "127.0.0.1", port=parts.port or 9000,
+                             user=parts.username or "default", password=password or "",
+                             database=self.database, connect_timeout=timeout_s,
+                             send_receive_timeout=max(timeout_s, 300))
+
+    def query(self, sql: str) -> list[tuple]:
+        return self.client.execute(sql)
+
+    def query_with_names(self, sql: str) -> tuple[list[str], list[tuple]]:
+        rows, cols = self.client.execute(sql, with_column_types=True)
+        return [c[0] for c in cols], rows
+
+    def command(self, sql: str) -> None:
+        self.client.execute(sql)
+
+    def insert(self, table: str, rows: pa.Table, token: str | None) -> None:
+        cols = ", ".join(_q(c) for c in rows.column_names)
+        # The setting goes in the statement: clickhouse-driver silently drops settings it does
+        # not know, the server refuses a SETTINGS clause it does not know. No silent pass.
+        settings = f" SETTINGS insert_deduplication_token = {_lit(token)}" if token else ""
+        self.client.execute(f"INSERT INTO {table} ({cols}){settings} VALUES",
+                            [c.to_pylist() for c in rows.columns], columnar=True)
+
+    def close(self) -> None:
+        self.client.disconnect()
+
+
+class _Chdb:
+    """chdb (ClickHouse in this process) through clickhouse-connect's ``chdb://`` backend."""
+
+    _clients: dict[str, Any] = {}  # one session per directory per process
+
+    def __init__(self, url: str) -> None:
+        import clickhouse_connect
+
+        path = urlsplit(url).path
+        self.database = parse_qs(urlsplit(url).query).get("database", ["default"])[0]
+        if path not in self._clients:
+            self._clients[path] = clickhouse_connect.get_client(dsn=f"chdb://{path}")
+        self.client = self._clients[path]
+        if self.database != "default":
+            self.client.command(f"CREATE DATABASE IF NOT EXISTS {_q(self.database)}")
+
+    def query(self, sql: str) -> list[tuple]:
+        return list(self.client.query(sql).result_rows)
+
+    def query_with_names(self, sql: str) -> tuple[list[str], list[tuple]]:
+        res = self.client.query(sql)
+        return list(res.column_names), list(res.result_rows)
+
+    def command(self, sql: str) -> None:
+        self.client.command(sql)
+
+    def insert(self, table: str, rows: pa.Table, token: str | None) -> None:
+        settings = {"insert_deduplication_token": token} if token else None
+        self.client.insert_arrow(table.replace("`", ""), rows, settings=settings)
+
+    def close(self) -> None:
+        pass  # the session lives as long as the process (a second open would be refused)
+
+
+class ClickHouseUpsertSink(PartitionedWarehouseSink):
+    """Upsert into a ClickHouse ``ReplacingMergeTree`` table, exactly once (read with FINAL).
+
+    Args:
+        url: ``clickhouse://user[:password]@host:port/database`` (native protocol) or
+            ``chdb:///directory``.
+        table: table name.
+        key: the table's unique key columns (its ``ORDER BY``).
+        password: password or ``env:NAME`` (overrides the URL's; never shown).
+        partitions, retry, summary_sql: see
+            :class:`~dbt_sink.partitioned.PartitionedWarehouseSink`.
+        connect_timeout_s: per connection attempt.
+    """
+
+    kind = "ClickHouse"
+
+    def __init__(self, url: str, table: str, key: Sequence[str], *, password: str | None = None,
+                 partitions: int | None = None, retry: RetryPolicy | None = None,
+                 summary_sql: str | None = None, connect_timeout_s: float = 5.0) -> None:
+        super().__init__(table, key, partitions=partitions, retry=retry,
+                         summary_sql=summary_sql)
+        scheme = urlsplit(url).scheme
+        if scheme not in ("clickhouse", "chdb"):
+            raise ConfigError(f"ClickHouse url must be clickhouse://user@host:port/database or "
+                              f"chdb:///path, got {mask_url(url)!r}")
+        self.url = url
+        self.password = password if password is not None else urlsplit(url).password
+        self.connect_timeout_s = connect_timeout_s
+        self.server_version: tuple[int, ...] | None = None
+        self.tokens: bool | None = None
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], key: Sequence[str], **kw: Any
+                    ) -> ClickHouseUpsertSink:
+        """From ``sink.url``, ``sink.table``, ``sink.password``, ``sink.partitions``."""
+        if not config.get("sink.url"):
+            raise ConfigError("sink.kind=clickhouse needs "
+                              "sink.url=clickhouse://user@host:port/database")
+        o = options(config, "password", "partitions")
+        return cls(config["sink.url"], config["sink.table"], key, password=o.get("password"),
+                   partitions=int(o.get("partitions") or 0) or None, **kw)
+
+    @property
+    def in_process(self) -> bool:
+        return self.url.startswith("chdb:")
+
+    @property
+    def location(self) -> str:
+        return mask_url(self.url)
+
+    def write_path(self) -> WritePath:
+        if self.in_process:
+            return WritePath("driver", "chdb keeps its directory open in one process only")
+        return super().write_path()
+
+    def _client(self) -> _Native | _Chdb:
+        if self.in_process:
+            return _Chdb(self.url)
+        return _Native(self.url, secret(self.password), self.connect_timeout_s)
+
+    def transient(self, exc: BaseException) -> bool:
+        from clickhouse_driver import errors
+
+        if isinstance(exc, errors.NetworkError | errors.SocketTimeoutError | EOFError
+                      | ConnectionError | TimeoutError | OSError):
+            return True
+        # 202 TOO_MANY_SIMULTANEOUS_QUERIES, 252 TOO_MANY_PARTS, 209 SOCKET_TIMEOUT,
+        # 210 NETWORK_ERROR, 241 MEMORY_LIMIT_EXCEEDED: the server asks to come back later.
+        return getattr(exc, "code", None) in (202, 209, 210, 241, 252)
+
+    def _run(self, what: str, step: Any) -> Any:
+        def attempt() -> Any:
+            client = self._client()
+            try:
+                return step(client)
+            finally:
+                client.close()
+
+        return self.retry.run(attempt, what=f"ClickHouse {self.location} ({what})",
+                              transient=self.transient)
+
+    def _detect(self, client: _Native | _Chdb) -> None:
+        version = parse_version(client.query("SELECT version()")[0][0])
+        # Checked by name, not by version alone: a setting the server lacks would be refused.
+        known = client.query("SELECT count() FROM system.settings WHERE name = "
+                             "'insert_deduplication_token'")[0][0]
+        self.server_version = version
+        self.tokens = bool(known) and version >= TOKENS_SINCE
+
+    def guarantee(self) -> str:
+        if self.tokens is None:
+            try:
+                self._run("server version", self._detect)
+            except SinkError:
+                return ("server not reachable now: exactly-once either way; with a server "
+                        "≥ 22.2 replayed chunks are dropped by insert tokens, older servers "
+                        "keep them until merges and FINAL reads one row per key")
+        v = ".".join(map(str, self.server_version or ()))
+        if self.tokens:
+            return (f"server {v}: exactly-once; replayed chunks dropped by "
+                    f"insert_deduplication_token (window {DEDUP_WINDOW} blocks); read with FINAL "
+                    f"until merges collapse superseded versions")
+        return (f"server {v} has no insert_deduplication_token: exactly-once as read with "
+                f"FINAL (one row per key, the latest batch's); a replayed chunk's copies stay "
+                f"in the raw table until a merge")
+
+    def describe(self) -> str:
+        return (f"ClickHouse {self.location} table {self.table} (ReplacingMergeTree("
+                f"{VERSION_COLUMN}) ORDER BY {', '.join(self.key_columns)}; ledger "
+                f"{LEDGER_TABLE} BEFORE/AFTER per partition; {self.guarantee()})")
+
+    @property
+    def _table(self) -> str:
+        return _q(self.table)
+
+    # -- driver ---------------------------------------------------------------------------
+
+    def begin_batch(self, batch_id: int, schema: pa.Schema) -> bool:
+        def step(c: _Native | _Chdb) -> bool:
+            self._detect(c)
+            assert self.server_version is not None
+            c.command(
+                f"CREATE TABLE IF NOT EXISTS {LEDGER_TABLE} (job String, sink String, "
+                "batch_id Int64, partition Int32, partitions Int32, state String, rows Int64, "
+                "chunks Int32, at DateTime, seq UInt64) ENGINE = MergeTree "
+                "ORDER BY (job, sink, batch_id, partition)")
+            want = [Column(f.name, self._column_type(f)) for f in schema]
+            exists = c.query(f"SELECT count() FROM system.tables WHERE database = "
+                             f"{_lit(c.database)} AND name = {_lit(self.table)}")[0][0]
+            have = ([Column(r[0], r[1]) for r in c.query(f"DESCRIBE TABLE {self._table}")]
+                    if exists else [])
+            window = (f" SETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW}"
+                      if self.tokens else "")
+            if not have:
+                cols = ", ".join(f"{_q(x.name)} {x.type}" for x in want)
+                keys = ", ".join(_q(k) for k in self.key_columns)
+                c.command(f"CREATE TABLE IF NOT EXISTS {self._table} ({cols}, "
+                          f"{VERSION_COLUMN} UInt64) ENGINE = ReplacingMergeTree("
+                          f"{VERSION_COLUMN}) ORDER BY ({keys}){window}")
+            else:
+                for x in self.evolve([h for h in have if h.name != VERSION_COLUMN], want):
+                    c.command(f"ALTER TABLE {self._table} ADD COLUMN "
+                              f"{_q(x.name)} {x.type}")
+                if self.tokens:  # a table created by an older server: remember tokens now
+                    c.command(f"ALTER TABLE {self._table} MODIFY SETTING "
+                              f"non_replicated_deduplication_window = {DEDUP_WINDOW}")
+            return not self._committed(c, batch_id)
+
+        return bool(self._run(f"prepare batch {batch_id}", step))
+
+    def _column_type(self, f: pa.Field) -> str:
+        assert self.server_version is not None
+        t = ch_type(f.type, self.server_version)
+        return t if f.name in self.key_columns else f"Nullable({t})"
+
+    def _where(self, batch_id: int) -> str:
+        return (f"job = {_lit(self.job)} AND sink = {_lit(self.sink_name)} AND batch_id = "
+                f"{_lit(batch_id)}")
+
+    def _committed(self, c: _Native | _Chdb, batch_id: int) -> bool:
+        return bool(c.query(f"SELECT count() FROM {LEDGER_TABLE} WHERE {self._where(batch_id)} "
+                            f"AND partition = -1 AND state = 'COMMITTED'")[0][0])
+
+    def _ledger(self, c: _Native | _Chdb, batch_id: int, partition: int, partitions: int,
+                state: str, rows: int, chunks: int) -> None:
+        c.command(
+            f"INSERT INTO {LEDGER_TABLE} (job, sink, batch_id, partition, partitions, state, "
+            f"rows, chunks, at, seq) SELECT {_lit(self.job)}, {_lit(self.sink_name)}, "
+            f"{_lit(batch_id)}, {_lit(partition)}, {_lit(partitions)}, {_lit(state)}, "
+            f"{_lit(rows)}, {_lit(chunks)}, now(), {_lit(time.time_ns())}")
+
+    def commit_batch(self, batch_id: int, reports: Sequence[PartitionReport]) -> None:
+        hook("commit", batch_id)
+        rows = sum(r.rows for r in reports)
+
+        def step(c: _Native | _Chdb) -> None:
+            if not self._committed(c, batch_id):
+                self._ledger(c, batch_id, -1, len(reports), "COMMITTED", rows, 0)
+
+        self._run(f"commit batch {batch_id}", step)
+
+    def rewind(self, batch_id: int) -> None:
+        """Delete the rows and ledger entries of batches after ``batch_id`` (mutations, waited
+        for): their re-execution must not lose against their old, higher versions."""
+        def step(c: _Native | _Chdb) -> None:
+            tables = {r[0] for r in c.query(
+                f"SELECT name FROM system.tables WHERE database = {_lit(c.database)} AND name IN "
+                f"({_lit(self.table)}, {_lit(LEDGER_TABLE)})")}
+            if self.table in tables:
+                c.command(f"ALTER TABLE {self._table} DELETE WHERE {VERSION_COLUMN} > "
+                          f"{_lit(batch_id)}")
+            if LEDGER_TABLE in tables:
+                c.command(f"ALTER TABLE {LEDGER_TABLE} DELETE WHERE job = {_lit(self.job)} AND "
+                          f"sink = {_lit(self.sink_name)} AND batch_id > {_lit(batch_id)}")
+            deadline = time.monotonic() + MUTATION_WAIT_S
+            while c.query(f"SELECT count() FROM system.mutations WHERE database = "
+                          f"{_lit(c.database)} AND is_done = 0")[0][0]:
+                if time.monotonic() > deadline:
+                    raise SinkError(f"ClickHouse: rewind mutations on {self.table} not done "
+                                    f"after {MUTATION_WAIT_S:.0f} s; see system.mutations")
+                time.sleep(0.05)  # poll interval of the mutation's progress
+
+        self._run(f"rewind to batch {batch_id}", step)
+
+    # -- executors ------------------------------------------------------------------------
+
+    def write_partition(self, rows: pa.Table, batch_id: int, partition: int,
+                        partitions: int) -> PartitionReport:
+        if rows.num_rows == 0:
+            return self.skipped(partition, 0, "empty")
+        versioned = rows.append_column(VERSION_COLUMN,
+                                       pa.array([batch_id] * rows.num_rows, pa.uint64()))
+        chunks = [versioned.slice(i, CHUNK_ROWS) for i in range(0, rows.num_rows, CHUNK_ROWS)]
+
+        def step(c: _Native | _Chdb) -> PartitionReport:
+            t0 = time.perf_counter()
+            states = {r[0] for r in c.query(
+                f"SELECT state FROM {LEDGER_TABLE} WHERE {self._where(batch_id)} AND "
+                f"partition = {_lit(partition)} AND partitions = {_lit(partitions)}")}
+            if "AFTER" in states:
+                return self.skipped(partition, rows.num_rows, "already written")
+            note = "replay of an interrupted insert" if "BEFORE" in states else ""
+            self._ledger(c, batch_id, partition, partitions, "BEFORE", rows.num_rows,
+                         len(chunks))
+            for i, chunk in enumerate(chunks):
+                token = (f"{self.job}/{self.sink_name}/{batch_id}/{partition}-of-{partitions}/"
+                         f"{i}" if self.tokens else None)
+                c.insert(self._table, chunk, token)
+            hook("data", batch_id, partition)
+            self._ledger(c, batch_id, partition, partitions, "AFTER", rows.num_rows,
+                         len(chunks))
+            return PartitionReport(partition, rows.num_rows, rows.num_rows,
+                                   (time.perf_counter() - t0) * 1000, note)
+
+        report = self._run(f"batch {batch_id} partition {partition}/{partitions}", step)
+        hook("partition", batch_id, partition)
+        return report
+
+    def committed_batches(self) -> list[tuple[int, int]]:
+        """``(batch_id, rows)`` of every committed batch of this sink, newest first."""
+        def step(c: _Native | _Chdb) -> list[tuple[int, int]]:
+            return [(int(b), int(r)) for b, r in c.query(
+                f"SELECT batch_id, max(rows) FROM {LEDGER_TABLE} WHERE job = {_lit(self.job)} "
+                f"AND sink = {_lit(self.sink_name)} AND partition = -1 AND state = 'COMMITTED' "
+                f"GROUP BY batch_id ORDER BY batch_id DESC")]
+
+        return self._run("read the ledger", step)
+
+    def summary(self) -> SinkSummary | None:
+        def run(sql: str) -> tuple[list[str], list[tuple]]:
+            c = self._client()
+            try:
+                return c.query_with_names(sql)
+            finally:
+                c.close()
+
+        return self.summary_from(run, f"{self._table} FINAL", self.location)

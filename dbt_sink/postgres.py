@@ -1,0 +1,276 @@
+"""PostgreSQL upsert sink (psycopg 3), written from Spark's executors.
+
+Per micro-batch ``N`` (:class:`~stateful_runtime.connectors.base.PartitionedSink`):
+
+* driver, ``begin_batch``: create the table (``PRIMARY KEY (key)``) and the ledger tables, add
+  new columns; skip the batch if ``srt_sink_ledger`` has ``(job, sink, N)``.
+* each task, one transaction per partition ``p`` of ``n``: skip if ``srt_sink_partitions`` has
+  ``(job, sink, N, p, n)``; else ``COPY`` the partition's rows into a temporary table,
+  ``INSERT ... ON CONFLICT (key) DO UPDATE`` from it, insert the partition's ledger row, commit.
+* driver, ``commit_batch``: insert ``(job, sink, N)`` into ``srt_sink_ledger`` and drop the
+  partition rows of earlier batches, one transaction.
+
+Data and ledger commit together, so a kill -9 anywhere leaves either both or neither; the
+replay of a batch (same rows per partition, see ``prepare_rows``) skips what is there.
+Unlike Flink's JDBC upsert sink or Quix Streams' PostgreSQL sink (at-least-once: a replay
+writes again, harmless only because upserts converge), the ledger makes a replay a no-op
+even for rows a later batch has already superseded.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from dbt_sink.partitioned import (
+    Column,
+    PartitionedWarehouseSink,
+    RetryPolicy,
+    hook,
+    mask_url,
+    options,
+    secret,
+)
+from stateful_runtime.connectors.base import PartitionReport, SinkSummary
+from stateful_runtime.exceptions import ConfigError, SinkError
+
+LEDGER_TABLE = "srt_sink_ledger"
+PARTITION_LEDGER = "srt_sink_partitions"
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def pg_type(t: pa.DataType) -> str:
+    """The PostgreSQL type a column of Arrow type ``t`` gets."""
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "text"
+    if pa.types.is_int64(t) or pa.types.is_uint32(t):
+        return "bigint"
+    if pa.types.is_int32(t) or pa.types.is_int16(t) or pa.types.is_int8(t):
+        return "integer"
+    if pa.types.is_floating(t):
+        return "double precision"
+    if pa.types.is_boolean(t):
+        return "boolean"
+    if pa.types.is_timestamp(t):
+        return "timestamp with time zone" if t.tz else "timestamp without time zone"
+    if pa.types.is_date(t):
+        return "date"
+    if pa.types.is_decimal(t):
+        return "numeric"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return "bytea"
+    raise SinkError(f"PostgreSQL sink: no column type for Arrow type {t}; cast the column in "
+                    f"the job (string, integer, float, boolean, timestamp, date, decimal)")
+
+
+class PostgresUpsertSink(PartitionedWarehouseSink):
+    """Upsert into a PostgreSQL table, exactly once, from the executors.
+
+    Args:
+        dsn: ``postgresql://user[:password]@host:port/database``; the password may be
+            ``env:NAME`` (read where the sink connects) or given as ``password``.
+        table: table name (``schema`` selects the schema, default ``public``).
+        key: the table's unique key columns.
+        password: a password or ``env:NAME`` (not shown anywhere).
+        partitions, retry, summary_sql: see
+            :class:`~dbt_sink.partitioned.PartitionedWarehouseSink`.
+        connect_timeout_s: per connection attempt.
+    """
+
+    kind = "PostgreSQL"
+
+    def __init__(self, dsn: str, table: str, key: Sequence[str], *, password: str | None = None,
+                 schema: str = "public", partitions: int | None = None,
+                 retry: RetryPolicy | None = None, summary_sql: str | None = None,
+                 connect_timeout_s: float = 5.0) -> None:
+        super().__init__(table, key, partitions=partitions, retry=retry,
+                         summary_sql=summary_sql)
+        parts = urlsplit(dsn)
+        if parts.scheme not in ("postgresql", "postgres"):
+            raise ConfigError(f"PostgreSQL dsn must start with postgresql://, got "
+                              f"{mask_url(dsn)!r}")
+        self.dsn = dsn
+        self.password = password if password is not None else parts.password
+        self.schema = schema
+        self.connect_timeout_s = connect_timeout_s
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], key: Sequence[str], **kw: Any
+                    ) -> PostgresUpsertSink:
+        """From ``sink.dsn``, ``sink.table``, ``sink.password``, ``sink.partitions``."""
+        if not config.get("sink.dsn"):
+            raise ConfigError("sink.kind=postgres needs sink.dsn=postgresql://user@host:port/db")
+        o = options(config, "password", "partitions")
+        return cls(config["sink.dsn"], config["sink.table"], key, password=o.get("password"),
+                   partitions=int(o.get("partitions") or 0) or None, **kw)
+
+    @property
+    def location(self) -> str:
+        return mask_url(self.dsn)
+
+    def describe(self) -> str:
+        return (f"PostgreSQL {self.location} table {self.schema}.{self.table} (upsert by "
+                f"{', '.join(self.key_columns)}; COPY + INSERT ON CONFLICT and the ledger "
+                f"{LEDGER_TABLE} in one transaction per partition: exactly-once)")
+
+    def _conninfo(self) -> str:
+        parts = urlsplit(self.dsn)
+        netloc = parts.hostname or ""
+        if parts.port:
+            netloc = f"{netloc}:{parts.port}"
+        if parts.username:
+            netloc = f"{parts.username}@{netloc}"
+        return urlunsplit(parts._replace(netloc=netloc))
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        return psycopg.connect(self._conninfo(), password=secret(self.password),
+                               connect_timeout=max(1, int(self.connect_timeout_s)),
+                               application_name=f"srt:{self.job}:{self.sink_name}"[:63])
+
+    def transient(self, exc: BaseException) -> bool:
+        import psycopg
+
+        # OperationalError: connection refused or lost, server shutting down or starting.
+        # SerializationFailure / deadlock: a concurrent writer; the transaction can run again.
+        return isinstance(exc, psycopg.OperationalError | psycopg.errors.SerializationFailure
+                          | psycopg.errors.DeadlockDetected | OSError)
+
+    def _run(self, what: str, step: Any) -> Any:
+        def attempt() -> Any:
+            with self._connect() as con:
+                return step(con)
+
+        return self.retry.run(attempt, what=f"PostgreSQL {self.location} ({what})",
+                              transient=self.transient)
+
+    @property
+    def _table(self) -> str:
+        return f"{_q(self.schema)}.{_q(self.table)}"
+
+    # -- driver ---------------------------------------------------------------------------
+
+    def begin_batch(self, batch_id: int, schema: pa.Schema) -> bool:
+        want = [Column(f.name, pg_type(f.type)) for f in schema]
+
+        def step(con: Any) -> bool:
+            con.execute(
+                f"CREATE TABLE IF NOT EXISTS {_q(self.schema)}.{LEDGER_TABLE} (job text, "
+                "sink text, batch_id bigint, rows bigint, committed_at timestamptz DEFAULT "
+                "now(), PRIMARY KEY (job, sink, batch_id))")
+            con.execute(
+                f"CREATE TABLE IF NOT EXISTS {_q(self.schema)}.{PARTITION_LEDGER} (job text, "
+                "sink text, batch_id bigint, partition integer, partitions integer, rows "
+                "bigint, committed_at timestamptz DEFAULT now(), "
+                "PRIMARY KEY (job, sink, batch_id, partition, partitions))")
+            have = [Column(n, t) for n, t in con.execute(
+                "SELECT column_name, data_type FROM information_schema.columns WHERE "
+                "table_schema = %s AND table_name = %s ORDER BY ordinal_position",
+                [self.schema, self.table]).fetchall()]
+            if not have:
+                cols = ", ".join(f"{_q(c.name)} {c.type}"
+                                 f"{' NOT NULL' if c.name in self.key_columns else ''}"
+                                 for c in want)
+                keys = ", ".join(_q(k) for k in self.key_columns)
+                con.execute(f"CREATE TABLE IF NOT EXISTS {self._table} ({cols}, "
+                            f"PRIMARY KEY ({keys}))")
+            else:
+                for c in self.evolve(have, want):
+                    con.execute(f"ALTER TABLE {self._table} ADD COLUMN IF NOT EXISTS "
+                                f"{_q(c.name)} {c.type}")
+            return con.execute(
+                f"SELECT 1 FROM {_q(self.schema)}.{LEDGER_TABLE} WHERE job = %s AND sink = %s "
+                "AND batch_id = %s", [self.job, self.sink_name, batch_id]).fetchone() is None
+
+        return bool(self._run(f"prepare batch {batch_id}", step))
+
+    def commit_batch(self, batch_id: int, reports: Sequence[PartitionReport]) -> None:
+        hook("commit", batch_id)
+        rows = sum(r.rows for r in reports)
+
+        def step(con: Any) -> None:
+            con.execute(
+                f"INSERT INTO {_q(self.schema)}.{LEDGER_TABLE} (job, sink, batch_id, rows) "
+                "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                [self.job, self.sink_name, batch_id, rows])
+            con.execute(
+                f"DELETE FROM {_q(self.schema)}.{PARTITION_LEDGER} WHERE job = %s AND "
+                "sink = %s AND batch_id < %s", [self.job, self.sink_name, batch_id])
+
+        self._run(f"commit batch {batch_id}", step)
+
+    def rewind(self, batch_id: int) -> None:
+        def step(con: Any) -> None:
+            for table in (LEDGER_TABLE, PARTITION_LEDGER):
+                exists = con.execute("SELECT to_regclass(%s)",
+                                     [f"{_q(self.schema)}.{table}"]).fetchone()[0]
+                if exists:
+                    con.execute(f"DELETE FROM {_q(self.schema)}.{table} WHERE job = %s AND "
+                                "sink = %s AND batch_id > %s",
+                                [self.job, self.sink_name, batch_id])
+
+        self._run(f"rewind to batch {batch_id}", step)
+
+    # -- executors ------------------------------------------------------------------------
+
+    def write_partition(self, rows: pa.Table, batch_id: int, partition: int,
+                        partitions: int) -> PartitionReport:
+        if rows.num_rows == 0:
+            return self.skipped(partition, 0, "empty")
+        ident = [self.job, self.sink_name, batch_id, partition, partitions]
+        cols = ", ".join(_q(c) for c in rows.column_names)
+        keys = ", ".join(_q(k) for k in self.key_columns)
+        updates = ", ".join(f"{_q(c)} = EXCLUDED.{_q(c)}" for c in rows.column_names
+                            if c not in self.key_columns)
+        action = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
+        buf = io.BytesIO()
+        # Every valid value quoted, nulls bare: PostgreSQL's CSV reads a bare empty as NULL
+        # and a quoted one as the empty string.
+        pacsv.write_csv(rows, buf, pacsv.WriteOptions(include_header=False,
+                                                      quoting_style="all_valid"))
+        data = buf.getvalue()
+
+        def step(con: Any) -> PartitionReport:
+            t0 = time.perf_counter()
+            done = con.execute(
+                f"SELECT 1 FROM {_q(self.schema)}.{PARTITION_LEDGER} WHERE job = %s AND "
+                "sink = %s AND batch_id = %s AND partition = %s AND partitions = %s",
+                ident).fetchone()
+            if done:
+                return self.skipped(partition, rows.num_rows, "already written")
+            con.execute(f"CREATE TEMPORARY TABLE _srt_stage ON COMMIT DROP AS SELECT {cols} "
+                        f"FROM {self._table} WITH NO DATA")
+            with con.cursor().copy(f"COPY _srt_stage ({cols}) FROM STDIN (FORMAT csv)") as cp:
+                cp.write(data)
+            con.execute(f"INSERT INTO {self._table} ({cols}) SELECT {cols} FROM _srt_stage "
+                        f"ON CONFLICT ({keys}) {action}")
+            hook("data", batch_id, partition)
+            con.execute(
+                f"INSERT INTO {_q(self.schema)}.{PARTITION_LEDGER} (job, sink, batch_id, "
+                "partition, partitions, rows) VALUES (%s, %s, %s, %s, %s, %s)",
+                [*ident, rows.num_rows])
+            con.commit()
+            return PartitionReport(partition, rows.num_rows, rows.num_rows,
+                                   (time.perf_counter() - t0) * 1000)
+
+        report = self._run(f"batch {batch_id} partition {partition}/{partitions}", step)
+        hook("partition", batch_id, partition)
+        return report
+
+    def summary(self) -> SinkSummary | None:
+        def run(sql: str) -> tuple[list[str], list[tuple]]:
+            with self._connect() as con:
+                cur = con.execute(sql)
+                return [d.name for d in cur.description], cur.fetchall()
+
+        return self.summary_from(run, self._table, self.location)
