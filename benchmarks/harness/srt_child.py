@@ -1,0 +1,64 @@
+"""Run one job file of this runtime to the end of its input, in this process, and record when
+each micro-batch committed.
+
+    .venv/bin/python benchmarks/harness/srt_child.py --job benchmarks/jobs/upi_count.py \
+        --set source.log_dir=/tmp/log --result /tmp/run.json
+
+Exactly ``srt run JOB --available-now``: the job file is loaded with ``load_job_file`` and run
+by ``JobRunner``; the run is watched only through the runner's ``on_batch`` listener hook
+(``BatchCommitted``). The result JSON holds wall-clock times (``time.time()``, so the parent
+can line them up with its own clock): interpreter up, runner start and end, and per committed
+batch the time the listener heard of it, its rows, sink time and Spark's progress report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import time
+
+T_IMPORT = time.time()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--job", required=True)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--result", required=True)
+    ap.add_argument("--verbose", action="store_true")
+    a = ap.parse_args()
+
+    from stateful_runtime.runtime.loader import load_job_file, parse_overrides
+    from stateful_runtime.runtime.runner import BatchCommitted, JobRunner
+
+    jf = load_job_file(a.job, parse_overrides(a.set))
+    batches: list[dict] = []
+
+    def listener(event: BatchCommitted) -> None:
+        batches.append({"t": time.time(), "query": event.query, "batch": event.batch_id,
+                        "rows": event.input_rows, "sink_write_ms": event.sink_write_ms,
+                        "sink_rows": event.sink_rows, "progress": dict(event.progress)})
+
+    out = sys.stderr if a.verbose else io.StringIO()
+    runner = JobRunner(jf, available_now=True, master=a.master, out=out, on_batch=[listener])
+    t_run = time.time()
+    code = runner.run()
+    t_end = time.time()
+    result = {
+        "t_import": T_IMPORT, "t_run": t_run, "t_end": t_end, "exit_code": code,
+        "queries": {q.name: {"path": q.path, "output_mode": q.output_mode}
+                    for q in runner.plan.queries},
+        "batches": batches,
+    }
+    if code != 0 and not a.verbose:
+        result["output"] = out.getvalue()[-5000:]  # type: ignore[union-attr]
+    with open(a.result, "w") as f:
+        json.dump(result, f, default=str)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
