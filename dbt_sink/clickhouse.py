@@ -15,19 +15,21 @@ each insert; a replay inserts the identical rows again, and the copies are absor
   nothing; one that finds only ``BEFORE`` is a replay of an interrupted insert and inserts the
   same chunks again.
 * Servers ≥ 22.2: each chunk is inserted with ``insert_deduplication_token =
-  job/sink/batch/partition-of-partitions/chunk`` and the table keeps
+  job/sink/batch/partition-of-partitions/chunk/digest`` (the digest of the chunk's rows, so
+  a batch re-executed after a restore with other rows is not taken for a replay) and the table keeps
   ``non_replicated_deduplication_window`` blocks, so the server drops a replayed chunk: the
   raw table holds no copies. Older servers (Debian's 18.16) have neither; a replayed chunk is
   stored twice until a merge collapses it, and ``FINAL`` reads exactly one row per key.
   ``describe()`` (and so ``srt explain``) says which holds for the server it reached.
 
 URLs: ``clickhouse://user[:password]@host:9000/database`` (native protocol, clickhouse-driver;
-the password may be ``env:NAME``), or ``chdb:///path`` (chdb, ClickHouse in this process: one
-process per directory, so it is written from the driver).
+the password may be ``env:NAME``), or ``chdb:///path[?database=db]`` (chdb, ClickHouse in this
+process: one directory per process, for good, so it is written from the driver).
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -92,6 +94,15 @@ def ch_type(t: pa.DataType, version: tuple[int, ...]) -> str:
                     f"the job (string, integer, float, boolean, timestamp, date)")
 
 
+def _digest(chunk: pa.Table) -> str:
+    """Of the chunk's contents: a batch re-executed after a restore (rewind) has the same id
+    but maybe other rows, and must not be taken for a replay of the first execution."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, chunk.schema) as writer:
+        writer.write_table(chunk)
+    return hashlib.blake2b(sink.getvalue().to_pybytes(), digest_size=8).hexdigest()
+
+
 def parse_version(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in text.split(".")[:3] if p.isdigit())
 
@@ -146,6 +157,7 @@ class _Chdb:
         self.client = self._clients[path]
         if self.database != "default":
             self.client.command(f"CREATE DATABASE IF NOT EXISTS {_q(self.database)}")
+        self.client.command(f"USE {_q(self.database)}")  # the session is the process's
 
     def query(self, sql: str) -> list[tuple]:
         return list(self.client.query(sql).result_rows)
@@ -390,9 +402,7 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
             self._ledger(c, batch_id, partition, partitions, "BEFORE", rows.num_rows,
                          len(chunks))
             for i, chunk in enumerate(chunks):
-                token = (f"{self.job}/{self.sink_name}/{batch_id}/{partition}-of-{partitions}/"
-                         f"{i}" if self.tokens else None)
-                c.insert(self._table, chunk, token)
+                c.insert(self._table, chunk, self.token(batch_id, partition, partitions, i, chunk))
             hook("data", batch_id, partition)
             self._ledger(c, batch_id, partition, partitions, "AFTER", rows.num_rows,
                          len(chunks))
@@ -402,6 +412,14 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
         report = self._run(f"batch {batch_id} partition {partition}/{partitions}", step)
         hook("partition", batch_id, partition)
         return report
+
+    def token(self, batch_id: int, partition: int, partitions: int, chunk_no: int,
+              chunk: pa.Table) -> str | None:
+        """The chunk's insert_deduplication_token (None where the server has none)."""
+        if not self.tokens:
+            return None
+        return (f"{self.job}/{self.sink_name}/{batch_id}/{partition}-of-{partitions}/"
+                f"{chunk_no}/{_digest(chunk)}")
 
     def committed_batches(self) -> list[tuple[int, int]]:
         """``(batch_id, rows)`` of every committed batch of this sink, newest first."""

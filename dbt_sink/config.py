@@ -8,9 +8,11 @@
 * ``delta``: ``sink.path`` (a directory or ``s3://bucket/prefix``), ``sink.table`` →
   ``DeltaUpsertSink``
 
-``sink.partitions`` (PostgreSQL, ClickHouse) sets the output partitions each batch is written
-in (default: the job's parallelism). ``kafka`` and ``both`` (DuckDB + Kafka) are assembled by
-``stateful_runtime.connectors.config.sinks_from_config``, which takes this warehouse.
+Several kinds, comma-separated (``postgres,clickhouse,delta``), write the same results to each
+(:func:`warehouses_from_config`). ``sink.partitions`` (PostgreSQL, ClickHouse) sets the output
+partitions each batch is written in (default: the job's parallelism). ``kafka`` and ``both``
+(DuckDB + Kafka) are assembled by ``stateful_runtime.connectors.config.sinks_from_config``,
+which takes these warehouses.
 """
 
 from __future__ import annotations
@@ -47,3 +49,20 @@ def warehouse_from_config(config: Mapping[str, Any], key: Sequence[str], *,
 
         return DeltaUpsertSink.from_config(config, key, summary_sql=summary_sql)
     raise ConfigError(f"sink.kind={kind!r}: use one of {(*WAREHOUSE_KINDS, 'kafka', 'both')}")
+
+
+def warehouses_from_config(config: Mapping[str, Any], key: Sequence[str], *,
+                           summary_sql: str | None = None) -> list[Sink]:
+    """One warehouse sink per warehouse kind in ``sink.kind`` (comma-separated; ``both`` is
+    DuckDB and Kafka), in its order: what ``sinks_from_config`` takes."""
+    out: list[Sink] = []
+    for kind in (k.strip() for k in str(config.get("sink.kind") or "duckdb").split(",")):
+        kind = "duckdb" if kind == "both" else kind
+        if kind == "kafka":
+            continue
+        if kind not in WAREHOUSE_KINDS:
+            raise ConfigError(f"sink.kind: {kind!r} is not one of "
+                              f"{(*WAREHOUSE_KINDS, 'kafka', 'both')}")
+        out.append(warehouse_from_config({**config, "sink.kind": kind}, key,
+                                         summary_sql=summary_sql))
+    return out

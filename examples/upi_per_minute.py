@@ -26,13 +26,14 @@ From Kafka, into a Kafka topic (exactly-once; read it with isolation.level=read_
 
 from datetime import timedelta
 
-from dbt_sink.config import warehouse_from_config
+from dbt_sink.config import warehouses_from_config
 from stateful_runtime import (
     Count,
     StreamJob,
     Sum,
     TumblingEventTimeWindows,
     WatermarkStrategy,
+    sink_names,
     sinks_from_config,
     source_from_config,
 )
@@ -49,7 +50,9 @@ DEFAULTS = {
     "kafka.sasl.mechanism": "",
     "kafka.sasl.username": "",
     "kafka.sasl.password": "",
-    "sink.kind": "duckdb",  # or "postgres", "clickhouse", "delta", "kafka", "both"
+    # or "postgres", "clickhouse", "delta", "kafka", "both"; several comma-separated write
+    # the same results to each (sink queries "upi-counts", then "upi-counts-<kind>")
+    "sink.kind": "duckdb",
     "sink.kafka_topic": "upi-counts",
     "sink.delivery": "exactly_once",  # or "at_least_once"
     "sink.database": "srt-data/upi.duckdb",  # duckdb
@@ -82,7 +85,7 @@ def build(config: dict) -> StreamJob:
         .aggregate({"payments": Count(), "amount_paise": Sum("amount_paise")},
                    name="per-merchant-minute")
     )
-    warehouse = warehouse_from_config(
+    warehouses = warehouses_from_config(
         config,
         key=("merchant_id", "window_start"),
         summary_sql=(
@@ -91,7 +94,7 @@ def build(config: dict) -> StreamJob:
             "GROUP BY merchant_id ORDER BY payments DESC, merchant_id LIMIT 10"
         ),
     )
-    sinks = sinks_from_config(config, warehouse, key=("merchant_id", "window_start"))
-    for sink in sinks:
-        counts.sink_to(sink, name="upi-counts" if sink is sinks[0] else "upi-counts-kafka")
+    sinks = sinks_from_config(config, warehouses, key=("merchant_id", "window_start"))
+    for sink, name in zip(sinks, sink_names(config, "upi-counts"), strict=True):
+        counts.sink_to(sink, name=name)
     return job

@@ -297,6 +297,7 @@ class ClickHouseServer:
     dir: Path
     tcp_port: int
     http_port: int
+    interserver_port: int
     proc: subprocess.Popen | None = None
 
     @property
@@ -315,6 +316,8 @@ class ClickHouseServer:
                  f"--path={d}/", f"--tmp_path={d}/tmp/", f"--user_files_path={d}/uf/",
                  f"--format_schema_path={d}/fs/", f"--http_port={self.http_port}",
                  f"--tcp_port={self.tcp_port}", "--listen_host=127.0.0.1",
+                 # 9009 by default: a second server on the machine would fail to bind it.
+                 f"--interserver_http_port={self.interserver_port}",
                  f"--logger.log={d}/log", f"--logger.errorlog={d}/err"],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 60
@@ -354,7 +357,8 @@ def clickhouse(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClickHouseS
 
     if not shutil.which("clickhouse-server"):
         pytest.skip("clickhouse-server is not installed: run platform/install-clickhouse.sh")
-    server = ClickHouseServer(tmp_path_factory.mktemp("clickhouse"), free_port(), free_port())
+    server = ClickHouseServer(tmp_path_factory.mktemp("clickhouse"), free_port(), free_port(),
+                              free_port())
     server.start()
     yield server
     server.stop()

@@ -36,19 +36,47 @@ def source_from_config(config: Mapping[str, Any], schema: StructType | Mapping[s
     raise ConfigError(f"source.kind={kind!r}: use one of {SOURCE_KINDS}")
 
 
-def sinks_from_config(config: Mapping[str, Any], warehouse: Sink, *,
-                      key: Sequence[str] = ()) -> list[Sink]:
-    """The sinks ``sink.kind`` names: a warehouse kind (``warehouse``), ``kafka`` (a
-    :class:`~stateful_runtime.connectors.kafka.sink.KafkaSink` on ``sink.kafka_topic``), or
-    ``both``."""
-    kind = config.get("sink.kind", "duckdb")
-    if kind not in SINK_KINDS:
-        raise ConfigError(f"sink.kind={kind!r}: use one of {SINK_KINDS}")
-    out: list[Sink] = []
-    if kind in (*WAREHOUSE_KINDS, "both"):
-        out.append(warehouse)
-    if kind in ("kafka", "both"):
-        from stateful_runtime.connectors.kafka.sink import KafkaSink
+def sink_kinds(config: Mapping[str, Any]) -> list[str]:
+    """``sink.kind`` as a list: one kind, or several comma-separated (the same results written
+    to each, e.g. ``postgres,clickhouse``); ``both`` is ``duckdb,kafka``."""
+    raw = str(config.get("sink.kind") or "duckdb")
+    kinds: list[str] = []
+    for kind in (k.strip() for k in raw.split(",")):
+        if kind not in SINK_KINDS:
+            raise ConfigError(f"sink.kind={raw!r}: {kind!r} is not one of {SINK_KINDS}")
+        for k in (("duckdb", "kafka") if kind == "both" else (kind,)):
+            if k not in kinds:
+                kinds.append(k)
+    return kinds
 
-        out.append(KafkaSink.from_config(config, key=key))
+
+def sink_names(config: Mapping[str, Any], base: str) -> list[str]:
+    """Stable names for the sinks :func:`sinks_from_config` returns, in its order: ``base``
+    for the first, ``<base>-<kind>`` for the others (each names a query and its checkpoint)."""
+    return [base if i == 0 else f"{base}-{k}" for i, k in enumerate(sink_kinds(config))]
+
+
+def sinks_from_config(config: Mapping[str, Any], warehouse: Sink | Sequence[Sink], *,
+                      key: Sequence[str] = ()) -> list[Sink]:
+    """The sinks ``sink.kind`` names, in its order: each warehouse kind takes the next of
+    ``warehouse`` (one sink, or one per warehouse kind named, e.g. from
+    ``dbt_sink.config.warehouses_from_config``); ``kafka`` is a
+    :class:`~stateful_runtime.connectors.kafka.sink.KafkaSink` on ``sink.kafka_topic``."""
+    kinds = sink_kinds(config)
+    named = [k for k in kinds if k in WAREHOUSE_KINDS]
+    given = [warehouse] if isinstance(warehouse, Sink) else list(warehouse)
+    if isinstance(warehouse, Sink) and not named:
+        given = []  # sink.kind=kafka: the job file's default warehouse is not used
+    if len(given) != len(named):
+        raise ConfigError(f"sink.kind={config.get('sink.kind')!r} names {len(named)} "
+                          f"warehouse(s) {named} but the job file built {len(given)}")
+    out: list[Sink] = []
+    warehouses = iter(given)
+    for kind in kinds:
+        if kind == "kafka":
+            from stateful_runtime.connectors.kafka.sink import KafkaSink
+
+            out.append(KafkaSink.from_config(config, key=key))
+        else:
+            out.append(next(warehouses))
     return out
