@@ -10,6 +10,8 @@ Load it with ``dagster dev -w workspace.yaml``, or build your own definitions::
 Materialising a job's asset runs the job (a detached ``srt run``); sink tables are downstream
 assets with Great Expectations checks; a sensor observes health and restarts failed jobs; a
 schedule per job takes periodic savepoints, and jobs stop, upgrade and rescale through them.
+All of it reaches the runtime through one door, the :class:`StreamingRuntime` resource: typed
+results of ``srt ... --json`` processes (errors in :mod:`dagster_defs.errors`).
 """
 
 from dagster_defs._factory import build_definitions, default_resources

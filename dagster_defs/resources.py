@@ -162,6 +162,11 @@ class StreamingRuntime(ConfigurableResource):
         found = self.run_json(["status", job], timeout=120)
         return JobStatus.from_json(found[0]) if found else None
 
+    def last_committed(self, job: str) -> dict[str, int | None]:
+        """Last committed micro-batch of each of the job's queries (empty if it never ran)."""
+        status = self.status(job)
+        return {} if status is None else status.last_committed
+
     def explain(self, job_file: str, config: Mapping[str, Any]) -> Plan:
         """``srt explain JOB_FILE --no-spark``: the planned queries, without starting Spark."""
         data = self.run_json(

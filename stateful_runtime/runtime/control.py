@@ -310,7 +310,8 @@ def upgrade(job: str, job_file: str | Path, overrides: Mapping[str, str], *,
                            differences=differences, cause=type(exc).__name__) from exc
 
     summary: dict[str, Any] | None = None
-    source = from_savepoint
+    # A savepoint given by id is passed on by the location the check resolved.
+    source = checked["location"] if from_savepoint else None
     if not source:
         try:
             sp = launcher.savepoint(job, target=target, stop=True, timeout=stop_timeout)
@@ -343,10 +344,8 @@ def upgrade(job: str, job_file: str | Path, overrides: Mapping[str, str], *,
 
     entry = registry.require(job)
     last = last_committed(entry)
-    partitions = {
-        q: None if last[q] is None else layout.state_partitions(info["checkpoint_dir"], last[q])
-        for q, info in (entry.get("queries") or {}).items()
-    }
+    partitions = {q: query_checkpoint(info["checkpoint_dir"], time.time())["state_partitions"]
+                  for q, info in (entry.get("queries") or {}).items()}
     return {
         "job": job, "job_file": str(jf_path), "pid": started.pid, "command": started.command,
         "log_path": str(started.log_path), "restored_from": source, "savepoint": summary,

@@ -1,0 +1,260 @@
+"""The control commands Dagster drives, run as the real `srt` with `--json`: launch, wait,
+status, reconcile, savepoint check/prune, upgrade (rescale, refusal, from a savepoint), stop and
+kill, and the JSON errors a program reads.
+
+The tests share one job in a registry of their own (`srt --home`, not $SRT_HOME) and run in file
+order; the module fixture kills whatever is left of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from upi_events import events, oracle
+
+from tests.conftest import EXAMPLES, UpiWorkspace, append_lines, srt
+
+pytestmark = pytest.mark.slow
+
+JOB = "upi-per-minute"
+UPI = EXAMPLES / "upi_per_minute.py"
+WINDOW_MS = 60_000
+# 40 events per second of event time: 4,000 span 100 s, so the watermark (newest - 5 s) closes
+# the two first 1-minute windows; every 499th line is malformed (8 dead letters).
+LINES = list(events(4_000, merchants=8, rate_per_s=40, disorder_ms=3_000, bad_every=499, seed=11))
+
+
+@dataclass
+class Cli:
+    home: Path
+    ws: UpiWorkspace
+    env: dict[str, str]
+
+    def sets(self, **more: Any) -> list[str]:
+        values = {"checkpoint.interval_s": 1.0, "parallelism": 2, **more}
+        return [*self.ws.sets(), *(a for k, v in values.items() for a in ("--set", f"{k}={v}"))]
+
+    def run(self, *args: str, timeout: float = 600) -> tuple[int, Any, str]:
+        """``srt --home HOME ARGS --json``: exit status, the parsed stdout, stderr."""
+        out = srt(["--home", str(self.home), *args, "--json"], self.env, timeout=timeout)
+        data = json.loads(out.stdout) if out.returncode == 0 else None
+        return out.returncode, data, out.stderr
+
+    def ok(self, *args: str, timeout: float = 600) -> Any:
+        code, data, err = self.run(*args, timeout=timeout)
+        assert code == 0, err[-4000:]
+        return data
+
+    def error(self, *args: str) -> dict[str, Any]:
+        """The JSON error of a command that must fail (exit 2, one line on stderr)."""
+        code, _, err = self.run(*args)
+        assert code == 2, err[-4000:]
+        return json.loads(err.strip().splitlines()[-1])["error"]
+
+    def status(self) -> dict[str, Any]:
+        [status] = self.ok("status", JOB)
+        return status
+
+
+def _wait(cond: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def _job_file(path: Path, old: str, new: str) -> Path:
+    text = UPI.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+    return path
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory: pytest.TempPathFactory, srt_env: dict[str, str]) -> Iterator[Cli]:
+    root = tmp_path_factory.mktemp("cli-control")
+    ws = UpiWorkspace(root, partitions=2)
+    from stateful_runtime.connectors.eventlog import EventLog
+
+    EventLog(ws.log_dir).create_topic("upi-payments", ws.partitions)
+    append_lines(ws.log_dir, LINES)
+    state = Cli(root / "home", ws, dict(srt_env))
+    try:
+        yield state
+    finally:
+        entry = state.home / "jobs" / f"{JOB}.json"
+        if entry.exists():
+            pid = json.loads(entry.read_text()).get("pid")
+            if pid:
+                try:
+                    os.killpg(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def test_launch_refuses_a_file_that_builds_another_job(cli: Cli):
+    err = cli.error("launch", str(UPI), *cli.sets(), "--job", "other-job")
+    assert err["type"] == "ConfigError"
+    assert f"builds job '{JOB}', not 'other-job'" in err["message"]
+    assert cli.ok("status", JOB) == []  # nothing was registered, nothing started
+    assert cli.ok("status") == []
+
+
+def test_launch_wait_and_status_as_json(cli: Cli):
+    since = time.time()
+    launched = cli.ok("launch", str(UPI), *cli.sets(), "--job", JOB)
+    pid = launched["pid"]
+    assert launched["launched"] is True and launched["job"] == JOB
+    assert os.getpgid(pid) == pid  # detached: its own session and process group
+    assert "path: native" in launched["plan"]
+    assert launched["command"][1:3] == ["run", str(UPI)]
+    assert Path(launched["log_path"]) == cli.home / "jobs" / f"{JOB}.log"
+    assert launched["status"]["registered_state"] == "STARTING"
+
+    running = cli.ok("wait", JOB, "--until", "running", "--pid", str(pid), "--timeout", "240")
+    assert running["reached"] and running["status"]["state"] == "RUNNING"
+    committed = cli.ok("wait", JOB, "--until", "commit", "--since", repr(since),
+                       "--timeout", "240")
+    assert committed["reached"] and committed["last_committed"]["upi-counts"] >= 0
+
+    status = cli.status()
+    assert (status["registered_state"], status["alive"], status["live"]) == ("RUNNING", True, True)
+    query = status["queries"]["upi-counts"]
+    assert query["checkpoint_dir"] == str(cli.ws.checkpoint_dir / "upi-counts")
+    assert query["last_committed_batch"] >= 0 and query["state_partitions"] == 2
+    assert query["checkpoint_age_s"] >= 0 and query["last_commit_time"] <= time.time()
+
+    # A second launch reuses the live process and names what it runs differently.
+    again = cli.ok("launch", str(UPI), *cli.sets(**{"checkpoint.interval_s": 2.0}), "--job", JOB)
+    assert (again["launched"], again["pid"], again["command"]) == (False, pid, None)
+    assert again["config_drift"] == ["checkpoint.interval_s"]
+
+
+def test_reconcile_counts_the_good_records_of_closed_windows(cli: Cli):
+    # Spark writes a batch's watermark before running it: the batch after the one that read
+    # everything carries the watermark that closes the windows.
+    def caught_up() -> dict[str, Any] | None:
+        out = cli.ok("reconcile", JOB, "--query", "upi-counts", "--window", "1m")
+        return out if out["records"] == len(LINES) and len(out["windows"]) >= 2 else None
+
+    counts = _wait(caught_up, 240, "a committed batch closing two windows over every record")
+    assert counts["batch"] >= 0 and counts["window_ms"] == WINDOW_MS
+    watermark = counts["watermark_ms"]
+    per_window: Counter[int] = Counter()
+    for (_, start), (payments, _) in oracle(LINES).items():  # naive UTC window starts
+        start_ms = int(start.replace(tzinfo=UTC).timestamp() * 1000)
+        if start_ms + WINDOW_MS <= watermark:
+            per_window[start_ms] += payments
+    assert len(per_window) >= 2
+    assert {int(w): n for w, n in counts["windows"].items()} == dict(per_window)
+    assert counts["dead_letters"] == 8 and counts["good"] == len(LINES) - 8
+    assert sum(counts["source_ends"].values()) == len(LINES)
+
+    # The sink table's closed windows (as of the same batch: it is the last one) agree.
+    con = duckdb.connect(str(cli.ws.database), read_only=True)
+    try:
+        rows = con.execute(
+            "SELECT epoch_ms(window_start), sum(payments) FROM upi_counts "
+            "WHERE epoch_ms(window_end) <= ? GROUP BY 1", [watermark]).fetchall()
+    finally:
+        con.close()
+    assert {int(w): int(n) for w, n in rows} == dict(per_window)
+
+    err = cli.error("reconcile", JOB, "--query", "nope", "--window", "1m")
+    assert err["type"] == "JobError" and "no query 'nope'" in err["message"]
+
+
+def test_savepoint_check_and_prune_as_json(cli: Cli, tmp_path: Path):
+    fits = cli.ok("savepoint", "check", str(UPI), *cli.sets())
+    assert fits["compatible"] is True and fits["location"] == str(cli.ws.checkpoint_dir)
+    rekeyed = _job_file(tmp_path / "rekeyed.py", 'payments.key_by("merchant_id")',
+                        'payments.key_by("txn_id")')
+    err = cli.error("savepoint", "check", str(rekeyed), *cli.sets())
+    assert err["type"] == "IncompatibleSavepointError"
+    assert any("txn_id" in d for d in err["differences"])
+
+    first = cli.ok("savepoint", "create", JOB)
+    second = cli.ok("savepoint", "create", JOB)
+    assert first["kind"] == second["kind"] == "savepoint"
+    pruned = cli.ok("savepoint", "prune", JOB, "--keep", "1")
+    assert pruned == {"disposed": [{"id": first["id"], "location": first["location"]}],
+                      "kept": [second["id"]]}
+    assert not Path(first["location"]).exists()
+
+
+def test_upgrade_refuses_code_that_cannot_take_the_state(cli: Cli, tmp_path: Path):
+    pid = cli.status()["pid"]
+    rekeyed = _job_file(tmp_path / "rekeyed.py", 'payments.key_by("merchant_id")',
+                        'payments.key_by("txn_id")')
+    err = cli.error("upgrade", JOB, str(rekeyed), *cli.sets())
+    assert (err["type"], err["stage"], err["cause"]) == (
+        "UpgradeError", "check", "IncompatibleSavepointError")
+    assert "the running job was left alone" in err["message"]
+    assert any("keyed by" in d and "txn_id" in d for d in err["differences"])
+    err = cli.error("upgrade", JOB, str(UPI), *cli.sets(), "--from-savepoint", "whatever")
+    assert err["stage"] == "check" and "leave --from-savepoint out" in err["message"]
+    status = cli.status()
+    assert (status["pid"], status["state"]) == (pid, "RUNNING")
+
+
+def test_upgrade_rescales_through_a_stop_with_savepoint(cli: Cli):
+    old = cli.status()
+    done = cli.ok("upgrade", JOB, str(UPI), *cli.sets(), "--parallelism", "3",
+                  "--timeout", "240", "--commit-timeout", "240")
+    assert done["pid"] != old["pid"]
+    assert subprocess.run(["kill", "-0", str(old["pid"])], capture_output=True).returncode != 0
+    sp = done["savepoint"]
+    assert sp["kind"] == "stop-with-savepoint" and done["restored_from"] == sp["location"]
+    assert sp["batches"]["upi-counts"] >= old["queries"]["upi-counts"]["last_committed_batch"]
+    assert (done["parallelism"], done["state_partitions"]) == (3, {"upi-counts": 3})
+    assert done["committed"] is True and done["not_restored"] == []
+    assert "--parallelism" in done["command"] and "--from-savepoint" in done["command"]
+    status = done["status"]
+    assert status["state"] == "RUNNING" and status["restored_from"] == sp["location"]
+
+
+def test_stop_kill_and_an_upgrade_from_a_savepoint(cli: Cli, tmp_path: Path):
+    running = cli.status()
+    err = cli.error("stop", JOB, "--kill", "--pid", "1")
+    assert err["type"] == "JobError" and "left alone" in err["message"]
+
+    stopped = cli.ok("stop", JOB, "--timeout", "120")
+    assert (stopped["pid"], stopped["signal"]) == (running["pid"], "SIGTERM")
+    assert stopped["status"]["registered_state"] == "STOPPED"
+    assert stopped["status"]["alive"] is False
+    # Its process is gone: --kill only reaps what may be left of its group.
+    gone = cli.ok("stop", JOB, "--kill", "--pid", str(running["pid"]))
+    assert gone["signal"] == "none"
+
+    last = cli.ok("savepoint", "create", JOB)  # of the stopped job's final batch
+    err = cli.error("upgrade", JOB, str(UPI), *cli.sets())
+    assert err["stage"] == "check" and "not running (STOPPED)" in err["message"]
+
+    v2 = _job_file(tmp_path / "upi_v2.py", "LIMIT 10", "LIMIT 5")
+    done = cli.ok("upgrade", JOB, str(v2), *cli.sets(), "--from-savepoint", last["id"],
+                  "--timeout", "240")
+    assert done["savepoint"] is None and done["restored_from"] == last["location"]
+    assert done["job_file"] == str(v2) and done["committed"] is None
+    assert done["parallelism"] == 3  # the rescale sticks
+    status = cli.status()
+    assert (status["state"], status["job_file"], status["pid"]) == ("RUNNING", str(v2),
+                                                                   done["pid"])
+
+    killed = cli.ok("stop", JOB, "--kill", "--pid", str(done["pid"]), "--timeout", "60")
+    assert killed["signal"] in ("SIGTERM", "SIGKILL")
+    assert killed["status"]["alive"] is False
