@@ -194,10 +194,11 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
     kind = "ClickHouse"
 
     def __init__(self, url: str, table: str, key: Sequence[str], *, password: str | None = None,
-                 partitions: int | None = None, retry: RetryPolicy | None = None,
-                 summary_sql: str | None = None, connect_timeout_s: float = 5.0) -> None:
-        super().__init__(table, key, partitions=partitions, retry=retry,
-                         summary_sql=summary_sql)
+                 partitions: int | None = None, executor_writes: bool = True,
+                 retry: RetryPolicy | None = None, summary_sql: str | None = None,
+                 connect_timeout_s: float = 5.0) -> None:
+        super().__init__(table, key, partitions=partitions, executor_writes=executor_writes,
+                         retry=retry, summary_sql=summary_sql)
         scheme = urlsplit(url).scheme
         if scheme not in ("clickhouse", "chdb"):
             raise ConfigError(f"ClickHouse url must be clickhouse://user@host:port/database or "

@@ -9,7 +9,8 @@ import duckdb
 import pyarrow as pa
 
 from dbt_sink.base import LEDGER_TABLE, LedgerEntry, WarehouseUpsertSink
-from stateful_runtime.connectors.base import SinkSummary
+from dbt_sink.partitioned import check_identifier
+from stateful_runtime.connectors.base import SinkSummary, WritePath
 from stateful_runtime.exceptions import SinkError
 
 # DuckDB allows one writing process per file; a reader (srt status, a test, a BI tool) may hold
@@ -59,8 +60,18 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
         *,
         summary_sql: str | None = None,
     ) -> None:
-        super().__init__(table, key, summary_sql)
+        super().__init__(check_identifier(table, "table name"),
+                         [check_identifier(k, "key column") for k in key], summary_sql)
         self.database = database
+
+    def write_path(self) -> WritePath:
+        return WritePath("driver", "DuckDB is embedded, one writing process per file: the job "
+                         "process upserts each batch and its ledger row in one transaction")
+
+    def check_schema(self, schema: pa.Schema) -> None:
+        super().check_schema(schema)
+        for name in schema.names:
+            check_identifier(name, f"output column of table {self.table!r}")
 
     def describe(self) -> str:
         return (f"DuckDB {self.database} table {self.table} (upsert by "
@@ -83,8 +94,8 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
             "PRIMARY KEY (job, sink, batch_id))"
         )
         existing = con.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_name = ? "
-            "ORDER BY ordinal_position", [self.table]
+            "SELECT column_name, data_type FROM information_schema.columns WHERE "
+            "table_name = ? ORDER BY ordinal_position", [self.table]
         ).fetchall()
         if existing:
             have = [r[0] for r in existing]
@@ -95,12 +106,16 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
                     f"{batch.column_names} (without {gone}); migrate the table or write to a "
                     f"new one"
                 )
+            types = self._types(con, batch)
+            retyped = [f"{c} {t} -> {types[c]}" for c, t in existing if types[c] != t]
+            if retyped:
+                raise SinkError(
+                    f"DuckDB table {self.table}: the job changes the type of {retyped}; "
+                    f"migrate the table (ALTER TABLE ... ALTER COLUMN ... TYPE) or write to a "
+                    f"new one")
             # An upgraded job may add output columns: add them (rows before it read NULL).
-            added = [c for c in batch.column_names if c not in have]
-            if added:
-                types = self._types(con, batch)
-                for c in added:
-                    con.execute(f"ALTER TABLE {_q(self.table)} ADD COLUMN {_q(c)} {types[c]}")
+            for c in (c for c in batch.column_names if c not in have):
+                con.execute(f"ALTER TABLE {_q(self.table)} ADD COLUMN {_q(c)} {types[c]}")
             return
         cols = ", ".join(
             f"{_q(name)} {tp}{' NOT NULL' if name in self.key_columns else ''}"

@@ -26,7 +26,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow as pa
 
-from stateful_runtime.connectors.base import PartitionedSink, PartitionReport, SinkSummary
+from stateful_runtime.connectors.base import (
+    PartitionedSink,
+    PartitionReport,
+    SinkSummary,
+    WritePath,
+)
 from stateful_runtime.exceptions import ConfigError, SinkError
 
 T = TypeVar("T")
@@ -162,6 +167,8 @@ class PartitionedWarehouseSink(PartitionedSink):
         table: table name (a plain identifier).
         key: the table's unique key columns.
         partitions: output partitions per batch (None: the job's parallelism).
+        executor_writes: False writes every batch from the driver (collected there), as one
+            partition: for small outputs, or to compare (benchmarks/warehouse_sinks.py).
         retry: how long to keep trying a warehouse that is down (:class:`RetryPolicy`).
         summary_sql: query printed at the end of a run; ``{table}`` is replaced by the
             quoted table (ClickHouse: with ``FINAL``).
@@ -171,7 +178,8 @@ class PartitionedWarehouseSink(PartitionedSink):
     kind = "warehouse"
 
     def __init__(self, table: str, key: Sequence[str], *, partitions: int | None = None,
-                 retry: RetryPolicy | None = None, summary_sql: str | None = None) -> None:
+                 executor_writes: bool = True, retry: RetryPolicy | None = None,
+                 summary_sql: str | None = None) -> None:
         if not key:
             raise ConfigError(f"upsert sink for {table!r} needs the table's unique key columns")
         if partitions is not None and partitions < 1:
@@ -179,6 +187,7 @@ class PartitionedWarehouseSink(PartitionedSink):
         self.table = check_identifier(table, "table name")
         self.key_columns = tuple(check_identifier(k, "key column") for k in key)
         self.partitions = partitions
+        self.executor_writes = executor_writes
         self.retry = retry or RetryPolicy()
         self.summary_sql = summary_sql
         self.job = ""
@@ -186,6 +195,12 @@ class PartitionedWarehouseSink(PartitionedSink):
 
     def default_name(self) -> str:
         return f"upsert-{self.table}"
+
+    def write_path(self) -> WritePath:
+        if not self.executor_writes:
+            return WritePath("driver", "executor_writes=False: the job process collects each "
+                             "batch and writes it as one partition")
+        return super().write_path()
 
     def open(self, job: str, query: str) -> None:
         self.job, self.sink_name = job, query

@@ -90,10 +90,10 @@ class PostgresUpsertSink(PartitionedWarehouseSink):
 
     def __init__(self, dsn: str, table: str, key: Sequence[str], *, password: str | None = None,
                  schema: str = "public", partitions: int | None = None,
-                 retry: RetryPolicy | None = None, summary_sql: str | None = None,
-                 connect_timeout_s: float = 5.0) -> None:
-        super().__init__(table, key, partitions=partitions, retry=retry,
-                         summary_sql=summary_sql)
+                 executor_writes: bool = True, retry: RetryPolicy | None = None,
+                 summary_sql: str | None = None, connect_timeout_s: float = 5.0) -> None:
+        super().__init__(table, key, partitions=partitions, executor_writes=executor_writes,
+                         retry=retry, summary_sql=summary_sql)
         parts = urlsplit(dsn)
         if parts.scheme not in ("postgresql", "postgres"):
             raise ConfigError(f"PostgreSQL dsn must start with postgresql://, got "

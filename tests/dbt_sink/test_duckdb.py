@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from dbt_sink import LEDGER_TABLE, DuckDBUpsertSink, dedupe_last
-from stateful_runtime.exceptions import SinkError
+from stateful_runtime.exceptions import ConfigError, SinkError
 
 W1, W2 = datetime(2026, 1, 1, 0, 0), datetime(2026, 1, 1, 0, 1)
 
@@ -74,8 +74,7 @@ def test_table_is_created_with_the_key_as_primary_key(sink):
 
 def test_a_failed_batch_leaves_no_trace(sink):
     sink.write_batch(batch([("M1", W1, 1)]), 0)
-    broken = pa.table({"merchant_id": ["M1"], "window_start": [W2],
-                       "payments": ["not a number"]})
+    broken = batch([(None, W2, 1)])  # a NULL key: the upsert fails inside the transaction
     with pytest.raises(duckdb.Error):
         sink.write_batch(broken, 1)
     assert rows(sink) == [("M1", W1, 1)]
@@ -90,3 +89,8 @@ def test_schema_mismatch_is_a_clear_error(sink, tmp_path):
     other = pa.table({"merchant_id": ["M1"], "window_start": [W1], "amount": [1]})
     with pytest.raises(SinkError, match="migrate the table"):
         sink.write_batch(other, 1)
+    retyped = pa.table({"merchant_id": ["M1"], "window_start": [W1], "payments": ["x"]})
+    with pytest.raises(SinkError, match=r"changes the type of \['payments BIGINT -> VARCHAR'\]"):
+        sink.write_batch(retyped, 1)
+    with pytest.raises(ConfigError, match="plain SQL identifier"):
+        DuckDBUpsertSink(str(tmp_path / "x.duckdb"), "a b", key=("merchant_id",))

@@ -113,3 +113,32 @@ def test_200k_events_on_standalone_cluster_equal_oracle(cluster: Cluster, upi, s
     assert app["state"] == "FINISHED" and app["cores"] == 2, app
     executor_logs = list((cluster.worker_dir / app_id).glob("*/stderr"))
     assert executor_logs, f"no executor of {app_id} under {cluster.worker_dir}"
+
+
+def test_warehouse_sinks_written_by_the_cluster_executors_equal_oracle(
+        cluster: Cluster, upi, srt_env, pg_dsn, ch_url):
+    """PostgreSQL and ClickHouse written by the executor tasks (one per output partition),
+    committed by the driver: each table equals the oracle."""
+    from dbt_sink.clickhouse import LEDGER_TABLE, ClickHouseUpsertSink
+    from tests.conftest import read_counts
+
+    lines = list(events(100_000, merchants=40, rate_per_s=500, disorder_ms=4_500, seed=29))
+    append_lines(upi.log_dir, lines)
+    upi.extra.update({"sink.kind": "postgres,clickhouse", "sink.dsn": pg_dsn,
+                      "sink.url": ch_url})
+    result = srt(upi.run_args("--available-now", "--master", cluster.master_url), srt_env,
+                 timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    expected = oracle(lines)
+    assert read_counts("postgres", pg_dsn) == expected
+    assert read_counts("clickhouse", ch_url) == expected
+    # Every batch with rows was written as 4 partitions (the job's parallelism), each by a task.
+    c = ClickHouseUpsertSink(ch_url, "upi_counts", ("merchant_id",))._client()
+    try:
+        parts = c.query(f"SELECT DISTINCT partitions FROM {LEDGER_TABLE} WHERE partition >= 0")
+    finally:
+        c.close()
+    assert parts == [(4,)]
+    status = json.loads(srt(["status", "upi-per-minute", "--json"], srt_env).stdout)[0]
+    app_id = status["spark_app_id"]
+    assert app_id.startswith("app-") and list((cluster.worker_dir / app_id).glob("*/stderr"))
