@@ -50,7 +50,7 @@ from stateful_runtime.connectors.base import (
 from stateful_runtime.connectors.dead_letters import DeadLetters
 from stateful_runtime.exceptions import PlanError
 from stateful_runtime.operators.keyed import describe_states
-from stateful_runtime.operators.window import WindowOperator
+from stateful_runtime.operators.window import LATE_MARK, WindowOperator
 from stateful_runtime.streams import (
     FilterNode,
     KeyByNode,
@@ -70,6 +70,10 @@ if TYPE_CHECKING:
     from stateful_runtime.job import StreamJob
 
 EVENT_TIME = "_event_time"
+# Names of the observed metrics (Spark progress ``observedMetrics``) the runner's accounting
+# reads: per source, records read and rejected; per window operator, records that came late.
+SOURCE_METRICS = "srt_source"
+LATE_METRICS = "srt_late"
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,9 @@ class QueryPlan:
 
     # Output partitions of a partitioned sink's write when the sink names none.
     parallelism: int = 1
+    # The source the query reads (its records are accounted per query: input, output, dead
+    # letters, late).
+    source: str = ""
 
     def write_batch(self, df: DataFrame, batch_id: int) -> SinkWrite:
         """Write micro-batch ``batch_id`` (the query's output ``df``) to every sink, each on
@@ -288,6 +295,10 @@ def _read_good(spark: SparkSession, src: SourceNode,
 
     staging = dead_letters.staging if dead_letters is not None else None
     df = src.source.read_stream(spark, staging, watermark=src.watermark)
+    # Per-batch accounting of the source (in Spark's progress as observed metrics): every
+    # record read, and those rejected (dead letters); late ones are counted downstream.
+    df = df.observe(SOURCE_METRICS, F.count(F.lit(1)).alias("input"),
+                    F.sum(F.when(F.col(ERROR).isNotNull(), 1).otherwise(0)).alias("dead_letters"))
     df = df.filter(F.col(ERROR).isNull()).drop(*META_COLUMNS)
     delay = src.watermark.max_out_of_orderness
     interval = spark_interval(delay) if delay.total_seconds() > 0 else "0 seconds"
@@ -356,7 +367,7 @@ def _process(df: DataFrame, node: ProcessNode) -> DataFrame:
     from pyspark.sql import functions as F
 
     from stateful_runtime.connectors.formats.json import to_struct
-    from stateful_runtime.operators.spark import TS, SparkKeyedProcessor, output_struct
+    from stateful_runtime.operators.spark import TAG, TS, SparkKeyedProcessor, output_struct
     from stateful_runtime.state import TimeDomain
 
     fn = node.function
@@ -370,12 +381,17 @@ def _process(df: DataFrame, node: ProcessNode) -> DataFrame:
         )
     df = df.withColumn(TS, F.unix_millis(EVENT_TIME)).drop(EVENT_TIME)
     mode = "EventTime" if fn.time_domain is TimeDomain.EVENT_TIME else "ProcessingTime"
-    return df.groupBy(*node.parent.keys).transformWithStateInPandas(
+    out = df.groupBy(*node.parent.keys).transformWithStateInPandas(
         statefulProcessor=SparkKeyedProcessor(fn, fields, main.fieldNames()),
         outputStructType=output_struct(main),
         outputMode="Append",
         timeMode=mode,
     )
+    if isinstance(fn, WindowOperator):  # late records: to the late side output, or dropped
+        late = [t.name for t in fn.side_outputs] + [LATE_MARK]
+        out = out.observe(LATE_METRICS, F.sum(F.when(F.col(TAG).isin(late), 1).otherwise(0))
+                          .alias("late"))
+    return out
 
 
 def _main_rows(columns: list[str]) -> Callable[[pa.Table], pa.Table]:
@@ -521,7 +537,7 @@ def _build_pipeline(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | No
         return df
 
     return QueryPlan(p.name, outputs, output_mode, path, reason, steps, build, stateful,
-                     dead_letters, layout, job.parallelism)
+                     dead_letters, layout, job.parallelism, src.name)
 
 
 def plan(job: StreamJob) -> Plan:

@@ -54,6 +54,9 @@ def _naive_utc(ms: int) -> datetime | None:
         return None
     return to_datetime(ms).astimezone(UTC).replace(tzinfo=None)
 
+# Side-output tag of the marker row a dropped late record leaves (counted, never written).
+LATE_MARK = "_srt_late"
+
 
 class WindowOperator(KeyedProcessFunction):
     """Window assignment, triggers, lateness and aggregation for one keyed window stream."""
@@ -246,6 +249,8 @@ class WindowOperator(KeyedProcessFunction):
             ctx.output(self.late_tag, value)
         else:
             self.late_dropped.update((self.late_dropped.value() or 0) + 1)
+            # An empty side row no sink reads: the job's accounting counts it as late.
+            ctx.operator.side.append((LATE_MARK, {}))
 
     # ------------------------------------------------------------------ timers fire
 

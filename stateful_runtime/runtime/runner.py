@@ -21,7 +21,7 @@ from typing import IO, TYPE_CHECKING, Any
 from stateful_runtime.checkpoints import layout, manifest, restore
 from stateful_runtime.checkpoints.mirror import CheckpointMirror, MirrorSync
 from stateful_runtime.exceptions import ConfigError, JobError, SinkError
-from stateful_runtime.planner import QueryPlan, chain, plan
+from stateful_runtime.planner import LATE_METRICS, SOURCE_METRICS, QueryPlan, chain, plan
 from stateful_runtime.runtime import registry
 from stateful_runtime.runtime.session import build_session, default_master
 from stateful_runtime.state import TimeDomain
@@ -84,6 +84,43 @@ class _Running:
     printed: int = -1
     late_total: int = 0
     health: dict[str, Any] = field(default_factory=dict)
+    records: Records = field(default_factory=lambda: Records())
+
+
+@dataclass
+class Records:
+    """Where the records a query read from its source went, this run: ``input`` (read) =
+    ``output`` (into the job's operators or sinks) + ``dead_letters`` (rejected, to the
+    dead-letter topic) + ``late`` (behind the watermark: dropped and counted, or to a late side
+    output). ``input`` and ``dead_letters`` are counted where the source's frame is read,
+    ``late`` where the window drops them (Spark's native window, or the window operator)."""
+
+    input: int = 0
+    dead_letters: int = 0
+    late: int = 0
+
+    @property
+    def output(self) -> int:
+        return self.input - self.dead_letters - self.late
+
+    def add(self, progress: Mapping[str, Any], native_late: int) -> None:
+        observed = progress.get("observedMetrics") or {}
+        source = _metrics(observed.get(SOURCE_METRICS))
+        self.input += int(source.get("input") or 0)
+        self.dead_letters += int(source.get("dead_letters") or 0)
+        self.late += int(_metrics(observed.get(LATE_METRICS)).get("late") or 0) + native_late
+
+    def as_dict(self, source: str) -> dict[str, Any]:
+        return {"source": source, "input": self.input, "output": self.output,
+                "dead_letters": self.dead_letters, "late": self.late}
+
+
+def _metrics(row: Any) -> Mapping[str, Any]:
+    """One observed metric of a progress report: a Row (PySpark's progress object) or a dict
+    (its JSON)."""
+    if row is None:
+        return {}
+    return row.asDict() if hasattr(row, "asDict") else row
 
 
 def _offsets(value: Any) -> Any:
@@ -345,6 +382,11 @@ class JobRunner:
                     _print_summary(out.sink, self.out)
                 if q.dead_letters is not None:
                     _print_summary(q.dead_letters.sink, self.out)
+            for run in self.runs:
+                r = run.records
+                print(f"\nrecords of {run.plan.name} from source {run.plan.source} (this run): "
+                      f"input {r.input:,} = output {r.output:,} + dead letters "
+                      f"{r.dead_letters:,} + late {r.late:,}", file=self.out, flush=True)
         return code
 
     def _publish_dead_letters(self) -> None:
@@ -368,6 +410,8 @@ class JobRunner:
                     run.health = progress_health(progress, run.checkpoint_dir)
                     run.late_total += run.health["late_rows_dropped"]
                     run.health["late_rows_dropped_this_run"] = run.late_total
+                    run.records.add(progress, run.health["late_rows_dropped"])
+                    run.health["records"] = run.records.as_dict(run.plan.source)
                     _line(self.job.name, run, run.health, self.out)
                     ms, rows = self._timings.pop((run.plan.name, progress["batchId"]),
                                                  (None, None))
