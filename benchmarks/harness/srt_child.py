@@ -4,7 +4,8 @@ each micro-batch committed.
     .venv/bin/python benchmarks/harness/srt_child.py --job benchmarks/jobs/upi_count.py \
         --set source.log_dir=/tmp/log --result /tmp/run.json
 
-Exactly ``srt run JOB --available-now``: the job file is loaded with ``load_job_file`` and run
+Exactly ``srt run JOB --available-now`` (or, with ``--stop-file``, ``srt run JOB`` until that
+file appears, then what ``srt stop`` does): the job file is loaded with ``load_job_file`` and run
 by ``JobRunner``; the run is watched only through the runner's ``on_batch`` listener hook
 (``BatchCommitted``). The result JSON holds wall-clock times (``time.time()``, so the parent
 can line them up with its own clock): interpreter up, runner start and end, and per committed
@@ -29,6 +30,8 @@ def main() -> int:
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--result", required=True)
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--stop-file", help="run continuously (no --available-now) until this "
+                    "file exists, then stop the job like `srt stop`")
     a = ap.parse_args()
 
     from stateful_runtime.runtime.loader import load_job_file, parse_overrides
@@ -43,7 +46,18 @@ def main() -> int:
                         "sink_rows": event.sink_rows, "progress": dict(event.progress)})
 
     out = sys.stderr if a.verbose else io.StringIO()
-    runner = JobRunner(jf, available_now=True, master=a.master, out=out, on_batch=[listener])
+    runner = JobRunner(jf, available_now=not a.stop_file, master=a.master, out=out,
+                       on_batch=[listener])
+    if a.stop_file:
+        import os
+        import threading
+
+        def watch() -> None:
+            while not os.path.exists(a.stop_file):
+                time.sleep(0.1)
+            runner.stop()
+
+        threading.Thread(target=watch, daemon=True).start()
     t_run = time.time()
     code = runner.run()
     t_end = time.time()

@@ -307,8 +307,9 @@ class FlinkSQL(System):
         def first_checkpoint() -> bool:
             return any(ck.glob("*/chk-*/_metadata"))
 
-        ln = launch(cmd, rundir=rundir, cwd=rundir, startup_probe=first_checkpoint,
-                    env={"PYTHONPATH": ""})
+        env = {"PYTHONPATH": "",
+               "PATH": f"{venv_python('flink').parent}:{os.environ.get('PATH', '')}"}
+        ln = launch(cmd, rundir=rundir, cwd=rundir, startup_probe=first_checkpoint, env=env)
         self._fill(res, ln)
         result_path = rundir / "result.json"
         if ln.returncode != 0 or not result_path.exists():

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 T_IMPORT = time.time()
@@ -96,6 +97,9 @@ def main() -> None:
         "execution.checkpointing.dir": f"file://{a.checkpoints}",
         "table.local-time-zone": "UTC",
         "table.exec.state.ttl": "1 min",
+        "python.executable": sys.executable,  # else "python" on PATH runs the UDF workers
+        "python.client.executable": sys.executable,
+        "restart-strategy.type": "none",  # a failing job fails the run instead of looping
         "rest.bind-address": "127.0.0.1",
         "rest.address": "127.0.0.1",
     }.items():
