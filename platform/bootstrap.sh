@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv with Python 3.11 and install the project (editable) with the given extras.
 #   platform/bootstrap.sh            runtime only
-#   platform/bootstrap.sh dev        + Dagster, Great Expectations, test services, Debian's
+#   platform/bootstrap.sh dev        + Dagster, dbt, Great Expectations, test services, Debian's
 #                                    chromium for the Dagster UI test (platform/install-chromium.sh)
 #                                    and clickhouse-server for the ClickHouse sink tests
 #                                    (platform/install-clickhouse.sh)
@@ -23,7 +23,7 @@ spec="."
 case "$extras" in
   "") ;;
   dev)
-    spec=".[dagster,dev]"
+    spec=".[dagster,dbt,dev]"
     platform/install-chromium.sh || echo "bootstrap: continuing without chromium (see above)" >&2
     platform/install-clickhouse.sh \
       || echo "bootstrap: continuing without clickhouse-server (see above)" >&2
