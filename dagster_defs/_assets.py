@@ -27,10 +27,12 @@ def _code(text: str) -> MetadataValue:
 
 
 def _failure(exc: Exception, log_path: Any = None) -> Failure:
+    from stateful_runtime.secrets import mask_text
+
     metadata: dict[str, Any] = {"error": type(exc).__name__}
     if log_path is not None:
         metadata["log_path"] = MetadataValue.path(str(log_path))
-    return Failure(description=str(exc), metadata=metadata)
+    return Failure(description=mask_text(str(exc)), metadata=metadata)
 
 
 def job_asset(spec: StreamingJobSpec, translator: StreamingJobTranslator) -> AssetsDefinition:
@@ -45,6 +47,7 @@ def job_asset(spec: StreamingJobSpec, translator: StreamingJobTranslator) -> Ass
     )
     def _run(context: AssetExecutionContext) -> MaterializeResult:
         from dagster_defs.errors import StatefulRuntimeError
+        from stateful_runtime.secrets import mask_config, mask_text
 
         runtime = context.resources.streaming_runtime
         log_path = None
@@ -59,7 +62,7 @@ def job_asset(spec: StreamingJobSpec, translator: StreamingJobTranslator) -> Ass
             if launch.launched:
                 context.log.info(
                     f"launched {spec.name} as pid {launch.pid}: "
-                    f"{shlex.join(launch.command or ())}; log {log_path}"
+                    f"{mask_text(shlex.join(launch.command or ()))}; log {log_path}"
                 )
                 runtime.wait_running(spec.name, launch.pid)
                 context.log.info(f"{spec.name} is RUNNING; waiting for a committed batch")
@@ -101,11 +104,12 @@ def job_asset(spec: StreamingJobSpec, translator: StreamingJobTranslator) -> Ass
             "restored_from": status.restored_from,
             "started_at": status.started_at,
             "last_committed_batch": MetadataValue.json(dict(committed or {})),
-            "config": MetadataValue.json(json.loads(json.dumps(config, default=str))),
-            "plan": _code(launch.plan),
+            # Config, command and plan as shown anywhere: every secret masked.
+            "config": MetadataValue.json(json.loads(json.dumps(mask_config(config), default=str))),
+            "plan": _code(mask_text(launch.plan)),
         }
         if launch.command:
-            metadata["command"] = shlex.join(launch.command)
+            metadata["command"] = mask_text(shlex.join(launch.command))
         if launch.config_drift:
             metadata["config_drift"] = list(launch.config_drift)
         return MaterializeResult(metadata=metadata)

@@ -110,7 +110,9 @@ def _take_savepoint(
             env=_env(context),
         )
     except StatefulRuntimeError as exc:
-        raise Failure(description=str(exc), metadata={"error": _kind(exc)}) from exc
+        from stateful_runtime.secrets import mask_text
+
+        raise Failure(description=mask_text(str(exc)), metadata={"error": _kind(exc)}) from exc
     context.log.info(
         f"savepoint {sp.id} of {spec.name} at {sp.location}: "
         f"{sp.size_bytes:,} bytes, batches {dict(sp.batches)}"
@@ -292,6 +294,7 @@ def _relaunch_op(
     )
     def _relaunch(context: OpExecutionContext) -> None:
         from dagster_defs.errors import StatefulRuntimeError
+        from stateful_runtime.secrets import mask_text
 
         spec = _spec(specs, context.op_config["job"])
         runtime = context.resources.streaming_runtime
@@ -325,10 +328,10 @@ def _relaunch_op(
                 description = f"{exc}\n\nRun {name} with from_savepoint set to that savepoint."
             else:
                 description = str(exc)
-            raise Failure(description=description, metadata=metadata) from exc
+            raise Failure(description=mask_text(description), metadata=metadata) from exc
         context.log.info(
             f"{action}: {spec.name} restarted from {done.restored_from} as pid {done.pid}: "
-            f"{shlex.join(done.command)}"
+            f"{mask_text(shlex.join(done.command))}"
         )
         if done.committed is False:
             context.log.warning(
@@ -343,7 +346,7 @@ def _relaunch_op(
             "parallelism": done.parallelism,
             "state_partitions": MetadataValue.json(dict(done.state_partitions)),
             "last_committed_batch": MetadataValue.json(dict(done.last_committed)),
-            "command": shlex.join(done.command),
+            "command": mask_text(shlex.join(done.command)),
             "log_path": MetadataValue.path(done.log_path),
         }
         if done.savepoint is not None:

@@ -325,8 +325,10 @@ def _restart(
                 out["killed_with"] = ended.signal
         launch = runtime.launch(spec.name, spec.job_file, launch_config(spec, context.resources))
     except StatefulRuntimeError as exc:
-        context.log.error(f"{spec.name}: relaunch failed: {exc}")
-        out["restart_error"] = str(exc)
+        from stateful_runtime.secrets import mask_text
+
+        context.log.error(f"{spec.name}: relaunch failed: {mask_text(str(exc))}")
+        out["restart_error"] = mask_text(str(exc))
         return out
     context.log.warning(
         f"{spec.name} was {verdict.condition.value} ({verdict.reason}); "

@@ -172,6 +172,7 @@ class StreamingRuntime(ConfigurableResource):
         data = self.run_json(
             ["explain", str(self.resolve(job_file)), "--no-spark", *_set_args(config)],
             timeout=120,
+            env=_secret_env(config),
         )
         return Plan.from_json(data)
 
@@ -195,6 +196,7 @@ class StreamingRuntime(ConfigurableResource):
             args += ["--from-savepoint", from_savepoint]
         if parallelism is not None:
             args += ["--parallelism", str(int(parallelism))]
+        env = {**(env or {}), **_secret_env(config)}
         return Launch.from_json(self.run_json(args, timeout=300, env=env))
 
     def wait_running(self, job: str, pid: int, *, timeout: float | None = None) -> JobStatus:
@@ -324,6 +326,7 @@ class StreamingRuntime(ConfigurableResource):
         if self.master:
             args += ["--master", self.master]
         budget = st + self.launch_timeout_s + self.commit_timeout_s + 600
+        env = {**(env or {}), **_secret_env(config)}
         return Upgrade.from_json(self.run_json(args, timeout=budget, env=env))
 
     def rescale(
@@ -355,8 +358,19 @@ class StreamingRuntime(ConfigurableResource):
 
 
 def _set_args(config: Mapping[str, Any]) -> list[str]:
-    """``--set KEY=VALUE`` arguments for a job's config."""
-    return [arg for k, v in config.items() for arg in ("--set", f"{k}={v}")]
+    """``--set KEY=VALUE`` arguments for the job config that holds no secret; the rest goes
+    through the environment (:func:`_secret_env`), never an ``srt`` process's argv."""
+    from stateful_runtime.secrets import split_overrides
+
+    public, _ = split_overrides(config)
+    return [arg for k, v in public.items() for arg in ("--set", f"{k}={v}")]
+
+
+def _secret_env(config: Mapping[str, Any]) -> dict[str, str]:
+    """Environment carrying the job config's secret values to an ``srt`` process."""
+    from stateful_runtime.secrets import child_env, split_overrides
+
+    return child_env(split_overrides(config)[1])
 
 
 def s3_env(s3: Any) -> dict[str, str]:

@@ -1,4 +1,11 @@
-"""``srt``: the command line of the stateful runtime."""
+"""``srt``: the command line of the stateful runtime.
+
+Everything ``srt`` prints passes through :class:`stateful_runtime.secrets.MaskingStream`, and
+JSON results through :func:`~stateful_runtime.secrets.mask_data`: a secret given in a
+``--set`` (or reaching this process in ``SRT_SECRET_SETS`` from a parent ``srt``) is never
+shown. Job names are validated (:func:`~stateful_runtime.names.check_name`) before any
+registry file is touched.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +17,16 @@ from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 
+from stateful_runtime import secrets
 from stateful_runtime.exceptions import JobError, StatefulRuntimeError
+from stateful_runtime.names import check_name
 
 EXIT_USAGE = 2
 
 
 def _json(value: object) -> None:
     """A command's result under ``--json``: one JSON document on stdout, nothing else."""
-    print(json.dumps(value, indent=2, default=str))
+    print(json.dumps(secrets.mask_data(json.loads(json.dumps(value, default=str))), indent=2))
 
 
 def _error_json(exc: StatefulRuntimeError) -> str:
@@ -32,7 +41,8 @@ def _error_json(exc: StatefulRuntimeError) -> str:
         except (TypeError, ValueError):
             continue
         details[key] = value
-    return json.dumps({"error": {"type": type(exc).__name__, "message": str(exc), **details}})
+    return json.dumps(secrets.mask_data(
+        {"error": {"type": type(exc).__name__, "message": str(exc), **details}}))
 
 
 def _log_cmd(args: argparse.Namespace) -> int:
@@ -107,7 +117,7 @@ def _explain_cmd(args: argparse.Namespace) -> int:
 
         spark = build_session(job.parallelism, args.master)
     planned = plan(job)
-    text = planned.explain(spark)
+    text = secrets.mask_text(planned.explain(spark))
     if args.json:
         _json({"job": job.name, "parallelism": job.parallelism,
                "checkpoint_dir": str(job.checkpoint.dir), "text": text,
@@ -123,12 +133,17 @@ def _explain_cmd(args: argparse.Namespace) -> int:
 def _status_cmd(args: argparse.Namespace) -> int:
     from stateful_runtime.runtime import control, registry
 
+    # A damaged entry of another job never hides the readable ones: it is named on stderr.
+    damaged = [] if args.job else control.unreadable()
+    for exc in damaged:
+        print(f"srt: warning: {exc}", file=sys.stderr)
     if args.json:  # an unknown JOB is an empty list: "no such job" is an answer, not an error
         _json(control.statuses(args.job))
         return 0
     entries = control.statuses(registry.require(args.job)["job"] if args.job else None)
     if not entries:
-        print(f"no jobs registered in {registry.home() / 'jobs'}")
+        print(f"no jobs registered in {registry.home() / 'jobs'}"
+              + (f" ({len(damaged)} unreadable, above)" if damaged else ""))
         return 0
     for e in entries:
         print(f"{e['job']}: {e.get('state')} pid {e.get('pid')} on {e.get('master')} "
@@ -151,14 +166,16 @@ def _stop_cmd(args: argparse.Namespace) -> int:
             _json(out)
         else:
             print(f"ended {args.job} (pid {out['pid']}) with {out['signal']}; state "
-                  f"{out['status'].get('state')}")
+                  f"{out['status'].get('state')}" + (f"\n  {out['note']}" if out["note"] else ""))
         return 0
-    entry = launcher.stop(args.job, timeout=args.timeout)
+    entry, report = launcher.stop(args.job, timeout=args.timeout)
     if args.json:
-        _json({"job": args.job, "pid": entry.get("pid"), "signal": "SIGTERM",
+        _json({"job": args.job, "pid": entry.get("pid"), "signal": report["signal"],
                "status": control.job_status(entry)})
     else:
-        print(f"stopped {args.job} (pid {entry.get('pid')}); state {entry.get('state')}")
+        print(f"stopped {args.job} (pid {entry.get('pid')}, through "
+              f"{'its control endpoint' if report['signal'] == 'endpoint' else 'SIGTERM'}); "
+              f"state {entry.get('state')}")
     return 0
 
 
@@ -237,6 +254,33 @@ def _reconcile_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dbt_cmd(args: argparse.Namespace) -> int:
+    """``srt dbt sources``: the job file's sink tables as dbt sources (dbt_sink.dbt)."""
+    from dbt_sink import dbt
+    from stateful_runtime.runtime import catalog
+    from stateful_runtime.runtime.loader import parse_overrides
+
+    described = catalog.sink_tables(args.job_file, parse_overrides(args.set))
+    job = dbt.JobTables.from_dict(described)
+    document = dbt.sources(job, source_name=args.source_name, database=args.database,
+                           schema=args.schema, loaded_at=args.loaded_at, kind=args.kind,
+                           asset_key_prefix=[p for p in (args.asset_key_prefix or "").split("/")
+                                             if p])
+    text = dbt.render(document, job_file=args.job_file, job=job.job)
+    changed = None
+    if args.output:
+        changed = dbt.write_if_changed(args.output, text)
+    if args.json:
+        _json({"job": job.job, "output": args.output, "changed": changed,
+               "tables": described["tables"], "sources": document})
+    elif args.output:
+        print(f"{'wrote' if changed else 'unchanged:'} {args.output} "
+              f"({len(document['sources'][0]['tables'])} tables of {job.job})")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def _age(text: str) -> timedelta:
     """``90s``, ``30m``, ``12h``, ``7d``."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -278,10 +322,10 @@ def _savepoint_cmd(args: argparse.Namespace) -> int:
         sp = launcher.savepoint(args.job, target=args.target, stop=args.stop,
                                timeout=args.timeout)
         if args.json:
-            print(json.dumps(sp.summary(), indent=2))
+            _json(sp)
         else:
-            print(f"savepoint {sp.id} of {sp.job} at {sp.location} "
-                  f"({sp.size:,} bytes, batches {sp.summary()['batches']})"
+            print(f"savepoint {sp['id']} of {sp['job']} at {sp['location']} "
+                  f"({sp['size_bytes']:,} bytes, batches {sp['batches']})"
                   + ("; the job is stopped" if args.stop else ""))
     elif args.sp_cmd == "list":
         rows = [sp.summary() for root in _roots(args)
@@ -480,6 +524,25 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_reconcile_cmd)
 
+    dbt_p = sub.add_parser("dbt", help="dbt on the tables a job writes")
+    dbt_sub = dbt_p.add_subparsers(dest="dbt_cmd", required=True)
+    c = dbt_sub.add_parser("sources", help="dbt sources (columns, types, freshness, tests, "
+                           "Dagster asset keys) for the job file's warehouse sink tables")
+    c.add_argument("job_file")
+    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    c.add_argument("--output", "-o", metavar="PATH",
+                   help="write the YAML here (untouched when nothing changed); default stdout")
+    c.add_argument("--source-name", help="dbt source name (default: the job's name)")
+    c.add_argument("--database", help="the source's database (e.g. an attached alias)")
+    c.add_argument("--schema", help="the tables' schema (default: the warehouse's)")
+    c.add_argument("--loaded-at", choices=("commit", "window_end"), default="commit",
+                   help="freshness by the sink ledger's commit time (default) or window_end")
+    c.add_argument("--kind", help="only tables written to this warehouse kind")
+    c.add_argument("--asset-key-prefix", metavar="A/B",
+                   help="prefix of the sink-table asset keys, if your translator adds one")
+    c.add_argument("--json", action="store_true")
+    dbt_p.set_defaults(func=_dbt_cmd)
+
     sp = sub.add_parser("savepoint", help="take, list and dispose of savepoints")
     ssub = sp.add_subparsers(dest="sp_cmd", required=True)
     c = ssub.add_parser("create", help="savepoint of a job's last committed batch")
@@ -527,11 +590,30 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if not isinstance(sys.stdout, secrets.MaskingStream):
+        sys.stdout = secrets.MaskingStream(sys.stdout)  # type: ignore[assignment]
+        sys.stderr = secrets.MaskingStream(sys.stderr)  # type: ignore[assignment]
     args = _parser().parse_args(argv)
     if args.home:
         # This process's registry (a child of Dagster or a test gets it as a value).
         os.environ["SRT_HOME"] = str(Path(args.home).resolve())
     try:
+        # Overrides holding secrets come from a parent srt (or Dagster) in the environment,
+        # never in argv; removed here so Spark's processes do not inherit them.
+        hidden = secrets.take_env_overrides()
+        if hasattr(args, "set"):
+            given = dict(p.partition("=")[::2] for p in args.set)
+            secrets.remember_config(given)
+            shown = sorted(k for k, v in given.items() if secrets.holds_secret(k, v))
+            if shown:
+                print(f"srt: warning: {', '.join(shown)} given on the command line, where "
+                      f"`ps` shows it to every user; give env:NAME (an environment variable) "
+                      f"instead", file=sys.stderr)
+            args.set = [*args.set, *(f"{k}={v}" for k, v in hidden.items())]
+        for attr in ("job",):
+            value = getattr(args, attr, None)
+            if isinstance(value, str) and args.cmd != "log":
+                check_name("job", value)
         return args.func(args)
     except StatefulRuntimeError as exc:
         if getattr(args, "json", False):

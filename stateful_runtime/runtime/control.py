@@ -10,7 +10,8 @@ resource runs the command and parses that JSON, so both drive jobs the same way.
 ``launch``           plan the job file (no Spark), then reuse its live process or
                      start ``srt run`` detached
 ``wait``             until a process is RUNNING, or has committed a micro-batch
-``kill``             SIGTERM, then SIGKILL to the process group after a grace period
+``kill``             SIGTERM, then SIGKILL to the process group after a grace period,
+                     only to a process whose identity the registry verified
 ``check_state``      can a job file's code take a savepoint's or checkpoint's state
 ``upgrade``          check, stop with a savepoint, relaunch from it (new code and/or
                      parallelism), wait for RUNNING (Flink's stateful upgrade/rescale)
@@ -34,7 +35,7 @@ from stateful_runtime.exceptions import (
     JobError,
     StatefulRuntimeError,
 )
-from stateful_runtime.runtime import launcher, registry
+from stateful_runtime.runtime import endpoint, launcher, registry
 
 # Records decoded per read while counting a topic: bounds memory on a large topic.
 READ_CHUNK = 65_536
@@ -90,18 +91,30 @@ def query_checkpoint(checkpoint_dir: str | Path, now: float) -> dict[str, Any]:
 
 def job_status(entry: Mapping[str, Any], now: float | None = None) -> dict[str, Any]:
     """A registry entry as ``srt status --json`` shows it: the entry, plus ``alive`` (its pid
-    is a live process), ``live`` (alive and STARTING or RUNNING), ``registered_state`` (the
-    entry's own state; ``state`` says DEAD for a RUNNING entry whose process is gone),
-    ``checked_at`` and, per query, :func:`query_checkpoint`."""
+    is a live process, the one the entry recorded), ``live`` (alive and STARTING or RUNNING),
+    ``registered_state`` (the entry's own state; ``state`` says DEAD for a RUNNING entry whose
+    process is gone), ``checked_at``, per query :func:`query_checkpoint`, and ``health`` as
+    the job process reports it now through its control endpoint (``health_source``:
+    ``endpoint``) or, when it does not answer, as last written to the registry."""
     now = time.time() if now is None else now
     out = dict(entry)
-    alive = registry.pid_alive(entry.get("pid"))
+    alive = registry.alive(dict(entry))
     out["registered_state"] = entry.get("state")
     out["alive"] = alive
     out["live"] = launcher.live(dict(entry))
     if entry.get("state") == "RUNNING" and not alive:
         out["state"] = "DEAD"
     out["checked_at"] = now
+    out["health_source"] = "registry"
+    if out["live"] and entry.get("control"):
+        try:
+            reported = endpoint.call(entry, "GET", "/health", timeout=5.0)
+            out["health"] = reported.get("queries") or {}
+            out["health_source"] = "endpoint"
+        except endpoint.EndpointUnavailable:
+            pass
+        except endpoint.EndpointError:
+            pass
     out["queries"] = {
         q: {**info, **query_checkpoint(info["checkpoint_dir"], now)}
         for q, info in (entry.get("queries") or {}).items()
@@ -110,10 +123,16 @@ def job_status(entry: Mapping[str, Any], now: float | None = None) -> dict[str, 
 
 
 def statuses(job: str | None = None) -> list[dict[str, Any]]:
-    """:func:`job_status` of one job (empty if it never registered here) or of every job."""
+    """:func:`job_status` of one job (empty if it never registered here) or of every
+    readable job (:func:`unreadable` names the others)."""
     now = time.time()
     entries = registry.entries() if job is None else [e for e in [registry.read(job)] if e]
     return [job_status(e, now) for e in entries]
+
+
+def unreadable() -> list[registry.CorruptEntryError]:
+    """Registry entries that cannot be read, each naming its file and what to do."""
+    return registry.scan()[1]
 
 
 def last_committed(entry: Mapping[str, Any]) -> dict[str, int | None]:
@@ -205,12 +224,19 @@ def kill(job: str, *, pid: int | None = None, grace: float) -> dict[str, Any]:
                        f"left alone")
     if not current:
         raise JobError(f"job {job!r} has no process on record")
-    if registry.pid_alive(current):
-        sent = launcher.terminate(int(current), grace=grace)
+    note = None
+    if registry.verified(entry):
+        sent = launcher.terminate(entry, grace=grace)
     else:
-        launcher.signal_group(int(current), signal.SIGKILL)
+        # Gone, or the pid belongs to another process now: only what is left of the job's
+        # own process group (members carrying its run id) is killed.
+        leftovers = launcher.signal_job(entry, signal.SIGKILL)
         sent = "none"
-    return {"job": job, "pid": current, "signal": sent,
+        if registry.pid_alive(current):
+            note = launcher.not_the_job(entry)
+        elif leftovers:
+            note = "the job's process was gone; what was left of its process group was killed"
+    return {"job": job, "pid": current, "signal": sent, "note": note,
             "status": job_status(registry.require(job))}
 
 
@@ -321,8 +347,8 @@ def upgrade(job: str, job_file: str | Path, overrides: Mapping[str, str], *,
                      else "it is stopped; its state is in its checkpoint (`srt run` resumes it)")
             raise UpgradeError(f"stop-with-savepoint of {job} failed: {exc}\n({where})",
                                stage="stop", cause=type(exc).__name__) from exc
-        summary = sp.summary()
-        source = sp.location
+        summary = sp
+        source = sp["location"]
 
     extra = ["--allow-non-restored-state"] if allow_non_restored_state else []
     try:

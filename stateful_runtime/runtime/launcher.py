@@ -3,9 +3,16 @@
 A streaming job outlives whatever started it (a Dagster run, a sensor tick, a shell), so the
 launcher starts ``srt run`` as a new session leader (its pid is its process group id: one
 ``killpg`` reaches the driver, the JVM and the Python workers) with stdout and stderr appended
-to ``$SRT_HOME/jobs/<job>.log``, next to the job's registry entry. The launch is serialised per
-job by a lock file, so two launchers never start the same job twice; a job whose entry is
-STARTING or RUNNING with a live pid is reused, not relaunched.
+to ``$SRT_HOME/jobs/<job>.log`` (0600), next to the job's registry entry. The launch is
+serialised per job by a lock file, so two launchers never start the same job twice; a job whose
+entry is STARTING or RUNNING with a live pid is reused, not relaunched.
+
+Secrets never reach the child's argv (``ps`` shows argv to every user): ``--set`` overrides
+holding one travel in the child's environment (:func:`stateful_runtime.secrets.child_env`).
+
+Stop and savepoint go through the job's control endpoint while the process answers; a
+signal is sent only to a process whose identity the registry verified (pid *and* start time),
+or to what is left of its process group when a member still carries the run's id.
 """
 
 from __future__ import annotations
@@ -18,16 +25,18 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from stateful_runtime import secrets
 from stateful_runtime.checkpoints import layout, savepoints
-from stateful_runtime.checkpoints.manifest import Savepoint
 from stateful_runtime.exceptions import JobError
-from stateful_runtime.runtime import registry
+from stateful_runtime.names import check_name
+from stateful_runtime.runtime import endpoint, registry
 
 LIVE_STATES = ("STARTING", "RUNNING")
 # Registry entries and checkpoints are plain files; polling them at this rate costs nothing.
@@ -63,14 +72,15 @@ def _now() -> str:
 
 def log_path(job: str) -> Path:
     """Where a launched job's stdout and stderr go: next to its registry entry."""
-    return registry.home() / "jobs" / f"{job}.log"
+    return registry.job_file(job, ".log")
 
 
 def live(entry: dict[str, Any] | None) -> bool:
-    """True if the entry's process is alive and starting or running."""
+    """True if the entry's process is alive (the same process: pid and start time) and
+    starting or running."""
     if not entry:
         return False
-    return entry.get("state") in LIVE_STATES and registry.pid_alive(entry.get("pid"))
+    return entry.get("state") in LIVE_STATES and registry.alive(entry)
 
 
 def srt_command() -> list[str]:
@@ -80,8 +90,10 @@ def srt_command() -> list[str]:
 
 
 def set_args(config: Mapping[str, Any]) -> list[str]:
-    """``--set KEY=VALUE`` arguments for a job's config overrides."""
-    return [arg for k, v in config.items() for arg in ("--set", f"{k}={v}")]
+    """``--set KEY=VALUE`` arguments for the overrides that hold no secret (the others go
+    through the environment: :func:`secrets.split_overrides`)."""
+    public, _ = secrets.split_overrides(config)
+    return [arg for k, v in public.items() for arg in ("--set", f"{k}={v}")]
 
 
 def tail(path: str | Path, max_bytes: int = TAIL_BYTES) -> str:
@@ -124,14 +136,15 @@ def ensure_running(
         parallelism: state partitions (``--parallelism``); with ``from_savepoint`` it rescales.
         extra_args: more ``srt run`` arguments.
     """
-    jobs_dir = registry.home() / "jobs"
-    jobs_dir.mkdir(parents=True, exist_ok=True)
+    job = check_name("job", job)
+    registry.ensure_home()
     log = log_path(job)
-    with open(jobs_dir / f"{job}.lock", "w") as lock:
+    with registry.private_file(registry.job_file(job, ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         entry = registry.read(job)
         if entry is not None and live(entry):
             return Launch(job, int(entry["pid"]), False, log, None, entry)
+        _, hidden = secrets.split_overrides(config)
         command = [*srt_command(), "run", str(job_file), *set_args(config)]
         if master:
             command += ["--master", master]
@@ -143,8 +156,15 @@ def ensure_running(
         penv = dict(os.environ if env is None else env)
         penv["SRT_HOME"] = str(registry.home())
         penv.setdefault("PYTHONUNBUFFERED", "1")
-        with open(log, "ab") as out:
-            out.write(f"\n--- {_now()} launching: {shlex.join(command)}\n".encode())
+        penv.pop(secrets.ENV_VAR, None)
+        penv.update(secrets.child_env(hidden))
+        run_id = uuid.uuid4().hex
+        penv[registry.RUN_ID_ENV] = run_id
+        shown = secrets.mask_text(shlex.join(command))
+        if hidden:
+            shown += f"  (+ {', '.join(sorted(hidden))} from the environment)"
+        with registry.private_file(log, "ab") as out:
+            out.write(f"\n--- {_now()} launching: {shown}\n".encode())
             out.flush()
             proc = subprocess.Popen(
                 command,
@@ -169,6 +189,8 @@ def ensure_running(
                 "job": job,
                 "state": "STARTING",
                 "pid": proc.pid,
+                "pid_start": registry.process_start(proc.pid),
+                "run_id": run_id,
                 "job_file": str(job_file),
                 "config": dict(config),
                 "started_at": _now(),
@@ -176,7 +198,7 @@ def ensure_running(
                 **kept,
             }
             registry.write(job, current)
-        return Launch(job, proc.pid, True, log, command, current)
+        return Launch(job, proc.pid, True, log, [secrets.mask_text(c) for c in command], current)
 
 
 def _failure(job: str, pid: int, what: str) -> JobError:
@@ -253,8 +275,8 @@ def wait_committed(
 
 
 def signal_group(pid: int, sig: int) -> None:
-    """Send ``sig`` to the process group led by ``pid`` (a launched job's driver, JVM and Python
-    workers, even after the driver died), or to ``pid`` alone if it leads no group."""
+    """Send ``sig`` to the process group led by ``pid``, or to ``pid`` alone if it leads no
+    group. No identity check: callers use :func:`signal_job`."""
     try:
         os.killpg(pid, sig)
     except ProcessLookupError:
@@ -264,44 +286,107 @@ def signal_group(pid: int, sig: int) -> None:
             pass
 
 
-def terminate(pid: int, *, grace: float) -> str:
+def signal_job(entry: dict[str, Any], sig: int) -> bool:
+    """Send ``sig`` to a job's process group (its driver, JVM and Python workers) only if it
+    is the job's: the entry's pid is the process it recorded (same start time), or, once the
+    driver is gone, a member of its group still carries the run's id (``SRT_RUN_ID``). A pid
+    reused by an unrelated process is never signalled. True if a signal was sent."""
+    pid = entry.get("pid")
+    if not pid:
+        return False
+    pid = int(pid)
+    if registry.verified(entry):
+        signal_group(pid, sig)
+        return True
+    run_id = entry.get("run_id")
+    if registry.pid_alive(pid) or not run_id:
+        return False  # another process has the pid now, or nothing names the run
+    if any(registry.carries_run(m, str(run_id)) for m in registry.group_members(pid)):
+        # The group id stays taken while a member lives, so this group is the job's.
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+    return False
+
+
+def not_the_job(entry: dict[str, Any]) -> str:
+    """Why a live pid in the entry is not taken for the job's process."""
+    pid = entry.get("pid")
+    if entry.get("pid_start") is None:
+        return (f"pid {pid} cannot be verified as the job's process (its entry records no "
+                f"start time: written by an older srt); nothing was signalled — stop it "
+                f"yourself if it is the job")
+    return (f"pid {pid} is now another process (it started at {registry.process_start(pid)}, "
+            f"the job's at {entry.get('pid_start')} clock ticks after boot): the job is gone "
+            f"and its entry is stale; nothing was signalled")
+
+
+def terminate(entry: dict[str, Any], *, grace: float) -> str:
     """Stop a job process: SIGTERM (a clean stop, like ``srt stop``), then after ``grace``
-    seconds SIGKILL to its whole process group. Returns the signal that ended it."""
-    if not registry.pid_alive(pid):
+    seconds SIGKILL to its whole process group; only if the entry's process is verified.
+    Returns the signal that ended it ("none" if it was not the job's or already gone)."""
+    if not signal_job(entry, signal.SIGTERM):
         return "none"
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return "none"
+    pid = int(entry["pid"])
     deadline = time.monotonic() + grace
-    while registry.pid_alive(pid) and time.monotonic() < deadline:
+    while registry.alive(entry) and time.monotonic() < deadline:
         time.sleep(0.2)
-    if not registry.pid_alive(pid):
+    if not registry.alive(entry):
         # The JVM and Python workers end with the driver; SIGKILL whatever is left of them.
-        signal_group(pid, signal.SIGKILL)
+        signal_job(entry, signal.SIGKILL)
         return "SIGTERM"
-    signal_group(pid, signal.SIGKILL)
+    signal_group(pid, signal.SIGKILL)  # verified above; the same process is still there
     deadline = time.monotonic() + 30
-    while registry.pid_alive(pid) and time.monotonic() < deadline:
+    while registry.alive(entry) and time.monotonic() < deadline:
         time.sleep(0.1)
     return "SIGKILL"
 
 
-def stop(job: str, *, timeout: float) -> dict[str, Any]:
-    """Stop a running job cleanly (SIGTERM: the batch in flight commits, queries stop, sinks
-    close) and wait for its process to exit; returns its final registry entry."""
+def stop(job: str, *, timeout: float, savepoint: bool = False,
+         target: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Stop a running job cleanly (the batch in flight commits, queries stop, sinks close) and
+    wait for its process to exit. Through its control endpoint (``POST /stop``, with a
+    savepoint of the final batch if asked) while it answers; else SIGTERM, only to a
+    verified process. Returns its final registry entry and what the stop reported
+    (``signal``: ``endpoint`` or ``SIGTERM``; ``savepoint``: a summary or None)."""
     entry = registry.require(job)
-    if not registry.running(entry):
+    if entry.get("state") not in LIVE_STATES or not registry.pid_alive(entry.get("pid")):
         raise JobError(f"job {job!r} is not running (state {entry.get('state')})")
-    pid = entry["pid"]
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while registry.pid_alive(pid):
-        if time.monotonic() > deadline:
-            raise JobError(f"job {job!r} (pid {pid}) did not stop within {timeout} s; "
-                           f"check it, or kill it: it restarts from its last checkpoint")
-        time.sleep(0.2)
-    return registry.require(job)
+    if not registry.verified(entry):
+        raise JobError(f"job {job!r} is not running: {not_the_job(entry)}")
+    report: dict[str, Any] = {"signal": "endpoint", "savepoint": None}
+    try:
+        answer = endpoint.call(entry, "POST", "/stop",
+                               {"savepoint": savepoint, "target": target, "timeout": timeout},
+                               timeout=timeout + 30)
+        report.update(savepoint=answer.get("savepoint"),
+                      savepoint_error=answer.get("savepoint_error"))
+    except endpoint.EndpointUnavailable:
+        # Starting (no endpoint yet) or not answering: the signal does the same, with the
+        # savepoint taken from the files once the process is gone.
+        signal_job(entry, signal.SIGTERM)
+        report["signal"] = "SIGTERM"
+    if not endpoint.wait_gone(entry, timeout):
+        raise JobError(f"job {job!r} (pid {entry['pid']}) did not stop within {timeout} s; "
+                       f"check it, or kill it: it restarts from its last checkpoint")
+    if savepoint and report["signal"] == "SIGTERM":
+        report["savepoint"] = _savepoint_from_files(job, target, "stop-with-savepoint")
+    if report.get("savepoint_error"):
+        raise JobError(f"job {job!r} stopped, but its savepoint failed: "
+                       f"{report['savepoint_error']}; its state is in its checkpoint "
+                       f"(`srt savepoint create {job}` takes one from it)")
+    return registry.require(job), report
+
+
+def _savepoint_from_files(job: str, target: str | None, kind: str) -> dict[str, Any]:
+    entry = registry.require(job)
+    root = target or entry.get("savepoint_dir") or str(registry.home() / "savepoints")
+    summary = savepoints.create(entry["checkpoint_dir"], root, kind=kind).summary()
+    registry.update(job, last_savepoint={"id": summary["id"], "location": summary["location"],
+                                         "created_at": summary["created_at"]})
+    return summary
 
 
 # ``savepoint``'s ``stop`` flag shadows the function inside it.
@@ -309,16 +394,20 @@ _stop_job = stop
 
 
 def savepoint(job: str, *, target: str | None = None, stop: bool = False,
-              timeout: float = 120.0) -> Savepoint:
-    """Savepoint of a job known to the registry (running or not); with ``stop``, stop it first
-    (stop-with-savepoint: the batch in flight commits, then the last committed batch is saved).
-    The registry entry records it as ``last_savepoint``."""
+              timeout: float = 120.0) -> dict[str, Any]:
+    """Savepoint of a job known to the registry (running or not): its summary. A running job
+    takes it itself (``POST /savepoint`` to its endpoint); with ``stop``, stop-with-savepoint
+    (the batch in flight commits, then the final batch is saved). A job that is not running
+    (or does not answer) is saved from its checkpoint files. The registry entry records it as
+    ``last_savepoint``."""
     entry = registry.require(job)
     if stop:
-        entry = _stop_job(job, timeout=timeout)
-    root = target or entry.get("savepoint_dir") or str(registry.home() / "savepoints")
-    sp = savepoints.create(entry["checkpoint_dir"], root,
-                           kind="stop-with-savepoint" if stop else "savepoint")
-    registry.update(job, last_savepoint={"id": sp.id, "location": sp.location,
-                                         "created_at": sp.manifest["created_at"]})
-    return sp
+        _, report = _stop_job(job, timeout=timeout, savepoint=True, target=target)
+        return report["savepoint"]
+    if registry.running(entry):
+        try:
+            return endpoint.call(entry, "POST", "/savepoint", {"target": target},
+                                 timeout=timeout)
+        except endpoint.EndpointUnavailable:
+            pass
+    return _savepoint_from_files(job, target, "savepoint")

@@ -12,17 +12,19 @@ import signal
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from stateful_runtime.checkpoints import layout, manifest, restore
+from stateful_runtime.checkpoints import layout, manifest, restore, savepoints
 from stateful_runtime.checkpoints.mirror import CheckpointMirror, MirrorSync
 from stateful_runtime.exceptions import ConfigError, JobError, SinkError
 from stateful_runtime.planner import LATE_METRICS, SOURCE_METRICS, QueryPlan, chain, plan
 from stateful_runtime.runtime import registry
+from stateful_runtime.runtime.endpoint import ControlEndpoint, Handlers
 from stateful_runtime.runtime.session import build_session, default_master
 from stateful_runtime.state import TimeDomain
 from stateful_runtime.streams import ProcessNode
@@ -209,12 +211,50 @@ def savepoint_root(job: Any) -> str:
     return job.checkpoint.savepoint_dir or str(registry.home() / "savepoints")
 
 
+class _Control(Handlers):
+    """What the control endpoint asks of a :class:`JobRunner` (see ``runtime/endpoint.py``)."""
+
+    def __init__(self, runner: JobRunner) -> None:
+        self.runner = runner
+        self.job = runner.job.name
+
+    def health(self) -> dict[str, Any]:
+        r = self.runner
+        queries = {}
+        for run in list(r.runs):
+            h = dict(run.health)
+            commit_time = layout.last_commit_time(run.checkpoint_dir)
+            h["last_committed_batch"] = layout.last_committed(run.checkpoint_dir)
+            h["checkpoint_age_s"] = (None if commit_time is None
+                                     else round(time.time() - commit_time, 3))
+            h.setdefault("records", run.records.as_dict(run.plan.source))
+            queries[run.plan.name] = h
+        return {"job": self.job, "pid": os.getpid(), "state": r.state,
+                "checked_at": time.time(), "queries": queries}
+
+    def savepoint(self, target: str | None) -> dict[str, Any]:
+        summary = self.runner.take_savepoint(target, "savepoint")
+        registry.update(self.job, last_savepoint=_last_savepoint(summary))
+        return summary
+
+    def stop(self, savepoint: bool, target: str | None, timeout: float) -> dict[str, Any]:
+        return self.runner.stop_and_wait(savepoint=savepoint, target=target, timeout=timeout)
+
+
+def _last_savepoint(summary: Mapping[str, Any]) -> dict[str, Any]:
+    return {"id": summary["id"], "location": summary["location"],
+            "created_at": summary["created_at"]}
+
+
 class JobRunner:
     """Runs one job file until it ends (``available_now``) or is stopped.
 
     ``on_batch`` listeners are called on the job process's monitor thread with a
     :class:`BatchCommitted` once per committed micro-batch of each query (after the runner's
     own bookkeeping: health, dead letters, mirror); a listener may call :meth:`stop`.
+
+    The process serves its control endpoint while it runs (:mod:`.endpoint`): health,
+    metrics, savepoints and stop (with a savepoint) for ``srt`` and Dagster.
     """
 
     def __init__(self, jobfile: JobFile, *, available_now: bool = False,
@@ -253,16 +293,33 @@ class JobRunner:
         self.runs: list[_Running] = []
         self.on_batch = list(on_batch)
         self._timings: dict[tuple[str, int], tuple[float, int]] = {}
+        self.state = "STARTING"
+        self.endpoint: ControlEndpoint | None = None
+        self._stop_lock = threading.Lock()
+        self._stop_request: dict[str, Any] | None = None
+        self._stopped = threading.Event()
+        self._stop_result: dict[str, Any] = {}
+        self._savepoint_lock = threading.Lock()
 
     def _register(self) -> None:
-        entry = registry.read(self.job.name)
+        try:
+            entry = registry.read(self.job.name)
+        except registry.CorruptEntryError:
+            entry = None  # this run writes the entry afresh
         if entry and registry.running(entry) and entry.get("pid") != os.getpid():
             raise JobError(
                 f"job {self.job.name!r} is already running as pid {entry['pid']}; "
                 f"stop it with `srt stop {self.job.name}` or use `srt status`"
             )
+        # Everything this process starts (the JVM, Python workers) carries the run's id, so
+        # what is left of it can be told from an unrelated process that reused a pid.
+        run_id = os.environ.setdefault(registry.RUN_ID_ENV, uuid.uuid4().hex)
+        self.endpoint = ControlEndpoint(_Control(self))
+        control = self.endpoint.start()
         registry.write(self.job.name, {
             "job": self.job.name, "state": "STARTING", "pid": os.getpid(),
+            "pid_start": registry.process_start(os.getpid()), "run_id": run_id,
+            "control": control,
             "job_file": str(self.jobfile.path), "config": dict(self.jobfile.config),
             "checkpoint_dir": str(self.checkpoint_dir), "master": self.master,
             "available_now": self.available_now, "started_at": _now(),
@@ -281,6 +338,47 @@ class JobRunner:
     def stop(self) -> None:
         """Ask the job to stop: the batch in flight commits, then the queries stop."""
         self._stop.set()
+
+    def stop_and_wait(self, *, savepoint: bool = False, target: str | None = None,
+                      timeout: float = 300.0) -> dict[str, Any]:
+        """Stop (with a savepoint of the final committed batch if asked) and wait until the
+        queries stopped and the sinks closed: the final state, and the savepoint's summary."""
+        with self._stop_lock:
+            if self._stop_request is None:
+                self._stop_request = {"savepoint": savepoint, "target": target}
+            elif savepoint and not self._stop_request["savepoint"]:
+                self._stop_request.update(savepoint=True, target=target)
+        self._stop.set()
+        if not self._stopped.wait(timeout):
+            raise JobError(f"job {self.job.name!r} did not stop within {timeout:.0f} s; it is "
+                           f"still stopping (a micro-batch in flight)")
+        return dict(self._stop_result)
+
+    def take_savepoint(self, target: str | None, kind: str) -> dict[str, Any]:
+        """A savepoint of the last committed batch, taken by this process (it knows its
+        checkpoint); its summary."""
+        if self.state == "STARTING" or not hasattr(self, "checkpoint_dir"):
+            raise JobError(f"job {self.job.name!r} is still starting; take the savepoint once "
+                           f"it is RUNNING and has committed a batch")
+        with self._savepoint_lock:
+            sp = savepoints.create(self.checkpoint_dir, target or savepoint_root(self.job),
+                                   kind=kind)
+        return sp.summary()
+
+    def _finish_control(self, state: str) -> dict[str, Any]:
+        """At the end of the run: the stop-with-savepoint if one was asked for; what a
+        ``POST /stop`` answers."""
+        result: dict[str, Any] = {"job": self.job.name, "pid": os.getpid(), "state": state,
+                                  "savepoint": None}
+        with self._stop_lock:
+            request = dict(self._stop_request or {})
+        if request.get("savepoint"):
+            try:
+                result["savepoint"] = self.take_savepoint(request.get("target"),
+                                                          "stop-with-savepoint")
+            except Exception as exc:  # the job is stopped; its state is in the checkpoint
+                result["savepoint_error"] = f"{type(exc).__name__}: {exc}"
+        return result
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._stop.set()
@@ -323,6 +421,7 @@ class JobRunner:
         previous = {sig: signal.signal(sig, self._on_signal)
                     for sig in (signal.SIGTERM, signal.SIGINT)}
         state, code = "FAILED", 1
+        result: dict[str, Any] = {}
         try:
             spark = build_session(self.job.parallelism, self.master)
             registry.update(self.job.name, spark_app_id=spark.sparkContext.applicationId)
@@ -354,6 +453,7 @@ class JobRunner:
                     writer = writer.trigger(processingTime=f"{secs} seconds")
                 self.runs.append(_Running(q, writer.start(), qdir))
             registry.update(self.job.name, state="RUNNING")
+            self.state = "RUNNING"
             n = len(self.runs)
             print(f"[{self.job.name}] running {n} {'query' if n == 1 else 'queries'} on "
                   f"{self.master}; "
@@ -372,10 +472,21 @@ class JobRunner:
             for q in self.plan.queries:
                 for out in q.outputs:
                     out.sink.close()
-            registry.update(self.job.name, state=state, ended_at=_now(),
-                            health={r.plan.name: r.health for r in self.runs})
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            self.state = state
+            try:
+                result = self._finish_control(state)
+                taken = ({"last_savepoint": _last_savepoint(result["savepoint"])}
+                         if result.get("savepoint") else {})
+                registry.update(self.job.name, state=state, ended_at=_now(),
+                                health={r.plan.name: r.health for r in self.runs}, **taken)
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+                # A POST /stop waiting for this answer gets it before the endpoint closes.
+                self._stop_result = result
+                self._stopped.set()
+                if self.endpoint is not None:
+                    self.endpoint.close()
         if code == 0:
             for q in self.plan.queries:
                 for out in q.outputs:

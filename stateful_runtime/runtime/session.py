@@ -42,6 +42,10 @@ def spark_conf(parallelism: int, master: str) -> dict[str, str]:
         # A Python worker that dies (a native crash in a client library) reports where, in the
         # query's error, instead of a bare EOFException.
         "spark.python.worker.faulthandler.enabled": "true",
+        # Data source options carrying client settings (the Kafka source's "config"), DSNs
+        # and URLs are shown redacted in plans and explain output (Spark's default: url only).
+        "spark.sql.redaction.options.regex":
+            "(?i)url|uri|dsn|config|password|secret|token|credential|key",
     }
 
 

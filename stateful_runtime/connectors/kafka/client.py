@@ -1,9 +1,10 @@
 """What the Kafka source, the Kafka sink and the Kafka dead-letter topic share.
 
 * Client settings: ``bootstrap.servers`` plus pass-through librdkafka settings (SASL/SSL...).
-  Secret values never leave this module in clear: :func:`redact` masks them for ``describe()``,
-  logs and error messages; Spark options carry them, but offsets, registry entries and
-  ``explain()`` never do.
+  Which settings are secret, and masking them, is :mod:`stateful_runtime.secrets`' business:
+  :func:`redact` masks them for ``describe()``, logs and error messages, and every secret
+  value read here is remembered, so it is masked wherever it shows up in text later. Spark
+  options carry them, but offsets, registry entries and ``explain()`` never do.
 * :func:`check_cluster`: reachability and topic checks with a message that says what to do.
 * :class:`CommitMarkers`: the last committed batch of each transactional producer, kept in a
   small compacted control topic and written in the *same* transaction as the data, so "data
@@ -13,27 +14,23 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
+from stateful_runtime import secrets
 from stateful_runtime.exceptions import ConfigError
 
-# Setting names whose values are secrets (librdkafka names; matched by substring).
-_SECRET_WORDS = ("password", "secret", "token", "key.pem", "keystore", "private", "credential",
-                 "sasl.oauthbearer.config", "sasl.jaas")
 METADATA_TIMEOUT_S = 10.0
 CONTROL_SUFFIX = ".srt-commits"
 
 
 def is_secret(name: str) -> bool:
-    lowered = name.lower()
-    return any(w in lowered for w in _SECRET_WORDS)
+    return secrets.is_secret_key(name)
 
 
 def redact(config: Mapping[str, Any]) -> dict[str, Any]:
     """``config`` with every secret value replaced by ``***``."""
-    return {k: ("***" if is_secret(k) else v) for k, v in config.items()}
+    return secrets.mask_config(config)
 
 
 def client_config(bootstrap_servers: str, extra: Mapping[str, Any] | None = None
@@ -52,7 +49,7 @@ def client_config(bootstrap_servers: str, extra: Mapping[str, Any] | None = None
 def _reason(exc: BaseException) -> str:
     """An exception's text with nothing secret in it (librdkafka never prints values, but a
     Python error may)."""
-    return str(exc)
+    return secrets.mask_text(str(exc))
 
 
 def check_cluster(config: Mapping[str, Any], topics: list[str] | None = None,
@@ -194,12 +191,7 @@ def client_settings(config: Mapping[str, Any]) -> dict[str, Any]:
     for k, v in config.items():
         if not k.startswith(CLIENT_PREFIX) or v in (None, ""):
             continue
-        if isinstance(v, str) and v.startswith("env:"):
-            name = v[4:]
-            if name not in os.environ:
-                raise ConfigError(f"{k}=env:{name}: environment variable {name} is not set")
-            v = os.environ[name]
-        out[k[len(CLIENT_PREFIX):]] = v
+        out[k[len(CLIENT_PREFIX):]] = secrets.resolve(k, v)
     return out
 
 
