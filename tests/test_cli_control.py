@@ -233,8 +233,8 @@ def test_stop_kill_and_an_upgrade_from_a_savepoint(cli: Cli, tmp_path: Path):
     err = cli.error("stop", JOB, "--kill", "--pid", "1")
     assert err["type"] == "JobError" and "left alone" in err["message"]
 
-    stopped = cli.ok("stop", JOB, "--timeout", "120")
-    assert (stopped["pid"], stopped["signal"]) == (running["pid"], "SIGTERM")
+    stopped = cli.ok("stop", JOB, "--timeout", "120")  # asked through its control endpoint
+    assert (stopped["pid"], stopped["signal"]) == (running["pid"], "endpoint")
     assert stopped["status"]["registered_state"] == "STOPPED"
     assert stopped["status"]["alive"] is False
     # Its process is gone: --kill only reaps what may be left of its group.

@@ -302,10 +302,9 @@ class JobRunner:
         self._savepoint_lock = threading.Lock()
 
     def _register(self) -> None:
-        try:
-            entry = registry.read(self.job.name)
-        except registry.CorruptEntryError:
-            entry = None  # this run writes the entry afresh
+        # A damaged entry stops the run (CorruptEntryError says what to do): it may belong to
+        # a live process of this job, which a second one must not run beside.
+        entry = registry.read(self.job.name)
         if entry and registry.running(entry) and entry.get("pid") != os.getpid():
             raise JobError(
                 f"job {self.job.name!r} is already running as pid {entry['pid']}; "
@@ -413,6 +412,13 @@ class JobRunner:
             self.job.checkpoint.dir, self.job.name, [q.name for q in self.plan.queries],
             self.fingerprint,
         )
+        # Damage confined to the newest batch falls back to the one before; other damage refuses.
+        self.recovery = restore.recover(
+            self.checkpoint_dir, [q.name for q in self.plan.queries],
+            job_file=str(self.jobfile.path), savepoint_dir=savepoint_root(self.job),
+            mirror=self.job.checkpoint.mirror)
+        for note in self.recovery.notes:
+            self._say(note)
         if self.job.checkpoint.mirror:
             self.mirror = CheckpointMirror(self.checkpoint_dir, self.job.checkpoint.mirror)
         for src in self.job.sources:
@@ -439,6 +445,8 @@ class JobRunner:
                     out.sink.open(self.job.name, out.name)
                     if self.restored and q.name in self.restored["batches"]:
                         out.sink.rewind(self.restored["batches"][q.name])
+                    elif q.name in self.recovery.rewind:  # batches planned again
+                        out.sink.rewind(self.recovery.rewind[q.name])
                 qdir = str(self.checkpoint_dir / q.name)
                 writer = (
                     df.writeStream.queryName(f"{self.job.name}.{q.name}")
