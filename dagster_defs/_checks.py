@@ -16,6 +16,7 @@ from dagster import (
     AssetChecksDefinition,
     AssetCheckSpec,
     AssetKey,
+    AutomationCondition,
     multi_asset_check,
 )
 
@@ -30,15 +31,37 @@ RECONCILE = "closed_windows_reconcile"
 SHOWN_UNEXPECTED = 10
 
 
+# Checks run by automation each time the table materialises (the health sensor reports the
+# stream's commits as materialisations), once nothing upstream is in progress.
+CHECK_AUTOMATION = AutomationCondition.eager()
+
+
 def check_specs(key: AssetKey, table: SinkTableSpec) -> list[AssetCheckSpec]:
+    """The table's checks; each description says what a failure means and what to do."""
+    key_cols = ", ".join(table.key)
     specs = [
         AssetCheckSpec(
-            UNIQUE_KEY, asset=key, description=f"({', '.join(table.key)}) identifies one row (GX)"
+            UNIQUE_KEY,
+            asset=key,
+            automation_condition=CHECK_AUTOMATION,
+            description=(
+                f"({key_cols}) identifies one row (GX). If it fails: the stream upserts by "
+                f"this key, so a duplicate comes from rows written another way (a manual "
+                f"insert, another job writing the same table) or a key changed in the job but "
+                f"not here. The result lists offending keys: delete the extra rows, or make "
+                f"the spec's key match the job's sink key."
+            ),
         ),
         AssetCheckSpec(
             NOT_NULL,
             asset=key,
-            description=(f"{', '.join(table.not_null_columns)} are never null (GX)"),
+            automation_condition=CHECK_AUTOMATION,
+            description=(
+                f"{', '.join(table.not_null_columns)} are never null (GX). If it fails: key "
+                f"columns are NOT NULL in the sink, so nulls there are rows written another "
+                f"way; in other columns the job's output changed (an upgrade: `srt savepoint "
+                f"check`) or input fields went missing (see the dead-letter topic)."
+            ),
         ),
     ]
     if table.min_values:
@@ -46,8 +69,11 @@ def check_specs(key: AssetKey, table: SinkTableSpec) -> list[AssetCheckSpec]:
             AssetCheckSpec(
                 VALUE_RANGES,
                 asset=key,
+                automation_condition=CHECK_AUTOMATION,
                 description=", ".join(f"{c} >= {v:g}" for c, v in table.min_values.items())
-                + " (GX)",
+                + " (GX). If it fails: records with impossible values passed decoding; look "
+                "at the source topic's records (`srt log read`) and add a filter or a stricter "
+                "schema to the job.",
             )
         )
     if table.reconcile is not None:
@@ -55,9 +81,14 @@ def check_specs(key: AssetKey, table: SinkTableSpec) -> list[AssetCheckSpec]:
             AssetCheckSpec(
                 RECONCILE,
                 asset=key,
+                automation_condition=CHECK_AUTOMATION,
                 description=(
                     f"closed windows' {table.reconcile.count_column} equals the good source "
-                    f"events in them, up to the watermark of the last sink batch"
+                    f"events in them, up to the watermark of the last sink batch. If it fails: "
+                    f"the result lists the windows that differ. Fewer in the table: events "
+                    f"dropped as late (the job asset's 'late records' plot) or lost; more: "
+                    f"counted twice (a sink without its ledger, or a restore from an older "
+                    f"savepoint while another writer ran). Dead letters are counted apart."
                 ),
             )
         )

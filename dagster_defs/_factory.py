@@ -6,7 +6,12 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
-from dagster import DefaultSensorStatus, Definitions
+from dagster import (
+    AssetSelection,
+    AutomationConditionSensorDefinition,
+    DefaultSensorStatus,
+    Definitions,
+)
 
 from dagster_defs._assets import job_asset, sink_asset
 from dagster_defs._checks import sink_checks
@@ -49,6 +54,7 @@ def build_definitions(
     resources: Mapping[str, Any] | None = None,
     sensor_interval: timedelta = timedelta(seconds=30),
     sensor_default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING,
+    automation_interval: timedelta | None = timedelta(seconds=30),
 ) -> Definitions:
     """Definitions for streaming jobs: per job an asset (materialising it runs the job) and a
     periodic-savepoint schedule, per sink table a downstream asset with checks, one health
@@ -63,6 +69,12 @@ def build_definitions(
         sensor_interval: minimum interval between health sensor ticks (30-60 s is sensible:
             a tick reads files only, and restarts are rare).
         sensor_default_status: whether the health sensor runs without being switched on.
+        automation_interval: evaluation interval of the automation sensor these definitions
+            bring, ``default_automation_condition_sensor``, on by default: it runs the sink
+            tables' checks when the stream's commits materialise them, and downstream assets
+            with automation conditions (dbt models from :mod:`dagster_defs.dbt`) in the same
+            code location. None: no such sensor (bring your own
+            ``AutomationConditionSensorDefinition``; Dagster's implicit one starts stopped).
     """
     translator = translator or StreamingJobTranslator()
     names = [s.name for s in specs]
@@ -78,6 +90,12 @@ def build_definitions(
             )
     if not timedelta(seconds=1) <= sensor_interval <= timedelta(hours=1):
         raise config_error(f"sensor_interval must be between 1 s and 1 h, got {sensor_interval}")
+    if automation_interval is not None and not (
+        timedelta(seconds=1) <= automation_interval <= timedelta(hours=1)
+    ):
+        raise config_error(
+            f"automation_interval must be between 1 s and 1 h, got {automation_interval}"
+        )
 
     assets: list[Any] = []
     checks: list[Any] = []
@@ -103,10 +121,8 @@ def build_definitions(
         if specs
         else []
     )
-    return Definitions(
-        assets=assets,
-        asset_checks=checks,
-        sensors=[
+    sensors: list[Any] = (
+        [
             health_sensor(
                 specs,
                 translator,
@@ -115,8 +131,35 @@ def build_definitions(
             )
         ]
         if specs
-        else [],
+        else []
+    )
+    if specs and automation_interval is not None:
+        sensors.append(automation_sensor(automation_interval))
+    return Definitions(
+        assets=assets,
+        asset_checks=checks,
+        sensors=sensors,
         jobs=jobs,
         schedules=[savepoint_schedule(spec, jobs[1]) for spec in specs],
         resources=all_resources,
+    )
+
+
+AUTOMATION_SENSOR = "default_automation_condition_sensor"
+
+
+def automation_sensor(interval: timedelta) -> AutomationConditionSensorDefinition:
+    """Dagster's default automation sensor, but running from the start: every asset and check
+    of the code location with an automation condition (Dagster makes one implicitly only for
+    conditions no sensor targets, and it starts stopped)."""
+    return AutomationConditionSensorDefinition(
+        AUTOMATION_SENSOR,
+        target=AssetSelection.all() | AssetSelection.all_asset_checks(),
+        default_status=DefaultSensorStatus.RUNNING,
+        minimum_interval_seconds=int(interval.total_seconds()),
+        description=(
+            "Runs assets and checks whose automation conditions are met: a sink table's "
+            "checks after the stream's commits materialise it, dbt models after their "
+            "sources (the sink tables) update."
+        ),
     )

@@ -90,6 +90,7 @@ class JobStatus:
         restored_from: the savepoint its checkpoint came from, if any.
         last_savepoint: the last savepoint taken of it (id, location, created_at).
         queries: its queries.
+        control: the job process's control endpoint (``{"port": ...}``), if it runs one.
     """
 
     job: str
@@ -108,6 +109,7 @@ class JobStatus:
     restored_from: str | None = None
     last_savepoint: Mapping[str, Any] | None = None
     queries: Mapping[str, QueryStatus] = field(default_factory=dict)
+    control: Mapping[str, Any] | None = None
 
     @property
     def last_committed(self) -> dict[str, int | None]:
@@ -137,6 +139,7 @@ class JobStatus:
                 q: QueryStatus.from_json(q, info, health.get(q))
                 for q, info in (data.get("queries") or {}).items()
             },
+            control=dict(data["control"]) if isinstance(data.get("control"), Mapping) else None,
         )
 
 

@@ -30,6 +30,7 @@ from typing import Any
 from dagster import (
     AssetObservation,
     DefaultSensorStatus,
+    MetadataValue,
     SensorDefinition,
     SensorEvaluationContext,
     SensorResult,
@@ -38,8 +39,9 @@ from dagster import (
 )
 
 from dagster_defs._launch import launch_config
-from dagster_defs._results import QueryStatus
+from dagster_defs._results import JobStatus, QueryStatus
 from dagster_defs._specs import RestartPolicy, StreamingJobSpec
+from dagster_defs._stream_events import commit_events, plot_metadata
 from dagster_defs._translator import StreamingJobTranslator
 
 CURSOR_VERSION = 1
@@ -197,10 +199,13 @@ def decide(
 
 @dataclass
 class Cursor:
-    """Per job: epoch seconds of each restart the sensor made, and the pid it gave up on."""
+    """Per job: epoch seconds of each restart the sensor made, and the pid it gave up on; per
+    sink table (``job/table``): the last batch reported as a materialisation, and the watermark
+    then."""
 
     restarts: dict[str, list[float]] = field(default_factory=dict)
     gave_up: dict[str, int | None] = field(default_factory=dict)
+    reported: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def load(cls, raw: str | None) -> "Cursor":
@@ -215,11 +220,13 @@ class Cursor:
         return cls(
             {k: [float(t) for t in v] for k, v in (data.get("restarts") or {}).items()},
             dict(data.get("gave_up") or {}),
+            {k: dict(v) for k, v in (data.get("reported") or {}).items()},
         )
 
     def dump(self) -> str:
         return json.dumps(
-            {"version": CURSOR_VERSION, "restarts": self.restarts, "gave_up": self.gave_up},
+            {"version": CURSOR_VERSION, "restarts": self.restarts, "gave_up": self.gave_up,
+             "reported": self.reported},
             sort_keys=True,
         )
 
@@ -241,17 +248,23 @@ def _started_age(entry: Mapping[str, Any], now: float) -> float | None:
         return None
 
 
-def _flatten(queries: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    return {f"{q}.{k}": v for q, metrics in sorted(queries.items()) for k, v in metrics.items()}
+def _health_json(queries: Mapping[str, Mapping[str, Any]]) -> MetadataValue:
+    """Every query's health in one entry (the numbers Dagster plots are separate entries with
+    units in their labels: :func:`dagster_defs._stream_events.plot_metadata`)."""
+    return MetadataValue.json({q: dict(m) for q, m in sorted(queries.items())})
 
 
 def check_job(
-    context: SensorEvaluationContext, spec: StreamingJobSpec, cursor: Cursor, now: float
+    context: SensorEvaluationContext,
+    spec: StreamingJobSpec,
+    cursor: Cursor,
+    now: float,
+    status: JobStatus | None = None,
 ) -> dict[str, Any] | None:
     """Observe one job and apply its restart policy; the observation's metadata, or None if
-    the job never ran here."""
+    the job never ran here. ``status``: the job's status if the caller has it."""
     runtime = context.resources.streaming_runtime
-    status = runtime.status(spec.name)
+    status = status if status is not None else runtime.status(spec.name)
     if status is None:
         return None
     alive = status.alive
@@ -289,7 +302,8 @@ def check_job(
         "alive": alive,
         "action": decision.action.value,
         "restarts_in_window": len(restarts),
-        **_flatten(queries),
+        "health": _health_json(queries),
+        **plot_metadata(status),
     }
     if decision.reason:
         metadata["decision"] = decision.reason
@@ -354,6 +368,8 @@ def health_sensor(
 ) -> SensorDefinition:
     """A sensor observing every job of ``specs`` and restarting it per its restart policy."""
     resource_keys = {"streaming_runtime"}.union(*(s.resource_keys for s in specs))
+    if any(s.sink_tables for s in specs):
+        resource_keys.add("warehouse")  # the sink ledger: tables materialise as jobs commit
 
     @sensor(
         name=name,
@@ -362,8 +378,11 @@ def health_sensor(
         required_resource_keys=resource_keys,
         description=(
             "Observes each streaming job's health (checkpoint age, batch duration, "
-            "rates, lag, watermark, state size) and relaunches dead or stalled jobs "
-            "with backoff and a restart limit."
+            "rates, lag, watermark, state size; plotted on the job asset), reports each "
+            "sink table as materialised when its job has committed new micro-batches to it "
+            "(runless materialisations: the table's checks and downstream dbt models run "
+            "by automation), and relaunches dead or stalled jobs with backoff and a "
+            "restart limit."
         ),
     )
     # Dagster passes decorator-declared resources as keyword arguments when a sensor is
@@ -373,7 +392,8 @@ def health_sensor(
         now = time.time()
         events = []
         for spec in specs:
-            metadata = check_job(context, spec, cursor, now)
+            status = context.resources.streaming_runtime.status(spec.name)
+            metadata = check_job(context, spec, cursor, now, status=status)
             if metadata is not None:
                 events.append(
                     AssetObservation(
@@ -382,6 +402,9 @@ def health_sensor(
                         description=metadata["reason"],
                     )
                 )
+            if status is not None and spec.sink_tables:
+                events.extend(commit_events(context.resources.warehouse, spec, status,
+                                            translator, cursor.reported, context.log))
         if not events:
             return SensorResult(
                 skip_reason="no streaming job has run here yet; materialise a "

@@ -166,6 +166,12 @@ class SinkTableSpec:
         min_values: inclusive lower bounds, e.g. ``{"payments": 1, "amount_paise": 0}``.
         reconcile: closed-window reconciliation against the source topic, if wanted.
         description: asset description (default: one naming the job).
+        expected_latency: how far behind its stream the table may be when all is well: the
+            job's checkpoint interval plus its watermark delay (``srt dbt sources`` prints it
+            as ``meta.srt.expected_latency_s``). Gives the table a freshness policy (warn and
+            fail after a few times this, at least 1 and 2 minutes: the same windows as the
+            generated dbt source freshness), so a stalled stream turns the asset red. None: no
+            freshness policy.
     """
 
     table: str
@@ -175,6 +181,7 @@ class SinkTableSpec:
     min_values: Mapping[str, float] = field(default_factory=dict)
     reconcile: WindowReconciliation | None = None
     description: str | None = None
+    expected_latency: timedelta | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "key", tuple(self.key))
@@ -184,6 +191,14 @@ class SinkTableSpec:
             raise config_error("SinkTableSpec needs the table name and the writing query's name")
         if not self.key:
             raise config_error(f"sink table {self.table!r}: key must name the unique key columns")
+        if self.expected_latency is not None and (
+            not isinstance(self.expected_latency, timedelta)
+            or self.expected_latency <= timedelta(0)
+        ):
+            raise config_error(
+                f"sink table {self.table!r}: expected_latency must be a timedelta > 0, got "
+                f"{self.expected_latency!r}"
+            )
 
     @property
     def not_null_columns(self) -> tuple[str, ...]:

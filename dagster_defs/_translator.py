@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
-from dagster import AssetKey, AssetSpec
+from dagster import AssetKey, AssetSpec, FreshnessPolicy
 
 from dagster_defs._specs import SinkTableSpec, StreamingJobSpec
 
+# The sink-table key and the names derived from job and table names are dbt_sink's, so that the
+# dbt sources `srt dbt sources` generates point at these assets by construction.
+from dbt_sink.dbt import freshness, identifier, sink_asset_key
 
-def identifier(name: str) -> str:
-    """A Dagster name (asset key part, op name) from a job or table name: ``upi-per-minute``
-    becomes ``upi_per_minute``."""
-    out = re.sub(r"[^A-Za-z0-9_]", "_", name)
-    return out if not out[:1].isdigit() else f"_{out}"
+__all__ = ["StreamingJobTranslator", "identifier"]
 
 
 class StreamingJobTranslator:
@@ -31,7 +30,9 @@ class StreamingJobTranslator:
         return AssetKey([identifier(job.name)])
 
     def get_sink_asset_key(self, job: StreamingJobSpec, table: SinkTableSpec) -> AssetKey:
-        return AssetKey([identifier(table.table)])
+        # What a generated dbt source's meta.dagster.asset_key says (dbt_sink.dbt); if you
+        # override this, give `srt dbt sources` the same prefix (--asset-key-prefix).
+        return AssetKey(sink_asset_key(table.table))
 
     def get_group_name(self, job: StreamingJobSpec) -> str | None:
         return "streaming"
@@ -46,8 +47,12 @@ class StreamingJobTranslator:
     def get_sink_description(self, job: StreamingJobSpec, table: SinkTableSpec) -> str:
         return table.description or (
             f"Table `{table.table}`, upserted by query `{table.query}` of streaming job "
-            f"`{job.name}` every micro-batch. Materialising it records a snapshot (rows, last "
-            f"sink batch) and runs its checks; it does not write the table."
+            f"`{job.name}` every micro-batch. It materialises as the stream commits: the "
+            f"health sensor reports the batches committed since its last tick (batch range, "
+            f"rows written, watermark, windows closed), and its checks run then by automation. "
+            f"Materialising it by hand records a snapshot (rows, last sink batch); it never "
+            f"writes the table. Stale (freshness) means no new batch: look at the job asset's "
+            f"health (lag, checkpoint age) and the health sensor's ticks."
         )
 
     def get_job_metadata(self, job: StreamingJobSpec) -> Mapping[str, Any]:
@@ -61,6 +66,19 @@ class StreamingJobTranslator:
 
     def get_sink_kinds(self, job: StreamingJobSpec, table: SinkTableSpec) -> set[str]:
         return {"duckdb", "table"}
+
+    def get_sink_freshness_policy(
+        self, job: StreamingJobSpec, table: SinkTableSpec
+    ) -> FreshnessPolicy | None:
+        """From the table's expected latency: warn and fail windows in whole minutes, as the
+        generated dbt source's freshness (``dbt_sink.dbt.freshness``)."""
+        if table.expected_latency is None:
+            return None
+        windows = freshness(table.expected_latency.total_seconds())
+        return FreshnessPolicy.time_window(
+            fail_window=timedelta(minutes=windows["error_after"]["count"]),
+            warn_window=timedelta(minutes=windows["warn_after"]["count"]),
+        )
 
     def get_job_asset_spec(self, job: StreamingJobSpec) -> AssetSpec:
         return AssetSpec(
@@ -79,4 +97,5 @@ class StreamingJobTranslator:
             group_name=self.get_group_name(job),
             metadata=self.get_sink_metadata(job, table),
             kinds=self.get_sink_kinds(job, table),
+            freshness_policy=self.get_sink_freshness_policy(job, table),
         )

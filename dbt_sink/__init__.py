@@ -1,7 +1,22 @@
-"""Warehouse sinks that write a stream's results by idempotent upserts, and their ledger."""
+"""Warehouse sinks that write a stream's results by idempotent upserts, and their ledger.
 
-from dbt_sink.base import LEDGER_TABLE, LedgerEntry, WarehouseUpsertSink, dedupe_last
-from dbt_sink.duckdb import DuckDBUpsertSink, committed_batches
+Names are imported lazily (PEP 562): ``dbt_sink.dbt`` (sink-table asset keys, dbt sources) is
+imported by Dagster at definition load without pulling in pyarrow or DuckDB.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "LEDGER_TABLE": "base",
+    "LedgerEntry": "base",
+    "WarehouseUpsertSink": "base",
+    "dedupe_last": "base",
+    "DuckDBUpsertSink": "duckdb",
+    "committed_batches": "duckdb",
+}
 
 __all__ = [
     "LEDGER_TABLE",
@@ -11,3 +26,16 @@ __all__ = [
     "committed_batches",
     "dedupe_last",
 ]
+
+if TYPE_CHECKING:
+    from dbt_sink.base import LEDGER_TABLE, LedgerEntry, WarehouseUpsertSink, dedupe_last
+    from dbt_sink.duckdb import DuckDBUpsertSink, committed_batches
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dbt_sink' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"dbt_sink.{module}"), name)
+    globals()[name] = value
+    return value

@@ -30,6 +30,7 @@ process: one directory per process, for good, so it is written from the driver).
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -37,6 +38,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pyarrow as pa
 
+from dbt_sink.base import LedgerEntry
 from dbt_sink.partitioned import (
     Column,
     PartitionedWarehouseSink,
@@ -112,6 +114,9 @@ class _Native:
 
     def __init__(self, url: str, password: str | None, timeout_s: float) -> None:
         from clickhouse_driver import Client
+
+        # It logs every refused connection with a traceback; the retry policy says it once.
+        logging.getLogger("clickhouse_driver.connection").setLevel(logging.ERROR + 10)
 
         parts = urlsplit(url)
         self.database = (parts.path or "/default").strip("/") or "default"
@@ -269,9 +274,13 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
 
     def guarantee(self) -> str:
         if self.tokens is None:
-            try:
-                self._run("server version", self._detect)
-            except SinkError:
+            try:  # one try: explain must not wait out the retry policy of a dead server
+                client = self._client()
+                try:
+                    self._detect(client)
+                finally:
+                    client.close()
+            except Exception:  # noqa: BLE001 - unreachable, refused, not ClickHouse...
                 return ("server not reachable now: exactly-once either way; with a server "
                         "≥ 22.2 replayed chunks are dropped by insert tokens, older servers "
                         "keep them until merges and FINAL reads one row per key")
@@ -431,6 +440,32 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
                 f"GROUP BY batch_id ORDER BY batch_id DESC")]
 
         return self._run("read the ledger", step)
+
+    def snapshot(self) -> tuple[pa.Table, LedgerEntry | None]:
+        """The table read with FINAL (one row per key, without the version column) and the
+        last batch this sink committed. ClickHouse has no snapshots: the ledger is read first,
+        so the table is at least as new as that batch (windows closed by its watermark cannot
+        change after it). Raises LookupError if the table does not exist."""
+        def step(c: _Native | _Chdb) -> tuple[pa.Table, LedgerEntry | None]:
+            have = {r[0] for r in c.query(
+                f"SELECT name FROM system.tables WHERE database = {_lit(c.database)} AND name IN "
+                f"({_lit(self.table)}, {_lit(LEDGER_TABLE)})")}
+            if self.table not in have:
+                raise LookupError(f"table {self.table} is not in {self.location}")
+            last = None
+            if LEDGER_TABLE in have:
+                rows = c.query(
+                    f"SELECT batch_id, max(rows), max(at) FROM {LEDGER_TABLE} WHERE job = "
+                    f"{_lit(self.job)} AND sink = {_lit(self.sink_name)} AND partition = -1 AND "
+                    f"state = 'COMMITTED' GROUP BY batch_id ORDER BY batch_id DESC LIMIT 1")
+                if rows:
+                    last = LedgerEntry(int(rows[0][0]), int(rows[0][1]), rows[0][2])
+            names, rows = c.query_with_names(f"SELECT * FROM {self._table} FINAL")
+            keep = [i for i, n in enumerate(names) if n != VERSION_COLUMN]
+            table = pa.table({names[i]: [r[i] for r in rows] for i in keep})
+            return table, last
+
+        return self._run("read the table", step)
 
     def summary(self) -> SinkSummary | None:
         def run(sql: str) -> tuple[list[str], list[tuple]]:

@@ -25,10 +25,12 @@ import os
 import re
 import time
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
 
+from dbt_sink.base import LedgerEntry
 from dbt_sink.partitioned import Column, PartitionedWarehouseSink, RetryPolicy, hook
 from stateful_runtime.connectors.base import PartitionReport, SinkSummary, WritePath
 from stateful_runtime.exceptions import ConfigError
@@ -193,6 +195,23 @@ class DeltaUpsertSink(PartitionedWarehouseSink):
         """The table's current snapshot."""
         dt = self._table()
         return pa.table({}) if dt is None else dt.to_pyarrow_table()
+
+    def snapshot(self) -> tuple[pa.Table, LedgerEntry | None]:
+        """The table and the last batch this sink committed, from one table version (the
+        app transaction is in the same commit as the data). Raises LookupError if there is no
+        table."""
+        dt = self._table()
+        if dt is None:
+            raise LookupError(f"no Delta table at {self.path}")
+        done = dt.transaction_version(self.app_id)
+        last = None
+        if done is not None:
+            when = None
+            for commit in dt.history(1):
+                if commit.get("timestamp"):
+                    when = datetime.fromtimestamp(commit["timestamp"] / 1000, UTC)
+            last = LedgerEntry(int(done), 0, when)
+        return dt.to_pyarrow_table(), last
 
     def summary(self) -> SinkSummary | None:
         import duckdb

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from dbt_sink.base import LedgerEntry
 from dbt_sink.partitioned import (
     Column,
     PartitionedWarehouseSink,
@@ -266,6 +267,30 @@ class PostgresUpsertSink(PartitionedWarehouseSink):
         report = self._run(f"batch {batch_id} partition {partition}/{partitions}", step)
         hook("partition", batch_id, partition)
         return report
+
+    def snapshot(self) -> tuple[pa.Table, LedgerEntry | None]:
+        """The table and the last batch this sink committed, read in one snapshot
+        (REPEATABLE READ); raises LookupError if the table does not exist."""
+        import psycopg
+
+        with self._connect() as con:
+            con.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            if con.execute("SELECT to_regclass(%s)", [f"{_q(self.schema)}.{_q(self.table)}"]
+                           ).fetchone()[0] is None:
+                raise LookupError(f"table {self.schema}.{self.table} is not in {self.location}")
+            last = None
+            if con.execute("SELECT to_regclass(%s)", [f"{_q(self.schema)}.{LEDGER_TABLE}"]
+                           ).fetchone()[0] is not None:
+                row = con.execute(
+                    f"SELECT batch_id, rows, committed_at FROM {_q(self.schema)}.{LEDGER_TABLE}"
+                    " WHERE job = %s AND sink = %s ORDER BY batch_id DESC LIMIT 1",
+                    [self.job, self.sink_name]).fetchone()
+                last = LedgerEntry(int(row[0]), int(row[1] or 0), row[2]) if row else None
+            cur = con.execute(f"SELECT * FROM {self._table}")
+            names = [d.name for d in cur.description]
+            rows = cur.fetchall()
+        return pa.Table.from_pylist([dict(zip(names, r, strict=True)) for r in rows]) \
+            if rows else pa.table({n: [] for n in names}), last
 
     def summary(self) -> SinkSummary | None:
         def run(sql: str) -> tuple[list[str], list[tuple]]:

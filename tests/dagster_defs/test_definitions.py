@@ -37,8 +37,9 @@ def test_definitions_load_without_importing_spark_or_gx():
     code = (
         "import runpy, sys; d = runpy.run_path('examples/definitions.py'); "
         "assert d['defs'].resources['streaming_runtime'] is not None; "
-        "heavy = [m for m in ('pyspark', 'great_expectations', 'duckdb', 'stateful_runtime', "
-        "'dbt_sink') if m in sys.modules]; "
+        "heavy = [m for m in ('pyspark', 'great_expectations', 'duckdb', 'pyarrow', "
+        "'stateful_runtime', 'dbt_sink.base', 'dbt_sink.duckdb', 'dbt.adapters.duckdb') "
+        "if m in sys.modules]; "
         "print(','.join(heavy))"
     )
     before = _children_cpu()
@@ -71,13 +72,26 @@ def test_default_definitions_expose_the_upi_job():
     assert {k.to_user_string() for k in defs.resolve_all_asset_keys()} == {
         "upi_per_minute",
         "upi_counts",
+        "merchant_day",
     }
-    table = defs.resolve_assets_def(AssetKey("upi_counts"))
-    assert table.asset_deps[AssetKey("upi_counts")] == {AssetKey("upi_per_minute")}
-    checks = {k.name for c in defs.asset_checks for k in c.check_keys}  # type: ignore[union-attr]
-    assert checks == {"unique_key", "not_null", "value_ranges", "closed_windows_reconcile"}
+    graph = defs.resolve_asset_graph()
+    # One lineage graph: job → sink table → dbt model (the dbt source's meta.dagster.asset_key).
+    assert graph.get(AssetKey("upi_counts")).parent_keys == {AssetKey("upi_per_minute")}
+    assert graph.get(AssetKey("merchant_day")).parent_keys == {AssetKey("upi_counts")}
+    assert graph.get(AssetKey("merchant_day")).automation_condition is not None
+    assert graph.get(AssetKey("upi_counts")).freshness_policy is not None
+    checks = {(k.asset_key.to_user_string(), k.name) for k in graph.asset_check_keys}
+    assert {c for a, c in checks if a == "upi_counts"} == {
+        "unique_key", "not_null", "value_ranges", "closed_windows_reconcile"}
+    # dbt tests are asset checks of the model.
+    assert ("merchant_day", "merchant_day_unique_key") in checks
+    for key in graph.asset_check_keys:
+        if key.asset_key == AssetKey("upi_counts"):  # run when the stream's commits land
+            assert graph.get(key).automation_condition is not None
     sensor = defs.resolve_sensor_def("streaming_job_health")
     assert 30 <= sensor.minimum_interval_seconds <= 60
+    automation = defs.resolve_sensor_def("default_automation_condition_sensor")
+    assert automation.default_status.value == "RUNNING"
     stop = defs.resolve_job_def("stop_streaming_job")
     assert list(stop.graph.node_dict) == ["stop_streaming_job_op"]
     assert {j.name for j in defs.jobs} == {  # type: ignore[union-attr]
@@ -90,11 +104,11 @@ def test_default_definitions_expose_the_upi_job():
     schedule = defs.resolve_schedule_def("upi_per_minute_savepoint_schedule")
     assert schedule.job_name == "savepoint_streaming_job"
     assert (schedule.cron_schedule, schedule.default_status.value) == ("0 * * * *", "STOPPED")
-    assert set(defs.resources) == {"streaming_runtime", "warehouse", "kafka", "s3"}
+    assert set(defs.resources) == {"streaming_runtime", "warehouse", "kafka", "s3", "dbt"}
     for key, res in defs.resources.items():  # every field is described for the UI
         fields = type(res).model_fields
         undocumented = [n for n, f in fields.items() if not f.description]
-        assert key == "s3" or not undocumented, (key, undocumented)
+        assert key in ("s3", "dbt") or not undocumented, (key, undocumented)
 
 
 def test_the_translator_decides_keys_and_groups():

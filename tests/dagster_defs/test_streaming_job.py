@@ -16,7 +16,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from dagster import AssetKey, materialize
+from dagster import AssetKey, AssetMaterialization, AssetObservation, materialize
 from upi_events import START_MS
 
 from dagster_defs import build_definitions
@@ -94,10 +94,11 @@ def test_sink_table_snapshot_and_checks_pass_on_clean_data(live: Live):
 
 def test_sensor_observes_health_and_restarts_a_killed_job(live: Live):
     first = live.tick()
-    [obs] = first.asset_events
+    [obs] = [e for e in first.asset_events if isinstance(e, AssetObservation)]
     md = {k: v.value for k, v in obs.metadata.items()}
     assert obs.asset_key == JOB_KEY
     assert (md["condition"], md["action"], md["pid"]) == ("healthy", "none", live.pids[0])
+    health = md["health"]["upi-counts"]
     for metric in (
         "last_committed_batch",
         "checkpoint_age_s",
@@ -108,9 +109,25 @@ def test_sensor_observes_health_and_restarts_a_killed_job(live: Live):
         "state_rows",
         "state_bytes",
     ):
-        assert f"upi-counts.{metric}" in md
-    assert md["upi-counts.last_committed_batch"] >= 1
-    assert md["upi-counts.state_rows"] > 0
+        assert metric in health
+    assert health["last_committed_batch"] >= 1
+    # The numbers Dagster plots, with units in their labels.
+    assert md["last committed batch"] >= 1
+    assert md["state (rows)"] > 0
+    assert isinstance(md["checkpoint age (s)"], float)
+    assert md["records input (this run)"] >= md["records output (this run)"] > 0
+
+    # The sink table materialised as the stream committed: the ledger's batches, once.
+    [mat] = [e for e in first.asset_events if isinstance(e, AssetMaterialization)]
+    m = {k: v.value for k, v in mat.metadata.items()}
+    assert mat.asset_key == AssetKey(["upi_counts"])
+    assert m["first batch"] == 0 and m["last batch"] >= 1
+    assert m["batches committed"] == m["last batch"] + 1
+    assert m["rows written"] > 0 and m["watermark"]
+    assert m["windows closed"] >= 1  # 6000 events over 150 s of event time close windows
+    again = live.tick(first.cursor)
+    assert not [e for e in again.asset_events if isinstance(e, AssetMaterialization)
+                and e.metadata["first batch"].value <= m["last batch"]]
 
     old = live.pids[0]
     before = layout.last_committed(live.qdir)

@@ -1,0 +1,198 @@
+"""What the health sensor reports besides restarts: sink tables materialising as the stream
+commits, and health as numbers Dagster plots.
+
+* :func:`commit_events` — per sink table, one runless :class:`AssetMaterialization` for the
+  micro-batches its sink committed since the last report (read from the sink ledger in the
+  warehouse, so a materialisation always means rows are in the table): batch range, batches,
+  rows written, the job's watermark and the windows it closed since the previous report.
+  Downstream automation (the table's checks, dbt models) and freshness policies react to these.
+* :func:`plot_metadata` — a job's health as float/int metadata with units in the labels
+  (rates, lag, checkpoint age, batch duration, state size, records in/out/dead letters/late),
+  which the asset page's **Plots** tab graphs over time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+from datetime import UTC, datetime
+from typing import Any
+
+from dagster import AssetMaterialization, MetadataValue
+
+from dagster_defs._results import JobStatus
+from dagster_defs._specs import SinkTableSpec, StreamingJobSpec
+from dagster_defs._translator import StreamingJobTranslator
+
+# Ledger entries read per table per tick; the first report after a long gap sums at most these.
+LEDGER_WINDOW = 10_000
+CONTROL_HOST = "127.0.0.1"
+
+# health key (the runner's) → (label with unit, type)
+_PLOTTED: tuple[tuple[str, str, type], ...] = (
+    ("input_rows_per_s", "input rate (records/s)", float),
+    ("processed_rows_per_s", "processing rate (records/s)", float),
+    ("lag_records", "lag (records)", int),
+    ("batch_duration_ms", "batch duration (ms)", int),
+    ("state_rows", "state (rows)", int),
+    ("state_bytes", "state size (bytes)", int),
+)
+_RECORDS: tuple[tuple[str, str], ...] = (
+    ("input", "records input (this run)"),
+    ("output", "records output (this run)"),
+    ("dead_letters", "dead letters (this run)"),
+    ("late", "late records (this run)"),
+)
+
+
+def _number(value: Any, kind: type) -> MetadataValue | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return MetadataValue.float(float(value)) if kind is float else MetadataValue.int(
+            int(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def control_url(status: JobStatus) -> str | None:
+    """The job process's control endpoint (health), if it runs one (bearer token required)."""
+    control = getattr(status, "control", None) or {}
+    port = control.get("port") if isinstance(control, Mapping) else None
+    return f"http://{CONTROL_HOST}:{int(port)}/health" if port else None
+
+
+def plot_metadata(status: JobStatus) -> dict[str, MetadataValue]:
+    """Numeric health of every query, labelled with units (``lag (records)``); with several
+    queries each label starts with the query's name."""
+    out: dict[str, MetadataValue] = {}
+    many = len(status.queries) > 1
+    for name, q in sorted(status.queries.items()):
+        prefix = f"{name}: " if many else ""
+        values = {
+            "checkpoint age (s)": _number(q.checkpoint_age_s, float),
+            "last committed batch": _number(q.last_committed_batch, int),
+        }
+        for key, label, kind in _PLOTTED:
+            values[label] = _number(q.health.get(key), kind)
+        records = q.health.get("records") or {}
+        for key, label in _RECORDS:
+            values[label] = _number(records.get(key), int)
+        out.update({f"{prefix}{label}": v for label, v in values.items() if v is not None})
+    url = control_url(status)
+    if url:
+        out["control endpoint"] = MetadataValue.url(url)
+    return out
+
+
+def _ledger(warehouse: Any, table: str, job: str, sink: str) -> list[Any]:
+    """The sink's newest ledger entries (newest first): DuckDB reads them directly; other
+    warehouses give their last committed batch through a table read."""
+    committed = getattr(warehouse, "committed_batches", None)
+    if committed is None and getattr(warehouse, "kind", None) == "duckdb":
+        from dagster_defs.resources import DuckDBWarehouse
+
+        committed = DuckDBWarehouse(path=warehouse.path).committed_batches
+    if committed is not None:
+        return list(committed(job, sink, newest=LEDGER_WINDOW))
+    last = warehouse.read(table, job, sink).last
+    return [last] if last is not None else []
+
+
+def _windows_closed(warehouse: Any, table: SinkTableSpec, after: str | None,
+                    upto: str | None) -> int | None:
+    """Rows of the table whose window ended in (after, upto]: windows the watermark closed
+    between two reports (DuckDB only; None elsewhere or without a window_end column)."""
+    if upto is None or getattr(warehouse, "kind", None) != "duckdb":
+        return None
+    from dagster_defs.resources import DuckDBWarehouse
+
+    column = table.reconcile.window_end_column if table.reconcile else "window_end"
+    quoted_table = '"' + table.table.replace('"', '""') + '"'
+    quoted_col = '"' + column.replace('"', '""') + '"'
+    db = warehouse if isinstance(warehouse, DuckDBWarehouse) else DuckDBWarehouse(
+        path=warehouse.path)
+    try:
+        with db.read_only() as con:
+            has = con.execute("SELECT count(*) FROM information_schema.columns WHERE "
+                              "table_name = ? AND column_name = ?",
+                              [table.table, column]).fetchone()[0]
+            if not has:
+                return None
+            lower = after or "1970-01-01T00:00:00"
+            row = con.execute(
+                f"SELECT count(*) FROM {quoted_table} WHERE {quoted_col} > "
+                f"CAST(? AS TIMESTAMP) AND {quoted_col} <= CAST(? AS TIMESTAMP)",
+                [_naive(lower), _naive(upto)]).fetchone()
+    except Exception:  # noqa: BLE001 - a count for the UI; never fail the sensor over it
+        return None
+    return int(row[0]) if row else None
+
+
+def _naive(iso: str) -> str:
+    """A watermark (ISO 8601, ``Z``) as the naive UTC timestamp the window columns hold."""
+    try:
+        t = datetime.fromisoformat(iso.replace("Z", "+00:00"))
+    except ValueError:
+        return iso
+    if t.tzinfo is not None:
+        t = t.astimezone(UTC).replace(tzinfo=None)
+    return t.isoformat()
+
+
+def commit_events(
+    warehouse: Any,
+    spec: StreamingJobSpec,
+    status: JobStatus,
+    translator: StreamingJobTranslator,
+    reported: MutableMapping[str, dict[str, Any]],
+    log: Any = None,
+) -> list[AssetMaterialization]:
+    """Runless materialisations of the job's sink tables for batches committed since the last
+    report; ``reported`` (the sensor cursor's, keyed ``job/table``) is updated in place."""
+    events = []
+    for table in spec.sink_tables:
+        key = f"{spec.name}/{table.table}"
+        before = reported.get(key) or {}
+        try:
+            entries = _ledger(warehouse, table.table, spec.name, table.query)
+        except (FileNotFoundError, LookupError):
+            continue  # nothing written yet
+        except Exception as exc:  # noqa: BLE001 - a warehouse down must not stop restarts
+            if log is not None:
+                log.warning(f"{spec.name}: cannot read the ledger of {table.table}: {exc}")
+            continue
+        last_reported = before.get("batch")
+        new = [e for e in entries if last_reported is None or e.batch_id > last_reported]
+        if not new:
+            continue
+        new.sort(key=lambda e: e.batch_id)
+        query = status.queries.get(table.query)
+        watermark = query.health.get("watermark") if query is not None else None
+        first, last = new[0], new[-1]
+        closed = _windows_closed(warehouse, table, before.get("watermark"), watermark)
+        metadata: dict[str, Any] = {
+            "batches": MetadataValue.text(
+                f"{first.batch_id}" if first is last else f"{first.batch_id}–{last.batch_id}"),
+            "first batch": MetadataValue.int(first.batch_id),
+            "last batch": MetadataValue.int(last.batch_id),
+            "batches committed": MetadataValue.int(len(new)),
+            "rows written": MetadataValue.int(sum(e.rows for e in new)),
+            "committed at": MetadataValue.text(str(last.committed_at)),
+            "query": table.query,
+        }
+        if watermark:
+            metadata["watermark"] = MetadataValue.text(str(watermark))
+        if closed is not None:
+            metadata["windows closed"] = MetadataValue.int(closed)
+        events.append(AssetMaterialization(
+            asset_key=translator.get_sink_asset_key(spec, table),
+            description=(f"{spec.name} committed batch"
+                         + (f"es {first.batch_id}–{last.batch_id}" if first is not last
+                            else f" {last.batch_id}")
+                         + f" to {table.table} ({sum(e.rows for e in new):,} rows)"),
+            metadata=metadata,
+            tags={"srt/job": spec.name, "srt/batch": str(last.batch_id)},
+        ))
+        reported[key] = {"batch": last.batch_id,
+                         "watermark": watermark or before.get("watermark")}
+    return events

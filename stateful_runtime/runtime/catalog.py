@@ -1,0 +1,132 @@
+"""What a job file writes: each warehouse sink table with its columns, key and latency.
+
+``srt dbt sources JOB_FILE`` renders this as dbt sources (``dbt_sink.dbt``); the runtime side
+only loads the job file and reads its graph (no Spark), so the description is plain JSON-able
+data: the warehouse package needs neither the planner nor the job's API to render it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from stateful_runtime.streams import (
+    FilterNode,
+    KeyByNode,
+    Node,
+    ProcessNode,
+    SideOutputNode,
+    SourceNode,
+    WindowNode,
+)
+
+
+def _source(node: Node) -> SourceNode:
+    while not isinstance(node, SourceNode):
+        node = node.parent  # type: ignore[union-attr]
+    return node
+
+
+def _window(node: Node) -> WindowNode | None:
+    """The window whose results a sink writes (a side output's parent is not its rows)."""
+    return node if isinstance(node, WindowNode) else None
+
+
+def _span(td: timedelta) -> str:
+    """``1-minute``, ``5-second``, ``2-hour``: a window size as an adjective."""
+    seconds = td.total_seconds()
+    for unit, n in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= n and seconds % n == 0:
+            return f"{int(seconds // n)}-{unit}"
+    return f"{seconds:g}-second"
+
+
+def _type_name(data_type: Any) -> str:
+    """Spark's simple type name (``string``, ``bigint``, ``timestamp_ntz``, ``decimal(10,2)``)."""
+    return str(data_type.simpleString())
+
+
+def _columns(node: Node) -> list[dict[str, str]]:
+    """Output columns of the stream a sink writes, each with a description."""
+    from stateful_runtime.connectors.formats.json import to_struct
+
+    src = _source(node)
+    if isinstance(node, WindowNode):
+        keys = node.parent.keys
+        described: dict[str, str] = {k: f"key_by field {k} of source {src.name}" for k in keys}
+        size = getattr(node.assigner, "size", None)
+        span = f"{_span(size)} " if size is not None else ""
+        described["window_start"] = (f"start of the {span}event-time window (UTC, inclusive) of "
+                                     f"operator {node.name}")
+        described["window_end"] = (f"end of the {span}event-time window (UTC, exclusive); the row "
+                                   f"is final once the job's watermark passes it")
+        if isinstance(node.contents, Mapping):
+            for col, agg in node.contents.items():
+                described[col] = f"{agg.describe()} over the window's records"
+        schema = node.output_schema
+        return [{"name": f.name, "type": _type_name(f.dataType),
+                 "description": described.get(f.name, f"output of window {node.name}")}
+                for f in schema.fields]
+    if isinstance(node, ProcessNode):
+        fn = type(node.function).__name__
+        return [{"name": f.name, "type": _type_name(f.dataType),
+                 "description": f"output field of {fn} (operator {node.name})"}
+                for f in to_struct(node.function.output_schema).fields]
+    if isinstance(node, SideOutputNode):
+        return [{"name": f.name, "type": _type_name(f.dataType),
+                 "description": f"field of side output {node.tag.name}"}
+                for f in to_struct(node.tag.schema).fields]
+    assert isinstance(node, SourceNode | FilterNode | KeyByNode)
+    return [{"name": f.name, "type": _type_name(f.dataType),
+             "description": f"field of source {src.name}"} for f in src.source.schema.fields]
+
+
+def _kind(sink: Any) -> str:
+    """``duckdb``, ``postgres``, ``clickhouse``, ``delta`` from the sink's class."""
+    name = type(sink).__name__.lower()
+    for kind in ("duckdb", "postgres", "clickhouse", "delta"):
+        if name.startswith(kind):
+            return kind
+    return name.removesuffix("sink")
+
+
+def _seconds(td: timedelta | None) -> float | None:
+    return None if td is None else td.total_seconds()
+
+
+def sink_tables(job_file: str | Path, overrides: Mapping[str, str] | None = None
+                ) -> dict[str, Any]:
+    """The job file's warehouse sink tables (sinks with a table and a unique key; Kafka and
+    other sinks are skipped), as JSON-able data::
+
+        {"job": ..., "checkpoint_interval_s": ..., "tables": [{"table", "query", "kind",
+         "key", "columns": [{"name", "type", "description"}], "watermark_delay_s",
+         "window_s", "source", "topic"}]}
+    """
+    from stateful_runtime.runtime.loader import load_job_file
+
+    job = load_job_file(job_file, overrides).job
+    tables = []
+    for sink_node in job.sinks:
+        sink = sink_node.sink
+        table = getattr(sink, "table", None)
+        key = tuple(getattr(sink, "key_columns", ()) or ())
+        if not isinstance(table, str) or not key:
+            continue
+        node = sink_node.parent
+        src = _source(node)
+        window = _window(node)
+        tables.append({
+            "table": table,
+            "query": sink_node.name,
+            "kind": _kind(sink),
+            "key": list(key),
+            "columns": _columns(node),
+            "source": src.name,
+            "watermark_delay_s": _seconds(getattr(src.watermark, "max_out_of_orderness", None)),
+            "window_s": _seconds(getattr(window.assigner, "size", None)) if window else None,
+        })
+    return {"job": job.name, "checkpoint_interval_s": job.checkpoint.interval.total_seconds(),
+            "tables": tables}

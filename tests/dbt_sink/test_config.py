@@ -1,0 +1,54 @@
+"""sink.kind → sinks, and what explain says about each sink's write path (no Spark)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dbt_sink.clickhouse import ClickHouseUpsertSink
+from dbt_sink.config import warehouses_from_config
+from dbt_sink.delta import DeltaUpsertSink
+from dbt_sink.duckdb import DuckDBUpsertSink
+from dbt_sink.postgres import PostgresUpsertSink
+from stateful_runtime.connectors.config import sink_kinds, sink_names, sinks_from_config
+from stateful_runtime.exceptions import ConfigError
+from stateful_runtime.planner import plan
+from stateful_runtime.runtime.loader import load_job_file
+from stateful_runtime.runtime.registry import redacted
+from tests.conftest import EXAMPLES
+
+KEY = ("merchant_id", "window_start")
+BASE = {"sink.database": "w.duckdb", "sink.table": "upi_counts",
+        "sink.dsn": "postgresql://srt@127.0.0.1:1/db", "sink.url":
+        "clickhouse://default@127.0.0.1:1/db", "sink.path": "/tmp/delta-x"}
+
+
+def test_kinds_names_and_sinks():
+    config = {**BASE, "sink.kind": "postgres,clickhouse,delta"}
+    assert sink_kinds(config) == ["postgres", "clickhouse", "delta"]
+    assert sink_names(config, "upi-counts") == ["upi-counts", "upi-counts-clickhouse",
+                                                "upi-counts-delta"]
+    sinks = sinks_from_config(config, warehouses_from_config(config, KEY), key=KEY)
+    assert [type(s) for s in sinks] == [PostgresUpsertSink, ClickHouseUpsertSink,
+                                        DeltaUpsertSink]
+    assert sink_kinds({"sink.kind": "both"}) == ["duckdb", "kafka"]
+    assert sink_names({"sink.kind": "both"}, "q") == ["q", "q-kafka"]
+    [duck] = warehouses_from_config({**BASE, "sink.kind": "duckdb"}, KEY)
+    assert isinstance(duck, DuckDBUpsertSink)
+    with pytest.raises(ConfigError, match="'oracle' is not one of"):
+        sink_kinds({"sink.kind": "postgres,oracle"})
+    with pytest.raises(ConfigError, match="needs sink.dsn"):
+        warehouses_from_config({**BASE, "sink.kind": "postgres", "sink.dsn": ""}, KEY)
+
+
+def test_explain_names_each_write_path_and_masks_the_password(srt_home):
+    jf = load_job_file(EXAMPLES / "upi_per_minute.py", {
+        "sink.kind": "postgres,delta,duckdb",
+        "sink.dsn": "postgresql://srt:hunter2@127.0.0.1:1/db", "sink.path": "/tmp/delta-x",
+        "sink.database": "/tmp/x.duckdb", "parallelism": "3"})
+    text = plan(jf.job).explain()
+    assert "hunter2" not in text and "postgresql://srt:***@127.0.0.1:1/db" in text
+    assert ("write upi-counts on the executors, 3 partitions by merchant_id, window_start: "
+            "each output partition is written by the task that computed it") in text
+    assert "write upi-counts-delta on the driver: a Delta table takes one commit" in text
+    assert "write upi-counts-duckdb on the driver: DuckDB is embedded" in text
+    assert "hunter2" not in str(redacted(dict(jf.config)))
