@@ -10,6 +10,9 @@ Layout::
         metadata                        query id
 
 A batch is *committed* when ``commits/<batch>`` exists; restart resumes after the last one.
+:func:`verify` names every damaged or missing file a restart would read (Spark's own errors
+name none of them usefully, and some damage it would read without noticing);
+:mod:`~stateful_runtime.checkpoints.restore` decides what to do about them.
 """
 
 from __future__ import annotations
@@ -17,9 +20,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import struct
 import time
 import zipfile
+import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from stateful_runtime.exceptions import CheckpointOwnershipError, ConfigError
@@ -137,6 +143,15 @@ _STATE_FILE = re.compile(r"^(\d+)(?:_[^.]+)?\.(changelog|zip|delta|snapshot)$")
 def _state_partition_files(part_dir: Path, version: int) -> list[Path]:
     """The files RocksDB needs to load ``version`` of one state partition: the newest snapshot
     at or below it, the SST files that snapshot lists, and the changelogs after it."""
+    files, missing = _partition_needs(part_dir, version)
+    if missing:
+        raise ConfigError(f"state partition {part_dir} lacks changelogs for versions {missing}: "
+                          f"the checkpoint is incomplete")
+    return files
+
+
+def _partition_needs(part_dir: Path, version: int) -> tuple[list[Path], list[int]]:
+    """(files needed to load ``version`` of one state partition, changelog versions missing)."""
     by_kind: dict[str, dict[int, Path]] = {"changelog": {}, "zip": {}, "delta": {}, "snapshot": {}}
     for p in part_dir.iterdir():
         m = _STATE_FILE.match(p.name)
@@ -152,12 +167,9 @@ def _state_partition_files(part_dir: Path, version: int) -> list[Path]:
     deltas = by_kind["changelog"] or by_kind["delta"]
     out += [deltas[v] for v in sorted(deltas) if v > base]
     missing = [v for v in range(base + 1, version + 1) if v not in deltas]
-    if missing:
-        raise ConfigError(f"state partition {part_dir} lacks changelogs for versions {missing}: "
-                          f"the checkpoint is incomplete")
     out += [p for p in (part_dir / "_metadata").glob("*")
             if p.is_file() and not p.name.startswith(".")]
-    return out
+    return out, missing
 
 
 def _numbered_upto(directory: Path, batch: int) -> list[Path]:
@@ -207,3 +219,259 @@ def state_partitions(query_dir: str | Path, batch: int) -> int | None:
     conf = json.loads((q / "offsets" / str(batch)).read_text().splitlines()[1]).get("conf", {})
     n = conf.get("spark.sql.shuffle.partitions")
     return int(n) if n else None
+
+
+# -- verification ---------------------------------------------------------------------------------
+
+# Hadoop's local file system writes ".<name>.crc" next to every file Spark writes: "crc\0", the
+# bytes per checksum (big-endian int, 512), then one CRC-32 (zlib's) per chunk. Hadoop checks it
+# on read, so a file that no longer matches fails the restart even when its text still parses.
+_CRC_MAGIC = b"crc\0"
+# lz4-java's LZ4BlockOutputStream (Spark's state changelogs): each block is "LZ4Block", a token
+# byte, compressed and original length (int32 LE), a checksum, the data; an empty block ends it.
+_LZ4_MAGIC = b"LZ4Block"
+_LZ4_HEADER = len(_LZ4_MAGIC) + 1 + 4 + 4 + 4
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A file a restart of a query would read that is damaged or missing.
+
+    Attributes:
+        path: relative to the query's checkpoint directory (``offsets/7``,
+            ``state/0/1/8.changelog``).
+        problem: what is wrong with it.
+        kind: ``metadata``, ``offsets``, ``commits`` or ``state``.
+        batch: the batch of an offsets/commits file, the state version of a state file.
+    """
+
+    path: str
+    problem: str
+    kind: str
+    batch: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.problem}"
+
+
+def crc_sidecar(path: Path) -> Path:
+    return path.with_name(f".{path.name}.crc")
+
+
+def _crc_problem(path: Path, data: bytes) -> str | None:
+    """Does ``data`` (the content of ``path``) match its Hadoop checksum file, if it has one?"""
+    side = crc_sidecar(path)
+    try:
+        raw = side.read_bytes()
+    except FileNotFoundError:
+        return None
+    if len(raw) < 8 or raw[:4] != _CRC_MAGIC or (len(raw) - 8) % 4:
+        return f"its checksum file {side.name} is damaged"
+    chunk = struct.unpack(">i", raw[4:8])[0]
+    if chunk <= 0:
+        return f"its checksum file {side.name} is damaged"
+    sums = struct.unpack(f">{(len(raw) - 8) // 4}I", raw[8:])
+    chunks = max(1, -(-len(data) // chunk))
+    if len(sums) != chunks:
+        return (f"{len(data)} bytes, but its checksum file covers "
+                f"{(len(sums) - 1) * chunk + 1}-{len(sums) * chunk} bytes (truncated or extended)")
+    for i, want in enumerate(sums):
+        if zlib.crc32(data[i * chunk:(i + 1) * chunk]) != want:
+            return f"checksum mismatch in bytes {i * chunk}-{min(len(data), (i + 1) * chunk)}"
+    return None
+
+
+def _read(path: Path) -> tuple[bytes | None, str | None]:
+    try:
+        return path.read_bytes(), None
+    except FileNotFoundError:
+        return None, "missing"
+    except OSError as exc:
+        return None, f"unreadable ({exc.strerror or exc})"
+
+
+def _json_object(line: str) -> dict:
+    value = json.loads(line)
+    if not isinstance(value, dict):
+        raise ValueError("not a JSON object")
+    return value
+
+
+def _log_problem(kind: str, data: bytes) -> str | None:
+    """Parse an offsets/commits/metadata file as Spark does; what is wrong, or None."""
+    if not data:
+        return "empty (0 bytes)"
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        return "not text (binary garbage)"
+    lines = text.split("\n")
+    try:
+        if kind == "metadata":
+            if "id" not in _json_object(text.strip()):
+                return "no query id"
+            return None
+        if not re.fullmatch(r"v\d+", lines[0].strip()):
+            return f"no version line (starts with {lines[0][:20]!r})"
+        if kind == "commits":
+            if len(lines) > 1 and lines[1].strip():
+                _json_object(lines[1])
+            return None
+        if len(lines) < 2:
+            return "truncated after the version line"
+        _json_object(lines[1])
+        sources = [s for s in lines[2:] if s.strip()]
+        if not sources:
+            return "truncated: no source offsets"
+        for s in sources:
+            if s.strip() != "-":
+                json.loads(s)
+    except ValueError as exc:
+        return f"malformed JSON ({exc})"
+    return None
+
+
+def _lz4_problem(data: bytes) -> str | None:
+    """A changelog must be whole LZ4 blocks ending with the empty end block."""
+    pos = 0
+    while True:
+        if pos + _LZ4_HEADER > len(data):
+            return f"truncated at byte {len(data)} (no end block)"
+        if data[pos:pos + len(_LZ4_MAGIC)] != _LZ4_MAGIC:
+            return f"not an LZ4 block at byte {pos}"
+        compressed, original = struct.unpack_from("<ii", data, pos + len(_LZ4_MAGIC) + 1)
+        if compressed < 0 or original < 0:
+            return f"bad LZ4 block header at byte {pos}"
+        end = pos + _LZ4_HEADER + compressed
+        if end > len(data):
+            return f"truncated at byte {len(data)} inside a block ending at byte {end}"
+        if original == 0:
+            return None if end == len(data) else f"{len(data) - end} bytes after the end block"
+        pos = end
+
+
+def _state_problem(path: Path, data: bytes) -> str | None:
+    if not data:
+        return "empty (0 bytes)"
+    problem = _crc_problem(path, data)
+    if problem:
+        return problem
+    if path.suffix == ".changelog":
+        return _lz4_problem(data)
+    if path.suffix == ".zip":
+        import io
+
+        try:
+            with zipfile.ZipFile(io.BytesIO(data)) as z:
+                bad = z.testzip()
+                z.read("metadata")
+        except (zipfile.BadZipFile, KeyError, OSError) as exc:
+            return f"not a readable snapshot ({exc})"
+        if bad:
+            return f"snapshot entry {bad} is corrupt"
+    return None
+
+
+def _check(q: Path, rel: str, kind: str, batch: int | None, out: list[Problem],
+           *, required: bool = True) -> bool:
+    """Check one file; append its problem to ``out``; True if it is sound (or absent and not
+    required)."""
+    path = q / rel
+    data, problem = _read(path)
+    if data is None:
+        if problem == "missing" and not required:
+            return True
+        out.append(Problem(rel, problem or "missing", kind, batch))
+        return False
+    if kind == "state":
+        problem = _state_problem(path, data)
+    else:
+        problem = _log_problem(kind, data) or _crc_problem(path, data)
+    if problem:
+        out.append(Problem(rel, problem, kind, batch))
+    return problem is None
+
+
+def last_planned(query_dir: str | Path) -> int | None:
+    """The newest batch in the offset log (planned; committed or not)."""
+    batches = _numbered(Path(query_dir) / "offsets")
+    return batches[-1] if batches else None
+
+
+def verify(query_dir: str | Path, batch: int | None = None, *, pending: bool = True
+           ) -> list[Problem]:
+    """Every damaged or missing file a restart of the query at committed ``batch`` would read
+    (default: the last committed batch; ``-1``: none committed); empty if it can restart.
+
+    What a restart reads, as Spark 4.3 does: the query ``metadata``; ``commits/<batch>`` and
+    ``offsets/<batch>``; the batch it re-runs, ``offsets/<batch + 1>`` if it exists and
+    ``pending`` (else Spark reads ``offsets/<batch - 1>`` as well); and per stateful operator
+    and partition the files RocksDB loads for state version ``batch + 1`` (snapshot, its SST
+    files, changelogs), each checked against its Hadoop ``.crc`` file, changelogs also for a
+    whole LZ4 stream and snapshots for a readable zip. Files of later batches are not read.
+    """
+    q = Path(query_dir)
+    if batch is None:
+        committed = last_committed(q)
+        batch = -1 if committed is None else committed
+    out: list[Problem] = []
+    _check(q, "metadata", "metadata", None, out, required=False)
+    sound = True
+    if batch >= 0:
+        _check(q, f"commits/{batch}", "commits", batch, out)
+        sound = _check(q, f"offsets/{batch}", "offsets", batch, out)
+    if pending and (q / "offsets" / str(batch + 1)).exists():
+        _check(q, f"offsets/{batch + 1}", "offsets", batch + 1, out)
+    elif batch >= 1:
+        _check(q, f"offsets/{batch - 1}", "offsets", batch - 1, out)
+    if batch < 0 or not (q / "state").is_dir():
+        return out
+    # The partition count is in every offsets file; a damaged newest one has older neighbours.
+    partitions = None
+    for b in range(batch, -1, -1) if not sound else [batch]:
+        try:
+            partitions = state_partitions(q, b)
+            break
+        except (OSError, ValueError, IndexError):
+            continue
+    if partitions is None:
+        out.append(Problem("state", "not checked: no readable offsets file gives the state "
+                                    "partition count", "state", batch + 1))
+        return out
+    for op in sorted(p for p in (q / "state").iterdir() if p.is_dir()):
+        for meta in sorted((op / "_metadata").rglob("*")):  # operator metadata: Spark's format
+            if meta.is_file() and not meta.name.startswith("."):
+                _check(q, meta.relative_to(q).as_posix(), "state", None, out)
+        # A rescale leaves the partitions above the new count behind, unused.
+        for part in sorted(p for p in op.iterdir() if p.name.isdigit()
+                           and int(p.name) < partitions):
+            try:
+                files, missing = _partition_needs(part, batch + 1)
+            except (zipfile.BadZipFile, KeyError, ValueError, IndexError, OSError) as exc:
+                snap = max((p for p in part.glob("*.zip")), default=part)
+                out.append(Problem(snap.relative_to(q).as_posix(),
+                                   f"snapshot unreadable ({exc})", "state", batch + 1))
+                continue
+            for v in missing:
+                out.append(Problem(f"{part.relative_to(q).as_posix()}/{v}.changelog", "missing",
+                                   "state", v))
+            for f in files:
+                m = _STATE_FILE.match(f.name)
+                _check(q, f.relative_to(q).as_posix(), "state",
+                       int(m.group(1)) if m else None, out)
+    return out
+
+
+def state_files_after(query_dir: str | Path, version: int) -> list[Path]:
+    """State files of versions after ``version`` (written by batches not committed), with their
+    checksum files: what a restart at an earlier batch must not find (RocksDB would prefer a
+    stale snapshot of a version the re-run writes again)."""
+    out = []
+    state = Path(query_dir) / "state"
+    for p in state.rglob("*") if state.is_dir() else []:
+        m = _STATE_FILE.match(p.name)
+        if m and p.is_file() and int(m.group(1)) > version:
+            out.append(p)
+            if crc_sidecar(p).exists():
+                out.append(crc_sidecar(p))
+    return out

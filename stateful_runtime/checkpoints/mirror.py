@@ -15,11 +15,17 @@ Layout under the mirror location::
 
 ``srt run JOB --restore-from <location>`` lays the newest manifest's files out as the job's
 checkpoint on an empty disk (checksums verified) and the job continues exactly once from there.
+
+An unreachable location never stops the job: a sync that fails writes no manifest (the newest
+one still names a complete earlier batch), says so once, and the next sync after a committed
+batch uploads everything missing since (the mirror catches up).
 """
 
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +39,7 @@ from stateful_runtime.checkpoints.manifest import (
     sha256_file,
 )
 from stateful_runtime.checkpoints.storage import Store, open_store
-from stateful_runtime.exceptions import SavepointError
+from stateful_runtime.exceptions import SavepointError, StorageError
 
 PREFIX = "_mirror/"
 KEEP_MANIFESTS = 3
@@ -56,22 +62,45 @@ def _manifests(store: Store) -> list[str]:
 class CheckpointMirror:
     """Mirror one job's checkpoint directory to ``location`` after each committed batch."""
 
-    def __init__(self, checkpoint_dir: str | Path, location: str) -> None:
+    def __init__(self, checkpoint_dir: str | Path, location: str,
+                 warn: Callable[[str], None] | None = None) -> None:
         self.checkpoint_dir = Path(checkpoint_dir).resolve()
         self.store = open_store(location)
         self.location = location
         # path -> {"size", "sha256"} of every file already in the mirror (from its newest
-        # manifest, so a restarted job does not upload its state again).
+        # manifest, read at the first sync, so a restarted job does not upload its state again).
         self.known: dict[str, dict[str, Any]] = {}
+        self._loaded = False
         self.synced: dict[str, int] = {}
-        names = _manifests(self.store)
-        if names:
-            latest = read_manifest(self.store, names[-1])
-            self.known = {f["path"]: f for f in latest["files"]}
+        self.failed_syncs = 0  # in a row; 0 while the location answers
+        self.warn = warn or (lambda text: print(text, file=sys.stderr, flush=True))
 
     def sync(self) -> MirrorSync | None:
         """Upload what the newest committed batches added; None if nothing was committed since
-        the last sync."""
+        the last sync, or if the location could not be reached (said once per outage; the next
+        sync retries and catches up)."""
+        try:
+            done = self._sync()
+        except StorageError as exc:
+            if not self.failed_syncs:
+                self.warn(f"checkpoint mirror: sync to {self.location} failed ({exc}); the job "
+                          f"keeps running and the mirror retries after each batch (mirrored so "
+                          f"far: batches {self.synced or 'none'})")
+            self.failed_syncs += 1
+            return None
+        if self.failed_syncs:
+            self.warn(f"checkpoint mirror: {self.location} answers again after "
+                      f"{self.failed_syncs} failed sync(s); caught up to batches {self.synced}")
+            self.failed_syncs = 0
+        return done
+
+    def _sync(self) -> MirrorSync | None:
+        if not self._loaded:
+            names = _manifests(self.store)
+            if names:
+                latest = read_manifest(self.store, names[-1])
+                self.known = {f["path"]: f for f in latest["files"]}
+            self._loaded = True
         owner = layout.owner(self.checkpoint_dir)
         batches: dict[str, int] = {}
         for q in owner.get("queries", []):

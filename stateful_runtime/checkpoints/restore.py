@@ -9,12 +9,18 @@ import secrets
 import shutil
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stateful_runtime.checkpoints import layout
 from stateful_runtime.checkpoints.manifest import FORMAT_VERSION, Savepoint, _utc, sha256_file
-from stateful_runtime.exceptions import ConfigError, IncompatibleSavepointError, SavepointError
+from stateful_runtime.exceptions import (
+    ConfigError,
+    IncompatibleSavepointError,
+    SavepointError,
+    StatefulRuntimeError,
+)
 from stateful_runtime.names import contained
 
 
@@ -206,3 +212,223 @@ def rescale(spark: Any, checkpoint_dir: Path, queries: Sequence[str], parallelis
         notes.append(f"rescaling the state of {q} from {current} to {parallelism} partitions")
         spark._streamingCheckpointManager.repartition(str(qdir), parallelism)
     return notes
+
+
+# -- a damaged checkpoint at start --------------------------------------------------------------
+
+QUARANTINE = "_quarantine"
+
+
+class CorruptCheckpointError(ConfigError):
+    """A file a restart needs is damaged or missing, and the previous committed batch cannot
+    take the newest one's place (its files are damaged too). Nothing was changed.
+
+    Attributes:
+        checkpoint: the query's checkpoint directory.
+        problems: each damaged file and what is wrong with it.
+        savepoint: id of the job's newest savepoint to restore from (None: there is none).
+        mirror: the job's checkpoint mirror (None: not mirrored).
+    """
+
+    def __init__(self, checkpoint: str, problems: list[str], job_file: str,
+                 savepoint: str | None, mirror: str | None, savepoint_note: str) -> None:
+        self.checkpoint, self.problems = checkpoint, problems
+        self.savepoint, self.mirror = savepoint, mirror
+        ways = []
+        if savepoint:
+            ways.append(f"from its newest savepoint: `srt run {job_file} --from-savepoint "
+                        f"{savepoint}` ({savepoint_note}; the damaged checkpoint is moved aside)")
+        if mirror:
+            ways.append(f"from the checkpoint mirror: move {Path(checkpoint).parent} aside, then "
+                        f"`srt run {job_file} --restore-from {mirror}`")
+        if not ways:
+            ways.append(f"there is no savepoint ({savepoint_note}) and no checkpoint mirror: "
+                        f"to start over, move {Path(checkpoint).parent} aside (the job reads its "
+                        f"sources from the start again; its sinks keep what they hold)")
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(
+            f"checkpoint {checkpoint} cannot be restarted; files it needs are damaged:\n{lines}\n"
+            f"Falling back to the previous committed batch does not help (its files are damaged "
+            f"too); nothing was changed. Restore the job " + "; or ".join(ways) + ".")
+
+
+@dataclass
+class Recovery:
+    """What checking a job's checkpoint before its queries start did.
+
+    Attributes:
+        notes: what was found and done, for the job's output.
+        rewind: per query, the batch its sinks must forget everything after (a batch after it
+            is planned again, perhaps with other offsets, and must not be skipped as done).
+        quarantine: where damaged and superseded files were moved (None: nothing moved).
+    """
+
+    notes: list[str] = field(default_factory=list)
+    rewind: dict[str, int] = field(default_factory=dict)
+    quarantine: Path | None = None
+
+
+@dataclass
+class _Fallback:
+    restart_at: int            # the committed batch the restart resumes after (-1: none)
+    replay: int | None         # the planned batch Spark re-runs with its logged offsets
+    moves: list[tuple[str, str]]  # (path relative to the query dir, why)
+    rewind: bool
+
+
+def _fallback(qdir: Path, problems: list[layout.Problem]) -> _Fallback | None:
+    """The newest restart point at most one committed batch back whose files are all sound.
+
+    Candidates, newest first: the last committed batch ``C`` without the batch planned after it;
+    ``C - 1`` re-running batch ``C`` with its logged offsets; ``C - 1`` planning batch ``C``
+    again. A corrupt query ``metadata`` only holds the query id: it is moved aside whatever the
+    restart point (Spark writes a new one)."""
+    moves = [(p.path, p.problem) for p in problems if p.kind == "metadata"]
+    data = [p for p in problems if p.kind != "metadata"]
+    committed = layout.last_committed(qdir)
+    c = -1 if committed is None else committed
+    planned = max(c, layout.last_planned(qdir) if layout.last_planned(qdir) is not None else -1)
+    if not data:
+        return _Fallback(c, None, moves, False)
+    why = {p.path: p.problem for p in data}
+    for r, keep in ((c, False), (c - 1, True), (c - 1, False)):
+        if r < -1 or layout.verify(qdir, r, pending=keep):
+            continue
+        replay = r + 1 if keep and (qdir / "offsets" / str(r + 1)).exists() else None
+        kept = r if replay is None else replay
+        out = list(moves)
+        for kind, above, later in (("commits", r, "re-run"), ("offsets", kept, "planned again")):
+            for b in layout._numbered(qdir / kind):
+                if b > above:
+                    rel = f"{kind}/{b}"
+                    out.append((rel, why.get(rel, f"superseded: batch {b} is {later}")))
+        out += [(p.relative_to(qdir).as_posix(), "written by a batch that is re-run")
+                for p in layout.state_files_after(qdir, r + 1)
+                if not p.name.endswith(".crc")]
+        return _Fallback(r, replay, out, planned > kept)
+    return None
+
+
+def _newest_savepoint(root: str | None, job: str) -> tuple[str | None, str]:
+    """(id, a note on it or on why there is none) of the job's newest savepoint under root."""
+    from stateful_runtime.checkpoints import savepoints
+
+    if not root:
+        return None, "no savepoint directory configured"
+    try:
+        found = savepoints.list_savepoints(root, job)
+    except StatefulRuntimeError as exc:
+        return None, f"savepoints under {root} could not be listed: {exc}"
+    if not found:
+        return None, f"none of job {job!r} under {root}"
+    sp = found[-1]
+    return sp.id, (f"batches {sp.summary()['batches']}, taken {_utc(sp.created_at)}, "
+                   f"in {sp.location}")
+
+
+def _move(src: Path, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(src, dest)
+    side = layout.crc_sidecar(src)
+    if side.exists():
+        os.replace(side, layout.crc_sidecar(dest))
+
+
+def _stale_dead_letters(ckpt: Path, resumed: dict[str, dict[str, int]],
+                        replanned: set[str]) -> list[Path]:
+    """Staged dead-letter splits of batches that are planned again (their ranges may change; the
+    re-run stages its own): beyond the restart offsets of a re-planned query, and inside no
+    query's restart offsets."""
+    from stateful_runtime.connectors import dead_letters
+
+    out = []
+    for staging in (ckpt / "_dead_letters").glob("*"):
+        for key, _start, end, path in dead_letters.staged(str(staging)):
+            if any(key in o and end <= int(o[key]) for o in resumed.values()):
+                continue  # committed: the runner publishes it
+            if any(q in replanned and (key in o or not o) for q, o in resumed.items()):
+                out.append(path)
+    return out
+
+
+def recover(checkpoint_dir: str | Path, queries: Sequence[str], *, job_file: str = "JOB_FILE",
+            savepoint_dir: str | None = None, mirror: str | None = None) -> Recovery:
+    """Check every query's checkpoint before a start (:func:`layout.verify`) and make it
+    restartable, or refuse.
+
+    Damage confined to the newest batch — a truncated, garbage, empty or missing newest
+    ``commits/N`` or ``offsets/N``, or the newest state version — falls back to the previous
+    committed batch: the damaged file and everything newer are moved (never deleted) to
+    ``<checkpoint.dir>/_quarantine/<UTC time>/<query>/``, and Spark re-runs the batch from the
+    previous batch's state. A re-run with the logged offsets is skipped by the sinks (they are
+    idempotent by batch id); a batch planned again, perhaps with other offsets, is named in
+    :attr:`Recovery.rewind` (the runner rewinds its sinks). Damage that a restart at the
+    previous batch reads as well (older offsets, older state files) raises
+    :class:`CorruptCheckpointError` naming every file, the newest savepoint and the mirror to
+    restore from; then nothing moves.
+    """
+    ckpt = Path(checkpoint_dir).resolve()
+    job = layout.owner(ckpt)["job"]
+    rec = Recovery()
+    plans: dict[str, tuple[_Fallback, list[layout.Problem]]] = {}
+    for q in queries:
+        qdir = ckpt / q
+        if not (qdir / "offsets").is_dir():
+            continue
+        problems = layout.verify(qdir)
+        if not problems:
+            continue
+        fb = _fallback(qdir, problems)
+        if fb is None:
+            sid, note = _newest_savepoint(savepoint_dir, job)
+            raise CorruptCheckpointError(str(qdir), [str(p) for p in problems], job_file, sid,
+                                         mirror, note)
+        plans[q] = (fb, problems)
+    if not plans:
+        return rec
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dest, n = ckpt / QUARANTINE / stamp, 1
+    while dest.exists():
+        n += 1
+        dest = ckpt / QUARANTINE / f"{stamp}-{n}"
+    resumed = {}  # per query, the source offsets it resumes from (for staged dead letters)
+    for q in queries:
+        if (ckpt / q / "offsets").is_dir():
+            at = plans[q][0].restart_at if q in plans else layout.last_committed(ckpt / q)
+            logged = layout.committed_offsets(ckpt / q, at) if at is not None and at >= 0 else None
+            first = logged["sources"][0] if logged and logged["sources"] else None
+            resumed[q] = first if isinstance(first, dict) else {}
+    replanned = {q for q, (fb, _) in plans.items() if fb.rewind}
+    record: dict[str, Any] = {"quarantined_at": _utc(), "queries": {}}
+    for q, (fb, problems) in plans.items():
+        qdir = ckpt / q
+        for rel, _why in fb.moves:
+            if (qdir / rel).exists():
+                _move(qdir / rel, dest / q / rel)
+        record["queries"][q] = {
+            "problems": [str(p) for p in problems], "restart_after_batch": fb.restart_at,
+            "rerun_batch": fb.replay, "sinks_rewound_to": fb.restart_at if fb.rewind else None,
+            "moved": [{"path": rel, "why": why} for rel, why in fb.moves]}
+        damaged = "; ".join(str(p) for p in problems)
+        if fb.replay is not None:
+            what = (f"batch {fb.replay} is re-run with its logged offsets from batch "
+                    f"{fb.restart_at}'s state (its sinks skip or rewrite it by batch id)")
+        elif fb.restart_at >= 0:
+            what = f"it resumes after committed batch {fb.restart_at}"
+        else:
+            what = "no batch is committed any more: it starts from its first batch"
+        rec.notes.append(f"checkpoint of query {q} is damaged ({damaged}); moved "
+                         f"{len(fb.moves)} file(s) to {dest / q}; {what}")
+        if fb.rewind:
+            rec.rewind[q] = fb.restart_at
+            rec.notes.append(f"query {q}: batches after {fb.restart_at} are planned again from "
+                             f"the source offsets; its sinks forget them first (rewind)")
+    stale = _stale_dead_letters(ckpt, resumed, replanned)
+    for path in stale:
+        _move(path, dest / path.relative_to(ckpt))
+    if stale:
+        record["dead_letter_splits_moved"] = [p.relative_to(ckpt).as_posix() for p in stale]
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "quarantine.json").write_text(json.dumps(record, indent=1))
+    rec.quarantine = dest
+    return rec

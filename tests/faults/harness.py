@@ -1,0 +1,365 @@
+"""What every fault trial shares: the oracle comparison, damage to a file, the trial record.
+
+The oracle is computed from the input alone (the UPI per-minute counts of every good record,
+``examples/upi_events.oracle``), never from the job's own output or checkpoint: a trial reads
+the records the job's sink claims to hold (up to the source offsets of the last batch in the
+sink's ledger) straight from the event log and counts them itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "tests" / "artifacts" / "faults"
+TOPIC = "upi-payments"
+QUERY = "upi-counts"
+JOB = "upi-per-minute"
+
+Counts = dict[tuple[str, datetime], tuple[int, int]]
+
+
+# -- the oracle -----------------------------------------------------------------------------------
+
+def upi_oracle(lines: Iterable[bytes]) -> Counts:
+    from upi_events import oracle  # examples/ is on sys.path (tests/conftest.py, the script)
+
+    return oracle(lines)
+
+
+def log_lines(log_dir: Path, ends: Mapping[str, int] | None, topic: str = TOPIC) -> list[bytes]:
+    """The topic's records below ``ends`` ({"partition": next offset}, None: nothing)."""
+    from stateful_runtime.connectors.eventlog import EventLog
+
+    if not ends:
+        return []
+    reader = EventLog(log_dir).reader(topic)
+    return [r.value for p, end in sorted(ends.items()) for r in reader.read(int(p), 0, int(end))]
+
+
+def batch_offsets(qdir: Path, batch: int) -> dict[str, int] | None:
+    """The source offsets (end of the batch) Spark logged for ``batch``; None for batch -1."""
+    if batch < 0:
+        return None
+    lines = (qdir / "offsets" / str(batch)).read_text().splitlines()
+    return {k: int(v) for k, v in json.loads(lines[2]).items()}
+
+
+def sink_batch(database: Path, job: str = JOB) -> int:
+    """The last batch the DuckDB sink's ledger holds (-1: none)."""
+    import duckdb
+
+    if not database.exists():
+        return -1
+    con = duckdb.connect(str(database), read_only=True)
+    try:
+        has = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = "
+                          "'srt_sink_ledger'").fetchone()[0]
+        if not has:
+            return -1
+        row = con.execute("SELECT max(batch_id) FROM srt_sink_ledger WHERE job = ?",
+                          [job]).fetchone()
+    finally:
+        con.close()
+    return -1 if row[0] is None else int(row[0])
+
+
+def duckdb_counts(database: Path, table: str = "upi_counts") -> Counts:
+    import duckdb
+
+    if not database.exists():
+        return {}
+    con = duckdb.connect(str(database), read_only=True)
+    try:
+        if not con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?",
+                           [table]).fetchone()[0]:
+            return {}
+        rows = con.execute(f"SELECT merchant_id, window_start, payments, amount_paise "
+                           f"FROM {table}").fetchall()
+    finally:
+        con.close()
+    return {(m, w): (p, a) for m, w, p, a in rows}
+
+
+@dataclass
+class Comparison:
+    """A sink's table against the oracle: payments lost and counted twice, and the windows."""
+
+    lost: int = 0
+    duplicated: int = 0
+    wrong_windows: list[str] = field(default_factory=list)
+
+    @property
+    def exact(self) -> bool:
+        return not self.lost and not self.duplicated and not self.wrong_windows
+
+    def __str__(self) -> str:
+        head = f"{self.lost} payments lost, {self.duplicated} duplicated"
+        return head if self.exact else f"{head}; windows: {'; '.join(self.wrong_windows[:5])}"
+
+
+def compare(got: Counts, expected: Counts) -> Comparison:
+    c = Comparison()
+    for key in sorted(set(got) | set(expected)):
+        g, e = got.get(key, (0, 0)), expected.get(key, (0, 0))
+        if g != e:
+            c.lost += max(0, e[0] - g[0])
+            c.duplicated += max(0, g[0] - e[0])
+            c.wrong_windows.append(f"{key[0]} {key[1]:%H:%M}: {g} != oracle {e}")
+    return c
+
+
+# -- damage ---------------------------------------------------------------------------------------
+
+DAMAGE = ("truncate", "garbage", "empty", "missing")
+
+
+def damage(path: Path, how: str, rng: random.Random) -> str:
+    """Damage one file as a torn write, a bad disk or a lost file would; says what was done."""
+    data = path.read_bytes()
+    if how == "truncate":
+        cut = rng.randint(1, max(1, len(data) - 1))
+        path.write_bytes(data[:cut])
+        return f"truncated {path.name} to {cut} of {len(data)} bytes"
+    if how == "garbage":
+        path.write_bytes(bytes(rng.randrange(256) for _ in range(len(data))))
+        return f"overwrote {path.name} with {len(data)} random bytes"
+    if how == "empty":
+        path.write_bytes(b"")
+        return f"emptied {path.name}"
+    if how == "missing":
+        path.unlink()
+        return f"deleted {path.name}"
+    raise ValueError(how)
+
+
+# -- trial records --------------------------------------------------------------------------------
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                              capture_output=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+@dataclass
+class TrialLog:
+    """One run's trial records, rewritten to ``tests/artifacts/faults/<run>.json`` after each
+    record (a run killed half-way keeps what it did)."""
+
+    path: Path
+    run: dict[str, Any]
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def open(cls, source: str, directory: Path = ARTIFACTS) -> TrialLog:
+        directory.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        run = {"run": f"{stamp}-{source}-{os.getpid()}", "source": source, "commit": _commit(),
+               "started_at": stamp, "load_average": os.getloadavg()[0]}
+        return cls(directory / f"{run['run']}.json", run)
+
+    def record(self, *, fault: str, input: str, result: str, **fields: Any) -> dict[str, Any]:
+        """One trial: the fault injected, the input class, ``pass``/``FAIL`` and details."""
+        rec = {"fault": fault, "input": input, "result": result, **fields,
+               "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        self.records.append(rec)
+        self._write()
+        return rec
+
+    def _write(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({**self.run, "trials": self.records}, indent=1, default=str))
+        os.replace(tmp, self.path)
+
+    def close(self) -> None:
+        if self.records:
+            self.run["load_average_end"] = os.getloadavg()[0]
+            self._write()
+
+
+# -- an endpoint that can go away ------------------------------------------------------------------
+
+class OutageProxy:
+    """A TCP proxy on 127.0.0.1 in front of a real service. :meth:`down` closes its port and
+    every open connection (clients get "connection refused", as from a dead endpoint);
+    :meth:`up` opens the same port again. The service behind it keeps its data."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        import socket
+        import threading
+
+        self.target = (target_host, target_port)
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        self.port = probe.getsockname()[1]
+        probe.close()
+        self._lock = threading.Lock()
+        self._conns: list[Any] = []
+        self._listener: Any = None
+        self.up()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def up(self) -> None:
+        import socket
+        import threading
+
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", self.port))
+        s.listen(64)
+        self._listener = s
+        threading.Thread(target=self._accept, args=(s,), daemon=True).start()
+
+    def down(self) -> None:
+        import socket
+
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            try:
+                listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            listener.close()
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            c.close()
+
+    def _accept(self, listener: Any) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self.target, timeout=10)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                if self._listener is not listener:
+                    client.close()
+                    server.close()
+                    return
+                self._conns += [client, server]
+            for a, b, watch in ((client, server, True), (server, client, False)):
+                threading.Thread(target=self._pipe, args=(a, b, watch), daemon=True).start()
+
+    def cut_on(self, pattern: bytes) -> None:
+        """Go down the moment a client sends a request matching ``pattern`` (a regex), before
+        it reaches the service: an outage at a chosen step of a protocol."""
+        import re
+
+        self._cut = re.compile(pattern)
+        self.cut_hit = None
+
+    def _pipe(self, src: Any, dst: Any, watch: bool) -> None:
+        import socket
+
+        try:
+            while data := src.recv(65536):
+                cut = getattr(self, "_cut", None)
+                if watch and cut is not None and (m := cut.search(data)):
+                    self._cut, self.cut_hit = None, m.group(0).decode(errors="replace")
+                    self.down()
+                    return
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+# -- input while the job runs ----------------------------------------------------------------------
+
+def bad_lines(lines: Iterable[bytes]) -> list[bytes]:
+    """The records the UPI decoder rejects (examples/upi_events' three malformed shapes)."""
+    return sorted(line for line in lines if line.startswith(b"{not") or b'"ten"' in line
+                  or b'"amount_paise"' not in line)
+
+
+def dead_letters(log_dir: Path, topic: str = f"{TOPIC}-dlq") -> list[bytes]:
+    from stateful_runtime.connectors.eventlog import EventLog
+
+    log = EventLog(log_dir)
+    if topic not in {t.name for t in log.topics()}:
+        return []
+    reader = log.reader(topic)
+    return sorted(r.value for p, e in reader.end_offsets().items() for r in reader.read(p, 0, e))
+
+
+class Feeder:
+    """Appends UPI events to the event log from a thread of the test (the topic's one writer),
+    ``chunk`` records every ``every_s``, until :meth:`stop`; ``fed`` is what was appended."""
+
+    def __init__(self, log_dir: Path, *, seed: int, chunk: int = 200, every_s: float = 0.1,
+                 topic: str = TOPIC) -> None:
+        import threading
+
+        from upi_events import events
+
+        self.lines = events(10_000_000, merchants=30, rate_per_s=300, disorder_ms=4_000,
+                            bad_every=997, seed=seed)
+        self.fed: list[bytes] = []
+        self.log_dir, self.topic, self.chunk, self.every_s = log_dir, topic, chunk, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from stateful_runtime.connectors.eventlog import EventLog
+        from stateful_runtime.connectors.eventlog.ingest import _records
+
+        with EventLog(self.log_dir).writer(self.topic) as writer:
+            while not self._stop.is_set():
+                chunk = [next(self.lines) for _ in range(self.chunk)]
+                writer.append(_records(chunk, "merchant_id"))
+                self.fed.extend(chunk)
+                self._stop.wait(self.every_s)  # the feed's pace, not a synchronisation
+
+    def stop(self) -> list[bytes]:
+        self._stop.set()
+        self._thread.join()
+        return self.fed
+
+
+def log_end(log_dir: Path, topic: str = TOPIC) -> dict[str, int]:
+    from stateful_runtime.connectors.eventlog import EventLog
+
+    return {str(p): e for p, e in EventLog(log_dir).reader(topic).end_offsets().items()}
+
+
+def caught_up(qdir: Path, ends: Mapping[str, int]) -> bool:
+    """Has the query committed a batch that read everything up to ``ends``?"""
+    from stateful_runtime.checkpoints import layout
+
+    c = layout.last_committed(qdir)
+    if c is None:
+        return not any(ends.values())
+    done = batch_offsets(qdir, c) or {}
+    return all(done.get(p, 0) >= e for p, e in ends.items())
