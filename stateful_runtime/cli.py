@@ -93,6 +93,7 @@ def _run_cmd(args: argparse.Namespace) -> int:
     from stateful_runtime.runtime.runner import JobRunner
 
     jobfile = load_job_file(args.job_file, parse_overrides(args.set))
+    secrets.remember_config(jobfile.config)  # DEFAULTS too: masked in whatever is printed
     try:
         return JobRunner(jobfile, available_now=args.available_now, master=args.master,
                          from_savepoint=args.from_savepoint, restore_from=args.restore_from,
@@ -110,7 +111,9 @@ def _explain_cmd(args: argparse.Namespace) -> int:
     from stateful_runtime.planner import plan
     from stateful_runtime.runtime.loader import load_job_file, parse_overrides
 
-    job = load_job_file(args.job_file, parse_overrides(args.set)).job
+    loaded = load_job_file(args.job_file, parse_overrides(args.set))
+    secrets.remember_config(loaded.config)
+    job = loaded.job
     spark = None
     if not args.no_spark:
         from stateful_runtime.runtime.session import build_session
@@ -319,13 +322,13 @@ def _savepoint_cmd(args: argparse.Namespace) -> int:
     from stateful_runtime.runtime import launcher, registry
 
     if args.sp_cmd == "create":
-        sp = launcher.savepoint(args.job, target=args.target, stop=args.stop,
-                               timeout=args.timeout)
+        taken = launcher.savepoint(args.job, target=args.target, stop=args.stop,
+                                   timeout=args.timeout)
         if args.json:
-            _json(sp)
+            _json(taken)
         else:
-            print(f"savepoint {sp['id']} of {sp['job']} at {sp['location']} "
-                  f"({sp['size_bytes']:,} bytes, batches {sp['batches']})"
+            print(f"savepoint {taken['id']} of {taken['job']} at {taken['location']} "
+                  f"({taken['size_bytes']:,} bytes, batches {taken['batches']})"
                   + ("; the job is stopped" if args.stop else ""))
     elif args.sp_cmd == "list":
         rows = [sp.summary() for root in _roots(args)

@@ -143,12 +143,12 @@ def metrics_text(health: Mapping[str, Any]) -> bytes:
                        ("srt_records_late", "records behind the watermark (dropped or to a "
                         "late side output)", "late")]
             for name, doc, key in records:
-                family = CounterMetricFamily(name, doc, labels=["job", "query", "source"])
+                counter = CounterMetricFamily(name, doc, labels=["job", "query", "source"])
                 for q, h in sorted(queries.items()):
                     r = h.get("records") or {}
                     if isinstance(r.get(key), int):
-                        family.add_metric([job, q, str(r.get("source"))], float(r[key]))
-                yield family
+                        counter.add_metric([job, q, str(r.get("source"))], float(r[key]))
+                yield counter
             late = CounterMetricFamily("srt_late_rows_dropped",
                                        "rows dropped by the native window's watermark (this run)",
                                        labels=["job", "query"])

@@ -131,7 +131,7 @@ def _parse(path: Path) -> dict[str, Any]:
         raise CorruptEntryError(path, "it is empty")
     try:
         entry = json.loads(text)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         raise CorruptEntryError(path, f"it is not valid JSON ({exc.msg}: line {exc.lineno}, "
                                 f"column {exc.colno}; truncated?)") from None
     if not isinstance(entry, dict):
