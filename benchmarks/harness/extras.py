@@ -359,17 +359,16 @@ def scaleout(*, work: Path, cfg: dict[str, Any], seed: int, options: dict[str, A
 def _jstat(pid: int) -> dict[str, float] | None:
     """JIT compile time and GC time (s) of a JVM, from jstat."""
     try:
-        comp = subprocess.run(["jstat", "-compiler", str(pid)], capture_output=True, text=True,
-                              timeout=5).stdout.split()
-        gc = subprocess.run(["jstat", "-gcutil", str(pid)], capture_output=True, text=True,
-                            timeout=5).stdout.split()
-        n = len(comp) // 2
-        c = dict(zip(comp[:n], comp[n:], strict=True))
-        m = len(gc) // 2
-        g = dict(zip(gc[:m], gc[m:], strict=True))
+        def table(option: str) -> dict[str, str]:
+            lines = subprocess.run(["jstat", option, str(pid)], capture_output=True, text=True,
+                                   timeout=5).stdout.splitlines()
+            # The first columns are numbers; -compiler's last ones (failed method) are text.
+            return dict(zip(lines[0].split(), lines[1].split(), strict=False))
+
+        c, g = table("-compiler"), table("-gcutil")
         return {"compiled": float(c["Compiled"]), "jit_s": float(c["Time"]),
                 "gc_s": float(g["GCT"])}
-    except (OSError, subprocess.SubprocessError, KeyError, ValueError):
+    except (OSError, subprocess.SubprocessError, KeyError, ValueError, IndexError):
         return None
 
 
@@ -388,14 +387,16 @@ def _jvm_of(root: int) -> int | None:
 
 
 def _classify(header: str) -> str:
-    if "pyspark.daemon" in header or "pyspark/daemon" in header or "worker" in header:
-        return "python_workers"
-    if "python_streaming_source_runner" in header or "streaming" in header and \
-            "runner" in header:
-        return "source_runner"
+    """Which part of the job a py-spy process header (``process PID:"cmdline"``) is."""
     if "srt_child" in header:
         return "driver"
-    return "other"
+    if "pyspark.daemon pyspark.worker" in header:
+        return "python_workers"  # UDFs, transformWithStateInPandas, data source reads
+    if "pyspark.sql.worker." in header:
+        return "planning_workers"  # Python data source lookup/creation/read planning
+    if "python_streaming_source_runner" in header:
+        return "source_runner"  # the streaming reader's offsets, in the driver's JVM's pay
+    return "other"  # e.g. a worker py-spy found before its exec (jspawnhelper)
 
 
 def parse_pyspy_raw(path: Path, rate: int) -> dict[str, Any]:
@@ -410,7 +411,11 @@ def parse_pyspy_raw(path: Path, rate: int) -> dict[str, Any]:
         if not stack or not count.isdigit():
             continue
         frames = stack.split(";")
-        group = _classify(frames[0])
+        # With --subprocesses a stack starts with one "process PID:cmd" frame per level of
+        # the process tree (driver, spark-submit, JVM, daemon, worker): the last one is it.
+        last = max(i for i, f in enumerate(frames) if f.startswith("process "))
+        group = _classify(frames[last])
+        frames = frames[last:]
         g = groups.setdefault(group, {"samples": 0, "self": Counter(), "incl": Counter()})
         n = int(count)
         g["samples"] += n
@@ -470,10 +475,9 @@ def profiles(*, work: Path, cfg: dict[str, Any], seed: int, options: dict[str, A
                     if java is None:
                         java = _jvm_of(pid)
                     if java is not None:
-                        s = _jstat(java)
-                        if s is None:
-                            break
-                        jvm["samples"].append({"t": round(time.time() - t0, 2), **s})
+                        s = _jstat(java)  # None while the JVM starts or once it has gone
+                        if s is not None:
+                            jvm["samples"].append({"t": round(time.time() - t0, 2), **s})
                     try:
                         os.kill(pid, 0)
                     except ProcessLookupError:
@@ -506,9 +510,43 @@ def profiles(*, work: Path, cfg: dict[str, Any], seed: int, options: dict[str, A
                 "final": jvm["samples"][-1],
                 "at_first_commit": _at(jvm["samples"], r.startup_s)},
         }
+    out["decode"] = decode_cost(work.parent / "data", cfg["events"], seed, options)
     out["summary"] = summarise_profiles(out, cfg, options)
     out["_note"] = "; ".join(f"{w}: startup {v['startup_s'] or 0:.1f} s"
                              for w, v in out["runs"].items())
+    return out
+
+
+def decode_cost(data_dir: Path, events: int, seed: int, options: dict[str, Any]
+                ) -> dict[str, Any]:
+    """CPU µs per record of the event-log source's JSON decode (``decode_json``, Arrow) and of
+    ``json.loads`` (what the Python peers do) on the same lines, in this process on one core,
+    best of 3 over up to 200k records."""
+    from stateful_runtime.connectors.formats.json import decode_json, to_struct
+
+    schemas = {"upi": {"txn_id": str, "merchant_id": str, "amount_paise": int, "ts_ms": int},
+               "bids": {"auction": int, "bidder": int, "price": int, "channel": str,
+                        "url": str, "ts_ms": int}}
+    out = {}
+    for stream, schema in schemas.items():
+        inputs = data.prepare(data_dir, stream, events, seed, parts=options["parallelism"],
+                              partitions=options["parallelism"])
+        lines = inputs.lines()[:200_000]
+        struct = to_struct(schema)
+
+        def best(f, lines=lines) -> float:
+            times = []
+            for _ in range(3):
+                t0 = time.process_time()
+                f()
+                times.append(time.process_time() - t0)
+            return min(times) * 1e6 / len(lines)
+
+        out[stream] = {"records": len(lines),
+                       "decode_json_us": round(best(
+                           lambda lines=lines, struct=struct: decode_json(lines, struct)), 3),
+                       "json_loads_us": round(best(
+                           lambda lines=lines: [json.loads(x) for x in lines]), 3)}
     return out
 
 
@@ -533,6 +571,10 @@ def summarise_profiles(out: dict[str, Any], cfg: dict[str, Any], options: dict[s
       f"(JIT and GC time) and Spark's progress per micro-batch; raw stacks (collapsed format, "
       f"opens in speedscope) and per-batch JSON in `benchmarks/results/profiles/`.")
     p("")
+    for stream, d in (out.get("decode") or {}).items():
+        p(f"* JSON decode ({stream} lines, one core): the source's `decode_json` (Arrow) "
+          f"{d['decode_json_us']:.2f} µs/record ({1e6 / d['decode_json_us']:,.0f}/s), "
+          f"`json.loads` (the Python peers' decode) {d['json_loads_us']:.2f} µs/record.")
     for w, r in out["runs"].items():
         if r.get("error"):
             p(f"* **{w}**: run failed: {r['error'][:200]}")
@@ -576,12 +618,13 @@ def summarise_profiles(out: dict[str, Any], cfg: dict[str, Any], options: dict[s
         prof = r.get("pyspy") or {}
         for group, label in (("driver", "driver (job process)"),
                              ("python_workers", "Python workers"),
-                             ("source_runner", "source runner")):
+                             ("planning_workers", "Python data-source planning workers"),
+                             ("source_runner", "streaming source runner")):
             g = prof.get(group)
             if not g:
                 continue
             tops = ", ".join(f"`{f}` {s:.0%}" for f, s in g["top_self"][:6])
-            p(f"  * py-spy {label}: {g['cpu_s']:.1f} CPU-s sampled; most self time in {tops}.")
+            p(f"  * py-spy {label}: {g['cpu_s']:.1f} s of samples; most self time in {tops}.")
         wk = prof.get("python_workers")
         if wk:
             parts = []

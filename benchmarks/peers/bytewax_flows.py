@@ -7,9 +7,10 @@ recovery snapshots every 2 s when the harness passes ``-r``/``-s``:
     BENCH_SPEC=/abs/spec.json python -m bytewax.testing bytewax_flows:get_flow -p 2
 
 The spec (JSON) names the workload, the input files (one source partition per file, JSON
-lines, decoded in the source), the output directory (one JSON-lines file per worker) and a
-directory for timing marks: each source partition writes when it read its first and last
-batch, each sink partition when it wrote its first and last batch (``time.time()``).
+lines, decoded in the source; the harness gives one file, see systems.Bytewax), the output
+directory (one JSON-lines file per worker) and a directory for timing marks: each source
+partition writes when it read its first and last batch, each sink partition when it wrote
+its first and last batch (``time.time()``).
 
 Event time: ``EventClock`` with a fixed "system" clock, so the watermark is exactly the largest
 event time seen minus 5 s (bytewax otherwise advances it with wall time too), and windows close
