@@ -24,7 +24,13 @@ from dagster_defs._specs import (
     WindowReconciliation,
 )
 from dagster_defs._translator import StreamingJobTranslator
-from dagster_defs.resources import DuckDBWarehouse, KafkaResource, StreamingRuntime
+from dagster_defs.resources import (
+    DuckDBWarehouse,
+    KafkaResource,
+    StreamingRuntime,
+    TableRead,
+    Warehouse,
+)
 
 __all__ = [
     "Action",
@@ -37,6 +43,8 @@ __all__ = [
     "StreamingJobSpec",
     "StreamingJobTranslator",
     "StreamingRuntime",
+    "TableRead",
+    "Warehouse",
     "WindowReconciliation",
     "assess",
     "build_definitions",

@@ -117,14 +117,6 @@ def job_asset(spec: StreamingJobSpec, translator: StreamingJobTranslator) -> Ass
     return _run
 
 
-def _table_exists(con: Any, table: str) -> bool:
-    return bool(
-        con.execute(
-            "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table]
-        ).fetchone()[0]
-    )
-
-
 def sink_asset(
     spec: StreamingJobSpec, table: SinkTableSpec, translator: StreamingJobTranslator
 ) -> AssetsDefinition:
@@ -140,32 +132,31 @@ def sink_asset(
     def _snapshot(context: AssetExecutionContext) -> MaterializeResult:
         warehouse = context.resources.warehouse
         try:
-            with warehouse.read_only() as con:
-                if not _table_exists(con, table.table):
-                    job_key = translator.get_job_asset_key(spec).to_user_string()
-                    raise Failure(
-                        description=(
-                            f"table {table.table} is not in {warehouse.database()} yet: "
-                            f"materialise the job asset {job_key} and let it commit a "
-                            f"micro-batch with input"
-                        )
-                    )
-                quoted = '"' + table.table.replace('"', '""') + '"'
-                rows = con.execute(f"SELECT count(*) FROM {quoted}").fetchone()[0]
-                columns = con.execute(f"DESCRIBE {quoted}").fetchall()
-                last = warehouse.committed_batches(spec.name, table.query, newest=1, con=con)
+            read = warehouse.read(table.table, spec.name, table.query)
+        except LookupError as exc:
+            job_key = translator.get_job_asset_key(spec).to_user_string()
+            raise Failure(
+                description=(
+                    f"table {table.table} is not in {warehouse.location()} yet: materialise "
+                    f"the job asset {job_key} and let it commit a micro-batch with input ({exc})"
+                )
+            ) from exc
         except FileNotFoundError as exc:
             raise Failure(description=str(exc)) from exc
         schema = TableSchema(
-            columns=[TableColumn(name, str(tp), constraints=None) for name, tp, *_ in columns]
+            columns=[TableColumn(name, str(tp), constraints=None) for name, tp in read.columns]
         )
+        last = read.last
         return MaterializeResult(
             metadata={
-                "dagster/row_count": int(rows),
+                "dagster/row_count": len(read.frame),
                 "dagster/column_schema": schema,
-                "database": MetadataValue.path(str(warehouse.database())),
-                "last_sink_batch": last[0].batch_id if last else None,
-                "last_sink_commit": str(last[0].committed_at) if last else None,
+                "warehouse": warehouse.kind,
+                "database": MetadataValue.path(read.location)
+                if warehouse.kind == "duckdb"
+                else read.location,
+                "last_sink_batch": last.batch_id if last else None,
+                "last_sink_commit": str(last.committed_at) if last else None,
             }
         )
 

@@ -1,6 +1,7 @@
 """Asset checks of a sink table: Great Expectations on the table, and reconciliation.
 
-The table is read into pandas through a read-only DuckDB connection and validated by an
+The table is read into pandas by the ``warehouse`` resource (DuckDB read-only, PostgreSQL in
+one snapshot, ClickHouse with ``FINAL``, Delta from one table version) and validated by an
 ephemeral GX context with the pandas datasource (GX's Spark extra caps pyspark below 4.2 and its
 DuckDB SQL path is broken). GX is imported only when a check runs: importing it takes ~8 s and
 must not slow definition load.
@@ -185,18 +186,17 @@ def sink_checks(
         selected = {k.name for k in context.selected_asset_check_keys}
         warehouse = context.resources.warehouse
         runtime = context.resources.streaming_runtime
-        quoted = '"' + table.table.replace('"', '""') + '"'
         side: Any = None
         try:
-            with warehouse.read_only() as con:
-                df = con.execute(f"SELECT * FROM {quoted}").df()
-                if RECONCILE in selected and table.reconcile is not None:
-                    try:
-                        side = _reconcile.read_table_side(
-                            con, warehouse, spec, table, table.reconcile
-                        )
-                    except Exception as exc:  # noqa: BLE001 - e.g. a window column missing
-                        side = exc
+            # One read for every check: ClickHouse's with FINAL (one row per key), and the
+            # sink's last committed batch read before or with the table.
+            read = warehouse.read(table.table, spec.name, table.query)
+            df = read.frame
+            if RECONCILE in selected and table.reconcile is not None:
+                try:
+                    side = _reconcile.table_side(read.frame, read.last, table.reconcile)
+                except Exception as exc:  # noqa: BLE001 - e.g. a window column missing
+                    side = exc
         except Exception as exc:  # noqa: BLE001 - a missing file or table fails every check
             for name in sorted(selected):
                 yield AssetCheckResult(

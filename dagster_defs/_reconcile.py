@@ -2,9 +2,11 @@
 
 The consistent cut is the last micro-batch the sink wrote, B (its ledger row). Spark wrote B's
 source end offsets and watermark to ``offsets/B`` before running it, and a window whose end is
-at or before that watermark was final before B ran. So, read in one DuckDB snapshot, the
-table's closed windows must count exactly the good records of the source up to B's offsets
-whose event time falls in them.
+at or before that watermark was final before B ran. So, with the ledger read before or with
+the table (one snapshot where the warehouse has them; ClickHouse: ledger first, then the
+table with FINAL — later batches cannot change a closed window), the table's closed windows
+must count exactly the good records of the source up to B's offsets whose event time falls
+in them.
 
 This module reads the table side (ledger and window sums, one snapshot) and compares; the
 source side comes from ``srt reconcile`` (:meth:`StreamingRuntime.window_counts`), a process
@@ -18,12 +20,10 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from dagster_defs._results import WindowCounts
-from dagster_defs._specs import SinkTableSpec, StreamingJobSpec, WindowReconciliation
+from dagster_defs._specs import WindowReconciliation
 
 if TYPE_CHECKING:
-    import duckdb
-
-    from dagster_defs.resources import DuckDBWarehouse
+    from dbt_sink import LedgerEntry
 
 # Mismatched windows listed in the check's metadata; the totals cover all of them.
 SHOWN_MISMATCHES = 20
@@ -40,7 +40,7 @@ class Outcome:
 
 @dataclass
 class TableSide:
-    """What the sink table says, read in one DuckDB snapshot: the last batch the sink wrote
+    """What the sink table says (see :func:`table_side`): the last batch the sink wrote
     and, per window start (epoch ms), the window's end (epoch ms) and summed count."""
 
     batch: int | None
@@ -55,32 +55,26 @@ def _iso(ms: int | None) -> str | None:
     return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC).isoformat()
 
 
-def _q(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
+def table_side(frame: Any, last: LedgerEntry | None, rec: WindowReconciliation) -> TableSide:
+    """The last batch the sink wrote and the table's window counts, from a read of the table
+    (:class:`~dagster_defs.resources.TableRead`): naive timestamps are UTC."""
+    import pandas as pd
 
-
-def read_table_side(
-    con: duckdb.DuckDBPyConnection,
-    warehouse: DuckDBWarehouse,
-    job: StreamingJobSpec,
-    table: SinkTableSpec,
-    rec: WindowReconciliation,
-) -> TableSide:
-    """The last batch the sink wrote (its ledger) and the table's window counts, on ``con``."""
-    last = warehouse.committed_batches(job.name, table.query, newest=1, con=con)
-    if not last:
+    if last is None:
         return TableSide(None)
-    sums = con.execute(
-        f"SELECT epoch_ms({_q(rec.window_start_column)}), epoch_ms({_q(rec.window_end_column)}),"
-        f" sum({_q(rec.count_column)}) FROM {_q(table.table)} GROUP BY 1, 2"
-    ).fetchall()
     windows: dict[int, tuple[int, int]] = {}
-    for start, end, n in sums:
-        if start is None or end is None:
-            continue  # a row without a window is the not_null check's business
-        prev = windows.get(int(start), (int(end), 0))
-        windows[int(start)] = (max(prev[0], int(end)), prev[1] + int(n or 0))
-    return TableSide(last[0].batch_id, windows)
+    if len(frame):
+        zero = pd.Timestamp(0, tz="UTC")
+        ms = pd.Timedelta(milliseconds=1)
+        starts = (pd.to_datetime(frame[rec.window_start_column], utc=True) - zero) // ms
+        ends = (pd.to_datetime(frame[rec.window_end_column], utc=True) - zero) // ms
+        counts = pd.to_numeric(frame[rec.count_column]).fillna(0)
+        for start, end, n in zip(starts, ends, counts, strict=True):
+            if pd.isna(start) or pd.isna(end):
+                continue  # a row without a window is the not_null check's business
+            prev = windows.get(int(start), (int(end), 0))
+            windows[int(start)] = (max(prev[0], int(end)), prev[1] + int(n))
+    return TableSide(last.batch_id, windows)
 
 
 def compare(table: TableSide, source: WindowCounts) -> Outcome:

@@ -217,7 +217,9 @@ class StreamingJobSpec:
         config: ``--set`` overrides of the job file's DEFAULTS.
         config_from_resources: job config keys whose values come from resources, as
             ``{"sink.database": "warehouse.path"}`` (resource key, dot, field), so that the
-            job writes where the resource (and the checks) look.
+            job writes where the resource (and the checks) look; ``{"sink.*":
+            "warehouse.sink_config"}`` takes every ``sink.*`` key the warehouse gives (its
+            kind and location).
         sink_tables: tables the job writes, each a downstream asset with checks.
         restart_policy: how the health sensor restarts this job.
         savepoints: periodic savepoints and their retention.

@@ -1,7 +1,8 @@
 """Dagster resources of the stateful runtime; nothing here touches Spark or the network at load.
 
 * :class:`StreamingRuntime` — the runtime's one door: typed methods over ``srt ... --json``.
-* :class:`DuckDBWarehouse` — the DuckDB database sink tables are written to.
+* :class:`Warehouse` — where sink tables are written (DuckDB, PostgreSQL, ClickHouse, Delta);
+  :class:`DuckDBWarehouse` — the DuckDB-only form.
 * :class:`KafkaResource` — connection settings of a Kafka cluster (confluent-kafka config).
 * S3 is dagster-aws's ``S3Resource`` (``endpoint_url`` for MinIO, moto or SeaweedFS).
 """
@@ -15,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -391,6 +393,24 @@ def s3_env(s3: Any) -> dict[str, str]:
     return {var: str(v) for var, attr in fields.items() if (v := getattr(s3, attr, None))}
 
 
+@dataclass
+class TableRead:
+    """A sink table as the asset and its checks see it.
+
+    Attributes:
+        frame: the table (pandas); ClickHouse's read with FINAL, without its version column.
+        columns: (name, warehouse type) per column.
+        last: the last micro-batch the sink committed (its ledger), read before or with the
+            table: windows closed by that batch's watermark are final in ``frame``.
+        location: where the table lives (secrets masked).
+    """
+
+    frame: Any
+    columns: list[tuple[str, str]]
+    last: LedgerEntry | None
+    location: str
+
+
 class DuckDBWarehouse(ConfigurableResource):
     """The DuckDB database streaming jobs upsert their sink tables into.
 
@@ -435,6 +455,30 @@ class DuckDBWarehouse(ConfigurableResource):
         finally:
             con.close()
 
+    kind: str = Field(default="duckdb", description="Always duckdb (see Warehouse).")
+
+    def sink_config(self) -> dict[str, str]:
+        """The job's ``sink.*`` keys that make it write here
+        (``config_from_resources={"sink.*": "warehouse.sink_config"}``)."""
+        return {"sink.kind": "duckdb", "sink.database": str(self.database())}
+
+    def location(self) -> str:
+        return str(self.database())
+
+    def read(self, table: str, job: str, sink: str) -> TableRead:
+        """The table and its sink's last committed batch, in one snapshot; LookupError if the
+        table is not there yet."""
+        with self.read_only() as con:
+            exists = con.execute("SELECT count(*) FROM information_schema.tables WHERE "
+                                 "table_name = ?", [table]).fetchone()[0]
+            if not exists:
+                raise LookupError(f"table {table} is not in {self.database()}")
+            quoted = '"' + table.replace('"', '""') + '"'
+            frame = con.execute(f"SELECT * FROM {quoted}").df()
+            columns = [(r[0], str(r[1])) for r in con.execute(f"DESCRIBE {quoted}").fetchall()]
+            last = self.committed_batches(job, sink, newest=1, con=con)
+        return TableRead(frame, columns, last[0] if last else None, str(self.database()))
+
     def committed_batches(
         self,
         job: str,
@@ -452,6 +496,90 @@ class DuckDBWarehouse(ConfigurableResource):
             return committed_batches(con, job, sink, newest=newest)
         with self.read_only() as own:
             return committed_batches(own, job, sink, newest=newest)
+
+
+WAREHOUSE_KINDS = ("duckdb", "postgres", "clickhouse", "delta")
+
+
+class Warehouse(ConfigurableResource):
+    """The warehouse streaming jobs write their sink tables to: DuckDB, PostgreSQL,
+    ClickHouse or Delta Lake (``kind``). Jobs bound with
+    ``config_from_resources={"sink.*": "warehouse.sink_config"}`` get ``sink.kind`` and the
+    kind's location keys; the sink-table assets and checks read the same place (ClickHouse
+    with ``FINAL``). Nothing connects at load.
+    """
+
+    kind: str = Field(default="duckdb", description="duckdb, postgres, clickhouse or delta.")
+    path: str | None = Field(
+        default=None,
+        description="duckdb: the database file; delta: the table's location (a directory or "
+        "s3://bucket/prefix). Relative paths resolve against the Dagster process's working "
+        "directory.",
+    )
+    dsn: str | None = Field(
+        default=None, description="postgres: postgresql://user@host:port/database (no password)."
+    )
+    url: str | None = Field(
+        default=None,
+        description="clickhouse: clickhouse://user@host:port/database (native protocol, no "
+        "password).",
+    )
+    password: str | None = Field(
+        default=None,
+        description="postgres/clickhouse: env:NAME, the environment variable holding the "
+        "password (read by the job and by the checks; never shown).",
+    )
+
+    def _check(self) -> None:
+        from dagster_defs._specs import config_error
+
+        if self.kind not in WAREHOUSE_KINDS:
+            raise config_error(f"warehouse kind {self.kind!r}: use one of {WAREHOUSE_KINDS}")
+        need = {"duckdb": "path", "postgres": "dsn", "clickhouse": "url", "delta": "path"}
+        if not getattr(self, need[self.kind]):
+            raise config_error(f"warehouse kind {self.kind!r} needs {need[self.kind]!r}")
+        for value in (self.dsn, self.url):
+            if value and "@" in value and ":" in value.split("://", 1)[-1].split("@", 1)[0]:
+                raise config_error("warehouse: give the password as password='env:NAME', not "
+                                   "inside the URL (URLs are shown in run metadata)")
+        if self.password and not self.password.startswith("env:"):
+            raise config_error("warehouse: password must be env:NAME (an environment variable "
+                               "the job and the checks read), never the password itself")
+
+    def location(self) -> str:
+        self._check()
+        if self.kind in ("duckdb", "delta"):
+            assert self.path is not None
+            return str(Path(self.path).resolve()) if "://" not in self.path else self.path
+        return str(self.dsn if self.kind == "postgres" else self.url)
+
+    def sink_config(self) -> dict[str, str]:
+        """The job's ``sink.*`` keys that make it write here."""
+        key = {"duckdb": "sink.database", "postgres": "sink.dsn", "clickhouse": "sink.url",
+               "delta": "sink.path"}
+        out = {"sink.kind": self.kind, key[self.kind]: self.location()}
+        if self.password and self.kind in ("postgres", "clickhouse"):
+            out["sink.password"] = self.password
+        return out
+
+    def _sink(self, table: str, job: str, sink: str) -> Any:
+        from dbt_sink.config import warehouse_from_config
+
+        config = {**self.sink_config(), "sink.table": table}
+        out = warehouse_from_config(config, key=("_key",))
+        out.open(job, sink)
+        return out
+
+    def read(self, table: str, job: str, sink: str) -> TableRead:
+        """The table and its sink's last committed batch (see :class:`TableRead`);
+        LookupError if the table is not there yet."""
+        if self.kind == "duckdb":
+            assert self.path is not None
+            return DuckDBWarehouse(path=self.path).read(table, job, sink)
+        target = self._sink(table, job, sink)
+        arrow, last = target.snapshot()
+        columns = [(f.name, str(f.type)) for f in arrow.schema]
+        return TableRead(arrow.to_pandas(), columns, last, target.location)
 
 
 class KafkaResource(ConfigurableResource):

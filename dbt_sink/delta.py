@@ -152,6 +152,12 @@ class DeltaUpsertSink(PartitionedWarehouseSink):
                 done = dt.transaction_version(self.app_id)
                 if done is not None and done >= batch_id:  # an earlier try committed
                     return self.skipped(partition, rows.num_rows, "already written")
+                if rows.num_rows == 0:
+                    # Recorded all the same (an empty commit): readers take the last batch's
+                    # watermark as the table's cut (closed-window reconciliation).
+                    dt.create_write_transaction([], mode="append", schema=dt.schema(),
+                                                partition_by=[], commit_properties=commit)
+                    return self.skipped(partition, 0, "empty")
                 added = {f.name for f in rows.schema} - {f.name for f in pa.schema(dt.schema())}
                 on = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in self.key_columns)
                 (dt.merge(rows, predicate=on, source_alias="s", target_alias="t",
@@ -166,11 +172,6 @@ class DeltaUpsertSink(PartitionedWarehouseSink):
 
     def commit_batch(self, batch_id: int, reports: Sequence[PartitionReport]) -> None:
         hook("commit", batch_id)  # the merge's commit already carried the app transaction
-
-    def write_batch(self, batch: pa.Table, batch_id: int) -> None:
-        if batch.num_rows == 0:
-            return  # nothing to merge; an empty commit only to record the batch is not needed
-        super().write_batch(batch, batch_id)
 
     def rewind(self, batch_id: int) -> None:
         """Set the app transaction back to ``batch_id`` (an empty commit), so the batches

@@ -20,9 +20,9 @@ from dagster import Definitions
 from dagster_dbt import DbtProject, dbt_assets
 
 from dagster_defs import (
-    DuckDBWarehouse,
     SinkTableSpec,
     StreamingJobSpec,
+    Warehouse,
     WindowReconciliation,
     build_definitions,
 )
@@ -58,7 +58,9 @@ UPI_JOB = StreamingJobSpec(
         "source.log_dir": "srt-data/log",
         "checkpoint.dir": "srt-data/checkpoints/upi-per-minute",
     },
-    config_from_resources={"sink.database": "warehouse.path"},
+    # sink.kind and its location from the warehouse resource: the job writes where the table
+    # asset and its checks read.
+    config_from_resources={"sink.*": "warehouse.sink_config"},
     sink_tables=[UPI_COUNTS],
 )
 
@@ -66,7 +68,9 @@ def streaming_definitions() -> Definitions:
     """The job's assets, checks, sensors, schedule and jobs."""
     return build_definitions(
         [UPI_JOB],
-        resources={"warehouse": DuckDBWarehouse(path="srt-data/upi.duckdb")},
+        # Another warehouse: Warehouse(kind="postgres", dsn="postgresql://srt@127.0.0.1:5432/srt",
+        # password="env:PGPASSWORD"), kind="clickhouse" with url=..., or kind="delta" with path=...
+        resources={"warehouse": Warehouse(kind="duckdb", path="srt-data/upi.duckdb")},
         sensor_interval=SENSOR_INTERVAL,
         automation_interval=SENSOR_INTERVAL,
     )
