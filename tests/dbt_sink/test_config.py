@@ -52,3 +52,19 @@ def test_explain_names_each_write_path_and_masks_the_password(srt_home):
     assert "write upi-counts-delta on the driver: a Delta table takes one commit" in text
     assert "write upi-counts-duckdb on the driver: DuckDB is embedded" in text
     assert "hunter2" not in str(redacted(dict(jf.config)))
+
+
+def test_prepare_rows_keeps_the_last_row_per_key_in_batch_order_sorted_by_key():
+    import pyarrow as pa
+
+    from stateful_runtime.connectors.base import SEQUENCE, prepare_rows
+
+    b = pa.table({"k": ["b", "a", "b", "a", None, None], "w": [1, 1, 1, 2, 1, 1],
+                  "v": [1, 2, 3, 4, 5, 6]})
+    assert prepare_rows(b, ("k", "w")).to_pylist() == [
+        {"k": "a", "w": 1, "v": 2}, {"k": "a", "w": 2, "v": 4}, {"k": "b", "w": 1, "v": 3},
+        {"k": None, "w": 1, "v": 6}]
+    # On the executor path the place in the batch is SEQUENCE (shuffles reorder rows).
+    seq = b.append_column(SEQUENCE, pa.array([9, 1, 2, 3, 4, 5], pa.int64()))
+    assert [r["v"] for r in prepare_rows(seq, ("k", "w")).to_pylist()] == [2, 4, 1, 6]
+    assert prepare_rows(b.slice(0, 0), ("k",)).num_rows == 0
