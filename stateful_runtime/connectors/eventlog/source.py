@@ -221,7 +221,8 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for lo in range(partition.start, partition.end, ARROW_BATCH_ROWS):
             hi = min(partition.end, lo + ARROW_BATCH_ROWS)
             values = reader.read_values(partition.partition, lo, hi)
-            table = decode_json(values, self.record_schema)
+            table = decode_json(values, self.record_schema, event_time=(
+                (self.time_field, self.time_unit) if self.time_field else None))
             # numpy builds these columns ~100x faster than Python lists (0.15 us/record).
             tables.append(table.append_column(
                 PARTITION, pa.array(np.full(len(values), partition.partition, np.int32))

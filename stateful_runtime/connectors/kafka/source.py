@@ -280,6 +280,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_rows = int(max_rows) if max_rows else None
         self.staging = options.get("dead_letter_staging")
         self.align = EventTimeAlignment.of(options)
+        time_field = options.get("event_time_field")
+        self.event_time = ((time_field, options.get("event_time_unit", "ms"))
+                           if time_field else None)
         self.target: dict[str, int] | None = None
         self._admin: Any = None
 
@@ -415,7 +418,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         tables = []
         for lo in range(0, len(values), ARROW_BATCH_ROWS):
             hi = min(len(values), lo + ARROW_BATCH_ROWS)
-            table = decode_json(values[lo:hi], self.record_schema)
+            table = decode_json(values[lo:hi], self.record_schema, event_time=self.event_time)
             cols = {}
             if self.metadata:
                 chunk = metas[lo:hi]

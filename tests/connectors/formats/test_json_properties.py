@@ -1,0 +1,197 @@
+"""Properties of the decoder over any list of byte strings (Hypothesis).
+
+* one row per record, in order;
+* a good row equals ``json.loads`` of its record under the schema;
+* a bad row carries a reason and the record's bytes, and its declared columns are null;
+* a record's row is the same alone as among any neighbours (no shift across records);
+* a record built by ``json.dumps`` from well-typed values is good.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Optional
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from stateful_runtime.connectors.formats.json import BISECT_MIN, MAX_DEPTH, decode_json, to_struct
+
+SCHEMA = to_struct({"id": str, "n": int, "small": Optional[int], "x": float,  # noqa: UP045
+                    "ok": Optional[bool], "ts": int})  # noqa: UP045
+TYPES = {"id": str, "n": int, "small": int, "x": float, "ok": bool, "ts": int}
+REQUIRED = {"id", "n", "x", "ts"}
+EVENT_TIME = ("ts", "ms")
+TS_RANGE = (-62_135_510_400_000, 253_370_764_800_000)  # EVENT_TIME_MIN..MAX in ms
+
+json_scalars = (st.none() | st.booleans() | st.integers(-(2**70), 2**70)
+                | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8))
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                max_size=3),
+    max_leaves=8,
+)
+field_values = {
+    "id": st.text(max_size=10),
+    "n": st.integers(-(2**63), 2**63 - 1),
+    "small": st.integers(-(2**31), 2**31 - 1),
+    "x": st.floats(allow_nan=False, allow_infinity=False) | st.integers(-(2**53), 2**53),
+    "ok": st.booleans(),
+    "ts": st.integers(*TS_RANGE),
+}
+
+
+@st.composite
+def good_objects(draw: st.DrawFn) -> dict:
+    obj = {name: draw(strategy) for name, strategy in field_values.items()
+           if name in REQUIRED or draw(st.booleans())}
+    extra = draw(st.dictionaries(st.text(max_size=5).filter(lambda k: k not in TYPES),
+                                 json_values, max_size=3))
+    return {**extra, **obj}
+
+
+@st.composite
+def encoded(draw: st.DrawFn, objects: st.SearchStrategy[dict]) -> bytes:
+    obj = draw(objects)
+    items = list(obj.items())
+    draw(st.randoms()).shuffle(items)
+    text = json.dumps(dict(items), ensure_ascii=draw(st.booleans()),
+                      separators=draw(st.sampled_from([(",", ":"), (", ", ": ")])))
+    return text.encode()
+
+
+@st.composite
+def almost_good_objects(draw: st.DrawFn) -> dict:
+    """A good object with one field broken: missing, null, wrong type or out of range."""
+    obj = draw(good_objects())
+    name = draw(st.sampled_from(sorted(TYPES)))
+    how = draw(st.sampled_from(["drop", "null", "wrong", "range"]))
+    if how == "drop":
+        obj.pop(name, None)
+    elif how == "null":
+        obj[name] = None
+    elif how == "wrong":
+        obj[name] = draw(json_values)
+    elif name in ("n", "small", "ts"):
+        obj[name] = draw(st.sampled_from([2**63, -(2**63) - 1, 2**31, 10**16, -(10**15)]))
+    return obj
+
+
+def _mutate(line: bytes, how: str, other: bytes) -> bytes:
+    return {
+        "crlf": line + b"\r\n",
+        "spaces": b" " + line + b" ",
+        "concat": line + other,
+        "concat-space": line + b" " + other,
+        "prefix": line[: len(line) // 2],
+        "suffix": line[len(line) // 2:],
+        "nan": line.replace(b":", b":NaN,\"_\":", 1) if line.startswith(b"{") else line,
+        "inf": line[:-1] + b',"_z":Inf}' if line.endswith(b"}") else line,
+        "lone": line[:-1] + b',"_s":"\\ud800"}' if line.endswith(b"}") else line,
+        "badutf8": line.replace(b'"', b'"\xc3', 1),
+        "nul": line.replace(b'"', b'"\x00', 1),
+        "bom": b"\xef\xbb\xbf" + line,
+        "deep": line[:-1] + b',"_d":' + b"[" * MAX_DEPTH + b"]" * MAX_DEPTH + b"}"
+        if line.endswith(b"}") else line,
+        "newline": line.replace(b",", b",\n", 1),
+        "dup": line[:-1] + b',"id":"dup"}' if line.endswith(b"}") else line,
+    }[how]
+
+
+@st.composite
+def records(draw: st.DrawFn) -> bytes:
+    kind = draw(st.sampled_from(["good", "good", "good", "almost", "mutated", "bytes",
+                                 "literal"]))
+    if kind == "good":
+        return draw(encoded(good_objects()))
+    if kind == "almost":
+        return draw(encoded(almost_good_objects()))
+    if kind == "mutated":
+        how = draw(st.sampled_from(["crlf", "spaces", "concat", "concat-space", "prefix",
+                                    "suffix", "nan", "inf", "lone", "badutf8", "nul", "bom",
+                                    "deep", "newline", "dup"]))
+        return _mutate(draw(encoded(good_objects())), how, draw(encoded(good_objects())))
+    if kind == "bytes":
+        return draw(st.binary(max_size=40))
+    return draw(st.sampled_from([b"", b" ", b"{}", b"[]", b"null", b"1", b'"s"', b"{", b"}",
+                                 b"}{", b"{}{}", b"\n", b"\r", b"NaN", b"Infinity"]))
+
+
+def expected_row(line: bytes) -> dict | None:
+    """What a good row must hold: json.loads of the record under the schema."""
+    obj = json.loads(line.decode("utf-8"))
+    assert isinstance(obj, dict)
+    row = {}
+    for name, tp in TYPES.items():
+        value = obj.get(name)
+        if value is not None and tp is float:
+            value = float(value)
+        if value is not None:
+            assert isinstance(value, tp) and (tp is bool or not isinstance(value, bool)), (name,
+                                                                                         value)
+        row[name] = value
+    return row
+
+
+def check(lines: list[bytes], rows: list[dict], alone: list[dict]) -> None:
+    assert len(rows) == len(lines)
+    for line, row, single in zip(lines, rows, alone, strict=True):
+        assert row == single, (line, row, single)  # the same whatever its neighbours
+        if row["_error"] is None:
+            assert row["_raw"] is None
+            expected = expected_row(line)
+            for name, value in expected.items():
+                got = row[name]
+                assert got == value and (not isinstance(value, float)
+                                         or math.copysign(1, got) == math.copysign(1, value)
+                                         or value == 0), (name, got, value)
+            assert all(row[name] is not None for name in REQUIRED)
+        else:
+            assert isinstance(row["_error"], str) and row["_error"]
+            assert row["_raw"] == line
+            assert all(row[name] is None for name in TYPES)
+
+
+def decode_rows(lines: list[bytes], event_time=None) -> list[dict]:
+    return decode_json(lines, SCHEMA, event_time=event_time).to_pylist()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(records(), max_size=30), st.booleans())
+def test_any_records_one_row_each_good_rows_equal_json_loads(lines, with_event_time):
+    event_time = EVENT_TIME if with_event_time else None
+    rows = decode_rows(lines, event_time)
+    check(lines, rows, [decode_rows([line], event_time)[0] for line in lines])
+
+
+# Records that make Arrow's row count differ from the record count (0 or 2 objects).
+SHIFTERS = [b"", b" ", b"\r", b"{}{}", b'{"id":"a","n":1,"x":1,"ts":1}{"id":"b"}', b"{} {}"]
+
+
+def background(rng, count: int) -> list[bytes]:
+    return [json.dumps({"id": f"r{i}", "n": rng.randint(-(2**63), 2**63 - 1),
+                        "x": rng.uniform(-1e6, 1e6), "ts": rng.randint(*TS_RANGE),
+                        "meta": {"k": [i, str(i)]}}).encode() for i in range(count)]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.randoms(use_true_random=False), st.integers(2 * BISECT_MIN, 5 * BISECT_MIN),
+       st.lists(st.tuples(st.integers(0, 10**6), records() | st.sampled_from(SHIFTERS)),
+                max_size=6))
+def test_large_chunks_bad_records_anywhere(rng, count, inserts):
+    """Enough records for the screen, the mixed runs and the bisection to take part."""
+    lines = background(rng, count)
+    for at, line in inserts:
+        lines.insert(at % (len(lines) + 1), line)
+    rows = decode_rows(lines, EVENT_TIME)
+    check(lines, rows, [decode_rows([line], EVENT_TIME)[0] for line in lines])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(encoded(good_objects()), min_size=1, max_size=20))
+def test_well_typed_records_are_good(lines):
+    rows = decode_rows(lines, EVENT_TIME)
+    assert [r["_error"] for r in rows] == [None] * len(lines)
+    check(lines, rows, rows)
