@@ -13,7 +13,8 @@ from datetime import timedelta
 from types import MappingProxyType
 from typing import Any
 
-_JOB_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+# stateful_runtime.names.Name's rule, checked here without importing the runtime at load.
+_JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 _RESOURCE_FIELD = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)$")
 
 
@@ -241,10 +242,10 @@ class StreamingJobSpec:
             self, "config_from_resources", MappingProxyType(dict(self.config_from_resources))
         )
         object.__setattr__(self, "sink_tables", tuple(self.sink_tables))
-        if not _JOB_NAME.match(self.name or ""):
-            raise config_error(
-                f"job name must be letters, digits, '-', '_' or '.', got {self.name!r}"
-            )
+        if not _JOB_NAME.fullmatch(self.name or ""):
+            from stateful_runtime.names import check_name
+
+            check_name("job", self.name)  # raises InvalidNameError (a ConfigError), says why
         if not self.job_file:
             raise config_error(f"job {self.name!r}: job_file must be the path of a job file")
         both = sorted(set(self.config) & set(self.config_from_resources))
