@@ -493,7 +493,8 @@ def _finish(table: pa.Table, error: pa.Array, lines: Sequence[bytes], plan: _Pla
     """Checks shared by both paths (required fields, event time); bad rows nulled, raw kept."""
     n = len(lines)
     if plan.time_field is not None:
-        error = _check_event_time(table.column(plan.time_field), error, plan)
+        error = _check_event_time(plan.time_field, plan.time_unit,
+                                  table.column(plan.time_field), error)
     for name in plan.required:  # the first missing field in schema order wins
         col = table.column(name)
         if col.null_count:
@@ -512,8 +513,8 @@ def _finish(table: pa.Table, error: pa.Array, lines: Sequence[bytes], plan: _Pla
     return pa.Table.from_arrays([*table.columns, error, raw], schema=plan.out)
 
 
-def _check_event_time(col: pa.ChunkedArray, error: pa.Array, plan: _Plan) -> pa.Array:
-    name, unit = plan.time_field, plan.time_unit
+def _check_event_time(name: str, unit: str, col: pa.ChunkedArray, error: pa.Array
+                      ) -> pa.Array:
     values = col.combine_chunks()
     if pa.types.is_string(values.type):
         return _check_time_strings(name, values, error)
