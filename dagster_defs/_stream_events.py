@@ -168,6 +168,8 @@ def commit_events(
         new.sort(key=lambda e: e.batch_id)
         query = status.queries.get(table.query)
         watermark = query.health.get("watermark") if query is not None else None
+        if watermark and str(watermark).startswith("1970-01-01T00:00:00"):
+            watermark = None  # Spark's "no watermark yet"
         first, last = new[0], new[-1]
         closed = _windows_closed(warehouse, table, before.get("watermark"), watermark)
         metadata: dict[str, Any] = {

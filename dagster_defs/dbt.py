@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dagster import AutomationCondition
+from dagster import AssetCheckSpec, AssetSpec, AutomationCondition
 from dagster_dbt import (
     DagsterDbtTranslator,
     DagsterDbtTranslatorSettings,
@@ -40,6 +40,10 @@ from dagster_dbt import (
 from dagster_dbt.dbt_project import DagsterDbtProjectPreparer
 
 EAGER = AutomationCondition.eager()
+# A dbt test runs in the same run as its model when automation requests the model. (Dagster
+# adds a model's checks to an automated run only if no other requested check has a condition;
+# the sink tables' checks do, and share the tick.)
+WITH_THE_MODEL = AutomationCondition.any_deps_match(AutomationCondition.will_be_requested())
 
 
 class StreamingDbtTranslator(DagsterDbtTranslator):
@@ -70,6 +74,18 @@ class StreamingDbtTranslator(DagsterDbtTranslator):
         if dbt_resource_props.get("resource_type") in ("model", "seed", "snapshot"):
             return self._automation
         return super().get_automation_condition(dbt_resource_props)
+
+    def get_asset_check_spec(
+        self,
+        asset_spec: AssetSpec,
+        manifest: Mapping[str, Any],
+        unique_id: str,
+        project: DbtProject | None,
+    ) -> AssetCheckSpec | None:
+        spec = super().get_asset_check_spec(asset_spec, manifest, unique_id, project)
+        if spec is None or self._automation is None or spec.automation_condition is not None:
+            return spec
+        return spec._replace(automation_condition=WITH_THE_MODEL)
 
     def get_group_name(self, dbt_resource_props: Mapping[str, Any]) -> str | None:
         return super().get_group_name(dbt_resource_props) or self._group
