@@ -20,15 +20,15 @@ was refused; ``srt log serve`` answers each on the connection (:func:`serve_line
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from stateful_runtime.connectors.eventlog.store import Record, TopicWriter
-from stateful_runtime.connectors.formats.json import MAX_RECORD_BYTES, parse_record
 from stateful_runtime.exceptions import LogError
 
 # One WriteBatch per this many lines: ~330k rec/s measured at 5k per batch, and a batch is the
@@ -36,8 +36,9 @@ from stateful_runtime.exceptions import LogError
 APPEND_BATCH = 5_000
 # A TCP connection's buffered lines are appended at least this often, even if fewer than a batch.
 FLUSH_INTERVAL_S = 0.02
-# The decoder's record limit: a longer line could only ever be a dead letter.
-MAX_LINE_BYTES = MAX_RECORD_BYTES
+# The decoder's formats.json.MAX_RECORD_BYTES (a test keeps them equal): a longer line could
+# only ever be a dead letter. Not imported: see _judge.
+MAX_LINE_BYTES = 1 << 20
 # Problems reported one by one (per stream, per connection); the rest are counted only, so a
 # client that never reads its socket cannot make the server buffer without bound.
 MAX_REPORTED = 1_000
@@ -91,6 +92,15 @@ def key_of(line: bytes, key_field: str | None) -> bytes | None:
     return None if record is None else record.key
 
 
+@functools.cache
+def _judge() -> Callable[[bytes], tuple[dict[str, Any] | None, str | None]]:
+    """The decoder's per-record judge, imported on first use: formats.json brings pyarrow and
+    pyspark (0.4-1 s at start), which `srt log create/info/read` and keyless appends never need."""
+    from stateful_runtime.connectors.formats.json import parse_record
+
+    return parse_record
+
+
 def _record(line: bytes, key_field: str | None) -> tuple[Record | None, str | None]:
     """One line (without its line end) → (record to append, why it has no key) ; never raises.
 
@@ -102,7 +112,7 @@ def _record(line: bytes, key_field: str | None) -> tuple[Record | None, str | No
         return None, _too_long(len(line))
     if key_field is None:
         return Record(line), None
-    obj, why = parse_record(line)
+    obj, why = _judge()(line)
     if obj is None:
         return Record(line), why
     value = obj.get(key_field)
