@@ -306,6 +306,15 @@ def _srt_state(dev: DagsterDev) -> str | None:
 # ----------------------------------------------------------------------------- the flow
 
 
+def settle(page: Any) -> None:
+    """Wait for an asset page's side panel to load (its code location shows), then give
+    charts and layout a moment: screenshots of half-loaded pages show grey skeletons."""
+    from playwright.sync_api import expect
+
+    expect(page.get_by_text("Code location").first).to_be_visible()
+    page.wait_for_timeout(1500)  # for the photograph only; conditions are checked above
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
@@ -361,6 +370,12 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
         expect(page.get_by_text("Success").first).to_be_visible()
         shot(page, "02-run-success")
         assert _srt_state(dev) == "RUNNING"
+        # The health sensor's observation: state and the control endpoint's link.
+        page.goto(f"{dev.url}/assets/{JOB_ASSET}")
+        expect(page.get_by_text("RUNNING").first).to_be_visible()
+        expect(page.get_by_text("control endpoint").first).to_be_visible()
+        settle(page)
+        shot(page, "03-job-running")
 
         # 3. The sink table materialises by itself (no run: the health sensor reports the
         #    stream's commits), and its checks run by automation and pass.
@@ -379,10 +394,12 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
                              for e in m["metadataEntries"]), 120, "a watermark reported")
         page.goto(f"{dev.url}/assets/{SINK_ASSET}")
         expect(page.get_by_text("rows written").first).to_be_visible()
-        shot(page, "03-sink-materialised-by-the-stream")
+        expect(page.get_by_text(re.compile(r"since last materialization")).first).to_be_visible()
+        settle(page)
+        shot(page, "04-sink-materialised-by-the-stream")
         page.goto(f"{dev.url}/assets/{SINK_ASSET}?view=checks")
-        expect(page.get_by_text("closed_windows_reconcile").first).to_be_visible()
-        shot(page, "04-sink-checks")
+        expect(page.get_by_text("Dead letters are counted apart").first).to_be_visible()
+        shot(page, "05-sink-checks")
 
         # 4. The dbt model builds by automation after the table it reads.
         model = dev.wait(lambda: _materializations(dev, MODEL_ASSET), 420,
@@ -394,20 +411,21 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
                                 all(s is not None for s in c.values()) and c, 120,
                                 "the dbt tests (asset checks of the model)")
         assert all(s == "SUCCEEDED" for s in model_checks.values()), model_checks
-        page.goto(f"{dev.url}/assets/{MODEL_ASSET}")
-        expect(page.get_by_text(MODEL_ASSET).first).to_be_visible()
-        shot(page, "05-dbt-model-by-automation")
+        page.goto(f"{dev.url}/assets/{MODEL_ASSET}?view=checks")
+        expect(page.get_by_text("merchant_day_unique_key").first).to_be_visible()
+        settle(page)
+        shot(page, "06-dbt-model-tests-by-automation")
         page.goto(lineage)
         expect(page.get_by_text(MODEL_ASSET).first).to_be_visible()
         page.wait_for_timeout(1500)  # zoom-to-fit, for the photograph
-        shot(page, "06-lineage-materialised")
+        shot(page, "07-lineage-materialised")
 
         # 5. The job asset's plots: health observations over time, with units in the labels.
         page.goto(f"{dev.url}/assets/{JOB_ASSET}")
         page.get_by_role("button", name=re.compile(r"Plots$")).first.click()
         expect(page.get_by_text("lag (records)").first).to_be_visible()
         page.wait_for_timeout(1000)  # charts animate in: for the photograph
-        shot(page, "07-job-plots")
+        shot(page, "08-job-plots")
 
         # 6. Stop the job from its Dagster job's launchpad.
         page.goto(f"{dev.url}/locations/definitions.py/jobs/stop_streaming_job/playground")
@@ -419,9 +437,11 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
         dev.wait(lambda: run_status(stop_run["runId"]) == "SUCCESS", 300,
                  "the stop run to succeed")
         expect(page.get_by_text("Success").first).to_be_visible()
-        shot(page, "08-stop-run")
+        shot(page, "09-stop-run")
         assert _srt_state(dev) == "STOPPED"
         page.goto(f"{dev.url}/assets/{JOB_ASSET}")
-        shot(page, "09-job-after-stop")
+        expect(page.get_by_text("STOPPED").first).to_be_visible()
+        settle(page)
+        shot(page, "10-job-stopped")
         browser.close()
     print("\n" + "\n".join(timings))
