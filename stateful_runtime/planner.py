@@ -48,7 +48,7 @@ from stateful_runtime.connectors.base import (
     reports_from_rows,
 )
 from stateful_runtime.connectors.dead_letters import DeadLetters
-from stateful_runtime.exceptions import PlanError
+from stateful_runtime.exceptions import PlanError, TopicNotFoundError
 from stateful_runtime.operators.keyed import describe_states
 from stateful_runtime.operators.window import LATE_MARK, WindowOperator
 from stateful_runtime.streams import (
@@ -260,8 +260,15 @@ class Plan:
             lines += [f"  {i}. {step}" for i, step in enumerate(q.steps, 1)]
             if spark is not None:
                 buf = io.StringIO()
-                with contextlib.redirect_stdout(buf):
-                    q.build(spark).explain(mode="formatted")
+                try:
+                    with contextlib.redirect_stdout(buf):
+                        q.build(spark).explain(mode="formatted")
+                except TopicNotFoundError as exc:
+                    # The plan above needs no data; only Spark's own plan reads the source's
+                    # partitions. `srt run` refuses the missing topic with the same message.
+                    lines.append(f"  Spark plan: not available until the source's topic exists "
+                                 f"({exc})")
+                    continue
                 lines.append("  Spark plan:")
                 lines += ["    " + ln for ln in buf.getvalue().rstrip().splitlines()]
         return "\n".join(lines)
