@@ -1,0 +1,60 @@
+"""`srt dbt sources`: the UPI job's sink table as a dbt source, stable, keyed like the Dagster
+sink asset, with freshness and tests; the example project's sources.yml is what it generates."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from dagster_defs import SinkTableSpec, StreamingJobSpec, StreamingJobTranslator
+from dbt_sink import dbt
+from dbt_sink.base import LEDGER_TABLE
+from tests.conftest import EXAMPLES, srt
+
+SOURCES = EXAMPLES / "dbt_upi" / "models" / "sources.yml"
+ARGS = ["dbt", "sources", "examples/upi_per_minute.py", "--database", "srt_sink"]
+
+
+def test_example_sources_are_what_srt_generates(srt_env, tmp_path: Path):
+    from tests.conftest import ROOT
+
+    out = srt([*ARGS, "--json"], srt_env, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    [table] = doc["sources"]["sources"][0]["tables"]
+    assert table["name"] == "upi_counts"
+    meta = table["config"]["meta"]
+    translator = StreamingJobTranslator()
+    job = StreamingJobSpec("upi-per-minute", "examples/upi_per_minute.py")
+    key = translator.get_sink_asset_key(job, SinkTableSpec("upi_counts", "upi-counts", ("k",)))
+    assert meta["dagster"]["asset_key"] == list(key.path)
+    assert meta["srt"]["expected_latency_s"] == 7.0  # checkpoint 2 s + watermark 5 s
+    assert table["config"]["freshness"]["error_after"] == {"count": 2, "period": "minute"}
+    assert "srt_sink_ledger" in table["config"]["loaded_at_query"]
+    columns = {c["name"]: c for c in table["columns"]}
+    assert columns["payments"]["data_type"] == "BIGINT"
+    assert columns["window_start"]["data_type"] == "TIMESTAMP"
+    assert columns["merchant_id"]["data_tests"] == ["not_null"]
+    [unique] = table["data_tests"]
+    assert "merchant_id" in unique["unique"]["column_name"]
+
+    # Regenerating the committed file changes nothing.
+    copy = tmp_path / "sources.yml"
+    shutil.copy(SOURCES, copy)
+    again = srt([*ARGS, "-o", str(copy)], srt_env, cwd=ROOT)
+    assert again.returncode == 0, again.stderr
+    assert "unchanged" in again.stdout
+    assert copy.read_text() == SOURCES.read_text()
+
+
+def test_render_is_deterministic_and_the_ledger_name_is_the_sinks():
+    job = dbt.JobTables("j-1", 2.0, (dbt.SinkTable(
+        "t", "q", "duckdb", ("a", "b"),
+        (dbt.SinkColumn("a", "string"), dbt.SinkColumn("b", "bigint"),
+         dbt.SinkColumn("window_end", "timestamp_ntz")), watermark_delay_s=5.0, window_s=60.0),))
+    one = dbt.render(dbt.sources(job, loaded_at="window_end"))
+    assert one == dbt.render(dbt.sources(job, loaded_at="window_end"))
+    assert "loaded_at_field: window_end" in one
+    assert dbt.LEDGER_TABLE == LEDGER_TABLE
+    assert dbt.freshness(7.0)["warn_after"]["count"] == 1
