@@ -19,6 +19,7 @@ from dagster import (
 
 from dagster_defs._launch import launch_config
 from dagster_defs._specs import SinkTableSpec, StreamingJobSpec
+from dagster_defs._stream_events import control_url
 from dagster_defs._translator import StreamingJobTranslator, identifier
 
 
@@ -110,6 +111,9 @@ def job_asset(spec: StreamingJobSpec, translator: StreamingJobTranslator) -> Ass
         }
         if launch.command:
             metadata["command"] = mask_text(shlex.join(launch.command))
+        url = control_url(status)
+        if url:  # the job process's health (needs its bearer token: $SRT_HOME/jobs/JOB.token)
+            metadata["control endpoint"] = MetadataValue.url(url)
         if launch.config_drift:
             metadata["config_drift"] = list(launch.config_drift)
         return MaterializeResult(metadata=metadata)
