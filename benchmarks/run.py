@@ -103,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, help="work directory (default: a temp dir, removed)")
     ap.add_argument("--keep", action="store_true", help="keep every run's directory")
     ap.add_argument("--name", help="results name (default: the mode)")
+    ap.add_argument("--merge", help="report only: comma-separated results names whose sections "
+                    "fill the ones this result lacks (each marked with the run it came from)")
     a = ap.parse_args(argv)
 
     if a.mode == "setup":
@@ -112,6 +114,16 @@ def main(argv: list[str] | None = None) -> int:
     out_json = RESULTS / f"{name}.json"
     if a.mode == "report":
         res = json.loads((RESULTS / f"{a.name or 'all'}.json").read_text())
+        for other in (a.merge.split(",") if a.merge else []):
+            o = json.loads((RESULTS / f"{other}.json").read_text())
+            for section in ALL_SECTIONS:
+                mine = res.get(section) or {}
+                if o.get(section) and not o[section].get("error") and (
+                        not mine or mine.get("error")):
+                    res[section] = {**o[section], "from_run": (
+                        f"From the separate run `{other}` ({o.get('started_at')}, "
+                        f"{o['config']['events']:,} events): the combined run did not reach or "
+                        f"finish this section.")}
         print(report.write(res, BENCH))
         return 0
 

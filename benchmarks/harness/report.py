@@ -277,6 +277,9 @@ def markdown(res: dict[str, Any], plot_prefix: str, plots: list[str]) -> str:
     if prof.get("summary"):
         p("## Where the time goes (this runtime)")
         p("")
+        if prof.get("from_run"):
+            p(f"_{prof['from_run']}_")
+            p("")
         L.extend(prof["summary"])
         p("")
         if "batches.png" in plots:
@@ -286,6 +289,9 @@ def markdown(res: dict[str, Any], plot_prefix: str, plots: list[str]) -> str:
     if lat.get("rates"):
         p("## Latency (Kafka source, short trigger)")
         p("")
+        if lat.get("from_run"):
+            p(f"_{lat['from_run']}_")
+            p("")
         p(lat.get("setup", ""))
         p("")
         p("| input rate | achieved | events | p50 | p99 | max |")
@@ -305,6 +311,9 @@ def markdown(res: dict[str, Any], plot_prefix: str, plots: list[str]) -> str:
     if so.get("runs"):
         p("## Scale-out: standalone cluster (two workers) against local[2]")
         p("")
+        if so.get("from_run"):
+            p(f"_{so['from_run']}_")
+            p("")
         p(so.get("setup", ""))
         p("")
         p("| master | whole process ev/s | steady ev/s | start-up | output = oracle |")
@@ -325,6 +334,9 @@ def markdown(res: dict[str, Any], plot_prefix: str, plots: list[str]) -> str:
     if kafka.get("ratio") is not None or kafka.get("error"):
         p("## Kafka source against a raw consumer")
         p("")
+        if kafka.get("from_run"):
+            p(f"_{kafka['from_run']}_")
+            p("")
         if kafka.get("error"):
             p(f"failed: {kafka['error']}")
         else:
