@@ -146,14 +146,19 @@ class EventTimeAlignment:
 
 def record_time(value: bytes, field: str, unit: str) -> int | None:
     """Event time (ms) of one raw JSON record, None if it has none."""
-    try:
+    try:  # a hostile record (deep, NaN, 1e400) reads as "no event time", never a failure
         ts = json.loads(value)[field]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError, IndexError):
         return None
     if isinstance(ts, bool):
         return None
     if isinstance(ts, int | float):
-        return int(ts * 1000) if unit == "s" else int(ts)
+        if isinstance(ts, float) and not math.isfinite(ts):
+            return None
+        try:
+            return int(ts * 1000) if unit == "s" else int(ts)
+        except (OverflowError, ValueError):
+            return None
     if isinstance(ts, str):
         from datetime import UTC, datetime
 

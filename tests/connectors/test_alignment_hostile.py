@@ -8,9 +8,6 @@ import pytest
 from stateful_runtime.connectors import alignment
 
 
-@pytest.mark.xfail(strict=True, reason="alignment.record_time uses json.loads and int() "
-                   "unguarded (RecursionError, ValueError, OverflowError escape); owner of "
-                   "connectors/alignment.py to fix, e.g. with formats.json.parse_record")
 @pytest.mark.parametrize("value", [
     b'{"ts_ms": 1, "z": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
     b'{"ts_ms": NaN}',
