@@ -64,6 +64,7 @@ UPI_JOB = StreamingJobSpec(
     sink_tables=[UPI_COUNTS],
 )
 
+
 def streaming_definitions() -> Definitions:
     """The job's assets, checks, sensors, schedule and jobs."""
     return build_definitions(
@@ -74,6 +75,7 @@ def streaming_definitions() -> Definitions:
         sensor_interval=SENSOR_INTERVAL,
         automation_interval=SENSOR_INTERVAL,
     )
+
 
 # dbt: models/sources.yml is `srt dbt sources examples/upi_per_minute.py --database srt_sink`;
 # its meta.dagster.asset_key ties the source to the upi_counts asset above.
