@@ -82,9 +82,12 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                 all(v >= PY_OP_STEADY_TARGET for v in known.values()))
     kafka = res.get("kafka") or {}
     if kafka.get("ratio") is not None:
+        suspect = kafka["ratio"] > 1.0  # a raw consumer slower than Spark + decode on top
         add(f"Kafka source ≥ {KAFKA_RATIO_TARGET}× a raw consumer at "
-            f"{kafka.get('events', 0):,} events", _ratio(kafka["ratio"]),
-            kafka["ratio"] >= KAFKA_RATIO_TARGET)
+            f"{kafka.get('events', 0):,} events",
+            _ratio(kafka["ratio"]) + (" (suspect: the raw consumer measured slower than the "
+                                      "source; re-run on a quiet machine)" if suspect else ""),
+            None if suspect else kafka["ratio"] >= KAFKA_RATIO_TARGET)
     st = (upi.get("systems", {}).get("srt", {}) or {}).get("startup_s", {})
     if st and st.get("median") is not None:
         add(f"Start to first committed batch ≤ {STARTUP_TARGET_S:.0f} s (UPI)",
