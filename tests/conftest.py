@@ -93,8 +93,12 @@ def wait_for_commit(qdir: Path, after: int | None, proc: subprocess.Popen, log: 
     from stateful_runtime.checkpoints import layout
 
     floor = after if after is not None else -1
-    wait_for(lambda: (layout.last_committed(qdir) or -1) > floor, proc, log,
-             "new committed batch", timeout)
+
+    def newer() -> bool:
+        last = layout.last_committed(qdir)  # batch 0 is a commit too (not "or -1")
+        return last is not None and last > floor
+
+    wait_for(newer, proc, log, "new committed batch", timeout)
 
 
 @dataclass

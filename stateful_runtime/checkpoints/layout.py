@@ -475,3 +475,24 @@ def state_files_after(query_dir: str | Path, version: int) -> list[Path]:
             if crc_sidecar(p).exists():
                 out.append(crc_sidecar(p))
     return out
+
+
+# Below this, a checkpoint write of one batch (offsets, commit, a changelog per partition,
+# dead-letter splits: tens of KB to a few MB) may fail: the disk counts as full.
+LOW_SPACE_BYTES = 8 << 20
+
+
+def disk_full(directory: str | Path) -> str | None:
+    """A sentence naming the full disk under a checkpoint directory, or None if it has room:
+    what a job says when a query fails (Spark's own error buries "No space left on device"
+    deep in a stack trace)."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None
+    free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+    if free >= LOW_SPACE_BYTES:
+        return None
+    return (f"the disk holding checkpoint {directory} is full ({free:,} of {total:,} bytes "
+            f"free): free space there and restart the job. Committed batches are kept; a batch "
+            f"torn by the full disk is moved aside at the restart and run again")

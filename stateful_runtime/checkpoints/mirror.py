@@ -84,7 +84,7 @@ class CheckpointMirror:
         except StorageError as exc:
             if not self.failed_syncs:
                 self.warn(f"checkpoint mirror: sync to {self.location} failed ({exc}); the job "
-                          f"keeps running and the mirror retries after each batch (mirrored so "
+                          f"keeps running and the mirror retries until it answers (mirrored so "
                           f"far: batches {self.synced or 'none'})")
             self.failed_syncs += 1
             return None

@@ -580,6 +580,9 @@ class JobRunner:
                     reason = str(run.query.exception()).split("=== Streaming Query ===")[0]
                     print(f"[{self.job.name}] query {run.plan.name} failed: {reason.strip()}",
                           file=sys.stderr, flush=True)
+                    if full := layout.disk_full(run.checkpoint_dir):  # the cause, in one line
+                        print(f"[{self.job.name}] query {run.plan.name} failed: {full}",
+                              file=sys.stderr, flush=True)
                     return True
             if self._stop.is_set():
                 print(f"[{self.job.name}] stopping", file=self.out, flush=True)

@@ -19,3 +19,13 @@ def trials() -> Iterator[TrialLog]:
     log = TrialLog.open("pytest")
     yield log
     log.close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """Keep each test's call report on the item: fixtures that record a test as a trial read
+    its outcome after the test (``request.node.rep_call``)."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call":
+        item.rep_call = report  # type: ignore[attr-defined]

@@ -34,6 +34,47 @@ MORE = list(events(3_000, merchants=20, rate_per_s=200, disorder_ms=3_000, bad_e
 DAMAGE_PLUS = (*DAMAGE, "digit")
 
 
+# How each case appears in RELIABILITY.md (fault = the file damaged and what must happen).
+CASES = {
+    "test_a_sound_checkpoint_has_no_problems_and_nothing_moves":
+        "sound checkpoint: nothing named, nothing moved",
+    "test_newest_commit_damaged_reruns_that_batch_from_the_previous_state":
+        "newest commits/N damaged: batch N re-run from N-1",
+    "test_damaged_planned_batch_is_planned_again_and_the_sink_rewound":
+        "planned offsets/N (uncommitted) damaged: planned again, sink rewound",
+    "test_damaged_offsets_of_the_newest_commit_fall_back_one_batch":
+        "offsets/N of the newest commit damaged: back to N-1, sink rewound",
+    "test_damaged_older_offsets_a_restart_needs_are_refused_naming_the_savepoint":
+        "older offsets/N-1 damaged: refused, savepoint named",
+    "test_damaged_older_state_file_is_refused_naming_file_and_savepoint":
+        "older state changelog damaged: refused, savepoint named",
+    "test_damaged_newest_state_version_falls_back_one_batch":
+        "newest state changelog damaged: batch N re-run from N-1",
+    "test_refusal_without_savepoint_or_mirror_says_how_to_start_over":
+        "damage refused without savepoint: says how to start over / the mirror",
+    "test_damaged_query_metadata_is_moved_aside":
+        "query metadata damaged: moved aside",
+    "test_restart_on_a_damaged_checkpoint_equals_oracle":
+        "restart of Spark on a damaged checkpoint = oracle",
+}
+
+
+@pytest.fixture(autouse=True)
+def _record_case(request: pytest.FixtureRequest, trials):
+    """Each case is a trial in RELIABILITY.md: the damage is its input class."""
+    yield
+    rep = getattr(request.node, "rep_call", None)
+    if rep is None or rep.skipped:
+        return
+    params = getattr(request.node, "callspec", None)
+    params = params.params if params else {}
+    what = (f"file {params['how']}" if "how" in params else params.get("case", "as written"))
+    trials.record(fault=f"checkpoint: {CASES[request.node.originalname]}",
+                  input=f"real UPI checkpoint, {what}",
+                  result="pass" if rep.passed else "FAIL",
+                  detail="" if rep.passed else str(rep.longrepr)[-400:])
+
+
 @dataclass
 class Base:
     ws: UpiWorkspace

@@ -1,0 +1,32 @@
+"""kill -9 of the job's process group at random points, ≥ 20 trials, each equal to the oracle.
+
+The trials themselves are in :mod:`tests.faults.killtrials` (shared with
+``platform/fault-trials.sh N``, which runs 100 outside CI and prints the table). Seeded:
+``SRT_FAULT_SEED`` replays a run exactly (the input, every kill point, every torn commit); by
+default each run draws a new seed, and a failure prints it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from tests.faults.killtrials import Config, _record, record_final, run_kill_trials
+
+pytestmark = pytest.mark.faults
+
+TRIALS = int(os.environ.get("SRT_FAULT_TRIALS", "20"))
+
+
+# ~20 Spark start-ups: 6-8 min on a quiet 2-core machine, far more under load.
+@pytest.mark.timeout(3600)
+def test_kill_dash_nine_at_random_points_every_trial_equals_oracle(tmp_path, srt_env, trials):
+    seed = int(os.environ.get("SRT_FAULT_SEED") or random.randrange(1 << 31))
+    print(f"kill -9 trials: seed {seed} (replay: SRT_FAULT_SEED={seed})")
+    cfg = Config(trials=TRIALS, seed=seed)
+    out = run_kill_trials(tmp_path / "w", cfg, srt_env, _record(trials, seed, cfg), say=print)
+    record_final(trials, out, cfg)
+    assert out.ok, (f"seed {seed} — replay with SRT_FAULT_SEED={seed} "
+                    f"pytest tests/faults/test_kill_trials.py\n{out.table()}")
