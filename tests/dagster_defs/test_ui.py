@@ -467,7 +467,7 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
         assert _srt_state(dev) == "STOPPED"
         # The asset's events list the stop op's observation (state STOPPED; srt agrees above).
         page.goto(f"{dev.url}/assets/{JOB_ASSET}?view=events")
-        expect(page.get_by_text(re.compile(r"[Oo]bservation")).first).to_be_visible()
+        expect(page.get_by_text("Observed").first).to_be_visible()
         page.wait_for_load_state("networkidle")
         page.wait_for_timeout(1500)  # for the photograph
         shot(page, "10-job-stopped")
