@@ -266,6 +266,46 @@ class Recovery:
     notes: list[str] = field(default_factory=list)
     rewind: dict[str, int] = field(default_factory=dict)
     quarantine: Path | None = None
+    checkpoint: Path | None = None
+
+    def rewound(self, query: str) -> None:
+        """Every sink of ``query`` has been rewound: the pending rewind is done."""
+        if self.checkpoint is not None:
+            _set_pending(self.checkpoint, query, None)
+
+
+# A rewind the sinks still owe, per query: written before any file is moved aside and cleared
+# once the runner rewound the sinks, so a crash in between cannot leave a sink ledger holding
+# batches of the old plan that the new plan would then skip as done.
+PENDING_REWIND = "_rewind.json"
+
+
+def _pending(ckpt: Path) -> dict[str, int]:
+    try:
+        data = json.loads((ckpt / PENDING_REWIND).read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"{ckpt / PENDING_REWIND} is unreadable ({exc}): it names the batch each query's "
+            f"sinks must be rewound to after a checkpoint fell back. Restore the job from a "
+            f"savepoint, or delete the file if no sink holds a batch after that one") from None
+    return {str(q): int(b) for q, b in data.items()}
+
+
+def _set_pending(ckpt: Path, query: str, batch: int | None) -> None:
+    pending = _pending(ckpt)
+    if batch is None:
+        pending.pop(query, None)
+    else:
+        pending[query] = min(batch, pending.get(query, batch))
+    target = ckpt / PENDING_REWIND
+    if not pending:
+        target.unlink(missing_ok=True)
+        return
+    tmp = ckpt / f".{PENDING_REWIND}.tmp"
+    tmp.write_text(json.dumps(pending))
+    os.replace(tmp, target)
 
 
 @dataclass
@@ -369,7 +409,12 @@ def recover(checkpoint_dir: str | Path, queries: Sequence[str], *, job_file: str
     """
     ckpt = Path(checkpoint_dir).resolve()
     job = layout.owner(ckpt)["job"]
-    rec = Recovery()
+    rec = Recovery(checkpoint=ckpt)
+    for q, batch in _pending(ckpt).items():  # an earlier start moved files, then stopped
+        if q in queries:
+            rec.rewind[q] = batch
+            rec.notes.append(f"query {q}: its sinks still owe a rewind to batch {batch} (an "
+                             f"earlier start fell back and stopped before rewinding them)")
     plans: dict[str, tuple[_Fallback, list[layout.Problem]]] = {}
     for q in queries:
         qdir = ckpt / q
@@ -399,6 +444,8 @@ def recover(checkpoint_dir: str | Path, queries: Sequence[str], *, job_file: str
             first = logged["sources"][0] if logged and logged["sources"] else None
             resumed[q] = first if isinstance(first, dict) else {}
     replanned = {q for q, (fb, _) in plans.items() if fb.rewind}
+    for q in replanned:  # durable before anything moves
+        _set_pending(ckpt, q, plans[q][0].restart_at)
     record: dict[str, Any] = {"quarantined_at": _utc(), "queries": {}}
     for q, (fb, problems) in plans.items():
         qdir = ckpt / q
@@ -420,7 +467,7 @@ def recover(checkpoint_dir: str | Path, queries: Sequence[str], *, job_file: str
         rec.notes.append(f"checkpoint of query {q} is damaged ({damaged}); moved "
                          f"{len(fb.moves)} file(s) to {dest / q}; {what}")
         if fb.rewind:
-            rec.rewind[q] = fb.restart_at
+            rec.rewind[q] = min(fb.restart_at, rec.rewind.get(q, fb.restart_at))
             rec.notes.append(f"query {q}: batches after {fb.restart_at} are planned again from "
                              f"the source offsets; its sinks forget them first (rewind)")
     stale = _stale_dead_letters(ckpt, resumed, replanned)

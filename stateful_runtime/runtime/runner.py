@@ -449,6 +449,8 @@ class JobRunner:
                         out.sink.rewind(self.restored["batches"][q.name])
                     elif q.name in self.recovery.rewind:  # batches planned again
                         out.sink.rewind(self.recovery.rewind[q.name])
+                if q.name in self.recovery.rewind:
+                    self.recovery.rewound(q.name)
                 qdir = str(self.checkpoint_dir / q.name)
                 writer = (
                     df.writeStream.queryName(f"{self.job.name}.{q.name}")

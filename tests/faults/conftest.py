@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.faults.harness import TrialLog
+from tests.faults.harness import JAVA_OPTIONS, TrialLog
 
 
 @pytest.fixture(scope="session")
@@ -29,3 +29,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     report = outcome.get_result()
     if report.when == "call":
         item.rep_call = report  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def job_env(srt_env: dict[str, str]) -> dict[str, str]:
+    """``srt_env`` for the job processes of a trial (see ``harness.JAVA_OPTIONS``)."""
+    return {**srt_env, "JAVA_TOOL_OPTIONS": JAVA_OPTIONS}

@@ -52,6 +52,8 @@ CASES = {
         "newest state changelog damaged: batch N re-run from N-1",
     "test_refusal_without_savepoint_or_mirror_says_how_to_start_over":
         "damage refused without savepoint: says how to start over / the mirror",
+    "test_a_start_that_stops_before_rewinding_leaves_the_rewind_to_the_next":
+        "crash between the fallback and the sink rewind: next start rewinds",
     "test_damaged_query_metadata_is_moved_aside":
         "query metadata damaged: moved aside",
     "test_restart_on_a_damaged_checkpoint_equals_oracle":
@@ -190,6 +192,20 @@ def test_damaged_planned_batch_is_planned_again_and_the_sink_rewound(copy, how):
     assert rec.rewind == {QUERY: c - 1}
     assert f"offsets/{c}" in _quarantined(rec)
     assert layout.last_planned(copy.qdir) == c - 1 and layout.verify(copy.qdir) == []
+
+
+def test_a_start_that_stops_before_rewinding_leaves_the_rewind_to_the_next(copy):
+    """Files moved, then a crash before the sinks were rewound: the next start, which finds a
+    sound checkpoint, must still rewind them (else the sink skips re-planned batches)."""
+    c = layout.last_committed(copy.qdir)
+    _damage(copy.qdir / "offsets" / str(c), "garbage")
+    assert _recover(copy).rewind == {QUERY: c - 1}
+    again = _recover(copy)  # the crash: nobody called rewound()
+    assert again.rewind == {QUERY: c - 1} and again.quarantine is None
+    assert "still owe a rewind" in again.notes[0]
+    again.rewound(QUERY)
+    assert _recover(copy).rewind == {}
+    assert not (copy.ws.checkpoint_dir / restore.PENDING_REWIND).exists()
 
 
 @pytest.mark.parametrize("how", DAMAGE_PLUS)

@@ -44,7 +44,7 @@ def _executors(worker_dir: Path) -> list[int]:
 
 
 def test_executor_killed_mid_batch_task_retried_result_equals_oracle(
-        cluster: Cluster, upi, srt_env, trials):  # noqa: F811
+        cluster: Cluster, upi, job_env, trials):  # noqa: F811
     lines = list(events(60_000, merchants=40, rate_per_s=500, disorder_ms=4_500,
                         bad_every=997, seed=41))
     append_lines(upi.log_dir, lines)
@@ -52,7 +52,7 @@ def test_executor_killed_mid_batch_task_retried_result_equals_oracle(
     qdir = upi.checkpoint_dir / QUERY
     log = upi.root / "run.log"
     proc = srt_background(upi.run_args("--available-now", "--master", cluster.master_url),
-                          srt_env, log)
+                          job_env, log)
     try:
         wait_for_commit(qdir, None, proc, log, timeout=300)
         # A batch in flight: planned (offsets/N) and not committed.

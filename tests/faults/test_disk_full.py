@@ -76,13 +76,13 @@ def _fill(mnt: Path) -> int:
 
 
 def test_checkpoint_disk_full_fails_clearly_loses_nothing_restart_equals_oracle(
-        upi, srt_env, small_disk, trials):
+        upi, job_env, small_disk, trials):
     upi.extra.update({"checkpoint.dir": str(small_disk / "ckpt"), "checkpoint.interval_s": "0.5",
                       "parallelism": "2", "source.max_records_per_batch": "2000"})
     qdir = small_disk / "ckpt" / QUERY
     feeder = Feeder(upi.log_dir, seed=23, chunk=100)
     log = upi.root / "run.log"
-    proc = srt_background(upi.run_args(), srt_env, log)
+    proc = srt_background(upi.run_args(), job_env, log)
     try:
         wait_for_commit(qdir, None, proc, log, timeout=300)
         wait_for_commit(qdir, layout.last_committed(qdir), proc, log, timeout=300)
@@ -119,7 +119,7 @@ def test_checkpoint_disk_full_fails_clearly_loses_nothing_restart_equals_oracle(
     fed = feeder.stop()
     (small_disk / "filler").unlink()
     restart = srt(upi.run_args("--available-now", "--set",
-                               "source.max_records_per_batch=1000000"), srt_env, timeout=900)
+                               "source.max_records_per_batch=1000000"), job_env, timeout=900)
     final = compare(upi.table(), oracle(fed))
     dead = dead_letters(upi.log_dir)
     recovered = [line for line in restart.stdout.splitlines() if "is damaged" in line]

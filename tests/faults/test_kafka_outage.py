@@ -76,7 +76,7 @@ def _caught_up(qdir: Path, ends: dict[str, int]) -> bool:
     return all(int(done.get(p, 0)) >= e for p, e in ends.items())
 
 
-def test_broker_down_30s_and_back_output_equals_oracle(upi, srt_env, tmp_path, trials):
+def test_broker_down_30s_and_back_output_equals_oracle(upi, job_env, tmp_path, trials):
     (tmp_path / "kafka").mkdir()
     broker = start_broker(tmp_path / "kafka" / "data")
     topic, out_topic = "upi-outage", "upi-outage-counts"
@@ -96,7 +96,7 @@ def test_broker_down_30s_and_back_output_equals_oracle(upi, srt_env, tmp_path, t
         def start():
             nonlocal runs
             runs += 1
-            return srt_background(upi.run_args(), srt_env, upi.root / f"run-{runs}.log")
+            return srt_background(upi.run_args(), job_env, upi.root / f"run-{runs}.log")
 
         proc = start()
         try:
@@ -126,7 +126,7 @@ def test_broker_down_30s_and_back_output_equals_oracle(upi, srt_env, tmp_path, t
             while not done():
                 assert time.monotonic() < deadline, "the job never read the whole topic"
                 time.sleep(0.2)
-            stopped = srt(["stop", JOB], srt_env, timeout=300)
+            stopped = srt(["stop", JOB], job_env, timeout=300)
             proc.wait(timeout=300)
         finally:
             if proc.poll() is None:

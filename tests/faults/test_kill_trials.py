@@ -22,11 +22,11 @@ TRIALS = int(os.environ.get("SRT_FAULT_TRIALS", "20"))
 
 # ~20 Spark start-ups: 6-8 min on a quiet 2-core machine, far more under load.
 @pytest.mark.timeout(3600)
-def test_kill_dash_nine_at_random_points_every_trial_equals_oracle(tmp_path, srt_env, trials):
+def test_kill_dash_nine_at_random_points_every_trial_equals_oracle(tmp_path, job_env, trials):
     seed = int(os.environ.get("SRT_FAULT_SEED") or random.randrange(1 << 31))
     print(f"kill -9 trials: seed {seed} (replay: SRT_FAULT_SEED={seed})")
     cfg = Config(trials=TRIALS, seed=seed)
-    out = run_kill_trials(tmp_path / "w", cfg, srt_env, _record(trials, seed, cfg), say=print)
+    out = run_kill_trials(tmp_path / "w", cfg, job_env, _record(trials, seed, cfg), say=print)
     record_final(trials, out, cfg)
     assert out.ok, (f"seed {seed} — replay with SRT_FAULT_SEED={seed} "
                     f"pytest tests/faults/test_kill_trials.py\n{out.table()}")

@@ -60,7 +60,7 @@ def _savepoints(env) -> list[str]:
 
 
 def test_s3_down_during_savepoint_and_mirror_job_keeps_running_mirror_catches_up(
-        upi, srt_env, s3, trials):
+        upi, srt_env, s3, job_env, trials):
     host, port = s3.url.removeprefix("http://").split(":")
     proxy = OutageProxy(host, int(port))
     run = uuid.uuid4().hex[:8]
@@ -68,7 +68,7 @@ def test_s3_down_during_savepoint_and_mirror_job_keeps_running_mirror_catches_up
     upi.extra.update({"checkpoint.mirror": f"s3://{s3.bucket}/{mirror}",
                       "savepoint.dir": f"s3://{s3.bucket}/{sp_prefix}",
                       "checkpoint.interval_s": "0.5", "parallelism": "2"})
-    env = {**srt_env, "SRT_S3_ENDPOINT_URL": proxy.url}
+    env = {**job_env, "SRT_S3_ENDPOINT_URL": proxy.url}
     qdir = upi.checkpoint_dir / QUERY
     feeder = Feeder(upi.log_dir, seed=17, chunk=100)
     log = upi.root / "run.log"
