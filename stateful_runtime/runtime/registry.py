@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -109,10 +110,16 @@ def write(job: str, entry: dict[str, Any]) -> None:
         entry = {**entry, "config": redacted(entry["config"])}
     path = _path(job)
     ensure_home()
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    with private_file(tmp, "w") as f:
-        f.write(json.dumps(entry, indent=2, default=str))
-    os.replace(tmp, path)
+    # One temporary file per writer (mkstemp: unique, 0600): two threads of one process (a
+    # Dagster run and its sensor) may write the same entry at once, and the last replace wins.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(entry, indent=2, default=str))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def update(job: str, **fields: Any) -> dict[str, Any]:

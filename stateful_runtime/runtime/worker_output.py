@@ -20,6 +20,8 @@ import sys
 import threading
 from pathlib import Path
 
+from .registry import private_file
+
 # Line prefixes written by Spark's Python workers (not by the job).
 WORKER_MARKERS = (b"Streaming TransformWithStateInPandas Python worker",
                   b"Starting Streaming TransformWithStateInPandas Python worker")
@@ -36,7 +38,7 @@ def is_worker_line(line: bytes) -> bool:
 def _copy(read_fd: int, terminal: int, log_path: Path) -> None:
     buffered = b""
     after_worker = False
-    with os.fdopen(read_fd, "rb", buffering=0) as pipe, open(log_path, "ab") as log:
+    with os.fdopen(read_fd, "rb", buffering=0) as pipe, private_file(log_path) as log:
         while True:
             chunk = pipe.read(65536)
             if not chunk:

@@ -12,6 +12,7 @@ import stat
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,19 @@ def test_home_is_private_and_entries_mask_secrets(home: Path):
     os.chmod(home, 0o755)
     registry.update("job-a", state="STOPPED")
     assert _mode(home) == 0o700
+
+
+def test_concurrent_writers_of_one_entry_never_collide(home: Path):
+    """A Dagster run and its sensor (two threads of one process) update one entry at once: every
+    write lands whole, none fails on another's temporary file."""
+    def write_many(n: int) -> None:
+        for i in range(200):
+            registry.update("job-a", writer=n, i=i)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(write_many, range(4)))
+    assert registry.read("job-a")["i"] == 199
+    assert [p.name for p in (home / "jobs").iterdir()] == ["job-a.json"]
 
 
 def test_a_damaged_entry_is_named_and_the_others_keep_working(home: Path,

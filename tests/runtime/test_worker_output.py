@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ def test_worker_lines_go_to_the_log(tmp_path: Path):
     logged = log.read_text()
     assert "Starting Streaming TransformWithStateInPandas Python worker." in logged
     assert "Completed execution of UDF" in logged
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600  # under $SRT_HOME: private like the rest
 
 
 def test_only_worker_lines_are_recognised():
