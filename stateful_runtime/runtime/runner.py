@@ -170,6 +170,18 @@ def progress_health(progress: dict[str, Any], checkpoint_dir: str) -> dict[str, 
     }
 
 
+def _new_progress(query: StreamingQuery, printed: int) -> list[dict[str, Any]]:
+    """Progress reports of batches after ``printed``, oldest first. ``lastProgress`` answers
+    the usual poll (nothing new, or one batch) in one small call; the whole ``recentProgress``
+    (up to 100 reports, each a JSON document through py4j) only when batches were missed."""
+    last = query.lastProgress
+    if last is None or last["batchId"] <= printed:
+        return []
+    if last["batchId"] == printed + 1:
+        return [last]
+    return [p for p in query.recentProgress if p["batchId"] > printed]
+
+
 def _line(job: str, run: _Running, h: dict[str, Any], out: IO[str]) -> None:
     parts = [
         f"[{job}] {run.plan.name} batch {h['last_batch']}",
@@ -527,8 +539,7 @@ class JobRunner:
         """Per newly committed batch: health, progress line, dead letters, mirror, listeners."""
         events = []
         for run in self.runs:
-            for progress in run.query.recentProgress:
-                if progress["batchId"] > run.printed:
+            for progress in _new_progress(run.query, run.printed):
                     run.printed = progress["batchId"]
                     run.health = progress_health(progress, run.checkpoint_dir)
                     run.late_total += run.health["late_rows_dropped"]
@@ -541,6 +552,8 @@ class JobRunner:
                     events.append(BatchCommitted(
                         self.job.name, run.plan.name, progress["batchId"],
                         progress.get("numInputRows") or 0, ms, rows, dict(run.health), progress))
+        if not events and not (self.mirror is not None and self.mirror.failed_syncs):
+            return  # nothing committed since the last poll (and no mirror outage to retry)
         if events:
             self._publish_dead_letters()
         synced = self._sync_mirror()
