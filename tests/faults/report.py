@@ -47,8 +47,17 @@ Kill points hit by the kill -9 trials ({kill_total} trials): {kill_points}.
 
 ## Input classes: decoder outcomes and the accounting identity
 
-TODO(input-class corpus): per source, decoder outcomes per input class and the identity
-`output + dead letters + late = input` (the runner's `health["records"]`).
+`tests/faults/test_input_classes.py` runs the UPI job (`srt run --available-now`, twice) over
+one record of each input class, good and bad interleaved, then records behind the watermark the
+first run left. Expected fate is the oracle's; observed is where the record was found (the
+dead-letter topic, byte for byte, with the reason in its `error` header; the sink table's sums).
+
+{inputs}
+
+The identity `output + dead letters + late = input`, per source, from `srt status --json`
+(`health[query].records`) summed over the runs, and in each run's summary line:
+
+{identity}
 
 ## What the suite does not cover
 
@@ -84,6 +93,8 @@ def render(runs: list[dict[str, Any]]) -> str:
     for run in runs:
         for t in run.get("trials", []):
             by[(t["fault"], t["input"])].append({**t, "_run": run})
+    inputs = {k[1]: by.pop(k) for k in [k for k in by if k[0] == "input class"]}
+    identity = by.pop(("accounting identity", "the corpus above, two runs"), [])
     rows = [["fault", "input class", "trials", "exact", "failed", "lost", "duplicated", "from",
              "last trial"]]
     for (fault, inp), ts in sorted(by.items()):
@@ -110,7 +121,20 @@ def render(runs: list[dict[str, Any]]) -> str:
         run_rows.append([run["run"], run["source"], run.get("commit", ""), str(len(ts)),
                          str(sum(t["result"] == "pass" for t in ts)),
                          f"{run.get('load_average', 0):.1f}"])
+    input_rows = [["input class", "runs", "expected", "observed", "failed", "reason given"]]
+    for name, ts in inputs.items():
+        last = ts[-1]
+        input_rows.append([name, str(len(ts)), last["expected"], last["observed"],
+                           str(sum(t["result"] != "pass" for t in ts)),
+                           (last.get("detail") or "–").replace("|", "/")[:120]])
+    identity_rows = [["run", "input", "output", "dead letters", "late", "holds"]]
+    for t in identity:
+        identity_rows.append([t["_run"]["run"], *(f"{t[k]:,}" for k in
+                              ("input", "output", "dead_letters", "late")),
+                              "yes" if t["result"] == "pass" else "**no**"])
     return HEADER.format(
+        inputs=_table(input_rows) if len(input_rows) > 1 else "(no run recorded yet)",
+        identity=_table(identity_rows) if len(identity_rows) > 1 else "(no run recorded yet)",
         faults=_table(rows) if len(rows) > 1 else "(no trials recorded yet)",
         kill_total=len(kills),
         kill_points="; ".join(f"{k}: {v}" for k, v in points.items()),
