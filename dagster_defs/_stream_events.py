@@ -163,10 +163,16 @@ def commit_events(
             continue
         last_reported = before.get("batch")
         new = [e for e in entries if last_reported is None or e.batch_id > last_reported]
+        query = status.queries.get(table.query)
+        seen = query.health.get("last_batch") if query is not None else None
+        if status.live and seen is not None:
+            # The sink commits a batch before Spark reports it: a batch whose progress (and
+            # so watermark) the job has not reported yet waits for the next tick, or its
+            # materialisation would carry the previous batch's watermark.
+            new = [e for e in new if e.batch_id <= seen]
         if not new:
             continue
         new.sort(key=lambda e: e.batch_id)
-        query = status.queries.get(table.query)
         watermark = query.health.get("watermark") if query is not None else None
         if watermark and str(watermark).startswith("1970-01-01T00:00:00"):
             watermark = None  # Spark's "no watermark yet"

@@ -1,0 +1,64 @@
+"""The sink table's runless materialisations (the health sensor's ``commit_events``) over a
+real DuckDB sink ledger: each committed batch is reported once, and a batch the sink committed
+before the job reported its progress waits for the next tick (else it would carry the previous
+batch's watermark, and the watermark of a stream that then goes quiet would never be shown)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pyarrow as pa
+
+from dagster_defs import StreamingJobTranslator
+from dagster_defs._results import JobStatus
+from dagster_defs._stream_events import commit_events
+from dagster_defs.resources import DuckDBWarehouse
+from dbt_sink.duckdb import DuckDBUpsertSink
+from tests.dagster_defs.conftest import UPI_JOB
+
+
+def _status(live: bool, last_batch: int, watermark: str) -> JobStatus:
+    table = UPI_JOB.sink_tables[0]
+    return JobStatus.from_json({
+        "job": UPI_JOB.name, "state": "RUNNING" if live else "FINISHED", "alive": live,
+        "live": live, "queries": {table.query: {"checkpoint_dir": "/nonexistent"}},
+        "health": {table.query: {"last_batch": last_batch, "watermark": watermark}}})
+
+
+def _warehouse(tmp_path, batches: int) -> DuckDBWarehouse:
+    """A real DuckDB sink that committed ``batches`` batches of the UPI job's table."""
+    table = UPI_JOB.sink_tables[0]
+    database = tmp_path / "w.duckdb"
+    sink = DuckDBUpsertSink(str(database), table.table, table.key)
+    sink.open(UPI_JOB.name, table.query)
+    for batch in range(batches):
+        sink.write_batch(pa.table({"merchant_id": ["m1"],
+                                   "window_start": [datetime(2026, 1, 1, 0, batch)],
+                                   "window_end": [datetime(2026, 1, 1, 0, batch + 1)],
+                                   "payments": [1], "amount_paise": [100]}), batch)
+    return DuckDBWarehouse(path=str(database))
+
+
+def test_a_batch_is_reported_once_its_progress_is(tmp_path):
+    warehouse, reported = _warehouse(tmp_path, 2), {}
+    translator = StreamingJobTranslator()
+
+    def tick(status: JobStatus) -> list:
+        return commit_events(warehouse, UPI_JOB, status, translator, reported)
+
+    # The sink has batches 0 and 1; the job has reported batch 0's progress only.
+    [first] = tick(_status(True, 0, "1970-01-01T00:00:00.000Z"))
+    assert first.metadata["last batch"].value == 0 and "watermark" not in first.metadata
+    assert tick(_status(True, 0, "1970-01-01T00:00:00.000Z")) == []  # nothing new yet
+    [second] = tick(_status(True, 1, "2026-01-01T00:01:55.000Z"))
+    assert second.metadata["last batch"].value == 1
+    assert second.metadata["watermark"].value == "2026-01-01T00:01:55.000Z"
+    assert tick(_status(True, 1, "2026-01-01T00:01:55.000Z")) == []
+
+
+def test_a_stopped_job_reports_every_committed_batch(tmp_path):
+    # A job that died after its sink committed batch 2 never reports it: reported anyway.
+    [event] = commit_events(_warehouse(tmp_path, 3), UPI_JOB,
+                            _status(False, 0, "2026-01-01T00:00:30.000Z"),
+                            StreamingJobTranslator(), {})
+    assert (event.metadata["first batch"].value, event.metadata["last batch"].value) == (0, 2)
