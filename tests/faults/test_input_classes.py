@@ -29,7 +29,9 @@ def _classes() -> list[tuple[str, bytes, str]]:
     """(input class, one line of it, its expected fate)."""
     return [
         ("well-formed", _good(1, BASE + 1000), GOOD),
-        ("negative event time", _good(2, -86_400_000), GOOD),
+        # Spark's watermark starts at the epoch, not at -inf (Flink's): an event before 1970
+        # is behind it from the first batch on, and is counted late.
+        ("event time before 1970", _good(2, -86_400_000), LATE),
         ("empty key", _good(3, BASE + 2000, merchant=""), GOOD),
         ("CRLF line end", _good(4, BASE + 3000)[:-1] + b"}\r", GOOD),
         ("escaped NUL inside a string", b'{"txn_id": "t5", "merchant_id": "M1", "amount_paise": '
@@ -113,14 +115,16 @@ def test_every_input_class_is_accounted_for(tmp_path, srt_env, trials_log):
     assert sorted(dead) == sorted(expected_dead)  # exactly the bad lines, byte for byte
     total = {k: sum(r[k] for _, r in runs) for k in ("input", "output", "dead_letters", "late")}
     assert total["input"] == len(lines) and total["dead_letters"] == len(expected_dead)
-    try:
-        assert in_table == len(lines) - len(expected_dead) - len(late)  # late: no window
-        assert total == {"input": len(lines), "dead_letters": len(expected_dead),
-                         "late": len(late), "output": in_table}
-    except AssertionError as exc:
-        # Open (NOTES.md, "Semantics to know"): records behind the watermark a previous run
-        # left are not dropped by the native window after an --available-now restart.
-        pytest.xfail(f"late records after a restart reached the table: {exc}")
+    n_late = sum(fate == LATE for _, _, fate in classes + late)
+    assert in_table == len(lines) - len(expected_dead) - n_late  # late ones reach no window
+    if total != {"input": len(lines), "dead_letters": len(expected_dead),
+                 "late": n_late, "output": in_table}:
+        # Open (NOTES.md, session 4): on the native window path `late` is Spark's
+        # numRowsDroppedByWatermark, which counts rows after the partial aggregation before the
+        # shuffle (one per group and partition), not input records: the table is right, the
+        # late counter is low and `output` high by the difference.
+        pytest.xfail(f"native late counter counts groups, not records: {total} vs "
+                     f"{n_late} late records")
     for stdout, r in runs:  # the identity holds per run, and the summary says it
         assert r["source"] == "upi-source"
         assert r["output"] + r["dead_letters"] + r["late"] == r["input"]
