@@ -451,6 +451,7 @@ class JobRunner:
                                         job=self.job.name):
                 self._say(note)
             self._publish_dead_letters()  # left staged by a run that crashed after a commit
+            self._sync_mirror()  # batches a crashed run committed but did not mirror
             for q in self.plan.queries:
                 df = q.build(spark)
                 empty = to_arrow_schema(df.schema).empty_table()
@@ -540,18 +541,18 @@ class JobRunner:
         events = []
         for run in self.runs:
             for progress in _new_progress(run.query, run.printed):
-                    run.printed = progress["batchId"]
-                    run.health = progress_health(progress, run.checkpoint_dir)
-                    run.late_total += run.health["late_rows_dropped"]
-                    run.health["late_rows_dropped_this_run"] = run.late_total
-                    run.records.add(progress, run.health["late_rows_dropped"])
-                    run.health["records"] = run.records.as_dict(run.plan.source)
-                    _line(self.job.name, run, run.health, self.out)
-                    ms, rows = self._timings.pop((run.plan.name, progress["batchId"]),
-                                                 (None, None))
-                    events.append(BatchCommitted(
-                        self.job.name, run.plan.name, progress["batchId"],
-                        progress.get("numInputRows") or 0, ms, rows, dict(run.health), progress))
+                run.printed = progress["batchId"]
+                run.health = progress_health(progress, run.checkpoint_dir)
+                run.late_total += run.health["late_rows_dropped"]
+                run.health["late_rows_dropped_this_run"] = run.late_total
+                run.records.add(progress, run.health["late_rows_dropped"])
+                run.health["records"] = run.records.as_dict(run.plan.source)
+                _line(self.job.name, run, run.health, self.out)
+                ms, rows = self._timings.pop((run.plan.name, progress["batchId"]),
+                                             (None, None))
+                events.append(BatchCommitted(
+                    self.job.name, run.plan.name, progress["batchId"],
+                    progress.get("numInputRows") or 0, ms, rows, dict(run.health), progress))
         if not events and not (self.mirror is not None and self.mirror.failed_syncs):
             return  # nothing committed since the last poll (and no mirror outage to retry)
         if events:

@@ -103,32 +103,34 @@ def test_every_input_class_is_accounted_for(tmp_path, srt_env, trials_log):
     expected_dead = [line for _, line, fate in classes if fate == DEAD]
     lines = first + [line for _, line, _ in late] + after
     in_table = sum(p for p, _ in ws.table().values())
-    fates = {}
+    fates, wanted = {}, {}
     for name, line, fate in classes + late:
         # A late record is told apart only in the counts (checked below), not one by one.
-        got = DEAD if line in dead else (NOT_DEAD if fate == LATE else GOOD)
-        fates[name] = got
-        ok = got == (NOT_DEAD if fate == LATE else fate)
-        trials_log.record(fault="input class", input=name, result="pass" if ok else "FAIL",
-                          expected=fate, observed=got, detail=dead.get(line, "")[:200])
-    assert fates == {name: NOT_DEAD if fate == LATE else fate for name, _, fate in classes + late}
+        wanted[name] = NOT_DEAD if fate == LATE else fate
+        fates[name] = DEAD if line in dead else (NOT_DEAD if fate == LATE else GOOD)
+        trials_log.record(fault="input class", input=name,
+                          result="pass" if fates[name] == wanted[name] else "FAIL",
+                          expected=fate, observed=fates[name], detail=dead.get(line, "")[:200])
+    assert fates == wanted
     assert sorted(dead) == sorted(expected_dead)  # exactly the bad lines, byte for byte
-    total = {k: sum(r[k] for _, r in runs) for k in ("input", "output", "dead_letters", "late")}
-    assert total["input"] == len(lines) and total["dead_letters"] == len(expected_dead)
     n_late = sum(fate == LATE for _, _, fate in classes + late)
     assert in_table == len(lines) - len(expected_dead) - n_late  # late ones reach no window
-    if total != {"input": len(lines), "dead_letters": len(expected_dead),
-                 "late": n_late, "output": in_table}:
+    for stdout, r in runs:  # the summary line says what `srt status --json` says
+        assert r["source"] == "upi-source"
+        assert (f"input {r['input']:,} = output {r['output']:,} + dead letters "
+                f"{r['dead_letters']:,} + late {r['late']:,}") in stdout
+
+    # The counters against the oracle (`output` is derived: input - dead letters - late).
+    total = {k: sum(r[k] for _, r in runs) for k in ("input", "output", "dead_letters", "late")}
+    assert total["input"] == len(lines) and total["dead_letters"] == len(expected_dead)
+    holds = total == {"input": len(lines), "dead_letters": len(expected_dead),
+                      "late": n_late, "output": in_table}
+    trials_log.record(fault="accounting identity", input="the corpus above, two runs",
+                      result="pass" if holds else "FAIL", **total)
+    if not holds:
         # Open (NOTES.md, session 4): on the native window path `late` is Spark's
         # numRowsDroppedByWatermark, which counts rows after the partial aggregation before the
         # shuffle (one per group and partition), not input records: the table is right, the
         # late counter is low and `output` high by the difference.
         pytest.xfail(f"native late counter counts groups, not records: {total} vs "
                      f"{n_late} late records")
-    for stdout, r in runs:  # the identity holds per run, and the summary says it
-        assert r["source"] == "upi-source"
-        assert r["output"] + r["dead_letters"] + r["late"] == r["input"]
-        assert (f"input {r['input']:,} = output {r['output']:,} + dead letters "
-                f"{r['dead_letters']:,} + late {r['late']:,}") in stdout
-    trials_log.record(fault="accounting identity", input="the corpus above, two runs",
-                      result="pass", **{k: v for k, v in total.items()})
