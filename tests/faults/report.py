@@ -54,8 +54,9 @@ dead-letter topic, byte for byte, with the reason in its `error` header; the sin
 
 {inputs}
 
-The identity `output + dead letters + late = input`, per source, from `srt status --json`
-(`health[query].records`) summed over the runs, and in each run's summary line:
+The counters of the identity `output + dead letters + late = input`, per source, from `srt status
+--json` (`health[query].records`) summed over the runs, against the oracle's (the corpus's
+classes; `output` against the sink table's sums):
 
 {identity}
 
@@ -128,9 +129,9 @@ def render(runs: list[dict[str, Any]]) -> str:
         input_rows.append([name, str(len(ts)), last["expected"], last["observed"],
                            str(sum(t["result"] != "pass" for t in ts)),
                            (last.get("detail") or "–").replace("|", "/")[:120]])
-    identity_rows = [["run", "input", "output", "dead letters", "late", "holds"]]
+    identity_rows = [["run", "input", "output", "dead letters", "late", "every counter = oracle"]]
     for t in identity:
-        identity_rows.append([t["_run"]["run"], *(f"{t[k]:,}" for k in
+        identity_rows.append([t["_run"]["run"], *(f"{t['counts'][k]:,}" for k in
                               ("input", "output", "dead_letters", "late")),
                               "yes" if t["result"] == "pass" else "**no**"])
     return HEADER.format(

@@ -126,7 +126,7 @@ def test_every_input_class_is_accounted_for(tmp_path, srt_env, trials_log):
     holds = total == {"input": len(lines), "dead_letters": len(expected_dead),
                       "late": n_late, "output": in_table}
     trials_log.record(fault="accounting identity", input="the corpus above, two runs",
-                      result="pass" if holds else "FAIL", **total)
+                      result="pass" if holds else "FAIL", counts=total)
     if not holds:
         # Open (NOTES.md, session 4): on the native window path `late` is Spark's
         # numRowsDroppedByWatermark, which counts rows after the partial aggregation before the
