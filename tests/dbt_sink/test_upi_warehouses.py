@@ -2,9 +2,9 @@
 clickhouse,delta``: one query per warehouse in one job), end to end through the real CLI:
 
 * 200k disordered events, ``--available-now``: every table equals the oracle, no key twice.
-* kill -9 of the whole job at three random points and at three forced ones (a sink held by its test hook
-  between the data and its ledger entry, between two partitions of a batch, between the last
-  partition and the batch's commit), then both warehouse servers down for a while mid-run:
+* kill -9 of the whole job at three random points and at three forced ones (a sink held by its
+  test hook between the data and its ledger entry, between two partitions of a batch, between
+  the last partition and the batch's commit), then both warehouse servers down for a while mid-run:
   every table still equals the oracle (ClickHouse with FINAL; its raw copies are explained by
   the replays its ledger records).
 """
@@ -183,3 +183,30 @@ def test_kill_dash_nine_and_warehouse_outage_result_equals_oracle(
     held = [p.name for n in range(RANDOM_KILLS, RANDOM_KILLS + 3)
             for p in (upi.root / f"hooks-{n}").iterdir()]
     assert {h.split("-")[0] for h in held} == {"data", "partition", "commit"}, held
+
+
+def test_a_batch_in_the_ledger_but_not_in_sparks_commit_log_is_replayed_without_a_write(
+        upi, pg_dsn, srt_env):
+    """The crash window between the executor-path sink's ledger commit and Spark's commit log,
+    made deterministic: batch N's ``commits/N`` removed after the run. The replay must write
+    nothing (the ledger has N) yet still run the batch, so its window state is committed:
+    skipping the batch failed the query (Spark's state store commit validation) and would have
+    left the state at N-1. Later batches then build on the right state: table = oracle."""
+    upi.extra.update({"sink.kind": "postgres", "sink.dsn": pg_dsn, "parallelism": "2",
+                      "source.max_records_per_batch": "4000"})
+    lines = list(events(12_000, merchants=20, rate_per_s=200, disorder_ms=3_000,
+                        bad_every=997, seed=23))
+    append_lines(upi.log_dir, lines[:8_000])
+    first = srt(upi.run_args("--available-now"), srt_env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    qdir = upi.checkpoint_dir / QUERIES["postgres"]
+    last = layout.last_committed(qdir)
+    assert last is not None and last >= 1
+    for name in (str(last), f".{last}.crc"):  # Spark never recorded it; the sink's ledger did
+        (qdir / "commits" / name).unlink()
+
+    append_lines(upi.log_dir, lines[8_000:])
+    again = srt(upi.run_args("--available-now"), srt_env)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
+    assert layout.last_committed(qdir) > last
+    assert read_counts("postgres", pg_dsn) == oracle(lines)
