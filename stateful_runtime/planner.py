@@ -30,12 +30,14 @@ import io
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stateful_runtime.connectors.alignment import LATE_BEFORE
 from stateful_runtime.connectors.base import (
     ERROR,
     META_COLUMNS,
@@ -138,7 +140,7 @@ class QueryPlan:
     path: str
     reason: str
     steps: list[str]
-    build: Callable[[SparkSession], DataFrame] = field(repr=False)
+    build: Callable[..., DataFrame] = field(repr=False)
     stateful_operators: list[str] = field(default_factory=list)
     dead_letters: DeadLetters | None = None
     # Operator name -> what its state looks like (kind, key fields, state name -> signature):
@@ -303,11 +305,13 @@ def _event_time_column(src: SourceNode):  # -> Column
 
 
 def _read_good(spark: SparkSession, src: SourceNode,
-               dead_letters: DeadLetters | None = None) -> DataFrame:
+               dead_letters: DeadLetters | None = None,
+               late_watermark_of: str | None = None) -> DataFrame:
     from pyspark.sql import functions as F
 
     staging = dead_letters.staging if dead_letters is not None else None
-    df = src.source.read_stream(spark, staging, watermark=src.watermark)
+    df = src.source.read_stream(spark, staging, watermark=src.watermark,
+                                late_watermark_of=late_watermark_of)
     # Per-batch accounting of the source (in Spark's progress as observed metrics): every
     # record read, and those rejected (dead letters); late ones are counted downstream.
     df = df.observe(SOURCE_METRICS, F.count(F.lit(1)).alias("input"),
@@ -360,10 +364,28 @@ def state_layout(node: NativeWindowNode | ProcessNode) -> dict:
             "states": {d.name: _state_signature(d) for d in describe_states(fn)}}
 
 
+def _count_late(df: DataFrame, size: timedelta) -> DataFrame:
+    """Count, record by record, what Spark's late filter will drop from the window aggregation:
+    records whose tumbling window ends at or before their batch's late-event watermark (the
+    source's :data:`~stateful_runtime.connectors.alignment.LATE_BEFORE` column). Spark's own
+    counter runs after the partial aggregation and counts (window, key) groups."""
+    from pyspark.sql import functions as F
+
+    if LATE_BEFORE not in df.columns:
+        return df
+    ts = F.unix_micros(EVENT_TIME)
+    size_us = int(size / timedelta(microseconds=1))
+    end = ts - F.pmod(ts, F.lit(size_us)) + F.lit(size_us)  # epoch-aligned, as Spark's window
+    late = end <= F.col(LATE_BEFORE) * 1000
+    return df.observe(LATE_METRICS, F.sum(F.when(late, 1).otherwise(0)).alias("late")
+                      ).drop(LATE_BEFORE)
+
+
 def _window_aggregate(df: DataFrame, node: NativeWindowNode) -> DataFrame:
     from pyspark.sql import functions as F
 
     assert isinstance(node.assigner, TumblingEventTimeWindows)
+    df = _count_late(df, node.assigner.size)
     keys = list(node.parent.keys)
     aggs = [agg.column().alias(out) for out, agg in node.aggregates.items()]
     grouped = df.groupBy(F.window(EVENT_TIME, spark_interval(node.assigner.size)), *keys).agg(*aggs)
@@ -543,8 +565,11 @@ def _build_pipeline(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | No
                      else "emit: each window once, when the watermark passes its end")
     src = p.src
 
-    def build(spark: SparkSession) -> DataFrame:
-        df = _read_good(spark, src, dead_letters)
+    def build(spark: SparkSession, checkpoint: str | None = None) -> DataFrame:
+        """The query's DataFrame; ``checkpoint`` (its checkpoint directory) lets the native
+        window count late records exactly (:func:`_count_late`)."""
+        df = _read_good(spark, src, dead_letters,
+                        late_watermark_of=checkpoint if path == "native" else None)
         for op in ops:
             df = op(df)
         return df

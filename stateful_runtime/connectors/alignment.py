@@ -36,8 +36,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.sql.types import LongType, StructField
 
 from stateful_runtime.connectors.base import ERROR
 
@@ -208,3 +210,47 @@ def bound_by_event_time(start: Mapping[str, int], ends: dict[str, int],
                 lo = mid + 1
         out[k] = lo
     return out
+
+
+# -- the late-event watermark of a batch (exact accounting of late records) ---------------------
+
+# A column a source adds, on request, to every record: the watermark (ms) Spark's stateful
+# operators drop late records by in the record's micro-batch. Spark's own counter
+# (``numRowsDroppedByWatermark``) counts rows after the partial aggregation, one per window and
+# key, not records; with this column the planner counts late records one by one.
+LATE_BEFORE = "_late_before_ms"
+LATE_BEFORE_FIELD = StructField(LATE_BEFORE, LongType(), True)
+LATE_WATERMARK_OF = "late_watermark_of"  # the option: the query's checkpoint directory
+
+
+def late_watermark_ms(query_checkpoint: str | Path) -> int:
+    """The late-event watermark of the batch Spark is planning in ``query_checkpoint``: the
+    watermark of the batch before it (Spark's ``getInputWatermarkForLateEvents`` is batch
+    N-1's), read from Spark's offset log (``offsets/<N>``: a version line, then the batch's
+    metadata as JSON). Partitions are planned after Spark writes ``offsets/<N>``; 0 before any
+    batch (Spark's watermark starts at the epoch)."""
+    log = Path(query_checkpoint) / "offsets"
+    batches = sorted(int(f.name) for f in log.glob("[0-9]*") if f.name.isdigit()) if log.is_dir() \
+        else []
+    if len(batches) < 2:
+        return 0
+    lines = (log / str(batches[-2])).read_text().splitlines()
+    return max(0, int(json.loads(lines[1]).get("batchWatermarkMs") or 0))
+
+
+def late_before_fields(opts: Mapping[str, str]) -> tuple[StructField, ...]:
+    """The extra schema field of a source asked for the late-event watermark (else none)."""
+    return (LATE_BEFORE_FIELD,) if opts.get(LATE_WATERMARK_OF) else ()
+
+
+def late_before_ms(opts: Mapping[str, str]) -> int | None:
+    """Driver side, when planning a batch's partitions: the value its records carry."""
+    where = opts.get(LATE_WATERMARK_OF)
+    return late_watermark_ms(where) if where else None
+
+
+def with_late_before(table: pa.Table, at: int, value: int | None) -> pa.Table:
+    """Task side: ``table`` with the column inserted at ``at`` (None: not asked for)."""
+    if value is None:
+        return table
+    return table.add_column(at, LATE_BEFORE, pa.array(np.full(len(table), value, np.int64)))

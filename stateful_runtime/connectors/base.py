@@ -58,11 +58,14 @@ class Source(ABC):
 
     @abstractmethod
     def read_stream(self, spark: SparkSession, dead_letter_staging: str | None = None,
-                    watermark: WatermarkStrategy | None = None) -> DataFrame:
+                    watermark: WatermarkStrategy | None = None,
+                    late_watermark_of: str | None = None) -> DataFrame:
         """The decoded stream, good and bad records alike. With ``dead_letter_staging``, each
         read task also stages its split's rejected records there
         (:func:`stateful_runtime.connectors.dead_letters.stage`). With ``watermark``, a source
-        may align its partitions in event time (:mod:`stateful_runtime.connectors.alignment`)."""
+        may align its partitions in event time (:mod:`stateful_runtime.connectors.alignment`).
+        With ``late_watermark_of`` (a query's checkpoint directory), every record carries its
+        batch's late-event watermark in ``alignment.LATE_BEFORE``."""
 
     @abstractmethod
     def dead_letter_sink(self, job: str) -> DeadLetterSink:

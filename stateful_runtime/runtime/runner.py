@@ -84,7 +84,6 @@ class _Running:
     query: StreamingQuery
     checkpoint_dir: str
     printed: int = -1
-    late_total: int = 0
     health: dict[str, Any] = field(default_factory=dict)
     records: Records = field(default_factory=lambda: Records())
 
@@ -105,12 +104,15 @@ class Records:
     def output(self) -> int:
         return self.input - self.dead_letters - self.late
 
-    def add(self, progress: Mapping[str, Any], native_late: int) -> None:
+    def add(self, progress: Mapping[str, Any]) -> int:
+        """Count one batch's progress report in; returns the batch's late records."""
         observed = progress.get("observedMetrics") or {}
         source = _metrics(observed.get(SOURCE_METRICS))
         self.input += int(source.get("input") or 0)
         self.dead_letters += int(source.get("dead_letters") or 0)
-        self.late += int(_metrics(observed.get(LATE_METRICS)).get("late") or 0) + native_late
+        late = int(_metrics(observed.get(LATE_METRICS)).get("late") or 0)
+        self.late += late
+        return late
 
     def as_dict(self, source: str) -> dict[str, Any]:
         return {"source": source, "input": self.input, "output": self.output,
@@ -163,7 +165,6 @@ def progress_health(progress: dict[str, Any], checkpoint_dir: str) -> dict[str, 
         "watermark": (progress.get("eventTime") or {}).get("watermark"),
         "state_rows": sum(o.get("numRowsTotal", 0) for o in ops),
         "state_bytes": sum(o.get("memoryUsedBytes", 0) for o in ops),
-        "late_rows_dropped": sum(o.get("numRowsDroppedByWatermark", 0) for o in ops),
         "lag_records": lag,
         "lag_by_partition": lag_by_partition,
         "updated_at": _now(),
@@ -453,7 +454,8 @@ class JobRunner:
             self._publish_dead_letters()  # left staged by a run that crashed after a commit
             self._sync_mirror()  # batches a crashed run committed but did not mirror
             for q in self.plan.queries:
-                df = q.build(spark)
+                qdir = str(self.checkpoint_dir / q.name)
+                df = q.build(spark, qdir)
                 empty = to_arrow_schema(df.schema).empty_table()
                 for out in q.outputs:
                     out.sink.check_schema(out.select(empty).schema)
@@ -464,7 +466,6 @@ class JobRunner:
                         out.sink.rewind(self.recovery.rewind[q.name])
                 if q.name in self.recovery.rewind:
                     self.recovery.rewound(q.name)
-                qdir = str(self.checkpoint_dir / q.name)
                 writer = (
                     df.writeStream.queryName(f"{self.job.name}.{q.name}")
                     .outputMode(q.output_mode)
@@ -543,9 +544,10 @@ class JobRunner:
             for progress in _new_progress(run.query, run.printed):
                 run.printed = progress["batchId"]
                 run.health = progress_health(progress, run.checkpoint_dir)
-                run.late_total += run.health["late_rows_dropped"]
-                run.health["late_rows_dropped_this_run"] = run.late_total
-                run.records.add(progress, run.health["late_rows_dropped"])
+                # Late records counted one by one (Spark's numRowsDroppedByWatermark counts
+                # groups after the partial aggregation): dropped, or to a late side output.
+                run.health["late_rows_dropped"] = run.records.add(progress)
+                run.health["late_rows_dropped_this_run"] = run.records.late
                 run.health["records"] = run.records.as_dict(run.plan.source)
                 _line(self.job.name, run, run.health, self.out)
                 ms, rows = self._timings.pop((run.plan.name, progress["batchId"]),

@@ -63,7 +63,7 @@ def test_partition_racing_ahead_is_held_back_and_nothing_is_late(spark, tmp_path
     out = io.StringIO()
     runner = JobRunner(jf, available_now=True, out=out)
     assert runner.run() == 0, out.getvalue()
-    assert runner.runs[0].late_total == 0, out.getvalue()
+    assert runner.runs[0].records.late == 0, out.getvalue()
 
     con = duckdb.connect(str(tmp_path / "upi.duckdb"), read_only=True)
     rows = con.execute("SELECT merchant_id, window_start, payments, amount_paise "

@@ -44,8 +44,8 @@ def test_taxi_zone_hourly_with_late_updates_and_late_side_output(spark, tmp_path
     rng.shuffle(late)
     append_lines(log, [ride(10_000 + i, z, ts, a) for i, (ts, z, a) in enumerate(late)],
                  topic="taxi-rides")
-    run("taxi_zone_hourly.py", tmp_path, **{"sink.database": db, "early_every": 50,
-                                             "source.max_records_per_batch": 400})
+    run("taxi_zone_hourly.py", tmp_path, late=len(too_late),
+        **{"sink.database": db, "early_every": 50, "source.max_records_per_batch": 400})
 
     expected: dict = defaultdict(lambda: [0, 0.0])
     for ts, zone, amount in on_time + within:

@@ -129,9 +129,11 @@ def render(runs: list[dict[str, Any]]) -> str:
         input_rows.append([name, str(len(ts)), last["expected"], last["observed"],
                            str(sum(t["result"] != "pass" for t in ts)),
                            (last.get("detail") or "–").replace("|", "/")[:120]])
-    identity_rows = [["run", "input", "output", "dead letters", "late", "every counter = oracle"]]
+    identity_rows = [["run", "commit", "input", "output", "dead letters", "late",
+                      "every counter = oracle"]]
     for t in identity:
-        identity_rows.append([t["_run"]["run"], *(f"{t['counts'][k]:,}" for k in
+        identity_rows.append([t["_run"]["run"], t["_run"].get("commit", "?"),
+                              *(f"{t['counts'][k]:,}" for k in
                               ("input", "output", "dead_letters", "late")),
                               "yes" if t["result"] == "pass" else "**no**"])
     return HEADER.format(

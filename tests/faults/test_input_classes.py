@@ -127,10 +127,4 @@ def test_every_input_class_is_accounted_for(tmp_path, srt_env, trials_log):
                       "late": n_late, "output": in_table}
     trials_log.record(fault="accounting identity", input="the corpus above, two runs",
                       result="pass" if holds else "FAIL", counts=total)
-    if not holds:
-        # Open (NOTES.md, session 4): on the native window path `late` is Spark's
-        # numRowsDroppedByWatermark, which counts rows after the partial aggregation before the
-        # shuffle (one per group and partition), not input records: the table is right, the
-        # late counter is low and `output` high by the difference.
-        pytest.xfail(f"native late counter counts groups, not records: {total} vs "
-                     f"{n_late} late records")
+    assert holds, f"counters {total} against the oracle: {n_late} late, {in_table} in the table"

@@ -193,16 +193,18 @@ class KafkaSource(Source):
         return decode_json(values, self.schema)
 
     def read_stream(self, spark: SparkSession, dead_letter_staging: str | None = None,
-                    watermark: WatermarkStrategy | None = None) -> DataFrame:
+                    watermark: WatermarkStrategy | None = None,
+                    late_watermark_of: str | None = None) -> DataFrame:
         self.check()
         register(spark, KafkaDataSource)
         reader = spark.readStream.format(FORMAT)
-        for k, v in self.options(dead_letter_staging, watermark).items():
+        for k, v in self.options(dead_letter_staging, watermark, late_watermark_of).items():
             reader = reader.option(k, v)
         return reader.load()
 
     def options(self, dead_letter_staging: str | None = None,
-                watermark: WatermarkStrategy | None = None) -> dict[str, str]:
+                watermark: WatermarkStrategy | None = None,
+                late_watermark_of: str | None = None) -> dict[str, str]:
         """The ``srt_kafka`` DataSource options (they carry the client settings: Spark redacts
         option values whose names match ``spark.redaction.regex`` in plans; ours never print)."""
         opts = {
@@ -215,6 +217,8 @@ class KafkaSource(Source):
         if dead_letter_staging is not None:
             opts["dead_letter_staging"] = dead_letter_staging
         opts.update(alignment.options(watermark))
+        if late_watermark_of is not None:
+            opts[alignment.LATE_WATERMARK_OF] = late_watermark_of
         return opts
 
     def dead_letter_sink(self, job: str) -> KafkaDeadLetterSink:
@@ -235,7 +239,8 @@ class KafkaDataSource(DataSource):
 
     def schema(self) -> StructType:
         extra = METADATA_FIELDS if self.options.get("metadata_columns") else ()
-        return stream_schema(StructType.fromJson(json.loads(self.options["schema"])), extra)
+        return stream_schema(StructType.fromJson(json.loads(self.options["schema"])),
+                             extra + alignment.late_before_fields(self.options))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return KafkaStreamReader(self.options)
@@ -247,6 +252,7 @@ class KafkaSplit(InputPartition):
     partition: int
     start: int
     end: int
+    late_before: int | None = None  # the batch's late-event watermark, when asked for
 
 
 _CONSUMERS: dict[str, Any] = {}
@@ -285,6 +291,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                            if time_field else None)
         self.target: dict[str, int] | None = None
         self._admin: Any = None
+        self.options = dict(options)
 
     # -- driver side: offsets ------------------------------------------------------------
     def _partitions(self) -> list[tuple[str, int]]:
@@ -371,9 +378,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict, end: dict) -> list[KafkaSplit]:
         out = []
+        late = alignment.late_before_ms(self.options)
         for key, lo, hi in split_ranges(start, end, MAX_SPLIT_RECORDS):
             topic, p = key.rsplit(":", 1)
-            out.append(KafkaSplit(topic, int(p), lo, hi))
+            out.append(KafkaSplit(topic, int(p), lo, hi, late))
         return out
 
     # -- executor side ----------------------------------------------------------------------
@@ -433,6 +441,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             n = len(self.record_schema.fields)
             for i, (name, col) in enumerate(cols.items()):
                 table = table.add_column(n + i, name, col)
+            table = alignment.with_late_before(table, n + len(cols), split.late_before)
             tables.append(table.append_column(
                 PARTITION, pa.array(np.full(hi - lo, split.partition, np.int32))
             ).append_column(OFFSET, pa.array(np.asarray(offsets[lo:hi], np.int64))))
