@@ -1,0 +1,65 @@
+"""Start-up costs the venv removes (platform/bootstrap.sh): Spark's Python workers import the
+installed pyspark with cached bytecode, not the copy in pyspark.zip that Spark puts first on
+their path (compiled from source in every new worker); the driver JVM maps a class archive
+of the classes a job loads instead of loading and verifying them from the jars."""
+
+from __future__ import annotations
+
+import pytest
+
+from stateful_runtime.runtime import session
+
+
+def test_workers_import_pyspark_with_cached_bytecode(spark):
+    def where(_):  # runs in a Python worker
+        import sys
+
+        import py4j
+        import pyspark
+        return [pyspark.__file__, py4j.__file__, [p for p in sys.path if "pyspark" in p]]
+
+    [(pyspark_file, py4j_file, spark_paths)] = (
+        spark.sparkContext.parallelize([0], 1).map(where).collect())
+    assert ".zip" not in pyspark_file and ".zip" not in py4j_file, (pyspark_file, py4j_file)
+    assert not [p for p in spark_paths if p.endswith(".zip")], spark_paths
+
+
+def test_the_driver_jvm_runs_from_the_venvs_class_archive(spark):
+    jvm = spark.sparkContext._jvm
+    args = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    assert f"-XX:SharedArchiveFile={session.class_archive()}" in args, args
+    assert "sharing" in jvm.java.lang.System.getProperty("java.vm.info")
+
+
+@pytest.fixture
+def archive(tmp_path, monkeypatch):
+    monkeypatch.setenv(session.CLASS_ARCHIVE_ENV, str(tmp_path / "a" / "classes.jsa"))
+    monkeypatch.delenv(session.CLASS_ARCHIVE_DUMP_ENV, raising=False)
+    return session.class_archive()
+
+
+def test_only_a_sealed_archive_of_the_sealed_size_is_used(archive, tmp_path):
+    assert "SharedArchiveFile" not in session._class_archive_options()  # none built
+    dumped = tmp_path / "dumped.jsa"
+    dumped.write_bytes(b"x" * 4096)
+    assert session.seal_class_archive(dumped) == archive and not dumped.exists()
+    assert f"-XX:SharedArchiveFile={archive}" in session._class_archive_options()
+    # A truncated archive crashes the JVM (SIGBUS): one whose size is not the sealed one is
+    # left alone.
+    archive.write_bytes(b"x" * 100)
+    assert "SharedArchiveFile" not in session._class_archive_options()
+
+
+def test_an_empty_dump_is_never_sealed(archive, tmp_path):
+    (tmp_path / "empty.jsa").touch()
+    with pytest.raises(ValueError, match="empty"):
+        session.seal_class_archive(tmp_path / "empty.jsa")
+    assert not archive.exists()
+
+
+def test_off_switch_and_dump_mode(archive, tmp_path, monkeypatch):
+    monkeypatch.setenv(session.CLASS_ARCHIVE_DUMP_ENV, str(tmp_path / "out.jsa"))
+    assert session._class_archive_options() == f" -XX:ArchiveClassesAtExit={tmp_path / 'out.jsa'}"
+    monkeypatch.delenv(session.CLASS_ARCHIVE_DUMP_ENV)
+    monkeypatch.setenv(session.CLASS_ARCHIVE_ENV, "off")
+    assert session._class_archive_options() == ""
