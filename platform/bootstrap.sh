@@ -30,7 +30,9 @@ case "$extras" in
     ;;
   *) echo "bootstrap: unknown extras '$extras' (use: dev)" >&2; exit 2 ;;
 esac
-.venv/bin/python -m pip install -q -e "$spec"
+# The editable build prints setuptools' notice about same-named folders (InformationOnly, a
+# UserWarning) into the user's first terminal; the project has none, so it is silenced.
+PYTHONWARNINGS=ignore::UserWarning .venv/bin/python -m pip install -q -e "$spec"
 # Spark puts pyspark.zip and py4j's zip first on its Python workers' PYTHONPATH, and modules
 # imported from a zip are compiled from source in every new worker (no bytecode cache): 0.4-0.5 s
 # per worker process on a quiet machine, most of a planning worker's life. The same pyspark and
