@@ -9,8 +9,10 @@ export PATH="$PWD/.venv/bin:$PATH" SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON="$PWD
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 srt log create upi-payments --partitions 2 --log-dir "$tmp/log" >/dev/null
+# (with two malformed records, which the append reports: the job's dead-letter path runs too)
 python examples/upi_events.py --count 5000 --bad-every 1000 --seed 1 \
-  | srt log append upi-payments --key-field merchant_id --log-dir "$tmp/log" >/dev/null
+  | srt log append upi-payments --key-field merchant_id --log-dir "$tmp/log" >"$tmp/append.log" 2>&1 \
+  || { cat "$tmp/append.log" >&2; echo "class-archive: could not write the warm-up input" >&2; exit 1; }
 # The UPI example (native window, DuckDB sink) and a keyed process function in one JVM.
 warm_up='
 import io, sys
