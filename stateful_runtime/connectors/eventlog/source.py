@@ -37,7 +37,7 @@ from stateful_runtime.connectors.dead_letters import stage
 from stateful_runtime.connectors.eventlog import EventLog, cached_reader
 from stateful_runtime.connectors.eventlog.dead_letters import EventLogDeadLetterSink
 from stateful_runtime.connectors.formats.json import decode_json, to_struct
-from stateful_runtime.connectors.ranges import limit_offsets, split_ranges
+from stateful_runtime.connectors.ranges import BatchCap, split_ranges
 from stateful_runtime.exceptions import ConfigError
 
 if TYPE_CHECKING:
@@ -177,6 +177,7 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.time_unit = options.get("event_time_unit", "ms")
         self.drift_ms = int(options.get("max_drift_ms") or 0)
         self.options = dict(options)
+        self.cap = BatchCap()
 
     def _ends(self) -> dict[str, int]:
         ends = cached_reader(self.log_dir, self.topic).end_offsets()
@@ -199,11 +200,11 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # then the cut again (the cap ends partitions at different event times).
         if self.time_field:
             ends = alignment.bound_by_event_time(start, ends, self._time_at, self.drift_ms)
-        if isinstance(limit, ReadMaxRows):
-            ends = limit_offsets(start, ends, limit.max_rows)
-            if self.time_field:
-                ends = alignment.bound_by_event_time(start, ends, self._time_at, self.drift_ms)
-        return ends
+        capped = self.cap.limit(start, ends,
+                                limit.max_rows if isinstance(limit, ReadMaxRows) else None)
+        if capped != ends and self.time_field:
+            capped = alignment.bound_by_event_time(start, capped, self._time_at, self.drift_ms)
+        return capped
 
     def _time_at(self, partition: str, offset: int) -> int | None:
         values = cached_reader(self.log_dir, self.topic).read_values(int(partition), offset,

@@ -56,7 +56,7 @@ from stateful_runtime.connectors.kafka.client import (
     redact,
 )
 from stateful_runtime.connectors.kafka.dead_letters import KafkaDeadLetterSink
-from stateful_runtime.connectors.ranges import limit_offsets, split_ranges
+from stateful_runtime.connectors.ranges import BatchCap, split_ranges
 from stateful_runtime.exceptions import ConfigError
 
 if TYPE_CHECKING:
@@ -292,6 +292,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.target: dict[str, int] | None = None
         self._admin: Any = None
         self.options = dict(options)
+        self.cap = BatchCap()
 
     # -- driver side: offsets ------------------------------------------------------------
     def _partitions(self) -> list[tuple[str, int]]:
@@ -370,8 +371,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         start = self._with_new_partitions(start, ends)
         if self.align is not None:  # held-back partitions first, so the cap goes to the others
             ends = self.align.hold_back(start, ends, bounded=self.target is not None)
-        return (limit_offsets(start, ends, limit.max_rows) if isinstance(limit, ReadMaxRows)
-                else {**start, **ends})
+        return self.cap.limit(start, ends,
+                              limit.max_rows if isinstance(limit, ReadMaxRows) else None)
 
     def reportLatestOffset(self) -> dict:
         return self._ends()
