@@ -32,12 +32,22 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 def raw_consume(bootstrap: str, topic: str, partitions: int, n: int) -> float:
     from confluent_kafka import Consumer, TopicPartition
 
+    # The test broker (noida-db) answers a fetch with everything it holds, whatever
+    # fetch.max.bytes says: at 1M records that is over librdkafka's 100 MB default limit.
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench", "enable.auto.commit":
-                  False, "isolation.level": "read_committed"})
+                  False, "isolation.level": "read_committed",
+                  "receive.message.max.bytes": 1_000_000_000})
     c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    got, t0 = 0, time.perf_counter()
+    got, t0, quiet = 0, time.perf_counter(), time.monotonic()
     while got < n:
-        got += sum(1 for m in c.consume(10_000, 1.0) if not m.error())
+        msgs = c.consume(10_000, 1.0)
+        got += sum(1 for m in msgs if not m.error())
+        if msgs:
+            quiet = time.monotonic()
+        elif time.monotonic() - quiet > 30:  # the broker holds fewer than were produced
+            c.close()
+            raise SystemExit(f"raw consumer: {got:,} of {n:,} records read from {topic!r}, "
+                             "then nothing for 30 s (see the client's errors above)")
     dt = time.perf_counter() - t0
     c.close()
     return n / dt
