@@ -229,9 +229,9 @@ def late_watermark_ms(query_checkpoint: str | Path) -> int:
     N-1's), read from Spark's offset log (``offsets/<N>``: a version line, then the batch's
     metadata as JSON). Partitions are planned after Spark writes ``offsets/<N>``; 0 before any
     batch (Spark's watermark starts at the epoch)."""
+    # (checkpoints.layout reads the same log; connectors may not import the engine's layers)
     log = Path(query_checkpoint) / "offsets"
-    batches = sorted(int(f.name) for f in log.glob("[0-9]*") if f.name.isdigit()) if log.is_dir() \
-        else []
+    batches = sorted(int(f.name) for f in log.iterdir() if f.name.isdigit()) if log.is_dir() else []
     if len(batches) < 2:
         return 0
     lines = (log / str(batches[-2])).read_text().splitlines()

@@ -2,7 +2,7 @@
 clickhouse,delta``: one query per warehouse in one job), end to end through the real CLI:
 
 * 200k disordered events, ``--available-now``: every table equals the oracle, no key twice.
-* kill -9 of the whole job at three random points and at three forced ones (a sink held by its
+* kill -9 of the whole job at five random points and at three forced ones (a sink held by its
   test hook between the data and its ledger entry, between two partitions of a batch, between
   the last partition and the batch's commit), then both warehouse servers down for a while mid-run:
   every table still equals the oracle (ClickHouse with FINAL; its raw copies are explained by
