@@ -24,6 +24,8 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from stateful_runtime._process import freeze_worker_heap
+
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
@@ -298,6 +300,7 @@ class PartitionWriteTask:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
+        freeze_worker_heap()
         ctx = TaskContext.get()
         partition = ctx.partitionId() if ctx is not None else 0
         table = pa.Table.from_batches(list(batches), schema=self.schema)

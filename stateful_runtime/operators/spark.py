@@ -29,6 +29,7 @@ from pyspark.sql.streaming.stateful_processor import (
 )
 from pyspark.sql.types import StringType, StructField, StructType
 
+from stateful_runtime._process import freeze_worker_heap
 from stateful_runtime.functions import KeyedProcessFunction
 from stateful_runtime.operators.backend import MapCell, StateBackend, ValueCell
 from stateful_runtime.operators.keyed import KeyedOperator
@@ -182,6 +183,7 @@ class SparkKeyedProcessor(StatefulProcessor):
         self.output_columns = list(output_columns)
 
     def init(self, handle: StatefulProcessorHandle) -> None:
+        freeze_worker_heap()
         self.op = KeyedOperator(copy.deepcopy(self.fn))
         self.op.open(SparkBackend(handle))
 

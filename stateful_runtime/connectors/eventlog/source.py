@@ -25,6 +25,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from stateful_runtime._process import freeze_worker_heap
 from stateful_runtime.connectors import alignment
 from stateful_runtime.connectors.base import (
     OFFSET,
@@ -223,6 +224,7 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 for p, lo, hi in split_ranges(start, ordered, MAX_SPLIT_RECORDS)]
 
     def read(self, partition: LogSplit) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        freeze_worker_heap()
         reader = cached_reader(self.log_dir, self.topic)
         reader.catch_up()
         tables = []

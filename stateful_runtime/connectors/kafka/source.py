@@ -12,6 +12,7 @@ every source: :mod:`..alignment`.
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 import time
@@ -37,6 +38,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from stateful_runtime._process import freeze_worker_heap
 from stateful_runtime.connectors import alignment
 from stateful_runtime.connectors.alignment import EventTimeAlignment
 from stateful_runtime.connectors.base import (
@@ -51,6 +53,7 @@ from stateful_runtime.connectors.formats.json import decode_json, to_struct
 from stateful_runtime.connectors.kafka import client as kafka_client
 from stateful_runtime.connectors.kafka.client import (
     METADATA_TIMEOUT_S,
+    admin_client,
     check_cluster,
     quiet,
     redact,
@@ -268,7 +271,14 @@ def _consumer(config_json: str) -> Any:
             **json.loads(config_json), "group.id": "srt-source", "enable.auto.commit": False,
             "isolation.level": "read_committed", "enable.partition.eof": True,
             "allow.auto.create.topics": False, "fetch.max.bytes": 64 << 20,
-            "auto.offset.reset": "earliest"}))
+            "auto.offset.reset": "earliest",
+            # A split stops reading with records still queued; librdkafka then holds the next
+            # fetch of that partition back for this long (1 s by default), which every later
+            # split of a reused consumer waited out.
+            "fetch.queue.backoff.ms": 10,
+            # A split that ends at the partition's end leaves a fetch waiting on the broker for
+            # new records (500 ms by default); the next split's fetch queues behind it.
+            "fetch.wait.max.ms": 10}))
         _CONSUMERS[config_json] = c
     return c
 
@@ -291,21 +301,26 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                            if time_field else None)
         self.target: dict[str, int] | None = None
         self._admin: Any = None
+        self._latest: dict[str, int] | None = None
         self.options = dict(options)
         self.cap = BatchCap()
 
     # -- driver side: offsets ------------------------------------------------------------
+    def _admin_client(self) -> Any:
+        """One admin connection for the reader's life (partition discovery and offsets)."""
+        if self._admin is None:
+            self._admin = admin_client(self.config)
+        return self._admin
+
     def _partitions(self) -> list[tuple[str, int]]:
-        counts = check_cluster(self.config, self.topics or None, self.pattern)
+        counts = check_cluster(self.config, self.topics or None, self.pattern,
+                               admin=self._admin_client())
         return [(t, p) for t, n in sorted(counts.items()) for p in range(n)]
 
     def _list(self, spec: Any, parts: list[tuple[str, int]]) -> dict[str, int]:
         from confluent_kafka import IsolationLevel, TopicPartition
-        from confluent_kafka.admin import AdminClient
 
-        if self._admin is None:
-            self._admin = AdminClient(quiet(self.config))
-        futures = self._admin.list_offsets(
+        futures = self._admin_client().list_offsets(
             {TopicPartition(t, p): spec for t, p in parts},
             isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=METADATA_TIMEOUT_S)
         return {f"{tp.topic}:{tp.partition}": f.result().offset for tp, f in futures.items()}
@@ -368,6 +383,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         ends = self._ends() if self.target is None else self.target
+        self._latest = ends if self.target is None else None
         start = self._with_new_partitions(start, ends)
         if self.align is not None:  # held-back partitions first, so the cap goes to the others
             ends = self.align.hold_back(start, ends, bounded=self.target is not None)
@@ -375,7 +391,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                               limit.max_rows if isinstance(limit, ReadMaxRows) else None)
 
     def reportLatestOffset(self) -> dict:
-        return self._ends()
+        # Spark asks right after latestOffset, for the lag in the batch's progress: the ends
+        # just listed (as Spark's own Kafka source answers), not a second round trip.
+        return self._latest if self._latest is not None else self._ends()
 
     def partitions(self, start: dict, end: dict) -> list[KafkaSplit]:
         out = []
@@ -386,7 +404,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return out
 
     # -- executor side ----------------------------------------------------------------------
-    def _fetch(self, split: KafkaSplit) -> tuple[list[bytes], list[Any], list[int], list[int]]:
+    def _fetch(self, split: KafkaSplit) -> tuple[list[bytes], list[Any], list[int]]:
+        """The split's record values (with their offsets and, if asked, metadata), read in
+        bulk: the per-message work is list comprehensions, not a Python loop."""
         from confluent_kafka import KafkaError, TopicPartition
 
         c = _consumer(self.config_json)
@@ -394,36 +414,47 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         values: list[bytes] = []
         offsets: list[int] = []
         metas: list[Any] = []
+        nxt = split.start
         deadline = time.monotonic() + READ_TIMEOUT_S
         try:
-            while True:
-                msgs = c.consume(10_000, 1.0)
-                for m in msgs:
-                    err = m.error()
-                    if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
-                            if m.offset() >= split.end:
-                                return values, metas, offsets, []
+            while nxt < split.end:
+                # consume() waits for the full count or the timeout: ask for what the split
+                # still needs (control records make it fewer) and wait briefly.
+                msgs = c.consume(max(1, min(10_000, split.end - nxt)), 0.05)
+                eof = False
+                if any([m.error() is not None for m in msgs]):
+                    for m in msgs:
+                        err = m.error()
+                        if err is None:
                             continue
-                        raise RuntimeError(f"Kafka read {split}: {err}")
-                    off = m.offset()
-                    if off >= split.end:
-                        return values, metas, offsets, []
-                    values.append(m.value() or b"")
-                    offsets.append(off)
+                        if err.code() != KafkaError._PARTITION_EOF:
+                            raise RuntimeError(f"Kafka read {split}: {err}")
+                        eof = eof or m.offset() >= split.end
+                    msgs = [m for m in msgs if m.error() is None]
+                offs = [m.offset() for m in msgs]
+                cut = bisect.bisect_left(offs, split.end)
+                past_end = cut < len(offs)
+                if past_end:
+                    msgs, offs = msgs[:cut], offs[:cut]
+                if msgs:
+                    values += [m.value() or b"" for m in msgs]
+                    offsets += offs
                     if self.metadata:
-                        metas.append((m.key(), m.timestamp()[1], m.headers()))
-                    if off >= split.end - 1:
-                        return values, metas, offsets, []
+                        metas += [(m.key(), m.timestamp()[1], m.headers()) for m in msgs]
+                    nxt = offs[-1] + 1
+                if past_end or eof:
+                    break
                 if time.monotonic() > deadline:
                     raise TimeoutError(
                         f"Kafka read {split}: offsets up to {split.end} not readable within "
                         f"{READ_TIMEOUT_S:.0f} s (last read {offsets[-1] if offsets else None})")
         finally:
             c.unassign()
+        return values, metas, offsets
 
     def read(self, split: KafkaSplit) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
-        values, metas, offsets, _ = self._fetch(split)
+        freeze_worker_heap()
+        values, metas, offsets = self._fetch(split)
         tables = []
         for lo in range(0, len(values), ARROW_BATCH_ROWS):
             hi = min(len(values), lo + ARROW_BATCH_ROWS)

@@ -120,3 +120,44 @@ def test_idle_partition_does_not_stall_windows(spark, kafka, tmp_path, idleness)
         assert closed == []  # stalled behind the silent partition, as Flink without idleness
         assert health["lag_by_partition"][f"{topic}:0"] > 200
         assert health["lag_records"] == sum(health["lag_by_partition"].values())
+
+
+def test_splits_read_exactly_their_committed_records_around_transaction_markers(kafka):
+    """Transactions put control records (markers) between data records, and aborted records
+    are skipped by read_committed: a split reads every committed record in its offset range,
+    no more, stops at its end even when the range ends on a marker, and a reused consumer
+    reads the next split from where it is told (the source's bulk read path)."""
+    from confluent_kafka import Producer
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    kafka.create_topic("txn", 1)
+    p = Producer({"bootstrap.servers": kafka.bootstrap, "transactional.id": "t-src"})
+    p.init_transactions(10)
+    committed, i = [], 0
+    for t in range(12):
+        p.begin_transaction()
+        rows = [_rec(i + k, BASE + i + k) for k in range(1 + t % 4)]
+        for r in rows:
+            p.produce("txn", r, partition=0)
+        i += len(rows)
+        if t % 3 == 2:
+            p.abort_transaction(10)
+        else:
+            p.commit_transaction(10)
+            committed += [json.loads(r)["id"] for r in rows]
+
+    reader = KafkaStreamReader(KafkaSource(kafka.bootstrap, "txn", SCHEMA).options())
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert end["txn:0"] > len(committed)  # markers and aborted records take offsets
+    # Every cut of the range into two splits reads each committed record exactly once.
+    for cut in range(0, end["txn:0"] + 1, 3):
+        ids = []
+        for lo, hi in ((0, cut), (cut, end["txn:0"])):
+            (split,) = reader.partitions({"txn:0": lo}, {"txn:0": hi}) or [None]
+            if split is None:
+                continue
+            for batch in reader.read(split):
+                assert all(lo <= o < hi for o in batch.column("_offset").to_pylist())
+                ids += batch.column("id").to_pylist()
+        assert ids == committed, cut
