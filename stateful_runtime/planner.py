@@ -402,7 +402,13 @@ def _process(df: DataFrame, node: ProcessNode) -> DataFrame:
     from pyspark.sql import functions as F
 
     from stateful_runtime.connectors.formats.json import to_struct
-    from stateful_runtime.operators.spark import TAG, TS, SparkKeyedProcessor, output_struct
+    from stateful_runtime.operators.spark import (
+        TAG,
+        TS,
+        SparkKeyedProcessor,
+        output_struct,
+        transform_with_state,
+    )
     from stateful_runtime.state import TimeDomain
 
     fn = node.function
@@ -416,12 +422,9 @@ def _process(df: DataFrame, node: ProcessNode) -> DataFrame:
         )
     df = df.withColumn(TS, F.unix_millis(EVENT_TIME)).drop(EVENT_TIME)
     mode = "EventTime" if fn.time_domain is TimeDomain.EVENT_TIME else "ProcessingTime"
-    out = df.groupBy(*node.parent.keys).transformWithStateInPandas(
-        statefulProcessor=SparkKeyedProcessor(fn, fields, main.fieldNames()),
-        outputStructType=output_struct(main),
-        outputMode="Append",
-        timeMode=mode,
-    )
+    out = transform_with_state(df.groupBy(*node.parent.keys),
+                               SparkKeyedProcessor(fn, fields, main.fieldNames()),
+                               output_struct(main), mode)
     if isinstance(fn, WindowOperator):  # late records: to the late side output, or dropped
         late = [t.name for t in fn.side_outputs] + [LATE_MARK]
         out = out.observe(LATE_METRICS, F.sum(F.when(F.col(TAG).isin(late), 1).otherwise(0))

@@ -14,11 +14,12 @@ each row to its sink.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import math
 import pickle
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from pyspark.sql.streaming.stateful_processor import (
@@ -27,6 +28,10 @@ from pyspark.sql.streaming.stateful_processor import (
     StatefulProcessorHandle,
     TimerValues,
 )
+from pyspark.sql.streaming.stateful_processor_util import (
+    TransformWithStateInPandasFuncMode,
+    TransformWithStateInPandasUdfUtils,
+)
 from pyspark.sql.types import StringType, StructField, StructType
 
 from stateful_runtime._process import freeze_worker_heap
@@ -34,11 +39,16 @@ from stateful_runtime.functions import KeyedProcessFunction
 from stateful_runtime.operators.backend import MapCell, StateBackend, ValueCell
 from stateful_runtime.operators.keyed import KeyedOperator
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, GroupedData
+
 TAG = "_tag"
 SIDE = "_side"
 # No leading underscore: Spark rebuilds pandas frames via itertuples, which renames such columns.
 TS = "srt_event_ms"
 _PICKLE = pickle.HIGHEST_PROTOCOL
+# Output rows a task holds before handing a frame to Spark (see SparkKeyedProcessor._buffer).
+FLUSH_ROWS = 10_000
 _MISSING = object()
 
 
@@ -184,17 +194,29 @@ class SparkKeyedProcessor(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         freeze_worker_heap()
+        self.pending_main: list[dict[str, Any]] = []
+        self.pending_side: list[tuple[str, Any]] = []
         self.op = KeyedOperator(copy.deepcopy(self.fn))
         self.op.open(SparkBackend(handle))
 
-    def _frame(self) -> Iterator[pd.DataFrame]:
+    def _buffer(self) -> Iterator[pd.DataFrame]:
+        """Take the operator's output into the task's buffer; yield a frame only once it holds
+        ``FLUSH_ROWS`` rows. Spark converts every frame a key's turn yields to Arrow on its own
+        (a fixed cost per frame, per key: a quarter of the worker's time when most keys emit
+        a row or two); the rest leaves in :meth:`flush` at the end of the task's timer phase."""
         main, side = self.op.drain()
+        if main or side:
+            self.pending_main.extend(main)
+            self.pending_side.extend(side)
+            if len(self.pending_main) + len(self.pending_side) >= FLUSH_ROWS:
+                yield from self.flush()
+
+    def flush(self) -> Iterator[pd.DataFrame]:
+        main, side = self.pending_main, self.pending_side
         if not main and not side:
             return
-        cols: dict[str, list[Any]] = {c: [] for c in self.output_columns}
-        for record in main:
-            for c in self.output_columns:
-                cols[c].append(record.get(c))
+        self.pending_main, self.pending_side = [], []
+        cols: dict[str, list[Any]] = {c: [r.get(c) for r in main] for c in self.output_columns}
         cols[TAG] = [None] * len(main)
         cols[SIDE] = [None] * len(main)
         for tag, record in side:
@@ -218,15 +240,48 @@ class SparkKeyedProcessor(StatefulProcessor):
                     yield ts, dict(zip(fields, values, strict=True))
 
         self.op.process(tuple(key), elements())
-        yield from self._frame()
+        yield from self._buffer()
 
     def handleExpiredTimer(self, key: Any, timerValues: TimerValues,
                            expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
         self.op.set_time(timerValues.getCurrentWatermarkInMs(),
                          timerValues.getCurrentProcessingTimeInMs())
         self.op.fire(tuple(key), expiredTimerInfo.getExpiryTimeInMs())
-        yield from self._frame()
+        yield from self._buffer()
 
     def close(self) -> None:
         if hasattr(self, "op"):
             self.op.close()
+
+
+def transform_with_state(grouped: GroupedData, processor: SparkKeyedProcessor,
+                         output: StructType, time_mode: str) -> DataFrame:
+    """``grouped.transformWithStateInPandas(processor, output, "Append", time_mode)``, except
+    that the processor's buffered output is flushed after each task's timers (Spark calls no
+    processor method at that point; :class:`_FlushingUdf` adds the call). Built as PySpark
+    4.3's ``GroupedData.__transformWithState`` builds it (pyproject pins PySpark < 4.4)."""
+    from pyspark.sql import DataFrame
+    from pyspark.sql.functions import pandas_udf
+    from pyspark.util import PythonEvalType
+
+    util = _FlushingUdf(processor, time_mode)
+    udf = pandas_udf(util.transformWithStateUDF, returnType=output,  # type: ignore[call-overload]
+                     functionType=PythonEvalType.SQL_TRANSFORM_WITH_STATE_PANDAS_UDF)
+    df = grouped._df
+    column = udf(*[df[c] for c in df.columns])
+    session = grouped.session
+    jdf = grouped._jgd.transformWithStateInPandas(
+        column._jc, session._jsparkSession.parseDataType(output.json()), "Append", time_mode,
+        None, "")
+    return DataFrame(jdf, session)
+
+
+class _FlushingUdf(TransformWithStateInPandasUdfUtils):
+    def transformWithStateUDF(self, client: Any, mode: Any, key: Any,
+                              input_rows: Any) -> Iterator[pd.DataFrame]:
+        out = super().transformWithStateUDF(client, mode, key, input_rows)
+        if mode == TransformWithStateInPandasFuncMode.PROCESS_TIMER:
+            processor = self._stateful_processor
+            assert isinstance(processor, SparkKeyedProcessor)
+            return itertools.chain(out, processor.flush())
+        return out
