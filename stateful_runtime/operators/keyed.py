@@ -74,6 +74,11 @@ class KeyedOperator:
         self.backend = backend
         self._timers = backend.map_cell(TIMERS_STATE, None)
         self.fn.open(_OperatorRuntimeContext(self))
+        # Only TTL expiry and a user's on_timer act on a timer: without either, firing due
+        # timers ahead of a key's elements changes nothing, and skipping it saves reading the
+        # key's timer map (a round trip to Spark's state store per key and batch).
+        self._fire_first = bool(self.ttl_cells) or (
+            type(self.fn).on_timer is not KeyedProcessFunction.on_timer)
 
     def close(self) -> None:
         self.fn.close()
@@ -214,7 +219,8 @@ class KeyedOperator:
         backend.begin_key(key)
         fn, ctx, main = self.fn, self._ctx, self.main
         try:
-            self._fire_due()
+            if self._fire_first:
+                self._fire_due()
             for ts, value in elements:
                 self.current_ms = ts
                 out = fn.process_element(value, ctx)
