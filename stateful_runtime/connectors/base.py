@@ -27,7 +27,7 @@ from pyspark.sql.types import (
 from stateful_runtime._process import freeze_worker_heap
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Iterator, Mapping, Sequence
 
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.datasource import DataSource
@@ -97,6 +97,19 @@ def register(spark: SparkSession, data_source: type[DataSource]) -> None:
     if key not in _REGISTERED:
         spark.dataSource.register(data_source)
         _REGISTERED.add(key)
+
+
+def read_stream(spark: SparkSession, data_source: type[DataSource],
+                options: Mapping[str, str]) -> DataFrame:
+    """The streaming DataFrame of a Python DataSource with ``options``. The schema is given
+    to Spark, computed here, so ``load()`` does not start a Python worker to ask the source
+    for it (0.4 s of every job's start)."""
+    register(spark, data_source)
+    reader = spark.readStream.format(data_source.name()).schema(
+        data_source(dict(options)).schema())
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    return reader.load()
 
 @dataclass(frozen=True)
 class SinkSummary:

@@ -31,7 +31,7 @@ from stateful_runtime.connectors.base import (
     OFFSET,
     PARTITION,
     Source,
-    register,
+    read_stream,
     stream_schema,
 )
 from stateful_runtime.connectors.dead_letters import stage
@@ -117,24 +117,16 @@ class LogSource(Source):
                     watermark: WatermarkStrategy | None = None,
                     late_watermark_of: str | None = None) -> DataFrame:
         info = EventLog(self.log_dir).topic(self.topic)
-        register(spark, EventLogDataSource)
-        reader = (
-            spark.readStream.format(FORMAT)
-            .option("log_dir", self.log_dir)
-            .option("topic", info.name)
-            .option("schema", self.schema.json())
-            .option("starting_offsets", self.starting_offsets)
-        )
+        options = {"log_dir": self.log_dir, "topic": info.name, "schema": self.schema.json(),
+                   "starting_offsets": self.starting_offsets}
         if self.max_records_per_batch:
-            reader = reader.option("max_records_per_batch", str(self.max_records_per_batch))
+            options["max_records_per_batch"] = str(self.max_records_per_batch)
         if dead_letter_staging is not None:
-            reader = reader.option("dead_letter_staging", dead_letter_staging)
-        for k, v in alignment.options(watermark).items():  # plan-time event-time alignment
-            reader = reader.option(k, v)
+            options["dead_letter_staging"] = dead_letter_staging
+        options.update(alignment.options(watermark))  # plan-time event-time alignment
         if late_watermark_of is not None:
-            reader = reader.option(alignment.LATE_WATERMARK_OF, late_watermark_of)
-
-        return reader.load()
+            options[alignment.LATE_WATERMARK_OF] = late_watermark_of
+        return read_stream(spark, EventLogDataSource, options)
 
     def dead_letter_sink(self, job: str) -> EventLogDeadLetterSink:
         return EventLogDeadLetterSink(self.log_dir, self.dead_letter_topic,

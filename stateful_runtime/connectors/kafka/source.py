@@ -45,7 +45,7 @@ from stateful_runtime.connectors.base import (
     OFFSET,
     PARTITION,
     Source,
-    register,
+    read_stream,
     stream_schema,
 )
 from stateful_runtime.connectors.dead_letters import stage
@@ -199,11 +199,8 @@ class KafkaSource(Source):
                     watermark: WatermarkStrategy | None = None,
                     late_watermark_of: str | None = None) -> DataFrame:
         self.check()
-        register(spark, KafkaDataSource)
-        reader = spark.readStream.format(FORMAT)
-        for k, v in self.options(dead_letter_staging, watermark, late_watermark_of).items():
-            reader = reader.option(k, v)
-        return reader.load()
+        return read_stream(spark, KafkaDataSource,
+                           self.options(dead_letter_staging, watermark, late_watermark_of))
 
     def options(self, dead_letter_staging: str | None = None,
                 watermark: WatermarkStrategy | None = None,
