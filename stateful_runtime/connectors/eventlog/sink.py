@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import pyarrow as pa
 
 from stateful_runtime.connectors.base import Sink, SinkSummary
 from stateful_runtime.connectors.eventlog.store import EventLog, Record, TopicWriter
+from stateful_runtime.connectors.formats.json import encode_record
 
 
 class LogSink(Sink):
@@ -48,7 +47,7 @@ class LogSink(Sink):
         out = []
         for row in batch.to_pylist():
             key = row.get(self.key_field) if self.key_field else None
-            value = json.dumps(row, default=str, separators=(",", ":")).encode()
+            value = encode_record(row)
             out.append(Record(value, None if key is None else str(key).encode()))
         return out
 

@@ -145,6 +145,17 @@ _JSON_TYPES = ((bool, "boolean"), (int | float, "number"), (str, "string"), (dic
                (list, "array"))
 
 
+# Records the sinks write: compact JSON, values JSON cannot hold as their str(); one encoder for
+# every row (json.dumps with these options builds a new encoder per call).
+_RECORD_ENCODER = json.JSONEncoder(default=str, separators=(",", ":"))
+
+
+def encode_record(record: Mapping[str, Any]) -> bytes:
+    """A record as the sinks write it (``json.dumps(record, default=str, separators=(",",
+    ":"))``, byte for byte)."""
+    return _RECORD_ENCODER.encode(record).encode()
+
+
 def _json_type(value: Any) -> str:
     return next((name for tp, name in _JSON_TYPES if isinstance(value, tp)), "null")
 

@@ -19,7 +19,6 @@ replayed after a crash is written again.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import zlib
@@ -30,6 +29,7 @@ from typing import Any
 import pyarrow as pa
 
 from stateful_runtime.connectors.base import Sink, SinkSummary
+from stateful_runtime.connectors.formats.json import encode_record
 from stateful_runtime.connectors.kafka import client as kafka_client
 from stateful_runtime.connectors.kafka.client import (
     METADATA_TIMEOUT_S,
@@ -187,9 +187,9 @@ class KafkaSink(Sink):
     def _records(self, batch: pa.Table, batch_id: int) -> list[tuple[int, bytes | None, bytes]]:
         out = []
         for i, row in enumerate(batch.to_pylist()):
-            key = (json.dumps({k: row[k] for k in self.key_columns}, default=str,
-                              separators=(",", ":")).encode() if self.key_columns else None)
-            value = json.dumps(row, default=str, separators=(",", ":")).encode()
+            key = (encode_record({k: row[k] for k in self.key_columns})
+                   if self.key_columns else None)
+            value = encode_record(row)
             out.append((_partition_for(key, i, self._parts), key, value))
         return out
 
