@@ -282,7 +282,8 @@ class ControlEndpoint:
             f.write(self.token)
         tmp.replace(self.token_file)
         self._server = _Server((HOST, 0), _handler(self.handlers, self.token))
-        self._thread = threading.Thread(target=self._server.serve_forever,
+        # A short poll interval: close() waits for the serving loop to see the shutdown.
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,),
                                         name="srt-control-endpoint", daemon=True)
         self._thread.start()
         return self.info

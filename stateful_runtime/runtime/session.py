@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -51,14 +52,25 @@ def seal_class_archive(dumped: str | Path) -> Path:
     return archive
 
 
-def _await_class_archive(spark: SparkSession) -> None:
-    """At the exit of a dumping process: end the JVM and wait while it writes the archive (it
-    would otherwise still be writing when this process has exited)."""
-    proc = spark.sparkContext._gateway.proc  # type: ignore[union-attr]
-    spark.stop()
+_JVM_EXIT_S = 30.0  # how long a process's exit waits for its JVM (a dump: 300 s)
+_ENDING: set[int] = set()
+
+
+def _end_jvm(spark: SparkSession, proc: subprocess.Popen | None, timeout: float) -> None:
+    """At this process's exit: stop Spark and wait for the JVM to end, so the job's process is
+    the last of its tree to go and reaps its JVM itself. Left alone, the JVM would start its
+    shutdown only once this process had gone (its stdin closes then) and end as an orphan,
+    seconds later; a class-archive dump would still be writing."""
+    try:
+        spark.stop()
+    except Exception:  # noqa: BLE001 - a JVM already gone; nothing to stop
+        pass
     if proc is not None and proc.stdin is not None:
-        proc.stdin.close()  # the gateway JVM exits when its stdin closes
-        proc.wait(timeout=300)
+        try:
+            proc.stdin.close()  # the gateway JVM exits when its stdin closes
+            proc.wait(timeout=timeout)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
 
 
 def _class_archive_options() -> str:
@@ -131,8 +143,11 @@ def build_session(parallelism: int = 4, master: str | None = None,
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    if os.environ.get(CLASS_ARCHIVE_DUMP_ENV):
-        atexit.register(_await_class_archive, spark)
+    proc = getattr(spark.sparkContext._gateway, "proc", None)  # type: ignore[union-attr]
+    if proc is not None and proc.pid not in _ENDING:
+        _ENDING.add(proc.pid)
+        atexit.register(_end_jvm, spark, proc,
+                        300.0 if os.environ.get(CLASS_ARCHIVE_DUMP_ENV) else _JVM_EXIT_S)
     # A reused session keeps its launch settings; the per-job ones are runtime-settable.
     spark.conf.set("spark.sql.shuffle.partitions", str(parallelism))
     spark.sparkContext.setLogLevel("WARN")

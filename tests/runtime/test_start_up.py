@@ -68,3 +68,21 @@ def test_off_switch_and_dump_mode(archive, tmp_path, monkeypatch):
     monkeypatch.delenv(session.CLASS_ARCHIVE_DUMP_ENV)
     monkeypatch.setenv(session.CLASS_ARCHIVE_ENV, "off")
     assert session._class_archive_options() == ""
+
+
+def test_a_process_that_started_spark_ends_its_jvm_before_it_exits(tmp_path):
+    """A process's exit stops Spark and waits for its JVM: when ``srt run`` returns, nothing of
+    its tree is left running (left alone, the JVM began its shutdown only once the process had
+    gone, and ended seconds later as an orphan)."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("from stateful_runtime.runtime.session import build_session\n"
+              "s = build_session(1, 'local[1]')\n"
+              "print(s.sparkContext._gateway.proc.pid, flush=True)\n")
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, timeout=120, check=True)
+    jvm = int(done.stdout.split()[-1])
+    assert not Path(f"/proc/{jvm}").exists(), "the JVM outlived the process that started it"
