@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", help="results name (default: the mode)")
     ap.add_argument("--merge", help="report only: comma-separated results names whose sections "
                     "fill the ones this result lacks (each marked with the run it came from)")
+    ap.add_argument("--publish", action="store_true", help="report only: write the report as "
+                    "benchmarks/BENCHMARKS.md (plots in benchmarks/plots/), as `all` does")
     a = ap.parse_args(argv)
 
     if a.mode == "setup":
@@ -122,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                         not mine or mine.get("error")):
                     res[section] = {**o[section], "from_run": (
                         f"From the separate run `{other}` ({o.get('started_at')}, "
-                        f"{o['config']['events']:,} events): the combined run did not reach or "
-                        f"finish this section.")}
+                        f"{o['config']['events']:,} events).")}
+        res["publish"] = a.publish
         print(report.write(res, BENCH))
         return 0
 

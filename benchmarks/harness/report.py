@@ -356,7 +356,7 @@ def markdown(res: dict[str, Any], plot_prefix: str, plots: list[str]) -> str:
 
 
 def write(res: dict[str, Any], bench: Path) -> str:
-    if res.get("mode") == "all" and res.get("name") == "all":
+    if res.get("publish") or (res.get("mode") == "all" and res.get("name") == "all"):
         md_path, plot_dir, prefix = bench / "BENCHMARKS.md", bench / "plots", "plots/"
     else:
         d = bench / "results" / res.get("name", "run")
