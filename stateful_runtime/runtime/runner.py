@@ -69,6 +69,26 @@ class BatchCommitted:
     mirror: MirrorSync | None = None
 
 
+def _wake_on_progress(wake: threading.Event) -> Any:
+    """A Spark listener that sets ``wake`` when a query reports a batch or ends."""
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    class Wake(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:
+            wake.set()
+
+        def onQueryIdle(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            wake.set()
+
+    return Wake()
+
+
 def _foreach_batch(query: QueryPlan, timings: dict[tuple[str, int], tuple[float, int]]
                    ) -> Callable[[DataFrame, int], None]:
     def write(df: DataFrame, batch_id: int) -> None:
@@ -303,6 +323,9 @@ class JobRunner:
                     f"--available-now finish; run without it and stop with `srt stop`"
                 )
         self._stop = threading.Event()
+        # Set by Spark's listener on every progress report and query end, and by a stop: the
+        # monitor reacts at once instead of at its next poll.
+        self._wake = threading.Event()
         self.runs: list[_Running] = []
         self.on_batch = list(on_batch)
         self._timings: dict[tuple[str, int], tuple[float, int]] = {}
@@ -350,6 +373,7 @@ class JobRunner:
     def stop(self) -> None:
         """Ask the job to stop: the batch in flight commits, then the queries stop."""
         self._stop.set()
+        self._wake.set()
 
     def stop_and_wait(self, *, savepoint: bool = False, target: str | None = None,
                       timeout: float = 300.0) -> dict[str, Any]:
@@ -361,6 +385,7 @@ class JobRunner:
             elif savepoint and not self._stop_request["savepoint"]:
                 self._stop_request.update(savepoint=True, target=target)
         self._stop.set()
+        self._wake.set()
         if not self._stopped.wait(timeout):
             raise JobError(f"job {self.job.name!r} did not stop within {timeout:.0f} s; it is "
                            f"still stopping (a micro-batch in flight)")
@@ -394,6 +419,7 @@ class JobRunner:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._stop.set()
+        self._wake.set()
 
     def _restore(self) -> None:
         """Lay a savepoint or the mirror out as the job's checkpoint (before it is claimed)."""
@@ -445,6 +471,7 @@ class JobRunner:
             # Spark's Python workers print per-batch lines on stdout: into a log file instead.
             worker_output.divert(registry.job_file(self.job.name, ".workers.log"))
             spark = build_session(self.job.parallelism, self.master)
+            spark.streams.addListener(_wake_on_progress(self._wake))
             registry.update(self.job.name, spark_app_id=spark.sparkContext.applicationId)
             queries = [q.name for q in self.plan.queries]
             for note in restore.rescale(spark, self.checkpoint_dir, queries, self.job.parallelism,
@@ -591,6 +618,7 @@ class JobRunner:
     def _monitor(self) -> bool:
         """Wait until every query ends or a stop is requested; True if a query failed."""
         while True:
+            self._wake.clear()
             self._report()
             for run in self.runs:
                 if not run.query.isActive and run.query.exception() is not None:
@@ -612,4 +640,4 @@ class JobRunner:
             if not any(run.query.isActive for run in self.runs):
                 self._report()
                 return False
-            self._stop.wait(MONITOR_INTERVAL_S)
+            self._wake.wait(MONITOR_INTERVAL_S)
