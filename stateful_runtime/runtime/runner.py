@@ -467,11 +467,13 @@ class JobRunner:
                     for sig in (signal.SIGTERM, signal.SIGINT)}
         state, code = "FAILED", 1
         result: dict[str, Any] = {}
+        spark, wake = None, None
         try:
             # Spark's Python workers print per-batch lines on stdout: into a log file instead.
             worker_output.divert(registry.job_file(self.job.name, ".workers.log"))
             spark = build_session(self.job.parallelism, self.master)
-            spark.streams.addListener(_wake_on_progress(self._wake))
+            wake = _wake_on_progress(self._wake)
+            spark.streams.addListener(wake)
             registry.update(self.job.name, spark_app_id=spark.sparkContext.applicationId)
             queries = [q.name for q in self.plan.queries]
             for note in restore.rescale(spark, self.checkpoint_dir, queries, self.job.parallelism,
@@ -520,6 +522,8 @@ class JobRunner:
             for run in self.runs:
                 if run.query.isActive:
                     run.query.stop()
+            if spark is not None and wake is not None:  # the session may run more jobs
+                spark.streams.removeListener(wake)
             self._publish_dead_letters()
             self._sync_mirror()
             for q in self.plan.queries:

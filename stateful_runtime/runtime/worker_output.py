@@ -18,7 +18,6 @@ import atexit
 import os
 import sys
 import threading
-import time
 from pathlib import Path
 
 from .registry import private_file
@@ -26,15 +25,12 @@ from .registry import private_file
 # Line prefixes written by Spark's Python workers (not by the job).
 WORKER_MARKERS = (b"Streaming TransformWithStateInPandas Python worker",
                   b"Starting Streaming TransformWithStateInPandas Python worker")
-# At exit, how long the copying thread gets to pass on what is still in the pipe, and how long
-# the pipe must stay quiet to count as drained. The JVM holds the pipe's write end open until
-# it exits, and it exits only after this process has (its stdin closes): waiting for the pipe's
-# end would only ever time out.
+# At exit, how long the copying thread gets to pass on what is still in the pipe. The JVM holds
+# the pipe's write end until it exits; the session's own exit hook (registered after this one,
+# so run before it) has ended the JVM by then, and the pipe is at its end.
 DRAIN_S = 2.0
-QUIET_S = 0.1
 
 _installed: threading.Thread | None = None
-_last_read = 0.0
 
 
 def is_worker_line(line: bytes) -> bool:
@@ -47,8 +43,6 @@ def _copy(read_fd: int, terminal: int, log_path: Path) -> None:
     with os.fdopen(read_fd, "rb", buffering=0) as pipe, private_file(log_path) as log:
         while True:
             chunk = pipe.read(65536)
-            global _last_read
-            _last_read = time.monotonic()
             if not chunk:
                 break
             buffered += chunk
@@ -90,11 +84,7 @@ def divert(log_path: str | Path) -> Path:
         except (OSError, ValueError):
             pass
         os.dup2(terminal, 1)  # our write end closes; the JVM's closes when it exits
-        deadline = time.monotonic() + DRAIN_S
-        while thread.is_alive() and time.monotonic() < deadline:
-            if time.monotonic() - _last_read >= QUIET_S:
-                break  # drained: nothing arrived for QUIET_S
-            thread.join(QUIET_S / 4)
+        thread.join(DRAIN_S)
 
     atexit.register(_restore)
     return path
