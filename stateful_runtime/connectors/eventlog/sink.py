@@ -6,7 +6,7 @@ import pyarrow as pa
 
 from stateful_runtime.connectors.base import Sink, SinkSummary
 from stateful_runtime.connectors.eventlog.store import EventLog, Record, TopicWriter
-from stateful_runtime.connectors.formats.json import encode_record
+from stateful_runtime.connectors.formats.json import encode_records
 
 
 class LogSink(Sink):
@@ -44,12 +44,12 @@ class LogSink(Sink):
         self._producer = f"{job}/{query}"
 
     def _records(self, batch: pa.Table) -> list[Record]:
-        out = []
-        for row in batch.to_pylist():
-            key = row.get(self.key_field) if self.key_field else None
-            value = encode_record(row)
-            out.append(Record(value, None if key is None else str(key).encode()))
-        return out
+        values = encode_records(batch)
+        names = batch.column_names
+        keys = ([None] * len(values) if not self.key_field or self.key_field not in names
+                else batch.column(len(names) - 1 - names[::-1].index(self.key_field)).to_pylist())
+        return [Record(value, None if key is None else str(key).encode())
+                for key, value in zip(keys, values, strict=True)]
 
     def write_batch(self, batch: pa.Table, batch_id: int) -> None:
         assert self._writer is not None, "LogSink.write_batch before open"

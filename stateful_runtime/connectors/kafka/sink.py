@@ -29,7 +29,7 @@ from typing import Any
 import pyarrow as pa
 
 from stateful_runtime.connectors.base import Sink, SinkSummary
-from stateful_runtime.connectors.formats.json import encode_record
+from stateful_runtime.connectors.formats.json import encode_records
 from stateful_runtime.connectors.kafka import client as kafka_client
 from stateful_runtime.connectors.kafka.client import (
     METADATA_TIMEOUT_S,
@@ -185,13 +185,11 @@ class KafkaSink(Sink):
         return dict(self._last)
 
     def _records(self, batch: pa.Table, batch_id: int) -> list[tuple[int, bytes | None, bytes]]:
-        out = []
-        for i, row in enumerate(batch.to_pylist()):
-            key = (encode_record({k: row[k] for k in self.key_columns})
-                   if self.key_columns else None)
-            value = encode_record(row)
-            out.append((_partition_for(key, i, self._parts), key, value))
-        return out
+        values = encode_records(batch)
+        keys: list[bytes | None] = (encode_records(batch.select(list(self.key_columns)))
+                                    if self.key_columns else [None] * len(values))
+        return [(_partition_for(key, i, self._parts), key, value)
+                for i, (key, value) in enumerate(zip(keys, values, strict=True))]
 
     def write_batch(self, batch: pa.Table, batch_id: int) -> None:
         from confluent_kafka import KafkaException
