@@ -12,14 +12,15 @@ offsets, state and the watermark together per micro-batch.
 Windows are one node in the graph (:class:`~stateful_runtime.streams.WindowNode`); the planner
 alone decides how each runs (:func:`native_window_reason`). Paths:
 
-* ``native``: a window that needs nothing beyond Spark's semantics (tumbling event-time windows
-  with built-in aggregates, fired by the watermark) compiles to ``groupBy(window(...))`` running
-  in the JVM on the RocksDB state store — the fast path.
+* ``native``: a window that needs nothing beyond Spark's semantics (tumbling, sliding or session
+  event-time windows with built-in aggregates, fired by the watermark) compiles to
+  ``groupBy(window(...))`` or ``groupBy(session_window(...))`` running in the JVM on the RocksDB
+  state store — the fast path.
 * ``process``: a keyed process function on ``transformWithStateInPandas`` (RocksDB state store,
   timers in Spark, TTL per descriptor).
-* ``window``: any other window (sliding, session, global + count trigger, allowed lateness,
-  late side output, early firing) on the runtime's window operator, itself a keyed process
-  function on ``transformWithStateInPandas``.
+* ``window``: any other window (a user aggregate or window function, global + count trigger,
+  allowed lateness, late side output, early firing) on the runtime's window operator, itself a
+  keyed process function on ``transformWithStateInPandas``.
 * ``stateless``: filters straight to a sink.
 """
 
@@ -63,7 +64,12 @@ from stateful_runtime.streams import (
     SourceNode,
     WindowNode,
 )
-from stateful_runtime.windows import TumblingEventTimeWindows, spark_interval
+from stateful_runtime.windows import (
+    EventTimeSessionWindows,
+    SlidingEventTimeWindows,
+    TumblingEventTimeWindows,
+    spark_interval,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -78,12 +84,17 @@ SOURCE_METRICS = "srt_source"
 LATE_METRICS = "srt_late"
 
 
+NativeAssigner = TumblingEventTimeWindows | SlidingEventTimeWindows | EventTimeSessionWindows
+NATIVE_ASSIGNERS = (TumblingEventTimeWindows, SlidingEventTimeWindows, EventTimeSessionWindows)
+
+
 @dataclass(frozen=True)
 class NativeWindowNode:
-    """A window the planner compiles to Spark's native ``groupBy(window)`` (JVM speed)."""
+    """A window the planner compiles to Spark's native ``groupBy(window)`` or
+    ``groupBy(session_window)`` (JVM speed)."""
 
     parent: KeyByNode
-    assigner: TumblingEventTimeWindows
+    assigner: NativeAssigner
     aggregates: Mapping[str, Aggregate]
     name: str
 
@@ -91,7 +102,7 @@ class NativeWindowNode:
 def native_window_reason(node: WindowNode) -> str | None:
     """Why ``node`` cannot run on Spark's native window aggregation (None: it can)."""
     needs = []
-    if not isinstance(node.assigner, TumblingEventTimeWindows):
+    if not isinstance(node.assigner, NATIVE_ASSIGNERS):
         needs.append(node.assigner.describe())
     if not isinstance(node.contents, Mapping):
         needs.append(f"a {type(node.contents).__name__}")
@@ -110,7 +121,7 @@ def _lower(node: Node) -> Node | NativeWindowNode:
     if not isinstance(node, WindowNode):
         return node
     if native_window_reason(node) is None:
-        assert isinstance(node.assigner, TumblingEventTimeWindows)
+        assert isinstance(node.assigner, NATIVE_ASSIGNERS)
         assert isinstance(node.contents, Mapping)
         return NativeWindowNode(node.parent, node.assigner, dict(node.contents), node.name)
     operator = WindowOperator(node.assigner, node.parent.keys, node.contents, node.output_schema,
@@ -364,19 +375,35 @@ def state_layout(node: NativeWindowNode | ProcessNode) -> dict:
             "states": {d.name: _state_signature(d) for d in describe_states(fn)}}
 
 
-def _count_late(df: DataFrame, size: timedelta) -> DataFrame:
+def _micros(value: timedelta):  # -> Column
+    from pyspark.sql import functions as F
+
+    return F.lit(int(value / timedelta(microseconds=1)))
+
+
+def _last_window_end(assigner: NativeAssigner):  # -> Column
+    """Where the last window holding a record ends (µs): Spark drops a record for every window
+    of it that ends at or before the late-event watermark, so a record is late (counted, and
+    in no result) when its last window does."""
+    from pyspark.sql import functions as F
+
+    ts = F.unix_micros(EVENT_TIME)
+    if isinstance(assigner, EventTimeSessionWindows):
+        return ts + _micros(assigner.gap)  # a record's own session, before any merge
+    step = assigner.slide if isinstance(assigner, SlidingEventTimeWindows) else assigner.size
+    return ts - F.pmod(ts, _micros(step)) + _micros(assigner.size)  # epoch-aligned, as Spark
+
+
+def _count_late(df: DataFrame, assigner: NativeAssigner) -> DataFrame:
     """Count, record by record, what Spark's late filter will drop from the window aggregation:
-    records whose tumbling window ends at or before their batch's late-event watermark (the
+    records whose last window ends at or before their batch's late-event watermark (the
     source's :data:`~stateful_runtime.connectors.alignment.LATE_BEFORE` column). Spark's own
     counter runs after the partial aggregation and counts (window, key) groups."""
     from pyspark.sql import functions as F
 
     if LATE_BEFORE not in df.columns:
         return df
-    ts = F.unix_micros(EVENT_TIME)
-    size_us = int(size / timedelta(microseconds=1))
-    end = ts - F.pmod(ts, F.lit(size_us)) + F.lit(size_us)  # epoch-aligned, as Spark's window
-    late = end <= F.col(LATE_BEFORE) * 1000
+    late = _last_window_end(assigner) <= F.col(LATE_BEFORE) * 1000
     return df.observe(LATE_METRICS, F.sum(F.when(late, 1).otherwise(0)).alias("late")
                       ).drop(LATE_BEFORE)
 
@@ -384,11 +411,18 @@ def _count_late(df: DataFrame, size: timedelta) -> DataFrame:
 def _window_aggregate(df: DataFrame, node: NativeWindowNode) -> DataFrame:
     from pyspark.sql import functions as F
 
-    assert isinstance(node.assigner, TumblingEventTimeWindows)
-    df = _count_late(df, node.assigner.size)
+    assigner = node.assigner
+    df = _count_late(df, assigner)
     keys = list(node.parent.keys)
     aggs = [agg.column().alias(out) for out, agg in node.aggregates.items()]
-    grouped = df.groupBy(F.window(EVENT_TIME, spark_interval(node.assigner.size)), *keys).agg(*aggs)
+    if isinstance(assigner, EventTimeSessionWindows):
+        window = F.session_window(EVENT_TIME, spark_interval(assigner.gap))
+    elif isinstance(assigner, SlidingEventTimeWindows):
+        window = F.window(EVENT_TIME, spark_interval(assigner.size),
+                          spark_interval(assigner.slide))
+    else:
+        window = F.window(EVENT_TIME, spark_interval(assigner.size))
+    grouped = df.groupBy(window.alias("window"), *keys).agg(*aggs)
     # Session time zone is UTC, so the NTZ cast keeps the UTC wall clock.
     return grouped.select(
         *keys,
@@ -489,7 +523,7 @@ def _build_pipeline(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | No
     layout: dict[str, dict] = {}
     path, reason = "stateless", "no stateful operator: records pass straight to the sink"
     ops: list[Callable[[DataFrame], DataFrame]] = []
-    upsert_required = False
+    upsert_required = session = False
     for node in p.nodes:
         if isinstance(node, FilterNode):
             steps.append(f"filter {node.condition}")
@@ -498,18 +532,17 @@ def _build_pipeline(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | No
             steps.append(f"key_by {', '.join(node.keys)} (hash-partitioned into "
                          f"{job.parallelism} state partitions)")
         elif isinstance(node, NativeWindowNode):
-            if not isinstance(node.assigner, TumblingEventTimeWindows):
-                raise PlanError(f"operator {node.name!r}: {node.assigner.describe()} "
-                                "is not supported by this planner")
             aggs = ", ".join(f"{k}={a.describe()}" for k, a in node.aggregates.items())
             steps.append(f"window {node.name}: {node.assigner.describe()} by "
                          f"{', '.join(node.parent.keys)} → {aggs}")
             stateful.append(node.name)
             layout[node.name] = state_layout(node)
             path = "native"
-            reason = ("tumbling event-time window with built-in aggregates and no allowed "
-                      "lateness, side output or custom trigger: Spark's groupBy(window) in the "
-                      "JVM, state in RocksDB")
+            session = isinstance(node.assigner, EventTimeSessionWindows)
+            reason = (f"{node.assigner.describe()} with built-in aggregates and no allowed "
+                      f"lateness, side output or custom trigger: Spark's groupBy("
+                      f"{'session_window' if session else 'window'}) in the JVM, state in "
+                      f"RocksDB")
             upsert_required = True
             ops.append(lambda df, n=node: _window_aggregate(df, n))
         elif isinstance(node, ProcessNode):
@@ -560,11 +593,14 @@ def _build_pipeline(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | No
         steps.append(f"write {sink_node.name} {where}: {wp.why}")
     output_mode = "append"
     if upsert_required:
+        # Sessions are emitted once, closed: an open session's start moves when it merges with
+        # an earlier one, so its earlier updates would stay behind in an upsert sink as rows
+        # of their own.
         sink = outputs[0].sink
-        output_mode = "update" if sink.upsert else "append"
+        output_mode = "update" if sink.upsert and not session else "append"
         steps.insert(first_sink_step,
                      "emit: every update of an open window (the sink upserts by key)"
-                     if sink.upsert
+                     if output_mode == "update"
                      else "emit: each window once, when the watermark passes its end")
     src = p.src
 

@@ -224,7 +224,7 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
              "(ties: smallest id)", oracle_q5, norm_q5),
     Workload("q7", "Nexmark q7 (highest bid)", "bids", "q7_highest_bid.py", "native", False,
              "highest bid price per channel per 10 s tumbling window", oracle_q7, norm_q7),
-    Workload("q11", "Nexmark q11 (user sessions)", "bids", "q11_sessions.py", "window", True,
+    Workload("q11", "Nexmark q11 (user sessions)", "bids", "q11_sessions.py", "native", False,
              "bids per bidder per session (10 s gap)", oracle_q11, norm_q11),
     Workload("counter", "Keyed ValueState counter", "upi", "keyed_counter.py", "process", True,
              "a ValueState count per merchant; emits (merchant, count) every 100th payment",

@@ -1,8 +1,8 @@
 """Nexmark q11 (user sessions): bids per bidder per session, sessions ending after 10 s
 without a bid.
 
-Benchmark job (benchmarks/run.py): session windows run on the runtime's window operator (the
-``window`` path: Python, transformWithStateInPandas).
+Benchmark job (benchmarks/run.py): session windows with a built-in aggregate run on Spark's own
+``session_window`` (the ``native`` path: JVM, RocksDB state).
 """
 
 from datetime import timedelta

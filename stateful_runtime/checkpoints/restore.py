@@ -42,7 +42,12 @@ def compatibility(saved: dict[str, Any], new: dict[str, Any]) -> tuple[list[str]
                             for s, sig in so["states"].items()]
                 continue
             if so["kind"] != no["kind"]:
-                bad.append(f"{where}: was a {so['kind']} operator, is now {no['kind']}")
+                why = (" (sliding and session windows with built-in aggregates now run on "
+                       "Spark's native aggregation, whose state the window operator's cannot "
+                       "become: let the old job's windows close, then start this code on a new "
+                       "checkpoint)" if (so["kind"], no["kind"]) == ("window", "native-window")
+                       else "")
+                bad.append(f"{where}: was a {so['kind']} operator, is now {no['kind']}{why}")
                 continue
             if so["keys"] != no["keys"]:
                 bad.append(f"{where}: keyed by {so['keys']}, now by {no['keys']}")

@@ -70,6 +70,17 @@ def test_compatibility_lists_every_difference():
     assert other_job == ["the savepoint is of job 'j', this job is 'x'"]
 
 
+def test_a_window_that_now_runs_native_is_refused_with_what_to_do():
+    """Sliding and session windows with built-in aggregates moved from the window operator to
+    Spark's native aggregation: a savepoint of the old code is refused, and says why and how."""
+    op = {"keys": ["k"], "states": {}}
+    saved = {"job": "j", "queries": {"q": {"operators": {"w": {**op, "kind": "window"}}}}}
+    new = {"job": "j", "queries": {"q": {"operators": {"w": {**op, "kind": "native-window"}}}}}
+    (bad,), _ = restore.compatibility(saved, new)
+    assert bad.startswith("query q, operator w: was a window operator, is now native-window")
+    assert "let the old job's windows close, then start this code on a new checkpoint" in bad
+
+
 def test_manifest_is_create_only(tmp_path):
     store = open_store(tmp_path)
     store.put_bytes("a/_manifest.json", b"1", create_only=True)
