@@ -45,7 +45,7 @@ ALL_SECTIONS = ("throughput", "kafka", "latency", "scaleout", "profiles")
 
 MODES: dict[str, dict[str, Any]] = {
     "quick": {"events": 200_000, "reps": 1, "batch_size": 100_000,
-              "workloads": ["upi", "counter", "q11"],
+              "workloads": ["upi", "counter", "q5"],
               "systems": ["srt", "flink-sql", "bytewax"],
               "sections": ["throughput"]},
     "all": {"events": 1_000_000, "reps": 3, "batch_size": 250_000,

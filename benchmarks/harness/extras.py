@@ -449,7 +449,7 @@ def profiles(*, work: Path, cfg: dict[str, Any], seed: int, options: dict[str, A
     rate = 50
     work.mkdir(parents=True, exist_ok=True)
     out: dict[str, Any] = {"runs": {}, "rate_hz": rate}
-    for w in ("upi", "q11"):
+    for w in ("upi", "q5"):
         wl = WORKLOADS[w]
         progress.step(f"profile {w} (py-spy, jstat, Spark progress)", 0)
         inputs = data.prepare(work.parent / "data", wl.stream, cfg["events"], seed,
