@@ -85,7 +85,6 @@ LATE_METRICS = "srt_late"
 
 
 NativeAssigner = TumblingEventTimeWindows | SlidingEventTimeWindows | EventTimeSessionWindows
-NATIVE_ASSIGNERS = (TumblingEventTimeWindows, SlidingEventTimeWindows, EventTimeSessionWindows)
 
 
 @dataclass(frozen=True)
@@ -102,7 +101,7 @@ class NativeWindowNode:
 def native_window_reason(node: WindowNode) -> str | None:
     """Why ``node`` cannot run on Spark's native window aggregation (None: it can)."""
     needs = []
-    if not isinstance(node.assigner, NATIVE_ASSIGNERS):
+    if not isinstance(node.assigner, NativeAssigner):
         needs.append(node.assigner.describe())
     if not isinstance(node.contents, Mapping):
         needs.append(f"a {type(node.contents).__name__}")
@@ -121,7 +120,7 @@ def _lower(node: Node) -> Node | NativeWindowNode:
     if not isinstance(node, WindowNode):
         return node
     if native_window_reason(node) is None:
-        assert isinstance(node.assigner, NATIVE_ASSIGNERS)
+        assert isinstance(node.assigner, NativeAssigner)
         assert isinstance(node.contents, Mapping)
         return NativeWindowNode(node.parent, node.assigner, dict(node.contents), node.name)
     operator = WindowOperator(node.assigner, node.parent.keys, node.contents, node.output_schema,

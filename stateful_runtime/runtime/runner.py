@@ -384,8 +384,7 @@ class JobRunner:
                 self._stop_request = {"savepoint": savepoint, "target": target}
             elif savepoint and not self._stop_request["savepoint"]:
                 self._stop_request.update(savepoint=True, target=target)
-        self._stop.set()
-        self._wake.set()
+        self.stop()
         if not self._stopped.wait(timeout):
             raise JobError(f"job {self.job.name!r} did not stop within {timeout:.0f} s; it is "
                            f"still stopping (a micro-batch in flight)")
@@ -418,8 +417,7 @@ class JobRunner:
         return result
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        self._stop.set()
-        self._wake.set()
+        self.stop()
 
     def _restore(self) -> None:
         """Lay a savepoint or the mirror out as the job's checkpoint (before it is claimed)."""
