@@ -338,12 +338,14 @@ class DeadLetterSink(Protocol):
     """Where a source's rejected records are published: a topic of the source's own system.
 
     The publish protocol (:class:`stateful_runtime.connectors.dead_letters.DeadLetters`) opens
-    one ``writer()`` per publish and calls ``write_split`` once per staged split, in offset
-    order per source partition. ``write_split`` must append nothing for a split it already
-    holds (``start`` is the split's first source offset: an idempotent producer sequence), so a
-    crash between publishing and removing the staged file duplicates nothing. Each record keeps
-    its raw bytes; the reason and origin travel in headers (``error``, ``source.topic``,
-    ``source.partition``, ``source.offset``, ``job``).
+    one ``writer()`` per publish and, for each staged split in offset order per source
+    partition, asks ``published`` how far that partition is in the topic, then calls
+    ``write_split`` with the split's rejected records at or after that mark. ``write_split``
+    appends them and moves the mark to the split's ``end`` in one atomic step, so a crash
+    between publishing and removing the staged file, or a batch planned again with other
+    boundaries, duplicates nothing and skips nothing. Each record keeps its raw bytes; the
+    reason and origin travel in headers (``error``, ``source.topic``, ``source.partition``,
+    ``source.offset``, ``job``).
     """
 
     topic: str
@@ -352,8 +354,13 @@ class DeadLetterSink(Protocol):
     def writer(self) -> AbstractContextManager[Any]:
         """One publish: a context that commits on a clean exit, aborts on an exception."""
 
-    def write_split(self, writer: Any, table: pa.Table, partition: int | str, start: int) -> int:
-        """Append one split's rejected records; returns how many were appended (0: had it)."""
+    def published(self, writer: Any, partition: int | str) -> int:
+        """The first offset of source ``partition`` whose rejected records are not published
+        yet (0: none published)."""
+
+    def write_split(self, writer: Any, table: pa.Table, partition: int | str, end: int) -> int:
+        """Append rejected records of ``partition`` (none before ``published``) and mark it
+        published up to offset ``end``, atomically; returns how many were appended."""
 
     def records(self) -> int:
         """How many dead letters the topic holds (for progress lines and summaries)."""

@@ -11,9 +11,13 @@ source marks it (``_error``, ``_raw``), and then it is
 2. **published** by the job process alone (:meth:`DeadLetters.publish`: the runner calls it
    after every committed batch, at start and at stop) to the source's
    :class:`~stateful_runtime.connectors.base.DeadLetterSink`: every staged split whose range is
-   committed, in offset order, as an idempotent producer per source partition whose sequence
-   is the split's start offset — a split published twice (a crash between publishing and
-   deleting the file) appends nothing the second time.
+   committed, in offset order. The sink keeps, per source partition and in the same write as
+   the records, how far it has published (the end of the last split: every rejected record
+   before it is in the topic), and only records at or after that mark are appended. So a split
+   published twice (a crash between publishing and deleting the file) appends nothing the
+   second time, and neither do splits of a batch planned again with other boundaries (after a
+   checkpoint fell back, or a restore from an older savepoint): each rejected record reaches
+   the topic once, whatever the splits that carried it.
 """
 
 from __future__ import annotations
@@ -67,18 +71,23 @@ def staged(directory: str) -> list[tuple[str, int, int, Path]]:
 
 def publish(directory: str, committed: Mapping[str, int], sink: DeadLetterSink) -> int:
     """Move the staged splits inside ``committed`` offsets into the dead-letter topic."""
-    due = [(p, start, path) for p, start, end, path in staged(directory)
+    due = [(p, start, end, path) for p, start, end, path in staged(directory)
            if end <= int(committed.get(p, 0))]  # others' batches are not committed yet
     if not due:
         return 0
     done = 0
     with sink.writer() as writer:  # one open of the topic per publish, not per split
-        for partition, start, path in due:
+        for key, start, end, path in due:
+            partition = int(key) if key.isdigit() else key
+            mark = sink.published(writer, partition)
+            if end <= mark:
+                continue  # in the topic already (a re-run, or a range planned again)
             with ipc.open_file(str(path)) as reader:
                 table = reader.read_all()
-            done += sink.write_split(writer, table, int(partition) if partition.isdigit()
-                                     else partition, start)
-    for _, _, path in due:
+            if start < mark:  # the front of the range went out with splits of another plan
+                table = table.filter(pc.greater_equal(table.column(OFFSET), mark))
+            done += sink.write_split(writer, table, partition, end)
+    for *_, path in due:
         path.unlink()
     return done
 

@@ -7,9 +7,9 @@ committed batches (polled in the checkpoint's ``commits/``) plus a random delay,
 the oracle of exactly the records the sink claims (up to the source offsets of the last batch in
 its ledger, read from the log and counted independently): nothing lost, nothing counted twice,
 at every kill point. Some trials also tear the newest ``commits/N`` after the kill (truncated,
-garbage, emptied), as a crash mid-write would; the next start must fall back to the previous
-batch. A final ``--available-now`` run drains the log: table = oracle of the whole input, dead
-letters exactly once.
+garbage, emptied) when the killed run wrote it, as a crash mid-write would; the next start must
+fall back to the previous batch. A final ``--available-now`` run drains the log: table = oracle
+of the whole input, dead letters exactly once.
 
 Seeded: the seed fixes the input, every kill point and every damage; a failure names it.
 
@@ -240,7 +240,12 @@ def run_kill_trials(root: Path, cfg: Config, env: dict[str, str],
                       planned is not None and planned > committed, b > committed, lost, dup,
                       "FAIL" if detail else "pass", detail.strip(),
                       duration_s=round(time.monotonic() - t0, 1))
-        if torn and committed >= 1 and not detail:
+        # A torn commits/N is a crash while writing it: only the run just killed can have
+        # been writing the newest commit. (Tearing one an earlier run wrote, which a later
+        # fallback had already stepped back to, is a disk that rots old files: the table then
+        # mixes windows of two forgotten batches until they run again, which no prefix of the
+        # input explains, and a commit torn twice is quarantined once.)
+        if torn and committed > max(before, 0) and not detail:
             how = rng.choice(["truncate", "garbage", "empty"])
             target = qdir / "commits" / str(committed)
             trial.damage = damage(target, how, rng)

@@ -39,9 +39,15 @@ class EventLogDeadLetterSink:
         log.create_topic(self.topic, log.topic(self.source_topic).partitions, exist_ok=True)
         return log.writer(self.topic)
 
-    def write_split(self, writer: TopicWriter, table: pa.Table, partition: int, start: int
-                    ) -> int:
-        """Append one split's rejected records; a split already appended appends nothing."""
+    def _producer(self, partition: int) -> str:
+        return f"{self.job}/{self.source_topic}/p{partition}"
+
+    def published(self, writer: TopicWriter, partition: int) -> int:
+        """The producer's sequence is the end of the last split it appended."""
+        return writer.producer_sequence(self._producer(partition)) or 0
+
+    def write_split(self, writer: TopicWriter, table: pa.Table, partition: int, end: int) -> int:
+        """Append rejected records and move the partition's mark to ``end`` in one write."""
         records = [
             Record(
                 row[RAW] or b"",
@@ -52,8 +58,7 @@ class EventLogDeadLetterSink:
             )
             for row in table.to_pylist()
         ]
-        return writer.append(records, producer_id=f"{self.job}/{self.source_topic}/"
-                             f"p{partition}", sequence=start)
+        return writer.append(records, producer_id=self._producer(partition), sequence=end)
 
     def summary(self) -> SinkSummary | None:
         return SinkSummary(f"dead letters: {self.records():,} in topic {self.topic}", [])

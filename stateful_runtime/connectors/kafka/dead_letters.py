@@ -29,8 +29,9 @@ class KafkaDeadLetterSink:
     Record ``p`` of a source partition goes to dead-letter partition ``p % partitions`` (the
     topic is created with the source's partition count). One publish (every staged split of the
     committed batches) is one transaction with producer id ``<job>.<source>.dlq`` that also
-    records, per source partition, how far it has published; a split already published is
-    skipped, so crashes between publishing and removing the staged files duplicate nothing.
+    records, per source partition, how far it has published (the end of the last split), so
+    crashes between publishing and removing the staged files, and batches planned again with
+    other boundaries, duplicate nothing.
     """
 
     def __init__(self, config: Mapping[str, Any], topic: str, *, source: str, job: str,
@@ -51,9 +52,12 @@ class KafkaDeadLetterSink:
     def writer(self) -> _DeadLetterTxn:
         return _DeadLetterTxn(self)
 
-    def write_split(self, writer: _DeadLetterTxn, table: pa.Table, key: str | int, start: int
+    def published(self, writer: _DeadLetterTxn, key: str | int) -> int:
+        return writer.published.get(str(key), 0)
+
+    def write_split(self, writer: _DeadLetterTxn, table: pa.Table, key: str | int, end: int
                     ) -> int:
-        return writer.write_split(table, str(key), start)
+        return writer.write_split(table, str(key), end)
 
     def records(self) -> int:
         """Dead letters published so far (from the control topic's marker, then counted)."""
@@ -85,9 +89,7 @@ class _DeadLetterTxn:
         self.count = int(marker.get("count", 0))
         self.producer.begin_transaction()
 
-    def write_split(self, table: pa.Table, key: str, start: int) -> int:
-        if start < self.published.get(key, 0):
-            return 0  # published by a run that crashed before removing the staged file
+    def write_split(self, table: pa.Table, key: str, end: int) -> int:
         topic = key.rsplit(":", 1)[0]
         n = 0
         for row in table.to_pylist():
@@ -98,7 +100,7 @@ class _DeadLetterTxn:
             produce(self.producer, self.sink.topic, value=row[RAW] or b"",
                      partition=row[PARTITION] % self._parts, headers=headers)
             n += 1
-        self.published[key] = start + 1
+        self.published[key] = max(end, self.published.get(key, 0))
         self.count += n
         return n
 
