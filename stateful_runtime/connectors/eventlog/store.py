@@ -309,15 +309,43 @@ class TopicWriter:
         self.close()
 
 
-_SECONDARY_ROOT: str | None = None
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+_SWEPT = False
+
+
+def _remove_own(root: Path) -> None:
+    for d in root.glob(f"{os.getpid()}-*"):
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _secondary_dir() -> str:
-    global _SECONDARY_ROOT
-    if _SECONDARY_ROOT is None:
-        _SECONDARY_ROOT = tempfile.mkdtemp(prefix="srt-log-reader-")
-        atexit.register(shutil.rmtree, _SECONDARY_ROOT, True)
-    return tempfile.mkdtemp(dir=_SECONDARY_ROOT)
+    """A private directory for one reader's RocksDB secondary instance (its info log).
+
+    All readers of a user share one root. Spark's Python workers end with ``os._exit`` or are
+    killed, so neither ``atexit`` nor ``close`` is sure to run: each process's first reader
+    removes the directories of processes that are gone (named ``<pid>-…``)."""
+    global _SWEPT
+    root = Path(tempfile.gettempdir()) / f"srt-log-readers-{os.getuid()}"
+    root.mkdir(mode=0o700, exist_ok=True)
+    if root.stat().st_uid != os.getuid() or root.is_symlink():
+        return tempfile.mkdtemp(prefix="srt-log-reader-")  # not ours: a private one
+    if not _SWEPT:
+        _SWEPT = True
+        atexit.register(_remove_own, root)
+        for d in root.iterdir():
+            pid = d.name.split("-", 1)[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(d, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root)
 
 
 class TopicReader:
@@ -326,13 +354,15 @@ class TopicReader:
     def __init__(self, info: TopicInfo) -> None:
         self.info = info
         store = info.path / "store"
+        self._secondary = _secondary_dir()
         try:
             self._db = Rdict(
                 str(store),
                 options=Options(raw_mode=True),
-                access_type=AccessType.secondary(_secondary_dir()),
+                access_type=AccessType.secondary(self._secondary),
             )
         except Exception as exc:
+            shutil.rmtree(self._secondary, ignore_errors=True)
             raise LogError(
                 f"cannot open topic {info.name!r} for reading at {store}: {exc}") from exc
         try:
@@ -347,10 +377,10 @@ class TopicReader:
                     info.name, str(store), f"RocksDB holds {self._db.latest_sequence_number()} "
                     f"writes but none of its table files could be loaded")
         except CorruptLogError:
-            self._db.close()
+            self.close()
             raise
         except Exception as exc:  # noqa: BLE001 - rocksdict raises bare exceptions
-            self._db.close()
+            self.close()
             raise CorruptLogError(info.name, str(store), f"unreadable ({exc})") from None
 
     def _corrupt(self, exc: BaseException, what: str) -> CorruptLogError:
@@ -453,6 +483,7 @@ class TopicReader:
 
     def close(self) -> None:
         self._db.close()
+        shutil.rmtree(self._secondary, ignore_errors=True)
 
 
 _CACHED_READERS: dict[str, TopicReader] = {}

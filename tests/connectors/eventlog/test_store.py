@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -190,3 +191,39 @@ def test_serve_accepts_nc_style_lines_and_stops_cleanly(tmp_path, srt_env):
     values = sorted(json.loads(r.value)["i"] for p, e in reader.end_offsets().items()
                     for r in reader.read(p, 0, e))
     assert values == list(range(300))
+
+
+def test_readers_leave_no_directories_behind_even_when_their_process_is_killed(tmp_path):
+    """Each reader keeps a RocksDB secondary directory under the temp dir. Spark's Python
+    workers end by ``os._exit`` or SIGKILL (no ``atexit``, no ``close``): the next process's
+    first reader removes the directories of processes that are gone."""
+    log = EventLog(tmp_path / "log")
+    log.create_topic("t", 2)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    script = textwrap.dedent(f"""
+        import os, sys
+        from stateful_runtime.connectors.eventlog import EventLog
+        reader = EventLog({str(tmp_path / 'log')!r}).reader("t")
+        print(reader._secondary, flush=True)
+        if sys.argv[1] == "exit":
+            os._exit(0)
+        if sys.argv[1] == "close":
+            reader.close()
+            print(len(os.listdir(os.path.dirname(reader._secondary))), flush=True)
+    """)
+
+    def run(how: str) -> list[str]:
+        out = subprocess.run([sys.executable, "-c", script, how], env=env, capture_output=True,
+                             text=True, timeout=60, check=True)
+        return out.stdout.split()
+
+    (gone,) = run("exit")
+    assert os.path.isdir(gone)  # left behind by os._exit
+    secondary, left = run("close")
+    assert not os.path.exists(gone), "a dead process's directory was not removed"
+    assert not os.path.exists(secondary) and left == "0"
+    (normal,) = run("normal")  # ends without close: atexit removes it
+    assert not os.path.exists(normal)
+    assert [p.name for p in tmp.iterdir()] == [f"srt-log-readers-{os.getuid()}"]
