@@ -19,7 +19,7 @@ from typing import Any
 
 from stateful_runtime.functions import KeyedProcessFunction, OutputTag, to_ms
 from stateful_runtime.operators.backend import MemoryBackend
-from stateful_runtime.operators.keyed import TIMERS_STATE, KeyedOperator, _RefreshOnRead
+from stateful_runtime.operators.keyed import KeyedOperator, _RefreshOnRead
 from stateful_runtime.operators.ttl import EventTtlValueCell
 from stateful_runtime.state import TimeDomain
 
@@ -136,9 +136,7 @@ class KeyedProcessHarness:
         return sorted(self.backend.timers.get(key_t, ()))
 
     def user_timers(self, key: Any) -> list[int]:
-        key_t = key if isinstance(key, tuple) else (key,)
-        stored = self.backend.data.get((TIMERS_STATE, key_t), {})
-        return sorted(ts for ts, (flags, _) in stored.items() if flags & 1)
+        return self.operator.user_timers(key if isinstance(key, tuple) else (key,))
 
 
 def window_harness(

@@ -10,7 +10,7 @@ on top by the operator (:mod:`stateful_runtime.operators.ttl`).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 
@@ -55,6 +55,10 @@ class StateBackend(ABC):
 
     @abstractmethod
     def delete_timer(self, ts: int) -> None: ...
+
+    @abstractmethod
+    def list_timers(self) -> Iterable[int]:
+        """The current key's timers."""
 
     def begin_key(self, key: tuple) -> None:
         """All following cell and timer calls are for ``key``."""
@@ -153,6 +157,9 @@ class MemoryBackend(StateBackend):
             timers.discard(ts)
             if not timers:
                 del self.timers[self.key]
+
+    def list_timers(self) -> Iterable[int]:
+        return sorted(self.timers.get(self.key, ()))
 
     def due(self, upto: int) -> list[tuple[int, tuple]]:
         """Timers at or before ``upto``, in time order (removed, as Spark does on firing)."""

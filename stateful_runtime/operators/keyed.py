@@ -4,9 +4,12 @@ The Spark adapter (:mod:`stateful_runtime.operators.spark`) and the test harness
 (:mod:`stateful_runtime.testing`) both drive this class, so a function behaves the same in a
 unit test and on a cluster.
 
-Timers: the backend keeps one timer per (key, timestamp). The operator records what each
-timestamp is for in an internal map state ``_srt_timers`` (user timer, TTL cleanup or both), so
-that a user timer and a cleanup timer at the same instant fire once and each does its part.
+Timers: the backend keeps one timer per (key, timestamp). A function with both user timers
+(it overrides ``on_timer``) and event-time TTL state records what each timestamp is for in an
+internal map state ``_srt_timers`` (user timer, TTL cleanup or both), so that a user timer and a
+cleanup timer at the same instant fire once and each does its part. A function with one kind
+only needs no record: every timer is of that kind, and the map is never read or written (on
+Spark each state access is a round trip to the JVM, per key).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from stateful_runtime.state import (
 TIMERS_STATE = "_srt_timers"
 _USER = 1
 _TTL = 2
+_BOTH = _USER | _TTL
 
 
 class KeyedOperator:
@@ -72,13 +76,16 @@ class KeyedOperator:
 
     def open(self, backend: StateBackend) -> None:
         self.backend = backend
+        # Declared whatever the function: checkpoints of every keyed operator hold it.
         self._timers = backend.map_cell(TIMERS_STATE, None)
         self.fn.open(_OperatorRuntimeContext(self))
-        # Only TTL expiry and a user's on_timer act on a timer: without either, firing due
-        # timers ahead of a key's elements changes nothing, and skipping it saves reading the
-        # key's timer map (a round trip to Spark's state store per key and batch).
-        self._fire_first = bool(self.ttl_cells) or (
-            type(self.fn).on_timer is not KeyedProcessFunction.on_timer)
+        user = type(self.fn).on_timer is not KeyedProcessFunction.on_timer
+        # Which kinds of timer fire here; only with both does a timestamp need its record.
+        self._kinds = (_USER if user else 0) | (_TTL if self.ttl_cells else 0)
+        # Only a user's on_timer acts visibly on a due timer ahead of a key's elements: TTL
+        # expiry only drops values that reads already treat as gone. Skipping it saves listing
+        # the key's timers (a round trip to Spark's state store per key and batch).
+        self._fire_first = user
 
     def close(self) -> None:
         self.fn.close()
@@ -130,6 +137,9 @@ class KeyedOperator:
     # ----------------------------------------------------------------------- timers
 
     def _mark(self, ts: int, flag: int) -> None:
+        if self._kinds != _BOTH:
+            self.backend.register_timer(ts)  # type: ignore[union-attr]
+            return
         flags = self._timers.get_entry(ts) or 0
         if not flags & flag:
             self._timers.put_entry(ts, flags | flag)
@@ -137,6 +147,10 @@ class KeyedOperator:
                 self.backend.register_timer(ts)  # type: ignore[union-attr]
 
     def _unmark(self, ts: int, flag: int) -> None:
+        if self._kinds != _BOTH:
+            if self._kinds != _TTL:  # with TTL only, ts may be a cleanup timer: it stays
+                self.backend.delete_timer(ts)  # type: ignore[union-attr]
+            return
         flags = self._timers.get_entry(ts) or 0
         if flags & flag:
             rest = flags & ~flag
@@ -164,6 +178,18 @@ class KeyedOperator:
     def register_ttl_timer(self, ts: int) -> None:
         self._mark(ts, _TTL)
 
+    def user_timers(self, key: tuple) -> list[int]:
+        """``key``'s registered user timers (the test harness shows them)."""
+        backend = self.backend
+        assert backend is not None
+        backend.begin_key(key)
+        try:
+            if self._kinds == _BOTH:
+                return sorted(ts for ts, flags in self._timers.entries() if flags & _USER)
+            return sorted(backend.list_timers()) if (self._kinds or _USER) & _USER else []
+        finally:
+            backend.end_key()
+
     # ----------------------------------------------------------------------- output
 
     def emit_side(self, tag: OutputTag, record: dict[str, Any]) -> None:
@@ -186,8 +212,11 @@ class KeyedOperator:
 
     def _fire_current(self, ts: int) -> None:
         """Run timer ``ts`` of the current key (already removed from the backend)."""
-        flags = self._timers.get_entry(ts) or 0
-        self._timers.remove_entry(ts)
+        if self._kinds == _BOTH:
+            flags = self._timers.get_entry(ts) or 0
+            self._timers.remove_entry(ts)
+        else:
+            flags = self._kinds or _USER
         self.current_ms = ts
         if flags & _TTL:
             for cell in self.ttl_cells:
@@ -206,7 +235,9 @@ class KeyedOperator:
         order: elements of batch N see the effects of every timer due by batch N's watermark.
         """
         now = self._now()
-        due = sorted(ts for ts, _ in self._timers.entries() if ts <= now)
+        known = ((ts for ts, _ in self._timers.entries()) if self._kinds == _BOTH
+                 else self.backend.list_timers())  # type: ignore[union-attr]
+        due = sorted(ts for ts in known if ts <= now)
         for ts in due:
             self.backend.delete_timer(ts)  # type: ignore[union-attr]
             self._fire_current(ts)
@@ -346,6 +377,9 @@ class _Recorder(StateBackend):
 
     def delete_timer(self, ts: int) -> None:
         pass
+
+    def list_timers(self) -> list[int]:
+        return []
 
 
 def describe_states(fn: KeyedProcessFunction) -> list[StateDescriptor]:

@@ -18,7 +18,7 @@ import itertools
 import json
 import math
 import pickle
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -95,7 +95,7 @@ class _SparkMap(MapCell):
     def _load(self) -> dict[bytes, tuple[Any, Any]]:
         if self.entries_ is None:
             self.entries_ = {}
-            if not self.cleared and self.state.exists():
+            if not self.cleared:  # an absent map iterates empty: no exists() round trip
                 for (k,), (v,) in self.state.iterator():
                     self.entries_[k] = (pickle.loads(k), pickle.loads(v))
         return self.entries_
@@ -166,6 +166,9 @@ class SparkBackend(StateBackend):
             self.added.discard(ts)
         else:
             self.deleted.add(ts)
+
+    def list_timers(self) -> Iterable[int]:
+        return (set(self.handle.listTimers()) - self.deleted) | self.added
 
     def end_key(self) -> None:
         for cell in self.cells:

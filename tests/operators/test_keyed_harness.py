@@ -21,6 +21,7 @@ from stateful_runtime import (
 )
 from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.functions import to_ms
+from stateful_runtime.operators.keyed import TIMERS_STATE
 from stateful_runtime.testing import KeyedProcessHarness
 
 
@@ -195,6 +196,45 @@ def test_event_time_ttl_expires_by_element_time_and_is_cleaned_by_the_watermark(
     assert h.state("t2", "seen") is None and h.state("t2", "notes") is None
     assert h.timers("t2") == []  # ... and are gone once the state is cleaned
     assert ("seen", ("t2",)) not in h.backend.data  # really removed, not just hidden
+
+
+class TtlAndTimers(KeyedProcessFunction):
+    """Event-time TTL state and a user timer at the TTL's own cleanup instant."""
+
+    output_schema = {"id": str, "fired": int, "seen": bool}
+
+    def open(self, ctx):
+        self.seen = ctx.get_state(ValueStateDescriptor("seen", bool, ttl=StateTtlConfig(
+            timedelta(hours=1), time_domain=TimeDomain.EVENT_TIME)))
+
+    def process_element(self, e, ctx):
+        self.seen.update(True)
+        ctx.timer_service().register_event_time_timer(ctx.timestamp() + timedelta(hours=1))
+        return ()
+
+    def on_timer(self, timestamp, ctx):
+        yield {"id": ctx.get_current_key(), "fired": to_ms(timestamp),
+               "seen": bool(self.seen.value())}
+
+
+def test_a_user_timer_and_a_ttl_cleanup_at_one_instant_fire_once_and_each_acts():
+    h = KeyedProcessHarness(TtlAndTimers(), key_by="id")
+    h.process_element({"id": "a"}, timestamp=0)
+    assert h.user_timers("a") == [H] and h.timers("a") == [H]  # one timer, both kinds
+    assert h.process_watermark(2 * H) == [{"id": "a", "fired": H, "seen": False}]
+    assert ("seen", ("a",)) not in h.backend.data and h.timers("a") == []
+
+
+def test_functions_with_one_kind_of_timer_never_touch_the_timer_kind_map():
+    """On Spark each state access is a round trip per key: TTL-only and timer-only functions
+    must not read or write ``_srt_timers``."""
+    for fn, key in ((Dedup(), "id"), (Timers(), "k")):
+        h = KeyedProcessHarness(fn, key_by=key)
+        h.process_element({key: "a"}, timestamp=0)
+        h.process_element({key: "a"}, timestamp=10)
+        assert h.timers("a")
+        h.process_watermark(30 * H)
+        assert not any(name == TIMERS_STATE for name, _ in h.backend.data), type(fn).__name__
 
 
 def test_event_time_ttl_refresh_on_read():
