@@ -38,6 +38,7 @@ from pathlib import Path
 
 from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
+from stateful_runtime._process import pid_alive
 from stateful_runtime.exceptions import (
     CorruptLogError,
     LogError,
@@ -309,16 +310,6 @@ class TopicWriter:
         self.close()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 _SWEPT = False
 
 
@@ -343,7 +334,7 @@ def _secondary_dir() -> str:
         atexit.register(_remove_own, root)
         for d in root.iterdir():
             pid = d.name.split("-", 1)[0]
-            if pid.isdigit() and not _alive(int(pid)):
+            if pid.isdigit() and not pid_alive(int(pid)):
                 shutil.rmtree(d, ignore_errors=True)
     return tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root)
 
