@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from stateful_runtime._process import pid_alive
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -134,6 +138,37 @@ def spark_conf(parallelism: int, master: str) -> dict[str, str]:
     }
 
 
+# -- scratch space: a killed job leaves none behind ------------------------------------------
+# Spark writes its block manager's directories (shuffle and spill files) and the native
+# libraries it unpacks (lz4, RocksDB) under the temp directory, and PySpark's workers their
+# fault-handler files; a JVM killed with SIGKILL removes none of them (this machine's /tmp
+# held over a thousand of each after the fault trials). A job process on a local master gives
+# them one scratch directory named by its pid; the next session to start removes those of
+# processes that are gone, and a process that ends normally removes its own.
+def _scratch() -> Path:
+    root = Path(tempfile.gettempdir()) / f"srt-spark-{os.getuid()}"
+    root.mkdir(mode=0o700, exist_ok=True)
+    for d in root.iterdir():
+        pid = d.name.split("-", 1)[0]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root))
+
+
+def _scratch_conf(master: str) -> dict[str, str]:
+    """Settings that put a new local JVM's and its workers' temporary files in a scratch
+    directory of this process (removed at its exit); none for a cluster, whose executors run
+    elsewhere."""
+    from pyspark import SparkContext
+
+    if not master.startswith("local") or SparkContext._active_spark_context is not None:
+        return {}
+    scratch = _scratch()
+    atexit.register(shutil.rmtree, scratch, True)  # after the JVM ended: registered first
+    return {"spark.local.dir": str(scratch), "spark.executorEnv.TMPDIR": str(scratch),
+            "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={scratch}"}
+
+
 def default_master() -> str:
     return os.environ.get("SRT_SPARK_MASTER", "local[*]")
 
@@ -147,7 +182,10 @@ def build_session(parallelism: int = 4, master: str | None = None,
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder
-    conf = spark_conf(parallelism, master or default_master())
+    master = master or default_master()
+    conf = spark_conf(parallelism, master)
+    for key, value in _scratch_conf(master).items():
+        conf[key] = f"{conf[key]} {value}" if key.endswith("JavaOptions") else value
     conf.update(extra or {})
     for key, value in conf.items():
         builder = builder.config(key, value)
