@@ -163,7 +163,10 @@ def _scratch_conf(master: str) -> dict[str, str]:
 
     if not master.startswith("local") or SparkContext._active_spark_context is not None:
         return {}
-    scratch = _scratch()
+    try:
+        scratch = _scratch()
+    except OSError:  # an unwritable temp directory: Spark's own defaults, and its errors
+        return {}
     atexit.register(shutil.rmtree, scratch, True)  # after the JVM ended: registered first
     return {"spark.local.dir": str(scratch), "spark.executorEnv.TMPDIR": str(scratch),
             "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={scratch}"}

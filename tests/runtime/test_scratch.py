@@ -65,3 +65,16 @@ def test_spark_scratch_is_one_directory_removed_at_exit_or_by_the_next_session(t
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert not scratch.exists(), "the killed process's scratch was not removed"
     assert _listing(tmp_path) == [root.name], _listing(tmp_path)  # and its own at exit
+
+
+def test_an_unusable_temp_directory_leaves_spark_its_own_defaults(tmp_path, monkeypatch):
+    from pyspark import SparkContext
+
+    from stateful_runtime.runtime import session
+
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    monkeypatch.setattr(session.tempfile, "gettempdir", lambda: str(blocker))
+    monkeypatch.setattr(SparkContext, "_active_spark_context", None)
+    assert session._scratch_conf("local[2]") == {}
+    assert session._scratch_conf("spark://127.0.0.1:7077") == {}  # executors run elsewhere
