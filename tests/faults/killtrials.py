@@ -7,9 +7,10 @@ committed batches (polled in the checkpoint's ``commits/``) plus a random delay,
 the oracle of exactly the records the sink claims (up to the source offsets of the last batch in
 its ledger, read from the log and counted independently): nothing lost, nothing counted twice,
 at every kill point. Some trials also tear the newest ``commits/N`` after the kill (truncated,
-garbage, emptied) when the killed run wrote it, as a crash mid-write would; the next start must
-fall back to the previous batch. A final ``--available-now`` run drains the log: table = oracle
-of the whole input, dead letters exactly once.
+garbage, emptied), as a crash mid-write would, or as a bad disk would one that an earlier run
+wrote; the next start must fall back to the previous batch, even twice in a row. A final
+``--available-now`` run drains the log: table = oracle of the whole input, dead letters exactly
+once.
 
 Seeded: the seed fixes the input, every kill point and every damage; a failure names it.
 
@@ -48,6 +49,7 @@ from tests.faults.harness import (
 
 FAULT = "kill -9 of the job's process group"
 TORN = "kill -9 + torn newest commits/N"
+ROT = "kill -9 + damaged newest commits/N written by an earlier run"
 INPUT = "UPI events: 30 merchants, disorder < bound, 1 bad record in 997"
 
 
@@ -149,14 +151,15 @@ def _check(ws: Any) -> tuple[int, int, int, str]:
         # rows of the forgotten batches until they run again: it must then equal the oracle
         # of one of those batches' ends exactly (a prefix of the input, nothing twice), as
         # logged in the checkpoint or in the quarantine of the old plan.
+        forgotten = []
         for f in [*sorted((qdir / "offsets").iterdir()),
                   *sorted((ws.checkpoint_dir / "_quarantine").glob(f"*/{QUERY}/offsets/*"))]:
-            if not f.name.isdigit() or int(f.name) <= b:
-                continue
-            ends = {k: int(v) for k, v in json.loads(f.read_text().splitlines()[2]).items()}
-            if compare(table, upi_oracle(log_lines(ws.log_dir, ends))).exact:
-                cmp, detail = Comparison(), ""
-                break
+            if f.name.isdigit() and int(f.name) > b:
+                ends = {k: int(v) for k, v in json.loads(f.read_text().splitlines()[2]).items()}
+                forgotten.append(upi_oracle(log_lines(ws.log_dir, ends)))
+        if any(compare(table, o).exact for o in forgotten) or _each_window_at_a_batch_end(
+                table, [upi_oracle(log_lines(ws.log_dir, batch_offsets(qdir, b))), *forgotten]):
+            cmp, detail = Comparison(), ""
     # Published once their batch is committed (a commit a fallback later set aside included):
     # never more often than the input read so far holds them.
     read: dict[str, int] = {}
@@ -168,6 +171,15 @@ def _check(ws: Any) -> tuple[int, int, int, str]:
     if extra:
         detail += f" {sum(extra.values())} dead letter(s) beyond the committed input's bad records"
     return b, cmp.lost, cmp.duplicated, detail.strip()
+
+
+def _each_window_at_a_batch_end(table: dict, oracles: list[dict]) -> bool:
+    """After two fallbacks in a row the re-run batches overwrite the windows they touch, and the
+    windows only a forgotten later batch touched keep that batch's values until it runs again:
+    then every window must hold the value it really had at one of the batch ends from the
+    ledger's on (below the ledger's is a loss, above every end a double count)."""
+    keys = set(table).union(*oracles)
+    return all(table.get(k, (0, 0)) in {o.get(k, (0, 0)) for o in oracles} for k in keys)
 
 
 def _committed(qdir: Path) -> int:
@@ -240,16 +252,16 @@ def run_kill_trials(root: Path, cfg: Config, env: dict[str, str],
                       planned is not None and planned > committed, b > committed, lost, dup,
                       "FAIL" if detail else "pass", detail.strip(),
                       duration_s=round(time.monotonic() - t0, 1))
-        # A torn commits/N is a crash while writing it: only the run just killed can have
-        # been writing the newest commit. (Tearing one an earlier run wrote, which a later
-        # fallback had already stepped back to, is a disk that rots old files: the table then
-        # mixes windows of two forgotten batches until they run again, which no prefix of the
-        # input explains, and a commit torn twice is quarantined once.)
-        if torn and committed > max(before, 0) and not detail:
+        # A torn commits/N is a crash while writing it, when the run just killed wrote it; when
+        # an earlier run did (the kill came before this run committed, perhaps after a
+        # fallback had already stepped back to it), it is a disk that rots an old file, and
+        # the next start falls back once more. Only a sound checkpoint is damaged: a commit
+        # torn twice would be quarantined once.
+        if torn and committed >= 1 and not detail and not layout.verify(qdir):
             how = rng.choice(["truncate", "garbage", "empty"])
             target = qdir / "commits" / str(committed)
             trial.damage = damage(target, how, rng)
-            trial.fault = TORN
+            trial.fault = TORN if committed > before else ROT
             named = [p.path for p in layout.verify(qdir)]
             if named != [f"commits/{committed}"]:
                 trial.result, trial.detail = "FAIL", f"verify named {named}"

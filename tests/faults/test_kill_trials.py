@@ -30,3 +30,15 @@ def test_kill_dash_nine_at_random_points_every_trial_equals_oracle(tmp_path, job
     record_final(trials, out, cfg)
     assert out.ok, (f"seed {seed} — replay with SRT_FAULT_SEED={seed} "
                     f"pytest tests/faults/test_kill_trials.py\n{out.table()}")
+
+
+def test_after_two_fallbacks_each_window_must_hold_a_value_it_had_at_a_batch_end():
+    from tests.faults.killtrials import _each_window_at_a_batch_end as check
+
+    at_ledger = {("M1", 0): (2, 20), ("M2", 0): (1, 5)}
+    later = {("M1", 0): (3, 30), ("M2", 0): (1, 5), ("M3", 1): (1, 7)}
+    mixed = {("M1", 0): (2, 20), ("M2", 0): (1, 5), ("M3", 1): (1, 7)}  # M3 from the later end
+    assert check(mixed, [at_ledger, later])
+    assert not check({**mixed, ("M1", 0): (5, 50)}, [at_ledger, later])  # counted twice
+    assert not check({("M2", 0): (1, 5)}, [at_ledger, later])  # M1 lost
+    assert not check({**mixed, ("M1", 0): (1, 10)}, [at_ledger, later])  # behind the ledger
