@@ -379,23 +379,6 @@ def _move(src: Path, dest: Path) -> None:
         os.replace(side, layout.crc_sidecar(dest))
 
 
-def _stale_dead_letters(ckpt: Path, resumed: dict[str, dict[str, int]],
-                        replanned: set[str]) -> list[Path]:
-    """Staged dead-letter splits of batches that are planned again (their ranges may change; the
-    re-run stages its own): beyond the restart offsets of a re-planned query, and inside no
-    query's restart offsets."""
-    from stateful_runtime.connectors import dead_letters
-
-    out = []
-    for staging in (ckpt / "_dead_letters").glob("*"):
-        for key, _start, end, path in dead_letters.staged(str(staging)):
-            if any(key in o and end <= int(o[key]) for o in resumed.values()):
-                continue  # committed: the runner publishes it
-            if any(q in replanned and (key in o or not o) for q, o in resumed.items()):
-                out.append(path)
-    return out
-
-
 def recover(checkpoint_dir: str | Path, queries: Sequence[str], *, job_file: str = "JOB_FILE",
             savepoint_dir: str | None = None, mirror: str | None = None) -> Recovery:
     """Check every query's checkpoint before a start (:func:`layout.verify`) and make it
@@ -441,13 +424,6 @@ def recover(checkpoint_dir: str | Path, queries: Sequence[str], *, job_file: str
     while dest.exists():
         n += 1
         dest = ckpt / QUARANTINE / f"{stamp}-{n}"
-    resumed = {}  # per query, the source offsets it resumes from (for staged dead letters)
-    for q in queries:
-        if (ckpt / q / "offsets").is_dir():
-            at = plans[q][0].restart_at if q in plans else layout.last_committed(ckpt / q)
-            logged = layout.committed_offsets(ckpt / q, at) if at is not None and at >= 0 else None
-            first = logged["sources"][0] if logged and logged["sources"] else None
-            resumed[q] = first if isinstance(first, dict) else {}
     replanned = {q for q, (fb, _) in plans.items() if fb.rewind}
     for q in replanned:  # durable before anything moves
         _set_pending(ckpt, q, plans[q][0].restart_at)
@@ -475,11 +451,6 @@ def recover(checkpoint_dir: str | Path, queries: Sequence[str], *, job_file: str
             rec.rewind[q] = min(fb.restart_at, rec.rewind.get(q, fb.restart_at))
             rec.notes.append(f"query {q}: batches after {fb.restart_at} are planned again from "
                              f"the source offsets; its sinks forget them first (rewind)")
-    stale = _stale_dead_letters(ckpt, resumed, replanned)
-    for path in stale:
-        _move(path, dest / path.relative_to(ckpt))
-    if stale:
-        record["dead_letter_splits_moved"] = [p.relative_to(ckpt).as_posix() for p in stale]
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "quarantine.json").write_text(json.dumps(record, indent=1))
     rec.quarantine = dest
