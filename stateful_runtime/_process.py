@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -19,6 +23,35 @@ def pid_alive(pid: int | None) -> bool:
             return f.read().split(") ", 1)[1][:1] != "Z"
     except OSError:
         return True
+
+
+_SWEPT: set[Path] = set()
+
+
+def _remove_own(root: Path) -> None:
+    for d in root.glob(f"{os.getpid()}-*"):
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def process_dir(kind: str) -> Path:
+    """A new private directory of this process, ``<temp dir>/<kind>-<uid>/<pid>-…``.
+
+    Spark's Python workers end by ``os._exit`` and a killed job runs no cleanup at all, so
+    ``atexit`` alone would leave them behind: a process's first call for ``kind`` removes the
+    directories of processes that are gone, and a process that exits normally removes its own.
+    """
+    root = Path(tempfile.gettempdir()) / f"{kind}-{os.getuid()}"
+    root.mkdir(mode=0o700, exist_ok=True)
+    if root.is_symlink() or root.stat().st_uid != os.getuid():
+        return Path(tempfile.mkdtemp(prefix=f"{kind}-"))  # not ours: a private one
+    if root not in _SWEPT:
+        _SWEPT.add(root)
+        atexit.register(_remove_own, root)
+        for d in root.iterdir():
+            pid = d.name.split("-", 1)[0]
+            if pid.isdigit() and not pid_alive(int(pid)):
+                shutil.rmtree(d, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root))
 
 
 _HEAP_FROZEN = False

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import atexit
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stateful_runtime._process import pid_alive
+from stateful_runtime._process import process_dir
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -144,17 +142,8 @@ def spark_conf(parallelism: int, master: str) -> dict[str, str]:
 # fault-handler files; a JVM killed with SIGKILL removes none of them (this machine's /tmp
 # held over a thousand of each after the fault trials). A job process on a local master gives
 # them one scratch directory named by its pid; the next session to start removes those of
-# processes that are gone, and a process that ends normally removes its own.
-def _scratch() -> Path:
-    root = Path(tempfile.gettempdir()) / f"srt-spark-{os.getuid()}"
-    root.mkdir(mode=0o700, exist_ok=True)
-    for d in root.iterdir():
-        pid = d.name.split("-", 1)[0]
-        if pid.isdigit() and not pid_alive(int(pid)):
-            shutil.rmtree(d, ignore_errors=True)
-    return Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root))
-
-
+# processes that are gone, and a process that ends normally removes its own
+# (:func:`~stateful_runtime._process.process_dir`).
 def _scratch_conf(master: str) -> dict[str, str]:
     """Settings that put a new local JVM's and its workers' temporary files in a scratch
     directory of this process (removed at its exit); none for a cluster, whose executors run
@@ -163,11 +152,10 @@ def _scratch_conf(master: str) -> dict[str, str]:
 
     if not master.startswith("local") or SparkContext._active_spark_context is not None:
         return {}
-    try:
-        scratch = _scratch()
+    try:  # its removal at exit is registered first: it runs after the JVM has ended
+        scratch = process_dir("srt-spark")
     except OSError:  # an unwritable temp directory: Spark's own defaults, and its errors
         return {}
-    atexit.register(shutil.rmtree, scratch, True)  # after the JVM ended: registered first
     return {"spark.local.dir": str(scratch), "spark.executorEnv.TMPDIR": str(scratch),
             "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={scratch}"}
 

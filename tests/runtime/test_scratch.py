@@ -74,7 +74,7 @@ def test_an_unusable_temp_directory_leaves_spark_its_own_defaults(tmp_path, monk
 
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
-    monkeypatch.setattr(session.tempfile, "gettempdir", lambda: str(blocker))
+    monkeypatch.setattr("tempfile.gettempdir", lambda: str(blocker))
     monkeypatch.setattr(SparkContext, "_active_spark_context", None)
     assert session._scratch_conf("local[2]") == {}
     assert session._scratch_conf("spark://127.0.0.1:7077") == {}  # executors run elsewhere

@@ -24,12 +24,10 @@ processes, each a RocksDB *secondary* instance that tails the writer's WAL on ``
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import shutil
 import struct
-import tempfile
 import time
 import zlib
 from collections.abc import Iterable, Iterator
@@ -38,7 +36,7 @@ from pathlib import Path
 
 from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
-from stateful_runtime._process import pid_alive
+from stateful_runtime._process import process_dir
 from stateful_runtime.exceptions import (
     CorruptLogError,
     LogError,
@@ -310,42 +308,14 @@ class TopicWriter:
         self.close()
 
 
-_SWEPT = False
-
-
-def _remove_own(root: Path) -> None:
-    for d in root.glob(f"{os.getpid()}-*"):
-        shutil.rmtree(d, ignore_errors=True)
-
-
-def _secondary_dir() -> str:
-    """A private directory for one reader's RocksDB secondary instance (its info log).
-
-    All readers of a user share one root. Spark's Python workers end with ``os._exit`` or are
-    killed, so neither ``atexit`` nor ``close`` is sure to run: each process's first reader
-    removes the directories of processes that are gone (named ``<pid>-…``)."""
-    global _SWEPT
-    root = Path(tempfile.gettempdir()) / f"srt-log-readers-{os.getuid()}"
-    root.mkdir(mode=0o700, exist_ok=True)
-    if root.stat().st_uid != os.getuid() or root.is_symlink():
-        return tempfile.mkdtemp(prefix="srt-log-reader-")  # not ours: a private one
-    if not _SWEPT:
-        _SWEPT = True
-        atexit.register(_remove_own, root)
-        for d in root.iterdir():
-            pid = d.name.split("-", 1)[0]
-            if pid.isdigit() and not pid_alive(int(pid)):
-                shutil.rmtree(d, ignore_errors=True)
-    return tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root)
-
-
 class TopicReader:
     """Reads a topic while another process may be writing it (a RocksDB secondary instance)."""
 
     def __init__(self, info: TopicInfo) -> None:
         self.info = info
         store = info.path / "store"
-        self._secondary = _secondary_dir()
+        # The secondary instance's own directory (its info log), removed on close.
+        self._secondary = str(process_dir("srt-log-readers"))
         try:
             self._db = Rdict(
                 str(store),
