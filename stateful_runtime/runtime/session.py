@@ -54,6 +54,41 @@ def seal_class_archive(dumped: str | Path) -> Path:
     return archive
 
 
+# -- the JIT on a local master ------------------------------------------------------------------
+# A local master runs the driver and every task in one JVM, on the same cores as the job's Python
+# workers. HotSpot's optimising compiler (C2) goes on compiling Spark's code for minutes after
+# start: in a 30 s latency run on this 2-core machine the compiler threads spent 24.5 s
+# (jdk.CompilerStatistics), still ~0.3 s per second at the end, CPU the batches wait for. So a
+# local master's JVM leaves C2 to the hottest code only (its thresholds x20; C1 compiles the
+# rest at once). Measured on this machine (NOTES.md, session 9), against HotSpot's default: UPI
+# on 1M events start 8.0 -> 6.8 s, steady 229k -> 319k events/s; on 10M, steady 413k -> 471k;
+# latency at 20k events/s p99 1.1 s -> 0.83 s. ``SRT_JVM_JIT`` chooses another mode:
+# ``quick`` (C1 only: the fastest start, 5.9 s, and lowest latency, p99 0.6-0.7 s, but steady
+# state 361k on 10M events) or ``full`` (HotSpot's default). Cluster executors, long-lived on
+# their own cores, keep HotSpot's default unless a mode is set.
+JIT_ENV = "SRT_JVM_JIT"
+JIT_MODES = {
+    "hot": ("-XX:Tier4InvocationThreshold=100000 -XX:Tier4MinInvocationThreshold=20000 "
+            "-XX:Tier4CompileThreshold=100000 -XX:Tier4BackEdgeThreshold=400000"),
+    "quick": "-XX:TieredStopAtLevel=1",
+    "full": "",
+}
+
+
+def _jit_options(master: str) -> dict[str, str]:
+    """The JIT options for the driver's and the executors' JVMs (``""``: HotSpot's default)."""
+    from stateful_runtime.exceptions import ConfigError
+
+    choice = os.environ.get(JIT_ENV, "").strip().lower()
+    if choice and choice not in JIT_MODES:
+        raise ConfigError(f"{JIT_ENV}={os.environ[JIT_ENV]!r}: use 'hot' (C2 for the hottest "
+                          f"code only, the default on a local master), 'quick' (C1 only) or "
+                          f"'full' (HotSpot's default)")
+    if master.startswith("local"):  # no executors: the driver's JVM runs the tasks
+        return {"driver": JIT_MODES[choice or "hot"], "executor": ""}
+    return {"driver": JIT_MODES[choice or "full"], "executor": JIT_MODES[choice or "full"]}
+
+
 _JVM_EXIT_S = 30.0  # how long a process's exit waits for its JVM (a dump: 300 s)
 _ENDING: set[int] = set()
 
@@ -94,6 +129,7 @@ def _class_archive_options() -> str:
 def spark_conf(parallelism: int, master: str) -> dict[str, str]:
     """Settings every job runs with (``--master`` and parallelism are the job's)."""
     java_opts = f"-Dlog4j2.configurationFile=file:{LOG4J}"
+    jit = _jit_options(master)
     return {
         "spark.master": master,
         "spark.app.name": "stateful-runtime",
@@ -123,8 +159,9 @@ def spark_conf(parallelism: int, master: str) -> dict[str, str]:
         "spark.driver.bindAddress": "127.0.0.1",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
-        "spark.driver.extraJavaOptions": java_opts + _class_archive_options(),
-        "spark.executor.extraJavaOptions": java_opts,
+        "spark.driver.extraJavaOptions": " ".join(
+            filter(None, (java_opts, jit["driver"], _class_archive_options().strip()))),
+        "spark.executor.extraJavaOptions": " ".join(filter(None, (java_opts, jit["executor"]))),
         "spark.executorEnv.PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
         # A Python worker that dies (a native crash in a client library) reports where, in the
         # query's error, instead of a bare EOFException.

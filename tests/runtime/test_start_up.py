@@ -36,6 +36,41 @@ def test_the_driver_jvm_runs_from_the_venvs_class_archive(spark):
     assert str(session.class_archive()) in maps, "the JVM did not map the class archive"
 
 
+def test_a_local_masters_jvm_leaves_c2_to_the_hottest_code(spark):
+    """One JVM runs every task of a local job beside its Python workers: HotSpot's optimising
+    compiler at its default thresholds takes cores from the batches for minutes (session.py
+    says what it cost)."""
+    jvm = spark.sparkContext._jvm
+    bean = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
+    assert bean.getVMOption("Tier4InvocationThreshold").getValue() == "100000"
+    assert bean.getVMOption("TieredStopAtLevel").getValue() == "4"  # C2 still compiles
+
+
+@pytest.mark.parametrize("choice, master, driver, executor", [
+    ("", "local[2]", "hot", "full"),
+    ("", "spark://127.0.0.1:7077", "full", "full"),
+    ("full", "local[2]", "full", "full"),
+    ("quick", "spark://127.0.0.1:7077", "quick", "quick"),
+    (" Quick ", "local[*]", "quick", "full"),
+])
+def test_the_jit_choice(monkeypatch, choice, master, driver, executor):
+    monkeypatch.setenv(session.JIT_ENV, choice)
+    conf = session.spark_conf(2, master)
+    for role, mode in (("driver", driver), ("executor", executor)):
+        opts = conf[f"spark.{role}.extraJavaOptions"]
+        for name, flags in session.JIT_MODES.items():
+            assert (bool(flags) and flags in opts) is (name == mode and bool(flags)), (role, opts)
+
+
+def test_a_misspelt_jit_choice_says_what_to_use(monkeypatch):
+    from stateful_runtime.exceptions import ConfigError
+
+    monkeypatch.setenv(session.JIT_ENV, "c1")
+    with pytest.raises(ConfigError, match="SRT_JVM_JIT='c1': use 'hot'.*'quick'.*'full'"):
+        session.spark_conf(2, "local[2]")
+
+
 @pytest.fixture
 def archive(tmp_path, monkeypatch):
     monkeypatch.setenv(session.CLASS_ARCHIVE_ENV, str(tmp_path / "a" / "classes.jsa"))
