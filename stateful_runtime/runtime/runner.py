@@ -23,7 +23,7 @@ from stateful_runtime.checkpoints import layout, manifest, restore, savepoints
 from stateful_runtime.checkpoints.mirror import CheckpointMirror, MirrorSync
 from stateful_runtime.exceptions import ConfigError, JobError, SinkError
 from stateful_runtime.planner import LATE_METRICS, SOURCE_METRICS, QueryPlan, chain, plan
-from stateful_runtime.runtime import registry, worker_output
+from stateful_runtime.runtime import registry, warmup, worker_output
 from stateful_runtime.runtime.endpoint import ControlEndpoint, Handlers
 from stateful_runtime.runtime.session import build_session, default_master
 from stateful_runtime.state import TimeDomain
@@ -501,6 +501,8 @@ class JobRunner:
             # Spark's Python workers print per-batch lines on stdout: into a log file instead.
             worker_output.divert(registry.job_file(self.job.name, ".workers.log"))
             spark = build_session(self.job.parallelism, self.master)
+            warmup.start(spark, self.job.parallelism,
+                         [type(src.source).__module__ for src in self.job.sources])
             wake = _wake_on_progress(self._wake)
             spark.streams.addListener(wake)
             registry.update(self.job.name, spark_app_id=spark.sparkContext.applicationId)
