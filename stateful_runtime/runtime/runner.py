@@ -501,8 +501,8 @@ class JobRunner:
             # Spark's Python workers print per-batch lines on stdout: into a log file instead.
             worker_output.divert(registry.job_file(self.job.name, ".workers.log"))
             spark = build_session(self.job.parallelism, self.master)
-            warmup.start(spark, self.job.parallelism,
-                         [type(src.source).__module__ for src in self.job.sources])
+            warmup.start(spark, self.job.parallelism, warmup.importable(
+                [type(src.source).__module__ for src in self.job.sources]))
             wake = _wake_on_progress(self._wake)
             spark.streams.addListener(wake)
             registry.update(self.job.name, spark_app_id=spark.sparkContext.applicationId)

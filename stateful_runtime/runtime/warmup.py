@@ -43,11 +43,14 @@ class _Reader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         import os
-        import sys
 
+        imported = True
         for name in self.modules:
-            importlib.import_module(name)
-        yield (os.getpid(), all(name in sys.modules for name in self.modules))
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - a failed task would log an error in the job's output
+                imported = False
+        yield (os.getpid(), imported)
 
 
 class WarmupSource(DataSource):
@@ -62,9 +65,27 @@ class WarmupSource(DataSource):
         return _Reader(self.options)
 
 
+def importable(modules: Sequence[str]) -> list[str]:
+    """The modules a worker can import by name: not a job file's, loaded by path (its classes
+    reach workers pickled by value)."""
+    from importlib.machinery import PathFinder
+    from importlib.util import find_spec
+
+    out = []
+    for name in modules:
+        try:  # the top-level package on sys.path, not only in this process's sys.modules
+            if (PathFinder.find_spec(name.split(".")[0]) is not None
+                    and find_spec(name) is not None):
+                out.append(name)
+        except (ImportError, ValueError):
+            pass
+    return out
+
+
 def warm(spark: SparkSession, slots: int, modules: Sequence[str] = ()) -> list[Any]:
     """Run the warm-up read: ``slots`` tasks, each importing :data:`MODULES` and ``modules`` in
-    its Python worker; one row per task, ``(pid, imported)``."""
+    its Python worker; one row per task, ``(pid, imported)``: whether every import worked (one
+    that fails does not fail the task)."""
     from stateful_runtime.connectors.base import register
 
     register(spark, WarmupSource)

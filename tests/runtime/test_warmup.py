@@ -13,12 +13,39 @@ def test_each_task_slot_gets_a_worker_that_imported_the_modules(spark):
     assert all(r.pid != os.getpid() for r in rows)  # in Python workers, not the driver
 
 
+def test_a_module_a_worker_cannot_import_fails_no_task(spark):
+    [row] = warmup.warm(spark, 1, ["stateful_runtime.no_such_module"])
+    assert row.imported is False
+
+
+def test_only_modules_importable_by_name_are_warmed(tmp_path):
+    import importlib.util
+    import sys
+
+    path = tmp_path / "job_by_path.py"
+    path.write_text("X = 1\n")
+    spec = importlib.util.spec_from_file_location("srt_job_by_path", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules["srt_job_by_path"] = module  # as loading a job file by path leaves it
+    try:
+        assert warmup.importable(["srt_job_by_path", "stateful_runtime.connectors.base",
+                                  "stateful_runtime.no_such_module"]) == [
+            "stateful_runtime.connectors.base"]
+    finally:
+        del sys.modules["srt_job_by_path"]
+
+
 def test_a_failing_warmup_is_only_a_missed_head_start(spark, monkeypatch):
     import threading
 
+    def broken(*args, **kwargs):
+        raise RuntimeError("the warm-up read failed")
+
     escaped = []
     monkeypatch.setattr(threading, "excepthook", escaped.append)
-    thread = warmup.start(spark, 1, ["stateful_runtime.no_such_module"])
+    monkeypatch.setattr(warmup, "warm", broken)
+    thread = warmup.start(spark, 1)
     thread.join(120)
     assert not thread.is_alive() and not escaped, escaped
     assert spark.range(3).count() == 3  # the session is as usable as before
