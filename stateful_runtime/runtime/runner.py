@@ -75,25 +75,10 @@ def _wake_on_progress(wake: threading.Event) -> Any:
     It never reads the events: the runner reads each batch's progress itself, once
     (:func:`_new_progress`). PySpark's own wrapper turns every event into Python objects before
     a listener sees it, ~30 py4j round trips per progress report on Spark's listener thread,
-    which cost 7% of a core at 5 batches a second in a latency run."""
+    which cost 7% of a core at 5 batches a second in a latency run; so Spark is handed this
+    listener itself, as the Java interface, and calls it with the Java event."""
     from pyspark import SparkContext
     from pyspark.sql.streaming import StreamingQueryListener
-
-    class Events:  # the Java interface that Spark's listener wrapper calls
-        def onQueryStarted(self, jevent: Any) -> None:
-            pass
-
-        def onQueryProgress(self, jevent: Any) -> None:
-            wake.set()
-
-        def onQueryIdle(self, jevent: Any) -> None:
-            pass
-
-        def onQueryTerminated(self, jevent: Any) -> None:
-            wake.set()
-
-        class Java:
-            implements = ["org.apache.spark.sql.streaming.PythonStreamingQueryListener"]
 
     class Wake(StreamingQueryListener):
         _jwake: Any = None
@@ -102,20 +87,23 @@ def _wake_on_progress(wake: threading.Event) -> Any:
         def _jlistener(self) -> Any:  # what addListener/removeListener hand to Spark
             if self._jwake is None:
                 streaming = SparkContext._jvm.org.apache.spark.sql.streaming  # type: ignore
-                self._jwake = streaming.PythonStreamingQueryListenerWrapper(Events())
+                self._jwake = streaming.PythonStreamingQueryListenerWrapper(self)
             return self._jwake
 
         def onQueryStarted(self, event: Any) -> None:
             pass
 
         def onQueryProgress(self, event: Any) -> None:
-            pass
+            wake.set()
 
         def onQueryIdle(self, event: Any) -> None:
             pass
 
         def onQueryTerminated(self, event: Any) -> None:
-            pass
+            wake.set()
+
+        class Java:
+            implements = ["org.apache.spark.sql.streaming.PythonStreamingQueryListener"]
 
     return Wake()
 

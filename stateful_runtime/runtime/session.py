@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stateful_runtime._process import process_dir
+from stateful_runtime.exceptions import ConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -77,8 +78,6 @@ JIT_MODES = {
 
 def _jit_options(master: str) -> dict[str, str]:
     """The JIT options for the driver's and the executors' JVMs (``""``: HotSpot's default)."""
-    from stateful_runtime.exceptions import ConfigError
-
     choice = os.environ.get(JIT_ENV, "").strip().lower()
     if choice and choice not in JIT_MODES:
         raise ConfigError(f"{JIT_ENV}={os.environ[JIT_ENV]!r}: use 'hot' (C2 for the hottest "

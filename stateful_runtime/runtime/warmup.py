@@ -5,18 +5,19 @@ that plans a Python data source's reads (a new interpreter importing pyspark), t
 daemon and a worker per task slot, each importing pyarrow and the source's modules: on this
 2-core machine ~1 s of waiting for the planning daemon and 0.93 s of read stage on cold workers,
 of the UPI job's 2.8 s first batch for 20,000 records, while the driver itself had spent the
-second before it on one core, planning. :func:`start` runs a one-row batch
-read of a throwaway Python data source in a background thread as soon as the session exists: the
-same daemons (a daemon is shared by every data source of the session) and one warm worker per
-task slot, which Spark then reuses for the job's first tasks. The job never waits for it; if it
-fails, the first batch starts its workers itself, as before.
+second before it on one core, planning. :func:`start` runs a one-row batch read of a throwaway
+Python data source in a background thread as soon as the session exists: the same daemons (a
+daemon is shared by every data source of the session) and one warm worker per task slot, which
+Spark then reuses for the job's first tasks. Once per Spark application (a session that runs
+more jobs keeps its workers). The job never waits for it; if it fails, the first batch starts
+its workers itself, as before.
 """
 
 from __future__ import annotations
 
 import importlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -35,7 +36,7 @@ class _Part(InputPartition):
 
 
 class _Reader(DataSourceReader):
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(self, options: Mapping[str, str]) -> None:
         self.slots = int(options.get("slots", "1"))
         self.modules = [m for m in options.get("modules", "").split(",") if m]
 
@@ -96,12 +97,21 @@ def warm(spark: SparkSession, slots: int, modules: Sequence[str] = ()) -> list[A
             .load().collect())
 
 
-def start(spark: SparkSession, slots: int, modules: Sequence[str] = ()) -> threading.Thread:
-    """:func:`warm` in a daemon thread, which the job never waits for; returns the thread."""
+_WARMED: set[tuple[str, int, tuple[str, ...]]] = set()
+
+
+def start(spark: SparkSession, slots: int, modules: Sequence[str] = ()
+          ) -> threading.Thread | None:
+    """:func:`warm` in a daemon thread, which the job never waits for; returns the thread, or
+    None when this application already warmed as many slots with these modules."""
+    key = (spark.sparkContext.applicationId, slots, tuple(modules))
+    if key in _WARMED:
+        return None
 
     def run() -> None:
         try:
             warm(spark, slots, modules)
+            _WARMED.add(key)
         except Exception:  # noqa: BLE001 - only a head start; the job's own tasks start workers
             pass
 

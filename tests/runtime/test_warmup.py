@@ -45,7 +45,21 @@ def test_a_failing_warmup_is_only_a_missed_head_start(spark, monkeypatch):
     escaped = []
     monkeypatch.setattr(threading, "excepthook", escaped.append)
     monkeypatch.setattr(warmup, "warm", broken)
-    thread = warmup.start(spark, 1)
+    thread = warmup.start(spark, 1, ["test-failing-warmup"])
     thread.join(120)
     assert not thread.is_alive() and not escaped, escaped
     assert spark.range(3).count() == 3  # the session is as usable as before
+    monkeypatch.undo()
+    retried = warmup.start(spark, 1, ["test-failing-warmup"])  # a failure is not remembered
+    assert retried is not None
+    retried.join(120)
+
+
+def test_an_application_warms_once_per_slots_and_modules(spark):
+    first = warmup.start(spark, 2, ["colorsys"])
+    if first is not None:  # None: an earlier test's job warmed the same already
+        first.join(120)
+    assert warmup.start(spark, 2, ["colorsys"]) is None
+    again = warmup.start(spark, 2, ["colorsys", "stateful_runtime.connectors.eventlog.source"])
+    assert again is not None
+    again.join(120)
