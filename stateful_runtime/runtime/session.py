@@ -100,7 +100,8 @@ def _stop_context(spark: SparkSession) -> bool:
     PySpark's own ``SparkContext.stop`` then shuts its accumulator server down, which waits
     for the server's ``serve_forever`` poll (0.5 s): 0.41 s of every job's exit on this
     machine. At exit nothing is accumulated any more, so the server (a daemon thread) is only
-    closed: its socket file removed, the thread left to end with the process."""
+    told to stop: its socket file removed, the JVM's connection ending (an EOF the server
+    would print as an error) ignored, the thread left to end with the process."""
     sc = spark.sparkContext
     server = getattr(sc, "_accumulatorServer", None)
     stopped = False
@@ -112,6 +113,8 @@ def _stop_context(spark: SparkSession) -> bool:
         pass
     if server is not None:
         sc._accumulatorServer = None  # type: ignore[assignment]
+        server.server_shutdown = True
+        server.handle_error = lambda request, client_address: None
         address = getattr(server, "server_address", None)
         if isinstance(address, str):  # a Unix socket
             with contextlib.suppress(OSError):
