@@ -7,6 +7,7 @@ and each says what to do next, not only what went wrong::
     ├── ConfigError                   bad job file, unknown --set key, contradictory options
     │   └── CheckpointOwnershipError  checkpoint dir written by another job
     ├── PlanError                     a job graph the planner cannot turn into a Spark query
+    ├── UserFunctionError             a user function raised, or returned what it must not
     ├── LogError                      embedded event log
     │   ├── TopicNotFoundError
     │   ├── TopicExistsError
@@ -51,6 +52,24 @@ class CheckpointOwnershipError(ConfigError):
 
 class PlanError(StatefulRuntimeError):
     """The job graph cannot be planned onto Spark Structured Streaming."""
+
+
+class UserFunctionError(StatefulRuntimeError):
+    """A user function (``map``, ``flat_map``) raised or returned something its declared
+    output cannot hold. The micro-batch fails and is replayed from its checkpoint when the job
+    restarts, so nothing is lost: fix the function (or filter such records before it).
+
+    Attributes:
+        operator: the step's name.
+        record: the input record (its repr, cut to 300 characters).
+    """
+
+    def __init__(self, operator: str, record: object, problem: str) -> None:
+        self.operator, self.record = operator, repr(record)[:300]
+        super().__init__(
+            f"{operator}: {problem}, on the record {self.record}. The micro-batch failed and "
+            f"is replayed when the job restarts; fix the function or filter such records "
+            f"before it")
 
 
 class LogError(StatefulRuntimeError):

@@ -21,7 +21,11 @@ alone decides how each runs (:func:`native_window_reason`). Paths:
 * ``window``: any other window (a user aggregate or window function, global + count trigger,
   allowed lateness, late side output, early firing) on the runtime's window operator, itself a
   keyed process function on ``transformWithStateInPandas``.
-* ``stateless``: filters straight to a sink.
+* ``stateless``: filters and maps straight to a sink.
+
+``map`` / ``flat_map`` run on any path before its stateful operator, as Spark's ``mapInArrow``
+over whole Arrow batches (:mod:`stateful_runtime.operators.maps`), keeping each record's event
+time and the watermark.
 """
 
 from __future__ import annotations
@@ -57,12 +61,14 @@ from stateful_runtime.operators.window import LATE_MARK, WindowOperator
 from stateful_runtime.streams import (
     FilterNode,
     KeyByNode,
+    MapNode,
     Node,
     ProcessNode,
     SideOutputNode,
     SinkNode,
     SourceNode,
     WindowNode,
+    record_schema,
 )
 from stateful_runtime.windows import (
     EventTimeSessionWindows,
@@ -465,6 +471,26 @@ def _process(df: DataFrame, node: ProcessNode) -> DataFrame:
     return out
 
 
+def _map(df: DataFrame, node: MapNode) -> DataFrame:
+    """A stateless Python function over whole Arrow batches (Spark's ``mapInArrow``); the
+    columns it does not see (event time, the late-data bound) are carried to its outputs with
+    their metadata, the watermark's among them."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType
+
+    from stateful_runtime.operators.maps import MapOperator
+
+    fields = record_schema(node.parent).fieldNames()
+    carried = [f for f in df.schema.fields if f.name not in fields]
+    clash = [f.name for f in carried if f.name in node.output_schema.fieldNames()]
+    if clash:
+        raise PlanError(f"map {node.name!r}: output column(s) {clash} are reserved by the "
+                        f"runtime; rename them")
+    operator = MapOperator(node.name, node.function, node.flat, fields,
+                           to_arrow_schema(node.output_schema), [f.name for f in carried])
+    return df.mapInArrow(operator, StructType([*node.output_schema.fields, *carried]))
+
+
 def _main_rows(columns: list[str]) -> Callable[[pa.Table], pa.Table]:
     from stateful_runtime.operators.spark import TAG
 
@@ -521,12 +547,20 @@ def _build_pipeline(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | No
     stateful: list[str] = []
     layout: dict[str, dict] = {}
     path, reason = "stateless", "no stateful operator: records pass straight to the sink"
+    if any(isinstance(n, MapNode) for n in p.nodes):
+        reason = "no stateful operator: records pass through the map(s) to the sink"
     ops: list[Callable[[DataFrame], DataFrame]] = []
     upsert_required = session = False
     for node in p.nodes:
         if isinstance(node, FilterNode):
             steps.append(f"filter {node.condition}")
             ops.append(lambda df, c=node.condition: df.filter(c))
+        elif isinstance(node, MapNode):
+            fn = node.function
+            what = getattr(fn, "__qualname__", None) or type(fn).__name__
+            steps.append(f"{'flat_map' if node.flat else 'map'} {node.name}: {what} in Python "
+                         f"over whole Arrow batches → {', '.join(node.output_schema.fieldNames())}")
+            ops.append(lambda df, n=node: _map(df, n))
         elif isinstance(node, KeyByNode):
             steps.append(f"key_by {', '.join(node.keys)} (hash-partitioned into "
                          f"{job.parallelism} state partitions)")

@@ -7,7 +7,7 @@ directories are keyed by them, never by derived ids.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -44,6 +44,18 @@ class SourceNode:
 class FilterNode:
     parent: Node
     condition: str
+
+
+@dataclass(frozen=True)
+class MapNode:
+    """A stateless Python function over every record (``map``: one record out per record in;
+    ``flat_map``: any number). Each output record keeps its input's event time."""
+
+    parent: Node
+    function: Callable[[dict[str, Any]], Any]
+    output_schema: StructType
+    flat: bool
+    name: str
 
 
 @dataclass(frozen=True)
@@ -91,7 +103,8 @@ class SinkNode:
     name: str
 
 
-Node = SourceNode | FilterNode | KeyByNode | WindowNode | ProcessNode | SideOutputNode
+Node = (SourceNode | FilterNode | MapNode | KeyByNode | WindowNode | ProcessNode
+        | SideOutputNode)
 
 
 @dataclass(frozen=True)
@@ -104,6 +117,44 @@ class DataStream:
     def filter(self, condition: str) -> DataStream:
         """Keep records matching a Spark SQL boolean expression, e.g. ``"amount_paise > 0"``."""
         return DataStream(self.job, FilterNode(self.node, condition))
+
+    def map(self, function: Callable[[dict[str, Any]], Mapping[str, Any]], *,
+            output: Mapping[str, Any] | None = None, name: str | None = None) -> DataStream:
+        """Flink's ``map``: ``function(record) -> record`` on every record, in Python.
+
+        ``record`` is a ``dict`` of the stream's fields; the returned mapping must hold the
+        columns of ``output`` (``{column: type}``; default: the stream's own schema) — a column
+        it leaves out is null. The output keeps the input's event time, so windows and the
+        watermark after a map behave as without it. The function is stateless (it is pickled
+        to Spark's Python workers and may run on any of them); it runs on whole Arrow batches
+        of the micro-batch, so its cost is the function's own plus ~1 µs per field.
+        """
+        return self._map(function, output, name, flat=False)
+
+    def flat_map(self, function: Callable[[dict[str, Any]], Iterable[Mapping[str, Any]]], *,
+                 output: Mapping[str, Any] | None = None, name: str | None = None
+                 ) -> DataStream:
+        """Flink's ``flatMap``: ``function(record)`` returns (or yields) any number of output
+        records, each with ``output``'s columns and its input's event time. See :meth:`map`."""
+        return self._map(function, output, name, flat=True)
+
+    def _map(self, function: Callable, output: Mapping[str, Any] | None, name: str | None,
+             *, flat: bool) -> DataStream:
+        kind = "flat_map" if flat else "map"
+        if not callable(function):
+            raise ConfigError(f"{kind} takes a function of one record (a dict), got "
+                              f"{function!r}")
+        if isinstance(self.node, ProcessNode | WindowNode | SideOutputNode):
+            raise ConfigError(f"{kind} applies before a window or process function in this "
+                              f"version; sink the stream, read it back and {kind} it there")
+        schema = record_schema(self.node) if output is None else to_struct(output)
+        if not schema.fields:
+            raise ConfigError(f"{kind} needs output={{column: type}} with at least one column")
+        # Stateless: no state is keyed by the name, it only labels the step in plans and errors.
+        label = (check_name("operator", name) if name is not None
+                 else getattr(function, "__name__", None) or type(function).__name__)
+        node = MapNode(self.node, function, schema, flat, label)
+        return DataStream(self.job, node)
 
     def key_by(self, *fields: str) -> KeyedStream:
         """Partition the stream by one or more record fields; state is kept per key."""
@@ -239,7 +290,7 @@ class WindowedStream:
         the runtime's window operator (a Python function)."""
         if not callable(function):
             raise ConfigError(f"reduce takes a function (a, b) -> record, got {function!r}")
-        fields = {f.name: f.dataType for f in source_schema(self.keyed).fields
+        fields = {f.name: f.dataType for f in record_schema(self.keyed).fields
                   if f.name not in self.keyed.keys}
         return self.aggregate(_Reduce(function, tuple(fields)), name=name, output=fields)
 
@@ -266,15 +317,17 @@ class _Reduce(AggregateFunction):
         return {f: accumulator.get(f) for f in self.fields}
 
 
-def source_schema(node: Node) -> StructType:
-    while not isinstance(node, SourceNode):
+def record_schema(node: Node) -> StructType:
+    """The fields of the records at ``node`` before a window or process function: the
+    source's, or the last map's output."""
+    while not isinstance(node, SourceNode | MapNode):
         node = node.parent  # type: ignore[union-attr]
-    return node.source.schema
+    return node.output_schema if isinstance(node, MapNode) else node.source.schema
 
 
 def window_output_schema(keyed: KeyByNode, aggregates: Mapping[str, Aggregate]) -> StructType:
     """Key fields, window bounds (UTC, no zone: like the native path) and the aggregates."""
-    schema = source_schema(keyed)
+    schema = record_schema(keyed)
     types = {f.name: f.dataType for f in schema.fields}
     missing = [k for k in keyed.keys if k not in types]
     if missing:

@@ -214,7 +214,7 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     Workload("upi", "UPI tumbling count", "upi", "upi_count.py", "native", False,
              "payments per merchant per 1-minute tumbling window (1,000 merchants, 5 s "
              "bounded out-of-orderness)", oracle_upi, norm_upi),
-    Workload("q1", "Nexmark q1 (currency map)", "bids", "q1_currency.py", "process", True,
+    Workload("q1", "Nexmark q1 (currency map)", "bids", "q1_currency.py", "stateless", True,
              "every bid with its price converted to euros (price * 908 // 1000)",
              oracle_q1, norm_q1),
     Workload("q2", "Nexmark q2 (filter)", "bids", "q2_filter.py", "stateless", False,

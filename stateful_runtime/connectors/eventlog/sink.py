@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from stateful_runtime.connectors.base import Sink, SinkSummary
-from stateful_runtime.connectors.eventlog.store import EventLog, Record, TopicWriter
+from stateful_runtime.connectors.eventlog.store import EventLog, TopicWriter
 from stateful_runtime.connectors.formats.json import encode_records
 
 
@@ -43,19 +43,17 @@ class LogSink(Sink):
         self._writer = log.writer(self.topic)
         self._producer = f"{job}/{query}"
 
-    def _records(self, batch: pa.Table) -> list[Record]:
-        values = encode_records(batch)
+    def _keys(self, batch: pa.Table) -> list[bytes | None]:
         names = batch.column_names
-        keys = ([None] * len(values) if not self.key_field or self.key_field not in names
-                else batch.column(len(names) - 1 - names[::-1].index(self.key_field)).to_pylist())
-        return [Record(value, None if key is None else str(key).encode())
-                for key, value in zip(keys, values, strict=True)]
+        if not self.key_field or self.key_field not in names:
+            return [None] * batch.num_rows
+        column = batch.column(len(names) - 1 - names[::-1].index(self.key_field))
+        return [None if key is None else str(key).encode() for key in column.to_pylist()]
 
     def write_batch(self, batch: pa.Table, batch_id: int) -> None:
         assert self._writer is not None, "LogSink.write_batch before open"
-        self._writer.append(
-            self._records(batch), producer_id=self._producer, sequence=batch_id
-        )
+        self._writer.append_values(encode_records(batch), self._keys(batch),
+                                   producer_id=self._producer, sequence=batch_id)
 
     def close(self) -> None:
         if self._writer is not None:

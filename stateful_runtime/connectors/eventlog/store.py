@@ -262,6 +262,39 @@ class TopicWriter:
         sequence at or below the producer's last committed one appends nothing and returns 0
         (how a re-executed micro-batch avoids writing its output twice).
         """
+        now_ms = int(time.time() * 1000)
+        n_parts = self.info.partitions
+
+        def encoded() -> Iterator[tuple[int, bytes]]:
+            for rec in records:
+                p = (rec.partition if rec.partition >= 0
+                     else partition_for(rec.key, rec.value, n_parts))
+                yield p, _encode(rec, now_ms)
+
+        return self._write(encoded(), producer_id, sequence)
+
+    def append_values(self, values: Iterable[bytes], keys: Iterable[bytes | None], *,
+                      producer_id: str | None = None, sequence: int | None = None) -> int:
+        """:meth:`append` for records that are a value and a key (or None) and nothing else,
+        stamped now and placed by :func:`partition_for`: the sinks' path, with no
+        :class:`Record` per row (building them took 1.8 µs a row, twice the write itself)."""
+        now_ms = int(time.time() * 1000)
+        n_parts = self.info.partitions
+        header, crc = _HDR.pack, zlib.crc32
+
+        def encoded() -> Iterator[tuple[int, bytes]]:
+            for value, key in zip(values, keys, strict=True):
+                if key is None:
+                    yield crc(value) % n_parts, header(now_ms, -1, 0) + value
+                else:
+                    yield crc(key) % n_parts, b"".join((header(now_ms, len(key), 0), key, value))
+
+        return self._write(encoded(), producer_id, sequence)
+
+    def _write(self, encoded: Iterable[tuple[int, bytes]], producer_id: str | None,
+               sequence: int | None) -> int:
+        """One WriteBatch: the (partition, encoded record) pairs at the partitions' ends, the
+        new ends and the producer's sequence."""
         if (producer_id is None) != (sequence is None):
             raise LogError("append: give producer_id and sequence together, or neither")
         if producer_id is not None:
@@ -270,14 +303,13 @@ class TopicWriter:
                 return 0
         n_parts = self.info.partitions
         ends = list(self._ends)
-        now_ms = int(time.time() * 1000)
         batch = WriteBatch(raw_mode=True)
+        put, pack = batch.put, _REC.pack
         count = 0
-        for rec in records:
-            p = rec.partition if rec.partition >= 0 else partition_for(rec.key, rec.value, n_parts)
+        for p, raw in encoded:
             if p >= n_parts:
                 raise LogError(f"partition {p} out of range for topic {self.info.name!r}")
-            batch.put(b"r" + _REC.pack(p, ends[p]), _encode(rec, now_ms))
+            put(b"r" + pack(p, ends[p]), raw)
             ends[p] += 1
             count += 1
         for p in range(n_parts):
@@ -289,9 +321,6 @@ class TopicWriter:
             self._db.write(batch, self._wopts)
         self._ends = ends
         return count
-
-    def append_values(self, values: Iterable[bytes], keys: Iterable[bytes | None]) -> int:
-        return self.append(Record(v, k) for v, k in zip(values, keys, strict=True))
 
     def flush(self) -> None:
         self._db.flush_wal(True)
