@@ -126,6 +126,13 @@ def _stop_context(spark: SparkSession) -> bool:
     return stopped
 
 
+def _writes_at_exit() -> bool:
+    """Whether the JVM was asked to write a file in its own shutdown."""
+    options = " ".join(os.environ.get(v, "") for v in ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS"))
+    return bool(os.environ.get(CLASS_ARCHIVE_DUMP_ENV)) or any(
+        flag in options for flag in ("StartFlightRecording", "AtExit"))
+
+
 def _end_jvm(spark: SparkSession, proc: subprocess.Popen | None, timeout: float,
              scratch: bool) -> None:
     """At this process's exit: stop Spark and end the JVM, so the job's process is the last of
@@ -135,13 +142,13 @@ def _end_jvm(spark: SparkSession, proc: subprocess.Popen | None, timeout: float,
     Once the SparkContext has stopped, the JVM's own shutdown (its hooks, then HotSpot's exit)
     still took 0.37 s here and does nothing a job needs when its temporary files are in this
     process's scratch (``scratch``, removed after this): the JVM is then killed (0.02 s).
-    A class-archive dump needs the orderly exit (the JVM writes the archive in it), and so
-    does a JVM whose context did not stop cleanly."""
+    A JVM asked to write something as it exits (a class-archive dump, a flight recording) gets
+    the orderly exit, and so does a JVM whose context did not stop cleanly."""
     stopped = _stop_context(spark)
     if proc is None or proc.stdin is None:
         return
     try:
-        if stopped and scratch and not os.environ.get(CLASS_ARCHIVE_DUMP_ENV):
+        if stopped and scratch and not _writes_at_exit():
             proc.kill()
         proc.stdin.close()  # the gateway JVM exits when its stdin closes
         proc.wait(timeout=timeout)

@@ -1,6 +1,7 @@
 """A job process's exit: the SparkContext stops cleanly first, then the JVM is killed instead
 of waiting for its own shutdown (0.37 s on this machine) when its temporary files are the
-process's scratch; a class-archive dump keeps the orderly exit it needs to write the archive."""
+process's scratch; a JVM that writes a file as it exits (a class-archive dump, a flight
+recording) keeps the orderly exit."""
 
 from __future__ import annotations
 
@@ -46,3 +47,10 @@ def test_a_class_archive_dump_keeps_the_orderly_exit(tmp_path):
     line = _run(tmp_path, SRT_CLASS_ARCHIVE_DUMP=str(archive))
     assert line == "jvm-exit 0", line
     assert archive.stat().st_size > 0  # written in the JVM's own shutdown
+
+
+def test_a_flight_recording_is_written_at_exit(tmp_path):
+    recording = tmp_path / "job.jfr"
+    line = _run(tmp_path, JAVA_TOOL_OPTIONS=f"-XX:StartFlightRecording=filename={recording}")
+    assert line == "jvm-exit 0", line
+    assert recording.stat().st_size > 0
