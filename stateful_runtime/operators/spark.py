@@ -233,17 +233,24 @@ class SparkKeyedProcessor(StatefulProcessor):
                         timerValues: TimerValues) -> Iterator[pd.DataFrame]:
         self.op.set_time(timerValues.getCurrentWatermarkInMs(),
                          timerValues.getCurrentProcessingTimeInMs())
-        fields = self.fields
-
-        def elements() -> Iterator[tuple[int, dict[str, Any]]]:
-            for pdf in rows:
-                columns = [[_clean(v) for v in pdf[f].tolist()] if pdf[f].dtype.kind == "f"
-                           else pdf[f].tolist() for f in fields]
-                for ts, values in zip(pdf[TS].tolist(), zip(*columns, strict=True), strict=True):
-                    yield ts, dict(zip(fields, values, strict=True))
-
-        self.op.process(tuple(key), elements())
+        self.op.process(tuple(key), self._elements(rows))
         yield from self._buffer()
+
+    def _elements(self, frames: Iterator[pd.DataFrame]) -> Iterator[tuple[int, dict[str, Any]]]:
+        """(event time, record) of each row. One ``to_numpy(dtype=object)`` per frame gives
+        every cell as a Python value without upcasting across columns: 8 µs for a one-row
+        frame where a lookup per column took 127 µs (most keys of a deduplication carry one
+        row), 0.6 µs a row in large frames."""
+        fields = self.fields
+        for pdf in frames:
+            names = list(pdf.columns)
+            at = [names.index(f) for f in fields]
+            ts = names.index(TS)
+            nan = [i for i, dtype in enumerate(pdf.dtypes) if dtype.kind == "f"]
+            for row in pdf.to_numpy(dtype=object).tolist():
+                for i in nan:  # pandas turns a null in a numeric column into NaN
+                    row[i] = _clean(row[i])
+                yield row[ts], {f: row[i] for f, i in zip(fields, at, strict=True)}
 
     def handleExpiredTimer(self, key: Any, timerValues: TimerValues,
                            expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
