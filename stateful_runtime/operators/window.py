@@ -85,6 +85,12 @@ class WindowOperator(KeyedProcessFunction):
         self.lateness = _ms(allowed_lateness)
         self.late_tag = late_tag
         self.trigger = trigger
+        # The assigner in milliseconds, once: _assign runs for every element.
+        a = assigner
+        self._size = _ms(a.size) if isinstance(a, TumblingEventTimeWindows
+                                               | SlidingEventTimeWindows) else 0
+        self._slide = _ms(a.slide) if isinstance(a, SlidingEventTimeWindows) else 0
+        self._gap = _ms(a.gap) if isinstance(a, EventTimeSessionWindows) else 0
 
     def open(self, ctx: Any) -> None:
         self.windows = ctx.get_map_state(MapStateDescriptor("windows", int, list))
@@ -121,17 +127,15 @@ class WindowOperator(KeyedProcessFunction):
     # ------------------------------------------------------------------ assignment
 
     def _assign(self, ts: int) -> list[tuple[int, int]]:
-        a = self.assigner
-        if isinstance(a, TumblingEventTimeWindows):
-            size = _ms(a.size)
-            start = ts - ts % size
-            return [(start, start + size)]
-        if isinstance(a, SlidingEventTimeWindows):
-            size, slide = _ms(a.size), _ms(a.slide)
+        size, slide = self._size, self._slide
+        if slide:
             last = ts - ts % slide
             return [(s, s + size) for s in range(last, ts - size, -slide)]
-        if isinstance(a, EventTimeSessionWindows):
-            return [(ts, ts + _ms(a.gap))]
+        if size:
+            start = ts - ts % size
+            return [(start, start + size)]
+        if self._gap:
+            return [(ts, ts + self._gap)]
         return [(GLOBAL_START, 2**62)]
 
     # The window's contents: built-in aggregates (a dict of accumulators), a user
@@ -228,7 +232,7 @@ class WindowOperator(KeyedProcessFunction):
         return bool(t.interval and time.time() - stored[3] >= t.interval.total_seconds())
 
     def _merge_session(self, ts: int, ctx: OperatorContext) -> tuple[int, int]:
-        start, end = ts, ts + _ms(self.assigner.gap)  # type: ignore[attr-defined]
+        start, end = ts, ts + self._gap
         merged_acc: dict[str, Any] | None = None
         count = 0
         for s, stored in list(self.windows.items()):
