@@ -556,8 +556,8 @@ def _build_pipeline(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | No
             steps.append(f"filter {node.condition}")
             ops.append(lambda df, c=node.condition: df.filter(c))
         elif isinstance(node, MapNode):
-            fn = node.function
-            what = getattr(fn, "__qualname__", None) or type(fn).__name__
+            what = (getattr(node.function, "__qualname__", None)
+                    or type(node.function).__name__)
             steps.append(f"{'flat_map' if node.flat else 'map'} {node.name}: {what} in Python "
                          f"over whole Arrow batches → {', '.join(node.output_schema.fieldNames())}")
             ops.append(lambda df, n=node: _map(df, n))
