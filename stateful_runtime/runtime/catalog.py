@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from stateful_runtime.streams import (
-    FilterNode,
-    KeyByNode,
+    MapNode,
     Node,
     ProcessNode,
     SideOutputNode,
     SourceNode,
     WindowNode,
+    record_schema,
 )
 
 
@@ -78,9 +78,14 @@ def _columns(node: Node) -> list[dict[str, str]]:
         return [{"name": f.name, "type": _type_name(f.dataType),
                  "description": f"field of side output {node.tag.name}"}
                 for f in to_struct(node.tag.schema).fields]
-    assert isinstance(node, SourceNode | FilterNode | KeyByNode)
-    return [{"name": f.name, "type": _type_name(f.dataType),
-             "description": f"field of source {src.name}"} for f in src.source.schema.fields]
+    # Records as a source or the last map before this node made them (filters keep them).
+    made_by = node
+    while not isinstance(made_by, SourceNode | MapNode):
+        made_by = made_by.parent  # type: ignore[union-attr]
+    what = (f"output field of {'flat_map' if made_by.flat else 'map'} {made_by.name}"
+            if isinstance(made_by, MapNode) else f"field of source {src.name}")
+    return [{"name": f.name, "type": _type_name(f.dataType), "description": what}
+            for f in record_schema(node).fields]
 
 
 def _kind(sink: Any) -> str:

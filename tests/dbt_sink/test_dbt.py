@@ -58,3 +58,37 @@ def test_render_is_deterministic_and_the_ledger_name_is_the_sinks():
     assert "loaded_at_field: window_end" in one
     assert dbt.LEDGER_TABLE == LEDGER_TABLE
     assert dbt.freshness(7.0)["warn_after"]["count"] == 1
+
+
+MAPPED_JOB = '''
+from datetime import timedelta
+
+from dbt_sink import DuckDBUpsertSink
+from stateful_runtime import LogSource, StreamJob, WatermarkStrategy
+
+DEFAULTS = {"source.log_dir": "log", "source.topic": "bids", "checkpoint.dir": "ck"}
+
+
+def build(config):
+    job = StreamJob.from_config("mapped", config)
+    bids = job.from_source(
+        LogSource.from_config(config, {"auction": int, "price": int, "ts_ms": int}),
+        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=1))
+        .with_timestamp_field("ts_ms"), name="bids")
+    (bids.map(lambda b: {"auction": b["auction"], "eur": b["price"] * 908 // 1000},
+              output={"auction": int, "eur": int}, name="to-euro")
+     .filter("eur > 0")
+     .sink_to(DuckDBUpsertSink("w.duckdb", "euro_bids", key=("auction",)), name="euro"))
+    return job
+'''
+
+
+def test_a_mapped_streams_table_has_the_maps_columns(tmp_path: Path):
+    from stateful_runtime.runtime.catalog import sink_tables
+
+    job_file = tmp_path / "mapped.py"
+    job_file.write_text(MAPPED_JOB)
+    [table] = sink_tables(job_file)["tables"]
+    assert [(c["name"], c["type"]) for c in table["columns"]] == [("auction", "bigint"),
+                                                                   ("eur", "bigint")]
+    assert {c["description"] for c in table["columns"]} == {"output field of map to-euro"}
