@@ -48,8 +48,12 @@ class Broker:
         return AdminClient({"bootstrap.servers": self.bootstrap})
 
     def create_topic(self, name: str, partitions: int, **config: str) -> None:
+        """Topics keep their records for ever unless told: the tests produce records stamped
+        with historical event times, which the broker's time retention (7 days, swept every
+        few seconds) would delete in the middle of a test."""
         from confluent_kafka.admin import NewTopic
 
+        config.setdefault("retention.ms", "-1")
         admin = self.admin()  # kept alive until the future resolves
         admin.create_topics([NewTopic(name, partitions, 1, config=config)])[name].result(10)
 
