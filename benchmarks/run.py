@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep every run's directory")
     ap.add_argument("--name", help="results name (default: the mode)")
     ap.add_argument("--merge", help="report only: comma-separated results names whose sections "
-                    "fill the ones this result lacks (each marked with the run it came from)")
+                    "fill the ones this result lacks, and whose throughput tables follow this "
+                    "result's (each marked with the run it came from)")
     ap.add_argument("--publish", action="store_true", help="report only: write the report as "
                     "benchmarks/BENCHMARKS.md (plots in benchmarks/plots/), as `all` does")
     a = ap.parse_args(argv)
@@ -118,13 +119,18 @@ def main(argv: list[str] | None = None) -> int:
         res = json.loads((RESULTS / f"{a.name or 'all'}.json").read_text())
         for other in (a.merge.split(",") if a.merge else []):
             o = json.loads((RESULTS / f"{other}.json").read_text())
+            from_run = (f"From the separate run `{other}` ({o.get('started_at')}, "
+                        f"{o['config']['events']:,} events).")
+            if (res.get("throughput") or {}).get("summary") and (
+                    o.get("throughput") or {}).get("summary"):
+                # A second throughput run (other workloads, systems or sizes): its own tables.
+                res.setdefault("throughput_more", []).append(
+                    {**o["throughput"], "config": o["config"], "from_run": from_run})
             for section in ALL_SECTIONS:
                 mine = res.get(section) or {}
                 if o.get(section) and not o[section].get("error") and (
                         not mine or mine.get("error")):
-                    res[section] = {**o[section], "from_run": (
-                        f"From the separate run `{other}` ({o.get('started_at')}, "
-                        f"{o['config']['events']:,} events).")}
+                    res[section] = {**o[section], "from_run": from_run}
         res["publish"] = a.publish
         print(report.write(res, BENCH))
         return 0

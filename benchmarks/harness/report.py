@@ -185,6 +185,70 @@ def _plots(res: dict[str, Any], out_dir: Path) -> list[str]:
     return made
 
 
+def _throughput(th: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+    """One throughput run's tables: rates per workload and system, then the ratios."""
+    L: list[str] = []
+    p = L.append
+    summ = th["summary"]
+    runs = ("one run" if th.get("reps") == 1 else
+            f"median of {th.get('reps')} runs (min–max in brackets)")
+    p(f"{th.get('events', 0):,} events per stream (seed {th.get('seed')}), {runs}; every "
+      f"run is a fresh process tree. "
+      f"This runtime: `local[{cfg.get('parallelism')}]`, parallelism "
+      f"{cfg.get('parallelism')}, at most {th.get('options', {}).get('batch_size', 0):,} "
+      f"records per micro-batch, `--available-now` over the embedded event log. Flink: "
+      f"local MiniCluster, parallelism {cfg.get('parallelism')}, RocksDB (incremental), a "
+      f"checkpoint every 2 s. bytewax: {cfg.get('parallelism')} processes, recovery "
+      f"snapshots every 2 s.")
+    if th.get("unavailable"):
+        p("")
+        p("Not run: " + "; ".join(f"{s} ({why})" for s, why in th["unavailable"].items()))
+    p("")
+    p("| workload | system | whole process ev/s | steady ev/s | start-up | peak memory | "
+      "output = oracle |")
+    p("|---|---|---|---|---|---|---|")
+    for w, ws in summ.items():
+        for s, st in ws["systems"].items():
+            if st["failed"] == st["runs"]:
+                p(f"| {w} | {SYSTEMS[s].label} | failed: "
+                  f"{(st['errors'] or [''])[0][:120].replace('|', '/')} | | | | |")
+                continue
+            ck = st.get("check") or {}
+            match = ("yes" if st["all_matched"] else
+                     f"**no** ({ck.get('missing')} missing, {ck.get('extra')} extra of "
+                     f"{ck.get('expected_rows')})")
+            p(f"| {w} | {SYSTEMS[s].label} | {_span(st['whole_events_per_s'], _rate)} | "
+              f"{_span(st['steady_events_per_s'], _rate)} | {_span(st['startup_s'], _s)} | "
+              f"{_span(st['peak_memory_bytes'], _mib)} | {match} |")
+    p("")
+    peers = [s for s in SYSTEMS if s != "srt" and any(
+        s in ws["ratios_srt_to"] for ws in summ.values())]
+    if peers:
+        p("This runtime's rate ÷ each peer's (medians; > 1 means this runtime is faster):")
+        p("")
+        p("| workload | path | " + " | ".join(
+            f"÷ {SYSTEMS[s].label} whole | steady" for s in peers) + " |")
+        p("|---|---|" + "---|---|" * len(peers))
+        for w, ws in summ.items():
+            cells = []
+            for s in peers:
+                r = ws["ratios_srt_to"].get(s, {})
+                cells += [_ratio(r.get("whole_events_per_s")),
+                          _ratio(r.get("steady_events_per_s"))]
+            p(f"| {w} | {WORKLOADS[w].srt_path} | " + " | ".join(cells) + " |")
+        p("")
+    p("Workloads (same JSON lines for every system; each output is checked against a "
+      "Python oracle computed from the generated events — windows are compared once the "
+      "final watermark closed them):")
+    p("")
+    for w in summ:
+        wl = WORKLOADS[w]
+        p(f"* **{w}** — {wl.title}: {wl.what}. This runtime: `benchmarks/jobs/{wl.srt_job}`"
+          f" ({wl.srt_path} path).")
+    p("")
+    return L
+
+
 def markdown(res: dict[str, Any], plot_prefix: str, plots: list[str]) -> str:
     env = res.get("env", {})
     cfg = res.get("config", {})
@@ -211,64 +275,10 @@ def markdown(res: dict[str, Any], plot_prefix: str, plots: list[str]) -> str:
             p(f"| {t['target']} | {t['measured']} | {met} |")
         p("")
     th = res.get("throughput") or {}
-    summ = th.get("summary") or {}
-    if summ:
+    if th.get("summary"):
         p("## Throughput, start-up and memory")
         p("")
-        p(f"{th.get('events', 0):,} events per stream (seed {th.get('seed')}), median of "
-          f"{th.get('reps')} runs (min–max in brackets); every run is a fresh process tree. "
-          f"This runtime: `local[{cfg.get('parallelism')}]`, parallelism "
-          f"{cfg.get('parallelism')}, at most {th.get('options', {}).get('batch_size', 0):,} "
-          f"records per micro-batch, `--available-now` over the embedded event log. Flink: "
-          f"local MiniCluster, parallelism {cfg.get('parallelism')}, RocksDB (incremental), a "
-          f"checkpoint every 2 s. bytewax: {cfg.get('parallelism')} processes, recovery "
-          f"snapshots every 2 s.")
-        if th.get("unavailable"):
-            p("")
-            p("Not run: " + "; ".join(f"{s} ({why})" for s, why in th["unavailable"].items()))
-        p("")
-        p("| workload | system | whole process ev/s | steady ev/s | start-up | peak memory | "
-          "output = oracle |")
-        p("|---|---|---|---|---|---|---|")
-        for w, ws in summ.items():
-            for s, st in ws["systems"].items():
-                if st["failed"] == st["runs"]:
-                    p(f"| {w} | {SYSTEMS[s].label} | failed: "
-                      f"{(st['errors'] or [''])[0][:120].replace('|', '/')} | | | | |")
-                    continue
-                ck = st.get("check") or {}
-                match = ("yes" if st["all_matched"] else
-                         f"**no** ({ck.get('missing')} missing, {ck.get('extra')} extra of "
-                         f"{ck.get('expected_rows')})")
-                p(f"| {w} | {SYSTEMS[s].label} | {_span(st['whole_events_per_s'], _rate)} | "
-                  f"{_span(st['steady_events_per_s'], _rate)} | {_span(st['startup_s'], _s)} | "
-                  f"{_span(st['peak_memory_bytes'], _mib)} | {match} |")
-        p("")
-        peers = [s for s in SYSTEMS if s != "srt" and any(
-            s in ws["ratios_srt_to"] for ws in summ.values())]
-        if peers:
-            p("This runtime's rate ÷ each peer's (medians; > 1 means this runtime is faster):")
-            p("")
-            p("| workload | path | " + " | ".join(
-                f"÷ {SYSTEMS[s].label} whole | steady" for s in peers) + " |")
-            p("|---|---|" + "---|---|" * len(peers))
-            for w, ws in summ.items():
-                cells = []
-                for s in peers:
-                    r = ws["ratios_srt_to"].get(s, {})
-                    cells += [_ratio(r.get("whole_events_per_s")),
-                              _ratio(r.get("steady_events_per_s"))]
-                p(f"| {w} | {WORKLOADS[w].srt_path} | " + " | ".join(cells) + " |")
-            p("")
-        p("Workloads (same JSON lines for every system; each output is checked against a "
-          "Python oracle computed from the generated events — windows are compared once the "
-          "final watermark closed them):")
-        p("")
-        for w in summ:
-            wl = WORKLOADS[w]
-            p(f"* **{w}** — {wl.title}: {wl.what}. This runtime: `benchmarks/jobs/{wl.srt_job}`"
-              f" ({wl.srt_path} path).")
-        p("")
+        L.extend(_throughput(th, cfg))
     for fname, caption in (("throughput_whole.png", "whole process"),
                            ("throughput_steady.png", "steady state"),
                            ("startup.png", "start-up"), ("memory.png", "peak memory")):
@@ -276,6 +286,12 @@ def markdown(res: dict[str, Any], plot_prefix: str, plots: list[str]) -> str:
             p(f"![{caption}]({plot_prefix}{fname})")
     if plots:
         p("")
+    for other in res.get("throughput_more") or []:
+        p(f"## Throughput: {', '.join(other['summary'])} ({other['events']:,} events)")
+        p("")
+        p(f"_{other['from_run']}_")
+        p("")
+        L.extend(_throughput(other, other.get("config") or cfg))
     prof = res.get("profiles") or {}
     if prof.get("summary"):
         p("## Where the time goes (this runtime)")
