@@ -558,7 +558,7 @@ def _build_pipeline(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | No
         elif isinstance(node, MapNode):
             what = (getattr(node.function, "__qualname__", None)
                     or type(node.function).__name__)
-            steps.append(f"{'flat_map' if node.flat else 'map'} {node.name}: {what} in Python "
+            steps.append(f"{node.kind} {node.name}: {what} in Python "
                          f"over whole Arrow batches → {', '.join(node.output_schema.fieldNames())}")
             ops.append(lambda df, n=node: _map(df, n))
         elif isinstance(node, KeyByNode):

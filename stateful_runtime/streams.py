@@ -57,6 +57,15 @@ class MapNode:
     flat: bool
     name: str
 
+    @property
+    def kind(self) -> str:
+        """The method that made the step, as plans and messages name it."""
+        return map_kind(self.flat)
+
+
+def map_kind(flat: bool) -> str:
+    return "flat_map" if flat else "map"
+
 
 @dataclass(frozen=True)
 class KeyByNode:
@@ -140,7 +149,7 @@ class DataStream:
 
     def _map(self, function: Callable, output: Mapping[str, Any] | None, name: str | None,
              *, flat: bool) -> DataStream:
-        kind = "flat_map" if flat else "map"
+        kind = map_kind(flat)
         if not callable(function):
             raise ConfigError(f"{kind} takes a function of one record (a dict), got "
                               f"{function!r}")

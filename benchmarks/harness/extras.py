@@ -90,6 +90,7 @@ def kafka(*, work: Path, cfg: dict[str, Any], seed: int, options: dict[str, Any]
     src = r["source"]
     return {"events": events, "source_events_per_s": src["events_per_s"],
             "raw_events_per_s": src["raw_consumer_per_s"], "ratio": src["ratio"],
+            "reps": src.get("reps", 1), "runs": src.get("runs"),
             "sink": r.get("sink"), "raw": r,
             "_note": f"source {src['events_per_s']:,}/s vs raw {src['raw_consumer_per_s']:,}/s"
                      f" = {src['ratio']:.2f}x"}

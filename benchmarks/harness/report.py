@@ -359,12 +359,24 @@ def markdown(res: dict[str, Any], plot_prefix: str, plots: list[str]) -> str:
         if kafka.get("error"):
             p(f"failed: {kafka['error']}")
         else:
+            runs = kafka.get("runs") or {}
+
+            def spread(side: str) -> str:
+                xs = runs.get(side) or []
+                return f" ({_rate(min(xs))}–{_rate(max(xs))})" if len(xs) > 1 else ""
+
+            reps = kafka.get("reps") or 1
             p(f"{kafka.get('events', 0):,} events on a noida-db broker "
-              f"(`benchmarks/kafka_throughput.py`): the runtime's Kafka source at its defaults (a "
+              f"(`benchmarks/kafka_throughput.py`), "
+              + (f"median of {reps} runs of each side (min–max in brackets; the raw ones "
+                 f"before Spark starts): "
+                 if reps > 1 else "one run of each side: ")
+              + f"the runtime's Kafka source at its defaults (a "
               f"streaming query, availableNow: start, a first batch of 20,000 records, the rest "
-              f"in one batch, read + JSON decode) {_rate(kafka.get('source_events_per_s'))}/s, "
-              f"a raw confluent-kafka consumer (a bare fetch loop, no decode) "
-              f"{_rate(kafka.get('raw_events_per_s'))}/s: {_ratio(kafka.get('ratio'))}.")
+              f"in one batch, read + JSON decode) {_rate(kafka.get('source_events_per_s'))}/s"
+              f"{spread('source')}, a raw confluent-kafka consumer (a bare fetch loop, no decode) "
+              f"{_rate(kafka.get('raw_events_per_s'))}/s{spread('raw_consumer')}: "
+              f"{_ratio(kafka.get('ratio'))}.")
         p("")
     p("## How to run")
     p("")

@@ -82,7 +82,7 @@ def _columns(node: Node) -> list[dict[str, str]]:
     made_by = node
     while not isinstance(made_by, SourceNode | MapNode):
         made_by = made_by.parent  # type: ignore[union-attr]
-    what = (f"output field of {'flat_map' if made_by.flat else 'map'} {made_by.name}"
+    what = (f"output field of {made_by.kind} {made_by.name}"
             if isinstance(made_by, MapNode) else f"field of source {src.name}")
     return [{"name": f.name, "type": _type_name(f.dataType), "description": what}
             for f in record_schema(node).fields]
