@@ -60,10 +60,10 @@ class MapNode:
     @property
     def kind(self) -> str:
         """The method that made the step, as plans and messages name it."""
-        return map_kind(self.flat)
+        return _map_kind(self.flat)
 
 
-def map_kind(flat: bool) -> str:
+def _map_kind(flat: bool) -> str:
     return "flat_map" if flat else "map"
 
 
@@ -149,7 +149,7 @@ class DataStream:
 
     def _map(self, function: Callable, output: Mapping[str, Any] | None, name: str | None,
              *, flat: bool) -> DataStream:
-        kind = map_kind(flat)
+        kind = _map_kind(flat)
         if not callable(function):
             raise ConfigError(f"{kind} takes a function of one record (a dict), got "
                               f"{function!r}")
