@@ -40,9 +40,15 @@ def raw_consume(bootstrap: str, topic: str, partitions: int, n: int) -> float:
 
     # The test broker (noida-db) answers a fetch with everything it holds, whatever
     # fetch.max.bytes says: at 1M records that is over librdkafka's 100 MB default limit.
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench", "enable.auto.commit":
-                  False, "isolation.level": "read_committed",
-                  "receive.message.max.bytes": 1_000_000_000})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "bench",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "receive.message.max.bytes": 1_000_000_000,
+        }
+    )
     c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     got, t0, quiet = 0, time.perf_counter(), time.monotonic()
     while got < n:
@@ -52,8 +58,10 @@ def raw_consume(bootstrap: str, topic: str, partitions: int, n: int) -> float:
             quiet = time.monotonic()
         elif time.monotonic() - quiet > 30:  # the broker holds fewer than were produced
             c.close()
-            raise SystemExit(f"raw consumer: {got:,} of {n:,} records read from {topic!r}, "
-                             "then nothing for 30 s (see the client's errors above)")
+            raise SystemExit(
+                f"raw consumer: {got:,} of {n:,} records read from {topic!r}, "
+                "then nothing for 30 s (see the client's errors above)"
+            )
     dt = time.perf_counter() - t0
     c.close()
     return n / dt
@@ -64,10 +72,13 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=300_000)
     # The source's own default (no cap: a batch reads what is there, as the raw consumer does);
     # with 250,000 records a batch the 1M-record ratio was 0.41 against 0.51 uncapped.
-    ap.add_argument("--batch-size", type=int, default=None,
-                    help="the source's max_records_per_batch (default: the source's, no cap)")
-    ap.add_argument("--reps", type=int, default=3,
-                    help="runs of each side (median, min-max)")
+    ap.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="the source's max_records_per_batch (default: the source's, no cap)",
+    )
+    ap.add_argument("--reps", type=int, default=3, help="runs of each side (median, min-max)")
     ap.add_argument("--output", default=str(ROOT / "benchmarks/results/kafka_throughput.json"))
     args = ap.parse_args()
     from confluent_kafka import Producer
@@ -96,26 +107,36 @@ def main() -> None:
         def run_once(name: str) -> float:
             df = src.read_stream(spark)
             t0 = time.perf_counter()
-            q = (df.writeStream.foreachBatch(lambda d, _: counts.append(d.count()))
-                 .option("checkpointLocation", str(work / name)).trigger(availableNow=True)
-                 .start())
+            q = (
+                df.writeStream.foreachBatch(lambda d, _: counts.append(d.count()))
+                .option("checkpointLocation", str(work / name))
+                .trigger(availableNow=True)
+                .start()
+            )
             q.awaitTermination()
             return len(lines) / (time.perf_counter() - t0)
 
         run_once("warmup")  # JIT and Python workers, as in the UPI benchmark
         sources = [run_once(f"measured-{rep}") for rep in range(args.reps)]
         raw, source = statistics.median(raws), statistics.median(sources)
-        out["source"] = {"events_per_s": round(source), "raw_consumer_per_s": round(raw),
-                         "ratio": round(source / raw, 3), "reps": args.reps,
-                         "runs": {"source": [round(x) for x in sources],
-                                  "raw_consumer": [round(x) for x in raws]}}
+        out["source"] = {
+            "events_per_s": round(source),
+            "raw_consumer_per_s": round(raw),
+            "ratio": round(source / raw, 3),
+            "reps": args.reps,
+            "runs": {
+                "source": [round(x) for x in sources],
+                "raw_consumer": [round(x) for x in raws],
+            },
+        }
 
         import pyarrow as pa
 
         table = pa.Table.from_pylist([json.loads(x) for x in lines[:100_000]])
         payload = [json.dumps(r, separators=(",", ":")).encode() for r in table.to_pylist()]
-        p = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True,
-                      "linger.ms": 20})
+        p = Producer(
+            {"bootstrap.servers": broker.bootstrap, "enable.idempotence": True, "linger.ms": 20}
+        )
         t0 = time.perf_counter()
         for v in payload:
             while True:
@@ -128,8 +149,7 @@ def main() -> None:
         raw_p = len(payload) / (time.perf_counter() - t0)
         out["sink"] = {"raw_producer_per_s": round(raw_p)}
         for delivery in ("exactly_once", "at_least_once"):
-            sink = KafkaSink(broker.bootstrap, f"bench-{delivery}", partitions=4,
-                             delivery=delivery)
+            sink = KafkaSink(broker.bootstrap, f"bench-{delivery}", partitions=4, delivery=delivery)
             sink.open("bench", delivery)
             t0 = time.perf_counter()
             for b in range(0, table.num_rows, 25_000):

@@ -97,28 +97,38 @@ def main() -> None:
             yield from ()
 
     def job(name: str) -> tuple[StreamJob, object]:
-        j = StreamJob(name, CheckpointConfig(str(work / "ck" / name), timedelta(0)),
-                      parallelism=2)
+        j = StreamJob(name, CheckpointConfig(str(work / "ck" / name), timedelta(0)), parallelism=2)
         src = j.from_source(
             LogSource(str(log), "upi-payments", schema, max_records_per_batch=a.batch_size),
-            WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5))
-            .with_timestamp_field("ts_ms"), name="src")
+            WatermarkStrategy.for_bounded_out_of_orderness(
+                timedelta(seconds=5)
+            ).with_timestamp_field("ts_ms"),
+            name="src",
+        )
         return j, src
 
     spark = build_session(parallelism=2, master="local[2]")
 
     def measure(name: str, df) -> dict:
-        q = (df.writeStream.queryName(name).outputMode("append")
-             .option("checkpointLocation", str(work / "ck" / f"q-{name}"))
-             .foreachBatch(lambda b, i: b.count()).trigger(availableNow=True).start())
+        q = (
+            df.writeStream.queryName(name)
+            .outputMode("append")
+            .option("checkpointLocation", str(work / "ck" / f"q-{name}"))
+            .foreachBatch(lambda b, i: b.count())
+            .trigger(availableNow=True)
+            .start()
+        )
         q.awaitTermination()
         progress = [pr for pr in q.recentProgress if pr["numInputRows"]]
         rest = progress[1:]
         rows = sum(pr["numInputRows"] for pr in rest)
         ms = sum(pr["durationMs"]["triggerExecution"] for pr in rest)
-        return {"batches": len(progress), "events": sum(pr["numInputRows"] for pr in progress),
-                "first_batch_ms": progress[0]["durationMs"]["triggerExecution"],
-                "events_per_s_after_first": round(rows / ms * 1000) if ms else None}
+        return {
+            "batches": len(progress),
+            "events": sum(pr["numInputRows"] for pr in progress),
+            "first_batch_ms": progress[0]["durationMs"]["triggerExecution"],
+            "events_per_s_after_first": round(rows / ms * 1000) if ms else None,
+        }
 
     results = {}
     j, src = job("source")
@@ -126,36 +136,53 @@ def main() -> None:
 
     j, src = job("raw")
     raw = _read_good(spark, src.node).drop("_event_time")
-    results["raw"] = measure("raw", raw.groupBy("merchant_id").transformWithStateInPandas(
-        RawCounter(), "merchant_id STRING", "Append", "None"))
+    results["raw"] = measure(
+        "raw",
+        raw.groupBy("merchant_id").transformWithStateInPandas(
+            RawCounter(), "merchant_id STRING", "Append", "None"
+        ),
+    )
 
     j, src = job("counter")
     src.key_by("merchant_id").process(Counter(), name="counter").sink_to(
-        LogSink(str(log), "unused"), name="out")
+        LogSink(str(log), "unused"), name="out"
+    )
     results["counter"] = measure("counter", plan(j).queries[0].build(spark))
 
     j, src = job("sessions")
-    (src.key_by("merchant_id").window(EventTimeSessionWindows.with_gap(timedelta(seconds=30)))
-     .aggregate({"n": Count(), "amount": Sum("amount_paise")}, name="sessions")
-     .sink_to(LogSink(str(log), "unused2"), name="out"))
+    (
+        src.key_by("merchant_id")
+        .window(EventTimeSessionWindows.with_gap(timedelta(seconds=30)))
+        .aggregate({"n": Count(), "amount": Sum("amount_paise")}, name="sessions")
+        .sink_to(LogSink(str(log), "unused2"), name="out")
+    )
     results["sessions"] = measure("sessions", plan(j).queries[0].build(spark))
 
     raw_rate = results["raw"]["events_per_s_after_first"] or 1
     report = {
-        "events": a.events, "keys": a.keys, "batch_size": a.batch_size,
+        "events": a.events,
+        "keys": a.keys,
+        "batch_size": a.batch_size,
         "append_events_per_s": round(a.events / append_s),
-        "load_avg": os.getloadavg()[0], "results": results,
+        "load_avg": os.getloadavg()[0],
+        "results": results,
         "counter_vs_raw": round(
-            (results["counter"]["events_per_s_after_first"] or 0) / raw_rate, 3),
-        "sessions_vs_raw": round((results["sessions"]["events_per_s_after_first"] or 0) / raw_rate,
-                                 3),
+            (results["counter"]["events_per_s_after_first"] or 0) / raw_rate, 3
+        ),
+        "sessions_vs_raw": round(
+            (results["sessions"]["events_per_s_after_first"] or 0) / raw_rate, 3
+        ),
     }
     print(f"{'query':10} {'events/s after 1st batch':>26} {'first batch ms':>15} {'batches':>8}")
     for name, r in results.items():
-        print(f"{name:10} {r['events_per_s_after_first'] or 0:>26,} {r['first_batch_ms']:>15,} "
-              f"{r['batches']:>8}")
-    print(f"counter / raw = {report['counter_vs_raw']}, sessions / raw = "
-          f"{report['sessions_vs_raw']}  (load average {report['load_avg']:.1f})")
+        print(
+            f"{name:10} {r['events_per_s_after_first'] or 0:>26,} {r['first_batch_ms']:>15,} "
+            f"{r['batches']:>8}"
+        )
+    print(
+        f"counter / raw = {report['counter_vs_raw']}, sessions / raw = "
+        f"{report['sessions_vs_raw']}  (load average {report['load_avg']:.1f})"
+    )
     Path(a.output).parent.mkdir(parents=True, exist_ok=True)
     Path(a.output).write_text(json.dumps(report, indent=2))
     spark.stop()

@@ -44,13 +44,22 @@ RESULTS = BENCH / "results"
 ALL_SECTIONS = ("throughput", "kafka", "latency", "scaleout", "profiles")
 
 MODES: dict[str, dict[str, Any]] = {
-    "quick": {"events": 200_000, "reps": 1, "batch_size": 100_000,
-              "workloads": ["upi", "counter", "q5"],
-              "systems": ["srt", "flink-sql", "bytewax"],
-              "sections": ["throughput"]},
-    "all": {"events": 1_000_000, "reps": 3, "batch_size": 250_000,
-            "workloads": list(WORKLOADS), "systems": list(SYSTEMS),
-            "sections": list(ALL_SECTIONS)},
+    "quick": {
+        "events": 200_000,
+        "reps": 1,
+        "batch_size": 100_000,
+        "workloads": ["upi", "counter", "q5"],
+        "systems": ["srt", "flink-sql", "bytewax"],
+        "sections": ["throughput"],
+    },
+    "all": {
+        "events": 1_000_000,
+        "reps": 3,
+        "batch_size": 250_000,
+        "workloads": list(WORKLOADS),
+        "systems": list(SYSTEMS),
+        "sections": list(ALL_SECTIONS),
+    },
 }
 
 
@@ -68,30 +77,38 @@ def setup(log=print) -> None:
         if name == "py-spy":
             present = (PROJECT_PYTHON.parent / "py-spy").exists()
         else:
-            present = subprocess.run([str(PROJECT_PYTHON), "-c", f"import {name}"],
-                                     capture_output=True).returncode == 0
+            present = (
+                subprocess.run(
+                    [str(PROJECT_PYTHON), "-c", f"import {name}"], capture_output=True
+                ).returncode
+                == 0
+            )
         if not present:
             missing.append(req)
     if missing:
         log(f"installing into the project's venv: {' '.join(missing)}")
-        subprocess.run([str(PROJECT_PYTHON), "-m", "pip", "install", "-q", *missing],
-                       check=True)
+        subprocess.run([str(PROJECT_PYTHON), "-m", "pip", "install", "-q", *missing], check=True)
 
 
 def environment() -> dict[str, Any]:
     import pyspark
 
-    return {"python": platform.python_version(), "pyspark": pyspark.__version__,
-            "cpus": os.cpu_count(), "platform": platform.platform(),
-            "mem_total_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-                                   / 2**30, 1),
-            "loadavg_before": os.getloadavg()}
+    return {
+        "python": platform.python_version(),
+        "pyspark": pyspark.__version__,
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "mem_total_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "loadavg_before": os.getloadavg(),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=__doc__.split("\n", 1)[1])
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n", 1)[1],
+    )
     ap.add_argument("mode", choices=["setup", "quick", "all", "report", *ALL_SECTIONS])
     ap.add_argument("--events", type=int, help="events per stream (default: the mode's)")
     ap.add_argument("--reps", type=int, help="runs per system and workload (median of them)")
@@ -103,11 +120,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, help="work directory (default: a temp dir, removed)")
     ap.add_argument("--keep", action="store_true", help="keep every run's directory")
     ap.add_argument("--name", help="results name (default: the mode)")
-    ap.add_argument("--merge", help="report only: comma-separated results names whose sections "
-                    "fill the ones this result lacks, and whose throughput tables follow this "
-                    "result's (each marked with the run it came from)")
-    ap.add_argument("--publish", action="store_true", help="report only: write the report as "
-                    "benchmarks/BENCHMARKS.md (plots in benchmarks/plots/), as `all` does")
+    ap.add_argument(
+        "--merge",
+        help="report only: comma-separated results names whose sections "
+        "fill the ones this result lacks, and whose throughput tables follow this "
+        "result's (each marked with the run it came from)",
+    )
+    ap.add_argument(
+        "--publish",
+        action="store_true",
+        help="report only: write the report as "
+        "benchmarks/BENCHMARKS.md (plots in benchmarks/plots/), as `all` does",
+    )
     a = ap.parse_args(argv)
 
     if a.mode == "setup":
@@ -117,19 +141,26 @@ def main(argv: list[str] | None = None) -> int:
     out_json = RESULTS / f"{name}.json"
     if a.mode == "report":
         res = json.loads((RESULTS / f"{a.name or 'all'}.json").read_text())
-        for other in (a.merge.split(",") if a.merge else []):
+        for other in a.merge.split(",") if a.merge else []:
             o = json.loads((RESULTS / f"{other}.json").read_text())
-            from_run = (f"From the separate run `{other}` ({o.get('started_at')}, "
-                        f"{o['config']['events']:,} events).")
-            if (res.get("throughput") or {}).get("summary") and (
-                    o.get("throughput") or {}).get("summary"):
+            from_run = (
+                f"From the separate run `{other}` ({o.get('started_at')}, "
+                f"{o['config']['events']:,} events)."
+            )
+            if (res.get("throughput") or {}).get("summary") and (o.get("throughput") or {}).get(
+                "summary"
+            ):
                 # A second throughput run (other workloads, systems or sizes): its own tables.
                 res.setdefault("throughput_more", []).append(
-                    {**o["throughput"], "config": o["config"], "from_run": from_run})
+                    {**o["throughput"], "config": o["config"], "from_run": from_run}
+                )
             for section in ALL_SECTIONS:
                 mine = res.get(section) or {}
-                if o.get(section) and not o[section].get("error") and (
-                        not mine or mine.get("error")):
+                if (
+                    o.get(section)
+                    and not o[section].get("error")
+                    and (not mine or mine.get("error"))
+                ):
                     res[section] = {**o[section], "from_run": from_run}
         res["publish"] = a.publish
         print(report.write(res, BENCH))
@@ -155,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {
-        "name": name, "mode": a.mode, "sections": sections,
+        "name": name,
+        "mode": a.mode,
+        "sections": sections,
         "started_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "config": {**cfg, "parallelism": a.parallelism, "seed": a.seed},
         "env": environment(),
@@ -166,28 +199,50 @@ def main(argv: list[str] | None = None) -> int:
         results["elapsed_s"] = round(time.monotonic() - t0, 1)
         out_json.write_text(json.dumps(results, indent=1, default=str) + "\n")
 
-    options = {"batch_size": cfg["batch_size"], "parallelism": a.parallelism,
-               "topic_partitions": a.parallelism, "master": f"local[{a.parallelism}]"}
+    options = {
+        "batch_size": cfg["batch_size"],
+        "parallelism": a.parallelism,
+        "topic_partitions": a.parallelism,
+        "master": f"local[{a.parallelism}]",
+    }
     from harness import extras, throughput
 
     total = 0.0
     if "throughput" in sections:
-        total += throughput.weight(cfg["workloads"], cfg["systems"], cfg["reps"],
-                                   cfg["events"])
+        total += throughput.weight(cfg["workloads"], cfg["systems"], cfg["reps"], cfg["events"])
     total += sum(extras.WEIGHT[s] for s in sections if s in extras.WEIGHT)
     progress = Progress(total)
-    progress.say(f"{name}: sections {', '.join(sections)}; work directory {work}; results "
-                 f"{out_json}")
+    progress.say(
+        f"{name}: sections {', '.join(sections)}; work directory {work}; results {out_json}"
+    )
     try:
         if "throughput" in sections:
-            throughput.run(work=work, workloads=cfg["workloads"], systems=cfg["systems"],
-                           reps=cfg["reps"], events=cfg["events"], seed=a.seed,
-                           options=options, progress=progress, keep=a.keep, results=results,
-                           save=save)
+            throughput.run(
+                work=work,
+                workloads=cfg["workloads"],
+                systems=cfg["systems"],
+                reps=cfg["reps"],
+                events=cfg["events"],
+                seed=a.seed,
+                options=options,
+                progress=progress,
+                keep=a.keep,
+                results=results,
+                save=save,
+            )
         for section in sections:
             if section in extras.WEIGHT:
-                extras.run(section, work=work, cfg=cfg, seed=a.seed, options=options,
-                           progress=progress, results=results, save=save, keep=a.keep)
+                extras.run(
+                    section,
+                    work=work,
+                    cfg=cfg,
+                    seed=a.seed,
+                    options=options,
+                    progress=progress,
+                    results=results,
+                    save=save,
+                    keep=a.keep,
+                )
     finally:
         progress.close()
         results["env"]["loadavg_after"] = os.getloadavg()

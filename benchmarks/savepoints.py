@@ -37,10 +37,17 @@ T0 = 1_767_225_600_000
 def _lines(merchants: list[int], seed: int) -> list[bytes]:
     """One payment per merchant, all inside the first 50 s of one minute (windows stay open)."""
     rng = random.Random(seed)
-    return [json.dumps({"txn_id": f"t{seed}-{i}", "merchant_id": f"M{m:07d}",
-                        "amount_paise": rng.randint(100, 50_000),
-                        "ts_ms": T0 + rng.randint(0, 50_000)}).encode()
-            for i, m in enumerate(merchants)]
+    return [
+        json.dumps(
+            {
+                "txn_id": f"t{seed}-{i}",
+                "merchant_id": f"M{m:07d}",
+                "amount_paise": rng.randint(100, 50_000),
+                "ts_ms": T0 + rng.randint(0, 50_000),
+            }
+        ).encode()
+        for i, m in enumerate(merchants)
+    ]
 
 
 def _dir_bytes(path: Path) -> int:
@@ -61,14 +68,20 @@ def bench(keys: int, churn: float, batches: int, work: Path) -> dict:
     def append(lines: list[bytes]) -> None:
         with log.writer("upi-payments") as w:
             for i in range(0, len(lines), 5000):
-                w.append(_records(lines[i:i + 5000], "merchant_id"))
+                w.append(_records(lines[i : i + 5000], "merchant_id"))
 
     def run(ckpt: Path, **kw) -> list[MirrorSync]:
         """Run the job to the end of the log; the mirror syncs its batches reported."""
-        jf = load_job_file(ROOT / "examples/upi_per_minute.py", {
-            "source.log_dir": str(work / "log"), "sink.database": str(work / "upi.duckdb"),
-            "checkpoint.dir": str(ckpt), "checkpoint.mirror": str(work / "mirror"),
-            "source.max_records_per_batch": str(keys)})
+        jf = load_job_file(
+            ROOT / "examples/upi_per_minute.py",
+            {
+                "source.log_dir": str(work / "log"),
+                "sink.database": str(work / "upi.duckdb"),
+                "checkpoint.dir": str(ckpt),
+                "checkpoint.mirror": str(work / "mirror"),
+                "source.max_records_per_batch": str(keys),
+            },
+        )
         out = io.StringIO()
         syncs: list[MirrorSync] = []
 
@@ -93,9 +106,14 @@ def bench(keys: int, churn: float, batches: int, work: Path) -> dict:
         syncs = run(ckpt)
         assert syncs, "mirror did not sync after any batch"
         s = syncs[-1]
-        mirror.append({"uploaded_bytes": s.bytes_uploaded, "files": s.files_uploaded,
-                       "checkpoint_bytes": s.bytes_referenced,
-                       "share": s.bytes_uploaded / s.bytes_referenced})
+        mirror.append(
+            {
+                "uploaded_bytes": s.bytes_uploaded,
+                "files": s.files_uploaded,
+                "checkpoint_bytes": s.bytes_referenced,
+                "share": s.bytes_uploaded / s.bytes_referenced,
+            }
+        )
     t = time.perf_counter()
     sp = savepoints.create(ckpt, work / "savepoints")
     sp_s = time.perf_counter() - t
@@ -107,12 +125,19 @@ def bench(keys: int, churn: float, batches: int, work: Path) -> dict:
     run(work / "ck-restored", from_savepoint=sp.location)
     restored_run_s = time.perf_counter() - t
     return {
-        "keys": keys, "churn": churn, "build_run_s": round(build_s, 2),
+        "keys": keys,
+        "churn": churn,
+        "build_run_s": round(build_s, 2),
         "checkpoint_dir_bytes": _dir_bytes(ckpt),
-        "savepoint": {"seconds": round(sp_s, 3), "bytes": sp.size,
-                      "files": len(sp.manifest["files"])},
-        "restore": {"lay_out_s": round(lay_s, 3),
-                    "first_run_after_restore_s": round(restored_run_s, 2)},
+        "savepoint": {
+            "seconds": round(sp_s, 3),
+            "bytes": sp.size,
+            "files": len(sp.manifest["files"]),
+        },
+        "restore": {
+            "lay_out_s": round(lay_s, 3),
+            "first_run_after_restore_s": round(restored_run_s, 2),
+        },
         "mirror_per_churn_batch": mirror,
         "mirror_share_max": round(max(m["share"] for m in mirror), 4),
     }
@@ -137,16 +162,20 @@ def main() -> None:
         finally:
             shutil.rmtree(work, ignore_errors=True)
         results.append(r)
-        print(f"{keys:>9,} keys: savepoint {r['savepoint']['bytes']:,} B in "
-              f"{r['savepoint']['seconds']} s (checkpoint dir {r['checkpoint_dir_bytes']:,} B); "
-              f"lay-out {r['restore']['lay_out_s']} s, first run after restore "
-              f"{r['restore']['first_run_after_restore_s']} s; mirror per {a.churn:.0%} churn "
-              f"batch: {[m['uploaded_bytes'] for m in r['mirror_per_churn_batch']]} B of "
-              f"{r['mirror_per_churn_batch'][-1]['checkpoint_bytes']:,} B "
-              f"(max {r['mirror_share_max']:.2%})", flush=True)
+        print(
+            f"{keys:>9,} keys: savepoint {r['savepoint']['bytes']:,} B in "
+            f"{r['savepoint']['seconds']} s (checkpoint dir {r['checkpoint_dir_bytes']:,} B); "
+            f"lay-out {r['restore']['lay_out_s']} s, first run after restore "
+            f"{r['restore']['first_run_after_restore_s']} s; mirror per {a.churn:.0%} churn "
+            f"batch: {[m['uploaded_bytes'] for m in r['mirror_per_churn_batch']]} B of "
+            f"{r['mirror_per_churn_batch'][-1]['checkpoint_bytes']:,} B "
+            f"(max {r['mirror_share_max']:.2%})",
+            flush=True,
+        )
     Path(a.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.output).write_text(json.dumps({"load_avg": os.getloadavg(), "results": results},
-                                         indent=2))
+    Path(a.output).write_text(
+        json.dumps({"load_avg": os.getloadavg(), "results": results}, indent=2)
+    )
     print(f"wrote {a.output}")
 
 

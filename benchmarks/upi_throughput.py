@@ -134,20 +134,46 @@ def _gen_chunk(args: tuple[int, int, int, int, int, int, int]) -> bytes:
 
     count, first_index, merchants, rate_per_s, disorder_ms, bad_every, seed = args
     start = START_MS + int(first_index * 1000 / rate_per_s)
-    return b"\n".join(events(count, merchants=merchants, rate_per_s=rate_per_s,
-                             disorder_ms=disorder_ms, bad_every=bad_every, seed=seed,
-                             start_ms=start))
+    return b"\n".join(
+        events(
+            count,
+            merchants=merchants,
+            rate_per_s=rate_per_s,
+            disorder_ms=disorder_ms,
+            bad_every=bad_every,
+            seed=seed,
+            start_ms=start,
+        )
+    )
 
 
-def generate(n: int, *, merchants: int, rate_per_s: int, disorder_ms: int, bad_every: int,
-             seed: int, procs: int) -> tuple[list[bytes], int]:
+def generate(
+    n: int,
+    *,
+    merchants: int,
+    rate_per_s: int,
+    disorder_ms: int,
+    bad_every: int,
+    seed: int,
+    procs: int,
+) -> tuple[list[bytes], int]:
     """N events from examples/upi_events.py, generated in ``procs`` contiguous chunks in
     parallel (chunk k uses seed+k and continues event time where chunk k-1 ends). Returns the
     lines and how many of them are bad records."""
     procs = max(1, min(procs, n // 50_000 or 1))
     bounds = [n * k // procs for k in range(procs + 1)]
-    jobs = [(bounds[k + 1] - bounds[k], bounds[k], merchants, rate_per_s, disorder_ms,
-             bad_every, seed + k) for k in range(procs)]
+    jobs = [
+        (
+            bounds[k + 1] - bounds[k],
+            bounds[k],
+            merchants,
+            rate_per_s,
+            disorder_ms,
+            bad_every,
+            seed + k,
+        )
+        for k in range(procs)
+    ]
     if procs == 1:
         blobs = [_gen_chunk(jobs[0])]
     else:
@@ -168,7 +194,7 @@ def append_to_log(log_dir: Path, lines: Sequence[bytes], partitions: int) -> dic
     with EventLog(log_dir).writer(TOPIC) as writer:
         for i in range(0, len(lines), APPEND_BATCH):
             t0 = time.perf_counter()
-            recs = _records(lines[i:i + APPEND_BATCH], "merchant_id")
+            recs = _records(lines[i : i + APPEND_BATCH], "merchant_id")
             t1 = time.perf_counter()
             writer.append(recs)
             t2 = time.perf_counter()
@@ -288,8 +314,9 @@ class BatchListener:
 
     def __call__(self, event: BatchCommitted) -> None:
         row = _batch_row(event.progress)
-        row["sink_write_ms"] = None if event.sink_write_ms is None else round(
-            event.sink_write_ms, 1)
+        row["sink_write_ms"] = (
+            None if event.sink_write_ms is None else round(event.sink_write_ms, 1)
+        )
         row["sink_rows"] = event.sink_rows
         self.batches.setdefault(event.query, []).append(row)
         self.rows[event.query] = self.rows.get(event.query, 0) + event.input_rows
@@ -306,8 +333,18 @@ class BatchListener:
             self.stop()  # the batch in flight (if any) commits, then the queries stop
 
 
-def run_job(*, workdir: Path, name: str, log_dir: Path, ends: dict[int, int], batch_size: int,
-            parallelism: int, master: str, mode: str, verbose: bool) -> dict[str, Any]:
+def run_job(
+    *,
+    workdir: Path,
+    name: str,
+    log_dir: Path,
+    ends: dict[int, int],
+    batch_size: int,
+    parallelism: int,
+    master: str,
+    mode: str,
+    verbose: bool,
+) -> dict[str, Any]:
     """Run the UPI job once in this process; return per-query stats.
 
     ``mode="available-now"``: exactly ``srt run --available-now``. ``mode="catch-up"``: the job
@@ -334,8 +371,9 @@ def run_job(*, workdir: Path, name: str, log_dir: Path, ends: dict[int, int], ba
     jf = load_job_file(JOB_FILE, overrides)
     out = io.StringIO()
     listener = BatchListener({str(p): n for p, n in ends.items()}, mode == "catch-up")
-    runner = JobRunner(jf, available_now=mode == "available-now", master=master, out=out,
-                       on_batch=[listener])
+    runner = JobRunner(
+        jf, available_now=mode == "available-now", master=master, out=out, on_batch=[listener]
+    )
     listener.attach(runner)
     cpu0, t0 = tree_cpu_s(), time.perf_counter()
     code = runner.run()
@@ -350,8 +388,7 @@ def run_job(*, workdir: Path, name: str, log_dir: Path, ends: dict[int, int], ba
     queries = {}
     for q, rows in listener.batches.items():
         stats = query_stats(rows)
-        stats["sink_write_ms_total"] = round(
-            sum(b["sink_write_ms"] or 0 for b in rows), 1)
+        stats["sink_write_ms_total"] = round(sum(b["sink_write_ms"] or 0 for b in rows), 1)
         stats["caught_up"] = listener.last_end.get(q) == listener.target
         queries[q] = stats
     n = sum(ends.values())
@@ -361,19 +398,23 @@ def run_job(*, workdir: Path, name: str, log_dir: Path, ends: dict[int, int], ba
         left = sum(n - r for r in snapshot["rows"]) / len(snapshot["rows"])
         if left >= n / 2:  # else the end-of-run costs (no-data batch, stop) dominate
             warm_cpu = round((cpu_end - snapshot["cpu_s"]) * 1e6 / left, 3)
-    result: dict[str, Any] = {"mode": mode,
-                              "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
-                              "cpu_us_per_event": round(cpu * 1e6 / n, 3) if n else None,
-                              "warm_cpu_us_per_event": warm_cpu,
-                              "stopped_when_caught_up": listener.stop_requested,
-                              "queries": queries}
+    result: dict[str, Any] = {
+        "mode": mode,
+        "wall_s": round(wall, 3),
+        "cpu_s": round(cpu, 3),
+        "cpu_us_per_event": round(cpu * 1e6 / n, 3) if n else None,
+        "warm_cpu_us_per_event": warm_cpu,
+        "stopped_when_caught_up": listener.stop_requested,
+        "queries": queries,
+    }
     with contextlib.suppress(Exception):
         import duckdb
 
         con = duckdb.connect(str(run_dir / "upi.duckdb"), read_only=True)
         try:
             payments, windows = con.execute(
-                "SELECT sum(payments), count(*) FROM upi_counts").fetchone()
+                "SELECT sum(payments), count(*) FROM upi_counts"
+            ).fetchone()
         finally:
             con.close()
         result["sink"] = {"payments": int(payments or 0), "rows": int(windows)}
@@ -392,9 +433,9 @@ def run_job(*, workdir: Path, name: str, log_dir: Path, ends: dict[int, int], ba
 def _aggregate(df):  # DataFrame -> DataFrame
     from pyspark.sql import functions as F
 
-    return df.groupBy(
-        F.window(F.timestamp_millis("ts_ms"), "1 minute"), "merchant_id"
-    ).agg(F.count(F.lit(1)).alias("payments"), F.sum("amount_paise").alias("amount_paise"))
+    return df.groupBy(F.window(F.timestamp_millis("ts_ms"), "1 minute"), "merchant_id").agg(
+        F.count(F.lit(1)).alias("payments"), F.sum("amount_paise").alias("amount_paise")
+    )
 
 
 def time_batch_job(build: Callable[[], Any], runs: int) -> dict[str, Any]:
@@ -406,9 +447,14 @@ def time_batch_job(build: Callable[[], Any], runs: int) -> dict[str, Any]:
         times.append(time.perf_counter() - t0)
         cpus.append(tree_cpu_s() - cpu0)
     warm, warm_cpu = times[1:] or times, cpus[1:] or cpus
-    return {"runs_s": [round(t, 3) for t in times], "runs_cpu_s": [round(c, 3) for c in cpus],
-            "cold_s": times[0], "warm_median_s": percentile(warm, 50), "warm_best_s": min(warm),
-            "warm_median_cpu_s": percentile(warm_cpu, 50)}
+    return {
+        "runs_s": [round(t, 3) for t in times],
+        "runs_cpu_s": [round(c, 3) for c in cpus],
+        "cold_s": times[0],
+        "warm_median_s": percentile(warm, 50),
+        "warm_best_s": min(warm),
+        "warm_median_cpu_s": percentile(warm_cpu, 50),
+    }
 
 
 def _arrow_source_class():
@@ -438,8 +484,7 @@ def _arrow_source_class():
             return "srt_bench_arrow"
 
         def schema(self):
-            return (f"{PAYMENT_DDL}, _error STRING, _raw BINARY, _partition INT, "
-                    "_offset BIGINT")
+            return f"{PAYMENT_DDL}, _error STRING, _raw BINARY, _partition INT, _offset BIGINT"
 
         def reader(self, schema):
             return ArrowFilesReader(self.options)
@@ -447,8 +492,9 @@ def _arrow_source_class():
     return ArrowFilesSource
 
 
-def write_arrow_files(lines: Sequence[bytes], out_dir: Path, rows_per_file: int,
-                      partitions: int, arrow_rows: int) -> list[str]:
+def write_arrow_files(
+    lines: Sequence[bytes], out_dir: Path, rows_per_file: int, partitions: int, arrow_rows: int
+) -> list[str]:
     """The events decoded by the source's own decoder (``decode_json``: declared columns plus
     ``_error``/``_raw``) plus ``_partition``/``_offset``, as Arrow IPC files of
     ``rows_per_file`` rows in record batches of ``arrow_rows``."""
@@ -463,9 +509,9 @@ def write_arrow_files(lines: Sequence[bytes], out_dir: Path, rows_per_file: int,
     for k, lo in enumerate(range(0, len(lines), rows_per_file)):
         hi = min(len(lines), lo + rows_per_file)
         table = decode_json(lines[lo:hi], schema)
-        table = (table.append_column("_partition",
-                                     pa.array(np.arange(lo, hi) % partitions, pa.int32()))
-                 .append_column("_offset", pa.array(np.arange(lo, hi), pa.int64())))
+        table = table.append_column(
+            "_partition", pa.array(np.arange(lo, hi) % partitions, pa.int32())
+        ).append_column("_offset", pa.array(np.arange(lo, hi), pa.int64()))
         path = out_dir / f"part-{k:05d}.arrow"
         with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
             for batch in table.to_batches(max_chunksize=arrow_rows):
@@ -474,8 +520,7 @@ def write_arrow_files(lines: Sequence[bytes], out_dir: Path, rows_per_file: int,
     return paths
 
 
-def run_peers(spark, *, jsonl: Path, arrow_paths: list[str], runs: int, n: int
-              ) -> dict[str, Any]:
+def run_peers(spark, *, jsonl: Path, arrow_paths: list[str], runs: int, n: int) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     from stateful_runtime.connectors.base import ERROR
@@ -483,9 +528,13 @@ def run_peers(spark, *, jsonl: Path, arrow_paths: list[str], runs: int, n: int
     out: dict[str, Any] = {}
     say(f"... peer: spark.read.json + groupBy(window, merchant_id) ({runs} runs)")
     json_peer = time_batch_job(
-        lambda: _aggregate(spark.read.schema(PAYMENT_DDL).json(str(jsonl)).filter(
-            "merchant_id IS NOT NULL AND amount_paise IS NOT NULL AND ts_ms IS NOT NULL")),
-        runs)
+        lambda: _aggregate(
+            spark.read.schema(PAYMENT_DDL)
+            .json(str(jsonl))
+            .filter("merchant_id IS NOT NULL AND amount_paise IS NOT NULL AND ts_ms IS NOT NULL")
+        ),
+        runs,
+    )
     out["spark_json_batch"] = json_peer
     say(f"    warm median {json_peer['warm_median_s']:.2f} s")
 
@@ -494,8 +543,13 @@ def run_peers(spark, *, jsonl: Path, arrow_paths: list[str], runs: int, n: int
     say(f"... peer: Python Arrow DataSource (pre-decoded) + same aggregation ({runs} runs)")
     arrow_peer = time_batch_job(
         lambda: _aggregate(
-            spark.read.format("srt_bench_arrow").option("paths", paths).load()
-            .filter(F.col(ERROR).isNull())), runs)
+            spark.read.format("srt_bench_arrow")
+            .option("paths", paths)
+            .load()
+            .filter(F.col(ERROR).isNull())
+        ),
+        runs,
+    )
     out["python_arrow_source_batch"] = arrow_peer
     say(f"    warm median {arrow_peer['warm_median_s']:.2f} s")
     for peer in out.values():
@@ -528,8 +582,9 @@ def read_path_breakdown(log_dir: Path, max_records: int, repeats: int = 3) -> di
     splits = [(p, 0, min(e, per_part)) for p, e in ends.items() if e]
     n = sum(hi - lo for _, lo, hi in splits)
     rows = ARROW_BATCH_ROWS
-    stream = EventLogStreamReader({"log_dir": str(log_dir), "topic": TOPIC,
-                                   "schema": schema.json()})
+    stream = EventLogStreamReader(
+        {"log_dir": str(log_dir), "topic": TOPIC, "schema": schema.json()}
+    )
 
     def whole_task() -> None:
         for p, lo, hi in splits:
@@ -589,14 +644,18 @@ def read_path_breakdown(log_dir: Path, max_records: int, repeats: int = 3) -> di
 
 
 def _batch_table(p: Callable[..., None], q: dict[str, Any]) -> None:
-    p(f"    {'batch':>5} {'rows':>9} {'trigger':>10} {'addBatch':>10} {'sink':>8} "
-          f"{'stCommit':>8} {'latestOff':>9} {'walCommit':>9} {'commit':>8} {'rows/s':>10}")
+    p(
+        f"    {'batch':>5} {'rows':>9} {'trigger':>10} {'addBatch':>10} {'sink':>8} "
+        f"{'stCommit':>8} {'latestOff':>9} {'walCommit':>9} {'commit':>8} {'rows/s':>10}"
+    )
     for b in q["per_batch"]:
-        p(f"    {b['batch']:>5} {b['rows']:>9,} {fmt_ms(b['trigger_ms']):>10} "
-          f"{fmt_ms(b['add_batch_ms']):>10} {fmt_ms(b.get('sink_write_ms')):>8} "
-          f"{fmt_ms(b.get('state_commit_ms')):>8} {fmt_ms(b['latest_offset_ms']):>9} "
-          f"{fmt_ms(b['wal_commit_ms']):>9} {fmt_ms(b['commit_offsets_ms']):>8} "
-          f"{fmt_rate(b['rows_per_s']):>10}")
+        p(
+            f"    {b['batch']:>5} {b['rows']:>9,} {fmt_ms(b['trigger_ms']):>10} "
+            f"{fmt_ms(b['add_batch_ms']):>10} {fmt_ms(b.get('sink_write_ms')):>8} "
+            f"{fmt_ms(b.get('state_commit_ms')):>8} {fmt_ms(b['latest_offset_ms']):>9} "
+            f"{fmt_ms(b['wal_commit_ms']):>9} {fmt_ms(b['commit_offsets_ms']):>8} "
+            f"{fmt_rate(b['rows_per_s']):>10}"
+        )
 
 
 def print_report(res: dict[str, Any]) -> None:
@@ -606,20 +665,28 @@ def print_report(res: dict[str, Any]) -> None:
     agg = job[AGG_QUERY]
     p = print
     p()
-    p(f"UPI per-minute job: {cfg['events']:,} events, max {cfg['batch_size']:,} records/batch, "
-      f"parallelism {cfg['parallelism']}, {cfg['topic_partitions']} topic partitions, "
-      f"{cfg['master']} on {res['env']['cpus']} CPUs")
+    p(
+        f"UPI per-minute job: {cfg['events']:,} events, max {cfg['batch_size']:,} records/batch, "
+        f"parallelism {cfg['parallelism']}, {cfg['topic_partitions']} topic partitions, "
+        f"{cfg['master']} on {res['env']['cpus']} CPUs"
+    )
     load = res["env"].get("loadavg_1m_before")
     if load is not None and load > (res["env"]["cpus"] or 1):
-        p(f"  WARNING: load average was {load:.1f} on {res['env']['cpus']} CPUs at the start: "
-          f"other processes share the machine, absolute numbers are pessimistic")
+        p(
+            f"  WARNING: load average was {load:.1f} on {res['env']['cpus']} CPUs at the start: "
+            f"other processes share the machine, absolute numbers are pessimistic"
+        )
     p()
     g = res["generate"]
-    p(f"  generate events              {fmt_rate(g['events_per_s']):>12}   "
-      f"({g['seconds']:.1f} s, {g['processes']} processes)")
-    p(f"  append (srt log append path) {fmt_rate(app['events_per_s']):>12}   "
-      f"(JSON key extraction {app['key_extraction_s']:.1f} s + RocksDB write "
-      f"{app['store_append_s']:.1f} s; store alone {fmt_rate(app['store_events_per_s'])})")
+    p(
+        f"  generate events              {fmt_rate(g['events_per_s']):>12}   "
+        f"({g['seconds']:.1f} s, {g['processes']} processes)"
+    )
+    p(
+        f"  append (srt log append path) {fmt_rate(app['events_per_s']):>12}   "
+        f"(JSON key extraction {app['key_extraction_s']:.1f} s + RocksDB write "
+        f"{app['store_append_s']:.1f} s; store alone {fmt_rate(app['store_events_per_s'])})"
+    )
     p(f"  Spark session start          {res['spark_session_start_s']:>10.1f} s")
     p()
     how = "--available-now" if cfg["mode"] == "available-now" else "catch-up (0 s trigger)"
@@ -629,60 +696,94 @@ def print_report(res: dict[str, Any]) -> None:
     _batch_table(p, agg)
     p()
     lat = agg["latency_ms"]
-    p(f"  events/s after first batch   {fmt_rate(s['streaming_warm_events_per_s']):>12}   "
-      f"target {TARGET_EVENTS_PER_S:,}/s: {'MET' if s['target_met'] else 'NOT MET'}")
-    p(f"  first batch latency          {fmt_ms(agg['first_batch_ms']):>12}   "
-      f"({agg['first_batch_rows'] or 0:,} rows, includes warm-up)")
-    p(f"  batch latency p50/p95/max    {fmt_ms(lat['p50'])} / {fmt_ms(lat['p95'])} / "
-      f"{fmt_ms(lat['max'])}   (batches >= 1)")
-    p(f"  job wall time                {runs['job']['wall_s']:>10.1f} s   "
-      f"({fmt_rate(s['job_wall_events_per_s'])} end to end, start to stop)")
+    p(
+        f"  events/s after first batch   {fmt_rate(s['streaming_warm_events_per_s']):>12}   "
+        f"target {TARGET_EVENTS_PER_S:,}/s: {'MET' if s['target_met'] else 'NOT MET'}"
+    )
+    p(
+        f"  first batch latency          {fmt_ms(agg['first_batch_ms']):>12}   "
+        f"({agg['first_batch_rows'] or 0:,} rows, includes warm-up)"
+    )
+    p(
+        f"  batch latency p50/p95/max    {fmt_ms(lat['p50'])} / {fmt_ms(lat['p95'])} / "
+        f"{fmt_ms(lat['max'])}   (batches >= 1)"
+    )
+    p(
+        f"  job wall time                {runs['job']['wall_s']:>10.1f} s   "
+        f"({fmt_rate(s['job_wall_events_per_s'])} end to end, start to stop)"
+    )
     dl = runs["job"].get("dead_letters_in_topic")
-    p(f"  dead letters: staged per split inside {AGG_QUERY}, published by the job process; "
-      f"{res['generate']['bad_records']:,} bad records generated"
-      + (f", {dl:,} in topic {TOPIC}-dlq" if dl is not None else ""))
+    p(
+        f"  dead letters: staged per split inside {AGG_QUERY}, published by the job process; "
+        f"{res['generate']['bad_records']:,} bad records generated"
+        + (f", {dl:,} in topic {TOPIC}-dlq" if dl is not None else "")
+    )
     if not s.get("batch_limit_honoured", True):
-        p(f"  NOTE: {agg['data_batches']} data batch(es) for {cfg['events']:,} events: the source "
-          f"did not split the backlog by max_records_per_batch in this mode; try --mode catch-up")
+        p(
+            f"  NOTE: {agg['data_batches']} data batch(es) for {cfg['events']:,} events: "
+            f"the source "
+            f"did not split the backlog by max_records_per_batch in this mode; try --mode catch-up"
+        )
     p()
-    p("  peers: same events, same aggregation, Spark batch jobs in the same session "
-      "(warm median)")
+    p("  peers: same events, same aggregation, Spark batch jobs in the same session (warm median)")
     for name, peer in res["peers"].items():
-        p(f"    {name:<28} {fmt_rate(peer['warm_events_per_s']):>12}   "
-          f"(runs {', '.join(f'{t:.2f}' for t in peer['runs_s'])} s)")
-    p(f"  events/s after first batch / spark_json_batch            "
-      f"{fmt_ratio(s['ratio_vs_spark_json_batch'])}")
-    p(f"  events/s after first batch / python_arrow_source_batch   "
-      f"{fmt_ratio(s['ratio_vs_python_arrow_source_batch'])}")
+        p(
+            f"    {name:<28} {fmt_rate(peer['warm_events_per_s']):>12}   "
+            f"(runs {', '.join(f'{t:.2f}' for t in peer['runs_s'])} s)"
+        )
+    p(
+        f"  events/s after first batch / spark_json_batch            "
+        f"{fmt_ratio(s['ratio_vs_spark_json_batch'])}"
+    )
+    p(
+        f"  events/s after first batch / python_arrow_source_batch   "
+        f"{fmt_ratio(s['ratio_vs_python_arrow_source_batch'])}"
+    )
     p()
     p("  CPU per event (this process tree: Spark JVM + Python workers; robust to other load)")
     p(f"    {'':42} {'after batch 0':>14} {'whole run':>12}")
     labels = {"job": f"job ({' + '.join(job)})"}
     for label, r in runs.items():
-        p(f"    {labels.get(label, label):<42} {fmt_us(r['warm_cpu_us_per_event']):>14} "
-          f"{fmt_us(r['cpu_us_per_event']):>12}   ({r['cpu_s']:.1f} CPU s in "
-          f"{r['wall_s']:.1f} s wall)")
+        p(
+            f"    {labels.get(label, label):<42} {fmt_us(r['warm_cpu_us_per_event']):>14} "
+            f"{fmt_us(r['cpu_us_per_event']):>12}   ({r['cpu_s']:.1f} CPU s in "
+            f"{r['wall_s']:.1f} s wall)"
+        )
     for name, peer in res["peers"].items():
         p(f"    peer {name:<37} {fmt_us(peer['warm_cpu_us_per_event']):>14}")
-    p(f"  CPU efficiency spark_json_batch / job (after batch 0)            "
-      f"{fmt_ratio(s.get('cpu_efficiency_vs_spark_json_batch'))}")
-    p(f"  CPU efficiency python_arrow_source_batch / job (after batch 0)   "
-      f"{fmt_ratio(s.get('cpu_efficiency_vs_python_arrow_source_batch'))}")
+    p(
+        f"  CPU efficiency spark_json_batch / job (after batch 0)            "
+        f"{fmt_ratio(s.get('cpu_efficiency_vs_spark_json_batch'))}"
+    )
+    p(
+        f"  CPU efficiency python_arrow_source_batch / job (after batch 0)   "
+        f"{fmt_ratio(s.get('cpu_efficiency_vs_python_arrow_source_batch'))}"
+    )
     bd = res.get("read_path_breakdown")
     if bd:
         p()
-        p(f"  source read path, in-process, CPU time on one core, best of {bd['repeats']} "
-          f"({bd['records']:,} records):")
-        p(f"    TopicReader.read_values     {bd['read_values_us_per_record']:>6.2f} us/record "
-          f"({fmt_rate(bd['read_values_events_per_s'])})")
-        p(f"    decode_json                 {bd['decode_json_us_per_record']:>6.2f} us/record "
-          f"({fmt_rate(bd['decode_json_events_per_s'])})")
+        p(
+            f"  source read path, in-process, CPU time on one core, best of {bd['repeats']} "
+            f"({bd['records']:,} records):"
+        )
+        p(
+            f"    TopicReader.read_values     {bd['read_values_us_per_record']:>6.2f} us/record "
+            f"({fmt_rate(bd['read_values_events_per_s'])})"
+        )
+        p(
+            f"    decode_json                 {bd['decode_json_us_per_record']:>6.2f} us/record "
+            f"({fmt_rate(bd['decode_json_events_per_s'])})"
+        )
         p(f"    rest of read()              {bd['other_us_per_record']:>6.2f} us/record")
-        p(f"    EventLogStreamReader.read   {bd['source_task_us_per_record']:>6.2f} us/record "
-          f"({fmt_rate(bd['source_task_events_per_s_per_core'])} per core)")
-        p(f"    one bad record: its {bd['decode_chunk_records']:,}-record chunk decodes in "
-          f"{bd['decode_chunk_one_bad_record_ms']:.1f} ms instead of "
-          f"{bd['decode_chunk_clean_ms']:.1f} ms (Python fallback)")
+        p(
+            f"    EventLogStreamReader.read   {bd['source_task_us_per_record']:>6.2f} us/record "
+            f"({fmt_rate(bd['source_task_events_per_s_per_core'])} per core)"
+        )
+        p(
+            f"    one bad record: its {bd['decode_chunk_records']:,}-record chunk decodes in "
+            f"{bd['decode_chunk_one_bad_record_ms']:.1f} ms instead of "
+            f"{bd['decode_chunk_clean_ms']:.1f} ms (Python fallback)"
+        )
     p()
     if s.get("sink_payments_ok") is False:
         p("  WARNING: the sink's sum(payments) does not equal the number of events")
@@ -696,28 +797,55 @@ def print_report(res: dict[str, Any]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=2_000_000)
-    ap.add_argument("--batch-size", type=int, default=250_000,
-                    help="source.max_records_per_batch (default 250k)")
-    ap.add_argument("--parallelism", type=int, default=None,
-                    help="job parallelism = shuffle/state partitions (default: the job's)")
+    ap.add_argument(
+        "--batch-size",
+        type=int,
+        default=250_000,
+        help="source.max_records_per_batch (default 250k)",
+    )
+    ap.add_argument(
+        "--parallelism",
+        type=int,
+        default=None,
+        help="job parallelism = shuffle/state partitions (default: the job's)",
+    )
     ap.add_argument("--partitions", type=int, default=4, help="topic partitions (default 4)")
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--merchants", type=int, default=50)
     ap.add_argument("--rate", type=int, default=1000, help="events per second of event time")
     ap.add_argument("--disorder-ms", type=int, default=4000)
-    ap.add_argument("--bad-every", type=int, default=0,
-                    help="make every Nth event a malformed record (default 0: none)")
+    ap.add_argument(
+        "--bad-every",
+        type=int,
+        default=0,
+        help="make every Nth event a malformed record (default 0: none)",
+    )
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--peer-runs", type=int, default=3,
-                    help="runs of each batch peer; the first is the warm-up (default 3)")
-    ap.add_argument("--mode", choices=("available-now", "catch-up"), default="available-now",
-                    help="available-now: run like `srt run --available-now` (default); "
-                    "catch-up: 0 s trigger interval, stopped once the log is consumed")
-    ap.add_argument("--skip-breakdown", action="store_true",
-                    help="skip the in-process timing of the source's read path")
+    ap.add_argument(
+        "--peer-runs",
+        type=int,
+        default=3,
+        help="runs of each batch peer; the first is the warm-up (default 3)",
+    )
+    ap.add_argument(
+        "--mode",
+        choices=("available-now", "catch-up"),
+        default="available-now",
+        help="available-now: run like `srt run --available-now` (default); "
+        "catch-up: 0 s trigger interval, stopped once the log is consumed",
+    )
+    ap.add_argument(
+        "--skip-breakdown",
+        action="store_true",
+        help="skip the in-process timing of the source's read path",
+    )
     ap.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
-    ap.add_argument("--workdir", type=Path, default=None,
-                    help="parent of the temp work directory (default: system temp)")
+    ap.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="parent of the temp work directory (default: system temp)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--verbose", action="store_true", help="echo the job's progress lines")
     a = ap.parse_args(argv)
@@ -749,17 +877,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         "benchmark": "upi_throughput",
         "started_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "config": {
-            "events": a.events, "batch_size": a.batch_size, "parallelism": parallelism,
-            "topic_partitions": a.partitions, "master": a.master, "merchants": a.merchants,
-            "rate_per_s": a.rate, "disorder_ms": a.disorder_ms, "bad_every": a.bad_every,
+            "events": a.events,
+            "batch_size": a.batch_size,
+            "parallelism": parallelism,
+            "topic_partitions": a.partitions,
+            "master": a.master,
+            "merchants": a.merchants,
+            "rate_per_s": a.rate,
+            "disorder_ms": a.disorder_ms,
+            "bad_every": a.bad_every,
             "seed": a.seed,
-            "peer_runs": a.peer_runs, "mode": a.mode,
+            "peer_runs": a.peer_runs,
+            "mode": a.mode,
             "job_file": str(JOB_FILE.relative_to(ROOT)),
         },
         "env": {
-            "python": platform.python_version(), "pyspark": pyspark.__version__,
-            "pyarrow": pyarrow.__version__, "cpus": os.cpu_count(),
-            "machine": platform.machine(), "platform": platform.platform(),
+            "python": platform.python_version(),
+            "pyspark": pyspark.__version__,
+            "pyarrow": pyarrow.__version__,
+            "cpus": os.cpu_count(),
+            "machine": platform.machine(),
+            "platform": platform.platform(),
             "loadavg_1m_before": os.getloadavg()[0],
         },
     }
@@ -769,12 +907,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         timings: dict[str, float] = {}
         with timed(f"generate {a.events:,} events", timings, "generate"):
             lines, n_bad = generate(
-                a.events, merchants=a.merchants, rate_per_s=a.rate, disorder_ms=a.disorder_ms,
-                bad_every=a.bad_every, seed=a.seed, procs=os.cpu_count() or 1)
+                a.events,
+                merchants=a.merchants,
+                rate_per_s=a.rate,
+                disorder_ms=a.disorder_ms,
+                bad_every=a.bad_every,
+                seed=a.seed,
+                procs=os.cpu_count() or 1,
+            )
         assert len(lines) == a.events, (len(lines), a.events)
-        res["generate"] = {"seconds": round(timings["generate"], 3), "bad_records": n_bad,
-                           "events_per_s": rate(a.events, timings["generate"]),
-                           "processes": max(1, min(os.cpu_count() or 1, a.events // 50_000 or 1))}
+        res["generate"] = {
+            "seconds": round(timings["generate"], 3),
+            "bad_records": n_bad,
+            "events_per_s": rate(a.events, timings["generate"]),
+            "processes": max(1, min(os.cpu_count() or 1, a.events // 50_000 or 1)),
+        }
         with timed("append to the event log", timings, "append"):
             res["append"] = append_to_log(log_dir, lines, a.partitions)
         with timed("write the same lines as JSON lines (batch peer input)", timings, "jsonl"):
@@ -785,8 +932,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         with timed("write pre-decoded Arrow files (Arrow-source peer input)", timings, "arrow"):
             arrow_paths = write_arrow_files(
-                lines, workdir / "arrow", max(1, math.ceil(a.batch_size / a.partitions)),
-                a.partitions, ARROW_BATCH_ROWS)
+                lines,
+                workdir / "arrow",
+                max(1, math.ceil(a.batch_size / a.partitions)),
+                a.partitions,
+                ARROW_BATCH_ROWS,
+            )
         del lines
 
         from stateful_runtime.runtime.session import build_session
@@ -796,20 +947,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         res["spark_session_start_s"] = round(timings["spark"], 3)
 
         ends = res["append"]["end_offsets"]
-        common = dict(log_dir=log_dir, ends=ends, batch_size=a.batch_size,
-                      parallelism=parallelism, master=a.master, verbose=a.verbose)
+        common = dict(
+            log_dir=log_dir,
+            ends=ends,
+            batch_size=a.batch_size,
+            parallelism=parallelism,
+            master=a.master,
+            verbose=a.verbose,
+        )
         runs: dict[str, Any] = {}
         res["runs"] = runs
         how = "with --available-now" if a.mode == "available-now" else "until caught up"
         with timed(f"run the job {how}", timings, "job"):
             runs["job"] = run_job(workdir=workdir, name="job", mode=a.mode, **common)
 
-        res["peers"] = run_peers(spark, jsonl=jsonl, arrow_paths=arrow_paths,
-                                 runs=max(1, a.peer_runs), n=a.events)
+        res["peers"] = run_peers(
+            spark, jsonl=jsonl, arrow_paths=arrow_paths, runs=max(1, a.peer_runs), n=a.events
+        )
         if not a.skip_breakdown:
             with timed("time the source read path in-process", timings, "breakdown"):
                 res["read_path_breakdown"] = read_path_breakdown(
-                    log_dir, min(a.events, 4 * ARROW_BATCH_ROWS))
+                    log_dir, min(a.events, 4 * ARROW_BATCH_ROWS)
+                )
 
         agg = runs["job"]["queries"][AGG_QUERY]
         warm = agg["warm_events_per_s"]
@@ -827,25 +986,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             "job_wall_s": runs["job"]["wall_s"],
             "job_wall_events_per_s": rate(a.events, runs["job"]["wall_s"]),
             "ratio_vs_spark_json_batch": ratio(
-                warm, peers["spark_json_batch"]["warm_events_per_s"]),
+                warm, peers["spark_json_batch"]["warm_events_per_s"]
+            ),
             "ratio_vs_python_arrow_source_batch": ratio(
-                warm, peers["python_arrow_source_batch"]["warm_events_per_s"]),
-            "caught_up": all(q["caught_up"] for r in runs.values()
-                             for q in r["queries"].values()),
+                warm, peers["python_arrow_source_batch"]["warm_events_per_s"]
+            ),
+            "caught_up": all(q["caught_up"] for r in runs.values() for q in r["queries"].values()),
         }
         summary["cpu_us_per_event"] = runs["job"]["cpu_us_per_event"]
         summary["cpu_efficiency_vs_spark_json_batch"] = ratio(
-            peers["spark_json_batch"]["warm_cpu_us_per_event"],
-            runs["job"]["warm_cpu_us_per_event"])
+            peers["spark_json_batch"]["warm_cpu_us_per_event"], runs["job"]["warm_cpu_us_per_event"]
+        )
         summary["cpu_efficiency_vs_python_arrow_source_batch"] = ratio(
             peers["python_arrow_source_batch"]["warm_cpu_us_per_event"],
-            runs["job"]["warm_cpu_us_per_event"])
+            runs["job"]["warm_cpu_us_per_event"],
+        )
         sink = runs["job"].get("sink")
         if sink is not None:
             summary["sink_payments_ok"] = sink["payments"] == a.events - n_bad
         summary["warm_cpu_us_per_event"] = runs["job"]["warm_cpu_us_per_event"]
-        summary["batch_limit_honoured"] = (
-            agg["data_batches"] >= math.ceil(a.events / a.batch_size))
+        summary["batch_limit_honoured"] = agg["data_batches"] >= math.ceil(a.events / a.batch_size)
         res["summary"] = summary
         res["env"]["loadavg_1m_after"] = os.getloadavg()[0]
         res["timings_s"] = {k: round(v, 3) for k, v in timings.items()}

@@ -71,19 +71,26 @@ def build(config: dict):  # noqa: ANN201  (a StreamJob)
 
     job = StreamJob.from_config("warehouse-bench", config)
     payments = job.from_source(
-        LogSource(config["source.log_dir"], config["source.topic"],
-                  schema={"txn_id": str, "merchant_id": str, "amount_paise": int, "ts_ms": int},
-                  max_records_per_batch=int(config["source.max_records_per_batch"])),
-        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5))
-        .with_timestamp_field("ts_ms"),
-        name="payments")
+        LogSource(
+            config["source.log_dir"],
+            config["source.topic"],
+            schema={"txn_id": str, "merchant_id": str, "amount_paise": int, "ts_ms": int},
+            max_records_per_batch=int(config["source.max_records_per_batch"]),
+        ),
+        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5)).with_timestamp_field(
+            "ts_ms"
+        ),
+        name="payments",
+    )
     on_executors = bool(int(config["sink.executor_writes"]))
     if config["sink.kind"] == "postgres":
-        sink = PostgresUpsertSink(config["sink.dsn"], config["sink.table"], ("txn_id",),
-                                  executor_writes=on_executors)
+        sink = PostgresUpsertSink(
+            config["sink.dsn"], config["sink.table"], ("txn_id",), executor_writes=on_executors
+        )
     else:
-        sink = ClickHouseUpsertSink(config["sink.url"], config["sink.table"], ("txn_id",),
-                                    executor_writes=on_executors)
+        sink = ClickHouseUpsertSink(
+            config["sink.url"], config["sink.table"], ("txn_id",), executor_writes=on_executors
+        )
     payments.sink_to(sink, name="dedup")
     return job
 
@@ -101,13 +108,15 @@ def counts_table(rows: int, bump: int = 0):  # noqa: ANN201  (pa.Table)
     start = datetime(2026, 1, 1)
     merchants = [f"M{i % 1000:04d}" for i in range(rows)]
     windows = [start + timedelta(minutes=i // 1000) for i in range(rows)]
-    return pa.table({
-        "merchant_id": merchants,
-        "window_start": pa.array(windows, pa.timestamp("us")),
-        "window_end": pa.array([w + timedelta(minutes=1) for w in windows], pa.timestamp("us")),
-        "payments": pa.array([(i % 97) + 1 + bump for i in range(rows)], pa.int64()),
-        "amount_paise": pa.array([(i % 9973) * 100 + bump for i in range(rows)], pa.int64()),
-    })
+    return pa.table(
+        {
+            "merchant_id": merchants,
+            "window_start": pa.array(windows, pa.timestamp("us")),
+            "window_end": pa.array([w + timedelta(minutes=1) for w in windows], pa.timestamp("us")),
+            "payments": pa.array([(i % 97) + 1 + bump for i in range(rows)], pa.int64()),
+            "amount_paise": pa.array([(i % 9973) * 100 + bump for i in range(rows)], pa.int64()),
+        }
+    )
 
 
 def timed(fn) -> float:  # noqa: ANN001
@@ -142,54 +151,74 @@ def sink_vs_bulk(rows: int, pg: Any, ch: Any, work: Path) -> dict[str, Any]:
         sink.open("bench", "q")
         insert = timed(lambda: sink.write_batch(first, 0))
         update = timed(lambda: sink.write_batch(second, 1))
-        return {"sink_insert_rows_per_s": rate(rows, insert),
-                "sink_update_rows_per_s": rate(rows, update)}
+        return {
+            "sink_insert_rows_per_s": rate(rows, insert),
+            "sink_update_rows_per_s": rate(rows, update),
+        }
 
     # PostgreSQL: COPY (CSV, the same encoding the sink uses) into a new table.
     dsn = pg.database("bench_bulk")
     buf = io.BytesIO()
-    pacsv.write_csv(first, buf, pacsv.WriteOptions(include_header=False,
-                                                   quoting_style="all_valid"))
+    pacsv.write_csv(first, buf, pacsv.WriteOptions(include_header=False, quoting_style="all_valid"))
     data = buf.getvalue()
 
     def pg_copy() -> None:
         with psycopg.connect(dsn) as con:
-            con.execute("CREATE TABLE bulk (merchant_id text, window_start timestamp, window_end "
-                        "timestamp, payments bigint, amount_paise bigint)")
+            con.execute(
+                "CREATE TABLE bulk (merchant_id text, window_start timestamp, window_end "
+                "timestamp, payments bigint, amount_paise bigint)"
+            )
             with con.cursor().copy("COPY bulk FROM STDIN (FORMAT csv)") as cp:
                 cp.write(data)
 
-    out["postgres"] = {"bulk": "COPY", "bulk_rows_per_s": rate(rows, timed(pg_copy)),
-                       **sink_runs(PostgresUpsertSink(dsn, "counts", KEY))}
+    out["postgres"] = {
+        "bulk": "COPY",
+        "bulk_rows_per_s": rate(rows, timed(pg_copy)),
+        **sink_runs(PostgresUpsertSink(dsn, "counts", KEY)),
+    }
 
     # ClickHouse: native INSERT of the same columns into a plain MergeTree.
     url = ch.database("bench_bulk")
     client = Client(host="127.0.0.1", port=ch.tcp_port, database="bench_bulk")
-    client.execute("CREATE TABLE bulk (merchant_id String, window_start DateTime('UTC'), "
-                   "window_end DateTime('UTC'), payments Int64, amount_paise Int64) "
-                   "ENGINE = MergeTree ORDER BY (merchant_id, window_start)")
+    client.execute(
+        "CREATE TABLE bulk (merchant_id String, window_start DateTime('UTC'), "
+        "window_end DateTime('UTC'), payments Int64, amount_paise Int64) "
+        "ENGINE = MergeTree ORDER BY (merchant_id, window_start)"
+    )
     columns = [c.to_pylist() for c in first.columns]
-    seconds = timed(lambda: client.execute(
-        "INSERT INTO bulk (merchant_id, window_start, window_end, payments, amount_paise) "
-        "VALUES", columns, columnar=True))
+    seconds = timed(
+        lambda: client.execute(
+            "INSERT INTO bulk (merchant_id, window_start, window_end, payments, amount_paise) "
+            "VALUES",
+            columns,
+            columnar=True,
+        )
+    )
     client.disconnect()
-    out["clickhouse"] = {"bulk": "native INSERT (clickhouse-driver)",
-                         "bulk_rows_per_s": rate(rows, seconds),
-                         **sink_runs(ClickHouseUpsertSink(url, "counts", KEY))}
+    out["clickhouse"] = {
+        "bulk": "native INSERT (clickhouse-driver)",
+        "bulk_rows_per_s": rate(rows, seconds),
+        **sink_runs(ClickHouseUpsertSink(url, "counts", KEY)),
+    }
 
     # Delta: write_deltalake of the same Arrow table into a new table.
     seconds = timed(lambda: write_deltalake(str(work / "delta-bulk"), first))
-    out["delta"] = {"bulk": "write_deltalake", "bulk_rows_per_s": rate(rows, seconds),
-                    **sink_runs(DeltaUpsertSink(str(work / "delta-sink"), "counts", KEY))}
+    out["delta"] = {
+        "bulk": "write_deltalake",
+        "bulk_rows_per_s": rate(rows, seconds),
+        **sink_runs(DeltaUpsertSink(str(work / "delta-sink"), "counts", KEY)),
+    }
 
     # DuckDB: INSERT ... SELECT from the Arrow table into a new table.
     con = duckdb.connect(str(work / "bulk.duckdb"))
     con.register("src", first)
     seconds = timed(lambda: con.execute("CREATE TABLE bulk AS SELECT * FROM src"))
     con.close()
-    out["duckdb"] = {"bulk": "INSERT ... SELECT from Arrow",
-                     "bulk_rows_per_s": rate(rows, seconds),
-                     **sink_runs(DuckDBUpsertSink(str(work / "sink.duckdb"), "counts", KEY))}
+    out["duckdb"] = {
+        "bulk": "INSERT ... SELECT from Arrow",
+        "bulk_rows_per_s": rate(rows, seconds),
+        **sink_runs(DuckDBUpsertSink(str(work / "sink.duckdb"), "counts", KEY)),
+    }
     for v in out.values():
         v["sink_insert_vs_bulk"] = round(v["sink_insert_rows_per_s"] / v["bulk_rows_per_s"], 3)
     return out
@@ -198,8 +227,9 @@ def sink_vs_bulk(rows: int, pg: Any, ch: Any, work: Path) -> dict[str, Any]:
 # -- part 2: driver vs executors -------------------------------------------------------------
 
 
-def driver_vs_executors(events: int, pg: Any, ch: Any, work: Path, master: str,
-                        kinds: list[str]) -> dict[str, Any]:
+def driver_vs_executors(
+    events: int, pg: Any, ch: Any, work: Path, master: str, kinds: list[str]
+) -> dict[str, Any]:
     from upi_events import events as gen
 
     from stateful_runtime.connectors.eventlog import EventLog
@@ -212,7 +242,7 @@ def driver_vs_executors(events: int, pg: Any, ch: Any, work: Path, master: str,
     lines = list(gen(events, merchants=200, rate_per_s=5000, seed=3))
     with EventLog(log_dir).writer("payments") as writer:
         for i in range(0, len(lines), 5000):
-            writer.append(_records(lines[i:i + 5000], "merchant_id"))
+            writer.append(_records(lines[i : i + 5000], "merchant_id"))
     del lines
     from stateful_runtime.runtime.session import build_session
 
@@ -221,17 +251,28 @@ def driver_vs_executors(events: int, pg: Any, ch: Any, work: Path, master: str,
     for kind in kinds:
         for path in ("driver", "executors"):
             name = f"{kind}-{path}"
-            target = (pg.database(name.replace("-", "_")) if kind == "postgres"
-                      else ch.database(name.replace("-", "_")))
-            overrides = {"source.log_dir": str(log_dir), "sink.kind": kind,
-                         "sink.dsn": target, "sink.url": target,
-                         "sink.executor_writes": "1" if path == "executors" else "0",
-                         "checkpoint.dir": str(work / "ck" / name)}
+            target = (
+                pg.database(name.replace("-", "_"))
+                if kind == "postgres"
+                else ch.database(name.replace("-", "_"))
+            )
+            overrides = {
+                "source.log_dir": str(log_dir),
+                "sink.kind": kind,
+                "sink.dsn": target,
+                "sink.url": target,
+                "sink.executor_writes": "1" if path == "executors" else "0",
+                "checkpoint.dir": str(work / "ck" / name),
+            }
             jf = load_job_file(Path(__file__), overrides)
             writes: list[tuple[float, int]] = []
-            runner = JobRunner(jf, available_now=True, master=master, out=io.StringIO(),
-                               on_batch=[lambda e, w=writes: w.append(
-                                   (e.sink_write_ms or 0.0, e.sink_rows or 0))])
+            runner = JobRunner(
+                jf,
+                available_now=True,
+                master=master,
+                out=io.StringIO(),
+                on_batch=[lambda e, w=writes: w.append((e.sink_write_ms or 0.0, e.sink_rows or 0))],
+            )
             t0 = time.perf_counter()
             code = runner.run()
             wall = time.perf_counter() - t0
@@ -241,11 +282,15 @@ def driver_vs_executors(events: int, pg: Any, ch: Any, work: Path, master: str,
                 continue
             sink_ms = sum(w for w, _ in writes)
             rows = sum(r for _, r in writes)
-            out[name] = {"events": events, "rows_written": rows, "wall_s": round(wall, 2),
-                         "events_per_s": rate(events, wall),
-                         "sink_write_s": round(sink_ms / 1000, 2),
-                         "sink_rows_per_s": rate(rows, sink_ms / 1000),
-                         "batches": len(writes)}
+            out[name] = {
+                "events": events,
+                "rows_written": rows,
+                "wall_s": round(wall, 2),
+                "events_per_s": rate(events, wall),
+                "sink_write_s": round(sink_ms / 1000, 2),
+                "sink_rows_per_s": rate(rows, sink_ms / 1000),
+                "batches": len(writes),
+            }
             say(f"  {name}: {out[name]}")
     return out
 
@@ -261,25 +306,43 @@ def plot(result: dict[str, Any], path: Path) -> None:
     names = list(part1)
     xs = range(len(names))
     w = 0.27
-    a.bar([x - w for x in xs], [part1[n]["bulk_rows_per_s"] for n in names], w,
-          label="warehouse bulk load")
-    a.bar(list(xs), [part1[n]["sink_insert_rows_per_s"] for n in names], w,
-          label="sink: new keys")
-    a.bar([x + w for x in xs], [part1[n]["sink_update_rows_per_s"] for n in names], w,
-          label="sink: update every key")
+    a.bar(
+        [x - w for x in xs],
+        [part1[n]["bulk_rows_per_s"] for n in names],
+        w,
+        label="warehouse bulk load",
+    )
+    a.bar(list(xs), [part1[n]["sink_insert_rows_per_s"] for n in names], w, label="sink: new keys")
+    a.bar(
+        [x + w for x in xs],
+        [part1[n]["sink_update_rows_per_s"] for n in names],
+        w,
+        label="sink: update every key",
+    )
     a.set_xticks(list(xs), names)
     a.set_ylabel("rows/s")
     a.set_title(f"{result['rows']:,} rows, one process")
     a.legend()
     part2 = result["driver_vs_executors"]
-    kinds = [k for k in ("postgres", "clickhouse")
-             if all("events_per_s" in part2.get(f"{k}-{p}", {}) for p in ("driver", "executors"))]
+    kinds = [
+        k
+        for k in ("postgres", "clickhouse")
+        if all("events_per_s" in part2.get(f"{k}-{p}", {}) for p in ("driver", "executors"))
+    ]
     xs = range(len(kinds))
     w = 0.38
-    b.bar([x - w / 2 for x in xs], [part2[f"{k}-driver"]["events_per_s"] for k in kinds], w,
-          label="driver writes")
-    b.bar([x + w / 2 for x in xs], [part2[f"{k}-executors"]["events_per_s"] for k in kinds], w,
-          label="executors write")
+    b.bar(
+        [x - w / 2 for x in xs],
+        [part2[f"{k}-driver"]["events_per_s"] for k in kinds],
+        w,
+        label="driver writes",
+    )
+    b.bar(
+        [x + w / 2 for x in xs],
+        [part2[f"{k}-executors"]["events_per_s"] for k in kinds],
+        w,
+        label="executors write",
+    )
     b.set_xticks(list(xs), kinds)
     b.set_ylabel("events/s end to end (1 row per event)")
     b.set_title(f"{result['events']:,} events → table keyed by txn_id, {result['master']}")
@@ -304,8 +367,15 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="srt-wh-bench-"))
     os.environ["SRT_HOME"] = str(work / "home")
     pg_root = Path(tempfile.mkdtemp(prefix="srt-wh-pg-"))
-    initdb = [shutil.which("initdb") or "initdb", "-D", str(pg_root / "data"), "-U", "srt",
-              "--auth=trust", "--no-sync"]
+    initdb = [
+        shutil.which("initdb") or "initdb",
+        "-D",
+        str(pg_root / "data"),
+        "-U",
+        "srt",
+        "--auth=trust",
+        "--no-sync",
+    ]
     if os.geteuid() == 0:
         shutil.chown(pg_root, "postgres")
         initdb = ["runuser", "-u", "postgres", "--", *initdb]
@@ -327,8 +397,7 @@ def main() -> None:
         part2 = {}
         if not a.skip_spark:
             say(f"part 2: {a.events:,} events, driver vs executors ({a.master})")
-            part2 = driver_vs_executors(a.events, pg, ch, work, a.master,
-                                        a.kinds.split(","))
+            part2 = driver_vs_executors(a.events, pg, ch, work, a.master, a.kinds.split(","))
     finally:
         ch.stop()
         try:
@@ -336,11 +405,21 @@ def main() -> None:
         finally:
             shutil.rmtree(pg_root, ignore_errors=True)
             shutil.rmtree(work, ignore_errors=True)
-    result = {"benchmark": "warehouse_sinks", "at": datetime.now(UTC).isoformat(),
-              "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                          "load_before": load0, "load_after": os.getloadavg()},
-              "rows": a.rows, "events": a.events, "master": a.master,
-              "sink_vs_bulk": part1, "driver_vs_executors": part2}
+    result = {
+        "benchmark": "warehouse_sinks",
+        "at": datetime.now(UTC).isoformat(),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_before": load0,
+            "load_after": os.getloadavg(),
+        },
+        "rows": a.rows,
+        "events": a.events,
+        "master": a.master,
+        "sink_vs_bulk": part1,
+        "driver_vs_executors": part2,
+    }
     a.output.parent.mkdir(parents=True, exist_ok=True)
     a.output.write_text(json.dumps(result, indent=2))
     if part1 and part2:

@@ -36,7 +36,8 @@ def launch_config(spec: StreamingJobSpec, resources: Any) -> dict[str, Any]:
             if prefix is None or not all(str(k).startswith(prefix) for k in value):
                 raise config_error(
                     f"job {spec.name!r}: {ref} gives {sorted(value)}; bind it to a key "
-                    f"pattern such as 'sink.*'")
+                    f"pattern such as 'sink.*'"
+                )
             config.update(value)
             continue
         if value is None:

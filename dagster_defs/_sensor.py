@@ -225,8 +225,12 @@ class Cursor:
 
     def dump(self) -> str:
         return json.dumps(
-            {"version": CURSOR_VERSION, "restarts": self.restarts, "gave_up": self.gave_up,
-             "reported": self.reported},
+            {
+                "version": CURSOR_VERSION,
+                "restarts": self.restarts,
+                "gave_up": self.gave_up,
+                "reported": self.reported,
+            },
             sort_keys=True,
         )
 
@@ -403,8 +407,16 @@ def health_sensor(
                     )
                 )
             if status is not None and spec.sink_tables:
-                events.extend(commit_events(context.resources.warehouse, spec, status,
-                                            translator, cursor.reported, context.log))
+                events.extend(
+                    commit_events(
+                        context.resources.warehouse,
+                        spec,
+                        status,
+                        translator,
+                        cursor.reported,
+                        context.log,
+                    )
+                )
         if not events:
             return SensorResult(
                 skip_reason="no streaming job has run here yet; materialise a "

@@ -48,8 +48,7 @@ def _number(value: Any, kind: type) -> MetadataValue | None:
     if value is None or isinstance(value, bool):
         return None
     try:
-        return MetadataValue.float(float(value)) if kind is float else MetadataValue.int(
-            int(value))
+        return MetadataValue.float(float(value)) if kind is float else MetadataValue.int(int(value))
     except (TypeError, ValueError):
         return None
 
@@ -98,8 +97,9 @@ def _ledger(warehouse: Any, table: str, job: str, sink: str) -> list[Any]:
     return [last] if last is not None else []
 
 
-def _windows_closed(warehouse: Any, table: SinkTableSpec, after: str | None,
-                    upto: str | None) -> int | None:
+def _windows_closed(
+    warehouse: Any, table: SinkTableSpec, after: str | None, upto: str | None
+) -> int | None:
     """Rows of the table whose window ended in (after, upto]: windows the watermark closed
     between two reports (DuckDB only; None elsewhere or without a window_end column)."""
     if upto is None or getattr(warehouse, "kind", None) != "duckdb":
@@ -109,20 +109,26 @@ def _windows_closed(warehouse: Any, table: SinkTableSpec, after: str | None,
     column = table.reconcile.window_end_column if table.reconcile else "window_end"
     quoted_table = '"' + table.table.replace('"', '""') + '"'
     quoted_col = '"' + column.replace('"', '""') + '"'
-    db = warehouse if isinstance(warehouse, DuckDBWarehouse) else DuckDBWarehouse(
-        path=warehouse.path)
+    db = (
+        warehouse
+        if isinstance(warehouse, DuckDBWarehouse)
+        else DuckDBWarehouse(path=warehouse.path)
+    )
     try:
         with db.read_only() as con:
-            has = con.execute("SELECT count(*) FROM information_schema.columns WHERE "
-                              "table_name = ? AND column_name = ?",
-                              [table.table, column]).fetchone()[0]
+            has = con.execute(
+                "SELECT count(*) FROM information_schema.columns WHERE "
+                "table_name = ? AND column_name = ?",
+                [table.table, column],
+            ).fetchone()[0]
             if not has:
                 return None
             lower = after or "1970-01-01T00:00:00"
             row = con.execute(
                 f"SELECT count(*) FROM {quoted_table} WHERE {quoted_col} > "
                 f"CAST(? AS TIMESTAMP) AND {quoted_col} <= CAST(? AS TIMESTAMP)",
-                [_naive(lower), _naive(upto)]).fetchone()
+                [_naive(lower), _naive(upto)],
+            ).fetchone()
     except Exception:  # noqa: BLE001 - a count for the UI; never fail the sensor over it
         return None
     return int(row[0]) if row else None
@@ -180,7 +186,8 @@ def commit_events(
         closed = _windows_closed(warehouse, table, before.get("watermark"), watermark)
         metadata: dict[str, Any] = {
             "batches": MetadataValue.text(
-                f"{first.batch_id}" if first is last else f"{first.batch_id}–{last.batch_id}"),
+                f"{first.batch_id}" if first is last else f"{first.batch_id}–{last.batch_id}"
+            ),
             "first batch": MetadataValue.int(first.batch_id),
             "last batch": MetadataValue.int(last.batch_id),
             "batches committed": MetadataValue.int(len(new)),
@@ -192,15 +199,21 @@ def commit_events(
             metadata["watermark"] = MetadataValue.text(str(watermark))
         if closed is not None:
             metadata["windows closed"] = MetadataValue.int(closed)
-        events.append(AssetMaterialization(
-            asset_key=translator.get_sink_asset_key(spec, table),
-            description=(f"{spec.name} committed batch"
-                         + (f"es {first.batch_id}–{last.batch_id}" if first is not last
-                            else f" {last.batch_id}")
-                         + f" to {table.table} ({sum(e.rows for e in new):,} rows)"),
-            metadata=metadata,
-            tags={"srt/job": spec.name, "srt/batch": str(last.batch_id)},
-        ))
-        reported[key] = {"batch": last.batch_id,
-                         "watermark": watermark or before.get("watermark")}
+        events.append(
+            AssetMaterialization(
+                asset_key=translator.get_sink_asset_key(spec, table),
+                description=(
+                    f"{spec.name} committed batch"
+                    + (
+                        f"es {first.batch_id}–{last.batch_id}"
+                        if first is not last
+                        else f" {last.batch_id}"
+                    )
+                    + f" to {table.table} ({sum(e.rows for e in new):,} rows)"
+                ),
+                metadata=metadata,
+                tags={"srt/job": spec.name, "srt/batch": str(last.batch_id)},
+            )
+        )
+        reported[key] = {"batch": last.batch_id, "watermark": watermark or before.get("watermark")}
     return events

@@ -81,14 +81,17 @@ class SinkTableModel(dg.Model):
     query: str = Field(description="The job's query (sink_to name) that writes it.")
     key: list[str] = Field(description="The table's unique (upsert) key.")
     not_null: list[str] = Field(default_factory=list, description="More non-null columns.")
-    min_values: dict[str, float] = Field(default_factory=dict,
-                                         description="Inclusive lower bounds per column.")
-    reconcile: ReconcileModel | None = Field(default=None,
-                                             description="Closed-window reconciliation.")
+    min_values: dict[str, float] = Field(
+        default_factory=dict, description="Inclusive lower bounds per column."
+    )
+    reconcile: ReconcileModel | None = Field(
+        default=None, description="Closed-window reconciliation."
+    )
     description: str | None = Field(default=None, description="Asset description.")
     expected_latency: Duration | None = Field(
-        default=None, description="Checkpoint interval + watermark delay: gives the table a "
-        "freshness policy.")
+        default=None,
+        description="Checkpoint interval + watermark delay: gives the table a freshness policy.",
+    )
 
 
 class SavepointPolicyModel(dg.Model):
@@ -115,14 +118,18 @@ class StreamingJobModel(dg.Model):
     job_file: str = Field(description="Job file (DEFAULTS + build); relative to defs.yaml.")
     config: dict[str, Any] = Field(default_factory=dict, description="--set overrides.")
     config_from_resources: dict[str, str] = Field(
-        default_factory=dict, description="Config keys from resources, e.g. "
-        "{'sink.*': 'warehouse.sink_config'}.")
-    sink_tables: list[SinkTableModel] = Field(default_factory=list,
-                                              description="Tables the job writes.")
-    savepoint_policy: SavepointPolicyModel = Field(default_factory=SavepointPolicyModel,
-                                                   description="Periodic savepoints.")
-    restart_policy: RestartPolicyModel = Field(default_factory=RestartPolicyModel,
-                                               description="How the sensor restarts it.")
+        default_factory=dict,
+        description="Config keys from resources, e.g. {'sink.*': 'warehouse.sink_config'}.",
+    )
+    sink_tables: list[SinkTableModel] = Field(
+        default_factory=list, description="Tables the job writes."
+    )
+    savepoint_policy: SavepointPolicyModel = Field(
+        default_factory=SavepointPolicyModel, description="Periodic savepoints."
+    )
+    restart_policy: RestartPolicyModel = Field(
+        default_factory=RestartPolicyModel, description="How the sensor restarts it."
+    )
     description: str | None = Field(default=None, description="Asset description.")
 
 
@@ -140,12 +147,14 @@ class StreamingJobsComponent(dg.Component, dg.Model, dg.Resolvable):
 
     jobs: list[StreamingJobModel] = Field(description="The streaming jobs.")
     warehouse: WarehouseModel | None = Field(
-        default=None, description="Where sink tables live (default: DuckDB srt-data/"
-        "warehouse.duckdb).")
+        default=None,
+        description="Where sink tables live (default: DuckDB srt-data/warehouse.duckdb).",
+    )
     srt_home: str | None = Field(default=None, description="Job registry ($SRT_HOME).")
     sensor_interval: Duration = Field(default="30s", description="Health sensor interval.")
     automation_interval: Duration | None = Field(
-        default="30s", description="Automation sensor interval (null: no automation sensor).")
+        default="30s", description="Automation sensor interval (null: no automation sensor)."
+    )
 
     def specs(self, base: Path) -> list[StreamingJobSpec]:
         """The jobs as :class:`StreamingJobSpec` s; relative job files against ``base``."""
@@ -155,23 +164,38 @@ class StreamingJobsComponent(dg.Component, dg.Model, dg.Resolvable):
             if not job_file.is_absolute():
                 job_file = (base / job_file).resolve()
             sp, rp = job.savepoint_policy, job.restart_policy
-            out.append(StreamingJobSpec(
-                name=job.name,
-                job_file=str(job_file),
-                config=dict(job.config),
-                config_from_resources=dict(job.config_from_resources),
-                sink_tables=[self._table(t, job.name) for t in job.sink_tables],
-                savepoints=SavepointPolicy(
-                    cron=sp.cron, keep=sp.keep,
-                    max_age=duration(sp.max_age, f"{job.name}: savepoint_policy.max_age"),
-                    target=sp.target, running=sp.running, timezone=sp.timezone),
-                restart_policy=RestartPolicy(
-                    max_restarts=rp.max_restarts,
-                    **{f: duration(getattr(rp, f), f"{job.name}: restart_policy.{f}")
-                       for f in ("window", "initial_backoff", "max_backoff",
-                                 "max_checkpoint_age", "start_timeout", "stop_grace")}),
-                description=job.description,
-            ))
+            out.append(
+                StreamingJobSpec(
+                    name=job.name,
+                    job_file=str(job_file),
+                    config=dict(job.config),
+                    config_from_resources=dict(job.config_from_resources),
+                    sink_tables=[self._table(t, job.name) for t in job.sink_tables],
+                    savepoints=SavepointPolicy(
+                        cron=sp.cron,
+                        keep=sp.keep,
+                        max_age=duration(sp.max_age, f"{job.name}: savepoint_policy.max_age"),
+                        target=sp.target,
+                        running=sp.running,
+                        timezone=sp.timezone,
+                    ),
+                    restart_policy=RestartPolicy(
+                        max_restarts=rp.max_restarts,
+                        **{
+                            f: duration(getattr(rp, f), f"{job.name}: restart_policy.{f}")
+                            for f in (
+                                "window",
+                                "initial_backoff",
+                                "max_backoff",
+                                "max_checkpoint_age",
+                                "start_timeout",
+                                "stop_grace",
+                            )
+                        },
+                    ),
+                    description=job.description,
+                )
+            )
         return out
 
     @staticmethod
@@ -181,14 +205,22 @@ class StreamingJobsComponent(dg.Component, dg.Model, dg.Resolvable):
             window = duration(t.reconcile.window, f"{job}: {t.table}.reconcile.window")
             assert window is not None
             rec = WindowReconciliation(
-                count_column=t.reconcile.count_column, window=window,
+                count_column=t.reconcile.count_column,
+                window=window,
                 source=t.reconcile.source,
                 window_start_column=t.reconcile.window_start_column,
-                window_end_column=t.reconcile.window_end_column)
+                window_end_column=t.reconcile.window_end_column,
+            )
         return SinkTableSpec(
-            table=t.table, query=t.query, key=tuple(t.key), not_null=tuple(t.not_null),
-            min_values=dict(t.min_values), reconcile=rec, description=t.description,
-            expected_latency=duration(t.expected_latency, f"{job}: {t.table}.expected_latency"))
+            table=t.table,
+            query=t.query,
+            key=tuple(t.key),
+            not_null=tuple(t.not_null),
+            min_values=dict(t.min_values),
+            reconcile=rec,
+            description=t.description,
+            expected_latency=duration(t.expected_latency, f"{job}: {t.table}.expected_latency"),
+        )
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         from dagster_defs.resources import StreamingRuntime, Warehouse

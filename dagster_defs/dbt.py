@@ -98,8 +98,10 @@ def sink_database(warehouse: Any) -> Path:
     if kind != "duckdb":
         from dagster_defs._specs import config_error
 
-        raise config_error(f"sink_database: the warehouse is {kind}, not duckdb; point the "
-                           f"dbt profile at it with that warehouse's own adapter")
+        raise config_error(
+            f"sink_database: the warehouse is {kind}, not duckdb; point the "
+            f"dbt profile at it with that warehouse's own adapter"
+        )
     return Path(warehouse.path).resolve()
 
 
@@ -121,8 +123,9 @@ class _Preparer(DagsterDbtProjectPreparer):
     with :func:`dbt_executable`."""
 
     def _prepare_manifest(self, project: DbtProject) -> None:
-        dbt_resource(project).cli(self._prepare_project_cli_args,
-                                  target_path=project.target_path).wait()
+        dbt_resource(project).cli(
+            self._prepare_project_cli_args, target_path=project.target_path
+        ).wait()
         self._invalidate_seeds_in_partial_parse(project)
 
 

@@ -469,8 +469,9 @@ class DuckDBWarehouse(ConfigurableResource):
         """The table and its sink's last committed batch, in one snapshot; LookupError if the
         table is not there yet."""
         with self.read_only() as con:
-            exists = con.execute("SELECT count(*) FROM information_schema.tables WHERE "
-                                 "table_name = ?", [table]).fetchone()[0]
+            exists = con.execute(
+                "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table]
+            ).fetchone()[0]
             if not exists:
                 raise LookupError(f"table {table} is not in {self.database()}")
             quoted = '"' + table.replace('"', '""') + '"'
@@ -540,11 +541,15 @@ class Warehouse(ConfigurableResource):
             raise config_error(f"warehouse kind {self.kind!r} needs {need[self.kind]!r}")
         for value in (self.dsn, self.url):
             if value and "@" in value and ":" in value.split("://", 1)[-1].split("@", 1)[0]:
-                raise config_error("warehouse: give the password as password='env:NAME', not "
-                                   "inside the URL (URLs are shown in run metadata)")
+                raise config_error(
+                    "warehouse: give the password as password='env:NAME', not "
+                    "inside the URL (URLs are shown in run metadata)"
+                )
         if self.password and not self.password.startswith("env:"):
-            raise config_error("warehouse: password must be env:NAME (an environment variable "
-                               "the job and the checks read), never the password itself")
+            raise config_error(
+                "warehouse: password must be env:NAME (an environment variable "
+                "the job and the checks read), never the password itself"
+            )
 
     def location(self) -> str:
         self._check()
@@ -555,8 +560,12 @@ class Warehouse(ConfigurableResource):
 
     def sink_config(self) -> dict[str, str]:
         """The job's ``sink.*`` keys that make it write here."""
-        key = {"duckdb": "sink.database", "postgres": "sink.dsn", "clickhouse": "sink.url",
-               "delta": "sink.path"}
+        key = {
+            "duckdb": "sink.database",
+            "postgres": "sink.dsn",
+            "clickhouse": "sink.url",
+            "delta": "sink.path",
+        }
         out = {"sink.kind": self.kind, key[self.kind]: self.location()}
         if self.password and self.kind in ("postgres", "clickhouse"):
             out["sink.password"] = self.password

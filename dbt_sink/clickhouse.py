@@ -82,18 +82,27 @@ def ch_type(t: pa.DataType, version: tuple[int, ...]) -> str:
     """The ClickHouse type of an Arrow type (not Nullable-wrapped)."""
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         return "String"
-    for check, name in ((pa.types.is_int64, "Int64"), (pa.types.is_int32, "Int32"),
-                        (pa.types.is_int16, "Int16"), (pa.types.is_int8, "Int8"),
-                        (pa.types.is_uint64, "UInt64"), (pa.types.is_uint32, "UInt32"),
-                        (pa.types.is_float64, "Float64"), (pa.types.is_float32, "Float32"),
-                        (pa.types.is_boolean, "UInt8"), (pa.types.is_date32, "Date")):
+    for check, name in (
+        (pa.types.is_int64, "Int64"),
+        (pa.types.is_int32, "Int32"),
+        (pa.types.is_int16, "Int16"),
+        (pa.types.is_int8, "Int8"),
+        (pa.types.is_uint64, "UInt64"),
+        (pa.types.is_uint32, "UInt32"),
+        (pa.types.is_float64, "Float64"),
+        (pa.types.is_float32, "Float32"),
+        (pa.types.is_boolean, "UInt8"),
+        (pa.types.is_date32, "Date"),
+    ):
         if check(t):
             return name
     if pa.types.is_timestamp(t):
         # Stored in UTC either way; 18.16 has DateTime only (seconds).
-        return ("DateTime64(6, 'UTC')" if version >= DATETIME64_SINCE else "DateTime('UTC')")
-    raise SinkError(f"ClickHouse sink: no column type for Arrow type {t}; cast the column in "
-                    f"the job (string, integer, float, boolean, timestamp, date)")
+        return "DateTime64(6, 'UTC')" if version >= DATETIME64_SINCE else "DateTime('UTC')"
+    raise SinkError(
+        f"ClickHouse sink: no column type for Arrow type {t}; cast the column in "
+        f"the job (string, integer, float, boolean, timestamp, date)"
+    )
 
 
 def _digest(chunk: pa.Table) -> str:
@@ -120,10 +129,15 @@ class _Native:
 
         parts = urlsplit(url)
         self.database = (parts.path or "/default").strip("/") or "default"
-        self.client = Client(host=parts.hostname or "127.0.0.1", port=parts.port or 9000,
-                             user=parts.username or "default", password=password or "",
-                             database=self.database, connect_timeout=timeout_s,
-                             send_receive_timeout=max(timeout_s, 300))
+        self.client = Client(
+            host=parts.hostname or "127.0.0.1",
+            port=parts.port or 9000,
+            user=parts.username or "default",
+            password=password or "",
+            database=self.database,
+            connect_timeout=timeout_s,
+            send_receive_timeout=max(timeout_s, 300),
+        )
 
     def query(self, sql: str) -> list[tuple]:
         return self.client.execute(sql)
@@ -140,8 +154,11 @@ class _Native:
         # The setting goes in the statement: clickhouse-driver silently drops settings it does
         # not know, the server refuses a SETTINGS clause it does not know. No silent pass.
         settings = f" SETTINGS insert_deduplication_token = {_lit(token)}" if token else ""
-        self.client.execute(f"INSERT INTO {table} ({cols}){settings} VALUES",
-                            [c.to_pylist() for c in rows.columns], columnar=True)
+        self.client.execute(
+            f"INSERT INTO {table} ({cols}){settings} VALUES",
+            [c.to_pylist() for c in rows.columns],
+            columnar=True,
+        )
 
     def close(self) -> None:
         self.client.disconnect()
@@ -198,16 +215,33 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
 
     kind = "ClickHouse"
 
-    def __init__(self, url: str, table: str, key: Sequence[str], *, password: str | None = None,
-                 partitions: int | None = None, executor_writes: bool = True,
-                 retry: RetryPolicy | None = None, summary_sql: str | None = None,
-                 connect_timeout_s: float = 5.0) -> None:
-        super().__init__(table, key, partitions=partitions, executor_writes=executor_writes,
-                         retry=retry, summary_sql=summary_sql)
+    def __init__(
+        self,
+        url: str,
+        table: str,
+        key: Sequence[str],
+        *,
+        password: str | None = None,
+        partitions: int | None = None,
+        executor_writes: bool = True,
+        retry: RetryPolicy | None = None,
+        summary_sql: str | None = None,
+        connect_timeout_s: float = 5.0,
+    ) -> None:
+        super().__init__(
+            table,
+            key,
+            partitions=partitions,
+            executor_writes=executor_writes,
+            retry=retry,
+            summary_sql=summary_sql,
+        )
         scheme = urlsplit(url).scheme
         if scheme not in ("clickhouse", "chdb"):
-            raise ConfigError(f"ClickHouse url must be clickhouse://user@host:port/database or "
-                              f"chdb:///path, got {mask_url(url)!r}")
+            raise ConfigError(
+                f"ClickHouse url must be clickhouse://user@host:port/database or "
+                f"chdb:///path, got {mask_url(url)!r}"
+            )
         self.url = url
         self.password = password if password is not None else urlsplit(url).password
         self.connect_timeout_s = connect_timeout_s
@@ -215,15 +249,23 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
         self.tokens: bool | None = None
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], key: Sequence[str], **kw: Any
-                    ) -> ClickHouseUpsertSink:
+    def from_config(
+        cls, config: Mapping[str, Any], key: Sequence[str], **kw: Any
+    ) -> ClickHouseUpsertSink:
         """From ``sink.url``, ``sink.table``, ``sink.password``, ``sink.partitions``."""
         if not config.get("sink.url"):
-            raise ConfigError("sink.kind=clickhouse needs "
-                              "sink.url=clickhouse://user@host:port/database")
+            raise ConfigError(
+                "sink.kind=clickhouse needs sink.url=clickhouse://user@host:port/database"
+            )
         o = options(config, "password", "partitions")
-        return cls(config["sink.url"], config["sink.table"], key, password=o.get("password"),
-                   partitions=int(o.get("partitions") or 0) or None, **kw)
+        return cls(
+            config["sink.url"],
+            config["sink.table"],
+            key,
+            password=o.get("password"),
+            partitions=int(o.get("partitions") or 0) or None,
+            **kw,
+        )
 
     @property
     def in_process(self) -> bool:
@@ -246,8 +288,15 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
     def transient(self, exc: BaseException) -> bool:
         from clickhouse_driver import errors
 
-        if isinstance(exc, errors.NetworkError | errors.SocketTimeoutError | EOFError
-                      | ConnectionError | TimeoutError | OSError):
+        if isinstance(
+            exc,
+            errors.NetworkError
+            | errors.SocketTimeoutError
+            | EOFError
+            | ConnectionError
+            | TimeoutError
+            | OSError,
+        ):
             return True
         # 202 TOO_MANY_SIMULTANEOUS_QUERIES, 252 TOO_MANY_PARTS, 209 SOCKET_TIMEOUT,
         # 210 NETWORK_ERROR, 241 MEMORY_LIMIT_EXCEEDED: the server asks to come back later.
@@ -261,14 +310,16 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
             finally:
                 client.close()
 
-        return self.retry.run(attempt, what=f"ClickHouse {self.location} ({what})",
-                              transient=self.transient)
+        return self.retry.run(
+            attempt, what=f"ClickHouse {self.location} ({what})", transient=self.transient
+        )
 
     def _detect(self, client: _Native | _Chdb) -> None:
         version = parse_version(client.query("SELECT version()")[0][0])
         # Checked by name, not by version alone: a setting the server lacks would be refused.
-        known = client.query("SELECT count() FROM system.settings WHERE name = "
-                             "'insert_deduplication_token'")[0][0]
+        known = client.query(
+            "SELECT count() FROM system.settings WHERE name = 'insert_deduplication_token'"
+        )[0][0]
         self.server_version = version
         self.tokens = bool(known) and version >= TOKENS_SINCE
 
@@ -281,22 +332,30 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
                 finally:
                     client.close()
             except Exception:  # noqa: BLE001 - unreachable, refused, not ClickHouse...
-                return ("server not reachable now: exactly-once either way; with a server "
-                        "≥ 22.2 replayed chunks are dropped by insert tokens, older servers "
-                        "keep them until merges and FINAL reads one row per key")
+                return (
+                    "server not reachable now: exactly-once either way; with a server "
+                    "≥ 22.2 replayed chunks are dropped by insert tokens, older servers "
+                    "keep them until merges and FINAL reads one row per key"
+                )
         v = ".".join(map(str, self.server_version or ()))
         if self.tokens:
-            return (f"server {v}: exactly-once; replayed chunks dropped by "
-                    f"insert_deduplication_token (window {DEDUP_WINDOW} blocks); read with FINAL "
-                    f"until merges collapse superseded versions")
-        return (f"server {v} has no insert_deduplication_token: exactly-once as read with "
-                f"FINAL (one row per key, the latest batch's); a replayed chunk's copies stay "
-                f"in the raw table until a merge")
+            return (
+                f"server {v}: exactly-once; replayed chunks dropped by "
+                f"insert_deduplication_token (window {DEDUP_WINDOW} blocks); read with FINAL "
+                f"until merges collapse superseded versions"
+            )
+        return (
+            f"server {v} has no insert_deduplication_token: exactly-once as read with "
+            f"FINAL (one row per key, the latest batch's); a replayed chunk's copies stay "
+            f"in the raw table until a merge"
+        )
 
     def describe(self) -> str:
-        return (f"ClickHouse {self.location} table {self.table} (ReplacingMergeTree("
-                f"{VERSION_COLUMN}) ORDER BY {', '.join(self.key_columns)}; ledger "
-                f"{LEDGER_TABLE} BEFORE/AFTER per partition; {self.guarantee()})")
+        return (
+            f"ClickHouse {self.location} table {self.table} (ReplacingMergeTree("
+            f"{VERSION_COLUMN}) ORDER BY {', '.join(self.key_columns)}; ledger "
+            f"{LEDGER_TABLE} BEFORE/AFTER per partition; {self.guarantee()})"
+        )
 
     @property
     def _table(self) -> str:
@@ -312,27 +371,39 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
                 f"CREATE TABLE IF NOT EXISTS {LEDGER_TABLE} (job String, sink String, "
                 "batch_id Int64, partition Int32, partitions Int32, state String, rows Int64, "
                 "chunks Int32, at DateTime, seq UInt64) ENGINE = MergeTree "
-                "ORDER BY (job, sink, batch_id, partition)")
+                "ORDER BY (job, sink, batch_id, partition)"
+            )
             want = [Column(f.name, self._column_type(f)) for f in schema]
-            exists = c.query(f"SELECT count() FROM system.tables WHERE database = "
-                             f"{_lit(c.database)} AND name = {_lit(self.table)}")[0][0]
-            have = ([Column(r[0], r[1]) for r in c.query(f"DESCRIBE TABLE {self._table}")]
-                    if exists else [])
-            window = (f" SETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW}"
-                      if self.tokens else "")
+            exists = c.query(
+                f"SELECT count() FROM system.tables WHERE database = "
+                f"{_lit(c.database)} AND name = {_lit(self.table)}"
+            )[0][0]
+            have = (
+                [Column(r[0], r[1]) for r in c.query(f"DESCRIBE TABLE {self._table}")]
+                if exists
+                else []
+            )
+            window = (
+                f" SETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW}"
+                if self.tokens
+                else ""
+            )
             if not have:
                 cols = ", ".join(f"{_q(x.name)} {x.type}" for x in want)
                 keys = ", ".join(_q(k) for k in self.key_columns)
-                c.command(f"CREATE TABLE IF NOT EXISTS {self._table} ({cols}, "
-                          f"{VERSION_COLUMN} UInt64) ENGINE = ReplacingMergeTree("
-                          f"{VERSION_COLUMN}) ORDER BY ({keys}){window}")
+                c.command(
+                    f"CREATE TABLE IF NOT EXISTS {self._table} ({cols}, "
+                    f"{VERSION_COLUMN} UInt64) ENGINE = ReplacingMergeTree("
+                    f"{VERSION_COLUMN}) ORDER BY ({keys}){window}"
+                )
             else:
                 for x in self.evolve([h for h in have if h.name != VERSION_COLUMN], want):
-                    c.command(f"ALTER TABLE {self._table} ADD COLUMN "
-                              f"{_q(x.name)} {x.type}")
+                    c.command(f"ALTER TABLE {self._table} ADD COLUMN {_q(x.name)} {x.type}")
                 if self.tokens:  # a table created by an older server: remember tokens now
-                    c.command(f"ALTER TABLE {self._table} MODIFY SETTING "
-                              f"non_replicated_deduplication_window = {DEDUP_WINDOW}")
+                    c.command(
+                        f"ALTER TABLE {self._table} MODIFY SETTING "
+                        f"non_replicated_deduplication_window = {DEDUP_WINDOW}"
+                    )
             return not self._committed(c, batch_id)
 
         return bool(self._run(f"prepare batch {batch_id}", step))
@@ -343,20 +414,35 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
         return t if f.name in self.key_columns else f"Nullable({t})"
 
     def _where(self, batch_id: int) -> str:
-        return (f"job = {_lit(self.job)} AND sink = {_lit(self.sink_name)} AND batch_id = "
-                f"{_lit(batch_id)}")
+        return (
+            f"job = {_lit(self.job)} AND sink = {_lit(self.sink_name)} AND batch_id = "
+            f"{_lit(batch_id)}"
+        )
 
     def _committed(self, c: _Native | _Chdb, batch_id: int) -> bool:
-        return bool(c.query(f"SELECT count() FROM {LEDGER_TABLE} WHERE {self._where(batch_id)} "
-                            f"AND partition = -1 AND state = 'COMMITTED'")[0][0])
+        return bool(
+            c.query(
+                f"SELECT count() FROM {LEDGER_TABLE} WHERE {self._where(batch_id)} "
+                f"AND partition = -1 AND state = 'COMMITTED'"
+            )[0][0]
+        )
 
-    def _ledger(self, c: _Native | _Chdb, batch_id: int, partition: int, partitions: int,
-                state: str, rows: int, chunks: int) -> None:
+    def _ledger(
+        self,
+        c: _Native | _Chdb,
+        batch_id: int,
+        partition: int,
+        partitions: int,
+        state: str,
+        rows: int,
+        chunks: int,
+    ) -> None:
         c.command(
             f"INSERT INTO {LEDGER_TABLE} (job, sink, batch_id, partition, partitions, state, "
             f"rows, chunks, at, seq) SELECT {_lit(self.job)}, {_lit(self.sink_name)}, "
             f"{_lit(batch_id)}, {_lit(partition)}, {_lit(partitions)}, {_lit(state)}, "
-            f"{_lit(rows)}, {_lit(chunks)}, now(), {_lit(time.time_ns())}")
+            f"{_lit(rows)}, {_lit(chunks)}, now(), {_lit(time.time_ns())}"
+        )
 
     def commit_batch(self, batch_id: int, reports: Sequence[PartitionReport]) -> None:
         hook("commit", batch_id)
@@ -371,73 +457,99 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
     def rewind(self, batch_id: int) -> None:
         """Delete the rows and ledger entries of batches after ``batch_id`` (mutations, waited
         for): their re-execution must not lose against their old, higher versions."""
+
         def step(c: _Native | _Chdb) -> None:
-            tables = {r[0] for r in c.query(
-                f"SELECT name FROM system.tables WHERE database = {_lit(c.database)} AND name IN "
-                f"({_lit(self.table)}, {_lit(LEDGER_TABLE)})")}
+            tables = {
+                r[0]
+                for r in c.query(
+                    f"SELECT name FROM system.tables WHERE database = {_lit(c.database)} "
+                    f"AND name IN "
+                    f"({_lit(self.table)}, {_lit(LEDGER_TABLE)})"
+                )
+            }
             if self.table in tables:
-                c.command(f"ALTER TABLE {self._table} DELETE WHERE {VERSION_COLUMN} > "
-                          f"{_lit(batch_id)}")
+                c.command(
+                    f"ALTER TABLE {self._table} DELETE WHERE {VERSION_COLUMN} > {_lit(batch_id)}"
+                )
             if LEDGER_TABLE in tables:
-                c.command(f"ALTER TABLE {LEDGER_TABLE} DELETE WHERE job = {_lit(self.job)} AND "
-                          f"sink = {_lit(self.sink_name)} AND batch_id > {_lit(batch_id)}")
+                c.command(
+                    f"ALTER TABLE {LEDGER_TABLE} DELETE WHERE job = {_lit(self.job)} AND "
+                    f"sink = {_lit(self.sink_name)} AND batch_id > {_lit(batch_id)}"
+                )
             deadline = time.monotonic() + MUTATION_WAIT_S
-            while c.query(f"SELECT count() FROM system.mutations WHERE database = "
-                          f"{_lit(c.database)} AND is_done = 0")[0][0]:
+            while c.query(
+                f"SELECT count() FROM system.mutations WHERE database = "
+                f"{_lit(c.database)} AND is_done = 0"
+            )[0][0]:
                 if time.monotonic() > deadline:
-                    raise SinkError(f"ClickHouse: rewind mutations on {self.table} not done "
-                                    f"after {MUTATION_WAIT_S:.0f} s; see system.mutations")
+                    raise SinkError(
+                        f"ClickHouse: rewind mutations on {self.table} not done "
+                        f"after {MUTATION_WAIT_S:.0f} s; see system.mutations"
+                    )
                 time.sleep(0.05)  # poll interval of the mutation's progress
 
         self._run(f"rewind to batch {batch_id}", step)
 
     # -- executors ------------------------------------------------------------------------
 
-    def write_partition(self, rows: pa.Table, batch_id: int, partition: int,
-                        partitions: int) -> PartitionReport:
+    def write_partition(
+        self, rows: pa.Table, batch_id: int, partition: int, partitions: int
+    ) -> PartitionReport:
         if rows.num_rows == 0:
             return self.skipped(partition, 0, "empty")
-        versioned = rows.append_column(VERSION_COLUMN,
-                                       pa.array([batch_id] * rows.num_rows, pa.uint64()))
+        versioned = rows.append_column(
+            VERSION_COLUMN, pa.array([batch_id] * rows.num_rows, pa.uint64())
+        )
         chunks = [versioned.slice(i, CHUNK_ROWS) for i in range(0, rows.num_rows, CHUNK_ROWS)]
 
         def step(c: _Native | _Chdb) -> PartitionReport:
             t0 = time.perf_counter()
-            states = {r[0] for r in c.query(
-                f"SELECT state FROM {LEDGER_TABLE} WHERE {self._where(batch_id)} AND "
-                f"partition = {_lit(partition)} AND partitions = {_lit(partitions)}")}
+            states = {
+                r[0]
+                for r in c.query(
+                    f"SELECT state FROM {LEDGER_TABLE} WHERE {self._where(batch_id)} AND "
+                    f"partition = {_lit(partition)} AND partitions = {_lit(partitions)}"
+                )
+            }
             if "AFTER" in states:
                 return self.skipped(partition, rows.num_rows, "already written")
             note = "replay of an interrupted insert" if "BEFORE" in states else ""
-            self._ledger(c, batch_id, partition, partitions, "BEFORE", rows.num_rows,
-                         len(chunks))
+            self._ledger(c, batch_id, partition, partitions, "BEFORE", rows.num_rows, len(chunks))
             for i, chunk in enumerate(chunks):
                 c.insert(self._table, chunk, self.token(batch_id, partition, partitions, i, chunk))
             hook("data", batch_id, partition)
-            self._ledger(c, batch_id, partition, partitions, "AFTER", rows.num_rows,
-                         len(chunks))
-            return PartitionReport(partition, rows.num_rows, rows.num_rows,
-                                   (time.perf_counter() - t0) * 1000, note)
+            self._ledger(c, batch_id, partition, partitions, "AFTER", rows.num_rows, len(chunks))
+            return PartitionReport(
+                partition, rows.num_rows, rows.num_rows, (time.perf_counter() - t0) * 1000, note
+            )
 
         report = self._run(f"batch {batch_id} partition {partition}/{partitions}", step)
         hook("partition", batch_id, partition)
         return report
 
-    def token(self, batch_id: int, partition: int, partitions: int, chunk_no: int,
-              chunk: pa.Table) -> str | None:
+    def token(
+        self, batch_id: int, partition: int, partitions: int, chunk_no: int, chunk: pa.Table
+    ) -> str | None:
         """The chunk's insert_deduplication_token (None where the server has none)."""
         if not self.tokens:
             return None
-        return (f"{self.job}/{self.sink_name}/{batch_id}/{partition}-of-{partitions}/"
-                f"{chunk_no}/{_digest(chunk)}")
+        return (
+            f"{self.job}/{self.sink_name}/{batch_id}/{partition}-of-{partitions}/"
+            f"{chunk_no}/{_digest(chunk)}"
+        )
 
     def committed_batches(self) -> list[tuple[int, int]]:
         """``(batch_id, rows)`` of every committed batch of this sink, newest first."""
+
         def step(c: _Native | _Chdb) -> list[tuple[int, int]]:
-            return [(int(b), int(r)) for b, r in c.query(
-                f"SELECT batch_id, max(rows) FROM {LEDGER_TABLE} WHERE job = {_lit(self.job)} "
-                f"AND sink = {_lit(self.sink_name)} AND partition = -1 AND state = 'COMMITTED' "
-                f"GROUP BY batch_id ORDER BY batch_id DESC")]
+            return [
+                (int(b), int(r))
+                for b, r in c.query(
+                    f"SELECT batch_id, max(rows) FROM {LEDGER_TABLE} WHERE job = {_lit(self.job)} "
+                    f"AND sink = {_lit(self.sink_name)} AND partition = -1 AND state = 'COMMITTED' "
+                    f"GROUP BY batch_id ORDER BY batch_id DESC"
+                )
+            ]
 
         return self._run("read the ledger", step)
 
@@ -446,10 +558,16 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
         last batch this sink committed. ClickHouse has no snapshots: the ledger is read first,
         so the table is at least as new as that batch (windows closed by its watermark cannot
         change after it). Raises LookupError if the table does not exist."""
+
         def step(c: _Native | _Chdb) -> tuple[pa.Table, LedgerEntry | None]:
-            have = {r[0] for r in c.query(
-                f"SELECT name FROM system.tables WHERE database = {_lit(c.database)} AND name IN "
-                f"({_lit(self.table)}, {_lit(LEDGER_TABLE)})")}
+            have = {
+                r[0]
+                for r in c.query(
+                    f"SELECT name FROM system.tables WHERE database = {_lit(c.database)} "
+                    f"AND name IN "
+                    f"({_lit(self.table)}, {_lit(LEDGER_TABLE)})"
+                )
+            }
             if self.table not in have:
                 raise LookupError(f"table {self.table} is not in {self.location}")
             last = None
@@ -457,7 +575,8 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
                 rows = c.query(
                     f"SELECT batch_id, max(rows), max(at) FROM {LEDGER_TABLE} WHERE job = "
                     f"{_lit(self.job)} AND sink = {_lit(self.sink_name)} AND partition = -1 AND "
-                    f"state = 'COMMITTED' GROUP BY batch_id ORDER BY batch_id DESC LIMIT 1")
+                    f"state = 'COMMITTED' GROUP BY batch_id ORDER BY batch_id DESC LIMIT 1"
+                )
                 if rows:
                     last = LedgerEntry(int(rows[0][0]), int(rows[0][1]), rows[0][2])
             names, rows = c.query_with_names(f"SELECT * FROM {self._table} FINAL")

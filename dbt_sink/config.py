@@ -26,16 +26,18 @@ from stateful_runtime.exceptions import ConfigError
 WAREHOUSE_KINDS = ("duckdb", "postgres", "clickhouse", "delta")
 
 
-def warehouse_from_config(config: Mapping[str, Any], key: Sequence[str], *,
-                          summary_sql: str | None = None) -> Sink:
+def warehouse_from_config(
+    config: Mapping[str, Any], key: Sequence[str], *, summary_sql: str | None = None
+) -> Sink:
     """The warehouse sink ``sink.kind`` names (``kafka``/``both``: DuckDB, the warehouse that
     ``both`` pairs with Kafka)."""
     kind = config.get("sink.kind", "duckdb")
     if kind in ("duckdb", "kafka", "both"):
         from dbt_sink.duckdb import DuckDBUpsertSink
 
-        return DuckDBUpsertSink(config["sink.database"], config["sink.table"], key=key,
-                                summary_sql=summary_sql)
+        return DuckDBUpsertSink(
+            config["sink.database"], config["sink.table"], key=key, summary_sql=summary_sql
+        )
     if kind == "postgres":
         from dbt_sink.postgres import PostgresUpsertSink
 
@@ -51,8 +53,9 @@ def warehouse_from_config(config: Mapping[str, Any], key: Sequence[str], *,
     raise ConfigError(f"sink.kind={kind!r}: use one of {(*WAREHOUSE_KINDS, 'kafka', 'both')}")
 
 
-def warehouses_from_config(config: Mapping[str, Any], key: Sequence[str], *,
-                           summary_sql: str | None = None) -> list[Sink]:
+def warehouses_from_config(
+    config: Mapping[str, Any], key: Sequence[str], *, summary_sql: str | None = None
+) -> list[Sink]:
     """One warehouse sink per warehouse kind in ``sink.kind`` (comma-separated; ``both`` is
     DuckDB and Kafka), in its order: what ``sinks_from_config`` takes."""
     out: list[Sink] = []
@@ -61,8 +64,10 @@ def warehouses_from_config(config: Mapping[str, Any], key: Sequence[str], *,
         if kind == "kafka":
             continue
         if kind not in WAREHOUSE_KINDS:
-            raise ConfigError(f"sink.kind: {kind!r} is not one of "
-                              f"{(*WAREHOUSE_KINDS, 'kafka', 'both')}")
-        out.append(warehouse_from_config({**config, "sink.kind": kind}, key,
-                                         summary_sql=summary_sql))
+            raise ConfigError(
+                f"sink.kind: {kind!r} is not one of {(*WAREHOUSE_KINDS, 'kafka', 'both')}"
+            )
+        out.append(
+            warehouse_from_config({**config, "sink.kind": kind}, key, summary_sql=summary_sql)
+        )
     return out

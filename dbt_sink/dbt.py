@@ -94,12 +94,18 @@ class SinkTable:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SinkTable:
         return cls(
-            table=str(data["table"]), query=str(data["query"]), kind=str(data["kind"]),
+            table=str(data["table"]),
+            query=str(data["query"]),
+            kind=str(data["kind"]),
             key=tuple(data["key"]),
-            columns=tuple(SinkColumn(str(c["name"]), str(c["type"]), str(c.get("description", "")))
-                          for c in data["columns"]),
+            columns=tuple(
+                SinkColumn(str(c["name"]), str(c["type"]), str(c.get("description", "")))
+                for c in data["columns"]
+            ),
             source=str(data.get("source") or ""),
-            watermark_delay_s=data.get("watermark_delay_s"), window_s=data.get("window_s"))
+            watermark_delay_s=data.get("watermark_delay_s"),
+            window_s=data.get("window_s"),
+        )
 
     @property
     def has_window_end(self) -> bool:
@@ -116,25 +122,57 @@ class JobTables:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JobTables:
-        return cls(str(data["job"]), float(data["checkpoint_interval_s"]),
-                   tuple(SinkTable.from_dict(t) for t in data["tables"]))
+        return cls(
+            str(data["job"]),
+            float(data["checkpoint_interval_s"]),
+            tuple(SinkTable.from_dict(t) for t in data["tables"]),
+        )
 
 
 # Spark simple type → the type each warehouse stores (as its sink creates the column).
 _SQL_TYPES: dict[str, dict[str, str]] = {
-    "duckdb": {"string": "VARCHAR", "bigint": "BIGINT", "int": "INTEGER", "smallint": "SMALLINT",
-               "tinyint": "TINYINT", "double": "DOUBLE", "float": "FLOAT", "boolean": "BOOLEAN",
-               "date": "DATE", "timestamp_ntz": "TIMESTAMP",
-               "timestamp": "TIMESTAMP WITH TIME ZONE",
-               "binary": "BLOB"},
-    "postgres": {"string": "text", "bigint": "bigint", "int": "integer", "smallint": "smallint",
-                 "tinyint": "smallint", "double": "double precision", "float": "real",
-                 "boolean": "boolean", "date": "date", "timestamp_ntz": "timestamp",
-                 "timestamp": "timestamp with time zone", "binary": "bytea"},
-    "clickhouse": {"string": "String", "bigint": "Int64", "int": "Int32", "smallint": "Int16",
-                   "tinyint": "Int8", "double": "Float64", "float": "Float32", "boolean": "UInt8",
-                   "date": "Date", "timestamp_ntz": "DateTime64(6)",
-                   "timestamp": "DateTime64(6, 'UTC')", "binary": "String"},
+    "duckdb": {
+        "string": "VARCHAR",
+        "bigint": "BIGINT",
+        "int": "INTEGER",
+        "smallint": "SMALLINT",
+        "tinyint": "TINYINT",
+        "double": "DOUBLE",
+        "float": "FLOAT",
+        "boolean": "BOOLEAN",
+        "date": "DATE",
+        "timestamp_ntz": "TIMESTAMP",
+        "timestamp": "TIMESTAMP WITH TIME ZONE",
+        "binary": "BLOB",
+    },
+    "postgres": {
+        "string": "text",
+        "bigint": "bigint",
+        "int": "integer",
+        "smallint": "smallint",
+        "tinyint": "smallint",
+        "double": "double precision",
+        "float": "real",
+        "boolean": "boolean",
+        "date": "date",
+        "timestamp_ntz": "timestamp",
+        "timestamp": "timestamp with time zone",
+        "binary": "bytea",
+    },
+    "clickhouse": {
+        "string": "String",
+        "bigint": "Int64",
+        "int": "Int32",
+        "smallint": "Int16",
+        "tinyint": "Int8",
+        "double": "Float64",
+        "float": "Float32",
+        "boolean": "UInt8",
+        "date": "Date",
+        "timestamp_ntz": "DateTime64(6)",
+        "timestamp": "DateTime64(6, 'UTC')",
+        "binary": "String",
+    },
 }
 
 
@@ -142,8 +180,9 @@ def sql_type(spark_type: str, kind: str) -> str | None:
     """The column type warehouse ``kind`` stores for Spark type ``spark_type`` (None: unknown,
     the column is described without a type)."""
     if spark_type.startswith("decimal"):
-        return spark_type.upper() if kind != "clickhouse" else spark_type.replace("decimal",
-                                                                                  "Decimal")
+        return (
+            spark_type.upper() if kind != "clickhouse" else spark_type.replace("decimal", "Decimal")
+        )
     return _SQL_TYPES.get(kind, _SQL_TYPES["duckdb"]).get(spark_type)
 
 
@@ -163,8 +202,10 @@ def freshness(latency_s: float) -> dict[str, dict[str, Any]]:
     ERROR_FACTOR times the latency, at least 1 and 2 minutes."""
     warn = max(1, math.ceil(latency_s * WARN_FACTOR / 60))
     error = max(warn + 1, math.ceil(latency_s * ERROR_FACTOR / 60))
-    return {"warn_after": {"count": warn, "period": "minute"},
-            "error_after": {"count": error, "period": "minute"}}
+    return {
+        "warn_after": {"count": warn, "period": "minute"},
+        "error_after": {"count": error, "period": "minute"},
+    }
 
 
 def _quote(name: str) -> str:
@@ -181,15 +222,21 @@ def unique_key_expression(key: Sequence[str], kind: str) -> str:
     return " || '|' || ".join(f"cast({_quote(k)} as {text})" for k in key)
 
 
-def ledger_query(job: str, query: str, schema: str | None = None,
-                 database: str | None = None) -> str:
+def ledger_query(
+    job: str, query: str, schema: str | None = None, database: str | None = None
+) -> str:
     """The SQL for ``loaded_at_query``: when the sink last committed a micro-batch, from the
     sink ledger next to the table."""
-    ledger = ".".join(_quote(p) for p in (database, schema) if p) + ("." if schema or database
-                                                                     else "") + LEDGER_TABLE
-    return (f"select max(committed_at) from {ledger} "
-            f"where job = '{job.replace(chr(39), chr(39) * 2)}' "
-            f"and sink = '{query.replace(chr(39), chr(39) * 2)}'")
+    ledger = (
+        ".".join(_quote(p) for p in (database, schema) if p)
+        + ("." if schema or database else "")
+        + LEDGER_TABLE
+    )
+    return (
+        f"select max(committed_at) from {ledger} "
+        f"where job = '{job.replace(chr(39), chr(39) * 2)}' "
+        f"and sink = '{query.replace(chr(39), chr(39) * 2)}'"
+    )
 
 
 def _config_error(message: str) -> Exception:
@@ -226,13 +273,18 @@ def sources(
         raise _config_error(f"loaded_at must be 'commit' or 'window_end', got {loaded_at!r}")
     tables = [t for t in job.tables if kind is None or t.kind == kind]
     if not tables:
-        raise _config_error(f"job {job.job} writes no warehouse table"
-                          + (f" to {kind}" if kind else "") + " (a sink with a table and a key)")
+        raise _config_error(
+            f"job {job.job} writes no warehouse table"
+            + (f" to {kind}" if kind else "")
+            + " (a sink with a table and a key)"
+        )
     names = [t.table for t in tables]
     if len(set(names)) != len(names):
         kinds = sorted({t.kind for t in tables})
-        raise _config_error(f"job {job.job} writes {sorted(set(names))} to several warehouses "
-                          f"({', '.join(kinds)}); choose one with kind=")
+        raise _config_error(
+            f"job {job.job} writes {sorted(set(names))} to several warehouses "
+            f"({', '.join(kinds)}); choose one with kind="
+        )
     out_tables = []
     for t in sorted(tables, key=lambda t: t.table):
         by = loaded_at if (loaded_at == "commit" or t.has_window_end) else "commit"
@@ -241,22 +293,31 @@ def sources(
         latency = expected_latency_s(job, t, by)
         entry: dict[str, Any] = {
             "name": t.table,
-            "description": (f"Written by query `{t.query}` of streaming job `{job.job}`: "
-                            f"upserted by ({', '.join(t.key)}) every micro-batch "
-                            f"(checkpoint every {job.checkpoint_interval_s:g} s), exactly once "
-                            f"(sink ledger `{LEDGER_TABLE}`)."),
+            "description": (
+                f"Written by query `{t.query}` of streaming job `{job.job}`: "
+                f"upserted by ({', '.join(t.key)}) every micro-batch "
+                f"(checkpoint every {job.checkpoint_interval_s:g} s), exactly once "
+                f"(sink ledger `{LEDGER_TABLE}`)."
+            ),
             "config": {
-                "meta": {"dagster": {"asset_key": sink_asset_key(t.table, asset_key_prefix)},
-                         "srt": {"job": job.job, "query": t.query, "warehouse": t.kind,
-                                 "unique_key": list(t.key),
-                                 "expected_latency_s": round(latency, 3)}},
+                "meta": {
+                    "dagster": {"asset_key": sink_asset_key(t.table, asset_key_prefix)},
+                    "srt": {
+                        "job": job.job,
+                        "query": t.query,
+                        "warehouse": t.kind,
+                        "unique_key": list(t.key),
+                        "expected_latency_s": round(latency, 3),
+                    },
+                },
                 "freshness": freshness(latency),
             },
         }
         if by == "commit":
             schema_of_ledger = schema or DEFAULT_SCHEMAS.get(t.kind)
-            entry["config"]["loaded_at_query"] = ledger_query(job.job, t.query,
-                                                              schema_of_ledger, database)
+            entry["config"]["loaded_at_query"] = ledger_query(
+                job.job, t.query, schema_of_ledger, database
+            )
         else:
             entry["config"]["loaded_at_field"] = "window_end"
         columns = []
@@ -271,10 +332,15 @@ def sources(
                 col["data_tests"] = ["not_null"]
             columns.append(col)
         entry["columns"] = columns
-        entry["data_tests"] = [{"unique": {
-            "name": f"{identifier(t.table)}_unique_key",
-            "column_name": unique_key_expression(t.key, t.kind),
-            "config": {"meta": {"description": f"one row per ({', '.join(t.key)})"}}}}]
+        entry["data_tests"] = [
+            {
+                "unique": {
+                    "name": f"{identifier(t.table)}_unique_key",
+                    "column_name": unique_key_expression(t.key, t.kind),
+                    "config": {"meta": {"description": f"one row per ({', '.join(t.key)})"}},
+                }
+            }
+        ]
         out_tables.append(entry)
     source: dict[str, Any] = {
         "name": source_name or identifier(job.job),
@@ -328,7 +394,7 @@ def _emit(value: Any, indent: int, lines: list[str]) -> None:
             if isinstance(item, Mapping | list) and item:
                 sub: list[str] = []
                 _emit(item, indent + 1, sub)
-                first = sub[0][len(pad) + 2:]
+                first = sub[0][len(pad) + 2 :]
                 lines.append(f"{pad}- {first}")
                 lines.extend(sub[1:])
             else:

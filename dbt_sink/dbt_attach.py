@@ -33,8 +33,9 @@ class Plugin(BasePlugin):
         try:
             self.path = str(plugin_config["path"])
         except KeyError:
-            raise ValueError("dbt_sink.dbt_attach needs config: path (the sink's DuckDB "
-                             "database)") from None
+            raise ValueError(
+                "dbt_sink.dbt_attach needs config: path (the sink's DuckDB database)"
+            ) from None
         self.alias = str(plugin_config.get("alias") or "srt_sink")
         self.lock_wait_s = float(plugin_config.get("lock_wait_s", 60.0))
         if not self.alias.isidentifier():

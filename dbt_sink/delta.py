@@ -37,9 +37,12 @@ from stateful_runtime.exceptions import ConfigError
 
 # Failures worth another try: the store unreachable or throttling, or another writer's commit
 # got in first (the merge is re-planned on the new version).
-_TRANSIENT = re.compile(r"connect|timed? ?out|error sending request|dns|broken pipe|reset by "
-                        r"peer|unavailable|slow ?down|throttl|\b50[0-9]\b|concurrent|commit "
-                        r"failed|version already exists", re.IGNORECASE)
+_TRANSIENT = re.compile(
+    r"connect|timed? ?out|error sending request|dns|broken pipe|reset by "
+    r"peer|unavailable|slow ?down|throttl|\b50[0-9]\b|concurrent|commit "
+    r"failed|version already exists",
+    re.IGNORECASE,
+)
 
 
 def _q(name: str) -> str:
@@ -59,9 +62,16 @@ class DeltaUpsertSink(PartitionedWarehouseSink):
 
     kind = "Delta"
 
-    def __init__(self, path: str, table: str, key: Sequence[str], *,
-                 storage_options: Mapping[str, str] | None = None,
-                 retry: RetryPolicy | None = None, summary_sql: str | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        table: str,
+        key: Sequence[str],
+        *,
+        storage_options: Mapping[str, str] | None = None,
+        retry: RetryPolicy | None = None,
+        summary_sql: str | None = None,
+    ) -> None:
         super().__init__(table, key, retry=retry, summary_sql=summary_sql)
         if not path:
             raise ConfigError("Delta sink needs a path (a directory or s3://bucket/prefix)")
@@ -69,8 +79,9 @@ class DeltaUpsertSink(PartitionedWarehouseSink):
         self.storage_options = dict(storage_options or {})
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], key: Sequence[str], **kw: Any
-                    ) -> DeltaUpsertSink:
+    def from_config(
+        cls, config: Mapping[str, Any], key: Sequence[str], **kw: Any
+    ) -> DeltaUpsertSink:
         """From ``sink.path`` and ``sink.table``."""
         if not config.get("sink.path"):
             raise ConfigError("sink.kind=delta needs sink.path=<directory or s3://bucket/prefix>")
@@ -85,14 +96,19 @@ class DeltaUpsertSink(PartitionedWarehouseSink):
         return self.path
 
     def write_path(self) -> WritePath:
-        return WritePath("driver", "a Delta table takes one commit at a time: the batch is "
-                         "one merge commit carrying its app transaction (per-task merges "
-                         "would conflict)")
+        return WritePath(
+            "driver",
+            "a Delta table takes one commit at a time: the batch is "
+            "one merge commit carrying its app transaction (per-task merges "
+            "would conflict)",
+        )
 
     def describe(self) -> str:
-        return (f"Delta table {self.table} at {self.path} (merge by "
-                f"{', '.join(self.key_columns)}; the batch id is an app transaction in the "
-                f"same commit: exactly-once)")
+        return (
+            f"Delta table {self.table} at {self.path} (merge by "
+            f"{', '.join(self.key_columns)}; the batch id is an app transaction in the "
+            f"same commit: exactly-once)"
+        )
 
     def options(self) -> dict[str, str]:
         """delta-rs storage options: S3 settings from the environment, then the sink's own."""
@@ -137,8 +153,9 @@ class DeltaUpsertSink(PartitionedWarehouseSink):
 
         return bool(self._run(f"prepare batch {batch_id}", step))
 
-    def write_partition(self, rows: pa.Table, batch_id: int, partition: int,
-                        partitions: int) -> PartitionReport:
+    def write_partition(
+        self, rows: pa.Table, batch_id: int, partition: int, partitions: int
+    ) -> PartitionReport:
         from deltalake import CommitProperties, Transaction, write_deltalake
 
         def step() -> PartitionReport:
@@ -146,8 +163,14 @@ class DeltaUpsertSink(PartitionedWarehouseSink):
             commit = CommitProperties(app_transactions=[Transaction(self.app_id, batch_id)])
             dt = self._table()
             if dt is None:
-                write_deltalake(self.path, rows, mode="append", name=self.table,
-                                storage_options=self.options(), commit_properties=commit)
+                write_deltalake(
+                    self.path,
+                    rows,
+                    mode="append",
+                    name=self.table,
+                    storage_options=self.options(),
+                    commit_properties=commit,
+                )
             else:
                 done = dt.transaction_version(self.app_id)
                 if done is not None and done >= batch_id:  # an earlier try committed
@@ -155,16 +178,32 @@ class DeltaUpsertSink(PartitionedWarehouseSink):
                 if rows.num_rows == 0:
                     # Recorded all the same (an empty commit): readers take the last batch's
                     # watermark as the table's cut (closed-window reconciliation).
-                    dt.create_write_transaction([], mode="append", schema=dt.schema(),
-                                                partition_by=[], commit_properties=commit)
+                    dt.create_write_transaction(
+                        [],
+                        mode="append",
+                        schema=dt.schema(),
+                        partition_by=[],
+                        commit_properties=commit,
+                    )
                     return self.skipped(partition, 0, "empty")
                 added = {f.name for f in rows.schema} - {f.name for f in pa.schema(dt.schema())}
                 on = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in self.key_columns)
-                (dt.merge(rows, predicate=on, source_alias="s", target_alias="t",
-                          merge_schema=bool(added), commit_properties=commit)
-                 .when_matched_update_all().when_not_matched_insert_all().execute())
-            return PartitionReport(partition, rows.num_rows, rows.num_rows,
-                                   (time.perf_counter() - t0) * 1000)
+                (
+                    dt.merge(
+                        rows,
+                        predicate=on,
+                        source_alias="s",
+                        target_alias="t",
+                        merge_schema=bool(added),
+                        commit_properties=commit,
+                    )
+                    .when_matched_update_all()
+                    .when_not_matched_insert_all()
+                    .execute()
+                )
+            return PartitionReport(
+                partition, rows.num_rows, rows.num_rows, (time.perf_counter() - t0) * 1000
+            )
 
         report = self._run(f"batch {batch_id}", step)
         hook("partition", batch_id, partition)
@@ -186,9 +225,14 @@ class DeltaUpsertSink(PartitionedWarehouseSink):
             if done is None or done <= batch_id:
                 return
             dt.create_write_transaction(
-                [], mode="append", schema=dt.schema(), partition_by=[],
+                [],
+                mode="append",
+                schema=dt.schema(),
+                partition_by=[],
                 commit_properties=CommitProperties(
-                    app_transactions=[Transaction(self.app_id, batch_id)]))
+                    app_transactions=[Transaction(self.app_id, batch_id)]
+                ),
+            )
 
         self._run(f"rewind to batch {batch_id}", step)
 

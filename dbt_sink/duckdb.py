@@ -22,20 +22,24 @@ def _q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def committed_batches(con: duckdb.DuckDBPyConnection, job: str, sink: str, *,
-                      newest: int | None = None) -> list[LedgerEntry]:
+def committed_batches(
+    con: duckdb.DuckDBPyConnection, job: str, sink: str, *, newest: int | None = None
+) -> list[LedgerEntry]:
     """The micro-batches sink ``sink`` (the writing query's name) of ``job`` committed, newest
     first (only the ``newest`` N if given), read from the ledger on ``con``: a caller reading
     the sink's table on the same connection sees both in one snapshot. Empty if the sink has
     written nothing yet."""
-    exists = con.execute("SELECT 1 FROM information_schema.tables WHERE table_name = ?",
-                         [LEDGER_TABLE]).fetchone()
+    exists = con.execute(
+        "SELECT 1 FROM information_schema.tables WHERE table_name = ?", [LEDGER_TABLE]
+    ).fetchone()
     if not exists:
         return []
     limit = "" if newest is None else f" LIMIT {int(newest)}"
     rows = con.execute(
         f"SELECT batch_id, rows, committed_at FROM {LEDGER_TABLE} WHERE job = ? AND sink = ? "
-        f"ORDER BY batch_id DESC{limit}", [job, sink]).fetchall()
+        f"ORDER BY batch_id DESC{limit}",
+        [job, sink],
+    ).fetchall()
     return [LedgerEntry(int(b), int(n or 0), at) for b, n, at in rows]
 
 
@@ -60,13 +64,19 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
         *,
         summary_sql: str | None = None,
     ) -> None:
-        super().__init__(check_identifier(table, "table name"),
-                         [check_identifier(k, "key column") for k in key], summary_sql)
+        super().__init__(
+            check_identifier(table, "table name"),
+            [check_identifier(k, "key column") for k in key],
+            summary_sql,
+        )
         self.database = database
 
     def write_path(self) -> WritePath:
-        return WritePath("driver", "DuckDB is embedded, one writing process per file: the job "
-                         "process upserts each batch and its ledger row in one transaction")
+        return WritePath(
+            "driver",
+            "DuckDB is embedded, one writing process per file: the job "
+            "process upserts each batch and its ledger row in one transaction",
+        )
 
     def check_schema(self, schema: pa.Schema) -> None:
         super().check_schema(schema)
@@ -74,8 +84,10 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
             check_identifier(name, f"output column of table {self.table!r}")
 
     def describe(self) -> str:
-        return (f"DuckDB {self.database} table {self.table} (upsert by "
-                f"{', '.join(self.key_columns)}, ledger {LEDGER_TABLE})")
+        return (
+            f"DuckDB {self.database} table {self.table} (upsert by "
+            f"{', '.join(self.key_columns)}, ledger {LEDGER_TABLE})"
+        )
 
     def _connect(self, read_only: bool = False) -> duckdb.DuckDBPyConnection:
         deadline = time.monotonic() + LOCK_WAIT_S
@@ -95,7 +107,8 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
         )
         existing = con.execute(
             "SELECT column_name, data_type FROM information_schema.columns WHERE "
-            "table_name = ? ORDER BY ordinal_position", [self.table]
+            "table_name = ? ORDER BY ordinal_position",
+            [self.table],
         ).fetchall()
         if existing:
             have = [r[0] for r in existing]
@@ -112,7 +125,8 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
                 raise SinkError(
                     f"DuckDB table {self.table}: the job changes the type of {retyped}; "
                     f"migrate the table (ALTER TABLE ... ALTER COLUMN ... TYPE) or write to a "
-                    f"new one")
+                    f"new one"
+                )
             # An upgraded job may add output columns: add them (rows before it read NULL).
             for c in (c for c in batch.column_names if c not in have):
                 con.execute(f"ALTER TABLE {_q(self.table)} ADD COLUMN {_q(c)} {types[c]}")
@@ -134,11 +148,14 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
     def rewind(self, batch_id: int) -> None:
         con = self._connect()
         try:
-            exists = con.execute("SELECT 1 FROM information_schema.tables WHERE table_name = ?",
-                                 [LEDGER_TABLE]).fetchone()
+            exists = con.execute(
+                "SELECT 1 FROM information_schema.tables WHERE table_name = ?", [LEDGER_TABLE]
+            ).fetchone()
             if exists:
-                con.execute(f"DELETE FROM {LEDGER_TABLE} WHERE job = ? AND sink = ? AND "
-                            f"batch_id > ?", [self.job, self.sink_name, batch_id])
+                con.execute(
+                    f"DELETE FROM {LEDGER_TABLE} WHERE job = ? AND sink = ? AND batch_id > ?",
+                    [self.job, self.sink_name, batch_id],
+                )
         finally:
             con.close()
 
@@ -159,7 +176,8 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
                 keys = ", ".join(_q(k) for k in self.key_columns)
                 updates = ", ".join(
                     f"{_q(c)} = excluded.{_q(c)}"
-                    for c in batch.column_names if c not in self.key_columns
+                    for c in batch.column_names
+                    if c not in self.key_columns
                 )
                 action = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
                 con.register("_srt_batch", batch)

@@ -56,7 +56,8 @@ def check_identifier(name: str, what: str) -> str:
         raise ConfigError(
             f"{what} {name!r} is not a plain SQL identifier: use 1-63 ASCII letters, digits "
             f"or '_', not starting with a digit (rename it, e.g. in the job's output schema "
-            f"or sink.table)")
+            f"or sink.table)"
+        )
     if name.startswith("_srt") or name.startswith("__srt"):
         raise ConfigError(f"{what} {name!r}: names starting with _srt are the sink's own")
     return name
@@ -106,8 +107,9 @@ class RetryPolicy:
         if self.attempts < 1 or self.initial_backoff_s < 0 or self.max_backoff_s < 0:
             raise ConfigError("RetryPolicy: attempts >= 1 and non-negative backoffs")
 
-    def run(self, step: Callable[[], T], *, what: str, transient: Callable[[BaseException], bool]
-            ) -> T:
+    def run(
+        self, step: Callable[[], T], *, what: str, transient: Callable[[BaseException], bool]
+    ) -> T:
         """Run ``step``; retry it after a transient error with backoff; a permanent error, or
         the last transient one, becomes a :class:`SinkError` saying what happens next."""
         delay = self.initial_backoff_s
@@ -119,16 +121,18 @@ class RetryPolicy:
                 raise
             except Exception as exc:
                 if not transient(exc):
-                    raise SinkError(f"{what} failed: {_one_line(exc)}. The batch was not "
-                                    f"committed; Spark replays it when the job runs again"
-                                    ) from exc
+                    raise SinkError(
+                        f"{what} failed: {_one_line(exc)}. The batch was not "
+                        f"committed; Spark replays it when the job runs again"
+                    ) from exc
                 if attempt == self.attempts:
                     raise SinkError(
                         f"{what} failed {attempt} times over "
                         f"{time.monotonic() - first:.0f} s: {_one_line(exc)}. Is the "
                         f"warehouse up and reachable? The batch was not committed; Spark "
                         f"replays it when the job runs again (`srt run`, or the Dagster "
-                        f"sensor's restart): nothing is lost or written twice") from exc
+                        f"sensor's restart): nothing is lost or written twice"
+                    ) from exc
                 time.sleep(delay)  # backoff before the next try, not a synchronisation
                 delay = min(delay * 2, self.max_backoff_s)
         raise AssertionError("unreachable")
@@ -177,9 +181,16 @@ class PartitionedWarehouseSink(PartitionedSink):
     upsert = True
     kind = "warehouse"
 
-    def __init__(self, table: str, key: Sequence[str], *, partitions: int | None = None,
-                 executor_writes: bool = True, retry: RetryPolicy | None = None,
-                 summary_sql: str | None = None) -> None:
+    def __init__(
+        self,
+        table: str,
+        key: Sequence[str],
+        *,
+        partitions: int | None = None,
+        executor_writes: bool = True,
+        retry: RetryPolicy | None = None,
+        summary_sql: str | None = None,
+    ) -> None:
         if not key:
             raise ConfigError(f"upsert sink for {table!r} needs the table's unique key columns")
         if partitions is not None and partitions < 1:
@@ -198,8 +209,11 @@ class PartitionedWarehouseSink(PartitionedSink):
 
     def write_path(self) -> WritePath:
         if not self.executor_writes:
-            return WritePath("driver", "executor_writes=False: the job process collects each "
-                             "batch and writes it as one partition")
+            return WritePath(
+                "driver",
+                "executor_writes=False: the job process collects each "
+                "batch and writes it as one partition",
+            )
         return super().write_path()
 
     def open(self, job: str, query: str) -> None:
@@ -214,7 +228,8 @@ class PartitionedWarehouseSink(PartitionedSink):
         if missing:
             raise SinkError(
                 f"table {self.table!r}: key column(s) {missing} are not in the stream's output "
-                f"columns {schema.names}; set key= to output columns")
+                f"columns {schema.names}; set key= to output columns"
+            )
         for name in schema.names:
             check_identifier(name, f"output column of table {self.table!r}")
 
@@ -227,8 +242,11 @@ class PartitionedWarehouseSink(PartitionedSink):
         have_by = {c.name: c.type for c in have}
         want_by = {c.name: c.type for c in want}
         gone = [n for n in have_by if n not in want_by and not n.startswith("_srt")]
-        retyped = [f"{n} {have_by[n]} -> {t}" for n, t in want_by.items()
-                   if n in have_by and have_by[n] != t]
+        retyped = [
+            f"{n} {have_by[n]} -> {t}"
+            for n, t in want_by.items()
+            if n in have_by and have_by[n] != t
+        ]
         if gone or retyped:
             what = []
             if gone:
@@ -238,7 +256,8 @@ class PartitionedWarehouseSink(PartitionedSink):
             raise SinkError(
                 f"{self.kind} table {self.table}: the job {' and '.join(what)}. Only new "
                 f"(nullable) columns are added by the sink; migrate the table yourself (ALTER "
-                f"TABLE, or copy it to a new table) or write to a new sink.table")
+                f"TABLE, or copy it to a new table) or write to a new sink.table"
+            )
         return [c for c in want if c.name not in have_by]
 
     def skipped(self, partition: int, rows: int, note: str) -> PartitionReport:
@@ -247,14 +266,16 @@ class PartitionedWarehouseSink(PartitionedSink):
     def summary_query(self, table_sql: str) -> str:
         return (self.summary_sql or "SELECT * FROM {table} LIMIT 10").format(table=table_sql)
 
-    def summary_from(self, run: Callable[[str], tuple[list[str], list[tuple]]],
-                     table_sql: str, where: str) -> SinkSummary:
+    def summary_from(
+        self, run: Callable[[str], tuple[list[str], list[tuple]]], table_sql: str, where: str
+    ) -> SinkSummary:
         try:
             cols, rows = run(self.summary_query(table_sql))
             _, total = run(f"SELECT count(*) FROM {table_sql}")
         except Exception as exc:  # the table may not exist yet
-            return SinkSummary(f"{self.table} in {where}: nothing to show ({_one_line(exc)})",
-                               [], [])
+            return SinkSummary(
+                f"{self.table} in {where}: nothing to show ({_one_line(exc)})", [], []
+            )
         return SinkSummary(f"{self.table} in {where} ({total[0][0]} rows)", cols, rows)
 
 

@@ -69,8 +69,10 @@ def pg_type(t: pa.DataType) -> str:
         return "numeric"
     if pa.types.is_binary(t) or pa.types.is_large_binary(t):
         return "bytea"
-    raise SinkError(f"PostgreSQL sink: no column type for Arrow type {t}; cast the column in "
-                    f"the job (string, integer, float, boolean, timestamp, date, decimal)")
+    raise SinkError(
+        f"PostgreSQL sink: no column type for Arrow type {t}; cast the column in "
+        f"the job (string, integer, float, boolean, timestamp, date, decimal)"
+    )
 
 
 class PostgresUpsertSink(PartitionedWarehouseSink):
@@ -89,39 +91,65 @@ class PostgresUpsertSink(PartitionedWarehouseSink):
 
     kind = "PostgreSQL"
 
-    def __init__(self, dsn: str, table: str, key: Sequence[str], *, password: str | None = None,
-                 schema: str = "public", partitions: int | None = None,
-                 executor_writes: bool = True, retry: RetryPolicy | None = None,
-                 summary_sql: str | None = None, connect_timeout_s: float = 5.0) -> None:
-        super().__init__(table, key, partitions=partitions, executor_writes=executor_writes,
-                         retry=retry, summary_sql=summary_sql)
+    def __init__(
+        self,
+        dsn: str,
+        table: str,
+        key: Sequence[str],
+        *,
+        password: str | None = None,
+        schema: str = "public",
+        partitions: int | None = None,
+        executor_writes: bool = True,
+        retry: RetryPolicy | None = None,
+        summary_sql: str | None = None,
+        connect_timeout_s: float = 5.0,
+    ) -> None:
+        super().__init__(
+            table,
+            key,
+            partitions=partitions,
+            executor_writes=executor_writes,
+            retry=retry,
+            summary_sql=summary_sql,
+        )
         parts = urlsplit(dsn)
         if parts.scheme not in ("postgresql", "postgres"):
-            raise ConfigError(f"PostgreSQL dsn must start with postgresql://, got "
-                              f"{mask_url(dsn)!r}")
+            raise ConfigError(
+                f"PostgreSQL dsn must start with postgresql://, got {mask_url(dsn)!r}"
+            )
         self.dsn = dsn
         self.password = password if password is not None else parts.password
         self.schema = schema
         self.connect_timeout_s = connect_timeout_s
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], key: Sequence[str], **kw: Any
-                    ) -> PostgresUpsertSink:
+    def from_config(
+        cls, config: Mapping[str, Any], key: Sequence[str], **kw: Any
+    ) -> PostgresUpsertSink:
         """From ``sink.dsn``, ``sink.table``, ``sink.password``, ``sink.partitions``."""
         if not config.get("sink.dsn"):
             raise ConfigError("sink.kind=postgres needs sink.dsn=postgresql://user@host:port/db")
         o = options(config, "password", "partitions")
-        return cls(config["sink.dsn"], config["sink.table"], key, password=o.get("password"),
-                   partitions=int(o.get("partitions") or 0) or None, **kw)
+        return cls(
+            config["sink.dsn"],
+            config["sink.table"],
+            key,
+            password=o.get("password"),
+            partitions=int(o.get("partitions") or 0) or None,
+            **kw,
+        )
 
     @property
     def location(self) -> str:
         return mask_url(self.dsn)
 
     def describe(self) -> str:
-        return (f"PostgreSQL {self.location} table {self.schema}.{self.table} (upsert by "
-                f"{', '.join(self.key_columns)}; COPY + INSERT ON CONFLICT and the ledger "
-                f"{LEDGER_TABLE} in one transaction per partition: exactly-once)")
+        return (
+            f"PostgreSQL {self.location} table {self.schema}.{self.table} (upsert by "
+            f"{', '.join(self.key_columns)}; COPY + INSERT ON CONFLICT and the ledger "
+            f"{LEDGER_TABLE} in one transaction per partition: exactly-once)"
+        )
 
     def _conninfo(self) -> str:
         parts = urlsplit(self.dsn)
@@ -135,25 +163,34 @@ class PostgresUpsertSink(PartitionedWarehouseSink):
     def _connect(self) -> Any:
         import psycopg
 
-        return psycopg.connect(self._conninfo(), password=secret(self.password),
-                               connect_timeout=max(1, int(self.connect_timeout_s)),
-                               application_name=f"srt:{self.job}:{self.sink_name}"[:63])
+        return psycopg.connect(
+            self._conninfo(),
+            password=secret(self.password),
+            connect_timeout=max(1, int(self.connect_timeout_s)),
+            application_name=f"srt:{self.job}:{self.sink_name}"[:63],
+        )
 
     def transient(self, exc: BaseException) -> bool:
         import psycopg
 
         # OperationalError: connection refused or lost, server shutting down or starting.
         # SerializationFailure / deadlock: a concurrent writer; the transaction can run again.
-        return isinstance(exc, psycopg.OperationalError | psycopg.errors.SerializationFailure
-                          | psycopg.errors.DeadlockDetected | OSError)
+        return isinstance(
+            exc,
+            psycopg.OperationalError
+            | psycopg.errors.SerializationFailure
+            | psycopg.errors.DeadlockDetected
+            | OSError,
+        )
 
     def _run(self, what: str, step: Any) -> Any:
         def attempt() -> Any:
             with self._connect() as con:
                 return step(con)
 
-        return self.retry.run(attempt, what=f"PostgreSQL {self.location} ({what})",
-                              transient=self.transient)
+        return self.retry.run(
+            attempt, what=f"PostgreSQL {self.location} ({what})", transient=self.transient
+        )
 
     @property
     def _table(self) -> str:
@@ -168,30 +205,44 @@ class PostgresUpsertSink(PartitionedWarehouseSink):
             con.execute(
                 f"CREATE TABLE IF NOT EXISTS {_q(self.schema)}.{LEDGER_TABLE} (job text, "
                 "sink text, batch_id bigint, rows bigint, committed_at timestamptz DEFAULT "
-                "now(), PRIMARY KEY (job, sink, batch_id))")
+                "now(), PRIMARY KEY (job, sink, batch_id))"
+            )
             con.execute(
                 f"CREATE TABLE IF NOT EXISTS {_q(self.schema)}.{PARTITION_LEDGER} (job text, "
                 "sink text, batch_id bigint, partition integer, partitions integer, rows "
                 "bigint, committed_at timestamptz DEFAULT now(), "
-                "PRIMARY KEY (job, sink, batch_id, partition, partitions))")
-            have = [Column(n, t) for n, t in con.execute(
-                "SELECT column_name, data_type FROM information_schema.columns WHERE "
-                "table_schema = %s AND table_name = %s ORDER BY ordinal_position",
-                [self.schema, self.table]).fetchall()]
+                "PRIMARY KEY (job, sink, batch_id, partition, partitions))"
+            )
+            have = [
+                Column(n, t)
+                for n, t in con.execute(
+                    "SELECT column_name, data_type FROM information_schema.columns WHERE "
+                    "table_schema = %s AND table_name = %s ORDER BY ordinal_position",
+                    [self.schema, self.table],
+                ).fetchall()
+            ]
             if not have:
-                cols = ", ".join(f"{_q(c.name)} {c.type}"
-                                 f"{' NOT NULL' if c.name in self.key_columns else ''}"
-                                 for c in want)
+                cols = ", ".join(
+                    f"{_q(c.name)} {c.type}{' NOT NULL' if c.name in self.key_columns else ''}"
+                    for c in want
+                )
                 keys = ", ".join(_q(k) for k in self.key_columns)
-                con.execute(f"CREATE TABLE IF NOT EXISTS {self._table} ({cols}, "
-                            f"PRIMARY KEY ({keys}))")
+                con.execute(
+                    f"CREATE TABLE IF NOT EXISTS {self._table} ({cols}, PRIMARY KEY ({keys}))"
+                )
             else:
                 for c in self.evolve(have, want):
-                    con.execute(f"ALTER TABLE {self._table} ADD COLUMN IF NOT EXISTS "
-                                f"{_q(c.name)} {c.type}")
-            return con.execute(
-                f"SELECT 1 FROM {_q(self.schema)}.{LEDGER_TABLE} WHERE job = %s AND sink = %s "
-                "AND batch_id = %s", [self.job, self.sink_name, batch_id]).fetchone() is None
+                    con.execute(
+                        f"ALTER TABLE {self._table} ADD COLUMN IF NOT EXISTS {_q(c.name)} {c.type}"
+                    )
+            return (
+                con.execute(
+                    f"SELECT 1 FROM {_q(self.schema)}.{LEDGER_TABLE} WHERE job = %s AND sink = %s "
+                    "AND batch_id = %s",
+                    [self.job, self.sink_name, batch_id],
+                ).fetchone()
+                is None
+            )
 
         return bool(self._run(f"prepare batch {batch_id}", step))
 
@@ -203,42 +254,51 @@ class PostgresUpsertSink(PartitionedWarehouseSink):
             con.execute(
                 f"INSERT INTO {_q(self.schema)}.{LEDGER_TABLE} (job, sink, batch_id, rows) "
                 "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                [self.job, self.sink_name, batch_id, rows])
+                [self.job, self.sink_name, batch_id, rows],
+            )
             con.execute(
                 f"DELETE FROM {_q(self.schema)}.{PARTITION_LEDGER} WHERE job = %s AND "
-                "sink = %s AND batch_id < %s", [self.job, self.sink_name, batch_id])
+                "sink = %s AND batch_id < %s",
+                [self.job, self.sink_name, batch_id],
+            )
 
         self._run(f"commit batch {batch_id}", step)
 
     def rewind(self, batch_id: int) -> None:
         def step(con: Any) -> None:
             for table in (LEDGER_TABLE, PARTITION_LEDGER):
-                exists = con.execute("SELECT to_regclass(%s)",
-                                     [f"{_q(self.schema)}.{table}"]).fetchone()[0]
+                exists = con.execute(
+                    "SELECT to_regclass(%s)", [f"{_q(self.schema)}.{table}"]
+                ).fetchone()[0]
                 if exists:
-                    con.execute(f"DELETE FROM {_q(self.schema)}.{table} WHERE job = %s AND "
-                                "sink = %s AND batch_id > %s",
-                                [self.job, self.sink_name, batch_id])
+                    con.execute(
+                        f"DELETE FROM {_q(self.schema)}.{table} WHERE job = %s AND "
+                        "sink = %s AND batch_id > %s",
+                        [self.job, self.sink_name, batch_id],
+                    )
 
         self._run(f"rewind to batch {batch_id}", step)
 
     # -- executors ------------------------------------------------------------------------
 
-    def write_partition(self, rows: pa.Table, batch_id: int, partition: int,
-                        partitions: int) -> PartitionReport:
+    def write_partition(
+        self, rows: pa.Table, batch_id: int, partition: int, partitions: int
+    ) -> PartitionReport:
         if rows.num_rows == 0:
             return self.skipped(partition, 0, "empty")
         ident = [self.job, self.sink_name, batch_id, partition, partitions]
         cols = ", ".join(_q(c) for c in rows.column_names)
         keys = ", ".join(_q(k) for k in self.key_columns)
-        updates = ", ".join(f"{_q(c)} = EXCLUDED.{_q(c)}" for c in rows.column_names
-                            if c not in self.key_columns)
+        updates = ", ".join(
+            f"{_q(c)} = EXCLUDED.{_q(c)}" for c in rows.column_names if c not in self.key_columns
+        )
         action = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
         buf = io.BytesIO()
         # Every valid value quoted, nulls bare: PostgreSQL's CSV reads a bare empty as NULL
         # and a quoted one as the empty string.
-        pacsv.write_csv(rows, buf, pacsv.WriteOptions(include_header=False,
-                                                      quoting_style="all_valid"))
+        pacsv.write_csv(
+            rows, buf, pacsv.WriteOptions(include_header=False, quoting_style="all_valid")
+        )
         data = buf.getvalue()
 
         def step(con: Any) -> PartitionReport:
@@ -246,23 +306,30 @@ class PostgresUpsertSink(PartitionedWarehouseSink):
             done = con.execute(
                 f"SELECT 1 FROM {_q(self.schema)}.{PARTITION_LEDGER} WHERE job = %s AND "
                 "sink = %s AND batch_id = %s AND partition = %s AND partitions = %s",
-                ident).fetchone()
+                ident,
+            ).fetchone()
             if done:
                 return self.skipped(partition, rows.num_rows, "already written")
-            con.execute(f"CREATE TEMPORARY TABLE _srt_stage ON COMMIT DROP AS SELECT {cols} "
-                        f"FROM {self._table} WITH NO DATA")
+            con.execute(
+                f"CREATE TEMPORARY TABLE _srt_stage ON COMMIT DROP AS SELECT {cols} "
+                f"FROM {self._table} WITH NO DATA"
+            )
             with con.cursor().copy(f"COPY _srt_stage ({cols}) FROM STDIN (FORMAT csv)") as cp:
                 cp.write(data)
-            con.execute(f"INSERT INTO {self._table} ({cols}) SELECT {cols} FROM _srt_stage "
-                        f"ON CONFLICT ({keys}) {action}")
+            con.execute(
+                f"INSERT INTO {self._table} ({cols}) SELECT {cols} FROM _srt_stage "
+                f"ON CONFLICT ({keys}) {action}"
+            )
             hook("data", batch_id, partition)
             con.execute(
                 f"INSERT INTO {_q(self.schema)}.{PARTITION_LEDGER} (job, sink, batch_id, "
                 "partition, partitions, rows) VALUES (%s, %s, %s, %s, %s, %s)",
-                [*ident, rows.num_rows])
+                [*ident, rows.num_rows],
+            )
             con.commit()
-            return PartitionReport(partition, rows.num_rows, rows.num_rows,
-                                   (time.perf_counter() - t0) * 1000)
+            return PartitionReport(
+                partition, rows.num_rows, rows.num_rows, (time.perf_counter() - t0) * 1000
+            )
 
         report = self._run(f"batch {batch_id} partition {partition}/{partitions}", step)
         hook("partition", batch_id, partition)
@@ -275,22 +342,32 @@ class PostgresUpsertSink(PartitionedWarehouseSink):
 
         with self._connect() as con:
             con.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-            if con.execute("SELECT to_regclass(%s)", [f"{_q(self.schema)}.{_q(self.table)}"]
-                           ).fetchone()[0] is None:
+            if (
+                con.execute(
+                    "SELECT to_regclass(%s)", [f"{_q(self.schema)}.{_q(self.table)}"]
+                ).fetchone()[0]
+                is None
+            ):
                 raise LookupError(f"table {self.schema}.{self.table} is not in {self.location}")
             last = None
-            if con.execute("SELECT to_regclass(%s)", [f"{_q(self.schema)}.{LEDGER_TABLE}"]
-                           ).fetchone()[0] is not None:
+            if (
+                con.execute(
+                    "SELECT to_regclass(%s)", [f"{_q(self.schema)}.{LEDGER_TABLE}"]
+                ).fetchone()[0]
+                is not None
+            ):
                 row = con.execute(
                     f"SELECT batch_id, rows, committed_at FROM {_q(self.schema)}.{LEDGER_TABLE}"
                     " WHERE job = %s AND sink = %s ORDER BY batch_id DESC LIMIT 1",
-                    [self.job, self.sink_name]).fetchone()
+                    [self.job, self.sink_name],
+                ).fetchone()
                 last = LedgerEntry(int(row[0]), int(row[1] or 0), row[2]) if row else None
             cur = con.execute(f"SELECT * FROM {self._table}")
             names = [d.name for d in cur.description]
             rows = cur.fetchall()
-        return pa.Table.from_pylist([dict(zip(names, r, strict=True)) for r in rows]) \
-            if rows else pa.table({n: [] for n in names}), last
+        return pa.Table.from_pylist(
+            [dict(zip(names, r, strict=True)) for r in rows]
+        ) if rows else pa.table({n: [] for n in names}), last
 
     def summary(self) -> SinkSummary | None:
         def run(sql: str) -> tuple[list[str], list[tuple]]:

@@ -43,8 +43,11 @@ class Deduplicator(KeyedProcessFunction):
         self.ttl = ttl
 
     def open(self, ctx):
-        self.seen = ctx.get_state(ValueStateDescriptor(
-            "seen", bool, ttl=StateTtlConfig(self.ttl, time_domain=TimeDomain.EVENT_TIME)))
+        self.seen = ctx.get_state(
+            ValueStateDescriptor(
+                "seen", bool, ttl=StateTtlConfig(self.ttl, time_domain=TimeDomain.EVENT_TIME)
+            )
+        )
 
     def process_element(self, payment, ctx):
         if self.seen.value():
@@ -57,12 +60,22 @@ def build(config: dict) -> StreamJob:
     job = StreamJob.from_config("deduplicate-payments", config)
     payments = job.from_source(
         LogSource.from_config(config, PAYMENT),
-        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5))
-        .with_timestamp_field("ts_ms"),
+        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5)).with_timestamp_field(
+            "ts_ms"
+        ),
         name="upi-source",
     )
-    (payments.key_by("txn_id")
-     .process(Deduplicator(timedelta(hours=config["ttl_hours"])), name="deduplicator")
-     .sink_to(LogSink(config["source.log_dir"], config["sink.topic"], key_field="merchant_id",
-                      partitions=4), name="deduped"))
+    (
+        payments.key_by("txn_id")
+        .process(Deduplicator(timedelta(hours=config["ttl_hours"])), name="deduplicator")
+        .sink_to(
+            LogSink(
+                config["source.log_dir"],
+                config["sink.topic"],
+                key_field="merchant_id",
+                partitions=4,
+            ),
+            name="deduped",
+        )
+    )
     return job

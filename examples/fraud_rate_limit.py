@@ -56,8 +56,12 @@ class FraudCounter(KeyedProcessFunction):
             ctx.timer_service().register_event_time_timer(ctx.timestamp() + self.span)
         self.count.update(c + 1)
         if c + 1 > self.threshold:
-            yield {"merchant_id": ctx.get_current_key(), "window_start_ms": self.first_seen.value(),
-                   "payments": c + 1, "alert": "rate-limit-trip"}
+            yield {
+                "merchant_id": ctx.get_current_key(),
+                "window_start_ms": self.first_seen.value(),
+                "payments": c + 1,
+                "alert": "rate-limit-trip",
+            }
 
     def on_timer(self, timestamp, ctx: Context):
         # The minute since the first payment is over: reset the merchant's counter.
@@ -70,12 +74,21 @@ def build(config: dict) -> StreamJob:
     job = StreamJob.from_config("fraud-rate-limit", config)
     payments = job.from_source(
         LogSource.from_config(config, PAYMENT),
-        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5))
-        .with_timestamp_field("ts_ms"),
+        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5)).with_timestamp_field(
+            "ts_ms"
+        ),
         name="upi-source",
     )
-    (payments.key_by("merchant_id")
-     .process(FraudCounter(config["threshold"]), name="fraud-counter")
-     .sink_to(DuckDBUpsertSink(config["sink.database"], config["sink.table"],
-                               key=("merchant_id", "window_start_ms")), name="alerts"))
+    (
+        payments.key_by("merchant_id")
+        .process(FraudCounter(config["threshold"]), name="fraud-counter")
+        .sink_to(
+            DuckDBUpsertSink(
+                config["sink.database"],
+                config["sink.table"],
+                key=("merchant_id", "window_start_ms"),
+            ),
+            name="alerts",
+        )
+    )
     return job

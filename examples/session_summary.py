@@ -37,8 +37,13 @@ PAYMENT = {"txn_id": str, "merchant_id": str, "amount_paise": int, "ts_ms": int}
 
 
 class SessionWindowFunction(KeyedProcessFunction):
-    output_schema = {"merchant_id": str, "session_start_ms": int, "session_end_ms": int,
-                     "payments": int, "amount_paise": int}
+    output_schema = {
+        "merchant_id": str,
+        "session_start_ms": int,
+        "session_end_ms": int,
+        "payments": int,
+        "amount_paise": int,
+    }
 
     def __init__(self, gap: timedelta = timedelta(minutes=30)) -> None:
         self.gap = gap
@@ -69,8 +74,13 @@ class SessionWindowFunction(KeyedProcessFunction):
 
     def _summary(self, merchant, session):
         start, last, n, amount = session
-        return {"merchant_id": merchant, "session_start_ms": start,
-                "session_end_ms": last + self.gap_ms, "payments": n, "amount_paise": amount}
+        return {
+            "merchant_id": merchant,
+            "session_start_ms": start,
+            "session_end_ms": last + self.gap_ms,
+            "payments": n,
+            "amount_paise": amount,
+        }
 
     @property
     def gap_ms(self) -> int:
@@ -81,13 +91,21 @@ def build(config: dict) -> StreamJob:
     job = StreamJob.from_config("session-summary", config)
     payments = job.from_source(
         LogSource.from_config(config, PAYMENT),
-        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5))
-        .with_timestamp_field("ts_ms"),
+        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5)).with_timestamp_field(
+            "ts_ms"
+        ),
         name="upi-source",
     )
-    (payments.key_by("merchant_id")
-     .process(SessionWindowFunction(timedelta(minutes=config["gap_minutes"])),
-              name="sessions")
-     .sink_to(DuckDBUpsertSink(config["sink.database"], config["sink.table"],
-                               key=("merchant_id", "session_start_ms")), name="sessions-table"))
+    (
+        payments.key_by("merchant_id")
+        .process(SessionWindowFunction(timedelta(minutes=config["gap_minutes"])), name="sessions")
+        .sink_to(
+            DuckDBUpsertSink(
+                config["sink.database"],
+                config["sink.table"],
+                key=("merchant_id", "session_start_ms"),
+            ),
+            name="sessions-table",
+        )
+    )
     return job

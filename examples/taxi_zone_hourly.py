@@ -49,8 +49,9 @@ def build(config: dict) -> StreamJob:
     job = StreamJob.from_config("taxi-zone-hourly", config)
     rides = job.from_source(
         LogSource.from_config(config, RIDE),
-        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5))
-        .with_timestamp_field("pickup_ms"),
+        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5)).with_timestamp_field(
+            "pickup_ms"
+        ),
         name="rides",
     )
     hourly = (
@@ -61,8 +62,13 @@ def build(config: dict) -> StreamJob:
         .trigger(EarlyFiring.every(count=config["early_every"]))
         .aggregate({"num_trips": Count(), "revenue": Sum("total_amount")}, name="zone-hourly")
     )
-    hourly.sink_to(DuckDBUpsertSink(config["sink.database"], config["sink.table"],
-                                    key=("PULocationID", "window_start")), name="zone-hourly-table")
+    hourly.sink_to(
+        DuckDBUpsertSink(
+            config["sink.database"], config["sink.table"], key=("PULocationID", "window_start")
+        ),
+        name="zone-hourly-table",
+    )
     hourly.get_side_output(LATE_RIDES).sink_to(
-        LogSink(config["source.log_dir"], config["late.topic"]), name="late-rides")
+        LogSink(config["source.log_dir"], config["late.topic"]), name="late-rides"
+    )
     return job

@@ -17,26 +17,40 @@ from datetime import UTC, datetime
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
 
-def events(count: int, *, merchants: int = 50, rate_per_s: int = 1000, disorder_ms: int = 4_000,
-           bad_every: int = 0, seed: int = 7, start_ms: int = START_MS) -> Iterator[bytes]:
+def events(
+    count: int,
+    *,
+    merchants: int = 50,
+    rate_per_s: int = 1000,
+    disorder_ms: int = 4_000,
+    bad_every: int = 0,
+    seed: int = 7,
+    start_ms: int = START_MS,
+) -> Iterator[bytes]:
     """``count`` payment lines; event time advances ``1000/rate_per_s`` ms per event and each
     event is shifted back by up to ``disorder_ms`` (inside the job's 5 s bound). With
     ``bad_every=N``, every Nth line is a malformed record instead of a payment."""
     rng = random.Random(seed)
     step = 1000 / rate_per_s
-    bad = [b"{not json", b'{"txn_id": "x", "merchant_id": "M1"}',
-           b'{"txn_id": "x", "merchant_id": "M1", "amount_paise": "ten", "ts_ms": 1}']
+    bad = [
+        b"{not json",
+        b'{"txn_id": "x", "merchant_id": "M1"}',
+        b'{"txn_id": "x", "merchant_id": "M1", "amount_paise": "ten", "ts_ms": 1}',
+    ]
     for i in range(count):
         if bad_every and i % bad_every == bad_every - 1:
             yield bad[(i // bad_every) % len(bad)]
             continue
         ts = start_ms + int(i * step) - rng.randint(0, disorder_ms)
-        yield json.dumps({
-            "txn_id": f"t{seed}-{i}",
-            "merchant_id": f"M{rng.randint(1, merchants):03d}",
-            "amount_paise": rng.randint(100, 500_000),
-            "ts_ms": ts,
-        }, separators=(",", ":")).encode()
+        yield json.dumps(
+            {
+                "txn_id": f"t{seed}-{i}",
+                "merchant_id": f"M{rng.randint(1, merchants):03d}",
+                "amount_paise": rng.randint(100, 500_000),
+                "ts_ms": ts,
+            },
+            separators=(",", ":"),
+        ).encode()
 
 
 def oracle(lines: Iterable[bytes]) -> dict[tuple[str, datetime], tuple[int, int]]:
@@ -66,8 +80,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=7)
     a = p.parse_args()
     out = sys.stdout.buffer
-    for line in events(a.count, merchants=a.merchants, rate_per_s=a.rate,
-                       bad_every=a.bad_every, seed=a.seed):
+    for line in events(
+        a.count, merchants=a.merchants, rate_per_s=a.rate, bad_every=a.bad_every, seed=a.seed
+    ):
         out.write(line + b"\n")
 
 

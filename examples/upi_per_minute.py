@@ -82,8 +82,9 @@ def build(config: dict) -> StreamJob:
     counts = (
         payments.key_by("merchant_id")
         .window(TumblingEventTimeWindows.of(timedelta(minutes=1)))
-        .aggregate({"payments": Count(), "amount_paise": Sum("amount_paise")},
-                   name="per-merchant-minute")
+        .aggregate(
+            {"payments": Count(), "amount_paise": Sum("amount_paise")}, name="per-merchant-minute"
+        )
     )
     warehouses = warehouses_from_config(
         config,

@@ -41,8 +41,9 @@ def _error_json(exc: StatefulRuntimeError) -> str:
         except (TypeError, ValueError):
             continue
         details[key] = value
-    return json.dumps(secrets.mask_data(
-        {"error": {"type": type(exc).__name__, "message": str(exc), **details}}))
+    return json.dumps(
+        secrets.mask_data({"error": {"type": type(exc).__name__, "message": str(exc), **details}})
+    )
 
 
 def _log_cmd(args: argparse.Namespace) -> int:
@@ -61,16 +62,29 @@ def _log_cmd(args: argparse.Namespace) -> int:
     elif args.log_cmd == "serve":
         with log.writer(args.topic, fsync=args.fsync) as writer:
             serve_lines(
-                writer, host=args.host, port=args.port, key_field=args.key_field,
+                writer,
+                host=args.host,
+                port=args.port,
+                key_field=args.key_field,
                 on_ready=lambda port: print(
                     f"listening on {args.host}:{port} for lines to topic {args.topic} "
-                    f"(one record per line; stop with Ctrl-C)", flush=True),
+                    f"(one record per line; stop with Ctrl-C)",
+                    flush=True,
+                ),
             )
             print(f"stopped; end offsets {writer.end_offsets()}", flush=True)
     elif args.log_cmd == "info":
         ends = log.reader(args.topic).end_offsets()
-        print(json.dumps({"topic": args.topic, "partitions": len(ends), "end_offsets": ends,
-                          "records": sum(ends.values())}))
+        print(
+            json.dumps(
+                {
+                    "topic": args.topic,
+                    "partitions": len(ends),
+                    "end_offsets": ends,
+                    "records": sum(ends.values()),
+                }
+            )
+        )
     elif args.log_cmd == "read":
         reader = log.reader(args.topic)
         ends = reader.end_offsets()
@@ -80,10 +94,17 @@ def _log_cmd(args: argparse.Namespace) -> int:
             for rec in reader.read(p, args.offset, ends[p]):
                 if shown >= args.limit:
                     return 0
-                print(json.dumps({"partition": p, "offset": rec.offset,
-                                  "key": rec.key.decode(errors="replace") if rec.key else None,
-                                  "headers": rec.headers,
-                                  "value": rec.value.decode(errors="replace")}))
+                print(
+                    json.dumps(
+                        {
+                            "partition": p,
+                            "offset": rec.offset,
+                            "key": rec.key.decode(errors="replace") if rec.key else None,
+                            "headers": rec.headers,
+                            "value": rec.value.decode(errors="replace"),
+                        }
+                    )
+                )
                 shown += 1
     return 0
 
@@ -95,10 +116,15 @@ def _run_cmd(args: argparse.Namespace) -> int:
     jobfile = load_job_file(args.job_file, parse_overrides(args.set))
     secrets.remember_config(jobfile.config)  # DEFAULTS too: masked in whatever is printed
     try:
-        return JobRunner(jobfile, available_now=args.available_now, master=args.master,
-                         from_savepoint=args.from_savepoint, restore_from=args.restore_from,
-                         parallelism=args.parallelism,
-                         allow_non_restored_state=args.allow_non_restored_state).run()
+        return JobRunner(
+            jobfile,
+            available_now=args.available_now,
+            master=args.master,
+            from_savepoint=args.from_savepoint,
+            restore_from=args.restore_from,
+            parallelism=args.parallelism,
+            allow_non_restored_state=args.allow_non_restored_state,
+        ).run()
     finally:
         from pyspark.sql import SparkSession
 
@@ -122,12 +148,25 @@ def _explain_cmd(args: argparse.Namespace) -> int:
     planned = plan(job)
     text = secrets.mask_text(planned.explain(spark))
     if args.json:
-        _json({"job": job.name, "parallelism": job.parallelism,
-               "checkpoint_dir": str(job.checkpoint.dir), "text": text,
-               "queries": [{"name": q.name, "path": q.path, "reason": q.reason,
-                            "output_mode": q.output_mode, "steps": list(q.steps),
-                            "stateful_operators": list(q.stateful_operators)}
-                           for q in planned.queries]})
+        _json(
+            {
+                "job": job.name,
+                "parallelism": job.parallelism,
+                "checkpoint_dir": str(job.checkpoint.dir),
+                "text": text,
+                "queries": [
+                    {
+                        "name": q.name,
+                        "path": q.path,
+                        "reason": q.reason,
+                        "output_mode": q.output_mode,
+                        "steps": list(q.steps),
+                        "stateful_operators": list(q.stateful_operators),
+                    }
+                    for q in planned.queries
+                ],
+            }
+        )
     else:
         print(text)
     return 0
@@ -145,18 +184,24 @@ def _status_cmd(args: argparse.Namespace) -> int:
         return 0
     entries = control.statuses(registry.require(args.job)["job"] if args.job else None)
     if not entries:
-        print(f"no jobs registered in {registry.home() / 'jobs'}"
-              + (f" ({len(damaged)} unreadable, above)" if damaged else ""))
+        print(
+            f"no jobs registered in {registry.home() / 'jobs'}"
+            + (f" ({len(damaged)} unreadable, above)" if damaged else "")
+        )
         return 0
     for e in entries:
-        print(f"{e['job']}: {e.get('state')} pid {e.get('pid')} on {e.get('master')} "
-              f"since {e.get('started_at')}")
+        print(
+            f"{e['job']}: {e.get('state')} pid {e.get('pid')} on {e.get('master')} "
+            f"since {e.get('started_at')}"
+        )
         for q, h in (e.get("health") or {}).items():
             if h:
-                print(f"  {q}: committed batch {h.get('last_committed_batch')}, checkpoint age "
-                      f"{h.get('checkpoint_age_s')} s, {h.get('processed_rows_per_s')} rows/s, "
-                      f"watermark {h.get('watermark')}, state rows {h.get('state_rows')}, "
-                      f"lag {h.get('lag_records')}")
+                print(
+                    f"  {q}: committed batch {h.get('last_committed_batch')}, checkpoint age "
+                    f"{h.get('checkpoint_age_s')} s, {h.get('processed_rows_per_s')} rows/s, "
+                    f"watermark {h.get('watermark')}, state rows {h.get('state_rows')}, "
+                    f"lag {h.get('lag_records')}"
+                )
     return 0
 
 
@@ -168,17 +213,27 @@ def _stop_cmd(args: argparse.Namespace) -> int:
         if args.json:
             _json(out)
         else:
-            print(f"ended {args.job} (pid {out['pid']}) with {out['signal']}; state "
-                  f"{out['status'].get('state')}" + (f"\n  {out['note']}" if out["note"] else ""))
+            print(
+                f"ended {args.job} (pid {out['pid']}) with {out['signal']}; state "
+                f"{out['status'].get('state')}" + (f"\n  {out['note']}" if out["note"] else "")
+            )
         return 0
     entry, report = launcher.stop(args.job, timeout=args.timeout)
     if args.json:
-        _json({"job": args.job, "pid": entry.get("pid"), "signal": report["signal"],
-               "status": control.job_status(entry)})
+        _json(
+            {
+                "job": args.job,
+                "pid": entry.get("pid"),
+                "signal": report["signal"],
+                "status": control.job_status(entry),
+            }
+        )
     else:
-        print(f"stopped {args.job} (pid {entry.get('pid')}, through "
-              f"{'its control endpoint' if report['signal'] == 'endpoint' else 'SIGTERM'}); "
-              f"state {entry.get('state')}")
+        print(
+            f"stopped {args.job} (pid {entry.get('pid')}, through "
+            f"{'its control endpoint' if report['signal'] == 'endpoint' else 'SIGTERM'}); "
+            f"state {entry.get('state')}"
+        )
     return 0
 
 
@@ -186,32 +241,44 @@ def _launch_cmd(args: argparse.Namespace) -> int:
     from stateful_runtime.runtime import control
     from stateful_runtime.runtime.loader import parse_overrides
 
-    out = control.launch(args.job_file, parse_overrides(args.set), job=args.job,
-                         master=args.master, from_savepoint=args.from_savepoint,
-                         parallelism=args.parallelism)
+    out = control.launch(
+        args.job_file,
+        parse_overrides(args.set),
+        job=args.job,
+        master=args.master,
+        from_savepoint=args.from_savepoint,
+        parallelism=args.parallelism,
+    )
     if args.json:
         _json(out)
     elif out["launched"]:
         print(f"launched {out['job']} as pid {out['pid']}; log {out['log_path']}")
     else:
-        print(f"{out['job']} is already {out['status'].get('state')} as pid {out['pid']}; "
-              f"reused" + (f" (it runs with other {', '.join(out['config_drift'])})"
-                           if out["config_drift"] else ""))
+        print(
+            f"{out['job']} is already {out['status'].get('state')} as pid {out['pid']}; "
+            f"reused"
+            + (
+                f" (it runs with other {', '.join(out['config_drift'])})"
+                if out["config_drift"]
+                else ""
+            )
+        )
     return 0
 
 
 def _wait_cmd(args: argparse.Namespace) -> int:
     from stateful_runtime.runtime import control
 
-    out = control.wait(args.job, args.until, pid=args.pid, since=args.since,
-                       timeout=args.timeout)
+    out = control.wait(args.job, args.until, pid=args.pid, since=args.since, timeout=args.timeout)
     if args.json:
         _json(out)
     elif out["reached"]:
         print(f"{args.job} is {out['status'].get('state')}; committed {out['last_committed']}")
     else:
-        print(f"{args.job} committed no micro-batch in {args.timeout:g} s "
-              f"(last committed {out['last_committed']})")
+        print(
+            f"{args.job} committed no micro-batch in {args.timeout:g} s "
+            f"(last committed {out['last_committed']})"
+        )
     return 0
 
 
@@ -220,38 +287,55 @@ def _upgrade_cmd(args: argparse.Namespace) -> int:
     from stateful_runtime.runtime.loader import parse_overrides
 
     out = control.upgrade(
-        args.job, args.job_file, parse_overrides(args.set), parallelism=args.parallelism,
-        from_savepoint=args.from_savepoint, target=args.target,
-        allow_non_restored_state=args.allow_non_restored_state, master=args.master,
-        stop_timeout=args.stop_timeout, start_timeout=args.timeout,
-        commit_timeout=args.commit_timeout)
+        args.job,
+        args.job_file,
+        parse_overrides(args.set),
+        parallelism=args.parallelism,
+        from_savepoint=args.from_savepoint,
+        target=args.target,
+        allow_non_restored_state=args.allow_non_restored_state,
+        master=args.master,
+        stop_timeout=args.stop_timeout,
+        start_timeout=args.timeout,
+        commit_timeout=args.commit_timeout,
+    )
     if args.json:
         _json(out)
         return 0
     if out["savepoint"]:
-        print(f"stopped {args.job} with savepoint {out['savepoint']['id']} "
-              f"(batches {out['savepoint']['batches']})")
-    print(f"{args.job} runs {out['job_file']} from {out['restored_from']} as pid {out['pid']} "
-          f"with parallelism {out['parallelism']}; log {out['log_path']}"
-          + "".join(f"\n  not restored: {d}" for d in out["not_restored"]))
+        print(
+            f"stopped {args.job} with savepoint {out['savepoint']['id']} "
+            f"(batches {out['savepoint']['batches']})"
+        )
+    print(
+        f"{args.job} runs {out['job_file']} from {out['restored_from']} as pid {out['pid']} "
+        f"with parallelism {out['parallelism']}; log {out['log_path']}"
+        + "".join(f"\n  not restored: {d}" for d in out["not_restored"])
+    )
     return 0
 
 
 def _reconcile_cmd(args: argparse.Namespace) -> int:
     from stateful_runtime.runtime import control
 
-    out = control.window_counts(args.job, args.query,
-                                window_ms=int(args.window.total_seconds() * 1000),
-                                batch=args.batch, source=args.source)
+    out = control.window_counts(
+        args.job,
+        args.query,
+        window_ms=int(args.window.total_seconds() * 1000),
+        batch=args.batch,
+        source=args.source,
+    )
     if args.json:
         _json(out)
         return 0
     if out["batch"] is None:
         print(f"query {args.query} of {args.job} has committed no batch yet")
         return 0
-    print(f"{args.job} {args.query} batch {out['batch']}, watermark {out['watermark_ms']} ms: "
-          f"{out['good']:,} good and {out['dead_letters']:,} dead-letter records of "
-          f"{out['records']:,} in {out['topic']} up to {out['source_ends']}")
+    print(
+        f"{args.job} {args.query} batch {out['batch']}, watermark {out['watermark_ms']} ms: "
+        f"{out['good']:,} good and {out['dead_letters']:,} dead-letter records of "
+        f"{out['records']:,} in {out['topic']} up to {out['source_ends']}"
+    )
     for start, n in out["windows"].items():
         print(f"  window {start}: {n:,}")
     return 0
@@ -265,20 +349,34 @@ def _dbt_cmd(args: argparse.Namespace) -> int:
 
     described = catalog.sink_tables(args.job_file, parse_overrides(args.set))
     job = dbt.JobTables.from_dict(described)
-    document = dbt.sources(job, source_name=args.source_name, database=args.database,
-                           schema=args.schema, loaded_at=args.loaded_at, kind=args.kind,
-                           asset_key_prefix=[p for p in (args.asset_key_prefix or "").split("/")
-                                             if p])
+    document = dbt.sources(
+        job,
+        source_name=args.source_name,
+        database=args.database,
+        schema=args.schema,
+        loaded_at=args.loaded_at,
+        kind=args.kind,
+        asset_key_prefix=[p for p in (args.asset_key_prefix or "").split("/") if p],
+    )
     text = dbt.render(document, job_file=args.job_file, job=job.job)
     changed = None
     if args.output:
         changed = dbt.write_if_changed(args.output, text)
     if args.json:
-        _json({"job": job.job, "output": args.output, "changed": changed,
-               "tables": described["tables"], "sources": document})
+        _json(
+            {
+                "job": job.job,
+                "output": args.output,
+                "changed": changed,
+                "tables": described["tables"],
+                "sources": document,
+            }
+        )
     elif args.output:
-        print(f"{'wrote' if changed else 'unchanged:'} {args.output} "
-              f"({len(document['sources'][0]['tables'])} tables of {job.job})")
+        print(
+            f"{'wrote' if changed else 'unchanged:'} {args.output} "
+            f"({len(document['sources'][0]['tables'])} tables of {job.job})"
+        )
     else:
         sys.stdout.write(text)
     return 0
@@ -291,7 +389,8 @@ def _age(text: str) -> timedelta:
         return timedelta(seconds=float(text[:-1]) * units[text[-1]])
     except (KeyError, ValueError, IndexError):
         raise argparse.ArgumentTypeError(
-            f"{text!r}: write an age like 90s, 30m, 12h or 7d") from None
+            f"{text!r}: write an age like 90s, 30m, 12h or 7d"
+        ) from None
 
 
 def _roots(args: argparse.Namespace) -> list[str]:
@@ -312,9 +411,11 @@ def _print_savepoints(rows: list[dict], as_json: bool) -> None:
         return
     for r in rows:
         batches = ", ".join(f"{q}@{b}" for q, b in r["batches"].items())
-        print(f"{r['id']}  job {r['job']}  batch {batches}  watermark "
-              f"{list(r['watermark_ms'].values())}  {r['size_bytes']:,} bytes  {r['created_at']}"
-              f"  {r['kind']} v{r['format_version']}  {r['location']}")
+        print(
+            f"{r['id']}  job {r['job']}  batch {batches}  watermark "
+            f"{list(r['watermark_ms'].values())}  {r['size_bytes']:,} bytes  {r['created_at']}"
+            f"  {r['kind']} v{r['format_version']}  {r['location']}"
+        )
 
 
 def _savepoint_cmd(args: argparse.Namespace) -> int:
@@ -322,28 +423,45 @@ def _savepoint_cmd(args: argparse.Namespace) -> int:
     from stateful_runtime.runtime import launcher, registry
 
     if args.sp_cmd == "create":
-        taken = launcher.savepoint(args.job, target=args.target, stop=args.stop,
-                                   timeout=args.timeout)
+        taken = launcher.savepoint(
+            args.job, target=args.target, stop=args.stop, timeout=args.timeout
+        )
         if args.json:
             _json(taken)
         else:
-            print(f"savepoint {taken['id']} of {taken['job']} at {taken['location']} "
-                  f"({taken['size_bytes']:,} bytes, batches {taken['batches']})"
-                  + ("; the job is stopped" if args.stop else ""))
+            print(
+                f"savepoint {taken['id']} of {taken['job']} at {taken['location']} "
+                f"({taken['size_bytes']:,} bytes, batches {taken['batches']})"
+                + ("; the job is stopped" if args.stop else "")
+            )
     elif args.sp_cmd == "list":
-        rows = [sp.summary() for root in _roots(args)
-                for sp in savepoints.list_savepoints(root, args.job)]
+        rows = [
+            sp.summary()
+            for root in _roots(args)
+            for sp in savepoints.list_savepoints(root, args.job)
+        ]
         _print_savepoints(rows, args.json)
     elif args.sp_cmd == "describe":
         sp = savepoints.resolve(args.savepoint, _roots(args))
-        print(json.dumps({**sp.summary(), "manifest": sp.manifest} if args.files
-                         else {**sp.summary(), "fingerprint": sp.manifest["fingerprint"],
-                               "queries": sp.manifest["queries"]}, indent=2))
+        print(
+            json.dumps(
+                {**sp.summary(), "manifest": sp.manifest}
+                if args.files
+                else {
+                    **sp.summary(),
+                    "fingerprint": sp.manifest["fingerprint"],
+                    "queries": sp.manifest["queries"],
+                },
+                indent=2,
+            )
+        )
     elif args.sp_cmd == "dispose":
         sp = savepoints.resolve(args.savepoint, _roots(args))
         if sp.location in registry.protected_locations() and not args.force:
-            raise JobError(f"a registered job was restored from {sp.location}; "
-                           f"pass --force to dispose of it anyway")
+            raise JobError(
+                f"a registered job was restored from {sp.location}; "
+                f"pass --force to dispose of it anyway"
+            )
         savepoints.dispose(sp)
         if args.json:
             _json({"disposed": [{"id": sp.id, "location": sp.location}]})
@@ -355,13 +473,18 @@ def _savepoint_cmd(args: argparse.Namespace) -> int:
         if args.keep is None and args.max_age is None:
             raise JobError("say what to keep: --keep N and/or --max-age AGE")
         policy = retention.Retention(max_count=args.keep, max_age=args.max_age)
-        gone = [sp for root in _roots(args)
-                for sp in retention.apply_retention(root, args.job, policy,
-                                                         registry.protected_locations())]
+        gone = [
+            sp
+            for root in _roots(args)
+            for sp in retention.apply_retention(
+                root, args.job, policy, registry.protected_locations()
+            )
+        ]
         left = [sp.id for root in _roots(args) for sp in savepoints.list_savepoints(root, args.job)]
         if args.json:
-            _json({"disposed": [{"id": sp.id, "location": sp.location} for sp in gone],
-                   "kept": left})
+            _json(
+                {"disposed": [{"id": sp.id, "location": sp.location} for sp in gone], "kept": left}
+            )
             return 0
         for sp in gone:
             print(f"disposed of savepoint {sp.id} ({sp.location})")
@@ -374,13 +497,19 @@ def _check_cmd(args: argparse.Namespace) -> int:
     from stateful_runtime.runtime import control
     from stateful_runtime.runtime.loader import parse_overrides
 
-    out = control.check_state(args.job_file, parse_overrides(args.set), args.savepoint,
-                              allow_non_restored_state=args.allow_non_restored_state)
+    out = control.check_state(
+        args.job_file,
+        parse_overrides(args.set),
+        args.savepoint,
+        allow_non_restored_state=args.allow_non_restored_state,
+    )
     if args.json:
         _json(out)
         return 0
-    print(f"{args.job_file} can restore the state of {out['location']}"
-          + "".join(f"\n  not restored: {d}" for d in out["not_restored"]))
+    print(
+        f"{args.job_file} can restore the state of {out['location']}"
+        + "".join(f"\n  not restored: {d}" for d in out["not_restored"])
+    )
     return 0
 
 
@@ -390,8 +519,9 @@ def _state_cmd(args: argparse.Namespace) -> int:
 
     with checkpoint_of(args.location, _roots(args)) as ckpt:
         spark = build_session(1, args.master)
-        rows = inspect(spark, ckpt, operator=args.operator, state=args.state, key=args.key,
-                       limit=args.limit)
+        rows = inspect(
+            spark, ckpt, operator=args.operator, state=args.state, key=args.key, limit=args.limit
+        )
     if args.json:
         for r in rows:
             print(json.dumps(r, default=str))
@@ -408,15 +538,20 @@ def _state_cmd(args: argparse.Namespace) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="srt", description="Stateful stream processing on Spark.")
-    p.add_argument("--home", metavar="DIR",
-                   help="job registry directory (default $SRT_HOME, else ~/.srt)")
+    p.add_argument(
+        "--home", metavar="DIR", help="job registry directory (default $SRT_HOME, else ~/.srt)"
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
 
     log = sub.add_parser("log", help="the embedded event log")
     lsub = log.add_subparsers(dest="log_cmd", required=True)
-    for name, help_ in [("create", "create a topic"), ("append", "append stdin lines"),
-                        ("serve", "append lines received over TCP"),
-                        ("info", "end offsets of a topic"), ("read", "print records as JSON")]:
+    for name, help_ in [
+        ("create", "create a topic"),
+        ("append", "append stdin lines"),
+        ("serve", "append lines received over TCP"),
+        ("info", "end offsets of a topic"),
+        ("read", "print records as JSON"),
+    ]:
         c = lsub.add_parser(name, help=help_)
         c.add_argument("topic")
         c.add_argument("--log-dir", required=True)
@@ -425,8 +560,11 @@ def _parser() -> argparse.ArgumentParser:
             c.add_argument("--exist-ok", action="store_true")
         if name in ("append", "serve"):
             c.add_argument("--key-field", help="JSON field whose value keys each record")
-            c.add_argument("--fsync", action="store_true",
-                           help="fsync each append (survives power loss, not only kill -9)")
+            c.add_argument(
+                "--fsync",
+                action="store_true",
+                help="fsync each append (survives power loss, not only kill -9)",
+            )
         if name == "serve":
             c.add_argument("--port", type=int, default=9000)
             c.add_argument("--host", default="127.0.0.1")
@@ -436,29 +574,54 @@ def _parser() -> argparse.ArgumentParser:
             c.add_argument("--limit", type=int, default=100)
     log.set_defaults(func=_log_cmd)
 
-    for name, func, help_ in [("run", _run_cmd, "run a job file"),
-                              ("explain", _explain_cmd, "show the planned Spark queries")]:
+    for name, func, help_ in [
+        ("run", _run_cmd, "run a job file"),
+        ("explain", _explain_cmd, "show the planned Spark queries"),
+    ]:
         c = sub.add_parser(name, help=help_)
         c.add_argument("job_file")
-        c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a key of the job file's DEFAULTS")
+        c.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a key of the job file's DEFAULTS",
+        )
         c.add_argument("--master", help="Spark master (default $SRT_SPARK_MASTER or local[*])")
         c.set_defaults(func=func)
         if name == "run":
-            c.add_argument("--available-now", action="store_true",
-                           help="process everything in the sources, then stop")
-            c.add_argument("--from-savepoint", metavar="ID|PATH",
-                           help="start from a savepoint (id, directory or s3:// URL)")
-            c.add_argument("--restore-from", metavar="LOCATION",
-                           help="bring the checkpoint back from its mirror (empty disk)")
-            c.add_argument("--parallelism", type=int,
-                           help="state partitions; with --from-savepoint, rescales the state")
-            c.add_argument("--allow-non-restored-state", action="store_true",
-                           help="start even if the savepoint holds state the job no longer has")
+            c.add_argument(
+                "--available-now",
+                action="store_true",
+                help="process everything in the sources, then stop",
+            )
+            c.add_argument(
+                "--from-savepoint",
+                metavar="ID|PATH",
+                help="start from a savepoint (id, directory or s3:// URL)",
+            )
+            c.add_argument(
+                "--restore-from",
+                metavar="LOCATION",
+                help="bring the checkpoint back from its mirror (empty disk)",
+            )
+            c.add_argument(
+                "--parallelism",
+                type=int,
+                help="state partitions; with --from-savepoint, rescales the state",
+            )
+            c.add_argument(
+                "--allow-non-restored-state",
+                action="store_true",
+                help="start even if the savepoint holds state the job no longer has",
+            )
         else:
             c.add_argument("--no-spark", action="store_true", help="skip Spark's own plan")
-            c.add_argument("--json", action="store_true",
-                           help="job name, queries (path, reason, steps) and the text")
+            c.add_argument(
+                "--json",
+                action="store_true",
+                help="job name, queries (path, reason, steps) and the text",
+            )
 
     c = sub.add_parser("launch", help="start a job file detached (or reuse its live process)")
     c.add_argument("job_file")
@@ -474,23 +637,37 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("job")
     c.add_argument("--until", choices=("running", "commit"), default="running")
     c.add_argument("--pid", type=int, help="the process to wait for (default: the registered)")
-    c.add_argument("--since", type=float, metavar="EPOCH_S",
-                   help="with --until commit: a commit at or after this time (default: now)")
+    c.add_argument(
+        "--since",
+        type=float,
+        metavar="EPOCH_S",
+        help="with --until commit: a commit at or after this time (default: now)",
+    )
     c.add_argument("--timeout", type=float, default=300.0)
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_wait_cmd)
 
     c = sub.add_parser("status", help="jobs and their health")
     c.add_argument("job", nargs="?")
-    c.add_argument("--json", action="store_true",
-                   help="entries with liveness and each query's checkpoint (unknown JOB: [])")
+    c.add_argument(
+        "--json",
+        action="store_true",
+        help="entries with liveness and each query's checkpoint (unknown JOB: [])",
+    )
     c.set_defaults(func=_status_cmd)
     c = sub.add_parser("stop", help="stop a running job (it resumes from its checkpoint)")
     c.add_argument("job")
-    c.add_argument("--timeout", type=float, default=120.0,
-                   help="seconds to wait for a clean stop (with --kill: before SIGKILL)")
-    c.add_argument("--kill", action="store_true",
-                   help="whatever its state: SIGTERM, then SIGKILL to its process group")
+    c.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="seconds to wait for a clean stop (with --kill: before SIGKILL)",
+    )
+    c.add_argument(
+        "--kill",
+        action="store_true",
+        help="whatever its state: SIGTERM, then SIGKILL to its process group",
+    )
     c.add_argument("--pid", type=int, help="with --kill: only if this is still the job's pid")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_stop_cmd)
@@ -498,30 +675,55 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("upgrade", help="check, stop with a savepoint, run NEW_FILE from it")
     c.add_argument("job")
     c.add_argument("job_file", metavar="NEW_FILE")
-    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="config of the new run, as for `srt run` (give the same as the job's)")
-    c.add_argument("--parallelism", type=int,
-                   help="state partitions (a rescale; default: the job's current count)")
-    c.add_argument("--from-savepoint", metavar="ID|PATH",
-                   help="for a job that is not running: start from this savepoint")
+    c.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config of the new run, as for `srt run` (give the same as the job's)",
+    )
+    c.add_argument(
+        "--parallelism",
+        type=int,
+        help="state partitions (a rescale; default: the job's current count)",
+    )
+    c.add_argument(
+        "--from-savepoint",
+        metavar="ID|PATH",
+        help="for a job that is not running: start from this savepoint",
+    )
     c.add_argument("--target", help="savepoint root for the stop-with-savepoint")
     c.add_argument("--allow-non-restored-state", action="store_true")
     c.add_argument("--master", help="Spark master of the new run")
-    c.add_argument("--stop-timeout", type=float, default=120.0,
-                   help="seconds to wait for the running job to stop")
-    c.add_argument("--timeout", type=float, default=300.0,
-                   help="seconds to wait for the new process to be RUNNING")
-    c.add_argument("--commit-timeout", type=float, default=0.0,
-                   help="then wait this long for its first own commit (0: do not wait)")
+    c.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=120.0,
+        help="seconds to wait for the running job to stop",
+    )
+    c.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds to wait for the new process to be RUNNING",
+    )
+    c.add_argument(
+        "--commit-timeout",
+        type=float,
+        default=0.0,
+        help="then wait this long for its first own commit (0: do not wait)",
+    )
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_upgrade_cmd)
 
-    c = sub.add_parser("reconcile", help="good source records per closed event-time window up "
-                       "to a committed batch (what the sink's closed windows must count)")
+    c = sub.add_parser(
+        "reconcile",
+        help="good source records per closed event-time window up "
+        "to a committed batch (what the sink's closed windows must count)",
+    )
     c.add_argument("job")
     c.add_argument("--query", required=True, help="the query writing the table")
-    c.add_argument("--window", type=_age, required=True,
-                   help="tumbling window size (60s, 1m...)")
+    c.add_argument("--window", type=_age, required=True, help="tumbling window size (60s, 1m...)")
     c.add_argument("--batch", type=int, help="committed batch (default: the last)")
     c.add_argument("--source", help="source name, if the job has several")
     c.add_argument("--json", action="store_true")
@@ -529,20 +731,34 @@ def _parser() -> argparse.ArgumentParser:
 
     dbt_p = sub.add_parser("dbt", help="dbt on the tables a job writes")
     dbt_sub = dbt_p.add_subparsers(dest="dbt_cmd", required=True)
-    c = dbt_sub.add_parser("sources", help="dbt sources (columns, types, freshness, tests, "
-                           "Dagster asset keys) for the job file's warehouse sink tables")
+    c = dbt_sub.add_parser(
+        "sources",
+        help="dbt sources (columns, types, freshness, tests, "
+        "Dagster asset keys) for the job file's warehouse sink tables",
+    )
     c.add_argument("job_file")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    c.add_argument("--output", "-o", metavar="PATH",
-                   help="write the YAML here (untouched when nothing changed); default stdout")
+    c.add_argument(
+        "--output",
+        "-o",
+        metavar="PATH",
+        help="write the YAML here (untouched when nothing changed); default stdout",
+    )
     c.add_argument("--source-name", help="dbt source name (default: the job's name)")
     c.add_argument("--database", help="the source's database (e.g. an attached alias)")
     c.add_argument("--schema", help="the tables' schema (default: the warehouse's)")
-    c.add_argument("--loaded-at", choices=("commit", "window_end"), default="commit",
-                   help="freshness by the sink ledger's commit time (default) or window_end")
+    c.add_argument(
+        "--loaded-at",
+        choices=("commit", "window_end"),
+        default="commit",
+        help="freshness by the sink ledger's commit time (default) or window_end",
+    )
     c.add_argument("--kind", help="only tables written to this warehouse kind")
-    c.add_argument("--asset-key-prefix", metavar="A/B",
-                   help="prefix of the sink-table asset keys, if your translator adds one")
+    c.add_argument(
+        "--asset-key-prefix",
+        metavar="A/B",
+        help="prefix of the sink-table asset keys, if your translator adds one",
+    )
     c.add_argument("--json", action="store_true")
     dbt_p.set_defaults(func=_dbt_cmd)
 
@@ -561,8 +777,11 @@ def _parser() -> argparse.ArgumentParser:
             c.add_argument("--files", action="store_true", help="the whole manifest")
         else:
             c.add_argument("--force", action="store_true")
-    c = ssub.add_parser("check", help="can a job file's code restore a savepoint (default: the "
-                        "job's current checkpoint)? Exit 2 with the differences if not")
+    c = ssub.add_parser(
+        "check",
+        help="can a job file's code restore a savepoint (default: the "
+        "job's current checkpoint)? Exit 2 with the differences if not",
+    )
     c.add_argument("job_file")
     c.add_argument("savepoint", nargs="?", metavar="ID|PATH")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -572,8 +791,11 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--keep", type=int, help="keep at most N (the newest always stays)")
     c.add_argument("--max-age", type=_age, help="dispose of those older than AGE (7d, 12h...)")
     for c in ssub.choices.values():
-        c.add_argument("--target", help="savepoint root: a directory or s3://bucket/prefix "
-                       "(default: the job's savepoint.dir, else $SRT_HOME/savepoints)")
+        c.add_argument(
+            "--target",
+            help="savepoint root: a directory or s3://bucket/prefix "
+            "(default: the job's savepoint.dir, else $SRT_HOME/savepoints)",
+        )
         c.add_argument("--json", action="store_true")
     sp.set_defaults(func=_savepoint_cmd)
 
@@ -609,9 +831,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             secrets.remember_config(given)
             shown = sorted(k for k, v in given.items() if secrets.holds_secret(k, v))
             if shown:
-                print(f"srt: warning: {', '.join(shown)} given on the command line, where "
-                      f"`ps` shows it to every user; give env:NAME (an environment variable) "
-                      f"instead", file=sys.stderr)
+                print(
+                    f"srt: warning: {', '.join(shown)} given on the command line, where "
+                    f"`ps` shows it to every user; give env:NAME (an environment variable) "
+                    f"instead",
+                    file=sys.stderr,
+                )
             args.set = [*args.set, *(f"{k}={v}" for k, v in hidden.items())]
         for attr in ("job",):
             value = getattr(args, attr, None)

@@ -69,7 +69,8 @@ class UserFunctionError(StatefulRuntimeError):
         super().__init__(
             f"{operator}: {problem}, on the record {self.record}. The micro-batch failed and "
             f"is replayed when the job restarts; fix the function or filter such records "
-            f"before it")
+            f"before it"
+        )
 
 
 class LogError(StatefulRuntimeError):
@@ -107,7 +108,8 @@ class CorruptLogError(LogError):
         super().__init__(
             f"topic {topic!r} is damaged: {problem} ({path}). Nothing was read past the damage. "
             f"Restore the topic's directory from a backup, or re-create the topic and replay "
-            f"its producers; jobs reading it keep their committed offsets and resume after.")
+            f"its producers; jobs reading it keep their committed offsets and resume after."
+        )
 
 
 class LogWriterBusyError(LogError):

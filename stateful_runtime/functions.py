@@ -210,6 +210,7 @@ class ProcessWindowFunction:
 
     output_schema: ClassVar[Mapping[str, Any] | StructType] = {}
 
-    def process(self, key: Any, window: TimeWindow,
-                elements: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    def process(
+        self, key: Any, window: TimeWindow, elements: list[dict[str, Any]]
+    ) -> Iterator[dict[str, Any]]:
         raise NotImplementedError

@@ -40,7 +40,8 @@ class CheckpointConfig:
             raise ConfigError("checkpoint dir must be set (checkpoint.dir)")
         if not isinstance(self.interval, timedelta) or self.interval < timedelta(0):
             raise ConfigError(
-                f"checkpoint interval must be a timedelta >= 0, got {self.interval!r}")
+                f"checkpoint interval must be a timedelta >= 0, got {self.interval!r}"
+            )
 
 
 @dataclass
@@ -72,16 +73,16 @@ class StreamJob:
         file accepts (``checkpoint.mirror``, ``savepoint.dir``)."""
         return cls(
             name,
-            CheckpointConfig(config["checkpoint.dir"],
-                             timedelta(seconds=config.get("checkpoint.interval_s", 5.0)),
-                             mirror=config.get("checkpoint.mirror") or None,
-                             savepoint_dir=config.get("savepoint.dir") or None),
+            CheckpointConfig(
+                config["checkpoint.dir"],
+                timedelta(seconds=config.get("checkpoint.interval_s", 5.0)),
+                mirror=config.get("checkpoint.mirror") or None,
+                savepoint_dir=config.get("savepoint.dir") or None,
+            ),
             parallelism=config.get("parallelism", 4),
         )
 
-    def from_source(
-        self, source: Source, watermark: WatermarkStrategy, name: str
-    ) -> DataStream:
+    def from_source(self, source: Source, watermark: WatermarkStrategy, name: str) -> DataStream:
         if not isinstance(source, Source):
             raise ConfigError(f"from_source takes a Source, got {type(source).__name__}")
         if watermark.timestamp_field is None:

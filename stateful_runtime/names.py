@@ -33,7 +33,8 @@ class InvalidNameError(ConfigError):
         self.kind, self.value = kind, value
         super().__init__(
             f"{kind} name {value!r} is not allowed: use 1-200 ASCII letters, digits, '.', '_' "
-            f"or '-', starting with a letter or digit (names become file and directory names)")
+            f"or '-', starting with a letter or digit (names become file and directory names)"
+        )
 
 
 class Name(str):
@@ -65,15 +66,21 @@ class PathEscapeError(ConfigError):
         super().__init__(
             f"{where} names the path {relative!r}, which leaves {root}: refusing to read or "
             f"write outside it. The file was edited or written by something else; restore it "
-            f"from a copy you trust or remove that entry.")
+            f"from a copy you trust or remove that entry."
+        )
 
 
 def safe_relative(relative: str, *, root: Path | str, where: str) -> PurePosixPath:
     """``relative`` as a normalised relative POSIX path, refused if absolute or if any part is
     ``..``, ``.`` or empty (a manifest of ours never writes such a path)."""
     p = PurePosixPath(relative)
-    if (not relative or p.is_absolute() or "\\" in relative or "\0" in relative
-            or any(part in ("", ".", "..") for part in relative.split("/"))):
+    if (
+        not relative
+        or p.is_absolute()
+        or "\\" in relative
+        or "\0" in relative
+        or any(part in ("", ".", "..") for part in relative.split("/"))
+    ):
         raise PathEscapeError(root, relative, where)
     return p
 

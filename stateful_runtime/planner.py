@@ -129,10 +129,18 @@ def _lower(node: Node) -> Node | NativeWindowNode:
         assert isinstance(node.assigner, NativeAssigner)
         assert isinstance(node.contents, Mapping)
         return NativeWindowNode(node.parent, node.assigner, dict(node.contents), node.name)
-    operator = WindowOperator(node.assigner, node.parent.keys, node.contents, node.output_schema,
-                              allowed_lateness=node.lateness, late_tag=node.late_tag,
-                              trigger=node.trigger)
+    operator = WindowOperator(
+        node.assigner,
+        node.parent.keys,
+        node.contents,
+        node.output_schema,
+        allowed_lateness=node.lateness,
+        late_tag=node.late_tag,
+        trigger=node.trigger,
+    )
     return ProcessNode(node.parent, operator, node.name)
+
+
 # Under the checkpoint directory: rejected records staged per split until their batch commits.
 DEAD_LETTER_STAGING = "_dead_letters"
 
@@ -185,8 +193,9 @@ class QueryPlan:
                 path = write_path(out.sink)
                 if path.where == "executors":
                     assert isinstance(out.sink, PartitionedSink)
-                    n, t = _write_on_executors(df, out, batch_id,
-                                               out.sink.partitions or self.parallelism)
+                    n, t = _write_on_executors(
+                        df, out, batch_id, out.sink.partitions or self.parallelism
+                    )
                 else:
                     if batch is None:
                         batch = df.toArrow()
@@ -217,8 +226,9 @@ def write_path(sink: Sink) -> WritePath:
     return sink.write_path()
 
 
-def _write_on_executors(df: DataFrame, out: QueryOutput, batch_id: int, partitions: int
-                        ) -> tuple[int, float]:
+def _write_on_executors(
+    df: DataFrame, out: QueryOutput, batch_id: int, partitions: int
+) -> tuple[int, float]:
     """The executor write protocol (:class:`~stateful_runtime.connectors.base.PartitionedSink`):
     begin on the driver, one task per output partition (repartitioned by the sink's key, each
     row numbered in batch order so the in-batch winner is stable), collect the small reports,
@@ -250,12 +260,13 @@ def _write_on_executors(df: DataFrame, out: QueryOutput, batch_id: int, partitio
                 yield from select(pa.Table.from_batches([b])).to_batches()
 
         rows = df.mapInArrow(cut, from_arrow_schema(schema))
-    rows = (rows.withColumn(SEQUENCE, F.monotonically_increasing_id())
-            .repartition(partitions, *[F.col(k) for k in sink.key_columns]))
-    task = PartitionWriteTask(sink, batch_id, partitions,
-                              schema.append(pa.field(SEQUENCE, pa.int64(), False)))
-    reports = reports_from_rows(
-        rows.mapInArrow(task, from_arrow_schema(REPORT_SCHEMA)).collect())
+    rows = rows.withColumn(SEQUENCE, F.monotonically_increasing_id()).repartition(
+        partitions, *[F.col(k) for k in sink.key_columns]
+    )
+    task = PartitionWriteTask(
+        sink, batch_id, partitions, schema.append(pa.field(SEQUENCE, pa.int64(), False))
+    )
+    reports = reports_from_rows(rows.mapInArrow(task, from_arrow_schema(REPORT_SCHEMA)).collect())
     t1 = time.perf_counter()
     sink.commit_batch(batch_id, reports)
     commit_ms = (time.perf_counter() - t1) * 1000
@@ -290,8 +301,9 @@ class Plan:
                 except TopicNotFoundError as exc:
                     # The plan above needs no data; only Spark's own plan reads the source's
                     # partitions. `srt run` refuses the missing topic with the same message.
-                    lines.append(f"  Spark plan: not available until the source's topic exists "
-                                 f"({exc})")
+                    lines.append(
+                        f"  Spark plan: not available until the source's topic exists ({exc})"
+                    )
                     continue
                 lines.append("  Spark plan:")
                 lines += ["    " + ln for ln in buf.getvalue().rstrip().splitlines()]
@@ -320,18 +332,25 @@ def _event_time_column(src: SourceNode):  # -> Column
     return col.cast("timestamp")
 
 
-def _read_good(spark: SparkSession, src: SourceNode,
-               dead_letters: DeadLetters | None = None,
-               late_watermark_of: str | None = None) -> DataFrame:
+def _read_good(
+    spark: SparkSession,
+    src: SourceNode,
+    dead_letters: DeadLetters | None = None,
+    late_watermark_of: str | None = None,
+) -> DataFrame:
     from pyspark.sql import functions as F
 
     staging = dead_letters.staging if dead_letters is not None else None
-    df = src.source.read_stream(spark, staging, watermark=src.watermark,
-                                late_watermark_of=late_watermark_of)
+    df = src.source.read_stream(
+        spark, staging, watermark=src.watermark, late_watermark_of=late_watermark_of
+    )
     # Per-batch accounting of the source (in Spark's progress as observed metrics): every
     # record read, and those rejected (dead letters); late ones are counted downstream.
-    df = df.observe(SOURCE_METRICS, F.count(F.lit(1)).alias("input"),
-                    F.sum(F.when(F.col(ERROR).isNotNull(), 1).otherwise(0)).alias("dead_letters"))
+    df = df.observe(
+        SOURCE_METRICS,
+        F.count(F.lit(1)).alias("input"),
+        F.sum(F.when(F.col(ERROR).isNotNull(), 1).otherwise(0)).alias("dead_letters"),
+    )
     df = df.filter(F.col(ERROR).isNull()).drop(*META_COLUMNS)
     delay = src.watermark.max_out_of_orderness
     interval = spark_interval(delay) if delay.total_seconds() > 0 else "0 seconds"
@@ -339,8 +358,12 @@ def _read_good(spark: SparkSession, src: SourceNode,
 
 
 def _source_steps(src: SourceNode, dead_letters: DeadLetters | None) -> list[str]:
-    where = (f"staged per split and published to the {dead_letters.sink.describe()} once the "
-             f"batch commits" if dead_letters else "handled by the query that owns the source")
+    where = (
+        f"staged per split and published to the {dead_letters.sink.describe()} once the "
+        f"batch commits"
+        if dead_letters
+        else "handled by the query that owns the source"
+    )
     return [
         f"source {src.name}: {src.source.describe()}",
         f"decode; records that fail are {where}",
@@ -371,13 +394,22 @@ def state_layout(node: NativeWindowNode | ProcessNode) -> dict:
     keys = list(node.parent.keys)
     if isinstance(node, NativeWindowNode):
         # Spark keeps one state row per (window, key) whose schema follows every aggregate.
-        return {"kind": "native-window", "keys": keys,
-                "states": {"window": f"{node.assigner.describe()}: " + ", ".join(
-                    f"{k}={a.describe()}" for k, a in node.aggregates.items())}}
+        return {
+            "kind": "native-window",
+            "keys": keys,
+            "states": {
+                "window": f"{node.assigner.describe()}: "
+                + ", ".join(f"{k}={a.describe()}" for k, a in node.aggregates.items())
+            },
+        }
     fn = node.function
     kind = "window" if isinstance(fn, WindowOperator) else "process"
-    return {"kind": kind, "keys": keys, "function": type(fn).__name__,
-            "states": {d.name: _state_signature(d) for d in describe_states(fn)}}
+    return {
+        "kind": kind,
+        "keys": keys,
+        "function": type(fn).__name__,
+        "states": {d.name: _state_signature(d) for d in describe_states(fn)},
+    }
 
 
 def _micros(value: timedelta):  # -> Column
@@ -409,8 +441,9 @@ def _count_late(df: DataFrame, assigner: NativeAssigner) -> DataFrame:
     if LATE_BEFORE not in df.columns:
         return df
     late = _last_window_end(assigner) <= F.col(LATE_BEFORE) * 1000
-    return df.observe(LATE_METRICS, F.sum(F.when(late, 1).otherwise(0)).alias("late")
-                      ).drop(LATE_BEFORE)
+    return df.observe(LATE_METRICS, F.sum(F.when(late, 1).otherwise(0)).alias("late")).drop(
+        LATE_BEFORE
+    )
 
 
 def _window_aggregate(df: DataFrame, node: NativeWindowNode) -> DataFrame:
@@ -423,8 +456,7 @@ def _window_aggregate(df: DataFrame, node: NativeWindowNode) -> DataFrame:
     if isinstance(assigner, EventTimeSessionWindows):
         window = F.session_window(EVENT_TIME, spark_interval(assigner.gap))
     elif isinstance(assigner, SlidingEventTimeWindows):
-        window = F.window(EVENT_TIME, spark_interval(assigner.size),
-                          spark_interval(assigner.slide))
+        window = F.window(EVENT_TIME, spark_interval(assigner.size), spark_interval(assigner.slide))
     else:
         window = F.window(EVENT_TIME, spark_interval(assigner.size))
     grouped = df.groupBy(window.alias("window"), *keys).agg(*aggs)
@@ -461,13 +493,17 @@ def _process(df: DataFrame, node: ProcessNode) -> DataFrame:
         )
     df = df.withColumn(TS, F.unix_millis(EVENT_TIME)).drop(EVENT_TIME)
     mode = "EventTime" if fn.time_domain is TimeDomain.EVENT_TIME else "ProcessingTime"
-    out = transform_with_state(df.groupBy(*node.parent.keys),
-                               SparkKeyedProcessor(fn, fields, main.fieldNames()),
-                               output_struct(main), mode)
+    out = transform_with_state(
+        df.groupBy(*node.parent.keys),
+        SparkKeyedProcessor(fn, fields, main.fieldNames()),
+        output_struct(main),
+        mode,
+    )
     if isinstance(fn, WindowOperator):  # late records: to the late side output, or dropped
         late = [t.name for t in fn.side_outputs] + [LATE_MARK]
-        out = out.observe(LATE_METRICS, F.sum(F.when(F.col(TAG).isin(late), 1).otherwise(0))
-                          .alias("late"))
+        out = out.observe(
+            LATE_METRICS, F.sum(F.when(F.col(TAG).isin(late), 1).otherwise(0)).alias("late")
+        )
     return out
 
 
@@ -484,10 +520,17 @@ def _map(df: DataFrame, node: MapNode) -> DataFrame:
     carried = [f for f in df.schema.fields if f.name not in fields]
     clash = [f.name for f in carried if f.name in node.output_schema.fieldNames()]
     if clash:
-        raise PlanError(f"map {node.name!r}: output column(s) {clash} are reserved by the "
-                        f"runtime; rename them")
-    operator = MapOperator(node.name, node.function, node.flat, fields,
-                           to_arrow_schema(node.output_schema), [f.name for f in carried])
+        raise PlanError(
+            f"map {node.name!r}: output column(s) {clash} are reserved by the runtime; rename them"
+        )
+    operator = MapOperator(
+        node.name,
+        node.function,
+        node.flat,
+        fields,
+        to_arrow_schema(node.output_schema),
+        [f.name for f in carried],
+    )
     return df.mapInArrow(operator, StructType([*node.output_schema.fields, *carried]))
 
 
@@ -539,8 +582,7 @@ def _split(sink_node: SinkNode) -> tuple[str, _Pipeline, SideOutputNode | None]:
     return sink_node.name, _Pipeline(sink_node.name, src, body), None
 
 
-def _build_pipeline(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | None
-                    ) -> QueryPlan:
+def _build_pipeline(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | None) -> QueryPlan:
     from stateful_runtime.connectors.formats.json import arrow_schema, to_struct
 
     steps = _source_steps(p.src, dead_letters)
@@ -556,46 +598,68 @@ def _build_pipeline(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | No
             steps.append(f"filter {node.condition}")
             ops.append(lambda df, c=node.condition: df.filter(c))
         elif isinstance(node, MapNode):
-            what = (getattr(node.function, "__qualname__", None)
-                    or type(node.function).__name__)
-            steps.append(f"{node.kind} {node.name}: {what} in Python "
-                         f"over whole Arrow batches → {', '.join(node.output_schema.fieldNames())}")
+            what = getattr(node.function, "__qualname__", None) or type(node.function).__name__
+            steps.append(
+                f"{node.kind} {node.name}: {what} in Python "
+                f"over whole Arrow batches → {', '.join(node.output_schema.fieldNames())}"
+            )
             ops.append(lambda df, n=node: _map(df, n))
         elif isinstance(node, KeyByNode):
-            steps.append(f"key_by {', '.join(node.keys)} (hash-partitioned into "
-                         f"{job.parallelism} state partitions)")
+            steps.append(
+                f"key_by {', '.join(node.keys)} (hash-partitioned into "
+                f"{job.parallelism} state partitions)"
+            )
         elif isinstance(node, NativeWindowNode):
             aggs = ", ".join(f"{k}={a.describe()}" for k, a in node.aggregates.items())
-            steps.append(f"window {node.name}: {node.assigner.describe()} by "
-                         f"{', '.join(node.parent.keys)} → {aggs}")
+            steps.append(
+                f"window {node.name}: {node.assigner.describe()} by "
+                f"{', '.join(node.parent.keys)} → {aggs}"
+            )
             stateful.append(node.name)
             layout[node.name] = state_layout(node)
             path = "native"
             session = isinstance(node.assigner, EventTimeSessionWindows)
-            reason = (f"{node.assigner.describe()} with built-in aggregates and no allowed "
-                      f"lateness, side output or custom trigger: Spark's groupBy("
-                      f"{'session_window' if session else 'window'}) in the JVM, state in "
-                      f"RocksDB")
+            reason = (
+                f"{node.assigner.describe()} with built-in aggregates and no allowed "
+                f"lateness, side output or custom trigger: Spark's groupBy("
+                f"{'session_window' if session else 'window'}) in the JVM, state in "
+                f"RocksDB"
+            )
             upsert_required = True
             ops.append(lambda df, n=node: _window_aggregate(df, n))
         elif isinstance(node, ProcessNode):
             fn = node.function
-            states = ", ".join(f"{d.name}:{d.kind}" + (f" ttl {d.ttl.ttl} {d.ttl.time_domain.value}"
-                                                       if getattr(d, "ttl", None) else "")
-                               for d in describe_states(fn)) or "none"
+            states = (
+                ", ".join(
+                    f"{d.name}:{d.kind}"
+                    + (
+                        f" ttl {d.ttl.ttl} {d.ttl.time_domain.value}"
+                        if getattr(d, "ttl", None)
+                        else ""
+                    )
+                    for d in describe_states(fn)
+                )
+                or "none"
+            )
             stateful.append(node.name)
             layout[node.name] = state_layout(node)
             if isinstance(fn, WindowOperator):
                 steps.append(f"window {node.name}: {fn.describe()}")
                 path = "window"
-                reason = ("the window needs " + fn.needs() + ": the runtime's window operator "
-                          "on transformWithStateInPandas (state in RocksDB, timers in Spark)")
+                reason = (
+                    "the window needs " + fn.needs() + ": the runtime's window operator "
+                    "on transformWithStateInPandas (state in RocksDB, timers in Spark)"
+                )
             else:
-                steps.append(f"process {node.name}: {type(fn).__name__} in "
-                             f"{fn.time_domain.value} (state: {states})")
+                steps.append(
+                    f"process {node.name}: {type(fn).__name__} in "
+                    f"{fn.time_domain.value} (state: {states})"
+                )
                 path = "process"
-                reason = ("keyed process function: transformWithStateInPandas, named state in "
-                          "the RocksDB state store, timers in Spark")
+                reason = (
+                    "keyed process function: transformWithStateInPandas, named state in "
+                    "the RocksDB state store, timers in Spark"
+                )
             ops.append(lambda df, n=node: _process(df, n))
     if not stateful:
         ops.append(lambda df: df.drop(EVENT_TIME))
@@ -613,16 +677,20 @@ def _build_pipeline(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | No
                 steps.append(f"sink {sink_node.name} (main output): {sink.describe()}")
             else:
                 select = _side_rows(side.tag.name, arrow_schema(to_struct(side.tag.schema)))
-                steps.append(f"sink {sink_node.name} (side output {side.tag.name}): "
-                             f"{sink.describe()}")
+                steps.append(
+                    f"sink {sink_node.name} (side output {side.tag.name}): {sink.describe()}"
+                )
             outputs.append(QueryOutput(sink_node.name, sink, select))
         else:
             steps.append(f"sink {sink_node.name}: {sink.describe()}")
             outputs.append(QueryOutput(sink_node.name, sink))
         wp = write_path(sink)
-        where = (f"on the executors, {getattr(sink, 'partitions', None) or job.parallelism} "
-                 f"partitions by {', '.join(sink.key_columns)}" if wp.where == "executors"
-                 else "on the driver")
+        where = (
+            f"on the executors, {getattr(sink, 'partitions', None) or job.parallelism} "
+            f"partitions by {', '.join(sink.key_columns)}"
+            if wp.where == "executors"
+            else "on the driver"
+        )
         steps.append(f"write {sink_node.name} {where}: {wp.why}")
     output_mode = "append"
     if upsert_required:
@@ -631,23 +699,38 @@ def _build_pipeline(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | No
         # of their own.
         sink = outputs[0].sink
         output_mode = "update" if sink.upsert and not session else "append"
-        steps.insert(first_sink_step,
-                     "emit: every update of an open window (the sink upserts by key)"
-                     if output_mode == "update"
-                     else "emit: each window once, when the watermark passes its end")
+        steps.insert(
+            first_sink_step,
+            "emit: every update of an open window (the sink upserts by key)"
+            if output_mode == "update"
+            else "emit: each window once, when the watermark passes its end",
+        )
     src = p.src
 
     def build(spark: SparkSession, checkpoint: str | None = None) -> DataFrame:
         """The query's DataFrame; ``checkpoint`` (its checkpoint directory) lets the native
         window count late records exactly (:func:`_count_late`)."""
-        df = _read_good(spark, src, dead_letters,
-                        late_watermark_of=checkpoint if path == "native" else None)
+        df = _read_good(
+            spark, src, dead_letters, late_watermark_of=checkpoint if path == "native" else None
+        )
         for op in ops:
             df = op(df)
         return df
 
-    return QueryPlan(p.name, outputs, output_mode, path, reason, steps, build, stateful,
-                     dead_letters, layout, job.parallelism, src.name)
+    return QueryPlan(
+        p.name,
+        outputs,
+        output_mode,
+        path,
+        reason,
+        steps,
+        build,
+        stateful,
+        dead_letters,
+        layout,
+        job.parallelism,
+        src.name,
+    )
 
 
 def plan(job: StreamJob) -> Plan:

@@ -44,23 +44,58 @@ ENV_VAR = "SRT_SECRET_SETS"
 # would garble the text and a 3-character secret is no secret anyway.
 MIN_REMEMBERED = 4
 
-_WORDS = ("password", "passwd", "passphrase", "secret", "token", "credential", "private",
-          "keystore", "jaas", "apikey", "accesskey", "secretkey")
+_WORDS = (
+    "password",
+    "passwd",
+    "passphrase",
+    "secret",
+    "token",
+    "credential",
+    "private",
+    "keystore",
+    "jaas",
+    "apikey",
+    "accesskey",
+    "secretkey",
+)
 # ``<qualifier>_key`` names: access_key, secret_key, api_key, private_key, aws_secret_access_key
-_KEY_QUALIFIERS = ("access", "secret", "api", "private", "account", "session", "master",
-                   "encryption", "signing", "client", "auth", "shared")
+_KEY_QUALIFIERS = (
+    "access",
+    "secret",
+    "api",
+    "private",
+    "account",
+    "session",
+    "master",
+    "encryption",
+    "signing",
+    "client",
+    "auth",
+    "shared",
+)
 # sasl.* settings that are plain words, not secrets.
-_SASL_PLAIN = ("sasl.mechanism", "sasl.mechanisms", "sasl.username", "sasl.kerberos.service.name",
-               "sasl.kerberos.principal", "sasl.kerberos.kinit.cmd", "sasl.oauthbearer.method",
-               "sasl.oauthbearer.scope", "sasl.oauthbearer.token.endpoint.url",
-               "sasl.oauthbearer.client.id", "sasl.oauthbearer.extensions")
+_SASL_PLAIN = (
+    "sasl.mechanism",
+    "sasl.mechanisms",
+    "sasl.username",
+    "sasl.kerberos.service.name",
+    "sasl.kerberos.principal",
+    "sasl.kerberos.kinit.cmd",
+    "sasl.oauthbearer.method",
+    "sasl.oauthbearer.scope",
+    "sasl.oauthbearer.token.endpoint.url",
+    "sasl.oauthbearer.client.id",
+    "sasl.oauthbearer.extensions",
+)
 # Names of files, paths and directories: they point at a secret, they are not one.
 _REFERENCE_SUFFIXES = ("location", "file", "path", "dir", "filename")
 
 _URL_USERINFO = re.compile(r"(?P<pre>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*:)(?P<pw>[^\s@/]+)@")
 # ``name=value`` / ``name: value`` inside text (command lines, libpq DSNs, messages).
-_PAIR = re.compile(r"(?P<key>[A-Za-z_][\w.-]*)(?P<sep>['\"]?\s*[=:]\s*)(?P<q>['\"]?)"
-                   r"(?P<val>[^\s'\",;&}]+)")
+_PAIR = re.compile(
+    r"(?P<key>[A-Za-z_][\w.-]*)(?P<sep>['\"]?\s*[=:]\s*)(?P<q>['\"]?)"
+    r"(?P<val>[^\s'\",;&}]+)"
+)
 
 _lock = threading.Lock()
 _remembered: set[str] = set()
@@ -241,8 +276,10 @@ def take_env_overrides(environ: Any = None) -> dict[str, str]:
     try:
         data = json.loads(raw)
     except ValueError:
-        raise ConfigError(f"{ENV_VAR} is not JSON; it carries --set overrides from a parent "
-                          f"srt process as {{\"key\": \"value\"}}") from None
+        raise ConfigError(
+            f"{ENV_VAR} is not JSON; it carries --set overrides from a parent "
+            f'srt process as {{"key": "value"}}'
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{ENV_VAR} must be a JSON object of --set overrides")
     out = {str(k): str(v) for k, v in data.items()}

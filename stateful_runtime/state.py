@@ -69,8 +69,7 @@ class StateDescriptor:
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str) or self.name.startswith("_srt"):
             raise ConfigError(
-                f"state name must be a non-empty string not starting with '_srt', got "
-                f"{self.name!r}"
+                f"state name must be a non-empty string not starting with '_srt', got {self.name!r}"
             )
 
     @property
@@ -149,7 +148,8 @@ class AggregatingStateDescriptor(StateDescriptor, Generic[T, ACC, OUT]):
         super().__post_init__()
         if not isinstance(self.aggregate_function, AggregateFunction):
             raise ConfigError(
-                f"AggregatingStateDescriptor {self.name!r} needs an AggregateFunction")
+                f"AggregatingStateDescriptor {self.name!r} needs an AggregateFunction"
+            )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -112,8 +112,7 @@ class SinkNode:
     name: str
 
 
-Node = (SourceNode | FilterNode | MapNode | KeyByNode | WindowNode | ProcessNode
-        | SideOutputNode)
+Node = SourceNode | FilterNode | MapNode | KeyByNode | WindowNode | ProcessNode | SideOutputNode
 
 
 @dataclass(frozen=True)
@@ -127,8 +126,13 @@ class DataStream:
         """Keep records matching a Spark SQL boolean expression, e.g. ``"amount_paise > 0"``."""
         return DataStream(self.job, FilterNode(self.node, condition))
 
-    def map(self, function: Callable[[dict[str, Any]], Mapping[str, Any]], *,
-            output: Mapping[str, Any] | None = None, name: str | None = None) -> DataStream:
+    def map(
+        self,
+        function: Callable[[dict[str, Any]], Mapping[str, Any]],
+        *,
+        output: Mapping[str, Any] | None = None,
+        name: str | None = None,
+    ) -> DataStream:
         """Flink's ``map``: ``function(record) -> record`` on every record, in Python.
 
         ``record`` is a ``dict`` of the stream's fields; the returned mapping must hold the
@@ -140,28 +144,37 @@ class DataStream:
         """
         return self._map(function, output, name, flat=False)
 
-    def flat_map(self, function: Callable[[dict[str, Any]], Iterable[Mapping[str, Any]]], *,
-                 output: Mapping[str, Any] | None = None, name: str | None = None
-                 ) -> DataStream:
+    def flat_map(
+        self,
+        function: Callable[[dict[str, Any]], Iterable[Mapping[str, Any]]],
+        *,
+        output: Mapping[str, Any] | None = None,
+        name: str | None = None,
+    ) -> DataStream:
         """Flink's ``flatMap``: ``function(record)`` returns (or yields) any number of output
         records, each with ``output``'s columns and its input's event time. See :meth:`map`."""
         return self._map(function, output, name, flat=True)
 
-    def _map(self, function: Callable, output: Mapping[str, Any] | None, name: str | None,
-             *, flat: bool) -> DataStream:
+    def _map(
+        self, function: Callable, output: Mapping[str, Any] | None, name: str | None, *, flat: bool
+    ) -> DataStream:
         kind = _map_kind(flat)
         if not callable(function):
-            raise ConfigError(f"{kind} takes a function of one record (a dict), got "
-                              f"{function!r}")
+            raise ConfigError(f"{kind} takes a function of one record (a dict), got {function!r}")
         if isinstance(self.node, ProcessNode | WindowNode | SideOutputNode):
-            raise ConfigError(f"{kind} applies before a window or process function in this "
-                              f"version; sink the stream, read it back and {kind} it there")
+            raise ConfigError(
+                f"{kind} applies before a window or process function in this "
+                f"version; sink the stream, read it back and {kind} it there"
+            )
         schema = record_schema(self.node) if output is None else to_struct(output)
         if not schema.fields:
             raise ConfigError(f"{kind} needs output={{column: type}} with at least one column")
         # Stateless: no state is keyed by the name, it only labels the step in plans and errors.
-        label = (check_name("operator", name) if name is not None
-                 else getattr(function, "__name__", None) or type(function).__name__)
+        label = (
+            check_name("operator", name)
+            if name is not None
+            else getattr(function, "__name__", None) or type(function).__name__
+        )
         node = MapNode(self.node, function, schema, flat, label)
         return DataStream(self.job, node)
 
@@ -179,8 +192,10 @@ class DataStream:
         elif isinstance(self.node, WindowNode):
             declared, who = self.node.side_outputs, f"window {self.node.name!r}"
         else:
-            raise ConfigError("get_side_output applies to the stream returned by process() or "
-                              "by a window's aggregate/process")
+            raise ConfigError(
+                "get_side_output applies to the stream returned by process() or "
+                "by a window's aggregate/process"
+            )
         if tag not in declared:
             raise ConfigError(f"{who} does not declare side output {tag.name!r}")
         return DataStream(self.job, SideOutputNode(self.node, tag))
@@ -203,7 +218,8 @@ class KeyedStream:
         """Run a keyed process function (state, timers, side outputs) on every element."""
         if not isinstance(function, KeyedProcessFunction):
             raise ConfigError(
-                f"process takes a KeyedProcessFunction, got {type(function).__name__}")
+                f"process takes a KeyedProcessFunction, got {type(function).__name__}"
+            )
         if not function.output_schema:
             raise ConfigError(f"{type(function).__name__} must declare output_schema")
         return DataStream(self.job, ProcessNode(self.node, function, check_name("operator", name)))
@@ -239,12 +255,19 @@ class WindowedStream:
 
     def trigger(self, trigger: Trigger) -> WindowedStream:
         if isinstance(trigger, CountTrigger) != isinstance(self.assigner, GlobalWindows):
-            raise ConfigError("CountTrigger is the trigger of GlobalWindows (and GlobalWindows "
-                              "needs a CountTrigger); use EarlyFiring for time windows")
+            raise ConfigError(
+                "CountTrigger is the trigger of GlobalWindows (and GlobalWindows "
+                "needs a CountTrigger); use EarlyFiring for time windows"
+            )
         return replace(self, trigger_=trigger)
 
-    def aggregate(self, aggregates: Mapping[str, Aggregate] | AggregateFunction, *, name: str,
-                  output: Mapping[str, Any] | None = None) -> DataStream:
+    def aggregate(
+        self,
+        aggregates: Mapping[str, Aggregate] | AggregateFunction,
+        *,
+        name: str,
+        output: Mapping[str, Any] | None = None,
+    ) -> DataStream:
         """One output row per key and window: the key fields, ``window_start``, ``window_end``
         and one column per entry of ``aggregates`` (output name → built-in aggregate).
 
@@ -267,8 +290,9 @@ class WindowedStream:
         if clash:
             raise ConfigError(f"aggregate output names clash with key/window columns: {clash}")
         if isinstance(self.assigner, GlobalWindows) and self.trigger_ is None:
-            raise ConfigError("GlobalWindows never fire by themselves: add "
-                              ".trigger(CountTrigger.of(n))")
+            raise ConfigError(
+                "GlobalWindows never fire by themselves: add .trigger(CountTrigger.of(n))"
+            )
         return self._window(dict(aggregates), window_output_schema(self.keyed, aggregates), name)
 
     def process(self, function: ProcessWindowFunction, *, name: str) -> DataStream:
@@ -278,29 +302,41 @@ class WindowedStream:
         if not function.output_schema:
             raise ConfigError(f"{type(function).__name__} must declare output_schema")
         if isinstance(self.assigner, GlobalWindows) and self.trigger_ is None:
-            raise ConfigError("GlobalWindows never fire by themselves: add "
-                              ".trigger(CountTrigger.of(n))")
+            raise ConfigError(
+                "GlobalWindows never fire by themselves: add .trigger(CountTrigger.of(n))"
+            )
         return self._window(function, to_struct(function.output_schema), name)
 
     def _window(self, contents: Any, schema: StructType, name: str) -> DataStream:
-        node = WindowNode(self.keyed, self.assigner, contents, schema,
-                          check_name("operator", name), self.lateness, self.late_tag,
-                          self.trigger_)
+        node = WindowNode(
+            self.keyed,
+            self.assigner,
+            contents,
+            schema,
+            check_name("operator", name),
+            self.lateness,
+            self.late_tag,
+            self.trigger_,
+        )
         return DataStream(self.job, node)
 
     def count(self, *, name: str, column: str = "count") -> DataStream:
         return self.aggregate({column: Count()}, name=name)
 
-    def reduce(self, function: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]], *,
-               name: str) -> DataStream:
+    def reduce(
+        self, function: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]], *, name: str
+    ) -> DataStream:
         """Flink's reduce: fold a window's records pairwise with ``function(a, b)`` (both
         records of the source schema; return one). One output row per key and window: the key
         fields, ``window_start``, ``window_end`` and the reduced record's other fields. Runs on
         the runtime's window operator (a Python function)."""
         if not callable(function):
             raise ConfigError(f"reduce takes a function (a, b) -> record, got {function!r}")
-        fields = {f.name: f.dataType for f in record_schema(self.keyed).fields
-                  if f.name not in self.keyed.keys}
+        fields = {
+            f.name: f.dataType
+            for f in record_schema(self.keyed).fields
+            if f.name not in self.keyed.keys
+        }
         return self.aggregate(_Reduce(function, tuple(fields)), name=name, output=fields)
 
 
@@ -342,8 +378,10 @@ def window_output_schema(keyed: KeyByNode, aggregates: Mapping[str, Aggregate]) 
     if missing:
         raise ConfigError(f"key_by field(s) {missing} are not in the source schema")
     fields = [StructField(k, types[k]) for k in keyed.keys]
-    fields += [StructField("window_start", TimestampNTZType()),
-               StructField("window_end", TimestampNTZType())]
+    fields += [
+        StructField("window_start", TimestampNTZType()),
+        StructField("window_end", TimestampNTZType()),
+    ]
     for out, agg in aggregates.items():
         if agg.field is not None and agg.field not in types:
             raise ConfigError(f"aggregate {out!r}: field {agg.field!r} is not in the source")

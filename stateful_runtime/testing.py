@@ -49,8 +49,12 @@ class KeyedProcessHarness:
         timestamp_field: field holding epoch milliseconds (or pass ``timestamp=`` per element).
     """
 
-    def __init__(self, fn: KeyedProcessFunction, key_by: str | Sequence[str],
-                 timestamp_field: str | None = None) -> None:
+    def __init__(
+        self,
+        fn: KeyedProcessFunction,
+        key_by: str | Sequence[str],
+        timestamp_field: str | None = None,
+    ) -> None:
         self.keys = (key_by,) if isinstance(key_by, str) else tuple(key_by)
         self.timestamp_field = timestamp_field
         self.operator = KeyedOperator(copy.deepcopy(fn))
@@ -70,8 +74,9 @@ class KeyedProcessHarness:
     def _key(self, record: dict[str, Any]) -> tuple:
         return tuple(record[k] for k in self.keys)
 
-    def process_element(self, record: dict[str, Any],
-                        timestamp: datetime | int | None = None) -> list[dict[str, Any]]:
+    def process_element(
+        self, record: dict[str, Any], timestamp: datetime | int | None = None
+    ) -> list[dict[str, Any]]:
         """Process one element; returns the main outputs it produced."""
         if timestamp is None:
             if self.timestamp_field is None:
@@ -158,7 +163,13 @@ def window_harness(
     from stateful_runtime.operators.window import WindowOperator
 
     keys = (key_by,) if isinstance(key_by, str) else tuple(key_by)
-    operator = WindowOperator(assigner, keys, contents, StructType(),
-                              allowed_lateness=allowed_lateness or timedelta(0),
-                              late_tag=late_tag, trigger=trigger)
+    operator = WindowOperator(
+        assigner,
+        keys,
+        contents,
+        StructType(),
+        allowed_lateness=allowed_lateness or timedelta(0),
+        late_tag=late_tag,
+        trigger=trigger,
+    )
     return KeyedProcessHarness(operator, keys, timestamp_field)

@@ -133,5 +133,6 @@ class EarlyFiring(Trigger):
 
     def describe(self) -> str:
         parts = ([f"every {self.count} elements"] if self.count else []) + (
-            [f"every {self.interval} of processing time"] if self.interval else [])
+            [f"every {self.interval} of processing time"] if self.interval else []
+        )
         return "early firing " + " and ".join(parts)

@@ -50,12 +50,23 @@ def spark(srt_home: Path):
     session.stop()
 
 
-def srt(args: Sequence[str], env: dict[str, str], *, cwd: Path | None = None,
-        input: bytes | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def srt(
+    args: Sequence[str],
+    env: dict[str, str],
+    *,
+    cwd: Path | None = None,
+    input: bytes | None = None,
+    timeout: float = 600,
+) -> subprocess.CompletedProcess[str]:
     """Run the real `srt` console script and capture its output."""
     return subprocess.run(
-        [str(VENV_BIN / "srt"), *args], env=env, cwd=cwd, input=input,
-        capture_output=True, timeout=timeout, **({} if input is not None else {"text": True}),
+        [str(VENV_BIN / "srt"), *args],
+        env=env,
+        cwd=cwd,
+        input=input,
+        capture_output=True,
+        timeout=timeout,
+        **({} if input is not None else {"text": True}),
     )
 
 
@@ -63,8 +74,13 @@ def srt_background(args: Sequence[str], env: dict[str, str], log: Path) -> subpr
     """Start the real `srt` in a session of its own (one killpg reaches its driver, JVM and
     Python workers, as a machine crash would), its output going to ``log``."""
     with log.open("w") as out:
-        return subprocess.Popen([str(VENV_BIN / "srt"), *args], env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            [str(VENV_BIN / "srt"), *args],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -76,19 +92,22 @@ def kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def wait_for(cond: Callable[[], bool], proc: subprocess.Popen, log: Path, what: str,
-             timeout: float = 240) -> None:
+def wait_for(
+    cond: Callable[[], bool], proc: subprocess.Popen, log: Path, what: str, timeout: float = 240
+) -> None:
     """Poll ``cond``; fail with the end of the job's log if it exits or time runs out first."""
     deadline = time.monotonic() + timeout
     while not cond():
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise AssertionError(f"no {what} (job exit code {proc.poll()}):\n"
-                                 f"{log.read_text()[-4000:]}")
+            raise AssertionError(
+                f"no {what} (job exit code {proc.poll()}):\n{log.read_text()[-4000:]}"
+            )
         time.sleep(0.05)
 
 
-def wait_for_commit(qdir: Path, after: int | None, proc: subprocess.Popen, log: Path,
-                    timeout: float = 240) -> None:
+def wait_for_commit(
+    qdir: Path, after: int | None, proc: subprocess.Popen, log: Path, timeout: float = 240
+) -> None:
     """Poll the checkpoint until a batch newer than ``after`` is committed."""
     from stateful_runtime.checkpoints import layout
 
@@ -178,8 +197,11 @@ class S3Endpoint:
         return boto3.client("s3", endpoint_url=self.url)
 
     def keys(self, prefix: str = "") -> list[str]:
-        pages = self.client().get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=prefix)
+        pages = (
+            self.client()
+            .get_paginator("list_objects_v2")
+            .paginate(Bucket=self.bucket, Prefix=prefix)
+        )
         return [o["Key"] for page in pages for o in page.get("Contents", [])]
 
 
@@ -192,8 +214,12 @@ def s3(srt_env: dict[str, str]) -> Iterator[S3Endpoint]:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    settings = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
-                "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    settings = {
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
     saved = {k: os.environ.get(k) for k in settings}
     os.environ.update(settings)
     srt_env.update(settings)
@@ -223,8 +249,9 @@ def _pg_binary(name: str) -> str:
     import glob
     import shutil
 
-    found = shutil.which(name) or next(iter(sorted(
-        glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)), None)
+    found = shutil.which(name) or next(
+        iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)), None
+    )
     if not found:
         pytest.skip(f"PostgreSQL's {name} is not installed (Debian: postgresql)")
     return found
@@ -248,9 +275,15 @@ class PostgresServer:
         subprocess.run(cmd, check=True, capture_output=True, timeout=60)
 
     def start(self) -> None:
-        self._ctl("-o", f"-p {self.port} -k {self.dir / 'data'} -c listen_addresses=127.0.0.1 "
-                  "-c fsync=off -c max_connections=50", "-l", str(self.dir / "log"), "-w",
-                  "start")
+        self._ctl(
+            "-o",
+            f"-p {self.port} -k {self.dir / 'data'} -c listen_addresses=127.0.0.1 "
+            "-c fsync=off -c max_connections=50",
+            "-l",
+            str(self.dir / "log"),
+            "-w",
+            "start",
+        )
 
     def stop(self) -> None:
         self._ctl("-m", "immediate", "-w", "stop")  # as a crash would: no checkpoint
@@ -272,8 +305,15 @@ def postgres() -> Iterator[PostgresServer]:
     import tempfile
 
     root = Path(tempfile.mkdtemp(prefix="srt-pg-"))
-    initdb = [_pg_binary("initdb"), "-D", str(root / "data"), "-U", "srt", "--auth=trust",
-              "--no-sync"]
+    initdb = [
+        _pg_binary("initdb"),
+        "-D",
+        str(root / "data"),
+        "-U",
+        "srt",
+        "--auth=trust",
+        "--no-sync",
+    ]
     if os.geteuid() == 0:
         shutil.chown(root, "postgres")
         initdb = ["runuser", "-u", "postgres", "--", *initdb]
@@ -316,26 +356,40 @@ class ClickHouseServer:
             (d / sub).mkdir(parents=True, exist_ok=True)
         with (d / "out").open("a") as out:
             self.proc = subprocess.Popen(
-                ["clickhouse-server", "--config-file=/etc/clickhouse-server/config.xml", "--",
-                 f"--path={d}/", f"--tmp_path={d}/tmp/", f"--user_files_path={d}/uf/",
-                 f"--format_schema_path={d}/fs/", f"--http_port={self.http_port}",
-                 f"--tcp_port={self.tcp_port}", "--listen_host=127.0.0.1",
-                 # 9009 by default: a second server on the machine would fail to bind it.
-                 f"--interserver_http_port={self.interserver_port}",
-                 f"--logger.log={d}/log", f"--logger.errorlog={d}/err"],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    "clickhouse-server",
+                    "--config-file=/etc/clickhouse-server/config.xml",
+                    "--",
+                    f"--path={d}/",
+                    f"--tmp_path={d}/tmp/",
+                    f"--user_files_path={d}/uf/",
+                    f"--format_schema_path={d}/fs/",
+                    f"--http_port={self.http_port}",
+                    f"--tcp_port={self.tcp_port}",
+                    "--listen_host=127.0.0.1",
+                    # 9009 by default: a second server on the machine would fail to bind it.
+                    f"--interserver_http_port={self.interserver_port}",
+                    f"--logger.log={d}/log",
+                    f"--logger.errorlog={d}/err",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + 60
         while True:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/ping",
-                                            timeout=1) as r:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{self.http_port}/ping", timeout=1
+                ) as r:
                     if r.read().strip() == b"Ok.":
                         return
             except OSError:
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"clickhouse-server did not start:\n"
-                                   f"{(d / 'out').read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"clickhouse-server did not start:\n{(d / 'out').read_text()[-2000:]}"
+                )
             time.sleep(0.05)
 
     def stop(self) -> None:
@@ -361,8 +415,9 @@ def clickhouse(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClickHouseS
 
     if not shutil.which("clickhouse-server"):
         pytest.skip("clickhouse-server is not installed: run platform/install-clickhouse.sh")
-    server = ClickHouseServer(tmp_path_factory.mktemp("clickhouse"), free_port(), free_port(),
-                              free_port())
+    server = ClickHouseServer(
+        tmp_path_factory.mktemp("clickhouse"), free_port(), free_port(), free_port()
+    )
     server.start()
     yield server
     server.stop()
@@ -414,9 +469,19 @@ def read_counts(kind: str, where: str, table: str = "upi_counts") -> dict:
         from dbt_sink.delta import DeltaUpsertSink
 
         t = DeltaUpsertSink(where, table, ("merchant_id",)).read_arrow()
-        rows = list(zip(*(t.column(c).to_pylist() for c in
-                          ("merchant_id", "window_start", "payments", "amount_paise")),
-                        strict=True)) if t.num_rows else []
+        rows = (
+            list(
+                zip(
+                    *(
+                        t.column(c).to_pylist()
+                        for c in ("merchant_id", "window_start", "payments", "amount_paise")
+                    ),
+                    strict=True,
+                )
+            )
+            if t.num_rows
+            else []
+        )
     else:
         raise ValueError(kind)
     out = {(m, utc_naive(w)): (p, a) for m, w, p, a in rows}

@@ -33,16 +33,23 @@ def _job(tmp_path, sink_upsert: bool = True) -> StreamJob:
     job = StreamJob("j", CheckpointConfig(str(tmp_path / "ck")), parallelism=3)
     stream = job.from_source(
         LogSource(str(tmp_path / "log"), "in", {"k": str, "v": int, "ts": int}),
-        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=2))
-        .with_timestamp_field("ts"),
+        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=2)).with_timestamp_field(
+            "ts"
+        ),
         name="src",
     )
-    sink = (DuckDBUpsertSink(str(tmp_path / "db"), "t", key=("k", "window_start"))
-            if sink_upsert else LogSink(str(tmp_path / "log"), "out"))
-    (stream.filter("v > 0").key_by("k")
-     .window(TumblingEventTimeWindows.of(timedelta(seconds=10)))
-     .aggregate({"n": Count(), "total": Sum("v")}, name="agg")
-     .sink_to(sink, name="out"))
+    sink = (
+        DuckDBUpsertSink(str(tmp_path / "db"), "t", key=("k", "window_start"))
+        if sink_upsert
+        else LogSink(str(tmp_path / "log"), "out")
+    )
+    (
+        stream.filter("v > 0")
+        .key_by("k")
+        .window(TumblingEventTimeWindows.of(timedelta(seconds=10)))
+        .aggregate({"n": Count(), "total": Sum("v")}, name="agg")
+        .sink_to(sink, name="out")
+    )
     return job
 
 
@@ -70,8 +77,10 @@ def test_append_only_sink_gets_window_close_emission(tmp_path):
         (lambda: TumblingEventTimeWindows.of(timedelta(0)), "positive"),
         (lambda: TumblingEventTimeWindows.of(60), "timedelta"),
         (lambda: WatermarkStrategy.for_bounded_out_of_orderness(5), "timedelta"),
-        (lambda: WatermarkStrategy.for_monotonous_timestamps().with_timestamp_field("t", "ns"),
-         "unit"),
+        (
+            lambda: WatermarkStrategy.for_monotonous_timestamps().with_timestamp_field("t", "ns"),
+            "unit",
+        ),
         (lambda: StreamJob("bad name", CheckpointConfig("x")), "job name"),
         (lambda: StreamJob("j", CheckpointConfig("x"), parallelism=0), "parallelism"),
         (lambda: LogSource("d", "t", {"a": str}, starting_offsets="middle"), "starting_offsets"),
@@ -87,8 +96,11 @@ def test_stateful_operators_need_names_and_outputs_must_not_clash(tmp_path):
     windowed = job.sources[0]
     from stateful_runtime.streams import DataStream
 
-    keyed = DataStream(job, windowed).key_by("k").window(
-        TumblingEventTimeWindows.of(timedelta(seconds=1)))
+    keyed = (
+        DataStream(job, windowed)
+        .key_by("k")
+        .window(TumblingEventTimeWindows.of(timedelta(seconds=1)))
+    )
     with pytest.raises(ConfigError, match="operator name"):
         keyed.aggregate({"n": Count()}, name="")
     with pytest.raises(ConfigError, match="clash"):
@@ -96,8 +108,9 @@ def test_stateful_operators_need_names_and_outputs_must_not_clash(tmp_path):
 
 
 def test_job_file_overrides_are_typed_and_unknown_keys_rejected(tmp_path):
-    jf = load_job_file(UPI, {"parallelism": "2", "checkpoint.interval_s": "0.5",
-                             "checkpoint.dir": str(tmp_path)})
+    jf = load_job_file(
+        UPI, {"parallelism": "2", "checkpoint.interval_s": "0.5", "checkpoint.dir": str(tmp_path)}
+    )
     assert jf.job.parallelism == 2
     assert jf.job.checkpoint.interval == timedelta(seconds=0.5)
     with pytest.raises(ConfigError, match="unknown config key.*sink.tabel.*known keys"):
@@ -123,8 +136,18 @@ def test_cli_config_mistakes_exit_non_zero_with_a_message(tmp_path, srt_env):
     claim(tmp_path / "ck", "someone-else", ["q"])
     owned = srt(["run", str(UPI), "--set", f"checkpoint.dir={tmp_path / 'ck'}"], srt_env)
     assert owned.returncode == 2 and "belongs to job 'someone-else'" in owned.stderr
-    no_topic = srt(["run", str(UPI), "--set", f"source.log_dir={tmp_path / 'nolog'}",
-                    "--set", f"checkpoint.dir={tmp_path / 'ck2'}", "--available-now"], srt_env)
+    no_topic = srt(
+        [
+            "run",
+            str(UPI),
+            "--set",
+            f"source.log_dir={tmp_path / 'nolog'}",
+            "--set",
+            f"checkpoint.dir={tmp_path / 'ck2'}",
+            "--available-now",
+        ],
+        srt_env,
+    )
     assert no_topic.returncode == 2 and "srt log create upi-payments" in no_topic.stderr
 
 
@@ -132,8 +155,9 @@ def test_explain_cli_without_spark(tmp_path, srt_env):
     from stateful_runtime.connectors.eventlog import EventLog
 
     EventLog(tmp_path / "log").create_topic("upi-payments", 2)
-    out = srt(["explain", str(UPI), "--no-spark", "--set", f"source.log_dir={tmp_path / 'log'}"],
-              srt_env)
+    out = srt(
+        ["explain", str(UPI), "--no-spark", "--set", f"source.log_dir={tmp_path / 'log'}"], srt_env
+    )
     assert out.returncode == 0, out.stderr
     assert "query upi-counts  [path: native; output mode: update]" in out.stdout
     assert "published to the dead-letter topic 'upi-payments-dlq'" in out.stdout
@@ -148,9 +172,14 @@ def test_reduce_runs_on_the_window_operator_with_the_source_fields(tmp_path):
     job = StreamJob("r", CheckpointConfig(str(tmp_path / "ck")))
     stream = job.from_source(
         LogSource(str(tmp_path / "log"), "in", {"k": str, "v": int, "ts": int}),
-        WatermarkStrategy.for_monotonous_timestamps().with_timestamp_field("ts"), name="src")
-    out = (stream.key_by("k").window(TumblingEventTimeWindows.of(timedelta(seconds=10)))
-           .reduce(lambda a, b: {**a, "v": a["v"] + b["v"]}, name="sum-v"))
+        WatermarkStrategy.for_monotonous_timestamps().with_timestamp_field("ts"),
+        name="src",
+    )
+    out = (
+        stream.key_by("k")
+        .window(TumblingEventTimeWindows.of(timedelta(seconds=10)))
+        .reduce(lambda a, b: {**a, "v": a["v"] + b["v"]}, name="sum-v")
+    )
     out.sink_to(LogSink(str(tmp_path / "log"), "out"))
     q = plan(job).queries[0]
     assert q.path == "window" and "reduce" in q.reason
@@ -175,9 +204,15 @@ def test_processing_time_functions_refuse_available_now(tmp_path):
 
     EventLog(tmp_path).create_topic("in", 1)
     job = StreamJob("p", CheckpointConfig(str(tmp_path / "ck")))
-    (job.from_source(LogSource(str(tmp_path), "in", {"k": str, "ts": int}),
-                     WatermarkStrategy.for_monotonous_timestamps().with_timestamp_field("ts"),
-                     name="s")
-     .key_by("k").process(Clocked(), name="clocked").sink_to(LogSink(str(tmp_path), "o")))
+    (
+        job.from_source(
+            LogSource(str(tmp_path), "in", {"k": str, "ts": int}),
+            WatermarkStrategy.for_monotonous_timestamps().with_timestamp_field("ts"),
+            name="s",
+        )
+        .key_by("k")
+        .process(Clocked(), name="clocked")
+        .sink_to(LogSink(str(tmp_path), "o"))
+    )
     with pytest.raises(ConfigError, match="never lets --available-now finish"):
         JobRunner(JobFile(tmp_path, {}, {}, job), available_now=True)

@@ -128,8 +128,7 @@ def test_launch_wait_and_status_as_json(cli: Cli):
 
     running = cli.ok("wait", JOB, "--until", "running", "--pid", str(pid), "--timeout", "240")
     assert running["reached"] and running["status"]["state"] == "RUNNING"
-    committed = cli.ok("wait", JOB, "--until", "commit", "--since", repr(since),
-                       "--timeout", "240")
+    committed = cli.ok("wait", JOB, "--until", "commit", "--since", repr(since), "--timeout", "240")
     assert committed["reached"] and committed["last_committed"]["upi-counts"] >= 0
 
     status = cli.status()
@@ -170,7 +169,9 @@ def test_reconcile_counts_the_good_records_of_closed_windows(cli: Cli):
     try:
         rows = con.execute(
             "SELECT epoch_ms(window_start), sum(payments) FROM upi_counts "
-            "WHERE epoch_ms(window_end) <= ? GROUP BY 1", [watermark]).fetchall()
+            "WHERE epoch_ms(window_end) <= ? GROUP BY 1",
+            [watermark],
+        ).fetchall()
     finally:
         con.close()
     assert {int(w): int(n) for w, n in rows} == dict(per_window)
@@ -182,8 +183,9 @@ def test_reconcile_counts_the_good_records_of_closed_windows(cli: Cli):
 def test_savepoint_check_and_prune_as_json(cli: Cli, tmp_path: Path):
     fits = cli.ok("savepoint", "check", str(UPI), *cli.sets())
     assert fits["compatible"] is True and fits["location"] == str(cli.ws.checkpoint_dir)
-    rekeyed = _job_file(tmp_path / "rekeyed.py", 'payments.key_by("merchant_id")',
-                        'payments.key_by("txn_id")')
+    rekeyed = _job_file(
+        tmp_path / "rekeyed.py", 'payments.key_by("merchant_id")', 'payments.key_by("txn_id")'
+    )
     err = cli.error("savepoint", "check", str(rekeyed), *cli.sets())
     assert err["type"] == "IncompatibleSavepointError"
     assert any("txn_id" in d for d in err["differences"])
@@ -192,18 +194,24 @@ def test_savepoint_check_and_prune_as_json(cli: Cli, tmp_path: Path):
     second = cli.ok("savepoint", "create", JOB)
     assert first["kind"] == second["kind"] == "savepoint"
     pruned = cli.ok("savepoint", "prune", JOB, "--keep", "1")
-    assert pruned == {"disposed": [{"id": first["id"], "location": first["location"]}],
-                      "kept": [second["id"]]}
+    assert pruned == {
+        "disposed": [{"id": first["id"], "location": first["location"]}],
+        "kept": [second["id"]],
+    }
     assert not Path(first["location"]).exists()
 
 
 def test_upgrade_refuses_code_that_cannot_take_the_state(cli: Cli, tmp_path: Path):
     pid = cli.status()["pid"]
-    rekeyed = _job_file(tmp_path / "rekeyed.py", 'payments.key_by("merchant_id")',
-                        'payments.key_by("txn_id")')
+    rekeyed = _job_file(
+        tmp_path / "rekeyed.py", 'payments.key_by("merchant_id")', 'payments.key_by("txn_id")'
+    )
     err = cli.error("upgrade", JOB, str(rekeyed), *cli.sets())
     assert (err["type"], err["stage"], err["cause"]) == (
-        "UpgradeError", "check", "IncompatibleSavepointError")
+        "UpgradeError",
+        "check",
+        "IncompatibleSavepointError",
+    )
     assert "the running job was left alone" in err["message"]
     assert any("keyed by" in d and "txn_id" in d for d in err["differences"])
     err = cli.error("upgrade", JOB, str(UPI), *cli.sets(), "--from-savepoint", "whatever")
@@ -214,8 +222,18 @@ def test_upgrade_refuses_code_that_cannot_take_the_state(cli: Cli, tmp_path: Pat
 
 def test_upgrade_rescales_through_a_stop_with_savepoint(cli: Cli):
     old = cli.status()
-    done = cli.ok("upgrade", JOB, str(UPI), *cli.sets(), "--parallelism", "3",
-                  "--timeout", "240", "--commit-timeout", "240")
+    done = cli.ok(
+        "upgrade",
+        JOB,
+        str(UPI),
+        *cli.sets(),
+        "--parallelism",
+        "3",
+        "--timeout",
+        "240",
+        "--commit-timeout",
+        "240",
+    )
     assert done["pid"] != old["pid"]
     assert subprocess.run(["kill", "-0", str(old["pid"])], capture_output=True).returncode != 0
     sp = done["savepoint"]
@@ -246,14 +264,14 @@ def test_stop_kill_and_an_upgrade_from_a_savepoint(cli: Cli, tmp_path: Path):
     assert err["stage"] == "check" and "not running (STOPPED)" in err["message"]
 
     v2 = _job_file(tmp_path / "upi_v2.py", "LIMIT 10", "LIMIT 5")
-    done = cli.ok("upgrade", JOB, str(v2), *cli.sets(), "--from-savepoint", last["id"],
-                  "--timeout", "240")
+    done = cli.ok(
+        "upgrade", JOB, str(v2), *cli.sets(), "--from-savepoint", last["id"], "--timeout", "240"
+    )
     assert done["savepoint"] is None and done["restored_from"] == last["location"]
     assert done["job_file"] == str(v2) and done["committed"] is None
     assert done["parallelism"] == 3  # the rescale sticks
     status = cli.status()
-    assert (status["state"], status["job_file"], status["pid"]) == ("RUNNING", str(v2),
-                                                                   done["pid"])
+    assert (status["state"], status["job_file"], status["pid"]) == ("RUNNING", str(v2), done["pid"])
 
     killed = cli.ok("stop", JOB, "--kill", "--pid", str(done["pid"]), "--timeout", "60")
     assert killed["signal"] in ("SIGTERM", "SIGKILL")

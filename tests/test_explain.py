@@ -11,9 +11,10 @@ from tests.conftest import EXAMPLES
 
 
 def test_explain_without_the_topic(spark, tmp_path: Path):
-    job = load_job_file(EXAMPLES / "upi_per_minute.py",
-                        {"source.log_dir": str(tmp_path / "no-log"),
-                         "checkpoint.dir": str(tmp_path / "ckpt")}).job
+    job = load_job_file(
+        EXAMPLES / "upi_per_minute.py",
+        {"source.log_dir": str(tmp_path / "no-log"), "checkpoint.dir": str(tmp_path / "ckpt")},
+    ).job
     text = plan(job).explain(spark)
     assert "window per-merchant-minute" in text
     assert "Spark plan: not available until the source's topic exists" in text

@@ -35,9 +35,16 @@ OUT_OF_ORDERNESS_MS = 5_000  # every job's bounded out-of-orderness
 STREAM_KEYS = {"upi": "merchant_id", "bids": "bidder"}
 
 
-def upi_events(n: int, seed: int, *, merchants: int = 1_000, rate_per_s: int = 1_000,
-               disorder_ms: int = 4_000, dup_share: float = 0.05, dup_window: int = 400
-               ) -> Iterator[bytes]:
+def upi_events(
+    n: int,
+    seed: int,
+    *,
+    merchants: int = 1_000,
+    rate_per_s: int = 1_000,
+    disorder_ms: int = 4_000,
+    dup_share: float = 0.05,
+    dup_window: int = 400,
+) -> Iterator[bytes]:
     rng = random.Random(seed)
     recent: list[bytes] = []
     step = 1000 / rate_per_s
@@ -47,8 +54,10 @@ def upi_events(n: int, seed: int, *, merchants: int = 1_000, rate_per_s: int = 1
             yield recent[rng.randrange(len(recent))]
             continue
         ts = START_MS + int(i * step) - rng.randint(0, disorder_ms)
-        line = (f'{{"txn_id":"t{seed}-{made}","merchant_id":"M{rng.randint(1, merchants):04d}",'
-                f'"amount_paise":{rng.randint(100, 500_000)},"ts_ms":{ts}}}').encode()
+        line = (
+            f'{{"txn_id":"t{seed}-{made}","merchant_id":"M{rng.randint(1, merchants):04d}",'
+            f'"amount_paise":{rng.randint(100, 500_000)},"ts_ms":{ts}}}'
+        ).encode()
         made += 1
         recent.append(line)
         if len(recent) > dup_window:
@@ -56,8 +65,9 @@ def upi_events(n: int, seed: int, *, merchants: int = 1_000, rate_per_s: int = 1
         yield line
 
 
-def bid_events(n: int, seed: int, *, rate_per_s: int = 10_000, disorder_ms: int = 2_000,
-               bidders: int = 100_000) -> Iterator[bytes]:
+def bid_events(
+    n: int, seed: int, *, rate_per_s: int = 10_000, disorder_ms: int = 2_000, bidders: int = 100_000
+) -> Iterator[bytes]:
     rng = random.Random(seed)
     step = 1000 / rate_per_s
     for i in range(n):
@@ -70,8 +80,10 @@ def bid_events(n: int, seed: int, *, rate_per_s: int = 10_000, disorder_ms: int 
         price = int(rng.lognormvariate(8, 1.2)) + 1
         channel = CHANNELS[rng.randrange(4)]
         url = f"https://www.nexmark.com/{channel.lower()}/item.htm?query={rng.randrange(100)}"
-        yield (f'{{"auction":{auction},"bidder":{rng.randint(1, bidders)},"price":{price},'
-               f'"channel":"{channel}","url":"{url}","ts_ms":{ts}}}').encode()
+        yield (
+            f'{{"auction":{auction},"bidder":{rng.randint(1, bidders)},"price":{price},'
+            f'"channel":"{channel}","url":"{url}","ts_ms":{ts}}}'
+        ).encode()
 
 
 GENERATORS = {"upi": upi_events, "bids": bid_events}
@@ -104,8 +116,9 @@ class Inputs:
         return self.lines_path.read_bytes().splitlines()
 
 
-def prepare(root: Path, stream: str, events: int, seed: int, *, parts: int = 2,
-            partitions: int = 2) -> Inputs:
+def prepare(
+    root: Path, stream: str, events: int, seed: int, *, parts: int = 2, partitions: int = 2
+) -> Inputs:
     """Generate (or reuse) a stream under ``root`` and lay it out for every system."""
     from stateful_runtime.connectors.eventlog import EventLog
     from stateful_runtime.connectors.eventlog.ingest import APPEND_BATCH, _records
@@ -115,8 +128,16 @@ def prepare(root: Path, stream: str, events: int, seed: int, *, parts: int = 2,
     key = STREAM_KEYS[stream]
     if meta.exists():
         m = json.loads(meta.read_text())
-        return Inputs(stream, events, seed, Path(m["lines"]), tuple(Path(p) for p in m["parts"]),
-                      Path(m["log_dir"]), stream, m["max_ts_ms"])
+        return Inputs(
+            stream,
+            events,
+            seed,
+            Path(m["lines"]),
+            tuple(Path(p) for p in m["parts"]),
+            Path(m["log_dir"]),
+            stream,
+            m["max_ts_ms"],
+        )
     d.mkdir(parents=True, exist_ok=True)
     lines = list(GENERATORS[stream](events, seed))
     lines_path = d / "events.jsonl"
@@ -137,9 +158,17 @@ def prepare(root: Path, stream: str, events: int, seed: int, *, parts: int = 2,
     EventLog(log_dir).create_topic(stream, partitions)
     with EventLog(log_dir).writer(stream) as w:
         for i in range(0, len(lines), APPEND_BATCH):
-            w.append(_records(lines[i:i + APPEND_BATCH], key))
-    meta.write_text(json.dumps({"lines": str(lines_path), "parts": [str(p) for p in part_paths],
-                                "log_dir": str(log_dir), "max_ts_ms": max_ts}))
+            w.append(_records(lines[i : i + APPEND_BATCH], key))
+    meta.write_text(
+        json.dumps(
+            {
+                "lines": str(lines_path),
+                "parts": [str(p) for p in part_paths],
+                "log_dir": str(log_dir),
+                "max_ts_ms": max_ts,
+            }
+        )
+    )
     return Inputs(stream, events, seed, lines_path, tuple(part_paths), log_dir, stream, max_ts)
 
 

@@ -36,13 +36,23 @@ WEIGHT = {"kafka": 150.0, "latency": 150.0, "scaleout": 150.0, "profiles": 150.0
 LATENCY_RATES = (5_000, 20_000, 50_000)
 
 
-def run(section: str, *, work: Path, cfg: dict[str, Any], seed: int, options: dict[str, Any],
-        progress, results: dict[str, Any], save, keep: bool) -> None:
+def run(
+    section: str,
+    *,
+    work: Path,
+    cfg: dict[str, Any],
+    seed: int,
+    options: dict[str, Any],
+    progress,
+    results: dict[str, Any],
+    save,
+    keep: bool,
+) -> None:
     progress.step(section, WEIGHT[section])
     try:
-        out = {"kafka": kafka, "latency": latency, "scaleout": scaleout,
-               "profiles": profiles}[section](work=work / section, cfg=cfg, seed=seed,
-                                               options=options, progress=progress)
+        out = {"kafka": kafka, "latency": latency, "scaleout": scaleout, "profiles": profiles}[
+            section
+        ](work=work / section, cfg=cfg, seed=seed, options=options, progress=progress)
         note = out.pop("_note", "")
     except Exception as exc:  # noqa: BLE001 - a failed section must not lose the others
         out = {"error": f"{type(exc).__name__}: {exc}"}
@@ -56,9 +66,14 @@ def run(section: str, *, work: Path, cfg: dict[str, Any], seed: int, options: di
 
 def _env(rundir: Path) -> dict[str, str]:
     (rundir / "tmp").mkdir(parents=True, exist_ok=True)
-    return {"SRT_HOME": str(rundir / "srt-home"), "TMPDIR": str(rundir / "tmp"),
-            "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": str(PROJECT_PYTHON),
-            "PYSPARK_DRIVER_PYTHON": str(PROJECT_PYTHON), "PYTHONPATH": str(ROOT)}
+    return {
+        "SRT_HOME": str(rundir / "srt-home"),
+        "TMPDIR": str(rundir / "tmp"),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYSPARK_PYTHON": str(PROJECT_PYTHON),
+        "PYSPARK_DRIVER_PYTHON": str(PROJECT_PYTHON),
+        "PYTHONPATH": str(ROOT),
+    }
 
 
 def _percentile(xs: list[float], q: float) -> float | None:
@@ -75,33 +90,53 @@ def _percentile(xs: list[float], q: float) -> float | None:
 # Kafka source vs raw consumer
 
 
-def kafka(*, work: Path, cfg: dict[str, Any], seed: int, options: dict[str, Any],
-          progress) -> dict[str, Any]:
+def kafka(
+    *, work: Path, cfg: dict[str, Any], seed: int, options: dict[str, Any], progress
+) -> dict[str, Any]:
     events = 1_000_000 if cfg["events"] >= 1_000_000 else cfg["events"]
     work.mkdir(parents=True, exist_ok=True)
     out = work / "kafka_throughput.json"
     env = {**os.environ, **_env(work)}
-    proc = subprocess.run([str(PROJECT_PYTHON), str(BENCH / "kafka_throughput.py"),
-                           "--events", str(events), "--output", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        [
+            str(PROJECT_PYTHON),
+            str(BENCH / "kafka_throughput.py"),
+            "--events",
+            str(events),
+            "--output",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if proc.returncode != 0 or not out.exists():
         raise RuntimeError(f"kafka_throughput.py exit {proc.returncode}: {proc.stderr[-1500:]}")
     r = json.loads(out.read_text())
     src = r["source"]
-    return {"events": events, "source_events_per_s": src["events_per_s"],
-            "raw_events_per_s": src["raw_consumer_per_s"], "ratio": src["ratio"],
-            "reps": src.get("reps", 1), "runs": src.get("runs"),
-            "sink": r.get("sink"), "raw": r,
-            "_note": f"source {src['events_per_s']:,}/s vs raw {src['raw_consumer_per_s']:,}/s"
-                     f" = {src['ratio']:.2f}x"}
+    return {
+        "events": events,
+        "source_events_per_s": src["events_per_s"],
+        "raw_events_per_s": src["raw_consumer_per_s"],
+        "ratio": src["ratio"],
+        "reps": src.get("reps", 1),
+        "runs": src.get("runs"),
+        "sink": r.get("sink"),
+        "raw": r,
+        "_note": f"source {src['events_per_s']:,}/s vs raw {src['raw_consumer_per_s']:,}/s"
+        f" = {src['ratio']:.2f}x",
+    }
 
 
 # --------------------------------------------------------------------------------------------
 # latency on the Kafka source
 
 
-def latency(*, work: Path, cfg: dict[str, Any], seed: int, options: dict[str, Any],
-            progress) -> dict[str, Any]:
+def latency(
+    *, work: Path, cfg: dict[str, Any], seed: int, options: dict[str, Any], progress
+) -> dict[str, Any]:
     from confluent_kafka import Consumer, Producer, TopicPartition
 
     from tests.connectors.kafka.conftest import start_broker
@@ -119,31 +154,56 @@ def latency(*, work: Path, cfg: dict[str, Any], seed: int, options: dict[str, An
         rundir = work / "job"
         rundir.mkdir()
         stop_file = rundir / "STOP"
-        cmd = [str(PROJECT_PYTHON), str(BENCH / "harness" / "srt_child.py"),
-               "--job", str(JOBS / "latency_passthrough.py"), "--master",
-               options.get("master", "local[2]"), "--result", str(rundir / "result.json"),
-               "--stop-file", str(stop_file)]
-        for k, v in {"source.bootstrap_servers": broker.bootstrap,
-                     "checkpoint.dir": str(rundir / "checkpoints"),
-                     "parallelism": str(options["parallelism"])}.items():
+        cmd = [
+            str(PROJECT_PYTHON),
+            str(BENCH / "harness" / "srt_child.py"),
+            "--job",
+            str(JOBS / "latency_passthrough.py"),
+            "--master",
+            options.get("master", "local[2]"),
+            "--result",
+            str(rundir / "result.json"),
+            "--stop-file",
+            str(stop_file),
+        ]
+        for k, v in {
+            "source.bootstrap_servers": broker.bootstrap,
+            "checkpoint.dir": str(rundir / "checkpoints"),
+            "parallelism": str(options["parallelism"]),
+        }.items():
             cmd += ["--set", f"{k}={v}"]
         log = open(rundir / "stderr.log", "wb")
-        child = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **_env(rundir)},
-                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        child = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env={**os.environ, **_env(rundir)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 180
         while not any((rundir / "checkpoints").glob("*/commits/0")):
             if child.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("latency job did not commit its first batch: "
-                                   + (rundir / "stderr.log").read_bytes()[-1500:].decode())
+                raise RuntimeError(
+                    "latency job did not commit its first batch: "
+                    + (rundir / "stderr.log").read_bytes()[-1500:].decode()
+                )
             time.sleep(0.2)
 
         seen: dict[str, list[float]] = defaultdict(list)
         stop = threading.Event()
 
         def consume() -> None:
-            c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "latency",
-                          "enable.auto.commit": False, "isolation.level": "read_committed",
-                          "fetch.wait.max.ms": 5, "fetch.min.bytes": 1})
+            c = Consumer(
+                {
+                    "bootstrap.servers": broker.bootstrap,
+                    "group.id": "latency",
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                    "fetch.wait.max.ms": 5,
+                    "fetch.min.bytes": 1,
+                }
+            )
             c.assign([TopicPartition("latency-out", p, 0) for p in range(2)])
             while not stop.is_set():
                 for m in c.consume(5000, 0.05):
@@ -156,8 +216,9 @@ def latency(*, work: Path, cfg: dict[str, Any], seed: int, options: dict[str, An
 
         consumer = threading.Thread(target=consume, daemon=True)
         consumer.start()
-        producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 2,
-                             "enable.idempotence": True})
+        producer = Producer(
+            {"bootstrap.servers": broker.bootstrap, "linger.ms": 2, "enable.idempotence": True}
+        )
         produced: dict[str, dict[str, float]] = {}
 
         def feed(phase: str, rate: int, seconds: float) -> None:
@@ -169,8 +230,10 @@ def latency(*, work: Path, cfg: dict[str, Any], seed: int, options: dict[str, An
                 due = int(rate * elapsed) - sent
                 now_ms = int(time.time() * 1000)
                 for i in range(sent, sent + due):
-                    value = (f'{{"txn_id":"{phase}-{i}","merchant_id":"M{i % 1000:04d}",'
-                             f'"amount_paise":{100 + i % 5000},"ts_ms":{now_ms}}}')
+                    value = (
+                        f'{{"txn_id":"{phase}-{i}","merchant_id":"M{i % 1000:04d}",'
+                        f'"amount_paise":{100 + i % 5000},"ts_ms":{now_ms}}}'
+                    )
                     while True:
                         try:
                             producer.produce("latency-in", value=value, key=str(i % 1000))
@@ -191,40 +254,55 @@ def latency(*, work: Path, cfg: dict[str, Any], seed: int, options: dict[str, An
             time.sleep(gap_s)
         deadline = time.monotonic() + drain_s
         while time.monotonic() < deadline and any(
-                len(seen[p]) < produced[p]["events"] for p in produced):
+            len(seen[p]) < produced[p]["events"] for p in produced
+        ):
             time.sleep(0.2)
         stop.set()
         consumer.join(10)
         stop_file.touch()
         child.wait(120)
         out: dict[str, Any] = {
-            "setup": (f"`benchmarks/jobs/latency_passthrough.py`: Kafka source → filter → Kafka "
-                      f"exactly-once sink, trigger 0.2 s, parallelism {options['parallelism']}, "
-                      f"noida-db broker, 2 partitions in and out. Each event carries its produce "
-                      f"time; a read_committed consumer (fetch.wait.max.ms 5) records when it "
-                      f"sees each. {warm_s:.0f} s warm-up at {rates[0]:,}/s (not counted), then "
-                      f"{measure_s:.0f} s per rate. The feeder and the consumer run in the "
-                      f"harness process on the same 2 cores."),
-            "rates": {}}
+            "setup": (
+                f"`benchmarks/jobs/latency_passthrough.py`: Kafka source → filter → Kafka "
+                f"exactly-once sink, trigger 0.2 s, parallelism {options['parallelism']}, "
+                f"noida-db broker, 2 partitions in and out. Each event carries its produce "
+                f"time; a read_committed consumer (fetch.wait.max.ms 5) records when it "
+                f"sees each. {warm_s:.0f} s warm-up at {rates[0]:,}/s (not counted), then "
+                f"{measure_s:.0f} s per rate. The feeder and the consumer run in the "
+                f"harness process on the same 2 cores."
+            ),
+            "rates": {},
+        }
         for rate in rates:
             p = f"r{rate}"
             lat = seen.get(p, [])
             made = produced.get(p, {"events": 0, "seconds": 1})
             out["rates"][str(rate)] = {
-                "events": made["events"], "seen": len(lat),
+                "events": made["events"],
+                "seen": len(lat),
                 "achieved_rate": made["events"] / made["seconds"],
-                "p50_ms": _percentile(lat, 50), "p99_ms": _percentile(lat, 99),
+                "p50_ms": _percentile(lat, 50),
+                "p99_ms": _percentile(lat, 99),
                 "max_ms": max(lat) if lat else None,
-                "lost": made["events"] - len(lat)}
-        r = json.loads((rundir / "result.json").read_text()) if (
-            rundir / "result.json").exists() else {}
-        durs = [b["progress"]["durationMs"].get("triggerExecution")
-                for b in r.get("batches", []) if b["rows"]]
+                "lost": made["events"] - len(lat),
+            }
+        r = (
+            json.loads((rundir / "result.json").read_text())
+            if (rundir / "result.json").exists()
+            else {}
+        )
+        durs = [
+            b["progress"]["durationMs"].get("triggerExecution")
+            for b in r.get("batches", [])
+            if b["rows"]
+        ]
         out["batch_ms_p50"] = _percentile([d for d in durs if d], 50)
         out["batches"] = len(durs)
         mid = out["rates"].get("20000") or next(iter(out["rates"].values()))
-        out["_note"] = (f"p50 {mid['p50_ms'] or 0:,.0f} ms, p99 {mid['p99_ms'] or 0:,.0f} ms "
-                        f"at {mid['achieved_rate']:,.0f}/s")
+        out["_note"] = (
+            f"p50 {mid['p50_ms'] or 0:,.0f} ms, p99 {mid['p99_ms'] or 0:,.0f} ms "
+            f"at {mid['achieved_rate']:,.0f}/s"
+        )
         return out
     finally:
         if child is not None and child.poll() is None:
@@ -263,12 +341,20 @@ class StandaloneCluster:
         d = self.d
         (d / "conf").mkdir(parents=True, exist_ok=True)
         (d / "tmp").mkdir(exist_ok=True)
-        env = {**os.environ, "SPARK_HOME": str(self.spark_home), "SPARK_LOCAL_IP": "127.0.0.1",
-               "SPARK_LOCAL_HOSTNAME": "127.0.0.1", "SPARK_MASTER_HOST": "127.0.0.1",
-               "SPARK_CONF_DIR": str(d / "conf"), "SPARK_DAEMON_MEMORY": "512m",
-               "PYSPARK_PYTHON": str(PROJECT_PYTHON), "TMPDIR": str(d / "tmp"),
-               "SRT_HOME": str(d / "srt-home"), "PYTHONPATH": str(ROOT),
-               "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false"}
+        env = {
+            **os.environ,
+            "SPARK_HOME": str(self.spark_home),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_LOCAL_HOSTNAME": "127.0.0.1",
+            "SPARK_MASTER_HOST": "127.0.0.1",
+            "SPARK_CONF_DIR": str(d / "conf"),
+            "SPARK_DAEMON_MEMORY": "512m",
+            "PYSPARK_PYTHON": str(PROJECT_PYTHON),
+            "TMPDIR": str(d / "tmp"),
+            "SRT_HOME": str(d / "srt-home"),
+            "PYTHONPATH": str(ROOT),
+            "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
+        }
         ports = _free_ports(2 + 2 * self.workers)
         self.url = f"spark://127.0.0.1:{ports[0]}"
         self.ui = f"http://127.0.0.1:{ports[1]}"
@@ -276,18 +362,49 @@ class StandaloneCluster:
 
         def spawn(name: str, args: list[str]) -> None:
             log = open(d / f"{name}.log", "wb")
-            self.procs.append(subprocess.Popen([cls, *args], env=env, stdout=log,
-                                               stderr=subprocess.STDOUT,
-                                               start_new_session=True))
+            self.procs.append(
+                subprocess.Popen(
+                    [cls, *args],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
 
-        spawn("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                         "--port", str(ports[0]), "--webui-port", str(ports[1])])
+        spawn(
+            "master",
+            [
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(ports[0]),
+                "--webui-port",
+                str(ports[1]),
+            ],
+        )
         for i in range(self.workers):
             (d / f"work{i}").mkdir(exist_ok=True)
-            spawn(f"worker{i}", ["org.apache.spark.deploy.worker.Worker", "--host",
-                                 "127.0.0.1", "--port", str(ports[2 + 2 * i]), "--webui-port",
-                                 str(ports[3 + 2 * i]), "--cores", str(self.cores), "--memory",
-                                 self.memory, "--work-dir", str(d / f"work{i}"), self.url])
+            spawn(
+                f"worker{i}",
+                [
+                    "org.apache.spark.deploy.worker.Worker",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(ports[2 + 2 * i]),
+                    "--webui-port",
+                    str(ports[3 + 2 * i]),
+                    "--cores",
+                    str(self.cores),
+                    "--memory",
+                    self.memory,
+                    "--work-dir",
+                    str(d / f"work{i}"),
+                    self.url,
+                ],
+            )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
@@ -313,38 +430,54 @@ class StandaloneCluster:
                 os.killpg(p.pid, 9)
 
 
-def scaleout(*, work: Path, cfg: dict[str, Any], seed: int, options: dict[str, Any],
-             progress) -> dict[str, Any]:
+def scaleout(
+    *, work: Path, cfg: dict[str, Any], seed: int, options: dict[str, Any], progress
+) -> dict[str, Any]:
     wl = WORKLOADS["upi"]
     work.mkdir(parents=True, exist_ok=True)
-    inputs = data.prepare(work.parent / "data", "upi", cfg["events"], seed,
-                          parts=options["parallelism"], partitions=options["parallelism"])
+    inputs = data.prepare(
+        work.parent / "data",
+        "upi",
+        cfg["events"],
+        seed,
+        parts=options["parallelism"],
+        partitions=options["parallelism"],
+    )
     expected = wl.oracle(data.parse(inputs.lines()), inputs.final_watermark_ms)
     srt = SYSTEMS["srt"]
     out: dict[str, Any] = {"runs": {}}
     cluster = StandaloneCluster(work / "cluster", workers=2, cores=1)
     url = cluster.start()
     try:
-        for label, master in ((f"local[{options['parallelism']}]", options["master"]),
-                              ("standalone, 2 workers x 1 core", url)):
+        for label, master in (
+            (f"local[{options['parallelism']}]", options["master"]),
+            ("standalone, 2 workers x 1 core", url),
+        ):
             progress.step(f"scale-out: UPI on {label}", 0)
             rundir = work / label.split(",")[0].replace("[", "").replace("]", "")
             rundir.mkdir(parents=True, exist_ok=True)
-            r = srt.run(wl, inputs, rundir, 1, expected=expected,
-                        options={**options, "master": master})
-            out["runs"][label] = {"whole_events_per_s": r.whole_events_per_s,
-                                  "steady_events_per_s": r.steady_events_per_s,
-                                  "startup_s": r.startup_s, "wall_s": r.wall_s,
-                                  "matched": r.check.get("matched"), "error": r.error,
-                                  "peak_memory_bytes": r.peak_memory_bytes}
+            r = srt.run(
+                wl, inputs, rundir, 1, expected=expected, options={**options, "master": master}
+            )
+            out["runs"][label] = {
+                "whole_events_per_s": r.whole_events_per_s,
+                "steady_events_per_s": r.steady_events_per_s,
+                "startup_s": r.startup_s,
+                "wall_s": r.wall_s,
+                "matched": r.check.get("matched"),
+                "error": r.error,
+                "peak_memory_bytes": r.peak_memory_bytes,
+            }
     finally:
         cluster.stop()
     (a, b) = out["runs"].values()
-    out["setup"] = (f"The UPI job over the same {cfg['events']:,} events, once on "
-                    f"`{options['master']}` and once on a Spark standalone cluster started by "
-                    f"the harness on this machine (a master and two workers of one core and 2 "
-                    f"GiB each; the driver runs in the job process). Same parallelism "
-                    f"({options['parallelism']}), same 2 cores in total.")
+    out["setup"] = (
+        f"The UPI job over the same {cfg['events']:,} events, once on "
+        f"`{options['master']}` and once on a Spark standalone cluster started by "
+        f"the harness on this machine (a master and two workers of one core and 2 "
+        f"GiB each; the driver runs in the job process). Same parallelism "
+        f"({options['parallelism']}), same 2 cores in total."
+    )
     if a.get("steady_events_per_s") and b.get("steady_events_per_s"):
         out["ratio_steady"] = b["steady_events_per_s"] / a["steady_events_per_s"]
     if a.get("whole_events_per_s") and b.get("whole_events_per_s"):
@@ -360,15 +493,20 @@ def scaleout(*, work: Path, cfg: dict[str, Any], seed: int, options: dict[str, A
 def _jstat(pid: int) -> dict[str, float] | None:
     """JIT compile time and GC time (s) of a JVM, from jstat."""
     try:
+
         def table(option: str) -> dict[str, str]:
-            lines = subprocess.run(["jstat", option, str(pid)], capture_output=True, text=True,
-                                   timeout=5).stdout.splitlines()
+            lines = subprocess.run(
+                ["jstat", option, str(pid)], capture_output=True, text=True, timeout=5
+            ).stdout.splitlines()
             # The first columns are numbers; -compiler's last ones (failed method) are text.
             return dict(zip(lines[0].split(), lines[1].split(), strict=False))
 
         c, g = table("-compiler"), table("-gcutil")
-        return {"compiled": float(c["Compiled"]), "jit_s": float(c["Time"]),
-                "gc_s": float(g["GCT"])}
+        return {
+            "compiled": float(c["Compiled"]),
+            "jit_s": float(c["Time"]),
+            "gc_s": float(g["GCT"]),
+        }
     except (OSError, subprocess.SubprocessError, KeyError, ValueError, IndexError):
         return None
 
@@ -420,8 +558,10 @@ def parse_pyspy_raw(path: Path, rate: int) -> dict[str, Any]:
         g = groups.setdefault(group, {"samples": 0, "self": Counter(), "incl": Counter()})
         n = int(count)
         g["samples"] += n
-        fs = [f.split(" (")[0] + (f" ({f.split(' (')[1].split(':')[0]})" if " (" in f else "")
-              for f in frames[1:]]
+        fs = [
+            f.split(" (")[0] + (f" ({f.split(' (')[1].split(':')[0]})" if " (" in f else "")
+            for f in frames[1:]
+        ]
         if fs:
             g["self"][fs[-1]] += n
         for f in set(fs):
@@ -444,8 +584,9 @@ def _share(prof: dict[str, Any], group: str, needle: str) -> float | None:
     return sum(s for f, s in g["top_inclusive"] if needle in f) or 0.0
 
 
-def profiles(*, work: Path, cfg: dict[str, Any], seed: int, options: dict[str, Any],
-             progress) -> dict[str, Any]:
+def profiles(
+    *, work: Path, cfg: dict[str, Any], seed: int, options: dict[str, Any], progress
+) -> dict[str, Any]:
     pyspy = PROJECT_PYTHON.parent / "py-spy"
     rate = 50
     work.mkdir(parents=True, exist_ok=True)
@@ -453,8 +594,14 @@ def profiles(*, work: Path, cfg: dict[str, Any], seed: int, options: dict[str, A
     for w in ("upi", "q5"):
         wl = WORKLOADS[w]
         progress.step(f"profile {w} (py-spy, jstat, Spark progress)", 0)
-        inputs = data.prepare(work.parent / "data", wl.stream, cfg["events"], seed,
-                              parts=options["parallelism"], partitions=options["parallelism"])
+        inputs = data.prepare(
+            work.parent / "data",
+            wl.stream,
+            cfg["events"],
+            seed,
+            parts=options["parallelism"],
+            partitions=options["parallelism"],
+        )
         expected = wl.oracle(data.parse(inputs.lines()), inputs.final_watermark_ms)
         rundir = work / w
         rundir.mkdir(parents=True, exist_ok=True)
@@ -464,10 +611,23 @@ def profiles(*, work: Path, cfg: dict[str, Any], seed: int, options: dict[str, A
         def on_start(pid: int, rundir=rundir, spy=spy, jvm=jvm) -> None:
             if pyspy.exists():
                 spy["proc"] = subprocess.Popen(
-                    [str(pyspy), "record", "--pid", str(pid), "--subprocesses", "--nonblocking",
-                     "--rate", str(rate), "--format", "raw", "--output",
-                     str(rundir / "pyspy.raw")],
-                    stdout=subprocess.DEVNULL, stderr=open(rundir / "pyspy.log", "wb"))
+                    [
+                        str(pyspy),
+                        "record",
+                        "--pid",
+                        str(pid),
+                        "--subprocesses",
+                        "--nonblocking",
+                        "--rate",
+                        str(rate),
+                        "--format",
+                        "raw",
+                        "--output",
+                        str(rundir / "pyspy.raw"),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=open(rundir / "pyspy.log", "wb"),
+                )
 
             def poll_jvm() -> None:
                 t0 = time.time()
@@ -487,8 +647,9 @@ def profiles(*, work: Path, cfg: dict[str, Any], seed: int, options: dict[str, A
 
             threading.Thread(target=poll_jvm, daemon=True).start()
 
-        r = SYSTEMS["srt"].run(wl, inputs, rundir, 1, expected=expected,
-                               options={**options, "on_start": on_start})
+        r = SYSTEMS["srt"].run(
+            wl, inputs, rundir, 1, expected=expected, options={**options, "on_start": on_start}
+        )
         if "proc" in spy:
             try:
                 spy["proc"].wait(60)
@@ -502,36 +663,55 @@ def profiles(*, work: Path, cfg: dict[str, Any], seed: int, options: dict[str, A
         batches = r.details.get("batches", [])
         (keep / f"{w}.batches.json").write_text(json.dumps(batches, indent=1))
         out["runs"][w] = {
-            "path": wl.srt_path, "ok": r.ok, "error": r.error,
-            "matched": r.check.get("matched"), "wall_s": r.wall_s, "startup_s": r.startup_s,
+            "path": wl.srt_path,
+            "ok": r.ok,
+            "error": r.error,
+            "matched": r.check.get("matched"),
+            "wall_s": r.wall_s,
+            "startup_s": r.startup_s,
             "steady_events_per_s": r.steady_events_per_s,
             "t_interpreter_s": r.details.get("t_interpreter_s"),
             "t_runner_s": r.details.get("t_runner_s"),
-            "batches": batches, "pyspy": prof, "jvm": jvm["samples"][-1:] and {
-                "final": jvm["samples"][-1],
-                "at_first_commit": _at(jvm["samples"], r.startup_s)},
+            "batches": batches,
+            "pyspy": prof,
+            "jvm": jvm["samples"][-1:]
+            and {"final": jvm["samples"][-1], "at_first_commit": _at(jvm["samples"], r.startup_s)},
         }
     out["decode"] = decode_cost(work.parent / "data", cfg["events"], seed, options)
     out["summary"] = summarise_profiles(out, cfg, options)
-    out["_note"] = "; ".join(f"{w}: startup {v['startup_s'] or 0:.1f} s"
-                             for w, v in out["runs"].items())
+    out["_note"] = "; ".join(
+        f"{w}: startup {v['startup_s'] or 0:.1f} s" for w, v in out["runs"].items()
+    )
     return out
 
 
-def decode_cost(data_dir: Path, events: int, seed: int, options: dict[str, Any]
-                ) -> dict[str, Any]:
+def decode_cost(data_dir: Path, events: int, seed: int, options: dict[str, Any]) -> dict[str, Any]:
     """CPU µs per record of the event-log source's JSON decode (``decode_json``, Arrow) and of
     ``json.loads`` (what the Python peers do) on the same lines, in this process on one core,
     best of 3 over up to 200k records."""
     from stateful_runtime.connectors.formats.json import decode_json, to_struct
 
-    schemas = {"upi": {"txn_id": str, "merchant_id": str, "amount_paise": int, "ts_ms": int},
-               "bids": {"auction": int, "bidder": int, "price": int, "channel": str,
-                        "url": str, "ts_ms": int}}
+    schemas = {
+        "upi": {"txn_id": str, "merchant_id": str, "amount_paise": int, "ts_ms": int},
+        "bids": {
+            "auction": int,
+            "bidder": int,
+            "price": int,
+            "channel": str,
+            "url": str,
+            "ts_ms": int,
+        },
+    }
     out = {}
     for stream, schema in schemas.items():
-        inputs = data.prepare(data_dir, stream, events, seed, parts=options["parallelism"],
-                              partitions=options["parallelism"])
+        inputs = data.prepare(
+            data_dir,
+            stream,
+            events,
+            seed,
+            parts=options["parallelism"],
+            partitions=options["parallelism"],
+        )
         lines = inputs.lines()[:200_000]
         struct = to_struct(schema)
 
@@ -543,11 +723,13 @@ def decode_cost(data_dir: Path, events: int, seed: int, options: dict[str, Any]
                 times.append(time.process_time() - t0)
             return min(times) * 1e6 / len(lines)
 
-        out[stream] = {"records": len(lines),
-                       "decode_json_us": round(best(
-                           lambda lines=lines, struct=struct: decode_json(lines, struct)), 3),
-                       "json_loads_us": round(best(
-                           lambda lines=lines: [json.loads(x) for x in lines]), 3)}
+        out[stream] = {
+            "records": len(lines),
+            "decode_json_us": round(
+                best(lambda lines=lines, struct=struct: decode_json(lines, struct)), 3
+            ),
+            "json_loads_us": round(best(lambda lines=lines: [json.loads(x) for x in lines]), 3),
+        }
     return out
 
 
@@ -562,20 +744,25 @@ def _fmt_ms(x: float | None) -> str:
     return "–" if x is None else f"{x:,.0f} ms"
 
 
-def summarise_profiles(out: dict[str, Any], cfg: dict[str, Any], options: dict[str, Any]
-                       ) -> list[str]:
+def summarise_profiles(
+    out: dict[str, Any], cfg: dict[str, Any], options: dict[str, Any]
+) -> list[str]:
     """The "where the time goes" bullet list for BENCHMARKS.md."""
     lines: list[str] = []
     p = lines.append
-    p(f"From one more run of each job with py-spy (`--subprocesses`, {out['rate_hz']} Hz, "
-      f"on-CPU samples of the driver and Spark's Python workers), `jstat` on the driver JVM "
-      f"(JIT and GC time) and Spark's progress per micro-batch; raw stacks (collapsed format, "
-      f"opens in speedscope) and per-batch JSON in `benchmarks/results/profiles/`.")
+    p(
+        f"From one more run of each job with py-spy (`--subprocesses`, {out['rate_hz']} Hz, "
+        f"on-CPU samples of the driver and Spark's Python workers), `jstat` on the driver JVM "
+        f"(JIT and GC time) and Spark's progress per micro-batch; raw stacks (collapsed format, "
+        f"opens in speedscope) and per-batch JSON in `benchmarks/results/profiles/`."
+    )
     p("")
     for stream, d in (out.get("decode") or {}).items():
-        p(f"* JSON decode ({stream} lines, one core): the source's `decode_json` (Arrow) "
-          f"{d['decode_json_us']:.2f} µs/record ({1e6 / d['decode_json_us']:,.0f}/s), "
-          f"`json.loads` (the Python peers' decode) {d['json_loads_us']:.2f} µs/record.")
+        p(
+            f"* JSON decode ({stream} lines, one core): the source's `decode_json` (Arrow) "
+            f"{d['decode_json_us']:.2f} µs/record ({1e6 / d['decode_json_us']:,.0f}/s), "
+            f"`json.loads` (the Python peers' decode) {d['json_loads_us']:.2f} µs/record."
+        )
     for w, r in out["runs"].items():
         if r.get("error"):
             p(f"* **{w}**: run failed: {r['error'][:200]}")
@@ -592,35 +779,45 @@ def summarise_profiles(out: dict[str, Any], cfg: dict[str, Any], options: dict[s
             return _percentile([v for v in vals if v is not None], 50)
 
         commit = [sum(o.get("commitTimeMs") or 0 for o in x.get("state", [])) for x in rest]
-        p(f"* **{w}** ({r['path']} path): start to first committed batch "
-          f"{r['startup_s'] or 0:.1f} s = interpreter + imports {r['t_runner_s'] or 0:.1f} s, "
-          f"then Spark session start, source and query start and batch 0 "
-          f"({_fmt_ms(d0.get('triggerExecution'))} for {(first or {}).get('rows', 0):,} rows: "
-          f"planning {_fmt_ms(d0.get('queryPlanning'))}, addBatch "
-          f"{_fmt_ms(d0.get('addBatch'))}; a later batch of the same size takes "
-          f"{_fmt_ms(med('triggerExecution'))}, addBatch {_fmt_ms(med('addBatch'))}).")
+        p(
+            f"* **{w}** ({r['path']} path): start to first committed batch "
+            f"{r['startup_s'] or 0:.1f} s = interpreter + imports {r['t_runner_s'] or 0:.1f} s, "
+            f"then Spark session start, source and query start and batch 0 "
+            f"({_fmt_ms(d0.get('triggerExecution'))} for {(first or {}).get('rows', 0):,} rows: "
+            f"planning {_fmt_ms(d0.get('queryPlanning'))}, addBatch "
+            f"{_fmt_ms(d0.get('addBatch'))}; a later batch of the same size takes "
+            f"{_fmt_ms(med('triggerExecution'))}, addBatch {_fmt_ms(med('addBatch'))})."
+        )
         jvm = r.get("jvm") or {}
         at, fin = jvm.get("at_first_commit"), jvm.get("final")
         if at and fin:
-            p(f"  * JVM: JIT compilation {at['jit_s']:.1f} s of CPU before the first commit, "
-              f"{fin['jit_s'] - at['jit_s']:.1f} s after it (total {fin['jit_s']:.1f} s, "
-              f"{fin['compiled']:,.0f} methods); GC {fin['gc_s']:.1f} s in all.")
+            p(
+                f"  * JVM: JIT compilation {at['jit_s']:.1f} s of CPU before the first commit, "
+                f"{fin['jit_s'] - at['jit_s']:.1f} s after it (total {fin['jit_s']:.1f} s, "
+                f"{fin['compiled']:,.0f} methods); GC {fin['gc_s']:.1f} s in all."
+            )
         if nodata:
             x = nodata[-1].get("duration_ms") or {}
-            p(f"  * Per-batch fixed cost: the final no-data batch (no rows; plans, writes the "
-              f"offset log, runs the operators, commits state and the commit log) takes "
-              f"{_fmt_ms(x.get('triggerExecution'))}; WAL {_fmt_ms(med('walCommit'))} and "
-              f"commit log {_fmt_ms(med('commitOffsets'))} per data batch (median), planning "
-              f"{_fmt_ms(med('queryPlanning'))}, offsets {_fmt_ms(med('latestOffset'))}.")
+            p(
+                f"  * Per-batch fixed cost: the final no-data batch (no rows; plans, writes the "
+                f"offset log, runs the operators, commits state and the commit log) takes "
+                f"{_fmt_ms(x.get('triggerExecution'))}; WAL {_fmt_ms(med('walCommit'))} and "
+                f"commit log {_fmt_ms(med('commitOffsets'))} per data batch (median), planning "
+                f"{_fmt_ms(med('queryPlanning'))}, offsets {_fmt_ms(med('latestOffset'))}."
+            )
         if commit:
-            p(f"  * State commit (RocksDB, `commitTimeMs` summed over partitions): median "
-              f"{_fmt_ms(_percentile(commit, 50))} per batch; sink write median "
-              f"{_fmt_ms(_percentile([x['sink_write_ms'] or 0 for x in rest], 50))}.")
+            p(
+                f"  * State commit (RocksDB, `commitTimeMs` summed over partitions): median "
+                f"{_fmt_ms(_percentile(commit, 50))} per batch; sink write median "
+                f"{_fmt_ms(_percentile([x['sink_write_ms'] or 0 for x in rest], 50))}."
+            )
         prof = r.get("pyspy") or {}
-        for group, label in (("driver", "driver (job process)"),
-                             ("python_workers", "Python workers"),
-                             ("planning_workers", "Python data-source planning workers"),
-                             ("source_runner", "streaming source runner")):
+        for group, label in (
+            ("driver", "driver (job process)"),
+            ("python_workers", "Python workers"),
+            ("planning_workers", "Python data-source planning workers"),
+            ("source_runner", "streaming source runner"),
+        ):
             g = prof.get(group)
             if not g:
                 continue
@@ -629,15 +826,16 @@ def summarise_profiles(out: dict[str, Any], cfg: dict[str, Any], options: dict[s
         wk = prof.get("python_workers")
         if wk:
             parts = []
-            for needle, what in (("decode_json", "JSON decode (`decode_json`)"),
-                                 ("read_values", "log read (`read_values`)"),
-                                 ("_find_and_load", "imports (worker start)"),
-                                 ("handleInputRows", "keyed operator (`handleInputRows`)"),
-                                 ("dump_stream", "Arrow serialisation to the JVM")):
+            for needle, what in (
+                ("decode_json", "JSON decode (`decode_json`)"),
+                ("read_values", "log read (`read_values`)"),
+                ("_find_and_load", "imports (worker start)"),
+                ("handleInputRows", "keyed operator (`handleInputRows`)"),
+                ("dump_stream", "Arrow serialisation to the JVM"),
+            ):
                 s = _share(prof, "python_workers", needle)
                 if s:
                     parts.append(f"{what} {s:.0%}")
             if parts:
-                p("  * Python workers, inclusive share of their samples: " + ", ".join(parts)
-                  + ".")
+                p("  * Python workers, inclusive share of their samples: " + ", ".join(parts) + ".")
     return lines

@@ -32,8 +32,9 @@ class Progress:
         bar = "#" * filled + "-" * (self.width - filled)
         elapsed = time.monotonic() - self.t0
         eta = elapsed * (1 - frac) / frac if frac > 0.02 else None
-        line = (f"[{bar}] {frac:4.0%}  {self.current}{note}  elapsed {_clock(elapsed)}"
-                + (f"  eta {_clock(eta)}" if eta is not None else ""))
+        line = f"[{bar}] {frac:4.0%}  {self.current}{note}  elapsed {_clock(elapsed)}" + (
+            f"  eta {_clock(eta)}" if eta is not None else ""
+        )
         if self.tty:
             sys.stderr.write("\r\x1b[2K" + line[:160])
         else:

@@ -30,8 +30,11 @@ def main() -> int:
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--result", required=True)
     ap.add_argument("--verbose", action="store_true")
-    ap.add_argument("--stop-file", help="run continuously (no --available-now) until this "
-                    "file exists, then stop the job like `srt stop`")
+    ap.add_argument(
+        "--stop-file",
+        help="run continuously (no --available-now) until this "
+        "file exists, then stop the job like `srt stop`",
+    )
     a = ap.parse_args()
 
     from stateful_runtime.runtime.loader import load_job_file, parse_overrides
@@ -41,13 +44,22 @@ def main() -> int:
     batches: list[dict] = []
 
     def listener(event: BatchCommitted) -> None:
-        batches.append({"t": time.time(), "query": event.query, "batch": event.batch_id,
-                        "rows": event.input_rows, "sink_write_ms": event.sink_write_ms,
-                        "sink_rows": event.sink_rows, "progress": dict(event.progress)})
+        batches.append(
+            {
+                "t": time.time(),
+                "query": event.query,
+                "batch": event.batch_id,
+                "rows": event.input_rows,
+                "sink_write_ms": event.sink_write_ms,
+                "sink_rows": event.sink_rows,
+                "progress": dict(event.progress),
+            }
+        )
 
     out = sys.stderr if a.verbose else io.StringIO()
-    runner = JobRunner(jf, available_now=not a.stop_file, master=a.master, out=out,
-                       on_batch=[listener])
+    runner = JobRunner(
+        jf, available_now=not a.stop_file, master=a.master, out=out, on_batch=[listener]
+    )
     if a.stop_file:
         import os
         import threading
@@ -62,9 +74,13 @@ def main() -> int:
     code = runner.run()
     t_end = time.time()
     result = {
-        "t_import": T_IMPORT, "t_run": t_run, "t_end": t_end, "exit_code": code,
-        "queries": {q.name: {"path": q.path, "output_mode": q.output_mode}
-                    for q in runner.plan.queries},
+        "t_import": T_IMPORT,
+        "t_run": t_run,
+        "t_end": t_end,
+        "exit_code": code,
+        "queries": {
+            q.name: {"path": q.path, "output_mode": q.output_mode} for q in runner.plan.queries
+        },
         "batches": batches,
     }
     if code != 0 and not a.verbose:

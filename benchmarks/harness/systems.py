@@ -84,8 +84,7 @@ def ensure_venv(name: str, log=print) -> Path:
     base = shutil.which("python3.11") or sys.executable
     subprocess.run([base, "-m", "venv", str(VENVS / name)], check=True)
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True)
-    subprocess.run([str(py), "-m", "pip", "install", "-q", *PEER_REQUIREMENTS[name]],
-                   check=True)
+    subprocess.run([str(py), "-m", "pip", "install", "-q", *PEER_REQUIREMENTS[name]], check=True)
     marker.write_text(want)
     return py
 
@@ -117,17 +116,25 @@ class Launched:
     pid: int
 
 
-def launch(cmd: list[str], *, rundir: Path, env: dict[str, str] | None = None,
-           cwd: Path | None = None, startup_probe=None, on_start=None,
-           timeout: float = RUN_TIMEOUT_S) -> Launched:
+def launch(
+    cmd: list[str],
+    *,
+    rundir: Path,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    startup_probe=None,
+    on_start=None,
+    timeout: float = RUN_TIMEOUT_S,
+) -> Launched:
     """Run ``cmd`` in its own process group; sample its tree; poll ``startup_probe()`` (a
     callable returning True once the system's first commit is visible) while it runs."""
     full_env = {**os.environ, **(env or {})}
     out = open(rundir / "stdout.log", "wb")
     err = open(rundir / "stderr.log", "wb")
     t_spawn = time.time()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=out, stderr=err,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=full_env, stdout=out, stderr=err, start_new_session=True
+    )
     mon = TreeMonitor(proc.pid).start()
     if on_start is not None:
         on_start(proc.pid)
@@ -148,8 +155,9 @@ def launch(cmd: list[str], *, rundir: Path, env: dict[str, str] | None = None,
         _reap_group(proc.pid)
         out.close()
         err.close()
-    return Launched(t_spawn, t_exit, proc.returncode, mon.peak_bytes, mon.cpu_s, startup_t,
-                    proc.pid)
+    return Launched(
+        t_spawn, t_exit, proc.returncode, mon.peak_bytes, mon.cpu_s, startup_t, proc.pid
+    )
 
 
 def _tail(path: Path, n: int = 3000) -> str:
@@ -182,8 +190,16 @@ class System:
         """None if the system can run here, else why not."""
         return None
 
-    def run(self, w: Workload, inputs: Inputs, rundir: Path, rep: int, *, expected,
-            options: dict[str, Any]) -> RunResult:
+    def run(
+        self,
+        w: Workload,
+        inputs: Inputs,
+        rundir: Path,
+        rep: int,
+        *,
+        expected,
+        options: dict[str, Any],
+    ) -> RunResult:
         res = RunResult(self.name, w.name, rep, inputs.events)
         try:
             self._run(w, inputs, rundir, res, options)
@@ -194,8 +210,9 @@ class System:
             res.error = f"{type(exc).__name__}: {exc}"
         return res
 
-    def _run(self, w: Workload, inputs: Inputs, rundir: Path, res: RunResult,
-             options: dict[str, Any]) -> None:
+    def _run(
+        self, w: Workload, inputs: Inputs, rundir: Path, res: RunResult, options: dict[str, Any]
+    ) -> None:
         raise NotImplementedError
 
     def outputs(self, rundir: Path, res: RunResult) -> list[dict]:
@@ -230,15 +247,26 @@ class StreamingRuntime(System):
             "checkpoint.dir": str(rundir / "checkpoints"),
             "parallelism": str(options["parallelism"]),
         }
-        cmd = [str(PROJECT_PYTHON), str(BENCH / "harness" / "srt_child.py"),
-               "--job", str(JOBS / w.srt_job), "--master", options.get("master", "local[2]"),
-               "--result", str(rundir / "result.json")]
+        cmd = [
+            str(PROJECT_PYTHON),
+            str(BENCH / "harness" / "srt_child.py"),
+            "--job",
+            str(JOBS / w.srt_job),
+            "--master",
+            options.get("master", "local[2]"),
+            "--result",
+            str(rundir / "result.json"),
+        ]
         for k, v in sets.items():
             cmd += ["--set", f"{k}={v}"]
-        env = {"SRT_HOME": str(rundir / "srt-home"), "TMPDIR": str(rundir / "tmp"),
-               "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": str(PROJECT_PYTHON),
-               "PYSPARK_DRIVER_PYTHON": str(PROJECT_PYTHON),
-               "PYTHONPATH": str(ROOT)}
+        env = {
+            "SRT_HOME": str(rundir / "srt-home"),
+            "TMPDIR": str(rundir / "tmp"),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "PYSPARK_PYTHON": str(PROJECT_PYTHON),
+            "PYSPARK_DRIVER_PYTHON": str(PROJECT_PYTHON),
+            "PYTHONPATH": str(ROOT),
+        }
         env.update(options.get("env", {}))
         ln = launch(cmd, rundir=rundir, env=env, cwd=ROOT, on_start=options.get("on_start"))
         self._fill(res, ln)
@@ -250,15 +278,31 @@ class StreamingRuntime(System):
         batches = [b for b in r["batches"]]
         data = [b for b in batches if b["rows"]]
         res.details["paths"] = {q: v["path"] for q, v in r["queries"].items()}
-        res.details["batches"] = [{
-            "batch": b["batch"], "rows": b["rows"], "t": round(b["t"] - ln.t_spawn, 3),
-            "sink_write_ms": b["sink_write_ms"],
-            "duration_ms": b["progress"].get("durationMs"),
-            "state": [{k: o.get(k) for k in ("numRowsTotal", "numRowsUpdated", "commitTimeMs",
-                                              "allUpdatesTimeMs", "allRemovalsTimeMs",
-                                              "memoryUsedBytes", "numRowsDroppedByWatermark")}
-                      for o in b["progress"].get("stateOperators") or []],
-        } for b in batches]
+        res.details["batches"] = [
+            {
+                "batch": b["batch"],
+                "rows": b["rows"],
+                "t": round(b["t"] - ln.t_spawn, 3),
+                "sink_write_ms": b["sink_write_ms"],
+                "duration_ms": b["progress"].get("durationMs"),
+                "state": [
+                    {
+                        k: o.get(k)
+                        for k in (
+                            "numRowsTotal",
+                            "numRowsUpdated",
+                            "commitTimeMs",
+                            "allUpdatesTimeMs",
+                            "allRemovalsTimeMs",
+                            "memoryUsedBytes",
+                            "numRowsDroppedByWatermark",
+                        )
+                    }
+                    for o in b["progress"].get("stateOperators") or []
+                ],
+            }
+            for b in batches
+        ]
         res.details["t_interpreter_s"] = round(r["t_import"] - ln.t_spawn, 3)
         res.details["t_runner_s"] = round(r["t_run"] - ln.t_spawn, 3)
         res.details["t_runner_end_s"] = round(r["t_end"] - ln.t_spawn, 3)
@@ -270,8 +314,9 @@ class StreamingRuntime(System):
             res.steady_events_per_s = rows_after / span if span > 0 else None
             trig = sum(b["progress"]["durationMs"]["triggerExecution"] for b in data[1:])
             res.details["in_batch_events_per_s"] = rows_after / trig * 1000 if trig else None
-        res.details["first_batch_ms"] = (data[0]["progress"]["durationMs"]["triggerExecution"]
-                                         if data else None)
+        res.details["first_batch_ms"] = (
+            data[0]["progress"]["durationMs"]["triggerExecution"] if data else None
+        )
 
     def outputs(self, rundir, res):
         from stateful_runtime.connectors.eventlog import EventLog
@@ -298,17 +343,30 @@ class FlinkSQL(System):
     def _run(self, w, inputs, rundir, res, options):
         ck = rundir / "checkpoints"
         ck.mkdir(parents=True)
-        cmd = [str(venv_python("flink")), str(PEERS / self.script), "--workload", w.name,
-               "--input", str(inputs.part_paths[0].parent.resolve()),
-               "--output", str((rundir / "out").resolve()), "--checkpoints", str(ck.resolve()),
-               "--result", str(rundir / "result.json"),
-               "--parallelism", str(options["parallelism"])]
+        cmd = [
+            str(venv_python("flink")),
+            str(PEERS / self.script),
+            "--workload",
+            w.name,
+            "--input",
+            str(inputs.part_paths[0].parent.resolve()),
+            "--output",
+            str((rundir / "out").resolve()),
+            "--checkpoints",
+            str(ck.resolve()),
+            "--result",
+            str(rundir / "result.json"),
+            "--parallelism",
+            str(options["parallelism"]),
+        ]
 
         def first_checkpoint() -> bool:
             return any(ck.glob("*/chk-*/_metadata"))
 
-        env = {"PYTHONPATH": "",
-               "PATH": f"{venv_python('flink').parent}:{os.environ.get('PATH', '')}"}
+        env = {
+            "PYTHONPATH": "",
+            "PATH": f"{venv_python('flink').parent}:{os.environ.get('PATH', '')}",
+        }
         ln = launch(cmd, rundir=rundir, cwd=rundir, startup_probe=first_checkpoint, env=env)
         self._fill(res, ln)
         result_path = rundir / "result.json"
@@ -318,10 +376,14 @@ class FlinkSQL(System):
         r = json.loads(result_path.read_text())
         net = r["net_runtime_ms"] / 1000
         res.steady_events_per_s = res.events / net if net > 0 else None
-        res.details.update({"net_runtime_s": net,
-                            "t_submit_s": round(r["t_submit"] - ln.t_spawn, 3),
-                            "t_done_s": round(r["t_done"] - ln.t_spawn, 3),
-                            "checkpoints": len(list(ck.glob("*/chk-*")))})
+        res.details.update(
+            {
+                "net_runtime_s": net,
+                "t_submit_s": round(r["t_submit"] - ln.t_spawn, 3),
+                "t_done_s": round(r["t_done"] - ln.t_spawn, 3),
+                "checkpoints": len(list(ck.glob("*/chk-*"))),
+            }
+        )
         if res.startup_s is None:
             res.details["startup_note"] = "finished before its first checkpoint"
 
@@ -345,19 +407,40 @@ class Bytewax(System):
         workers = options["parallelism"]
         rec = rundir / "recovery"
         rec.mkdir(parents=True)
-        subprocess.run([py, "-m", "bytewax.recovery", str(rec), str(workers)], check=True,
-                       capture_output=True)
+        subprocess.run(
+            [py, "-m", "bytewax.recovery", str(rec), str(workers)], check=True, capture_output=True
+        )
         marks = rundir / "marks"
         # One source partition: bytewax's event clock is per key and does not take the minimum
         # over its inputs, so two partitions read at different speeds made events late (a
         # wrong q7 maximum in testing). Parsing is then one worker's; the keyed steps use both.
-        spec = {"workload": w.name, "inputs": [str(inputs.lines_path)],
-                "output": str(rundir / "out"), "marks": str(marks)}
+        spec = {
+            "workload": w.name,
+            "inputs": [str(inputs.lines_path)],
+            "output": str(rundir / "out"),
+            "marks": str(marks),
+        }
         (rundir / "spec.json").write_text(json.dumps(spec))
-        cmd = [py, "-m", "bytewax.testing", "bytewax_flows:get_flow", "-p", str(workers),
-               "-r", str(rec), "-s", "2", "-b", "10"]
-        ln = launch(cmd, rundir=rundir, cwd=PEERS,
-                    env={"BENCH_SPEC": str(rundir / "spec.json"), "PYTHONPATH": str(PEERS)})
+        cmd = [
+            py,
+            "-m",
+            "bytewax.testing",
+            "bytewax_flows:get_flow",
+            "-p",
+            str(workers),
+            "-r",
+            str(rec),
+            "-s",
+            "2",
+            "-b",
+            "10",
+        ]
+        ln = launch(
+            cmd,
+            rundir=rundir,
+            cwd=PEERS,
+            env={"BENCH_SPEC": str(rundir / "spec.json"), "PYTHONPATH": str(PEERS)},
+        )
         self._fill(res, ln)
         if ln.returncode != 0:
             res.error = f"exit {ln.returncode}: {_tail(rundir / 'stderr.log')}"
@@ -375,5 +458,6 @@ class Bytewax(System):
         res.details["first_read_s"] = None if t0 is None else round(t0 - ln.t_spawn, 3)
 
 
-SYSTEMS: dict[str, System] = {s.name: s for s in (StreamingRuntime(), FlinkSQL(),
-                                                  FlinkDataStream(), Bytewax())}
+SYSTEMS: dict[str, System] = {
+    s.name: s for s in (StreamingRuntime(), FlinkSQL(), FlinkDataStream(), Bytewax())
+}

@@ -46,8 +46,9 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 "runs": len(rs),
                 "failed": len(rs) - len(ok),
                 "errors": [r["error"] for r in rs if r["error"]][:2],
-                "all_matched": bool(ok) and len(ok) == len(rs) and all(
-                    r["check"].get("matched") for r in ok),
+                "all_matched": bool(ok)
+                and len(ok) == len(rs)
+                and all(r["check"].get("matched") for r in ok),
                 "whole_events_per_s": _stats([r["whole_events_per_s"] for r in ok]),
                 "steady_events_per_s": _stats([r["steady_events_per_s"] for r in ok]),
                 "startup_s": _stats([r["startup_s"] for r in ok]),
@@ -70,13 +71,29 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def run(*, work: Path, workloads: list[str], systems: list[str], reps: int, events: int,
-        seed: int, options: dict[str, Any], progress: Progress, keep: bool,
-        results: dict[str, Any], save) -> dict[str, Any]:
-    section: dict[str, Any] = {"events": events, "reps": reps, "seed": seed,
-                               "workloads": workloads, "systems": systems,
-                               "options": {k: v for k, v in options.items() if k != "env"},
-                               "runs": []}
+def run(
+    *,
+    work: Path,
+    workloads: list[str],
+    systems: list[str],
+    reps: int,
+    events: int,
+    seed: int,
+    options: dict[str, Any],
+    progress: Progress,
+    keep: bool,
+    results: dict[str, Any],
+    save,
+) -> dict[str, Any]:
+    section: dict[str, Any] = {
+        "events": events,
+        "reps": reps,
+        "seed": seed,
+        "workloads": workloads,
+        "systems": systems,
+        "options": {k: v for k, v in options.items() if k != "env"},
+        "runs": [],
+    }
     results["throughput"] = section
     skipped = {s: SYSTEMS[s].available() for s in systems}
     section["unavailable"] = {s: why for s, why in skipped.items() if why}
@@ -86,13 +103,20 @@ def run(*, work: Path, workloads: list[str], systems: list[str], reps: int, even
     parsed: dict[str, list[dict]] = {}
     for stream in streams:
         progress.step(f"generate {events:,} {stream} events", 0)
-        inputs[stream] = data.prepare(work / "data", stream, events, seed,
-                                      parts=options["parallelism"],
-                                      partitions=options["topic_partitions"])
+        inputs[stream] = data.prepare(
+            work / "data",
+            stream,
+            events,
+            seed,
+            parts=options["parallelism"],
+            partitions=options["topic_partitions"],
+        )
         parsed[stream] = data.parse(inputs[stream].lines())
         progress.done()
-    section["inputs"] = {s: {"events": i.events, "max_ts_ms": i.max_ts_ms,
-                             "bytes": i.lines_path.stat().st_size} for s, i in inputs.items()}
+    section["inputs"] = {
+        s: {"events": i.events, "max_ts_ms": i.max_ts_ms, "bytes": i.lines_path.stat().st_size}
+        for s, i in inputs.items()
+    }
     for w in workloads:
         wl = WORKLOADS[w]
         inp = inputs[wl.stream]
@@ -102,17 +126,27 @@ def run(*, work: Path, workloads: list[str], systems: list[str], reps: int, even
                 rundir = work / "throughput" / w / s / f"rep{rep}"
                 shutil.rmtree(rundir, ignore_errors=True)
                 rundir.mkdir(parents=True)
-                progress.step(f"{w} · {s} · run {rep}/{reps}",
-                              RUN_WEIGHT.get(s, 30) * max(0.3, events / 1_000_000))
+                progress.step(
+                    f"{w} · {s} · run {rep}/{reps}",
+                    RUN_WEIGHT.get(s, 30) * max(0.3, events / 1_000_000),
+                )
                 r = SYSTEMS[s].run(wl, inp, rundir, rep, expected=expected, options=options)
                 section["runs"].append(r.to_json())
                 if r.ok:
-                    note = (f"{r.whole_events_per_s:,.0f} ev/s whole"
-                            + (f", {r.steady_events_per_s:,.0f} steady"
-                               if r.steady_events_per_s else "")
-                            + ("" if r.check.get("matched") else
-                               f", MISMATCH (missing {r.check.get('missing')}, extra "
-                               f"{r.check.get('extra')})"))
+                    note = (
+                        f"{r.whole_events_per_s:,.0f} ev/s whole"
+                        + (
+                            f", {r.steady_events_per_s:,.0f} steady"
+                            if r.steady_events_per_s
+                            else ""
+                        )
+                        + (
+                            ""
+                            if r.check.get("matched")
+                            else f", MISMATCH (missing {r.check.get('missing')}, extra "
+                            f"{r.check.get('extra')})"
+                        )
+                    )
                 else:
                     note = f"FAILED: {(r.error or '')[:200]}"
                 progress.done(f"{w} · {s} · run {rep}: {note}")

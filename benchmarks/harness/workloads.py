@@ -124,15 +124,15 @@ def oracle_q11(events: list[dict], wm: int) -> Counter:
 
 def oracle_counter(events: list[dict], wm: int) -> Counter:
     n: Counter = Counter(e["merchant_id"] for e in events)
-    return Counter((m, c) for m, total in n.items()
-                   for c in range(COUNTER_EVERY, total + 1, COUNTER_EVERY))
+    return Counter(
+        (m, c) for m, total in n.items() for c in range(COUNTER_EVERY, total + 1, COUNTER_EVERY)
+    )
 
 
 def oracle_dedup(events: list[dict], wm: int) -> Counter:
     seen: dict[str, tuple] = {}
     for e in events:
-        seen.setdefault(e["txn_id"], (e["txn_id"], e["merchant_id"], e["amount_paise"],
-                                      e["ts_ms"]))
+        seen.setdefault(e["txn_id"], (e["txn_id"], e["merchant_id"], e["amount_paise"], e["ts_ms"]))
     return Counter(seen.values())
 
 
@@ -150,8 +150,9 @@ def norm_upi(rows: Rows, wm: int) -> Counter:
 
 
 def norm_q1(rows: Rows, wm: int) -> Counter:
-    return Counter((int(r["auction"]), int(r["bidder"]), int(r["price_eur"]), int(r["ts_ms"]))
-                   for r in rows)
+    return Counter(
+        (int(r["auction"]), int(r["bidder"]), int(r["price_eur"]), int(r["ts_ms"])) for r in rows
+    )
 
 
 def norm_q2(rows: Rows, wm: int) -> Counter:
@@ -193,8 +194,9 @@ def norm_counter(rows: Rows, wm: int) -> Counter:
 
 
 def norm_dedup(rows: Rows, wm: int) -> Counter:
-    return Counter((r["txn_id"], r["merchant_id"], int(r["amount_paise"]), int(r["ts_ms"]))
-                   for r in rows)
+    return Counter(
+        (r["txn_id"], r["merchant_id"], int(r["amount_paise"]), int(r["ts_ms"])) for r in rows
+    )
 
 
 @dataclass(frozen=True)
@@ -210,29 +212,102 @@ class Workload:
     normalise: Callable[[Rows, int], Counter]
 
 
-WORKLOADS: dict[str, Workload] = {w.name: w for w in (
-    Workload("upi", "UPI tumbling count", "upi", "upi_count.py", "native", False,
-             "payments per merchant per 1-minute tumbling window (1,000 merchants, 5 s "
-             "bounded out-of-orderness)", oracle_upi, norm_upi),
-    Workload("q1", "Nexmark q1 (currency map)", "bids", "q1_currency.py", "stateless", True,
-             "every bid with its price converted to euros (price * 908 // 1000)",
-             oracle_q1, norm_q1),
-    Workload("q2", "Nexmark q2 (filter)", "bids", "q2_filter.py", "stateless", False,
-             "bids on auctions whose id is a multiple of 123", oracle_q2, norm_q2),
-    Workload("q5", "Nexmark q5 (hot items)", "bids", "q5_hot_items.py", "window", True,
-             "per channel and 10 s window sliding every 2 s, the auction with the most bids "
-             "(ties: smallest id)", oracle_q5, norm_q5),
-    Workload("q7", "Nexmark q7 (highest bid)", "bids", "q7_highest_bid.py", "native", False,
-             "highest bid price per channel per 10 s tumbling window", oracle_q7, norm_q7),
-    Workload("q11", "Nexmark q11 (user sessions)", "bids", "q11_sessions.py", "native", False,
-             "bids per bidder per session (10 s gap)", oracle_q11, norm_q11),
-    Workload("counter", "Keyed ValueState counter", "upi", "keyed_counter.py", "process", True,
-             "a ValueState count per merchant; emits (merchant, count) every 100th payment",
-             oracle_counter, norm_counter),
-    Workload("dedup", "Deduplication with event-time TTL", "upi", "dedup_ttl.py", "process", True,
-             "first occurrence of each txn_id; the seen-flag expires 1 minute of event time "
-             "after it was set", oracle_dedup, norm_dedup),
-)}
+WORKLOADS: dict[str, Workload] = {
+    w.name: w
+    for w in (
+        Workload(
+            "upi",
+            "UPI tumbling count",
+            "upi",
+            "upi_count.py",
+            "native",
+            False,
+            "payments per merchant per 1-minute tumbling window (1,000 merchants, 5 s "
+            "bounded out-of-orderness)",
+            oracle_upi,
+            norm_upi,
+        ),
+        Workload(
+            "q1",
+            "Nexmark q1 (currency map)",
+            "bids",
+            "q1_currency.py",
+            "stateless",
+            True,
+            "every bid with its price converted to euros (price * 908 // 1000)",
+            oracle_q1,
+            norm_q1,
+        ),
+        Workload(
+            "q2",
+            "Nexmark q2 (filter)",
+            "bids",
+            "q2_filter.py",
+            "stateless",
+            False,
+            "bids on auctions whose id is a multiple of 123",
+            oracle_q2,
+            norm_q2,
+        ),
+        Workload(
+            "q5",
+            "Nexmark q5 (hot items)",
+            "bids",
+            "q5_hot_items.py",
+            "window",
+            True,
+            "per channel and 10 s window sliding every 2 s, the auction with the most bids "
+            "(ties: smallest id)",
+            oracle_q5,
+            norm_q5,
+        ),
+        Workload(
+            "q7",
+            "Nexmark q7 (highest bid)",
+            "bids",
+            "q7_highest_bid.py",
+            "native",
+            False,
+            "highest bid price per channel per 10 s tumbling window",
+            oracle_q7,
+            norm_q7,
+        ),
+        Workload(
+            "q11",
+            "Nexmark q11 (user sessions)",
+            "bids",
+            "q11_sessions.py",
+            "native",
+            False,
+            "bids per bidder per session (10 s gap)",
+            oracle_q11,
+            norm_q11,
+        ),
+        Workload(
+            "counter",
+            "Keyed ValueState counter",
+            "upi",
+            "keyed_counter.py",
+            "process",
+            True,
+            "a ValueState count per merchant; emits (merchant, count) every 100th payment",
+            oracle_counter,
+            norm_counter,
+        ),
+        Workload(
+            "dedup",
+            "Deduplication with event-time TTL",
+            "upi",
+            "dedup_ttl.py",
+            "process",
+            True,
+            "first occurrence of each txn_id; the seen-flag expires 1 minute of event time "
+            "after it was set",
+            oracle_dedup,
+            norm_dedup,
+        ),
+    )
+}
 
 
 def compare(expected: Counter, got: Counter, examples: int = 3) -> dict[str, Any]:

@@ -40,8 +40,11 @@ class Deduplicator(KeyedProcessFunction):
         self.ttl = ttl
 
     def open(self, ctx):
-        self.seen = ctx.get_state(ValueStateDescriptor(
-            "seen", bool, ttl=StateTtlConfig(self.ttl, time_domain=TimeDomain.EVENT_TIME)))
+        self.seen = ctx.get_state(
+            ValueStateDescriptor(
+                "seen", bool, ttl=StateTtlConfig(self.ttl, time_domain=TimeDomain.EVENT_TIME)
+            )
+        )
 
     def process_element(self, payment, ctx):
         if self.seen.value():
@@ -54,11 +57,14 @@ def build(config: dict) -> StreamJob:
     job = StreamJob.from_config("bench-dedup", config)
     payments = job.from_source(
         LogSource.from_config(config, PAYMENT),
-        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5))
-        .with_timestamp_field("ts_ms"),
+        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5)).with_timestamp_field(
+            "ts_ms"
+        ),
         name="payments",
     )
-    (payments.key_by("txn_id")
-     .process(Deduplicator(timedelta(seconds=config["ttl_s"])), name="deduplicator")
-     .sink_to(LogSink(config["sink.log_dir"], config["sink.topic"]), name="first-payments"))
+    (
+        payments.key_by("txn_id")
+        .process(Deduplicator(timedelta(seconds=config["ttl_s"])), name="deduplicator")
+        .sink_to(LogSink(config["sink.log_dir"], config["sink.topic"]), name="first-payments")
+    )
     return job

@@ -46,10 +46,14 @@ def build(config: dict) -> StreamJob:
     job = StreamJob.from_config("bench-counter", config)
     payments = job.from_source(
         LogSource.from_config(config, PAYMENT),
-        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5))
-        .with_timestamp_field("ts_ms"),
+        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5)).with_timestamp_field(
+            "ts_ms"
+        ),
         name="payments",
     )
-    (payments.key_by("merchant_id").process(Counter(), name="counter")
-     .sink_to(LogSink(config["sink.log_dir"], config["sink.topic"]), name="counts"))
+    (
+        payments.key_by("merchant_id")
+        .process(Counter(), name="counter")
+        .sink_to(LogSink(config["sink.log_dir"], config["sink.topic"]), name="counts")
+    )
     return job

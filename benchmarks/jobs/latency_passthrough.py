@@ -26,13 +26,25 @@ PAYMENT = {"txn_id": str, "merchant_id": str, "amount_paise": int, "ts_ms": int}
 def build(config: dict) -> StreamJob:
     job = StreamJob.from_config("bench-latency", config)
     payments = job.from_source(
-        KafkaSource(config["source.bootstrap_servers"], config["source.topic"], PAYMENT,
-                    max_records_per_batch=config["source.max_records_per_batch"]),
-        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5))
-        .with_timestamp_field("ts_ms"),
+        KafkaSource(
+            config["source.bootstrap_servers"],
+            config["source.topic"],
+            PAYMENT,
+            max_records_per_batch=config["source.max_records_per_batch"],
+        ),
+        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5)).with_timestamp_field(
+            "ts_ms"
+        ),
         name="payments",
     )
-    (payments.filter("amount_paise >= 0")
-     .sink_to(KafkaSink(config["source.bootstrap_servers"], config["sink.topic"],
-                        partitions=config["sink.partitions"]), name="passthrough"))
+    (
+        payments.filter("amount_paise >= 0").sink_to(
+            KafkaSink(
+                config["source.bootstrap_servers"],
+                config["sink.topic"],
+                partitions=config["sink.partitions"],
+            ),
+            name="passthrough",
+        )
+    )
     return job

@@ -34,12 +34,15 @@ def build(config: dict) -> StreamJob:
     job = StreamJob.from_config("bench-q11", config)
     bids = job.from_source(
         LogSource.from_config(config, BID),
-        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5))
-        .with_timestamp_field("ts_ms"),
+        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5)).with_timestamp_field(
+            "ts_ms"
+        ),
         name="bids",
     )
-    (bids.key_by("bidder")
-     .window(EventTimeSessionWindows.with_gap(timedelta(seconds=10)))
-     .aggregate({"bids": Count()}, name="sessions")
-     .sink_to(LogSink(config["sink.log_dir"], config["sink.topic"]), name="bidder-sessions"))
+    (
+        bids.key_by("bidder")
+        .window(EventTimeSessionWindows.with_gap(timedelta(seconds=10)))
+        .aggregate({"bids": Count()}, name="sessions")
+        .sink_to(LogSink(config["sink.log_dir"], config["sink.topic"]), name="bidder-sessions")
+    )
     return job

@@ -23,18 +23,26 @@ BID = {"auction": int, "bidder": int, "price": int, "channel": str, "url": str, 
 
 
 def to_euro(bid: dict) -> dict:
-    return {"auction": bid["auction"], "bidder": bid["bidder"],
-            "price_eur": bid["price"] * 908 // 1000, "ts_ms": bid["ts_ms"]}
+    return {
+        "auction": bid["auction"],
+        "bidder": bid["bidder"],
+        "price_eur": bid["price"] * 908 // 1000,
+        "ts_ms": bid["ts_ms"],
+    }
 
 
 def build(config: dict) -> StreamJob:
     job = StreamJob.from_config("bench-q1", config)
     bids = job.from_source(
         LogSource.from_config(config, BID),
-        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5))
-        .with_timestamp_field("ts_ms"),
+        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5)).with_timestamp_field(
+            "ts_ms"
+        ),
         name="bids",
     )
-    (bids.map(to_euro, output={"auction": int, "bidder": int, "price_eur": int, "ts_ms": int})
-     .sink_to(LogSink(config["sink.log_dir"], config["sink.topic"]), name="euro-bids"))
+    (
+        bids.map(
+            to_euro, output={"auction": int, "bidder": int, "price_eur": int, "ts_ms": int}
+        ).sink_to(LogSink(config["sink.log_dir"], config["sink.topic"]), name="euro-bids")
+    )
     return job

@@ -25,10 +25,14 @@ def build(config: dict) -> StreamJob:
     job = StreamJob.from_config("bench-q2", config)
     bids = job.from_source(
         LogSource.from_config(config, BID),
-        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5))
-        .with_timestamp_field("ts_ms"),
+        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5)).with_timestamp_field(
+            "ts_ms"
+        ),
         name="bids",
     )
-    (bids.filter("auction % 123 = 0")
-     .sink_to(LogSink(config["sink.log_dir"], config["sink.topic"]), name="selected-bids"))
+    (
+        bids.filter("auction % 123 = 0").sink_to(
+            LogSink(config["sink.log_dir"], config["sink.topic"]), name="selected-bids"
+        )
+    )
     return job

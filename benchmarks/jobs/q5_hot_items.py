@@ -56,12 +56,15 @@ def build(config: dict) -> StreamJob:
     job = StreamJob.from_config("bench-q5", config)
     bids = job.from_source(
         LogSource.from_config(config, BID),
-        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5))
-        .with_timestamp_field("ts_ms"),
+        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5)).with_timestamp_field(
+            "ts_ms"
+        ),
         name="bids",
     )
-    (bids.key_by("channel")
-     .window(SlidingEventTimeWindows.of(timedelta(seconds=10), timedelta(seconds=2)))
-     .aggregate(HotItem(), name="hot-items", output={"auction": int, "bids": int})
-     .sink_to(LogSink(config["sink.log_dir"], config["sink.topic"]), name="hot"))
+    (
+        bids.key_by("channel")
+        .window(SlidingEventTimeWindows.of(timedelta(seconds=10), timedelta(seconds=2)))
+        .aggregate(HotItem(), name="hot-items", output={"auction": int, "bids": int})
+        .sink_to(LogSink(config["sink.log_dir"], config["sink.topic"]), name="hot")
+    )
     return job

@@ -33,12 +33,15 @@ def build(config: dict) -> StreamJob:
     job = StreamJob.from_config("bench-q7", config)
     bids = job.from_source(
         LogSource.from_config(config, BID),
-        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5))
-        .with_timestamp_field("ts_ms"),
+        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5)).with_timestamp_field(
+            "ts_ms"
+        ),
         name="bids",
     )
-    (bids.key_by("channel")
-     .window(TumblingEventTimeWindows.of(timedelta(seconds=10)))
-     .aggregate({"max_price": Max("price")}, name="highest-bid")
-     .sink_to(LogSink(config["sink.log_dir"], config["sink.topic"]), name="highest"))
+    (
+        bids.key_by("channel")
+        .window(TumblingEventTimeWindows.of(timedelta(seconds=10)))
+        .aggregate({"max_price": Max("price")}, name="highest-bid")
+        .sink_to(LogSink(config["sink.log_dir"], config["sink.topic"]), name="highest")
+    )
     return job

@@ -36,12 +36,15 @@ def build(config: dict) -> StreamJob:
     job = StreamJob.from_config("bench-upi-count", config)
     payments = job.from_source(
         LogSource.from_config(config, PAYMENT),
-        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5))
-        .with_timestamp_field("ts_ms"),
+        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5)).with_timestamp_field(
+            "ts_ms"
+        ),
         name="payments",
     )
-    (payments.key_by("merchant_id")
-     .window(TumblingEventTimeWindows.of(timedelta(minutes=1)))
-     .aggregate({"count": Count()}, name="per-merchant-minute")
-     .sink_to(LogSink(config["sink.log_dir"], config["sink.topic"]), name="counts"))
+    (
+        payments.key_by("merchant_id")
+        .window(TumblingEventTimeWindows.of(timedelta(minutes=1)))
+        .aggregate({"count": Count()}, name="per-merchant-minute")
+        .sink_to(LogSink(config["sink.log_dir"], config["sink.topic"]), name="counts")
+    )
     return job

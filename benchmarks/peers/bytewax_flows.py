@@ -56,8 +56,11 @@ class _FilePartition(StatefulSourcePartition[dict, int]):
     def next_batch(self) -> list[dict]:
         lines = self.f.readlines(BATCH * 140)
         if not lines:
-            _mark(self.marks, f"source-{Path(self.path).stem}",
-                  {"first": self.first, "last": time.time(), "rows": self.rows})
+            _mark(
+                self.marks,
+                f"source-{Path(self.path).stem}",
+                {"first": self.first, "last": time.time(), "rows": self.rows},
+            )
             raise StopIteration()
         if self.first is None:
             self.first = time.time()
@@ -97,8 +100,7 @@ class _JsonLinesWriter(StatelessSinkPartition[dict]):
 
     def close(self) -> None:
         self.f.close()
-        _mark(self.marks, self.name, {"first": self.first, "last": time.time(),
-                                      "rows": self.rows})
+        _mark(self.marks, self.name, {"first": self.first, "last": time.time(), "rows": self.rows})
 
 
 class JsonLinesSink(DynamicSink[dict]):
@@ -107,8 +109,11 @@ class JsonLinesSink(DynamicSink[dict]):
 
     def build(self, step_id: str, worker_index: int, worker_count: int) -> _JsonLinesWriter:
         Path(self.out_dir).mkdir(parents=True, exist_ok=True)
-        return _JsonLinesWriter(os.path.join(self.out_dir, f"worker-{worker_index}.jsonl"),
-                                self.marks, f"sink-{worker_index}")
+        return _JsonLinesWriter(
+            os.path.join(self.out_dir, f"worker-{worker_index}.jsonl"),
+            self.marks,
+            f"sink-{worker_index}",
+        )
 
 
 def _ts(e: dict) -> datetime:
@@ -116,23 +121,47 @@ def _ts(e: dict) -> datetime:
 
 
 def clock() -> win.EventClock:
-    return win.EventClock(_ts, wait_for_system_duration=timedelta(seconds=5),
-                          now_getter=lambda: FIXED_NOW, to_system_utc=lambda t: None)
+    return win.EventClock(
+        _ts,
+        wait_for_system_duration=timedelta(seconds=5),
+        now_getter=lambda: FIXED_NOW,
+        to_system_utc=lambda t: None,
+    )
 
 
 def upi(s):
     keyed = op.key_on("key", s, lambda e: e["merchant_id"])
-    wo = win.fold_window("count", keyed, clock(),
-                         win.TumblingWindower(timedelta(minutes=1), ALIGN),
-                         lambda: 0, lambda acc, e: acc + 1, lambda a, b: a + b)
-    return op.map("fmt", wo.down, lambda kv: {
-        "merchant_id": kv[0], "window_start": ALIGN_MS + kv[1][0] * 60_000, "count": kv[1][1]})
+    wo = win.fold_window(
+        "count",
+        keyed,
+        clock(),
+        win.TumblingWindower(timedelta(minutes=1), ALIGN),
+        lambda: 0,
+        lambda acc, e: acc + 1,
+        lambda a, b: a + b,
+    )
+    return op.map(
+        "fmt",
+        wo.down,
+        lambda kv: {
+            "merchant_id": kv[0],
+            "window_start": ALIGN_MS + kv[1][0] * 60_000,
+            "count": kv[1][1],
+        },
+    )
 
 
 def q1(s):
-    return op.map("convert", s, lambda e: {
-        "auction": e["auction"], "bidder": e["bidder"], "price_eur": e["price"] * 908 // 1000,
-        "ts_ms": e["ts_ms"]})
+    return op.map(
+        "convert",
+        s,
+        lambda e: {
+            "auction": e["auction"],
+            "bidder": e["bidder"],
+            "price_eur": e["price"] * 908 // 1000,
+            "ts_ms": e["ts_ms"],
+        },
+    )
 
 
 def q2(s):
@@ -154,25 +183,48 @@ def _merge_counts(a: dict, b: dict) -> dict:
 def _hot(kv) -> dict:
     channel, (wid, counts) = kv
     auction, n = min(counts.items(), key=lambda x: (-x[1], x[0]))
-    return {"channel": channel, "window_start": ALIGN_MS + wid * 2_000, "auction": auction,
-            "bids": n}
+    return {
+        "channel": channel,
+        "window_start": ALIGN_MS + wid * 2_000,
+        "auction": auction,
+        "bids": n,
+    }
 
 
 def q5(s):
     keyed = op.key_on("key", s, lambda e: e["channel"])
-    wo = win.fold_window("hot", keyed, clock(),
-                         win.SlidingWindower(timedelta(seconds=10), timedelta(seconds=2), ALIGN),
-                         dict, _count_into, _merge_counts)
+    wo = win.fold_window(
+        "hot",
+        keyed,
+        clock(),
+        win.SlidingWindower(timedelta(seconds=10), timedelta(seconds=2), ALIGN),
+        dict,
+        _count_into,
+        _merge_counts,
+    )
     return op.map("fmt", wo.down, _hot)
 
 
 def q7(s):
     keyed = op.key_on("key", s, lambda e: e["channel"])
-    wo = win.fold_window("max", keyed, clock(),
-                         win.TumblingWindower(timedelta(seconds=10), ALIGN),
-                         lambda: -1, lambda acc, e: max(acc, e["price"]), max)
-    return op.map("fmt", wo.down, lambda kv: {
-        "channel": kv[0], "window_start": ALIGN_MS + kv[1][0] * 10_000, "max_price": kv[1][1]})
+    wo = win.fold_window(
+        "max",
+        keyed,
+        clock(),
+        win.TumblingWindower(timedelta(seconds=10), ALIGN),
+        lambda: -1,
+        lambda acc, e: max(acc, e["price"]),
+        max,
+    )
+    return op.map(
+        "fmt",
+        wo.down,
+        lambda kv: {
+            "channel": kv[0],
+            "window_start": ALIGN_MS + kv[1][0] * 10_000,
+            "max_price": kv[1][1],
+        },
+    )
 
 
 def _session_add(acc: list | None, e: dict) -> list:
@@ -190,12 +242,25 @@ def _session_merge(a: list | None, b: list | None) -> list | None:
 
 def q11(s):
     keyed = op.key_on("key", s, lambda e: str(e["bidder"]))
-    wo = win.fold_window("sessions", keyed, clock(),
-                         win.SessionWindower(timedelta(seconds=10)),
-                         lambda: None, _session_add, _session_merge)
-    return op.map("fmt", wo.down, lambda kv: {
-        "bidder": int(kv[0]), "session_start": kv[1][1][0], "last_ts": kv[1][1][1],
-        "bids": kv[1][1][2]})
+    wo = win.fold_window(
+        "sessions",
+        keyed,
+        clock(),
+        win.SessionWindower(timedelta(seconds=10)),
+        lambda: None,
+        _session_add,
+        _session_merge,
+    )
+    return op.map(
+        "fmt",
+        wo.down,
+        lambda kv: {
+            "bidder": int(kv[0]),
+            "session_start": kv[1][1][0],
+            "last_ts": kv[1][1][1],
+            "bids": kv[1][1][2],
+        },
+    )
 
 
 def _count(state: int | None, e: dict):
@@ -235,13 +300,28 @@ class _Dedup(StatefulLogic[dict, dict, float]):
 def dedup(s):
     keyed = op.key_on("key", s, lambda e: e["txn_id"])
     firsts = op.stateful("dedup", keyed, _Dedup)
-    return op.map("fmt", firsts, lambda kv: {
-        "txn_id": kv[1]["txn_id"], "merchant_id": kv[1]["merchant_id"],
-        "amount_paise": kv[1]["amount_paise"], "ts_ms": kv[1]["ts_ms"]})
+    return op.map(
+        "fmt",
+        firsts,
+        lambda kv: {
+            "txn_id": kv[1]["txn_id"],
+            "merchant_id": kv[1]["merchant_id"],
+            "amount_paise": kv[1]["amount_paise"],
+            "ts_ms": kv[1]["ts_ms"],
+        },
+    )
 
 
-FLOWS = {"upi": upi, "q1": q1, "q2": q2, "q5": q5, "q7": q7, "q11": q11, "counter": counter,
-         "dedup": dedup}
+FLOWS = {
+    "upi": upi,
+    "q1": q1,
+    "q2": q2,
+    "q5": q5,
+    "q7": q7,
+    "q11": q11,
+    "counter": counter,
+    "dedup": dedup,
+}
 
 
 def get_flow() -> Dataflow:

@@ -122,8 +122,7 @@ class Dedup(KeyedProcessFunction):
             return
         self.seen.update(True)
         ctx.timer_service().register_event_time_timer(ctx.timestamp() + 60_000)
-        yield json.dumps({k: value[k] for k in ("txn_id", "merchant_id", "amount_paise",
-                                                "ts_ms")})
+        yield json.dumps({k: value[k] for k in ("txn_id", "merchant_id", "amount_paise", "ts_ms")})
 
     def on_timer(self, timestamp, ctx):
         self.seen.clear()
@@ -133,40 +132,81 @@ class Dedup(KeyedProcessFunction):
 def build(workload: str, events):
     s = Types.STRING()
     if workload == "q1":
-        return events.map(lambda e: json.dumps({
-            "auction": e["auction"], "bidder": e["bidder"],
-            "price_eur": e["price"] * 908 // 1000, "ts_ms": e["ts_ms"]}), output_type=s)
+        return events.map(
+            lambda e: json.dumps(
+                {
+                    "auction": e["auction"],
+                    "bidder": e["bidder"],
+                    "price_eur": e["price"] * 908 // 1000,
+                    "ts_ms": e["ts_ms"],
+                }
+            ),
+            output_type=s,
+        )
     if workload == "q2":
         return events.filter(lambda e: e["auction"] % 123 == 0).map(
-            lambda e: json.dumps({"auction": e["auction"], "price": e["price"]}), output_type=s)
+            lambda e: json.dumps({"auction": e["auction"], "price": e["price"]}), output_type=s
+        )
     if workload == "upi":
-        return (events.key_by(lambda e: e["merchant_id"], key_type=s)
-                .window(TumblingEventTimeWindows.of(Time.minutes(1)))
-                .aggregate(CountAgg(), Emit(lambda k, st, en, n: {
-                    "merchant_id": k, "window_start": st, "count": n}), output_type=s))
+        return (
+            events.key_by(lambda e: e["merchant_id"], key_type=s)
+            .window(TumblingEventTimeWindows.of(Time.minutes(1)))
+            .aggregate(
+                CountAgg(),
+                Emit(lambda k, st, en, n: {"merchant_id": k, "window_start": st, "count": n}),
+                output_type=s,
+            )
+        )
     if workload == "q5":
-        return (events.key_by(lambda e: e["channel"], key_type=s)
-                .window(SlidingEventTimeWindows.of(Time.seconds(10), Time.seconds(2)))
-                .aggregate(HotItem(), Emit(lambda k, st, en, best: {
-                    "channel": k, "window_start": st, "auction": best[0], "bids": best[1]}),
-                    output_type=s))
+        return (
+            events.key_by(lambda e: e["channel"], key_type=s)
+            .window(SlidingEventTimeWindows.of(Time.seconds(10), Time.seconds(2)))
+            .aggregate(
+                HotItem(),
+                Emit(
+                    lambda k, st, en, best: {
+                        "channel": k,
+                        "window_start": st,
+                        "auction": best[0],
+                        "bids": best[1],
+                    }
+                ),
+                output_type=s,
+            )
+        )
     if workload == "q7":
-        return (events.key_by(lambda e: e["channel"], key_type=s)
-                .window(TumblingEventTimeWindows.of(Time.seconds(10)))
-                .aggregate(MaxPrice(), Emit(lambda k, st, en, p: {
-                    "channel": k, "window_start": st, "max_price": p}), output_type=s))
+        return (
+            events.key_by(lambda e: e["channel"], key_type=s)
+            .window(TumblingEventTimeWindows.of(Time.seconds(10)))
+            .aggregate(
+                MaxPrice(),
+                Emit(lambda k, st, en, p: {"channel": k, "window_start": st, "max_price": p}),
+                output_type=s,
+            )
+        )
     if workload == "q11":
-        return (events.key_by(lambda e: e["bidder"], key_type=Types.LONG())
-                .window(EventTimeSessionWindows.with_gap(Time.seconds(10)))
-                .aggregate(CountAgg(), Emit(lambda k, st, en, n: {
-                    "bidder": k, "session_start": st, "window_end": en, "bids": n}),
-                    output_type=s))
+        return (
+            events.key_by(lambda e: e["bidder"], key_type=Types.LONG())
+            .window(EventTimeSessionWindows.with_gap(Time.seconds(10)))
+            .aggregate(
+                CountAgg(),
+                Emit(
+                    lambda k, st, en, n: {
+                        "bidder": k,
+                        "session_start": st,
+                        "window_end": en,
+                        "bids": n,
+                    }
+                ),
+                output_type=s,
+            )
+        )
     if workload == "counter":
-        return (events.key_by(lambda e: e["merchant_id"], key_type=s)
-                .process(Counter(), output_type=s))
+        return events.key_by(lambda e: e["merchant_id"], key_type=s).process(
+            Counter(), output_type=s
+        )
     if workload == "dedup":
-        return (events.key_by(lambda e: e["txn_id"], key_type=s)
-                .process(Dedup(), output_type=s))
+        return events.key_by(lambda e: e["txn_id"], key_type=s).process(Dedup(), output_type=s)
     raise SystemExit(f"unknown workload {workload}")
 
 
@@ -195,23 +235,34 @@ def main() -> None:
     env = StreamExecutionEnvironment.get_execution_environment(conf)
     env.set_parallelism(a.parallelism)
     env.enable_checkpointing(2000)
-    source = FileSource.for_record_stream_format(StreamFormat.text_line_format(),
-                                                 f"file://{a.input}").build()
+    source = FileSource.for_record_stream_format(
+        StreamFormat.text_line_format(), f"file://{a.input}"
+    ).build()
     lines = env.from_source(source, WatermarkStrategy.no_watermarks(), "json-lines")
     events = lines.map(json.loads).assign_timestamps_and_watermarks(
-        WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_seconds(5))
-        .with_timestamp_assigner(EventTime()))
+        WatermarkStrategy.for_bounded_out_of_orderness(
+            Duration.of_seconds(5)
+        ).with_timestamp_assigner(EventTime())
+    )
     out = build(a.workload, events)
-    out.sink_to(FileSink.for_row_format(f"file://{a.output}",
-                                        Encoder.simple_string_encoder()).build())
+    out.sink_to(
+        FileSink.for_row_format(f"file://{a.output}", Encoder.simple_string_encoder()).build()
+    )
     t_submit = time.time()
     client = env.execute_async(f"bench-{a.workload}")
     job_result = client.get_job_execution_result().result()
     t_done = time.time()
     with open(a.result, "w") as f:
-        json.dump({"t_import": T_IMPORT, "t_submit": t_submit, "t_done": t_done,
-                   "job_id": str(client.get_job_id()),
-                   "net_runtime_ms": job_result.get_net_runtime()}, f)
+        json.dump(
+            {
+                "t_import": T_IMPORT,
+                "t_submit": t_submit,
+                "t_done": t_done,
+                "job_id": str(client.get_job_id()),
+                "net_runtime_ms": job_result.get_net_runtime(),
+            },
+            f,
+        )
 
 
 if __name__ == "__main__":

@@ -24,23 +24,39 @@ T_IMPORT = time.time()
 
 SOURCES = {
     "upi": "txn_id STRING, merchant_id STRING, amount_paise BIGINT, ts_ms BIGINT",
-    "bids": ("auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, "
-             "ts_ms BIGINT"),
+    "bids": (
+        "auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, ts_ms BIGINT"
+    ),
 }
 
 # workload -> (stream, sink columns, query)
 QUERIES = {
-    "upi": ("upi", "merchant_id STRING, window_start TIMESTAMP(3), `count` BIGINT", """
+    "upi": (
+        "upi",
+        "merchant_id STRING, window_start TIMESTAMP(3), `count` BIGINT",
+        """
         SELECT merchant_id, window_start, COUNT(*) AS `count`
         FROM TABLE(TUMBLE(TABLE src, DESCRIPTOR(rt), INTERVAL '1' MINUTE))
-        GROUP BY merchant_id, window_start, window_end"""),
-    "q1": ("bids", "auction BIGINT, bidder BIGINT, price_eur BIGINT, ts_ms BIGINT", """
+        GROUP BY merchant_id, window_start, window_end""",
+    ),
+    "q1": (
+        "bids",
+        "auction BIGINT, bidder BIGINT, price_eur BIGINT, ts_ms BIGINT",
+        """
         SELECT auction, bidder,
                CAST((price * 908 - MOD(price * 908, 1000)) / 1000 AS BIGINT) AS price_eur, ts_ms
-        FROM src"""),
-    "q2": ("bids", "auction BIGINT, price BIGINT", """
-        SELECT auction, price FROM src WHERE MOD(auction, 123) = 0"""),
-    "q5": ("bids", "channel STRING, window_start TIMESTAMP(3), auction BIGINT, bids BIGINT", """
+        FROM src""",
+    ),
+    "q2": (
+        "bids",
+        "auction BIGINT, price BIGINT",
+        """
+        SELECT auction, price FROM src WHERE MOD(auction, 123) = 0""",
+    ),
+    "q5": (
+        "bids",
+        "channel STRING, window_start TIMESTAMP(3), auction BIGINT, bids BIGINT",
+        """
         SELECT channel, window_start, auction, bids FROM (
           SELECT *, ROW_NUMBER() OVER (PARTITION BY channel, window_start, window_end
                                        ORDER BY bids DESC, auction ASC) AS rn
@@ -48,29 +64,45 @@ QUERIES = {
                 FROM TABLE(HOP(TABLE src, DESCRIPTOR(rt), INTERVAL '2' SECOND,
                                INTERVAL '10' SECOND))
                 GROUP BY channel, auction, window_start, window_end))
-        WHERE rn = 1"""),
-    "q7": ("bids", "channel STRING, window_start TIMESTAMP(3), max_price BIGINT", """
+        WHERE rn = 1""",
+    ),
+    "q7": (
+        "bids",
+        "channel STRING, window_start TIMESTAMP(3), max_price BIGINT",
+        """
         SELECT channel, window_start, MAX(price) AS max_price
         FROM TABLE(TUMBLE(TABLE src, DESCRIPTOR(rt), INTERVAL '10' SECOND))
-        GROUP BY channel, window_start, window_end"""),
-    "q11": ("bids", ("bidder BIGINT, session_start TIMESTAMP(3), window_end TIMESTAMP(3), "
-                     "bids BIGINT"), """
+        GROUP BY channel, window_start, window_end""",
+    ),
+    "q11": (
+        "bids",
+        ("bidder BIGINT, session_start TIMESTAMP(3), window_end TIMESTAMP(3), bids BIGINT"),
+        """
         SELECT bidder, window_start AS session_start, window_end, COUNT(*) AS bids
         FROM TABLE(SESSION(TABLE src PARTITION BY bidder, DESCRIPTOR(rt), INTERVAL '10' SECOND))
-        GROUP BY bidder, window_start, window_end"""),
+        GROUP BY bidder, window_start, window_end""",
+    ),
     # The ValueState counter in SQL: a running count per key in event-time order.
-    "counter": ("upi", "merchant_id STRING, `count` BIGINT", """
+    "counter": (
+        "upi",
+        "merchant_id STRING, `count` BIGINT",
+        """
         SELECT merchant_id, cnt AS `count` FROM (
           SELECT merchant_id, COUNT(*) OVER (PARTITION BY merchant_id ORDER BY rt
                  ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS cnt
           FROM src)
-        WHERE MOD(cnt, 100) = 0"""),
+        WHERE MOD(cnt, 100) = 0""",
+    ),
     # Flink SQL's deduplication (keep first row by processing time); its state TTL
     # (table.exec.state.ttl) is in processing time: SQL has no event-time TTL.
-    "dedup": ("upi", "txn_id STRING, merchant_id STRING, amount_paise BIGINT, ts_ms BIGINT", """
+    "dedup": (
+        "upi",
+        "txn_id STRING, merchant_id STRING, amount_paise BIGINT, ts_ms BIGINT",
+        """
         SELECT txn_id, merchant_id, amount_paise, ts_ms FROM (
           SELECT *, ROW_NUMBER() OVER (PARTITION BY txn_id ORDER BY pt ASC) AS rn FROM src)
-        WHERE rn = 1"""),
+        WHERE rn = 1""",
+    ),
 }
 
 
@@ -105,7 +137,8 @@ def main() -> None:
     }.items():
         conf.set_string(k, v)
     env = TableEnvironment.create(
-        EnvironmentSettings.new_instance().in_streaming_mode().with_configuration(conf).build())
+        EnvironmentSettings.new_instance().in_streaming_mode().with_configuration(conf).build()
+    )
     stream, sink_cols, query = QUERIES[a.workload]
     env.execute_sql(f"""
         CREATE TABLE src ({SOURCES[stream]},
@@ -122,9 +155,16 @@ def main() -> None:
     job_result = client.get_job_execution_result().result()
     t_done = time.time()
     with open(a.result, "w") as f:
-        json.dump({"t_import": T_IMPORT, "t_submit": t_submit, "t_done": t_done,
-                   "job_id": str(client.get_job_id()),
-                   "net_runtime_ms": job_result.get_net_runtime()}, f)
+        json.dump(
+            {
+                "t_import": T_IMPORT,
+                "t_submit": t_submit,
+                "t_done": t_done,
+                "job_id": str(client.get_job_id()),
+                "net_runtime_ms": job_result.get_net_runtime(),
+            },
+            f,
+        )
 
 
 if __name__ == "__main__":

@@ -35,8 +35,9 @@ FORMAT_VERSION = 1
 MARKER = "_job.json"
 
 
-def claim(directory: str | Path, job: str, queries: Sequence[str],
-          fingerprint: dict | None = None) -> Path:
+def claim(
+    directory: str | Path, job: str, queries: Sequence[str], fingerprint: dict | None = None
+) -> Path:
     """Bind ``directory`` to ``job`` (first run) or check that it is bound to ``job``; record the
     running code's queries and state fingerprint (what a savepoint of it will carry)."""
     path = Path(directory).resolve()
@@ -53,15 +54,19 @@ def claim(directory: str | Path, job: str, queries: Sequence[str],
             raise CheckpointOwnershipError(str(path), str(data.get("job")), job)
     else:
         # A Spark checkpoint with no marker was not made by us: refuse rather than adopt it.
-        foreign = [p.name for p in path.iterdir()
-                   if (p / "offsets").is_dir() or p.name == "offsets"]
+        foreign = [
+            p.name for p in path.iterdir() if (p / "offsets").is_dir() or p.name == "offsets"
+        ]
         if foreign:
             raise ConfigError(
                 f"checkpoint directory {path} holds Spark checkpoints ({', '.join(foreign)}) but "
                 f"no {MARKER}: it was not written by job {job!r}. Use an empty directory."
             )
-        data = {"format_version": FORMAT_VERSION, "job": job,
-                "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        data = {
+            "format_version": FORMAT_VERSION,
+            "job": job,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
     data["queries"] = list(queries)
     if fingerprint is not None:
         data["fingerprint"] = fingerprint
@@ -96,7 +101,8 @@ def _read_marker(marker: Path) -> dict:
         raise ConfigError(
             f"checkpoint marker {marker} is corrupt ({exc}): the checkpoint's ownership cannot "
             f"be proved. Restore the job from a savepoint or the mirror into an empty directory "
-            f"(`srt run JOB_FILE --from-savepoint ID` / `--restore-from LOCATION`)") from None
+            f"(`srt run JOB_FILE --from-savepoint ID` / `--restore-from LOCATION`)"
+        ) from None
     return data
 
 
@@ -131,8 +137,11 @@ def committed_offsets(query_dir: str | Path, batch: int | None = None) -> dict |
     lines = (Path(query_dir) / "offsets" / str(batch)).read_text().splitlines()
     # offsets/<n>: "v1", then batch metadata JSON (watermark), then one line per source.
     meta = json.loads(lines[1])
-    return {"batch": batch, "watermark_ms": meta.get("batchWatermarkMs"),
-            "sources": [json.loads(s) if s.startswith("{") else s for s in lines[2:]]}
+    return {
+        "batch": batch,
+        "watermark_ms": meta.get("batchWatermarkMs"),
+        "sources": [json.loads(s) if s.startswith("{") else s for s in lines[2:]],
+    }
 
 
 # State file names in a partition directory: "<version>.changelog", "<version>.zip", and the
@@ -145,8 +154,10 @@ def _state_partition_files(part_dir: Path, version: int) -> list[Path]:
     at or below it, the SST files that snapshot lists, and the changelogs after it."""
     files, missing = _partition_needs(part_dir, version)
     if missing:
-        raise ConfigError(f"state partition {part_dir} lacks changelogs for versions {missing}: "
-                          f"the checkpoint is incomplete")
+        raise ConfigError(
+            f"state partition {part_dir} lacks changelogs for versions {missing}: "
+            f"the checkpoint is incomplete"
+        )
     return files
 
 
@@ -162,13 +173,15 @@ def _partition_needs(part_dir: Path, version: int) -> tuple[list[Path], list[int
     out = [snaps[base]] if snaps else []
     if by_kind["zip"] and base:
         meta = zipfile.ZipFile(snaps[base]).read("metadata").decode().splitlines()[1]
-        out += [part_dir / "SSTs" / f["dfsSstFileName"]
-                for f in json.loads(meta).get("sstFiles", [])]
+        out += [
+            part_dir / "SSTs" / f["dfsSstFileName"] for f in json.loads(meta).get("sstFiles", [])
+        ]
     deltas = by_kind["changelog"] or by_kind["delta"]
     out += [deltas[v] for v in sorted(deltas) if v > base]
     missing = [v for v in range(base + 1, version + 1) if v not in deltas]
-    out += [p for p in (part_dir / "_metadata").glob("*")
-            if p.is_file() and not p.name.startswith(".")]
+    out += [
+        p for p in (part_dir / "_metadata").glob("*") if p.is_file() and not p.name.startswith(".")
+    ]
     return out, missing
 
 
@@ -177,8 +190,11 @@ def _numbered_upto(directory: Path, batch: int) -> list[Path]:
     out = []
     for p in directory.rglob("*"):
         head = p.name.split("_", 1)[0]
-        if p.is_file() and not p.name.startswith(".") and (not head.isdigit()
-                                                           or int(head) <= batch):
+        if (
+            p.is_file()
+            and not p.name.startswith(".")
+            and (not head.isdigit() or int(head) <= batch)
+        ):
             out.append(p)
     return out
 
@@ -273,10 +289,12 @@ def _crc_problem(path: Path, data: bytes) -> str | None:
     sums = struct.unpack(f">{(len(raw) - 8) // 4}I", raw[8:])
     chunks = max(1, -(-len(data) // chunk))
     if len(sums) != chunks:
-        return (f"{len(data)} bytes, but its checksum file covers "
-                f"{(len(sums) - 1) * chunk + 1}-{len(sums) * chunk} bytes (truncated or extended)")
+        return (
+            f"{len(data)} bytes, but its checksum file covers "
+            f"{(len(sums) - 1) * chunk + 1}-{len(sums) * chunk} bytes (truncated or extended)"
+        )
     for i, want in enumerate(sums):
-        if zlib.crc32(data[i * chunk:(i + 1) * chunk]) != want:
+        if zlib.crc32(data[i * chunk : (i + 1) * chunk]) != want:
             return f"checksum mismatch in bytes {i * chunk}-{min(len(data), (i + 1) * chunk)}"
     return None
 
@@ -337,7 +355,7 @@ def _lz4_problem(data: bytes) -> str | None:
     while True:
         if pos + _LZ4_HEADER > len(data):
             return f"truncated at byte {len(data)} (no end block)"
-        if data[pos:pos + len(_LZ4_MAGIC)] != _LZ4_MAGIC:
+        if data[pos : pos + len(_LZ4_MAGIC)] != _LZ4_MAGIC:
             return f"not an LZ4 block at byte {pos}"
         compressed, original = struct.unpack_from("<ii", data, pos + len(_LZ4_MAGIC) + 1)
         if compressed < 0 or original < 0:
@@ -372,8 +390,9 @@ def _state_problem(path: Path, data: bytes) -> str | None:
     return None
 
 
-def _check(q: Path, rel: str, kind: str, batch: int | None, out: list[Problem],
-           *, required: bool = True) -> bool:
+def _check(
+    q: Path, rel: str, kind: str, batch: int | None, out: list[Problem], *, required: bool = True
+) -> bool:
     """Check one file; append its problem to ``out``; True if it is sound (or absent and not
     required)."""
     path = q / rel
@@ -398,8 +417,9 @@ def last_planned(query_dir: str | Path) -> int | None:
     return batches[-1] if batches else None
 
 
-def verify(query_dir: str | Path, batch: int | None = None, *, pending: bool = True
-           ) -> list[Problem]:
+def verify(
+    query_dir: str | Path, batch: int | None = None, *, pending: bool = True
+) -> list[Problem]:
     """Every damaged or missing file a restart of the query at committed ``batch`` would read
     (default: the last committed batch; ``-1``: none committed); empty if it can restart.
 
@@ -435,30 +455,45 @@ def verify(query_dir: str | Path, batch: int | None = None, *, pending: bool = T
         except (OSError, ValueError, IndexError):
             continue
     if partitions is None:
-        out.append(Problem("state", "not checked: no readable offsets file gives the state "
-                                    "partition count", "state", batch + 1))
+        out.append(
+            Problem(
+                "state",
+                "not checked: no readable offsets file gives the state partition count",
+                "state",
+                batch + 1,
+            )
+        )
         return out
     for op in sorted(p for p in (q / "state").iterdir() if p.is_dir()):
         for meta in sorted((op / "_metadata").rglob("*")):  # operator metadata: Spark's format
             if meta.is_file() and not meta.name.startswith("."):
                 _check(q, meta.relative_to(q).as_posix(), "state", None, out)
         # A rescale leaves the partitions above the new count behind, unused.
-        for part in sorted(p for p in op.iterdir() if p.name.isdigit()
-                           and int(p.name) < partitions):
+        for part in sorted(
+            p for p in op.iterdir() if p.name.isdigit() and int(p.name) < partitions
+        ):
             try:
                 files, missing = _partition_needs(part, batch + 1)
             except (zipfile.BadZipFile, KeyError, ValueError, IndexError, OSError) as exc:
                 snap = max((p for p in part.glob("*.zip")), default=part)
-                out.append(Problem(snap.relative_to(q).as_posix(),
-                                   f"snapshot unreadable ({exc})", "state", batch + 1))
+                out.append(
+                    Problem(
+                        snap.relative_to(q).as_posix(),
+                        f"snapshot unreadable ({exc})",
+                        "state",
+                        batch + 1,
+                    )
+                )
                 continue
             for v in missing:
-                out.append(Problem(f"{part.relative_to(q).as_posix()}/{v}.changelog", "missing",
-                                   "state", v))
+                out.append(
+                    Problem(
+                        f"{part.relative_to(q).as_posix()}/{v}.changelog", "missing", "state", v
+                    )
+                )
             for f in files:
                 m = _STATE_FILE.match(f.name)
-                _check(q, f.relative_to(q).as_posix(), "state",
-                       int(m.group(1)) if m else None, out)
+                _check(q, f.relative_to(q).as_posix(), "state", int(m.group(1)) if m else None, out)
     return out
 
 
@@ -493,6 +528,8 @@ def disk_full(directory: str | Path) -> str | None:
     free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
     if free >= LOW_SPACE_BYTES:
         return None
-    return (f"the disk holding checkpoint {directory} is full ({free:,} of {total:,} bytes "
-            f"free): free space there and restart the job. Committed batches are kept; a batch "
-            f"torn by the full disk is moved aside at the restart and run again")
+    return (
+        f"the disk holding checkpoint {directory} is full ({free:,} of {total:,} bytes "
+        f"free): free space there and restart the job. Committed batches are kept; a batch "
+        f"torn by the full disk is moved aside at the restart and run again"
+    )

@@ -32,8 +32,10 @@ def _utc(ts: float | None = None) -> str:
 
 def fingerprint(job_name: str, queries: Iterable[Any]) -> dict[str, Any]:
     """What a restore must agree with: the job and, per query, its stateful operators."""
-    return {"job": job_name,
-            "queries": {q.name: {"path": q.path, "operators": q.state_layout} for q in queries}}
+    return {
+        "job": job_name,
+        "queries": {q.name: {"path": q.path, "operators": q.state_layout} for q in queries},
+    }
 
 
 def sha256_file(path: Path) -> str:
@@ -75,34 +77,51 @@ class Savepoint:
     def summary(self) -> dict[str, Any]:
         m = self.manifest
         return {
-            "id": self.id, "job": m["job"], "location": self.location,
+            "id": self.id,
+            "job": m["job"],
+            "location": self.location,
             "batches": {q: v["batch"] for q, v in m["queries"].items()},
             "watermark_ms": {q: v["watermark_ms"] for q, v in m["queries"].items()},
-            "size_bytes": self.size, "files": len(m["files"]), "created_at": m["created_at"],
-            "format_version": m["format_version"], "kind": m.get("kind", "savepoint"),
+            "size_bytes": self.size,
+            "files": len(m["files"]),
+            "created_at": m["created_at"],
+            "format_version": m["format_version"],
+            "kind": m.get("kind", "savepoint"),
         }
 
 
 def query_entry(qdir: Path, batch: int, *, pending: bool) -> dict[str, Any]:
     """What a manifest says of one query at committed ``batch``."""
     committed = layout.committed_offsets(qdir, batch) or {}
-    return {"batch": batch, "watermark_ms": committed.get("watermark_ms"),
-            "offsets": committed.get("sources"), "pending_batch": batch + 1 if pending else None,
-            "state_partitions": layout.state_partitions(qdir, batch),
-            "checkpoint_dir": str(qdir)}
+    return {
+        "batch": batch,
+        "watermark_ms": committed.get("watermark_ms"),
+        "offsets": committed.get("sources"),
+        "pending_batch": batch + 1 if pending else None,
+        "state_partitions": layout.state_partitions(qdir, batch),
+        "checkpoint_dir": str(qdir),
+    }
 
 
-def new_manifest(kind: str, sid: str, owner: dict[str, Any], queries: dict[str, Any],
-                 files: list[dict[str, Any]]) -> dict[str, Any]:
+def new_manifest(
+    kind: str, sid: str, owner: dict[str, Any], queries: dict[str, Any], files: list[dict[str, Any]]
+) -> dict[str, Any]:
     """A manifest (savepoints and mirror snapshots share the shape and the restore path)."""
     from importlib.metadata import version
 
     now = time.time()
     return {
-        "format_version": FORMAT_VERSION, "kind": kind, "id": sid, "job": owner["job"],
-        "fingerprint": owner.get("fingerprint"), "spark_version": version("pyspark"),
-        "created_at": _utc(now), "created_at_epoch": now,
-        "restored_from": owner.get("restored_from"), "queries": queries, "files": files,
+        "format_version": FORMAT_VERSION,
+        "kind": kind,
+        "id": sid,
+        "job": owner["job"],
+        "fingerprint": owner.get("fingerprint"),
+        "spark_version": version("pyspark"),
+        "created_at": _utc(now),
+        "created_at_epoch": now,
+        "restored_from": owner.get("restored_from"),
+        "queries": queries,
+        "files": files,
     }
 
 
@@ -119,7 +138,8 @@ class CorruptManifestError(SavepointError):
         super().__init__(
             f"savepoint manifest {location} is unusable: {problem}. The other savepoints are "
             f"unaffected; restore from another one (`srt savepoint list`), and remove this one "
-            f"with `srt savepoint dispose --force ID` once you no longer need to inspect it.")
+            f"with `srt savepoint dispose --force ID` once you no longer need to inspect it."
+        )
 
 
 def parse_manifest(data: bytes, location: str) -> dict[str, Any]:
@@ -133,8 +153,10 @@ def parse_manifest(data: bytes, location: str) -> dict[str, Any]:
         raise CorruptManifestError(location, "not a JSON object")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise CorruptManifestError(
-            location, f"format {manifest.get('format_version')!r}; this runtime reads format "
-            f"{FORMAT_VERSION} (restore it with the version that wrote it)")
+            location,
+            f"format {manifest.get('format_version')!r}; this runtime reads format "
+            f"{FORMAT_VERSION} (restore it with the version that wrote it)",
+        )
     try:
         Name(manifest.get("job"), "job")
         queries, files = manifest["queries"], manifest["files"]

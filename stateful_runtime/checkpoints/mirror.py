@@ -62,8 +62,9 @@ def _manifests(store: Store) -> list[str]:
 class CheckpointMirror:
     """Mirror one job's checkpoint directory to ``location`` after each committed batch."""
 
-    def __init__(self, checkpoint_dir: str | Path, location: str,
-                 warn: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self, checkpoint_dir: str | Path, location: str, warn: Callable[[str], None] | None = None
+    ) -> None:
         self.checkpoint_dir = Path(checkpoint_dir).resolve()
         self.store = open_store(location)
         self.location = location
@@ -83,14 +84,18 @@ class CheckpointMirror:
             done = self._sync()
         except StorageError as exc:
             if not self.failed_syncs:
-                self.warn(f"checkpoint mirror: sync to {self.location} failed ({exc}); the job "
-                          f"keeps running and the mirror retries until it answers (mirrored so "
-                          f"far: batches {self.synced or 'none'})")
+                self.warn(
+                    f"checkpoint mirror: sync to {self.location} failed ({exc}); the job "
+                    f"keeps running and the mirror retries until it answers (mirrored so "
+                    f"far: batches {self.synced or 'none'})"
+                )
             self.failed_syncs += 1
             return None
         if self.failed_syncs:
-            self.warn(f"checkpoint mirror: {self.location} answers again after "
-                      f"{self.failed_syncs} failed sync(s); caught up to batches {self.synced}")
+            self.warn(
+                f"checkpoint mirror: {self.location} answers again after "
+                f"{self.failed_syncs} failed sync(s); caught up to batches {self.synced}"
+            )
             self.failed_syncs = 0
         return done
 
@@ -120,16 +125,17 @@ class CheckpointMirror:
                 # Offsets/commits/changelogs are new names every batch; a file with a known
                 # name is immutable in Spark's checkpoint except the query metadata.
                 if entry is None or entry["size"] != path.stat().st_size:
-                    entry = {"path": key, "size": path.stat().st_size,
-                             "sha256": sha256_file(path)}
+                    entry = {"path": key, "size": path.stat().st_size, "sha256": sha256_file(path)}
                     self.store.put_file(path, key)
                     uploaded += 1
                     uploaded_bytes += entry["size"]
                     self.known[key] = entry
                 entries.append(entry)
         manifest = new_manifest("mirror", "", owner, queries, entries)
-        self.store.put_bytes(f"{PREFIX}{int(manifest['created_at_epoch'] * 1000):015d}.json",
-                             json.dumps(manifest).encode())
+        self.store.put_bytes(
+            f"{PREFIX}{int(manifest['created_at_epoch'] * 1000):015d}.json",
+            json.dumps(manifest).encode(),
+        )
         self._prune()
         self.synced = batches
         return MirrorSync(batches, uploaded, uploaded_bytes, sum(e["size"] for e in entries))
@@ -154,5 +160,6 @@ def latest(location: str) -> Savepoint:
     if not names:
         raise SavepointError(
             f"no mirrored checkpoint at {location}: a job mirrors there only with "
-            f"checkpoint.mirror set and after its first committed batch")
+            f"checkpoint.mirror set and after its first committed batch"
+        )
     return Savepoint(store, "", read_manifest(store, names[-1]))

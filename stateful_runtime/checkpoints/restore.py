@@ -38,15 +38,20 @@ def compatibility(saved: dict[str, Any], new: dict[str, Any]) -> tuple[list[str]
             where = f"query {qname}, operator {op}"
             no = (nq or {}).get("operators", {}).get(op)
             if no is None:
-                dropped += [f"{where}: state {s!r} ({sig}) — the operator is gone"
-                            for s, sig in so["states"].items()]
+                dropped += [
+                    f"{where}: state {s!r} ({sig}) — the operator is gone"
+                    for s, sig in so["states"].items()
+                ]
                 continue
             if so["kind"] != no["kind"]:
-                why = (" (sliding and session windows with built-in aggregates now run on "
-                       "Spark's native aggregation, whose state the window operator's cannot "
-                       "become: let the old job's windows close, then start this code on a new "
-                       "checkpoint)" if (so["kind"], no["kind"]) == ("window", "native-window")
-                       else "")
+                why = (
+                    " (sliding and session windows with built-in aggregates now run on "
+                    "Spark's native aggregation, whose state the window operator's cannot "
+                    "become: let the old job's windows close, then start this code on a new "
+                    "checkpoint)"
+                    if (so["kind"], no["kind"]) == ("window", "native-window")
+                    else ""
+                )
                 bad.append(f"{where}: was a {so['kind']} operator, is now {no['kind']}{why}")
                 continue
             if so["keys"] != no["keys"]:
@@ -55,34 +60,43 @@ def compatibility(saved: dict[str, Any], new: dict[str, Any]) -> tuple[list[str]
                 now_sig = no["states"].get(s)
                 if now_sig is None:
                     (bad if so["kind"] == "native-window" else dropped).append(
-                        f"{where}: state {s!r} ({sig}) is no longer declared")
+                        f"{where}: state {s!r} ({sig}) is no longer declared"
+                    )
                 elif now_sig != sig:
                     bad.append(f"{where}: state {s!r} was {sig}, is now {now_sig}")
             if so["kind"] == "native-window":
-                bad += [f"{where}: new state {s!r} ({sig}) changes Spark's state schema"
-                        for s, sig in no["states"].items() if s not in so["states"]]
+                bad += [
+                    f"{where}: new state {s!r} ({sig}) changes Spark's state schema"
+                    for s, sig in no["states"].items()
+                    if s not in so["states"]
+                ]
     return bad, dropped
 
 
-def check_compatible(saved: dict[str, Any], new: dict[str, Any], allow_non_restored: bool,
-                     where: str) -> list[str]:
+def check_compatible(
+    saved: dict[str, Any], new: dict[str, Any], allow_non_restored: bool, where: str
+) -> list[str]:
     """Raise if state with fingerprint ``saved`` (a savepoint's or a checkpoint's, at
     ``where``) cannot be restored into a job with fingerprint ``new``; returns the state left
     behind when ``allow_non_restored`` lets it go."""
     bad, dropped = compatibility(saved or {}, new)
     if bad:
         raise IncompatibleSavepointError(
-            where, bad + dropped,
+            where,
+            bad + dropped,
             "Restore it with the code that wrote it, or keep state names, kinds and key fields "
-            "as they were (new state and new operators are fine).")
+            "as they were (new state and new operators are fine).",
+        )
     if dropped and not allow_non_restored:
         raise IncompatibleSavepointError(
-            where, dropped, "Pass --allow-non-restored-state to start without that state.")
+            where, dropped, "Pass --allow-non-restored-state to start without that state."
+        )
     return dropped
 
 
-def materialize(sp: Savepoint, dest: Path, queries: Iterable[str] | None = None,
-                final: Path | None = None) -> None:
+def materialize(
+    sp: Savepoint, dest: Path, queries: Iterable[str] | None = None, final: Path | None = None
+) -> None:
     """Copy the savepoint's files of ``queries`` (default all) into ``dest`` laid out as a
     checkpoint, verifying every file's size and sha256 and pointing Spark's operator metadata
     at ``final`` (default ``dest``), where the checkpoint will be read. ``dest`` must not
@@ -93,8 +107,10 @@ def materialize(sp: Savepoint, dest: Path, queries: Iterable[str] | None = None,
     tmp.mkdir(parents=True)
     try:
         # Every path first: a manifest naming one outside the checkpoint is refused whole.
-        files = [(f, contained(tmp, f["path"], where=f"savepoint {sp.location}"))
-                 for f in sp.manifest["files"]]
+        files = [
+            (f, contained(tmp, f["path"], where=f"savepoint {sp.location}"))
+            for f in sp.manifest["files"]
+        ]
         for f, local in files:
             if f["path"].split("/", 1)[0] not in wanted:
                 continue
@@ -103,7 +119,8 @@ def materialize(sp: Savepoint, dest: Path, queries: Iterable[str] | None = None,
             if size != f["size"] or digest != f["sha256"]:
                 raise SavepointError(
                     f"savepoint {sp.location} is corrupt: {f['path']} has {size} bytes, sha256 "
-                    f"{digest[:12]}…; the manifest says {f['size']} bytes, {f['sha256'][:12]}…")
+                    f"{digest[:12]}…; the manifest says {f['size']} bytes, {f['sha256'][:12]}…"
+                )
         for qname in wanted:
             _relocate_operator_metadata(tmp / qname, (final or dest) / qname)
         os.replace(tmp, dest)
@@ -120,12 +137,18 @@ def _relocate_operator_metadata(qdir: Path, final_qdir: Path) -> None:
         for store_info in body.get("stateStoreInfo", []):
             store_info["stateSchemaFilePaths"] = [
                 f"file:{final_qdir}/state/{p.rsplit('/state/', 1)[1]}"
-                for p in store_info.get("stateSchemaFilePaths", [])]
+                for p in store_info.get("stateSchemaFilePaths", [])
+            ]
         meta.write_text("\n".join([lines[0], json.dumps(body), *lines[2:]]))
 
 
-def restore(sp: Savepoint, checkpoint_dir: str | Path, new_fingerprint: dict[str, Any],
-            *, allow_non_restored: bool = False) -> dict[str, Any]:
+def restore(
+    sp: Savepoint,
+    checkpoint_dir: str | Path,
+    new_fingerprint: dict[str, Any],
+    *,
+    allow_non_restored: bool = False,
+) -> dict[str, Any]:
     """Lay ``sp`` out as the job's checkpoint at ``checkpoint_dir``.
 
     An existing checkpoint there is moved aside (never deleted) to
@@ -134,18 +157,22 @@ def restore(sp: Savepoint, checkpoint_dir: str | Path, new_fingerprint: dict[str
     if sp.manifest.get("format_version") != FORMAT_VERSION:
         raise SavepointError(
             f"savepoint {sp.location} has format {sp.manifest.get('format_version')}; this "
-            f"runtime reads format {FORMAT_VERSION}")
-    dropped = check_compatible(sp.manifest.get("fingerprint") or {}, new_fingerprint,
-                               allow_non_restored, sp.location)
+            f"runtime reads format {FORMAT_VERSION}"
+        )
+    dropped = check_compatible(
+        sp.manifest.get("fingerprint") or {}, new_fingerprint, allow_non_restored, sp.location
+    )
     ckpt = Path(checkpoint_dir).resolve()
-    restored_queries = [q for q in sp.manifest["queries"]
-                        if q in new_fingerprint.get("queries", {})]
+    restored_queries = [
+        q for q in sp.manifest["queries"] if q in new_fingerprint.get("queries", {})
+    ]
     staging = ckpt.with_name(f"{ckpt.name}.restore-{secrets.token_hex(3)}")
     materialize(sp, staging, restored_queries, final=ckpt)
     moved_aside = None
     if ckpt.exists() and any(ckpt.iterdir()):
         moved_aside = ckpt.with_name(
-            f"{ckpt.name}.before-restore-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}")
+            f"{ckpt.name}.before-restore-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
+        )
         os.replace(ckpt, moved_aside)
     elif ckpt.exists():
         ckpt.rmdir()
@@ -153,23 +180,36 @@ def restore(sp: Savepoint, checkpoint_dir: str | Path, new_fingerprint: dict[str
     # Query dirs were materialised against their final paths; move the whole tree in one step.
     os.replace(staging, ckpt)
     marker = {
-        "format_version": layout.FORMAT_VERSION, "job": sp.job,
+        "format_version": layout.FORMAT_VERSION,
+        "job": sp.job,
         "queries": list(new_fingerprint.get("queries", {})),
-        "created_at": _utc(), "restored_from": sp.location,
+        "created_at": _utc(),
+        "restored_from": sp.location,
         "fingerprint": new_fingerprint,
     }
     layout.write_marker(ckpt, marker)
-    return {"restored_from": sp.location, "savepoint_id": sp.id, "dropped_state": dropped,
-            "previous_checkpoint_moved_to": str(moved_aside) if moved_aside else None,
-            "batches": {q: sp.manifest["queries"][q]["batch"] for q in restored_queries},
-            "state_partitions": {q: sp.manifest["queries"][q]["state_partitions"]
-                                 for q in restored_queries}}
+    return {
+        "restored_from": sp.location,
+        "savepoint_id": sp.id,
+        "dropped_state": dropped,
+        "previous_checkpoint_moved_to": str(moved_aside) if moved_aside else None,
+        "batches": {q: sp.manifest["queries"][q]["batch"] for q in restored_queries},
+        "state_partitions": {
+            q: sp.manifest["queries"][q]["state_partitions"] for q in restored_queries
+        },
+    }
 
 
-def restore_job(checkpoint_dir: str | Path, queries: Sequence[str], new_fingerprint: dict[str, Any],
-                *, from_savepoint: str | None = None, savepoint_roots: Iterable[str] = (),
-                restore_from: str | None = None, allow_non_restored: bool = False,
-                ) -> tuple[Savepoint, dict[str, Any]]:
+def restore_job(
+    checkpoint_dir: str | Path,
+    queries: Sequence[str],
+    new_fingerprint: dict[str, Any],
+    *,
+    from_savepoint: str | None = None,
+    savepoint_roots: Iterable[str] = (),
+    restore_from: str | None = None,
+    allow_non_restored: bool = False,
+) -> tuple[Savepoint, dict[str, Any]]:
     """Restore a job's checkpoint from a savepoint (by id under ``savepoint_roots`` or by
     location) or from the newest snapshot of the checkpoint mirror at ``restore_from``."""
     from stateful_runtime.checkpoints import mirror, savepoints
@@ -183,15 +223,23 @@ def restore_job(checkpoint_dir: str | Path, queries: Sequence[str], new_fingerpr
         if ckpt.is_dir() and any((ckpt / q / "commits").is_dir() for q in queries):
             raise ConfigError(
                 f"checkpoint directory {ckpt} already holds this job's checkpoints: "
-                f"--restore-from is for an empty disk; run without it to resume from them")
+                f"--restore-from is for an empty disk; run without it to resume from them"
+            )
         sp = mirror.latest(restore_from)
     else:
         raise ConfigError("restore_job needs a savepoint or a mirror location")
     return sp, restore(sp, ckpt, new_fingerprint, allow_non_restored=allow_non_restored)
 
 
-def rescale(spark: Any, checkpoint_dir: Path, queries: Sequence[str], parallelism: int, *,
-            restored: bool, job: str) -> list[str]:
+def rescale(
+    spark: Any,
+    checkpoint_dir: Path,
+    queries: Sequence[str],
+    parallelism: int,
+    *,
+    restored: bool,
+    job: str,
+) -> list[str]:
     """Give every stateful query ``parallelism`` state partitions; returns what was done.
 
     Spark fixes the count in a checkpoint's offset log; only a restore may change it (Flink's
@@ -210,7 +258,8 @@ def rescale(spark: Any, checkpoint_dir: Path, queries: Sequence[str], parallelis
                 f"note: query {q} keeps its {current} state partitions (parallelism "
                 f"{parallelism} ignored); rescale through a savepoint: `srt savepoint create "
                 f"{job} --stop`, then `srt run ... --from-savepoint ID --parallelism "
-                f"{parallelism}`")
+                f"{parallelism}`"
+            )
             continue
         pending = qdir / "offsets" / str(batch + 1)
         pending.unlink(missing_ok=True)  # a planned batch is re-planned after the rescale
@@ -235,26 +284,40 @@ class CorruptCheckpointError(ConfigError):
         mirror: the job's checkpoint mirror (None: not mirrored).
     """
 
-    def __init__(self, checkpoint: str, problems: list[str], job_file: str,
-                 savepoint: str | None, mirror: str | None, savepoint_note: str) -> None:
+    def __init__(
+        self,
+        checkpoint: str,
+        problems: list[str],
+        job_file: str,
+        savepoint: str | None,
+        mirror: str | None,
+        savepoint_note: str,
+    ) -> None:
         self.checkpoint, self.problems = checkpoint, problems
         self.savepoint, self.mirror = savepoint, mirror
         ways = []
         if savepoint:
-            ways.append(f"from its newest savepoint: `srt run {job_file} --from-savepoint "
-                        f"{savepoint}` ({savepoint_note}; the damaged checkpoint is moved aside)")
+            ways.append(
+                f"from its newest savepoint: `srt run {job_file} --from-savepoint "
+                f"{savepoint}` ({savepoint_note}; the damaged checkpoint is moved aside)"
+            )
         if mirror:
-            ways.append(f"from the checkpoint mirror: move {Path(checkpoint).parent} aside, then "
-                        f"`srt run {job_file} --restore-from {mirror}`")
+            ways.append(
+                f"from the checkpoint mirror: move {Path(checkpoint).parent} aside, then "
+                f"`srt run {job_file} --restore-from {mirror}`"
+            )
         if not ways:
-            ways.append(f"there is no savepoint ({savepoint_note}) and no checkpoint mirror: "
-                        f"to start over, move {Path(checkpoint).parent} aside (the job reads its "
-                        f"sources from the start again; its sinks keep what they hold)")
+            ways.append(
+                f"there is no savepoint ({savepoint_note}) and no checkpoint mirror: "
+                f"to start over, move {Path(checkpoint).parent} aside (the job reads its "
+                f"sources from the start again; its sinks keep what they hold)"
+            )
         lines = "\n".join(f"  - {p}" for p in problems)
         super().__init__(
             f"checkpoint {checkpoint} cannot be restarted; files it needs are damaged:\n{lines}\n"
             f"Falling back to the previous committed batch does not help (its files are damaged "
-            f"too); nothing was changed. Restore the job " + "; or ".join(ways) + ".")
+            f"too); nothing was changed. Restore the job " + "; or ".join(ways) + "."
+        )
 
 
 @dataclass
@@ -294,7 +357,8 @@ def _pending(ckpt: Path) -> dict[str, int]:
         raise ConfigError(
             f"{ckpt / PENDING_REWIND} is unreadable ({exc}): it names the batch each query's "
             f"sinks must be rewound to after a checkpoint fell back. Restore the job from a "
-            f"savepoint, or delete the file if no sink holds a batch after that one") from None
+            f"savepoint, or delete the file if no sink holds a batch after that one"
+        ) from None
     return {str(q): int(b) for q, b in data.items()}
 
 
@@ -315,8 +379,8 @@ def _set_pending(ckpt: Path, query: str, batch: int | None) -> None:
 
 @dataclass
 class _Fallback:
-    restart_at: int            # the committed batch the restart resumes after (-1: none)
-    replay: int | None         # the planned batch Spark re-runs with its logged offsets
+    restart_at: int  # the committed batch the restart resumes after (-1: none)
+    replay: int | None  # the planned batch Spark re-runs with its logged offsets
     moves: list[tuple[str, str]]  # (path relative to the query dir, why)
     rewind: bool
 
@@ -347,9 +411,11 @@ def _fallback(qdir: Path, problems: list[layout.Problem]) -> _Fallback | None:
                 if b > above:
                     rel = f"{kind}/{b}"
                     out.append((rel, why.get(rel, f"superseded: batch {b} is {later}")))
-        out += [(p.relative_to(qdir).as_posix(), "written by a batch that is re-run")
-                for p in layout.state_files_after(qdir, r + 1)
-                if not p.name.endswith(".crc")]
+        out += [
+            (p.relative_to(qdir).as_posix(), "written by a batch that is re-run")
+            for p in layout.state_files_after(qdir, r + 1)
+            if not p.name.endswith(".crc")
+        ]
         return _Fallback(r, replay, out, planned > kept)
     return None
 
@@ -367,8 +433,9 @@ def _newest_savepoint(root: str | None, job: str) -> tuple[str | None, str]:
     if not found:
         return None, f"none of job {job!r} under {root}"
     sp = found[-1]
-    return sp.id, (f"batches {sp.summary()['batches']}, taken {_utc(sp.created_at)}, "
-                   f"in {sp.location}")
+    return sp.id, (
+        f"batches {sp.summary()['batches']}, taken {_utc(sp.created_at)}, in {sp.location}"
+    )
 
 
 def _move(src: Path, dest: Path) -> None:
@@ -379,8 +446,14 @@ def _move(src: Path, dest: Path) -> None:
         os.replace(side, layout.crc_sidecar(dest))
 
 
-def recover(checkpoint_dir: str | Path, queries: Sequence[str], *, job_file: str = "JOB_FILE",
-            savepoint_dir: str | None = None, mirror: str | None = None) -> Recovery:
+def recover(
+    checkpoint_dir: str | Path,
+    queries: Sequence[str],
+    *,
+    job_file: str = "JOB_FILE",
+    savepoint_dir: str | None = None,
+    mirror: str | None = None,
+) -> Recovery:
     """Check every query's checkpoint before a start (:func:`layout.verify`) and make it
     restartable, or refuse.
 
@@ -401,8 +474,10 @@ def recover(checkpoint_dir: str | Path, queries: Sequence[str], *, job_file: str
     for q, batch in _pending(ckpt).items():  # an earlier start moved files, then stopped
         if q in queries:
             rec.rewind[q] = batch
-            rec.notes.append(f"query {q}: its sinks still owe a rewind to batch {batch} (an "
-                             f"earlier start fell back and stopped before rewinding them)")
+            rec.notes.append(
+                f"query {q}: its sinks still owe a rewind to batch {batch} (an "
+                f"earlier start fell back and stopped before rewinding them)"
+            )
     plans: dict[str, tuple[_Fallback, list[layout.Problem]]] = {}
     for q in queries:
         qdir = ckpt / q
@@ -414,8 +489,9 @@ def recover(checkpoint_dir: str | Path, queries: Sequence[str], *, job_file: str
         fb = _fallback(qdir, problems)
         if fb is None:
             sid, note = _newest_savepoint(savepoint_dir, job)
-            raise CorruptCheckpointError(str(qdir), [str(p) for p in problems], job_file, sid,
-                                         mirror, note)
+            raise CorruptCheckpointError(
+                str(qdir), [str(p) for p in problems], job_file, sid, mirror, note
+            )
         plans[q] = (fb, problems)
     if not plans:
         return rec
@@ -434,23 +510,32 @@ def recover(checkpoint_dir: str | Path, queries: Sequence[str], *, job_file: str
             if (qdir / rel).exists():
                 _move(qdir / rel, dest / q / rel)
         record["queries"][q] = {
-            "problems": [str(p) for p in problems], "restart_after_batch": fb.restart_at,
-            "rerun_batch": fb.replay, "sinks_rewound_to": fb.restart_at if fb.rewind else None,
-            "moved": [{"path": rel, "why": why} for rel, why in fb.moves]}
+            "problems": [str(p) for p in problems],
+            "restart_after_batch": fb.restart_at,
+            "rerun_batch": fb.replay,
+            "sinks_rewound_to": fb.restart_at if fb.rewind else None,
+            "moved": [{"path": rel, "why": why} for rel, why in fb.moves],
+        }
         damaged = "; ".join(str(p) for p in problems)
         if fb.replay is not None:
-            what = (f"batch {fb.replay} is re-run with its logged offsets from batch "
-                    f"{fb.restart_at}'s state (its sinks skip or rewrite it by batch id)")
+            what = (
+                f"batch {fb.replay} is re-run with its logged offsets from batch "
+                f"{fb.restart_at}'s state (its sinks skip or rewrite it by batch id)"
+            )
         elif fb.restart_at >= 0:
             what = f"it resumes after committed batch {fb.restart_at}"
         else:
             what = "no batch is committed any more: it starts from its first batch"
-        rec.notes.append(f"checkpoint of query {q} is damaged ({damaged}); moved "
-                         f"{len(fb.moves)} file(s) to {dest / q}; {what}")
+        rec.notes.append(
+            f"checkpoint of query {q} is damaged ({damaged}); moved "
+            f"{len(fb.moves)} file(s) to {dest / q}; {what}"
+        )
         if fb.rewind:
             rec.rewind[q] = min(fb.restart_at, rec.rewind.get(q, fb.restart_at))
-            rec.notes.append(f"query {q}: batches after {fb.restart_at} are planned again from "
-                             f"the source offsets; its sinks forget them first (rewind)")
+            rec.notes.append(
+                f"query {q}: batches after {fb.restart_at} are planned again from "
+                f"the source offsets; its sinks forget them first (rewind)"
+            )
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "quarantine.json").write_text(json.dumps(record, indent=1))
     rec.quarantine = dest

@@ -30,15 +30,17 @@ class Retention:
             if i == 0 or sp.id in self.protected or sp.location in self.protected:
                 continue
             too_many = self.max_count is not None and i >= self.max_count
-            too_old = (self.max_age is not None
-                       and now - sp.created_at > self.max_age.total_seconds())
+            too_old = (
+                self.max_age is not None and now - sp.created_at > self.max_age.total_seconds()
+            )
             if too_many or too_old:
                 out.append(sp)
         return out
 
 
-def apply_retention(root: str | Path, job: str, retention: Retention,
-                    protected: Iterable[str] = ()) -> list[Savepoint]:
+def apply_retention(
+    root: str | Path, job: str, retention: Retention, protected: Iterable[str] = ()
+) -> list[Savepoint]:
     """Dispose of the savepoints of ``job`` under ``root`` that ``retention`` lets go (never one
     in ``protected``: the savepoints registered jobs were restored from)."""
     cleanup_incomplete(open_store(root))

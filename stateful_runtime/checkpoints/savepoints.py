@@ -58,8 +58,14 @@ def new_id(job: str) -> str:
     return f"{job}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
 
 
-def create(checkpoint_dir: str | Path, target: str | Path, *, kind: str = "savepoint",
-           savepoint_id: str | None = None, _fail_after_files: int | None = None) -> Savepoint:
+def create(
+    checkpoint_dir: str | Path,
+    target: str | Path,
+    *,
+    kind: str = "savepoint",
+    savepoint_id: str | None = None,
+    _fail_after_files: int | None = None,
+) -> Savepoint:
     """Copy the last committed batch of the checkpoint at ``checkpoint_dir`` to ``target``.
 
     Safe while the job runs: files of a committed batch are never rewritten, and state files are
@@ -81,16 +87,25 @@ def create(checkpoint_dir: str | Path, target: str | Path, *, kind: str = "savep
         if batch is None:
             raise SavepointError(
                 f"query {qname} of job {job!r} has not committed a batch yet: take the savepoint "
-                f"after its first batch (`srt status {job}` shows the last committed batch)")
+                f"after its first batch (`srt status {job}` shows the last committed batch)"
+            )
         rels = layout.batch_files(qdir, batch)
-        queries[qname] = query_entry(qdir, batch,
-                                     pending=f"offsets/{batch + 1}" in rels)
+        queries[qname] = query_entry(qdir, batch, pending=f"offsets/{batch + 1}" in rels)
         files += [(f"{qname}/{rel}", qdir / rel) for rel in rels]
 
     cleanup_incomplete(store)
-    store.put_bytes(f"{sid}/{WRITER}", json.dumps(
-        {"mark": WRITER_MARK, "pid": os.getpid(), "host": socket.gethostname(),
-         "started_at": _utc()}).encode(), create_only=True)
+    store.put_bytes(
+        f"{sid}/{WRITER}",
+        json.dumps(
+            {
+                "mark": WRITER_MARK,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started_at": _utc(),
+            }
+        ).encode(),
+        create_only=True,
+    )
     entries = []
     for i, (key, path) in enumerate(files):
         if _fail_after_files is not None and i >= _fail_after_files:
@@ -99,8 +114,9 @@ def create(checkpoint_dir: str | Path, target: str | Path, *, kind: str = "savep
         store.put_file(path, f"{sid}/{key}")
     manifest = new_manifest(kind, sid, owner, queries, entries)
     try:
-        store.put_bytes(f"{sid}/{MANIFEST}", json.dumps(manifest, indent=1).encode(),
-                        create_only=True)
+        store.put_bytes(
+            f"{sid}/{MANIFEST}", json.dumps(manifest, indent=1).encode(), create_only=True
+        )
     except AlreadyExistsError:
         raise SavepointError(f"savepoint {store.join(sid)} already exists") from None
     store.delete([f"{sid}/{WRITER}"])
@@ -148,8 +164,10 @@ def cleanup_incomplete(store: Store) -> list[str]:
 
 # -- finding savepoints --------------------------------------------------------------------------
 
-def list_savepoints(root: str | Path, job: str | None = None,
-                    problems: list[CorruptManifestError] | None = None) -> list[Savepoint]:
+
+def list_savepoints(
+    root: str | Path, job: str | None = None, problems: list[CorruptManifestError] | None = None
+) -> list[Savepoint]:
     """Complete savepoints under ``root``, oldest first. A savepoint whose manifest is corrupt
     is left out (and appended to ``problems`` when given): one bad manifest never hides the
     others."""
@@ -163,8 +181,11 @@ def list_savepoints(root: str | Path, job: str | None = None,
                 manifest = read_manifest(store, obj.key)
             except (CorruptManifestError, InvalidNameError) as exc:
                 if problems is not None:
-                    problems.append(exc if isinstance(exc, CorruptManifestError)
-                                    else CorruptManifestError(store.join(obj.key), str(exc)))
+                    problems.append(
+                        exc
+                        if isinstance(exc, CorruptManifestError)
+                        else CorruptManifestError(store.join(obj.key), str(exc))
+                    )
                 continue
             if job is None or manifest.get("job") == job:
                 out.append(Savepoint(store, parts[0], manifest))
@@ -190,7 +211,8 @@ def resolve(ref: str | Path, roots: Iterable[str | Path] = ()) -> Savepoint:
     where = ", ".join(str(r) for r in roots) or "nowhere"
     raise SavepointError(
         f"no complete savepoint {text!r} (looked in {where if '/' not in text else text}); "
-        f"`srt savepoint list` shows the savepoints there")
+        f"`srt savepoint list` shows the savepoints there"
+    )
 
 
 def dispose(sp: Savepoint) -> None:
@@ -207,7 +229,8 @@ def dispose_unreadable(root: str | Path, savepoint_id: str) -> str:
     if MANIFEST not in names and _writer_of(store, sid) is None:
         raise SavepointError(
             f"{store.join(sid)} is not a savepoint (no {MANIFEST} and no writer record of this "
-            f"runtime): nothing was deleted")
+            f"runtime): nothing was deleted"
+        )
     _delete(store, sid)
     return store.join(sid)
 

@@ -37,9 +37,15 @@ def checkpoint_of(ref: str, roots: list[str]) -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="srt-inspect-") as tmp:
         dest = Path(tmp) / "checkpoint"
         restore.materialize(sp, dest)
-        layout.write_marker(dest, {
-            "format_version": layout.FORMAT_VERSION, "job": sp.job,
-            "queries": list(sp.manifest["queries"]), "fingerprint": sp.manifest["fingerprint"]})
+        layout.write_marker(
+            dest,
+            {
+                "format_version": layout.FORMAT_VERSION,
+                "job": sp.job,
+                "queries": list(sp.manifest["queries"]),
+                "fingerprint": sp.manifest["fingerprint"],
+            },
+        )
         yield dest
 
 
@@ -72,39 +78,56 @@ def _plain(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def inspect(spark: SparkSession, ckpt: Path, *, operator: str | None = None,
-            state: str | None = None, key: str | None = None,
-            limit: int = 1000) -> list[dict[str, Any]]:
+def inspect(
+    spark: SparkSession,
+    ckpt: Path,
+    *,
+    operator: str | None = None,
+    state: str | None = None,
+    key: str | None = None,
+    limit: int = 1000,
+) -> list[dict[str, Any]]:
     """State rows of ``ckpt`` at its last committed batch, each tagged with query, operator and
     state name."""
     from pyspark.sql import functions as F
 
     owner = layout.owner(ckpt)
     fp = owner.get("fingerprint") or {}
-    operators = [(q, op, spec_) for q, spec in fp.get("queries", {}).items()
-                 for op, spec_ in spec.get("operators", {}).items()]
+    operators = [
+        (q, op, spec_)
+        for q, spec in fp.get("queries", {}).items()
+        for op, spec_ in spec.get("operators", {}).items()
+    ]
     known = ", ".join(op for _, op, _ in operators) or "none"
     if operator is not None:
         operators = [o for o in operators if o[1] == operator]
         if not operators:
-            raise ConfigError(f"no stateful operator {operator!r} in job {owner['job']!r} "
-                              f"(operators: {known})")
+            raise ConfigError(
+                f"no stateful operator {operator!r} in job {owner['job']!r} (operators: {known})"
+            )
     rows: list[dict[str, Any]] = []
     for qname, op, op_layout in operators:
         qdir = ckpt / qname
         batch = layout.last_committed(qdir)
         if batch is None:
             continue
-        names: list[str | None] = [None] if op_layout["kind"] == "native-window" else list(
-            op_layout["states"])
+        names: list[str | None] = (
+            [None] if op_layout["kind"] == "native-window" else list(op_layout["states"])
+        )
         if state is not None:
             if op_layout["kind"] == "native-window" or state not in op_layout["states"]:
-                raise ConfigError(f"operator {op!r} has no state {state!r} (states: "
-                                  f"{', '.join(op_layout['states'])})")
+                raise ConfigError(
+                    f"operator {op!r} has no state {state!r} (states: "
+                    f"{', '.join(op_layout['states'])})"
+                )
             names = [state]
         for name in names:
-            reader = (spark.read.format("statestore").option("path", str(qdir))
-                      .option("operatorId", OPERATOR_ID).option("batchId", batch))
+            reader = (
+                spark.read.format("statestore")
+                .option("path", str(qdir))
+                .option("operatorId", OPERATOR_ID)
+                .option("batchId", batch)
+            )
             if name is not None:
                 reader = reader.option("stateVarName", name)
             df = reader.load()
@@ -114,9 +137,15 @@ def inspect(spark: SparkSession, ckpt: Path, *, operator: str | None = None,
                 first = next((k for k in op_layout["keys"] if k in fields), fields[0])
                 df = df.filter(F.col(f"key.{first}").cast("string") == key)
             for r in df.limit(max(0, limit - len(rows))).collect():
-                rows.append({"query": qname, "operator": op,
-                             "state": name or "window", "batch": batch,
-                             **_plain(r.asDict())})
+                rows.append(
+                    {
+                        "query": qname,
+                        "operator": op,
+                        "state": name or "window",
+                        "batch": batch,
+                        **_plain(r.asDict()),
+                    }
+                )
             if len(rows) >= limit:
                 return rows
     return rows

@@ -166,53 +166,76 @@ class S3Store(Store):
             code = exc.response.get("Error", {}).get("Code", "")
             if code in ("PreconditionFailed", "ConditionalRequestConflict"):
                 raise AlreadyExistsError(f"{self.url}: {what} already exists") from None
-            hint = (f"; create the bucket {self.bucket!r} first" if code == "NoSuchBucket"
-                    else "")
+            hint = f"; create the bucket {self.bucket!r} first" if code == "NoSuchBucket" else ""
             raise StorageError(f"{self.url}: {what} failed: {code or exc}{hint}") from None
         except BotoCoreError as exc:
             raise StorageError(
                 f"{self.url}: {what} failed: {exc}. Check AWS credentials and the endpoint "
-                f"(AWS_ENDPOINT_URL or SRT_S3_ENDPOINT_URL)") from None
+                f"(AWS_ENDPOINT_URL or SRT_S3_ENDPOINT_URL)"
+            ) from None
 
     def put_file(self, local: Path, key: str) -> None:
         from boto3.s3.transfer import TransferConfig
 
-        config = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD,
-                                multipart_chunksize=MULTIPART_THRESHOLD)
-        self._call(f"upload of {key}", self.client.upload_file, Filename=str(local),
-                   Bucket=self.bucket, Key=self._key(key), Config=config)
+        config = TransferConfig(
+            multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_THRESHOLD
+        )
+        self._call(
+            f"upload of {key}",
+            self.client.upload_file,
+            Filename=str(local),
+            Bucket=self.bucket,
+            Key=self._key(key),
+            Config=config,
+        )
 
     def put_bytes(self, key: str, data: bytes, *, create_only: bool = False) -> None:
         extra = {"IfNoneMatch": "*"} if create_only else {}
-        self._call(f"write of {key}", self.client.put_object, Bucket=self.bucket,
-                   Key=self._key(key), Body=data, **extra)
+        self._call(
+            f"write of {key}",
+            self.client.put_object,
+            Bucket=self.bucket,
+            Key=self._key(key),
+            Body=data,
+            **extra,
+        )
 
     def get_bytes(self, key: str) -> bytes:
-        obj = self._call(f"read of {key}", self.client.get_object, Bucket=self.bucket,
-                         Key=self._key(key))
+        obj = self._call(
+            f"read of {key}", self.client.get_object, Bucket=self.bucket, Key=self._key(key)
+        )
         return obj["Body"].read()
 
     def get_file(self, key: str, local: Path) -> None:
         local.parent.mkdir(parents=True, exist_ok=True)
-        self._call(f"download of {key}", self.client.download_file, Bucket=self.bucket,
-                   Key=self._key(key), Filename=str(local))
+        self._call(
+            f"download of {key}",
+            self.client.download_file,
+            Bucket=self.bucket,
+            Key=self._key(key),
+            Filename=str(local),
+        )
 
     def list(self, prefix: str = "") -> Iterator[StoredObject]:
         paginator = self.client.get_paginator("list_objects_v2")
         full = self._key(prefix) if prefix else (f"{self.prefix}/" if self.prefix else "")
-        pages = self._call("listing", lambda: list(paginator.paginate(Bucket=self.bucket,
-                                                                      Prefix=full)))
+        pages = self._call(
+            "listing", lambda: list(paginator.paginate(Bucket=self.bucket, Prefix=full))
+        )
         cut = len(self.prefix) + 1 if self.prefix else 0
         for page in pages:
             for obj in page.get("Contents", []):
-                yield StoredObject(obj["Key"][cut:], obj["Size"],
-                                   obj["LastModified"].timestamp())
+                yield StoredObject(obj["Key"][cut:], obj["Size"], obj["LastModified"].timestamp())
 
     def delete(self, keys: list[str]) -> None:
         for i in range(0, len(keys), 1000):
-            chunk = [{"Key": self._key(k)} for k in keys[i:i + 1000]]
-            self._call("delete", self.client.delete_objects, Bucket=self.bucket,
-                       Delete={"Objects": chunk, "Quiet": True})
+            chunk = [{"Key": self._key(k)} for k in keys[i : i + 1000]]
+            self._call(
+                "delete",
+                self.client.delete_objects,
+                Bucket=self.bucket,
+                Delete={"Objects": chunk, "Quiet": True},
+            )
 
 
 def open_store(location: str | Path) -> Store:

@@ -56,8 +56,9 @@ def options(watermark: WatermarkStrategy | None) -> dict[str, str]:
         "event_time_field": watermark.timestamp_field,
         "event_time_unit": watermark.timestamp_unit,
         "max_drift_ms": str(int(watermark.max_out_of_orderness.total_seconds() * 1e3)),
-        "idleness_ms": ("" if watermark.idleness is None
-                        else str(int(watermark.idleness.total_seconds() * 1e3))),
+        "idleness_ms": (
+            "" if watermark.idleness is None else str(int(watermark.idleness.total_seconds() * 1e3))
+        ),
     }
 
 
@@ -93,8 +94,10 @@ class EventTimeAlignment:
     # -- task side ---------------------------------------------------------------------------
     def record(self, key: str, start: int, end: int, tables: Sequence[pa.Table]) -> None:
         """Record the largest event time of the good records of split ``key[start:end]``."""
-        tops = [_max_ms(t.filter(pc.is_null(t.column(ERROR))).column(self.field), self.unit)
-                for t in tables]
+        tops = [
+            _max_ms(t.filter(pc.is_null(t.column(ERROR))).column(self.field), self.unit)
+            for t in tables
+        ]
         tops = [t for t in tops if t is not None]
         if not tops:
             return
@@ -118,8 +121,9 @@ class EventTimeAlignment:
                 self.frontier[key] = top
             f.unlink(missing_ok=True)
 
-    def hold_back(self, start: Mapping[str, int], ends: dict[str, int], *,
-                  bounded: bool) -> dict[str, int]:
+    def hold_back(
+        self, start: Mapping[str, int], ends: dict[str, int], *, bounded: bool
+    ) -> dict[str, int]:
         """``ends`` with every partition that runs ahead in event time of the slowest active
         one held at its start offset."""
         now = time.monotonic()
@@ -130,21 +134,27 @@ class EventTimeAlignment:
         self._refresh()
 
         def idle(k: str) -> bool:
-            return (self.idle_s is not None and ends[k] <= start.get(k, 0)
-                    and now - self._arrival.get(k, now) >= self.idle_s)
+            return (
+                self.idle_s is not None
+                and ends[k] <= start.get(k, 0)
+                and now - self._arrival.get(k, now) >= self.idle_s
+            )
 
         active = [self.frontier.get(k, -math.inf) for k in ends if not idle(k)]
         if not active:
             return ends
         low = min(active)
-        out = {k: (start.get(k, 0) if self.frontier.get(k, -math.inf) > low + self.drift_ms
-                   else v) for k, v in ends.items()}
+        out = {
+            k: (start.get(k, 0) if self.frontier.get(k, -math.inf) > low + self.drift_ms else v)
+            for k, v in ends.items()
+        }
         if bounded and all(out[k] <= start.get(k, 0) for k in out):
             return ends  # a bounded (availableNow) run never waits
         return out
 
 
 # -- plan-time alignment (sources that can read one record's event time cheaply) ----------------
+
 
 def record_time(value: bytes, field: str, unit: str) -> int | None:
     """Event time (ms) of one raw JSON record, None if it has none."""
@@ -176,9 +186,12 @@ def record_time(value: bytes, field: str, unit: str) -> int | None:
 LOOK_BACK = 32
 
 
-def bound_by_event_time(start: Mapping[str, int], ends: dict[str, int],
-                        time_at: Callable[[str, int], int | None], drift_ms: int
-                        ) -> dict[str, int]:
+def bound_by_event_time(
+    start: Mapping[str, int],
+    ends: dict[str, int],
+    time_at: Callable[[str, int], int | None],
+    drift_ms: int,
+) -> dict[str, int]:
     """Cut every partition's range where its event time passes the slowest partition's end by
     more than ``drift_ms``, so that no record of this batch moves the watermark past records
     the slowest partition has not read yet. ``time_at(partition, offset)`` reads one record's

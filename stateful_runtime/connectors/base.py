@@ -59,9 +59,13 @@ class Source(ABC):
         """Fail fast, before Spark starts, if the source cannot be read (missing topic...)."""
 
     @abstractmethod
-    def read_stream(self, spark: SparkSession, dead_letter_staging: str | None = None,
-                    watermark: WatermarkStrategy | None = None,
-                    late_watermark_of: str | None = None) -> DataFrame:
+    def read_stream(
+        self,
+        spark: SparkSession,
+        dead_letter_staging: str | None = None,
+        watermark: WatermarkStrategy | None = None,
+        late_watermark_of: str | None = None,
+    ) -> DataFrame:
         """The decoded stream, good and bad records alike. With ``dead_letter_staging``, each
         read task also stages its split's rejected records there
         (:func:`stateful_runtime.connectors.dead_letters.stage`). With ``watermark``, a source
@@ -84,8 +88,12 @@ def stream_schema(record_schema: StructType, extra: Sequence[StructField] = ()) 
     out = StructType([StructField(f.name, f.dataType, True) for f in record_schema.fields])
     for f in extra:
         out = out.add(f)
-    return (out.add(ERROR, StringType()).add(RAW, BinaryType())
-            .add(PARTITION, IntegerType()).add(OFFSET, LongType()))
+    return (
+        out.add(ERROR, StringType())
+        .add(RAW, BinaryType())
+        .add(PARTITION, IntegerType())
+        .add(OFFSET, LongType())
+    )
 
 
 _REGISTERED: set[tuple[str, str]] = set()
@@ -99,17 +107,18 @@ def register(spark: SparkSession, data_source: type[DataSource]) -> None:
         _REGISTERED.add(key)
 
 
-def read_stream(spark: SparkSession, data_source: type[DataSource],
-                options: Mapping[str, str]) -> DataFrame:
+def read_stream(
+    spark: SparkSession, data_source: type[DataSource], options: Mapping[str, str]
+) -> DataFrame:
     """The streaming DataFrame of a Python DataSource with ``options``. The schema is given
     to Spark, computed here, so ``load()`` does not start a Python worker to ask the source
     for it (0.4 s of every job's start)."""
     register(spark, data_source)
-    reader = spark.readStream.format(data_source.name()).schema(
-        data_source(dict(options)).schema())
+    reader = spark.readStream.format(data_source.name()).schema(data_source(dict(options)).schema())
     for k, v in options.items():
         reader = reader.option(k, v)
     return reader.load()
+
 
 @dataclass(frozen=True)
 class SinkSummary:
@@ -175,8 +184,7 @@ class Sink(ABC):
 
     def write_path(self) -> WritePath:
         """Where batches are written and why (``explain``): a plain sink on the driver."""
-        return WritePath("driver", "the sink takes each batch whole (collected to the job "
-                         "process)")
+        return WritePath("driver", "the sink takes each batch whole (collected to the job process)")
 
 
 @dataclass(frozen=True)
@@ -233,8 +241,9 @@ def prepare_rows(batch: pa.Table, keys: Sequence[str]) -> pa.Table:
         for k in keys:
             col = rows.column(k)
             a, b = col.slice(0, n - 1), col.slice(1)
-            ne = pc.or_(pc.fill_null(pc.not_equal(a, b), False),
-                        pc.not_equal(pc.is_null(a), pc.is_null(b)))
+            ne = pc.or_(
+                pc.fill_null(pc.not_equal(a, b), False), pc.not_equal(pc.is_null(a), pc.is_null(b))
+            )
             differs = ne if differs is None else pc.or_(differs, ne)
         assert differs is not None
         chunks = differs.chunks if isinstance(differs, pa.ChunkedArray) else [differs]
@@ -272,16 +281,20 @@ class PartitionedSink(Sink):
     partitions: int | None = None
 
     def write_path(self) -> WritePath:
-        return WritePath("executors", "each output partition is written by the task that "
-                         "computed it; the driver commits the batch after all reported")
+        return WritePath(
+            "executors",
+            "each output partition is written by the task that "
+            "computed it; the driver commits the batch after all reported",
+        )
 
     def begin_batch(self, batch_id: int, schema: pa.Schema) -> bool:
         """Driver, before the tasks: prepare the target; False if ``batch_id`` is committed."""
         return True
 
     @abstractmethod
-    def write_partition(self, rows: pa.Table, batch_id: int, partition: int,
-                        partitions: int) -> PartitionReport:
+    def write_partition(
+        self, rows: pa.Table, batch_id: int, partition: int, partitions: int
+    ) -> PartitionReport:
         """Executor: write one partition of batch ``batch_id`` idempotently."""
 
     @abstractmethod
@@ -296,9 +309,15 @@ class PartitionedSink(Sink):
         self.commit_batch(batch_id, [report])
 
 
-REPORT_SCHEMA = pa.schema([("partition", pa.int32()), ("rows", pa.int64()),
-                           ("written", pa.int64()), ("write_ms", pa.float64()),
-                           ("note", pa.string())])
+REPORT_SCHEMA = pa.schema(
+    [
+        ("partition", pa.int32()),
+        ("rows", pa.int64()),
+        ("written", pa.int64()),
+        ("write_ms", pa.float64()),
+        ("note", pa.string()),
+    ]
+)
 
 
 class PartitionWriteTask:
@@ -306,8 +325,9 @@ class PartitionWriteTask:
     partition, :func:`prepare_rows`, ``sink.write_partition``, yield one report row.
     Picklable (the sink is, after ``open``)."""
 
-    def __init__(self, sink: PartitionedSink, batch_id: int, partitions: int,
-                 schema: pa.Schema) -> None:
+    def __init__(
+        self, sink: PartitionedSink, batch_id: int, partitions: int, schema: pa.Schema
+    ) -> None:
         self.sink, self.batch_id, self.partitions, self.schema = sink, batch_id, partitions, schema
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -319,9 +339,18 @@ class PartitionWriteTask:
         table = pa.Table.from_batches(list(batches), schema=self.schema)
         rows = prepare_rows(table, self.sink.key_columns)
         report = self.sink.write_partition(rows, self.batch_id, partition, self.partitions)
-        yield pa.RecordBatch.from_pylist([{
-            "partition": report.partition, "rows": report.rows, "written": report.written,
-            "write_ms": report.write_ms, "note": report.note}], schema=REPORT_SCHEMA)
+        yield pa.RecordBatch.from_pylist(
+            [
+                {
+                    "partition": report.partition,
+                    "rows": report.rows,
+                    "written": report.written,
+                    "write_ms": report.write_ms,
+                    "note": report.note,
+                }
+            ],
+            schema=REPORT_SCHEMA,
+        )
 
 
 def reports_from_rows(rows: Sequence[Any]) -> list[PartitionReport]:
@@ -329,8 +358,15 @@ def reports_from_rows(rows: Sequence[Any]) -> list[PartitionReport]:
     out = []
     for r in rows:
         d = r.asDict() if hasattr(r, "asDict") else dict(r)
-        out.append(PartitionReport(int(d["partition"]), int(d["rows"]), int(d["written"]),
-                                   float(d["write_ms"]), d.get("note") or ""))
+        out.append(
+            PartitionReport(
+                int(d["partition"]),
+                int(d["rows"]),
+                int(d["written"]),
+                float(d["write_ms"]),
+                d.get("note") or "",
+            )
+        )
     return sorted(out, key=lambda r: r.partition)
 
 

@@ -21,8 +21,7 @@ WAREHOUSE_KINDS = ("duckdb", "postgres", "clickhouse", "delta")
 SINK_KINDS = (*WAREHOUSE_KINDS, "kafka", "both")
 
 
-def source_from_config(config: Mapping[str, Any], schema: StructType | Mapping[str, Any]
-                       ) -> Source:
+def source_from_config(config: Mapping[str, Any], schema: StructType | Mapping[str, Any]) -> Source:
     """The source ``source.kind`` names (default ``log``), from its ``source.*`` keys."""
     kind = config.get("source.kind", "log")
     if kind == "log":
@@ -44,7 +43,7 @@ def sink_kinds(config: Mapping[str, Any]) -> list[str]:
     for kind in (k.strip() for k in raw.split(",")):
         if kind not in SINK_KINDS:
             raise ConfigError(f"sink.kind={raw!r}: {kind!r} is not one of {SINK_KINDS}")
-        for k in (("duckdb", "kafka") if kind == "both" else (kind,)):
+        for k in ("duckdb", "kafka") if kind == "both" else (kind,):
             if k not in kinds:
                 kinds.append(k)
     return kinds
@@ -56,8 +55,9 @@ def sink_names(config: Mapping[str, Any], base: str) -> list[str]:
     return [base if i == 0 else f"{base}-{k}" for i, k in enumerate(sink_kinds(config))]
 
 
-def sinks_from_config(config: Mapping[str, Any], warehouse: Sink | Sequence[Sink], *,
-                      key: Sequence[str] = ()) -> list[Sink]:
+def sinks_from_config(
+    config: Mapping[str, Any], warehouse: Sink | Sequence[Sink], *, key: Sequence[str] = ()
+) -> list[Sink]:
     """The sinks ``sink.kind`` names, in its order: each warehouse kind takes the next of
     ``warehouse`` (one sink, or one per warehouse kind named, e.g. from
     ``dbt_sink.config.warehouses_from_config``); ``kafka`` is a
@@ -68,8 +68,10 @@ def sinks_from_config(config: Mapping[str, Any], warehouse: Sink | Sequence[Sink
     if isinstance(warehouse, Sink) and not named:
         given = []  # sink.kind=kafka: the job file's default warehouse is not used
     if len(given) != len(named):
-        raise ConfigError(f"sink.kind={config.get('sink.kind')!r} names {len(named)} "
-                          f"warehouse(s) {named} but the job file built {len(given)}")
+        raise ConfigError(
+            f"sink.kind={config.get('sink.kind')!r} names {len(named)} "
+            f"warehouse(s) {named} but the job file built {len(given)}"
+        )
     out: list[Sink] = []
     warehouses = iter(given)
     for kind in kinds:

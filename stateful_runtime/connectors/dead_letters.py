@@ -41,8 +41,7 @@ SUFFIX = ".arrow"
 COLUMNS = [RAW, ERROR, PARTITION, OFFSET]
 
 
-def stage(directory: str, partition: int | str, start: int, end: int, decoded: pa.Table
-          ) -> int:
+def stage(directory: str, partition: int | str, start: int, end: int, decoded: pa.Table) -> int:
     """Write the rejected rows of one split; returns how many there were."""
     bad = decoded.filter(pc.is_valid(decoded.column(ERROR))).select(COLUMNS)
     if not bad.num_rows:
@@ -71,8 +70,11 @@ def staged(directory: str) -> list[tuple[str, int, int, Path]]:
 
 def publish(directory: str, committed: Mapping[str, int], sink: DeadLetterSink) -> int:
     """Move the staged splits inside ``committed`` offsets into the dead-letter topic."""
-    due = [(p, start, end, path) for p, start, end, path in staged(directory)
-           if end <= int(committed.get(p, 0))]  # others' batches are not committed yet
+    due = [
+        (p, start, end, path)
+        for p, start, end, path in staged(directory)
+        if end <= int(committed.get(p, 0))
+    ]  # others' batches are not committed yet
     if not due:
         return 0
     done = 0

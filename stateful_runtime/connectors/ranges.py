@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 
-def limit_offsets(start: Mapping[str, int], ends: Mapping[str, int], max_rows: int
-                  ) -> dict[str, int]:
+def limit_offsets(
+    start: Mapping[str, int], ends: Mapping[str, int], max_rows: int
+) -> dict[str, int]:
     """Advance each partition from ``start`` toward ``ends`` by at most ``max_rows`` in total.
 
     The budget is shared in proportion to each partition's backlog (as Spark's Kafka source
@@ -54,8 +55,9 @@ class BatchCap:
     def __init__(self) -> None:
         self.first = True
 
-    def limit(self, start: Mapping[str, int], ends: Mapping[str, int],
-              max_rows: int | None) -> dict[str, int]:
+    def limit(
+        self, start: Mapping[str, int], ends: Mapping[str, int], max_rows: int | None
+    ) -> dict[str, int]:
         cap = max_rows
         if self.first:
             cap = FIRST_BATCH_RECORDS if cap is None else min(cap, FIRST_BATCH_RECORDS)
@@ -65,8 +67,9 @@ class BatchCap:
         return out
 
 
-def split_ranges(start: Mapping[str, int], end: Mapping[str, int], max_split: int
-                 ) -> list[tuple[str, int, int]]:
+def split_ranges(
+    start: Mapping[str, int], end: Mapping[str, int], max_split: int
+) -> list[tuple[str, int, int]]:
     """``(partition key, lo, hi)`` ranges covering ``start → end``, each at most ``max_split``
     offsets, so one busy partition still spreads over cores."""
     out = []

@@ -235,8 +235,11 @@ class KeyedOperator:
         order: elements of batch N see the effects of every timer due by batch N's watermark.
         """
         now = self._now()
-        known = ((ts for ts, _ in self._timers.entries()) if self._kinds == _BOTH
-                 else self.backend.list_timers())  # type: ignore[union-attr]
+        known = (
+            (ts for ts, _ in self._timers.entries())
+            if self._kinds == _BOTH
+            else self.backend.list_timers()
+        )  # type: ignore[union-attr]
         due = sorted(ts for ts in known if ts <= now)
         for ts in due:
             self.backend.delete_timer(ts)  # type: ignore[union-attr]
@@ -270,7 +273,6 @@ class KeyedOperator:
             self._fire_current(ts)
         finally:
             backend.end_key()
-
 
 
 class _OperatorTimers(TimerService):
@@ -342,6 +344,7 @@ class OperatorContext(Context):
 
     def time_domain(self) -> TimeDomain:
         return self.operator.timer_domain
+
 
 class _RefreshOnRead(ValueCell):
     """Processing-time TTL with ON_READ_AND_WRITE: a read rewrites the value (Spark's TTL

@@ -23,8 +23,15 @@ from stateful_runtime.exceptions import UserFunctionError
 class MapOperator:
     """The function ``mapInArrow`` calls with a task's batches; pickled to the workers."""
 
-    def __init__(self, name: str, function: Callable[[dict[str, Any]], Any], flat: bool,
-                 fields: list[str], output: pa.Schema, carried: list[str]) -> None:
+    def __init__(
+        self,
+        name: str,
+        function: Callable[[dict[str, Any]], Any],
+        flat: bool,
+        fields: list[str],
+        output: pa.Schema,
+        carried: list[str],
+    ) -> None:
         self.name, self.function, self.flat = name, function, flat
         self.fields, self.output, self.carried = fields, output, carried
 
@@ -49,24 +56,32 @@ class MapOperator:
                 else:
                     out.append(result)
             except Exception as exc:
-                raise UserFunctionError(self.name, record,
-                                        f"the {kind} function raised {exc!r}") from exc
+                raise UserFunctionError(
+                    self.name, record, f"the {kind} function raised {exc!r}"
+                ) from exc
         bad = next((r for r in out if not isinstance(r, Mapping)), _NONE)
         if bad is not _NONE:
             at = out.index(bad) if rows is None else rows[out.index(bad)]
-            raise UserFunctionError(self.name, records[at], f"the {kind} function returned "
-                                    f"{type(bad).__name__} {bad!r:.100}, not a record (a dict)")
+            raise UserFunctionError(
+                self.name,
+                records[at],
+                f"the {kind} function returned "
+                f"{type(bad).__name__} {bad!r:.100}, not a record (a dict)",
+            )
         try:
             mapped = pa.RecordBatch.from_pylist(out, schema=self.output)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
-            raise UserFunctionError(self.name, records[_first_bad(out, self.output, rows)],
-                                    f"an output record does not fit the declared output "
-                                    f"({exc})") from exc
+            raise UserFunctionError(
+                self.name,
+                records[_first_bad(out, self.output, rows)],
+                f"an output record does not fit the declared output ({exc})",
+            ) from exc
         carried = batch.select(self.carried)
         if rows is not None:
             carried = carried.take(pa.array(rows, pa.int64()))
-        return pa.RecordBatch.from_arrays([*mapped.columns, *carried.columns],
-                                          schema=_joined(self.output, carried.schema))
+        return pa.RecordBatch.from_arrays(
+            [*mapped.columns, *carried.columns], schema=_joined(self.output, carried.schema)
+        )
 
 
 _NONE = object()

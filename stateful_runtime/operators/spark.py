@@ -139,8 +139,9 @@ class _SparkMap(MapCell):
             self.state.removeKey((self._raw(key),))
         if self.entries_ is not None:
             for key in self.dirty:
-                self.state.updateValue((self._raw(key),),
-                                       (pickle.dumps(self.entries_[key], _PICKLE),))
+                self.state.updateValue(
+                    (self._raw(key),), (pickle.dumps(self.entries_[key], _PICKLE),)
+                )
         self.entries_, self.dirty, self.removed, self.cleared = None, set(), set(), False
         self.stored = {}
 
@@ -162,8 +163,7 @@ class SparkBackend(StateBackend):
         return cell
 
     def map_cell(self, name: str, processing_ttl_ms: int | None) -> MapCell:
-        cell = _SparkMap(self.handle.getMapState(name, "k BINARY", "v BINARY",
-                                                 processing_ttl_ms))
+        cell = _SparkMap(self.handle.getMapState(name, "k BINARY", "v BINARY", processing_ttl_ms))
         self.cells.append(cell)
         return cell
 
@@ -201,8 +201,9 @@ def _clean(value: Any) -> Any:
 class SparkKeyedProcessor(StatefulProcessor):
     """The StatefulProcessor Spark runs; one instance per task (Spark deep-copies it)."""
 
-    def __init__(self, fn: KeyedProcessFunction, fields: Sequence[str],
-                 output_columns: Sequence[str]) -> None:
+    def __init__(
+        self, fn: KeyedProcessFunction, fields: Sequence[str], output_columns: Sequence[str]
+    ) -> None:
         self.fn = fn
         self.fields = list(fields)
         self.output_columns = list(output_columns)
@@ -241,10 +242,12 @@ class SparkKeyedProcessor(StatefulProcessor):
             cols[SIDE].append(json.dumps(record, default=str))
         yield pd.DataFrame({c: pd.Series(v, dtype=object) for c, v in cols.items()})
 
-    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame],
-                        timerValues: TimerValues) -> Iterator[pd.DataFrame]:
-        self.op.set_time(timerValues.getCurrentWatermarkInMs(),
-                         timerValues.getCurrentProcessingTimeInMs())
+    def handleInputRows(
+        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
+    ) -> Iterator[pd.DataFrame]:
+        self.op.set_time(
+            timerValues.getCurrentWatermarkInMs(), timerValues.getCurrentProcessingTimeInMs()
+        )
         self.op.process(tuple(key), self._elements(rows))
         yield from self._buffer()
 
@@ -264,10 +267,12 @@ class SparkKeyedProcessor(StatefulProcessor):
                     row[i] = _clean(row[i])
                 yield row[ts], {f: row[i] for f, i in zip(fields, at, strict=True)}
 
-    def handleExpiredTimer(self, key: Any, timerValues: TimerValues,
-                           expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
-        self.op.set_time(timerValues.getCurrentWatermarkInMs(),
-                         timerValues.getCurrentProcessingTimeInMs())
+    def handleExpiredTimer(
+        self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
+    ) -> Iterator[pd.DataFrame]:
+        self.op.set_time(
+            timerValues.getCurrentWatermarkInMs(), timerValues.getCurrentProcessingTimeInMs()
+        )
         self.op.fire(tuple(key), expiredTimerInfo.getExpiryTimeInMs())
         yield from self._buffer()
 
@@ -276,8 +281,9 @@ class SparkKeyedProcessor(StatefulProcessor):
             self.op.close()
 
 
-def transform_with_state(grouped: GroupedData, processor: SparkKeyedProcessor,
-                         output: StructType, time_mode: str) -> DataFrame:
+def transform_with_state(
+    grouped: GroupedData, processor: SparkKeyedProcessor, output: StructType, time_mode: str
+) -> DataFrame:
     """``grouped.transformWithStateInPandas(processor, output, "Append", time_mode)``, except
     that the processor's buffered output is flushed after each task's timers (Spark calls no
     processor method at that point; :class:`_FlushingUdf` adds the call). Built as PySpark
@@ -287,20 +293,29 @@ def transform_with_state(grouped: GroupedData, processor: SparkKeyedProcessor,
     from pyspark.util import PythonEvalType
 
     util = _FlushingUdf(processor, time_mode)
-    udf = pandas_udf(util.transformWithStateUDF, returnType=output,  # type: ignore[call-overload]
-                     functionType=PythonEvalType.SQL_TRANSFORM_WITH_STATE_PANDAS_UDF)
+    udf = pandas_udf(
+        util.transformWithStateUDF,
+        returnType=output,  # type: ignore[call-overload]
+        functionType=PythonEvalType.SQL_TRANSFORM_WITH_STATE_PANDAS_UDF,
+    )
     df = grouped._df
     column = udf(*[df[c] for c in df.columns])
     session = grouped.session
     jdf = grouped._jgd.transformWithStateInPandas(
-        column._jc, session._jsparkSession.parseDataType(output.json()), "Append", time_mode,
-        None, "")
+        column._jc,
+        session._jsparkSession.parseDataType(output.json()),
+        "Append",
+        time_mode,
+        None,
+        "",
+    )
     return DataFrame(jdf, session)
 
 
 class _FlushingUdf(TransformWithStateInPandasUdfUtils):
-    def transformWithStateUDF(self, client: Any, mode: Any, key: Any,
-                              input_rows: Any) -> Iterator[pd.DataFrame]:
+    def transformWithStateUDF(
+        self, client: Any, mode: Any, key: Any, input_rows: Any
+    ) -> Iterator[pd.DataFrame]:
         out = super().transformWithStateUDF(client, mode, key, input_rows)
         if mode == TransformWithStateInPandasFuncMode.PROCESS_TIMER:
             processor = self._stateful_processor

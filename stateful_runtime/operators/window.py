@@ -54,6 +54,7 @@ def _naive_utc(ms: int) -> datetime | None:
         return None
     return to_datetime(ms).astimezone(UTC).replace(tzinfo=None)
 
+
 # Side-output tag of the marker row a dropped late record leaves (counted, never written).
 LATE_MARK = "_srt_late"
 
@@ -74,12 +75,11 @@ class WindowOperator(KeyedProcessFunction):
     ) -> None:
         self.assigner = assigner
         self.keys = list(keys)
-        self.window_function = aggregates if isinstance(aggregates, ProcessWindowFunction) \
-            else None
-        self.aggregate_function = aggregates if isinstance(aggregates, AggregateFunction) \
-            else None
-        self.aggregates = {} if self.window_function or self.aggregate_function \
-            else dict(aggregates)  # type: ignore[arg-type]
+        self.window_function = aggregates if isinstance(aggregates, ProcessWindowFunction) else None
+        self.aggregate_function = aggregates if isinstance(aggregates, AggregateFunction) else None
+        self.aggregates = (
+            {} if self.window_function or self.aggregate_function else dict(aggregates)
+        )  # type: ignore[arg-type]
         self.output_schema = output_schema  # type: ignore[misc]
         self.side_outputs = (late_tag,) if late_tag else ()  # type: ignore[misc]
         self.lateness = _ms(allowed_lateness)
@@ -87,8 +87,9 @@ class WindowOperator(KeyedProcessFunction):
         self.trigger = trigger
         # The assigner in milliseconds, once: _assign runs for every element.
         a = assigner
-        self._size = _ms(a.size) if isinstance(a, TumblingEventTimeWindows
-                                               | SlidingEventTimeWindows) else 0
+        self._size = (
+            _ms(a.size) if isinstance(a, TumblingEventTimeWindows | SlidingEventTimeWindows) else 0
+        )
         self._slide = _ms(a.slide) if isinstance(a, SlidingEventTimeWindows) else 0
         self._gap = _ms(a.gap) if isinstance(a, EventTimeSessionWindows) else 0
 
@@ -98,16 +99,21 @@ class WindowOperator(KeyedProcessFunction):
 
     def describe(self) -> str:
         fn = self.window_function or self.aggregate_function
-        aggs = type(fn).__name__ if fn is not None else ", ".join(
-            f"{k}={a.describe()}" for k, a in self.aggregates.items())
-        extra = [f"allowed lateness {timedelta(milliseconds=self.lateness)}"] if self.lateness \
-            else []
+        aggs = (
+            type(fn).__name__
+            if fn is not None
+            else ", ".join(f"{k}={a.describe()}" for k, a in self.aggregates.items())
+        )
+        extra = (
+            [f"allowed lateness {timedelta(milliseconds=self.lateness)}"] if self.lateness else []
+        )
         if self.late_tag:
             extra.append(f"late data → side output {self.late_tag.name}")
         if self.trigger:
             extra.append(self.trigger.describe())
-        return (f"{self.assigner.describe()} by {', '.join(self.keys)} → {aggs}"
-                + (f" ({'; '.join(extra)})" if extra else ""))
+        return f"{self.assigner.describe()} by {', '.join(self.keys)} → {aggs}" + (
+            f" ({'; '.join(extra)})" if extra else ""
+        )
 
     def needs(self) -> str:
         why = []
@@ -163,13 +169,15 @@ class WindowOperator(KeyedProcessFunction):
             return self.aggregate_function.merge(a, b)
         return {name: agg.merge(a[name], b[name]) for name, agg in self.aggregates.items()}
 
-    def _emit(self, ctx: OperatorContext, start: int, end: int, acc: Any
-              ) -> Iterator[dict[str, Any]]:
+    def _emit(
+        self, ctx: OperatorContext, start: int, end: int, acc: Any
+    ) -> Iterator[dict[str, Any]]:
         key = ctx.operator.current_key
         if self.window_function is not None:
             window = TimeWindow(_naive_utc(start), _naive_utc(end))
-            yield from self.window_function.process(key[0] if len(key) == 1 else key, window,
-                                                    list(acc))
+            yield from self.window_function.process(
+                key[0] if len(key) == 1 else key, window, list(acc)
+            )
             return
         row = dict(zip(self.keys, key, strict=True))
         row["window_start"] = _naive_utc(start)
@@ -194,8 +202,11 @@ class WindowOperator(KeyedProcessFunction):
 
     # ------------------------------------------------------------------ elements
 
-    def process_element(self, value: dict[str, Any], ctx: OperatorContext  # type: ignore[override]
-                        ) -> Iterator[dict[str, Any]]:
+    def process_element(
+        self,
+        value: dict[str, Any],
+        ctx: OperatorContext,  # type: ignore[override]
+    ) -> Iterator[dict[str, Any]]:
         op = ctx.operator
         ts, watermark = op.current_ms, op.watermark_ms
         if isinstance(self.assigner, EventTimeSessionWindows):

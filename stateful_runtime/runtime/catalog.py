@@ -58,34 +58,57 @@ def _columns(node: Node) -> list[dict[str, str]]:
         described: dict[str, str] = {k: f"key_by field {k} of source {src.name}" for k in keys}
         size = getattr(node.assigner, "size", None)
         span = f"{_span(size)} " if size is not None else ""
-        described["window_start"] = (f"start of the {span}event-time window (UTC, inclusive) of "
-                                     f"operator {node.name}")
-        described["window_end"] = (f"end of the {span}event-time window (UTC, exclusive); the row "
-                                   f"is final once the job's watermark passes it")
+        described["window_start"] = (
+            f"start of the {span}event-time window (UTC, inclusive) of operator {node.name}"
+        )
+        described["window_end"] = (
+            f"end of the {span}event-time window (UTC, exclusive); the row "
+            f"is final once the job's watermark passes it"
+        )
         if isinstance(node.contents, Mapping):
             for col, agg in node.contents.items():
                 described[col] = f"{agg.describe()} over the window's records"
         schema = node.output_schema
-        return [{"name": f.name, "type": _type_name(f.dataType),
-                 "description": described.get(f.name, f"output of window {node.name}")}
-                for f in schema.fields]
+        return [
+            {
+                "name": f.name,
+                "type": _type_name(f.dataType),
+                "description": described.get(f.name, f"output of window {node.name}"),
+            }
+            for f in schema.fields
+        ]
     if isinstance(node, ProcessNode):
         fn = type(node.function).__name__
-        return [{"name": f.name, "type": _type_name(f.dataType),
-                 "description": f"output field of {fn} (operator {node.name})"}
-                for f in to_struct(node.function.output_schema).fields]
+        return [
+            {
+                "name": f.name,
+                "type": _type_name(f.dataType),
+                "description": f"output field of {fn} (operator {node.name})",
+            }
+            for f in to_struct(node.function.output_schema).fields
+        ]
     if isinstance(node, SideOutputNode):
-        return [{"name": f.name, "type": _type_name(f.dataType),
-                 "description": f"field of side output {node.tag.name}"}
-                for f in to_struct(node.tag.schema).fields]
+        return [
+            {
+                "name": f.name,
+                "type": _type_name(f.dataType),
+                "description": f"field of side output {node.tag.name}",
+            }
+            for f in to_struct(node.tag.schema).fields
+        ]
     # Records as a source or the last map before this node made them (filters keep them).
     made_by = node
     while not isinstance(made_by, SourceNode | MapNode):
         made_by = made_by.parent  # type: ignore[union-attr]
-    what = (f"output field of {made_by.kind} {made_by.name}"
-            if isinstance(made_by, MapNode) else f"field of source {src.name}")
-    return [{"name": f.name, "type": _type_name(f.dataType), "description": what}
-            for f in record_schema(node).fields]
+    what = (
+        f"output field of {made_by.kind} {made_by.name}"
+        if isinstance(made_by, MapNode)
+        else f"field of source {src.name}"
+    )
+    return [
+        {"name": f.name, "type": _type_name(f.dataType), "description": what}
+        for f in record_schema(node).fields
+    ]
 
 
 def _kind(sink: Any) -> str:
@@ -101,8 +124,7 @@ def _seconds(td: timedelta | None) -> float | None:
     return None if td is None else td.total_seconds()
 
 
-def sink_tables(job_file: str | Path, overrides: Mapping[str, str] | None = None
-                ) -> dict[str, Any]:
+def sink_tables(job_file: str | Path, overrides: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The job file's warehouse sink tables (sinks with a table and a unique key; Kafka and
     other sinks are skipped), as JSON-able data::
 
@@ -123,15 +145,20 @@ def sink_tables(job_file: str | Path, overrides: Mapping[str, str] | None = None
         node = sink_node.parent
         src = _source(node)
         window = _window(node)
-        tables.append({
-            "table": table,
-            "query": sink_node.name,
-            "kind": _kind(sink),
-            "key": list(key),
-            "columns": _columns(node),
-            "source": src.name,
-            "watermark_delay_s": _seconds(getattr(src.watermark, "max_out_of_orderness", None)),
-            "window_s": _seconds(getattr(window.assigner, "size", None)) if window else None,
-        })
-    return {"job": job.name, "checkpoint_interval_s": job.checkpoint.interval.total_seconds(),
-            "tables": tables}
+        tables.append(
+            {
+                "table": table,
+                "query": sink_node.name,
+                "kind": _kind(sink),
+                "key": list(key),
+                "columns": _columns(node),
+                "source": src.name,
+                "watermark_delay_s": _seconds(getattr(src.watermark, "max_out_of_orderness", None)),
+                "window_s": _seconds(getattr(window.assigner, "size", None)) if window else None,
+            }
+        )
+    return {
+        "job": job.name,
+        "checkpoint_interval_s": job.checkpoint.interval.total_seconds(),
+        "tables": tables,
+    }

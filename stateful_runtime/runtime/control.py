@@ -53,8 +53,15 @@ class UpgradeError(JobError):
         cause: type name of the error underneath.
     """
 
-    def __init__(self, message: str, *, stage: str, savepoint_location: str | None = None,
-                 differences: list[str] | None = None, cause: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        stage: str,
+        savepoint_location: str | None = None,
+        differences: list[str] | None = None,
+        cause: str | None = None,
+    ) -> None:
         self.stage = stage
         self.savepoint_location = savepoint_location
         self.differences = list(differences or [])
@@ -136,8 +143,10 @@ def unreadable() -> list[registry.CorruptEntryError]:
 
 
 def last_committed(entry: Mapping[str, Any]) -> dict[str, int | None]:
-    return {q: layout.last_committed(info["checkpoint_dir"])
-            for q, info in (entry.get("queries") or {}).items()}
+    return {
+        q: layout.last_committed(info["checkpoint_dir"])
+        for q, info in (entry.get("queries") or {}).items()
+    }
 
 
 # ----------------------------------------------------------------------------- launch
@@ -170,47 +179,72 @@ def _load(job_file: str | Path, overrides: Mapping[str, str], job: str | None) -
 
     jf = load_job_file(job_file, {k: str(v) for k, v in overrides.items()})
     if job is not None and jf.job.name != job:
-        raise ConfigError(f"{job_file} builds job {jf.job.name!r}, not {job!r}; the registry "
-                          f"knows a job by the name its file gives it")
+        raise ConfigError(
+            f"{job_file} builds job {jf.job.name!r}, not {job!r}; the registry "
+            f"knows a job by the name its file gives it"
+        )
     return jf, plan(jf.job)
 
 
-def launch(job_file: str | Path, overrides: Mapping[str, str], *, job: str | None = None,
-           master: str | None = None, from_savepoint: str | None = None,
-           parallelism: int | None = None) -> dict[str, Any]:
+def launch(
+    job_file: str | Path,
+    overrides: Mapping[str, str],
+    *,
+    job: str | None = None,
+    master: str | None = None,
+    from_savepoint: str | None = None,
+    parallelism: int | None = None,
+) -> dict[str, Any]:
     """Plan the job file, then reuse the job's live process or start ``srt run`` detached
     (:func:`launcher.ensure_running`). Returns pid, whether it launched, the command, log path,
     the plan, the config keys a reused process runs differently, and the job's status."""
     jf, planned = _load(job_file, overrides, job)
-    result = launcher.ensure_running(jf.job.name, jf.path, overrides, master=master,
-                                     from_savepoint=from_savepoint, parallelism=parallelism)
+    result = launcher.ensure_running(
+        jf.job.name,
+        jf.path,
+        overrides,
+        master=master,
+        from_savepoint=from_savepoint,
+        parallelism=parallelism,
+    )
     drift = [] if result.launched else config_drift(result.entry, str(jf.path), overrides)
     return {
-        "job": jf.job.name, "pid": result.pid, "launched": result.launched,
-        "log_path": str(result.log_path), "command": result.command,
-        "plan": planned.explain(None), "config_drift": drift,
+        "job": jf.job.name,
+        "pid": result.pid,
+        "launched": result.launched,
+        "log_path": str(result.log_path),
+        "command": result.command,
+        "plan": planned.explain(None),
+        "config_drift": drift,
         "status": job_status(result.entry),
     }
 
 
-def wait(job: str, until: str, *, pid: int | None = None, since: float | None = None,
-         timeout: float) -> dict[str, Any]:
+def wait(
+    job: str, until: str, *, pid: int | None = None, since: float | None = None, timeout: float
+) -> dict[str, Any]:
     """Wait for the job's process ``pid`` (default: the registered one) to be RUNNING
     (``until="running"``; an error if it ends or time runs out) or to commit a micro-batch at
     or after ``since`` (``until="commit"``; ``reached`` false if none came in ``timeout``)."""
     pid = int(pid if pid is not None else registry.require(job)["pid"])
     if until == "running":
         entry = launcher.wait_running(job, pid, timeout=timeout)
-        return {"reached": True, "last_committed": last_committed(entry),
-                "status": job_status(entry)}
+        return {
+            "reached": True,
+            "last_committed": last_committed(entry),
+            "status": job_status(entry),
+        }
     if until != "commit":
         raise ConfigError(f"wait until 'running' or 'commit', not {until!r}")
-    committed = launcher.wait_committed(job, pid, since=time.time() if since is None else since,
-                                        timeout=timeout)
+    committed = launcher.wait_committed(
+        job, pid, since=time.time() if since is None else since, timeout=timeout
+    )
     entry = registry.require(job)
-    return {"reached": committed is not None,
-            "last_committed": committed if committed is not None else last_committed(entry),
-            "status": job_status(entry)}
+    return {
+        "reached": committed is not None,
+        "last_committed": committed if committed is not None else last_committed(entry),
+        "status": job_status(entry),
+    }
 
 
 def kill(job: str, *, pid: int | None = None, grace: float) -> dict[str, Any]:
@@ -220,8 +254,9 @@ def kill(job: str, *, pid: int | None = None, grace: float) -> dict[str, Any]:
     entry = registry.require(job)
     current = entry.get("pid")
     if pid is not None and current != pid:
-        raise JobError(f"job {job!r} is now pid {current}, not {pid}: someone else restarted it; "
-                       f"left alone")
+        raise JobError(
+            f"job {job!r} is now pid {current}, not {pid}: someone else restarted it; left alone"
+        )
     if not current:
         raise JobError(f"job {job!r} has no process on record")
     note = None
@@ -236,16 +271,26 @@ def kill(job: str, *, pid: int | None = None, grace: float) -> dict[str, Any]:
             note = launcher.not_the_job(entry)
         elif leftovers:
             note = "the job's process was gone; what was left of its process group was killed"
-    return {"job": job, "pid": current, "signal": sent, "note": note,
-            "status": job_status(registry.require(job))}
+    return {
+        "job": job,
+        "pid": current,
+        "signal": sent,
+        "note": note,
+        "status": job_status(registry.require(job)),
+    }
 
 
 # ----------------------------------------------------------------------------- upgrade
 
 
-def check_state(job_file: str | Path, overrides: Mapping[str, str], savepoint: str | None = None,
-                *, allow_non_restored_state: bool = False, job: str | None = None,
-                ) -> dict[str, Any]:
+def check_state(
+    job_file: str | Path,
+    overrides: Mapping[str, str],
+    savepoint: str | None = None,
+    *,
+    allow_non_restored_state: bool = False,
+    job: str | None = None,
+) -> dict[str, Any]:
     """Would the job file's code take the state of ``savepoint`` (id, directory or URL), or by
     default of the job's current checkpoint? Decided on the planner's fingerprint, no Spark.
     Raises :class:`IncompatibleSavepointError` listing every difference."""
@@ -262,8 +307,13 @@ def check_state(job_file: str | Path, overrides: Mapping[str, str], savepoint: s
         saved = layout.owner(jf.job.checkpoint.dir).get("fingerprint") or {}
         where = str(jf.job.checkpoint.dir)
     dropped = restore.check_compatible(saved, new, allow_non_restored_state, where)
-    return {"job": jf.job.name, "job_file": str(jf.path), "location": where,
-            "compatible": True, "not_restored": dropped}
+    return {
+        "job": jf.job.name,
+        "job_file": str(jf.path),
+        "location": where,
+        "compatible": True,
+        "not_restored": dropped,
+    }
 
 
 def wait_restored(entry: Mapping[str, Any], timeout: float) -> dict[str, int | None] | None:
@@ -282,23 +332,39 @@ def wait_restored(entry: Mapping[str, Any], timeout: float) -> dict[str, int | N
     }
 
     def fresh(current: dict[str, Any]) -> bool:
-        if any((layout.last_committed(info["checkpoint_dir"]) or -1) > after[q]
-               for q, info in queries.items()):
+        if any(
+            (layout.last_committed(info["checkpoint_dir"]) or -1) > after[q]
+            for q, info in queries.items()
+        ):
             return True
         health = current.get("health") or {}
-        return bool(queries) and all((health.get(q) or {}).get("lag_records") == 0
-                                     for q in queries)
+        return bool(queries) and all((health.get(q) or {}).get("lag_records") == 0 for q in queries)
 
-    done = launcher.wait_until(entry["job"], entry["pid"], fresh, timeout=timeout,
-                               what="committing a micro-batch", raise_on_timeout=False)
+    done = launcher.wait_until(
+        entry["job"],
+        entry["pid"],
+        fresh,
+        timeout=timeout,
+        what="committing a micro-batch",
+        raise_on_timeout=False,
+    )
     return None if done is None else last_committed(done)
 
 
-def upgrade(job: str, job_file: str | Path, overrides: Mapping[str, str], *,
-            parallelism: int | None = None, from_savepoint: str | None = None,
-            target: str | None = None, allow_non_restored_state: bool = False,
-            master: str | None = None, stop_timeout: float = 120.0,
-            start_timeout: float = 300.0, commit_timeout: float = 0.0) -> dict[str, Any]:
+def upgrade(
+    job: str,
+    job_file: str | Path,
+    overrides: Mapping[str, str],
+    *,
+    parallelism: int | None = None,
+    from_savepoint: str | None = None,
+    target: str | None = None,
+    allow_non_restored_state: bool = False,
+    master: str | None = None,
+    stop_timeout: float = 120.0,
+    start_timeout: float = 300.0,
+    commit_timeout: float = 0.0,
+) -> dict[str, Any]:
     """Run ``job_file`` (new code, or the same with a new ``parallelism``) from the job's state:
 
     1. the file must plan, build job ``job`` and take the state (:func:`check_state`) of the
@@ -320,20 +386,34 @@ def upgrade(job: str, job_file: str | Path, overrides: Mapping[str, str], *,
         if n is not None and int(n) < 1:
             raise ConfigError(f"parallelism must be >= 1, got {n}")
         if from_savepoint and running:
-            raise JobError(f"{job} is running (pid {entry.get('pid')}); leave --from-savepoint "
-                           f"out to stop it with a savepoint and upgrade from that")
+            raise JobError(
+                f"{job} is running (pid {entry.get('pid')}); leave --from-savepoint "
+                f"out to stop it with a savepoint and upgrade from that"
+            )
         if not from_savepoint and not running:
             last = (entry.get("last_savepoint") or {}).get("location")
             hint = f" (its last savepoint: {last})" if last else ""
-            raise JobError(f"{job} is not running ({state}): there is nothing to stop with a "
-                           f"savepoint; give a savepoint to start from{hint}")
-        checked = check_state(job_file, overrides, from_savepoint,
-                              allow_non_restored_state=allow_non_restored_state, job=job)
+            raise JobError(
+                f"{job} is not running ({state}): there is nothing to stop with a "
+                f"savepoint; give a savepoint to start from{hint}"
+            )
+        checked = check_state(
+            job_file,
+            overrides,
+            from_savepoint,
+            allow_non_restored_state=allow_non_restored_state,
+            job=job,
+        )
     except StatefulRuntimeError as exc:
         differences = exc.differences if isinstance(exc, IncompatibleSavepointError) else []
-        raise UpgradeError(f"{job_file} cannot take {job}'s state; {left}:\n{exc}"
-                           if differences else f"{exc}\n({left})", stage="check",
-                           differences=differences, cause=type(exc).__name__) from exc
+        raise UpgradeError(
+            f"{job_file} cannot take {job}'s state; {left}:\n{exc}"
+            if differences
+            else f"{exc}\n({left})",
+            stage="check",
+            differences=differences,
+            cause=type(exc).__name__,
+        ) from exc
 
     summary: dict[str, Any] | None = None
     # A savepoint given by id is passed on by the location the check resolved.
@@ -343,10 +423,16 @@ def upgrade(job: str, job_file: str | Path, overrides: Mapping[str, str], *,
             sp = launcher.savepoint(job, target=target, stop=True, timeout=stop_timeout)
         except StatefulRuntimeError as exc:
             after = registry.read(job) or {}
-            where = ("it is still running" if registry.running(after)
-                     else "it is stopped; its state is in its checkpoint (`srt run` resumes it)")
-            raise UpgradeError(f"stop-with-savepoint of {job} failed: {exc}\n({where})",
-                               stage="stop", cause=type(exc).__name__) from exc
+            where = (
+                "it is still running"
+                if registry.running(after)
+                else "it is stopped; its state is in its checkpoint (`srt run` resumes it)"
+            )
+            raise UpgradeError(
+                f"stop-with-savepoint of {job} failed: {exc}\n({where})",
+                stage="stop",
+                cause=type(exc).__name__,
+            ) from exc
         summary = sp
         source = sp["location"]
 
@@ -354,11 +440,19 @@ def upgrade(job: str, job_file: str | Path, overrides: Mapping[str, str], *,
     try:
         jf_path = Path(job_file).resolve()
         started = launcher.ensure_running(
-            job, jf_path, overrides, master=master, from_savepoint=source,
-            parallelism=None if n is None else int(n), extra_args=extra)
+            job,
+            jf_path,
+            overrides,
+            master=master,
+            from_savepoint=source,
+            parallelism=None if n is None else int(n),
+            extra_args=extra,
+        )
         if not started.launched:
-            raise JobError(f"{job} was started by someone else (pid {started.pid}) after it "
-                           f"stopped; it did not restore {source}")
+            raise JobError(
+                f"{job} was started by someone else (pid {started.pid}) after it "
+                f"stopped; it did not restore {source}"
+            )
         entry = launcher.wait_running(job, started.pid, timeout=start_timeout)
         committed = wait_restored(entry, commit_timeout) if commit_timeout > 0 else None
     except StatefulRuntimeError as exc:
@@ -366,27 +460,40 @@ def upgrade(job: str, job_file: str | Path, overrides: Mapping[str, str], *,
             f"{exc}\n\n{job} is not running; its state is in savepoint {source}. Fix the job "
             f"and upgrade again from that savepoint (`srt upgrade {job} FILE --from-savepoint "
             f"{source}`), or run the previous code from it.",
-            stage="relaunch", savepoint_location=source, cause=type(exc).__name__) from exc
+            stage="relaunch",
+            savepoint_location=source,
+            cause=type(exc).__name__,
+        ) from exc
 
     entry = registry.require(job)
     last = last_committed(entry)
-    partitions = {q: query_checkpoint(info["checkpoint_dir"], time.time())["state_partitions"]
-                  for q, info in (entry.get("queries") or {}).items()}
+    partitions = {
+        q: query_checkpoint(info["checkpoint_dir"], time.time())["state_partitions"]
+        for q, info in (entry.get("queries") or {}).items()
+    }
     return {
-        "job": job, "job_file": str(jf_path), "pid": started.pid, "command": started.command,
-        "log_path": str(started.log_path), "restored_from": source, "savepoint": summary,
-        "parallelism": entry.get("parallelism"), "state_partitions": partitions,
+        "job": job,
+        "job_file": str(jf_path),
+        "pid": started.pid,
+        "command": started.command,
+        "log_path": str(started.log_path),
+        "restored_from": source,
+        "savepoint": summary,
+        "parallelism": entry.get("parallelism"),
+        "state_partitions": partitions,
         "last_committed": committed if committed is not None else last,
         "committed": None if commit_timeout <= 0 else committed is not None,
-        "not_restored": checked["not_restored"], "status": job_status(entry),
+        "not_restored": checked["not_restored"],
+        "status": job_status(entry),
     }
 
 
 # ----------------------------------------------------------------------------- reconcile
 
 
-def window_counts(job: str, query: str, *, window_ms: int, batch: int | None = None,
-                  source: str | None = None) -> dict[str, Any]:
+def window_counts(
+    job: str, query: str, *, window_ms: int, batch: int | None = None, source: str | None = None
+) -> dict[str, Any]:
     """Good records of the query's source topic per tumbling event-time window (aligned to
     the epoch) whose end is at or before the watermark of committed ``batch`` (default: the
     last), counting only records up to that batch's source end offsets: what a sink table
@@ -404,41 +511,59 @@ def window_counts(job: str, query: str, *, window_ms: int, batch: int | None = N
     entry = registry.require(job)
     queries = entry.get("queries") or {}
     if query not in queries:
-        raise JobError(f"job {job!r} has no query {query!r} in its registry entry (queries: "
-                       f"{sorted(queries)}); name the query that writes the table")
+        raise JobError(
+            f"job {job!r} has no query {query!r} in its registry entry (queries: "
+            f"{sorted(queries)}); name the query that writes the table"
+        )
     qdir = queries[query]["checkpoint_dir"]
     batch = layout.last_committed(qdir) if batch is None else batch
-    out: dict[str, Any] = {"job": job, "query": query, "batch": batch, "window_ms": window_ms,
-                           "watermark_ms": None, "windows": {}, "records": 0, "good": 0,
-                           "dead_letters": 0}
+    out: dict[str, Any] = {
+        "job": job,
+        "query": query,
+        "batch": batch,
+        "window_ms": window_ms,
+        "watermark_ms": None,
+        "windows": {},
+        "records": 0,
+        "good": 0,
+        "dead_letters": 0,
+    }
     if batch is None:
         return out
     try:
         offsets = layout.committed_offsets(qdir, int(batch))
     except OSError as exc:
-        raise JobError(f"batch {batch} of query {query!r} is not in its checkpoint {qdir}: "
-                       f"{exc}") from exc
+        raise JobError(
+            f"batch {batch} of query {query!r} is not in its checkpoint {qdir}: {exc}"
+        ) from exc
     assert offsets is not None
     if len(offsets["sources"]) != 1 or not isinstance(offsets["sources"][0], dict):
-        raise JobError(f"query {query!r} reads {len(offsets['sources'])} sources; "
-                       f"window counts handle one")
+        raise JobError(
+            f"query {query!r} reads {len(offsets['sources'])} sources; window counts handle one"
+        )
     watermark = int(offsets["watermark_ms"] or 0)
     ends = {str(k): int(v) for k, v in offsets["sources"][0].items()}
 
-    loaded = load_job_file(entry["job_file"],
-                           {k: str(v) for k, v in (entry.get("config") or {}).items()}).job
+    loaded = load_job_file(
+        entry["job_file"], {k: str(v) for k, v in (entry.get("config") or {}).items()}
+    ).job
     nodes = [n for n in loaded.sources if source in (None, n.name)]
     if len(nodes) != 1:
-        raise ConfigError(f"job {job!r} has sources {[n.name for n in loaded.sources]}; name "
-                          f"one of them")
+        raise ConfigError(
+            f"job {job!r} has sources {[n.name for n in loaded.sources]}; name one of them"
+        )
     node = nodes[0]
     src = node.source
     if not isinstance(src, LogSource):
-        raise ConfigError(f"source {node.name!r} is a {type(src).__name__}; window counts read "
-                          f"the embedded event log (LogSource)")
+        raise ConfigError(
+            f"source {node.name!r} is a {type(src).__name__}; window counts read "
+            f"the embedded event log (LogSource)"
+        )
     if src.starting_offsets != "earliest":
-        raise ConfigError(f"source {node.name!r} starts at {src.starting_offsets!r} offsets; "
-                          f"window counts need a source read from the earliest offset")
+        raise ConfigError(
+            f"source {node.name!r} starts at {src.starting_offsets!r} offsets; "
+            f"window counts need a source read from the earliest offset"
+        )
     ts_field, unit = node.watermark.timestamp_field, node.watermark.timestamp_unit
     if ts_field is None:
         raise ConfigError(f"source {node.name!r} has no timestamp field")
@@ -450,8 +575,9 @@ def window_counts(job: str, query: str, *, window_ms: int, batch: int | None = N
     reader.catch_up()
     windows: dict[int, int] = {}
     try:
-        counts = _count(reader, src, ts_field, ends, 1000 if unit == "s" else 1, window_ms,
-                        watermark, windows)
+        counts = _count(
+            reader, src, ts_field, ends, 1000 if unit == "s" else 1, window_ms, watermark, windows
+        )
     finally:
         reader.close()
     dlq_records = None
@@ -462,15 +588,30 @@ def window_counts(job: str, query: str, *, window_ms: int, batch: int | None = N
         finally:
             dlq.close()
     out.update(counts)
-    out.update({"watermark_ms": watermark, "source": node.name, "topic": src.topic,
-                "source_ends": ends, "windows": {str(w): n for w, n in sorted(windows.items())},
-                "dead_letter_topic": src.dead_letter_topic,
-                "dead_letter_topic_records": dlq_records})
+    out.update(
+        {
+            "watermark_ms": watermark,
+            "source": node.name,
+            "topic": src.topic,
+            "source_ends": ends,
+            "windows": {str(w): n for w, n in sorted(windows.items())},
+            "dead_letter_topic": src.dead_letter_topic,
+            "dead_letter_topic_records": dlq_records,
+        }
+    )
     return out
 
 
-def _count(reader: Any, source: Any, ts_field: str, ends: Mapping[str, int], scale: int,
-           size: int, watermark_ms: int, windows: dict[int, int]) -> dict[str, int]:
+def _count(
+    reader: Any,
+    source: Any,
+    ts_field: str,
+    ends: Mapping[str, int],
+    scale: int,
+    size: int,
+    watermark_ms: int,
+    windows: dict[int, int],
+) -> dict[str, int]:
     import numpy as np
     import pyarrow.compute as pc
 

@@ -105,28 +105,53 @@ def metrics_text(health: Mapping[str, Any]) -> bytes:
 
     class _Collector:
         def collect(self) -> Any:
-            up = GaugeMetricFamily("srt_job_running", "1 while the job's queries run",
-                                   labels=["job", "state"])
-            up.add_metric([job, str(health.get("state"))],
-                          1.0 if health.get("state") == "RUNNING" else 0.0)
+            up = GaugeMetricFamily(
+                "srt_job_running", "1 while the job's queries run", labels=["job", "state"]
+            )
+            up.add_metric(
+                [job, str(health.get("state"))], 1.0 if health.get("state") == "RUNNING" else 0.0
+            )
             yield up
             gauges = [
-                ("srt_last_committed_batch", "last committed micro-batch", "last_committed_batch",
-                 1.0),
-                ("srt_checkpoint_age_seconds", "seconds since the last committed batch",
-                 "checkpoint_age_s", 1.0),
-                ("srt_input_rows_per_second", "input rate of the last batch", "input_rows_per_s",
-                 1.0),
-                ("srt_processed_rows_per_second", "processing rate of the last batch",
-                 "processed_rows_per_s", 1.0),
-                ("srt_batch_duration_seconds", "duration of the last batch",
-                 "batch_duration_ms", 0.001),
-                ("srt_lag_records", "records in the source not yet processed", "lag_records",
-                 1.0),
+                (
+                    "srt_last_committed_batch",
+                    "last committed micro-batch",
+                    "last_committed_batch",
+                    1.0,
+                ),
+                (
+                    "srt_checkpoint_age_seconds",
+                    "seconds since the last committed batch",
+                    "checkpoint_age_s",
+                    1.0,
+                ),
+                (
+                    "srt_input_rows_per_second",
+                    "input rate of the last batch",
+                    "input_rows_per_s",
+                    1.0,
+                ),
+                (
+                    "srt_processed_rows_per_second",
+                    "processing rate of the last batch",
+                    "processed_rows_per_s",
+                    1.0,
+                ),
+                (
+                    "srt_batch_duration_seconds",
+                    "duration of the last batch",
+                    "batch_duration_ms",
+                    0.001,
+                ),
+                ("srt_lag_records", "records in the source not yet processed", "lag_records", 1.0),
                 ("srt_state_rows", "rows in the state store", "state_rows", 1.0),
                 ("srt_state_bytes", "memory used by the state store", "state_bytes", 1.0),
-                ("srt_watermark_seconds", "event-time watermark (epoch seconds)", "_watermark",
-                 1.0),
+                (
+                    "srt_watermark_seconds",
+                    "event-time watermark (epoch seconds)",
+                    "_watermark",
+                    1.0,
+                ),
             ]
             for name, doc, key, scale in gauges:
                 family = GaugeMetricFamily(name, doc, labels=["job", "query"])
@@ -135,13 +160,20 @@ def metrics_text(health: Mapping[str, Any]) -> bytes:
                     if isinstance(value, int | float) and not isinstance(value, bool):
                         family.add_metric([job, q], float(value) * scale)
                 yield family
-            records = [("srt_records_input", "records read from the source (this run)", "input"),
-                       ("srt_records_output", "records into the job's operators and sinks",
-                        "output"),
-                       ("srt_records_dead_letters", "records rejected to the dead-letter topic",
-                        "dead_letters"),
-                       ("srt_records_late", "records behind the watermark (dropped or to a "
-                        "late side output)", "late")]
+            records = [
+                ("srt_records_input", "records read from the source (this run)", "input"),
+                ("srt_records_output", "records into the job's operators and sinks", "output"),
+                (
+                    "srt_records_dead_letters",
+                    "records rejected to the dead-letter topic",
+                    "dead_letters",
+                ),
+                (
+                    "srt_records_late",
+                    "records behind the watermark (dropped or to a late side output)",
+                    "late",
+                ),
+            ]
             for name, doc, key in records:
                 counter = CounterMetricFamily(name, doc, labels=["job", "query", "source"])
                 for q, h in sorted(queries.items()):
@@ -149,9 +181,11 @@ def metrics_text(health: Mapping[str, Any]) -> bytes:
                     if isinstance(r.get(key), int):
                         counter.add_metric([job, q, str(r.get("source"))], float(r[key]))
                 yield counter
-            late = CounterMetricFamily("srt_late_rows_dropped",
-                                       "rows dropped by the native window's watermark (this run)",
-                                       labels=["job", "query"])
+            late = CounterMetricFamily(
+                "srt_late_rows_dropped",
+                "rows dropped by the native window's watermark (this run)",
+                labels=["job", "query"],
+            )
             for q, h in sorted(queries.items()):
                 if isinstance(h.get("late_rows_dropped_this_run"), int):
                     late.add_metric([job, q], float(h["late_rows_dropped_this_run"]))
@@ -199,8 +233,11 @@ def _handler(handlers: Handlers, token: str) -> type[BaseHTTPRequestHandler]:
             given = (self.headers.get("Authorization") or "").encode()
             if hmac.compare_digest(given, expected):
                 return True
-            self._error(401, "Unauthorized", "a valid bearer token is required (the job's "
-                        "token file in $SRT_HOME/jobs)")
+            self._error(
+                401,
+                "Unauthorized",
+                "a valid bearer token is required (the job's token file in $SRT_HOME/jobs)",
+            )
             return False
 
         def _body(self) -> dict[str, Any] | None:
@@ -256,8 +293,7 @@ def _handler(handlers: Handlers, token: str) -> type[BaseHTTPRequestHandler]:
                 self._dispatch(lambda: handlers.savepoint(target))
             elif self.path == "/stop":
                 timeout = float(body.get("timeout") or 300.0)
-                self._dispatch(lambda: handlers.stop(bool(body.get("savepoint")), target,
-                                                     timeout))
+                self._dispatch(lambda: handlers.stop(bool(body.get("savepoint")), target, timeout))
             else:
                 self._error(404, "NotFound", f"no {self.path}: POST /savepoint or /stop")
 
@@ -283,8 +319,12 @@ class ControlEndpoint:
         tmp.replace(self.token_file)
         self._server = _Server((HOST, 0), _handler(self.handlers, self.token))
         # A short poll interval: close() waits for the serving loop to see the shutdown.
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,),
-                                        name="srt-control-endpoint", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            args=(0.05,),
+            name="srt-control-endpoint",
+            daemon=True,
+        )
         self._thread.start()
         return self.info
 
@@ -295,8 +335,11 @@ class ControlEndpoint:
 
     @property
     def info(self) -> dict[str, Any]:
-        return {"url": f"http://{HOST}:{self.port}", "port": self.port,
-                "token_file": str(self.token_file)}
+        return {
+            "url": f"http://{HOST}:{self.port}",
+            "port": self.port,
+            "token_file": str(self.token_file),
+        }
 
     def close(self) -> None:
         """Stop serving (answers in progress are sent first) and remove the token file."""
@@ -315,8 +358,14 @@ class ControlEndpoint:
 # ----------------------------------------------------------------------------- client
 
 
-def call(entry: Mapping[str, Any], method: str, path: str, body: Mapping[str, Any] | None = None,
-         *, timeout: float = 30.0) -> Any:
+def call(
+    entry: Mapping[str, Any],
+    method: str,
+    path: str,
+    body: Mapping[str, Any] | None = None,
+    *,
+    timeout: float = 30.0,
+) -> Any:
     """One request to the endpoint of a registry entry's process. Only for a process the
     registry verified (pid and start time); :class:`EndpointUnavailable` if the entry has no
     endpoint or it does not answer, :class:`EndpointError` if it answers with an error."""
@@ -330,8 +379,11 @@ def call(entry: Mapping[str, Any], method: str, path: str, body: Mapping[str, An
         raise EndpointUnavailable(f"job {job!r}: cannot read its token file ({exc})") from None
     data = None if body is None else json.dumps(dict(body)).encode()
     request = urllib.request.Request(
-        f"http://{HOST}:{int(control['port'])}{path}", data=data, method=method,
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        f"http://{HOST}:{int(control['port'])}{path}",
+        data=data,
+        method=method,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             raw = response.read()
@@ -341,11 +393,13 @@ def call(entry: Mapping[str, Any], method: str, path: str, body: Mapping[str, An
             err = json.loads(exc.read())["error"]
         except (ValueError, KeyError, TypeError):
             err = {"type": "HTTPError", "message": str(exc)}
-        raise EndpointError(f"job {job!r}: {err.get('message')}", status=exc.code,
-                            kind=str(err.get("type"))) from None
+        raise EndpointError(
+            f"job {job!r}: {err.get('message')}", status=exc.code, kind=str(err.get("type"))
+        ) from None
     except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
-        raise EndpointUnavailable(f"job {job!r}: its control endpoint did not answer "
-                                  f"({exc})") from None
+        raise EndpointUnavailable(
+            f"job {job!r}: its control endpoint did not answer ({exc})"
+        ) from None
     return json.loads(raw) if kind.startswith("application/json") else raw.decode()
 
 

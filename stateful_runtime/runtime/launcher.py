@@ -315,12 +315,16 @@ def not_the_job(entry: dict[str, Any]) -> str:
     """Why a live pid in the entry is not taken for the job's process."""
     pid = entry.get("pid")
     if entry.get("pid_start") is None:
-        return (f"pid {pid} cannot be verified as the job's process (its entry records no "
-                f"start time: written by an older srt); nothing was signalled — stop it "
-                f"yourself if it is the job")
-    return (f"pid {pid} is now another process (it started at {registry.process_start(pid)}, "
-            f"the job's at {entry.get('pid_start')} clock ticks after boot): the job is gone "
-            f"and its entry is stale; nothing was signalled")
+        return (
+            f"pid {pid} cannot be verified as the job's process (its entry records no "
+            f"start time: written by an older srt); nothing was signalled — stop it "
+            f"yourself if it is the job"
+        )
+    return (
+        f"pid {pid} is now another process (it started at {registry.process_start(pid)}, "
+        f"the job's at {entry.get('pid_start')} clock ticks after boot): the job is gone "
+        f"and its entry is stale; nothing was signalled"
+    )
 
 
 def terminate(entry: dict[str, Any], *, grace: float) -> str:
@@ -344,8 +348,9 @@ def terminate(entry: dict[str, Any], *, grace: float) -> str:
     return "SIGKILL"
 
 
-def stop(job: str, *, timeout: float, savepoint: bool = False,
-         target: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+def stop(
+    job: str, *, timeout: float, savepoint: bool = False, target: str | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Stop a running job cleanly (the batch in flight commits, queries stop, sinks close) and
     wait for its process to exit. Through its control endpoint (``POST /stop``, with a
     savepoint of the final batch if asked) while it answers; else SIGTERM, only to a
@@ -358,25 +363,34 @@ def stop(job: str, *, timeout: float, savepoint: bool = False,
         raise JobError(f"job {job!r} is not running: {not_the_job(entry)}")
     report: dict[str, Any] = {"signal": "endpoint", "savepoint": None}
     try:
-        answer = endpoint.call(entry, "POST", "/stop",
-                               {"savepoint": savepoint, "target": target, "timeout": timeout},
-                               timeout=timeout + 30)
-        report.update(savepoint=answer.get("savepoint"),
-                      savepoint_error=answer.get("savepoint_error"))
+        answer = endpoint.call(
+            entry,
+            "POST",
+            "/stop",
+            {"savepoint": savepoint, "target": target, "timeout": timeout},
+            timeout=timeout + 30,
+        )
+        report.update(
+            savepoint=answer.get("savepoint"), savepoint_error=answer.get("savepoint_error")
+        )
     except endpoint.EndpointUnavailable:
         # Starting (no endpoint yet) or not answering: the signal does the same, with the
         # savepoint taken from the files once the process is gone.
         signal_job(entry, signal.SIGTERM)
         report["signal"] = "SIGTERM"
     if not endpoint.wait_gone(entry, timeout):
-        raise JobError(f"job {job!r} (pid {entry['pid']}) did not stop within {timeout} s; "
-                       f"check it, or kill it: it restarts from its last checkpoint")
+        raise JobError(
+            f"job {job!r} (pid {entry['pid']}) did not stop within {timeout} s; "
+            f"check it, or kill it: it restarts from its last checkpoint"
+        )
     if savepoint and report["signal"] == "SIGTERM":
         report["savepoint"] = _savepoint_from_files(job, target, "stop-with-savepoint")
     if report.get("savepoint_error"):
-        raise JobError(f"job {job!r} stopped, but its savepoint failed: "
-                       f"{report['savepoint_error']}; its state is in its checkpoint "
-                       f"(`srt savepoint create {job}` takes one from it)")
+        raise JobError(
+            f"job {job!r} stopped, but its savepoint failed: "
+            f"{report['savepoint_error']}; its state is in its checkpoint "
+            f"(`srt savepoint create {job}` takes one from it)"
+        )
     return registry.require(job), report
 
 
@@ -384,8 +398,14 @@ def _savepoint_from_files(job: str, target: str | None, kind: str) -> dict[str, 
     entry = registry.require(job)
     root = target or entry.get("savepoint_dir") or str(registry.home() / "savepoints")
     summary = savepoints.create(entry["checkpoint_dir"], root, kind=kind).summary()
-    registry.update(job, last_savepoint={"id": summary["id"], "location": summary["location"],
-                                         "created_at": summary["created_at"]})
+    registry.update(
+        job,
+        last_savepoint={
+            "id": summary["id"],
+            "location": summary["location"],
+            "created_at": summary["created_at"],
+        },
+    )
     return summary
 
 
@@ -393,8 +413,9 @@ def _savepoint_from_files(job: str, target: str | None, kind: str) -> dict[str, 
 _stop_job = stop
 
 
-def savepoint(job: str, *, target: str | None = None, stop: bool = False,
-              timeout: float = 120.0) -> dict[str, Any]:
+def savepoint(
+    job: str, *, target: str | None = None, stop: bool = False, timeout: float = 120.0
+) -> dict[str, Any]:
     """Savepoint of a job known to the registry (running or not): its summary. A running job
     takes it itself (``POST /savepoint`` to its endpoint); with ``stop``, stop-with-savepoint
     (the batch in flight commits, then the final batch is saved). A job that is not running
@@ -406,8 +427,7 @@ def savepoint(job: str, *, target: str | None = None, stop: bool = False,
         return report["savepoint"]
     if registry.running(entry):
         try:
-            return endpoint.call(entry, "POST", "/savepoint", {"target": target},
-                                 timeout=timeout)
+            return endpoint.call(entry, "POST", "/savepoint", {"target": target}, timeout=timeout)
         except endpoint.EndpointUnavailable:
             pass
     return _savepoint_from_files(job, target, "savepoint")

@@ -30,8 +30,21 @@ from stateful_runtime._process import pid_alive
 from stateful_runtime.exceptions import JobError
 from stateful_runtime.names import Name, check_name, contained
 
-__all__ = ["CorruptEntryError", "alive", "entries", "home", "jobs_dir", "pid_alive",
-           "process_start", "read", "require", "scan", "update", "verified", "write"]
+__all__ = [
+    "CorruptEntryError",
+    "alive",
+    "entries",
+    "home",
+    "jobs_dir",
+    "pid_alive",
+    "process_start",
+    "read",
+    "require",
+    "scan",
+    "update",
+    "verified",
+    "write",
+]
 
 # Environment variable naming a job run: inherited by the JVM and Python workers, so what is
 # left of a job's process group can be told from an unrelated process.
@@ -53,7 +66,8 @@ class CorruptEntryError(JobError):
             f"registry entry {path} is unreadable: {problem}. It was damaged or written by "
             f"something else; the other jobs are not affected (`srt status` lists them). "
             f"Remove {path} once job {job!r} is stopped (a process of it still running shows "
-            f"in `ps`); its next run or launch registers it afresh.")
+            f"in `ps`); its next run or launch registers it afresh."
+        )
 
 
 def home() -> Path:
@@ -139,8 +153,10 @@ def _parse(path: Path) -> dict[str, Any]:
     try:
         entry = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise CorruptEntryError(path, f"it is not valid JSON ({exc.msg}: line {exc.lineno}, "
-                                f"column {exc.colno}; truncated?)") from None
+        raise CorruptEntryError(
+            path,
+            f"it is not valid JSON ({exc.msg}: line {exc.lineno}, column {exc.colno}; truncated?)",
+        ) from None
     if not isinstance(entry, dict):
         raise CorruptEntryError(path, f"it holds a JSON {type(entry).__name__}, not an object")
     if entry.get("job") != path.stem:

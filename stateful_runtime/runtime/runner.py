@@ -108,8 +108,9 @@ def _wake_on_progress(wake: threading.Event) -> Any:
     return Wake()
 
 
-def _foreach_batch(query: QueryPlan, timings: dict[tuple[str, int], tuple[float, int]]
-                   ) -> Callable[[DataFrame, int], None]:
+def _foreach_batch(
+    query: QueryPlan, timings: dict[tuple[str, int], tuple[float, int]]
+) -> Callable[[DataFrame, int], None]:
     def write(df: DataFrame, batch_id: int) -> None:
         done = query.write_batch(df, batch_id)
         timings[(query.name, batch_id)] = (done.ms, done.rows)
@@ -154,8 +155,13 @@ class Records:
         return late
 
     def as_dict(self, source: str) -> dict[str, Any]:
-        return {"source": source, "input": self.input, "output": self.output,
-                "dead_letters": self.dead_letters, "late": self.late}
+        return {
+            "source": source,
+            "input": self.input,
+            "output": self.output,
+            "dead_letters": self.dead_letters,
+            "late": self.late,
+        }
 
 
 def _metrics(row: Any) -> Mapping[str, Any]:
@@ -277,12 +283,18 @@ class _Control(Handlers):
             h = dict(run.health)
             commit_time = layout.last_commit_time(run.checkpoint_dir)
             h["last_committed_batch"] = layout.last_committed(run.checkpoint_dir)
-            h["checkpoint_age_s"] = (None if commit_time is None
-                                     else round(time.time() - commit_time, 3))
+            h["checkpoint_age_s"] = (
+                None if commit_time is None else round(time.time() - commit_time, 3)
+            )
             h.setdefault("records", run.records.as_dict(run.plan.source))
             queries[run.plan.name] = h
-        return {"job": self.job, "pid": os.getpid(), "state": r.state,
-                "checked_at": time.time(), "queries": queries}
+        return {
+            "job": self.job,
+            "pid": os.getpid(),
+            "state": r.state,
+            "checked_at": time.time(),
+            "queries": queries,
+        }
 
     def savepoint(self, target: str | None) -> dict[str, Any]:
         summary = self.runner.take_savepoint(target, "savepoint")
@@ -294,8 +306,11 @@ class _Control(Handlers):
 
 
 def _last_savepoint(summary: Mapping[str, Any]) -> dict[str, Any]:
-    return {"id": summary["id"], "location": summary["location"],
-            "created_at": summary["created_at"]}
+    return {
+        "id": summary["id"],
+        "location": summary["location"],
+        "created_at": summary["created_at"],
+    }
 
 
 class JobRunner:
@@ -309,11 +324,19 @@ class JobRunner:
     metrics, savepoints and stop (with a savepoint) for ``srt`` and Dagster.
     """
 
-    def __init__(self, jobfile: JobFile, *, available_now: bool = False,
-                 master: str | None = None, out: IO[str] = sys.stdout,
-                 from_savepoint: str | None = None, restore_from: str | None = None,
-                 parallelism: int | None = None, allow_non_restored_state: bool = False,
-                 on_batch: Sequence[Callable[[BatchCommitted], None]] = ()) -> None:
+    def __init__(
+        self,
+        jobfile: JobFile,
+        *,
+        available_now: bool = False,
+        master: str | None = None,
+        out: IO[str] = sys.stdout,
+        from_savepoint: str | None = None,
+        restore_from: str | None = None,
+        parallelism: int | None = None,
+        allow_non_restored_state: bool = False,
+        on_batch: Sequence[Callable[[BatchCommitted], None]] = (),
+    ) -> None:
         self.jobfile = jobfile
         self.job = jobfile.job
         self.available_now = available_now
@@ -332,9 +355,13 @@ class JobRunner:
         self.mirror: CheckpointMirror | None = None
         self.plan = plan(self.job)
         if available_now:
-            timed = [n.name for s in self.job.sinks for n in chain(s.parent)
-                     if isinstance(n, ProcessNode)
-                     and n.function.time_domain is TimeDomain.PROCESSING_TIME]
+            timed = [
+                n.name
+                for s in self.job.sinks
+                for n in chain(s.parent)
+                if isinstance(n, ProcessNode)
+                and n.function.time_domain is TimeDomain.PROCESSING_TIME
+            ]
             if timed:
                 # Spark keeps an availableNow query with processing-time timers alive forever.
                 raise ConfigError(
@@ -370,32 +397,47 @@ class JobRunner:
         run_id = os.environ.setdefault(registry.RUN_ID_ENV, uuid.uuid4().hex)
         self.endpoint = ControlEndpoint(_Control(self))
         control = self.endpoint.start()
-        registry.write(self.job.name, {
-            "job": self.job.name, "state": "STARTING", "pid": os.getpid(),
-            "pid_start": registry.process_start(os.getpid()), "run_id": run_id,
-            "control": control,
-            "job_file": str(self.jobfile.path), "config": dict(self.jobfile.config),
-            "checkpoint_dir": str(self.checkpoint_dir), "master": self.master,
-            "available_now": self.available_now, "started_at": _now(),
-            "parallelism": self.job.parallelism,
-            "savepoint_dir": savepoint_root(self.job),
-            "mirror": self.job.checkpoint.mirror,
-            # Kept across plain restarts (the checkpoint remembers its origin), so retention
-            # keeps protecting the savepoint this checkpoint came from.
-            "restored_from": layout.owner(self.checkpoint_dir).get("restored_from"),
-            "restore": self.restored,
-            "queries": {q.name: {"checkpoint_dir": str(self.checkpoint_dir / q.name),
-                                 "path": q.path, "output_mode": q.output_mode}
-                        for q in self.plan.queries},
-        })
+        registry.write(
+            self.job.name,
+            {
+                "job": self.job.name,
+                "state": "STARTING",
+                "pid": os.getpid(),
+                "pid_start": registry.process_start(os.getpid()),
+                "run_id": run_id,
+                "control": control,
+                "job_file": str(self.jobfile.path),
+                "config": dict(self.jobfile.config),
+                "checkpoint_dir": str(self.checkpoint_dir),
+                "master": self.master,
+                "available_now": self.available_now,
+                "started_at": _now(),
+                "parallelism": self.job.parallelism,
+                "savepoint_dir": savepoint_root(self.job),
+                "mirror": self.job.checkpoint.mirror,
+                # Kept across plain restarts (the checkpoint remembers its origin), so retention
+                # keeps protecting the savepoint this checkpoint came from.
+                "restored_from": layout.owner(self.checkpoint_dir).get("restored_from"),
+                "restore": self.restored,
+                "queries": {
+                    q.name: {
+                        "checkpoint_dir": str(self.checkpoint_dir / q.name),
+                        "path": q.path,
+                        "output_mode": q.output_mode,
+                    }
+                    for q in self.plan.queries
+                },
+            },
+        )
 
     def stop(self) -> None:
         """Ask the job to stop: the batch in flight commits, then the queries stop."""
         self._stop.set()
         self._wake.set()
 
-    def stop_and_wait(self, *, savepoint: bool = False, target: str | None = None,
-                      timeout: float = 300.0) -> dict[str, Any]:
+    def stop_and_wait(
+        self, *, savepoint: bool = False, target: str | None = None, timeout: float = 300.0
+    ) -> dict[str, Any]:
         """Stop (with a savepoint of the final committed batch if asked) and wait until the
         queries stopped and the sinks closed: the final state, and the savepoint's summary."""
         with self._stop_lock:
@@ -405,32 +447,42 @@ class JobRunner:
                 self._stop_request.update(savepoint=True, target=target)
         self.stop()
         if not self._stopped.wait(timeout):
-            raise JobError(f"job {self.job.name!r} did not stop within {timeout:.0f} s; it is "
-                           f"still stopping (a micro-batch in flight)")
+            raise JobError(
+                f"job {self.job.name!r} did not stop within {timeout:.0f} s; it is "
+                f"still stopping (a micro-batch in flight)"
+            )
         return dict(self._stop_result)
 
     def take_savepoint(self, target: str | None, kind: str) -> dict[str, Any]:
         """A savepoint of the last committed batch, taken by this process (it knows its
         checkpoint); its summary."""
         if self.state == "STARTING" or not hasattr(self, "checkpoint_dir"):
-            raise JobError(f"job {self.job.name!r} is still starting; take the savepoint once "
-                           f"it is RUNNING and has committed a batch")
+            raise JobError(
+                f"job {self.job.name!r} is still starting; take the savepoint once "
+                f"it is RUNNING and has committed a batch"
+            )
         with self._savepoint_lock:
-            sp = savepoints.create(self.checkpoint_dir, target or savepoint_root(self.job),
-                                   kind=kind)
+            sp = savepoints.create(
+                self.checkpoint_dir, target or savepoint_root(self.job), kind=kind
+            )
         return sp.summary()
 
     def _finish_control(self, state: str) -> dict[str, Any]:
         """At the end of the run: the stop-with-savepoint if one was asked for; what a
         ``POST /stop`` answers."""
-        result: dict[str, Any] = {"job": self.job.name, "pid": os.getpid(), "state": state,
-                                  "savepoint": None}
+        result: dict[str, Any] = {
+            "job": self.job.name,
+            "pid": os.getpid(),
+            "state": state,
+            "savepoint": None,
+        }
         with self._stop_lock:
             request = dict(self._stop_request or {})
         if request.get("savepoint"):
             try:
-                result["savepoint"] = self.take_savepoint(request.get("target"),
-                                                          "stop-with-savepoint")
+                result["savepoint"] = self.take_savepoint(
+                    request.get("target"), "stop-with-savepoint"
+                )
             except Exception as exc:  # the job is stopped; its state is in the checkpoint
                 result["savepoint_error"] = f"{type(exc).__name__}: {exc}"
         return result
@@ -442,15 +494,24 @@ class JobRunner:
         """Lay a savepoint or the mirror out as the job's checkpoint (before it is claimed)."""
         queries = [q.name for q in self.plan.queries]
         sp, self.restored = restore.restore_job(
-            self.job.checkpoint.dir, queries, self.fingerprint,
-            from_savepoint=self.from_savepoint, savepoint_roots=[savepoint_root(self.job)],
-            restore_from=self.restore_from, allow_non_restored=self.allow_non_restored_state)
+            self.job.checkpoint.dir,
+            queries,
+            self.fingerprint,
+            from_savepoint=self.from_savepoint,
+            savepoint_roots=[savepoint_root(self.job)],
+            restore_from=self.restore_from,
+            allow_non_restored=self.allow_non_restored_state,
+        )
         what = "savepoint" if self.from_savepoint else "checkpoint mirror"
-        self._say(f"restored {what} {sp.location} (batches {self.restored['batches']}) into "
-                  f"{Path(self.job.checkpoint.dir).resolve()}")
+        self._say(
+            f"restored {what} {sp.location} (batches {self.restored['batches']}) into "
+            f"{Path(self.job.checkpoint.dir).resolve()}"
+        )
         if self.restored["previous_checkpoint_moved_to"]:
-            self._say("the checkpoint that was there is kept in "
-                      f"{self.restored['previous_checkpoint_moved_to']}")
+            self._say(
+                "the checkpoint that was there is kept in "
+                f"{self.restored['previous_checkpoint_moved_to']}"
+            )
         for d in self.restored["dropped_state"]:
             self._say(f"not restored (--allow-non-restored-state): {d}")
 
@@ -465,14 +526,19 @@ class JobRunner:
         if self.from_savepoint or self.restore_from:
             self._restore()
         self.checkpoint_dir = layout.claim(
-            self.job.checkpoint.dir, self.job.name, [q.name for q in self.plan.queries],
+            self.job.checkpoint.dir,
+            self.job.name,
+            [q.name for q in self.plan.queries],
             self.fingerprint,
         )
         # Damage confined to the newest batch falls back to the one before; other damage refuses.
         self.recovery = restore.recover(
-            self.checkpoint_dir, [q.name for q in self.plan.queries],
-            job_file=str(self.jobfile.path), savepoint_dir=savepoint_root(self.job),
-            mirror=self.job.checkpoint.mirror)
+            self.checkpoint_dir,
+            [q.name for q in self.plan.queries],
+            job_file=str(self.jobfile.path),
+            savepoint_dir=savepoint_root(self.job),
+            mirror=self.job.checkpoint.mirror,
+        )
         for note in self.recovery.notes:
             self._say(note)
         if self.job.checkpoint.mirror:
@@ -480,8 +546,9 @@ class JobRunner:
         for src in self.job.sources:
             src.source.check()
         self._register()
-        previous = {sig: signal.signal(sig, self._on_signal)
-                    for sig in (signal.SIGTERM, signal.SIGINT)}
+        previous = {
+            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
+        }
         state, code = "FAILED", 1
         result: dict[str, Any] = {}
         spark, wake = None, None
@@ -489,15 +556,23 @@ class JobRunner:
             # Spark's Python workers print per-batch lines on stdout: into a log file instead.
             worker_output.divert(registry.job_file(self.job.name, ".workers.log"))
             spark = build_session(self.job.parallelism, self.master)
-            warmup.start(spark, self.job.parallelism, warmup.importable(
-                [type(src.source).__module__ for src in self.job.sources]))
+            warmup.start(
+                spark,
+                self.job.parallelism,
+                warmup.importable([type(src.source).__module__ for src in self.job.sources]),
+            )
             wake = _wake_on_progress(self._wake)
             spark.streams.addListener(wake)
             registry.update(self.job.name, spark_app_id=spark.sparkContext.applicationId)
             queries = [q.name for q in self.plan.queries]
-            for note in restore.rescale(spark, self.checkpoint_dir, queries, self.job.parallelism,
-                                        restored=self.restored is not None,
-                                        job=self.job.name):
+            for note in restore.rescale(
+                spark,
+                self.checkpoint_dir,
+                queries,
+                self.job.parallelism,
+                restored=self.restored is not None,
+                job=self.job.name,
+            ):
                 self._say(note)
             self._publish_dead_letters()  # left staged by a run that crashed after a commit
             self._sync_mirror()  # batches a crashed run committed but did not mirror
@@ -529,12 +604,17 @@ class JobRunner:
             registry.update(self.job.name, state="RUNNING")
             self.state = "RUNNING"
             n = len(self.runs)
-            print(f"[{self.job.name}] running {n} {'query' if n == 1 else 'queries'} on "
-                  f"{self.master}; "
-                  f"checkpoints in {self.checkpoint_dir}", file=self.out, flush=True)
+            print(
+                f"[{self.job.name}] running {n} {'query' if n == 1 else 'queries'} on "
+                f"{self.master}; "
+                f"checkpoints in {self.checkpoint_dir}",
+                file=self.out,
+                flush=True,
+            )
             failed = self._monitor()
-            state, code = ("FAILED", 1) if failed else (
-                "STOPPED" if self._stop.is_set() else "FINISHED", 0)
+            state, code = (
+                ("FAILED", 1) if failed else ("STOPPED" if self._stop.is_set() else "FINISHED", 0)
+            )
         except SinkError as exc:
             print(f"[{self.job.name}] error: {exc}", file=sys.stderr)
         finally:
@@ -551,10 +631,18 @@ class JobRunner:
             self.state = state
             try:
                 result = self._finish_control(state)
-                taken = ({"last_savepoint": _last_savepoint(result["savepoint"])}
-                         if result.get("savepoint") else {})
-                registry.update(self.job.name, state=state, ended_at=_now(),
-                                health={r.plan.name: r.health for r in self.runs}, **taken)
+                taken = (
+                    {"last_savepoint": _last_savepoint(result["savepoint"])}
+                    if result.get("savepoint")
+                    else {}
+                )
+                registry.update(
+                    self.job.name,
+                    state=state,
+                    ended_at=_now(),
+                    health={r.plan.name: r.health for r in self.runs},
+                    **taken,
+                )
             finally:
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
@@ -571,9 +659,13 @@ class JobRunner:
                     _print_summary(q.dead_letters.sink, self.out)
             for run in self.runs:
                 r = run.records
-                print(f"\nrecords of {run.plan.name} from source {run.plan.source} (this run): "
-                      f"input {r.input:,} = output {r.output:,} + dead letters "
-                      f"{r.dead_letters:,} + late {r.late:,}", file=self.out, flush=True)
+                print(
+                    f"\nrecords of {run.plan.name} from source {run.plan.source} (this run): "
+                    f"input {r.input:,} = output {r.output:,} + dead letters "
+                    f"{r.dead_letters:,} + late {r.late:,}",
+                    file=self.out,
+                    flush=True,
+                )
         return code
 
     def _publish_dead_letters(self) -> None:
@@ -600,11 +692,19 @@ class JobRunner:
                 run.health["late_rows_dropped_this_run"] = run.records.late
                 run.health["records"] = run.records.as_dict(run.plan.source)
                 _line(self.job.name, run, run.health, self.out)
-                ms, rows = self._timings.pop((run.plan.name, progress["batchId"]),
-                                             (None, None))
-                events.append(BatchCommitted(
-                    self.job.name, run.plan.name, progress["batchId"],
-                    progress.get("numInputRows") or 0, ms, rows, dict(run.health), progress))
+                ms, rows = self._timings.pop((run.plan.name, progress["batchId"]), (None, None))
+                events.append(
+                    BatchCommitted(
+                        self.job.name,
+                        run.plan.name,
+                        progress["batchId"],
+                        progress.get("numInputRows") or 0,
+                        ms,
+                        rows,
+                        dict(run.health),
+                        progress,
+                    )
+                )
         if not events and not (self.mirror is not None and self.mirror.failed_syncs):
             return  # nothing committed since the last poll (and no mirror outage to retry)
         if events:
@@ -622,10 +722,13 @@ class JobRunner:
         if done is None:
             return None
         share = done.bytes_uploaded / done.bytes_referenced if done.bytes_referenced else 0.0
-        print(f"[{self.job.name}] mirror: batches {done.batches} -> {self.mirror.location}: "
-              f"{done.files_uploaded} files, {done.bytes_uploaded:,} bytes uploaded "
-              f"({share:.1%} of {done.bytes_referenced:,} bytes of checkpoint)",
-              file=self.out, flush=True)
+        print(
+            f"[{self.job.name}] mirror: batches {done.batches} -> {self.mirror.location}: "
+            f"{done.files_uploaded} files, {done.bytes_uploaded:,} bytes uploaded "
+            f"({share:.1%} of {done.bytes_referenced:,} bytes of checkpoint)",
+            file=self.out,
+            flush=True,
+        )
         for run in self.runs:
             run.health["mirror_batch"] = done.batches.get(run.plan.name)
             run.health["mirror_bytes_uploaded"] = done.bytes_uploaded
@@ -635,7 +738,8 @@ class JobRunner:
         """Let a micro-batch in flight commit before stopping (bounded by DRAIN_TIMEOUT_S)."""
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         while time.monotonic() < deadline and any(
-                r.query.isActive and r.query.status.get("isTriggerActive") for r in self.runs):
+            r.query.isActive and r.query.status.get("isTriggerActive") for r in self.runs
+        ):
             time.sleep(0.05)
 
     def _monitor(self) -> bool:
@@ -647,11 +751,17 @@ class JobRunner:
                 if not run.query.isActive and run.query.exception() is not None:
                     # Spark appends the whole logical plan to the message; the cause is above it.
                     reason = str(run.query.exception()).split("=== Streaming Query ===")[0]
-                    print(f"[{self.job.name}] query {run.plan.name} failed: {reason.strip()}",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"[{self.job.name}] query {run.plan.name} failed: {reason.strip()}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     if full := layout.disk_full(run.checkpoint_dir):  # the cause, in one line
-                        print(f"[{self.job.name}] query {run.plan.name} failed: {full}",
-                              file=sys.stderr, flush=True)
+                        print(
+                            f"[{self.job.name}] query {run.plan.name} failed: {full}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                     return True
             if self._stop.is_set():
                 print(f"[{self.job.name}] stopping", file=self.out, flush=True)

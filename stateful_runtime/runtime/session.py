@@ -70,8 +70,10 @@ def seal_class_archive(dumped: str | Path) -> Path:
 # their own cores, keep HotSpot's default unless a mode is set.
 JIT_ENV = "SRT_JVM_JIT"
 JIT_MODES = {
-    "hot": ("-XX:Tier4InvocationThreshold=100000 -XX:Tier4MinInvocationThreshold=20000 "
-            "-XX:Tier4CompileThreshold=100000 -XX:Tier4BackEdgeThreshold=400000"),
+    "hot": (
+        "-XX:Tier4InvocationThreshold=100000 -XX:Tier4MinInvocationThreshold=20000 "
+        "-XX:Tier4CompileThreshold=100000 -XX:Tier4BackEdgeThreshold=400000"
+    ),
     "quick": "-XX:TieredStopAtLevel=1",
     "full": "",
 }
@@ -81,9 +83,11 @@ def _jit_options(master: str) -> dict[str, str]:
     """The JIT options for the driver's and the executors' JVMs (``""``: HotSpot's default)."""
     choice = os.environ.get(JIT_ENV, "").strip().lower()
     if choice and choice not in JIT_MODES:
-        raise ConfigError(f"{JIT_ENV}={os.environ[JIT_ENV]!r}: use 'hot' (C2 for the hottest "
-                          f"code only, the default on a local master), 'quick' (C1 only) or "
-                          f"'full' (HotSpot's default)")
+        raise ConfigError(
+            f"{JIT_ENV}={os.environ[JIT_ENV]!r}: use 'hot' (C2 for the hottest "
+            f"code only, the default on a local master), 'quick' (C1 only) or "
+            f"'full' (HotSpot's default)"
+        )
     if master.startswith("local"):  # no executors: the driver's JVM runs the tasks
         return {"driver": JIT_MODES[choice or "hot"], "executor": ""}
     return {"driver": JIT_MODES[choice or "full"], "executor": JIT_MODES[choice or "full"]}
@@ -130,11 +134,13 @@ def _writes_at_exit() -> bool:
     """Whether the JVM was asked to write a file in its own shutdown."""
     options = " ".join(os.environ.get(v, "") for v in ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS"))
     return bool(os.environ.get(CLASS_ARCHIVE_DUMP_ENV)) or any(
-        flag in options for flag in ("StartFlightRecording", "AtExit"))
+        flag in options for flag in ("StartFlightRecording", "AtExit")
+    )
 
 
-def _end_jvm(spark: SparkSession, proc: subprocess.Popen | None, timeout: float,
-             scratch: bool) -> None:
+def _end_jvm(
+    spark: SparkSession, proc: subprocess.Popen | None, timeout: float, scratch: bool
+) -> None:
     """At this process's exit: stop Spark and end the JVM, so the job's process is the last of
     its tree to go and reaps its JVM itself. Left alone, the JVM would start its shutdown only
     once this process had gone (its stdin closes then) and end as an orphan, seconds later.
@@ -190,8 +196,9 @@ def spark_conf(parallelism: int, master: str) -> dict[str, str]:
         "spark.app.name": "stateful-runtime",
         # Keyed state in RocksDB with incremental (changelog) checkpoints: each batch uploads
         # only the changelog of the keys it touched, not a full snapshot.
-        "spark.sql.streaming.stateStore.providerClass":
-            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        "spark.sql.streaming.stateStore.providerClass": (
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+        ),
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
         # Checkpoint files (offsets/N, commits/N, state changelogs) are written to a temp file
         # and renamed. Spark's default manager renames through Hadoop's FileContext, which on
@@ -199,9 +206,10 @@ def spark_conf(parallelism: int, master: str) -> dict[str, str]:
         # times per file: ~25 ms of process spawns per file, ~0.1 s per micro-batch on the
         # critical path. The FileSystem-based manager renames with one rename(2), as atomic on
         # a local disk; the files and their .crc sidecars are the same.
-        "spark.sql.streaming.checkpointFileManagerClass":
+        "spark.sql.streaming.checkpointFileManagerClass": (
             "org.apache.spark.sql.execution.streaming.checkpointing."
-            "FileSystemBasedCheckpointFileManager",
+            "FileSystemBasedCheckpointFileManager"
+        ),
         # One state partition per shuffle partition; Spark's default of 200 would open 200
         # RocksDB instances per stateful operator on a 2-core machine.
         "spark.sql.shuffle.partitions": str(parallelism),
@@ -215,7 +223,8 @@ def spark_conf(parallelism: int, master: str) -> dict[str, str]:
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.extraJavaOptions": " ".join(
-            filter(None, (java_opts, jit["driver"], _class_archive_options().strip()))),
+            filter(None, (java_opts, jit["driver"], _class_archive_options().strip()))
+        ),
         "spark.executor.extraJavaOptions": " ".join(filter(None, (java_opts, jit["executor"]))),
         "spark.executorEnv.PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
         # A Python worker that dies (a native crash in a client library) reports where, in the
@@ -223,8 +232,9 @@ def spark_conf(parallelism: int, master: str) -> dict[str, str]:
         "spark.python.worker.faulthandler.enabled": "true",
         # Data source options carrying client settings (the Kafka source's "config"), DSNs
         # and URLs are shown redacted in plans and explain output (Spark's default: url only).
-        "spark.sql.redaction.options.regex":
-            "(?i)url|uri|dsn|config|password|secret|token|credential|key",
+        "spark.sql.redaction.options.regex": (
+            "(?i)url|uri|dsn|config|password|secret|token|credential|key"
+        ),
     }
 
 
@@ -248,16 +258,20 @@ def _scratch_conf(master: str) -> dict[str, str]:
         scratch = process_dir("srt-spark")
     except OSError:  # an unwritable temp directory: Spark's own defaults, and its errors
         return {}
-    return {"spark.local.dir": str(scratch), "spark.executorEnv.TMPDIR": str(scratch),
-            "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={scratch}"}
+    return {
+        "spark.local.dir": str(scratch),
+        "spark.executorEnv.TMPDIR": str(scratch),
+        "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={scratch}",
+    }
 
 
 def default_master() -> str:
     return os.environ.get("SRT_SPARK_MASTER", "local[*]")
 
 
-def build_session(parallelism: int = 4, master: str | None = None,
-                  extra: dict[str, str] | None = None) -> SparkSession:
+def build_session(
+    parallelism: int = 4, master: str | None = None, extra: dict[str, str] | None = None
+) -> SparkSession:
     """Start (or reuse) the process's SparkSession with the runtime's settings."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -277,9 +291,13 @@ def build_session(parallelism: int = 4, master: str | None = None,
     proc = getattr(spark.sparkContext._gateway, "proc", None)  # type: ignore[union-attr]
     if proc is not None and proc.pid not in _ENDING:
         _ENDING.add(proc.pid)
-        atexit.register(_end_jvm, spark, proc,
-                        300.0 if os.environ.get(CLASS_ARCHIVE_DUMP_ENV) else _JVM_EXIT_S,
-                        bool(scratch))
+        atexit.register(
+            _end_jvm,
+            spark,
+            proc,
+            300.0 if os.environ.get(CLASS_ARCHIVE_DUMP_ENV) else _JVM_EXIT_S,
+            bool(scratch),
+        )
     # A reused session keeps its launch settings; the per-job ones are runtime-settable.
     spark.conf.set("spark.sql.shuffle.partitions", str(parallelism))
     spark.sparkContext.setLogLevel("WARN")

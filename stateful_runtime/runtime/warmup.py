@@ -76,8 +76,7 @@ def importable(modules: Sequence[str]) -> list[str]:
     out = []
     for name in modules:
         try:  # the top-level package on sys.path, not only in this process's sys.modules
-            if (PathFinder.find_spec(name.split(".")[0]) is not None
-                    and find_spec(name) is not None):
+            if PathFinder.find_spec(name.split(".")[0]) is not None and find_spec(name) is not None:
                 out.append(name)
         except (ImportError, ValueError):
             pass
@@ -91,17 +90,20 @@ def warm(spark: SparkSession, slots: int, modules: Sequence[str] = ()) -> list[A
     from stateful_runtime.connectors.base import register
 
     register(spark, WarmupSource)
-    return (spark.read.format(NAME).schema(WarmupSource({}).schema())
-            .option("slots", str(slots))
-            .option("modules", ",".join(dict.fromkeys([*MODULES, *modules])))
-            .load().collect())
+    return (
+        spark.read.format(NAME)
+        .schema(WarmupSource({}).schema())
+        .option("slots", str(slots))
+        .option("modules", ",".join(dict.fromkeys([*MODULES, *modules])))
+        .load()
+        .collect()
+    )
 
 
 _WARMED: set[tuple[str, int, tuple[str, ...]]] = set()
 
 
-def start(spark: SparkSession, slots: int, modules: Sequence[str] = ()
-          ) -> threading.Thread | None:
+def start(spark: SparkSession, slots: int, modules: Sequence[str] = ()) -> threading.Thread | None:
     """:func:`warm` in a daemon thread, which the job never waits for; returns the thread, or
     None when this application already warmed as many slots with these modules."""
     key = (spark.sparkContext.applicationId, slots, tuple(modules))

@@ -23,8 +23,10 @@ from pathlib import Path
 from .registry import private_file
 
 # Line prefixes written by Spark's Python workers (not by the job).
-WORKER_MARKERS = (b"Streaming TransformWithStateInPandas Python worker",
-                  b"Starting Streaming TransformWithStateInPandas Python worker")
+WORKER_MARKERS = (
+    b"Streaming TransformWithStateInPandas Python worker",
+    b"Starting Streaming TransformWithStateInPandas Python worker",
+)
 # At exit, how long the copying thread gets to pass on what is still in the pipe. The JVM holds
 # the pipe's write end until it exits; the session's own exit hook (registered after this one,
 # so run before it) has ended the JVM by then, and the pipe is at its end.
@@ -73,8 +75,9 @@ def divert(log_path: str | Path) -> Path:
     read_fd, write_fd = os.pipe()
     os.dup2(write_fd, 1)
     os.close(write_fd)
-    thread = threading.Thread(target=_copy, args=(read_fd, terminal, path),
-                              name="srt-worker-output", daemon=True)
+    thread = threading.Thread(
+        target=_copy, args=(read_fd, terminal, path), name="srt-worker-output", daemon=True
+    )
     thread.start()
     _installed = thread
 

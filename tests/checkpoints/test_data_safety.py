@@ -17,10 +17,18 @@ DAY = 86_400.0
 
 
 def _manifest(sid: str, job: str, created: float, files: list | None = None) -> bytes:
-    return json.dumps({
-        "format_version": manifest.FORMAT_VERSION, "id": sid, "job": job, "created_at": "",
-        "created_at_epoch": created, "queries": {"q": {"batch": 0}}, "files": files or [],
-        "fingerprint": {}}).encode()
+    return json.dumps(
+        {
+            "format_version": manifest.FORMAT_VERSION,
+            "id": sid,
+            "job": job,
+            "created_at": "",
+            "created_at_epoch": created,
+            "queries": {"q": {"batch": 0}},
+            "files": files or [],
+            "fingerprint": {},
+        }
+    ).encode()
 
 
 def _foreign_tree(root):
@@ -49,12 +57,14 @@ def test_prune_and_cleanup_leave_what_they_did_not_create(tmp_path):
     assert sorted(sp.id for sp in gone) == ["sp0", "sp1"]
     assert savepoints.cleanup_incomplete(store) == []
     after = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
-    assert after == sorted(before + ["sp2", "sp2/q", "sp2/q/offsets", "sp2/q/offsets/0",
-                                     f"sp2/{manifest.MANIFEST}"])
+    assert after == sorted(
+        before + ["sp2", "sp2/q", "sp2/q/offsets", "sp2/q/offsets/0", f"sp2/{manifest.MANIFEST}"]
+    )
 
 
-@pytest.mark.parametrize("ref", ["..", ".", "../x", "/", "a/..", "-rf", ".hidden", "a b",
-                                 "x/../..", "é"])
+@pytest.mark.parametrize(
+    "ref", ["..", ".", "../x", "/", "a/..", "-rf", ".hidden", "a b", "x/../..", "é"]
+)
 def test_savepoint_ids_that_are_not_names_are_refused(tmp_path, ref):
     (tmp_path / "root").mkdir()
     with pytest.raises((InvalidNameError, SavepointError)):
@@ -76,13 +86,16 @@ def test_dispose_unreadable_only_removes_our_savepoints(tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
-@pytest.mark.parametrize("bad", [
-    b"",                                   # empty
-    b'{"format_version": 1, "job": "j"',   # truncated
-    b"[1, 2]",                             # not an object
-    b'{"format_version": 99}',             # a future format
-    b"\xff\xfe",                           # not text
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"",  # empty
+        b'{"format_version": 1, "job": "j"',  # truncated
+        b"[1, 2]",  # not an object
+        b'{"format_version": 99}',  # a future format
+        b"\xff\xfe",  # not text
+    ],
+)
 def test_one_corrupt_manifest_breaks_neither_list_nor_prune(tmp_path, bad):
     store = LocalStore(tmp_path)
     for i in range(3):
@@ -100,8 +113,9 @@ def test_one_corrupt_manifest_breaks_neither_list_nor_prune(tmp_path, bad):
         savepoints.resolve("broken", [tmp_path])
 
 
-@pytest.mark.parametrize("path", ["../escaped", "q/../../escaped", "/etc/passwd", "q//x",
-                                  "q/./x", "other/x"])
+@pytest.mark.parametrize(
+    "path", ["../escaped", "q/../../escaped", "/etc/passwd", "q//x", "q/./x", "other/x"]
+)
 def test_manifest_paths_outside_the_savepoint_are_refused(tmp_path, path):
     store = LocalStore(tmp_path / "sp")
     store.put_bytes("evil/q/offsets/0", b"v1")
@@ -133,8 +147,16 @@ def test_store_keys_cannot_leave_the_store(tmp_path):
         contained(tmp_path / "root", "link/x", where="test")
 
 
-@pytest.mark.parametrize("text", ["", '{"job": "j"', "[]", '{"job": "../x", "queries": []}',
-                                  '{"job": "j", "queries": ["../../etc"]}'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        '{"job": "j"',
+        "[]",
+        '{"job": "../x", "queries": []}',
+        '{"job": "j", "queries": ["../../etc"]}',
+    ],
+)
 def test_corrupt_checkpoint_marker_is_named_with_what_to_do(tmp_path, text):
     (tmp_path / layout.MARKER).write_text(text)
     with pytest.raises(ConfigError, match=r"_job\.json is corrupt.*--from-savepoint"):

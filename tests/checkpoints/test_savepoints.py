@@ -19,10 +19,21 @@ DAY = 86_400.0
 
 def _write(store: LocalStore, sid: str, job: str, created: float) -> None:
     store.put_bytes(f"{sid}/q/offsets/0", b"v1")
-    store.put_bytes(f"{sid}/{manifest.MANIFEST}", json.dumps({
-        "format_version": manifest.FORMAT_VERSION, "id": sid, "job": job,
-        "created_at": "", "created_at_epoch": created, "queries": {}, "files": [],
-        "fingerprint": {}}).encode())
+    store.put_bytes(
+        f"{sid}/{manifest.MANIFEST}",
+        json.dumps(
+            {
+                "format_version": manifest.FORMAT_VERSION,
+                "id": sid,
+                "job": job,
+                "created_at": "",
+                "created_at_epoch": created,
+                "queries": {},
+                "files": [],
+                "fingerprint": {},
+            }
+        ).encode(),
+    )
 
 
 def test_retention_keeps_newest_protected_and_within_limits(tmp_path, monkeypatch):
@@ -38,13 +49,13 @@ def test_retention_keeps_newest_protected_and_within_limits(tmp_path, monkeypatc
     assert sorted(s.id for s in gone) == ["sp1", "sp2"]  # sp0 protected, sp3+sp4 newest two
 
     by_age = retention.Retention(max_age=timedelta(days=4))
-    assert sorted(s.id for s in by_age.expired(
-        savepoints.list_savepoints(store.url, "job-a"), now=now)) == ["sp0", "sp1"]
+    assert sorted(
+        s.id for s in by_age.expired(savepoints.list_savepoints(store.url, "job-a"), now=now)
+    ) == ["sp0", "sp1"]
 
     # Everything too old: the newest one still stays.
     every = retention.Retention(max_age=timedelta(hours=1))
-    expired = {s.id for s in every.expired(savepoints.list_savepoints(store.url, "job-a"),
-                                           now=now)}
+    expired = {s.id for s in every.expired(savepoints.list_savepoints(store.url, "job-a"), now=now)}
     assert expired == {"sp0", "sp1", "sp2", "sp3"}
 
     retention.apply_retention(store.url, "job-a", retention.Retention(max_count=1))
@@ -53,17 +64,45 @@ def test_retention_keeps_newest_protected_and_within_limits(tmp_path, monkeypatc
 
 
 def test_compatibility_lists_every_difference():
-    saved = {"job": "j", "queries": {"q": {"operators": {
-        "op": {"kind": "process", "keys": ["k"], "states": {"a": "value<int>",
-                                                            "b": "map<str, int>"}},
-        "win": {"kind": "native-window", "keys": ["k"], "states": {"window": "sum(x)"}}}}}}
-    new = {"job": "j", "queries": {"q": {"operators": {
-        "op": {"kind": "process", "keys": ["k"], "states": {"a": "value<str>",
-                                                            "c": "value<int>"}},
-        "win": {"kind": "native-window", "keys": ["k2"], "states": {"window": "sum(x)"}}}}}}
+    saved = {
+        "job": "j",
+        "queries": {
+            "q": {
+                "operators": {
+                    "op": {
+                        "kind": "process",
+                        "keys": ["k"],
+                        "states": {"a": "value<int>", "b": "map<str, int>"},
+                    },
+                    "win": {"kind": "native-window", "keys": ["k"], "states": {"window": "sum(x)"}},
+                }
+            }
+        },
+    }
+    new = {
+        "job": "j",
+        "queries": {
+            "q": {
+                "operators": {
+                    "op": {
+                        "kind": "process",
+                        "keys": ["k"],
+                        "states": {"a": "value<str>", "c": "value<int>"},
+                    },
+                    "win": {
+                        "kind": "native-window",
+                        "keys": ["k2"],
+                        "states": {"window": "sum(x)"},
+                    },
+                }
+            }
+        },
+    }
     bad, dropped = restore.compatibility(saved, new)
-    assert bad == ["query q, operator op: state 'a' was value<int>, is now value<str>",
-                   "query q, operator win: keyed by ['k'], now by ['k2']"]
+    assert bad == [
+        "query q, operator op: state 'a' was value<int>, is now value<str>",
+        "query q, operator win: keyed by ['k'], now by ['k2']",
+    ]
     assert dropped == ["query q, operator op: state 'b' (map<str, int>) is no longer declared"]
     assert restore.compatibility(saved, saved) == ([], [])
     other_job = restore.compatibility(saved, {**saved, "job": "x"})[0]
@@ -91,15 +130,23 @@ def test_manifest_is_create_only(tmp_path):
 
 def test_incomplete_savepoint_of_a_dead_writer_is_removed(tmp_path):
     store = LocalStore(tmp_path)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     pid = int(dead.stdout)
-    store.put_bytes(f"half/{savepoints.WRITER}", json.dumps(
-        {"mark": savepoints.WRITER_MARK, "pid": pid, "host": os.uname().nodename}).encode())
+    store.put_bytes(
+        f"half/{savepoints.WRITER}",
+        json.dumps(
+            {"mark": savepoints.WRITER_MARK, "pid": pid, "host": os.uname().nodename}
+        ).encode(),
+    )
     store.put_bytes("half/q/offsets/0", b"v1")
-    store.put_bytes(f"live/{savepoints.WRITER}", json.dumps(
-        {"mark": savepoints.WRITER_MARK, "pid": os.getpid(),
-         "host": os.uname().nodename}).encode())
+    store.put_bytes(
+        f"live/{savepoints.WRITER}",
+        json.dumps(
+            {"mark": savepoints.WRITER_MARK, "pid": os.getpid(), "host": os.uname().nodename}
+        ).encode(),
+    )
     assert savepoints.list_savepoints(tmp_path) == []
     assert savepoints.cleanup_incomplete(store) == ["half"]
     assert sorted(store.children()) == ["live"]  # still being written by a live process

@@ -38,12 +38,14 @@ class Source:
     def split(self, partition: int, start: int, end: int) -> pa.Table:
         """What a Spark task decodes from ``[start, end)``: rejected rows carry an error."""
         offsets = list(range(start, end))
-        return pa.table({
-            RAW: [f"p{partition}o{o}".encode() for o in offsets],
-            ERROR: ["bad record" if o in self.bad[partition] else None for o in offsets],
-            PARTITION: [partition] * len(offsets),
-            OFFSET: offsets,
-        })
+        return pa.table(
+            {
+                RAW: [f"p{partition}o{o}".encode() for o in offsets],
+                ERROR: ["bad record" if o in self.bad[partition] else None for o in offsets],
+                PARTITION: [partition] * len(offsets),
+                OFFSET: offsets,
+            }
+        )
 
 
 @dataclass
@@ -62,8 +64,13 @@ class Job:
             start = self.committed.get(k, 0)
             end = min(start + cap, self.source.length)
             if end > start:
-                dead_letters.stage(str(self.staging), self.source.key(p), start, end,
-                                   self.source.split(p, start, end))
+                dead_letters.stage(
+                    str(self.staging),
+                    self.source.key(p),
+                    start,
+                    end,
+                    self.source.split(p, start, end),
+                )
             ends[k] = end
         return ends
 
@@ -93,9 +100,12 @@ class Job:
         dead_letters.publish(str(self.staging), self.committed, self.sink)  # at every start
 
     def expected(self) -> list[tuple[int, int]]:
-        return sorted((p, o) for p in range(self.source.partitions)
-                      for o in self.source.bad[p]
-                      if o < self.reached.get(str(self.source.key(p)), 0))
+        return sorted(
+            (p, o)
+            for p in range(self.source.partitions)
+            for o in self.source.bad[p]
+            if o < self.reached.get(str(self.source.key(p)), 0)
+        )
 
 
 def run(job: Job, steps: Sequence[Step], topic: Callable[[], list[tuple[int, int]]]) -> None:
@@ -110,4 +120,5 @@ def run(job: Job, steps: Sequence[Step], topic: Callable[[], list[tuple[int, int
     extra = sorted(set(got) - set(expected))
     assert not (twice or missing or extra), (
         f"steps {list(steps)}: {len(missing)} missing {missing[:5]}, {len(twice)} twice "
-        f"{twice[:5]}, {len(extra)} never committed {extra[:5]}")
+        f"{twice[:5]}, {len(extra)} never committed {extra[:5]}"
+    )

@@ -24,8 +24,10 @@ def test_defs_yaml_example_loads_into_definitions():
         folder.mkdir()
         shutil.copy(EXAMPLE, folder / "defs.yaml")
         # The example's job file, where its relative path points from the sandbox folder.
-        shutil.copy(EXAMPLES / "upi_per_minute.py", sandbox.defs_folder_path.parent.parent /
-                    "upi_per_minute.py")
+        shutil.copy(
+            EXAMPLES / "upi_per_minute.py",
+            sandbox.defs_folder_path.parent.parent / "upi_per_minute.py",
+        )
         with sandbox.load_component_and_build_defs(defs_path=folder) as (component, defs):
             assert isinstance(component, StreamingJobsComponent)
             [spec] = component.specs(folder)
@@ -33,10 +35,11 @@ def test_defs_yaml_example_loads_into_definitions():
             assert graph.get(AssetKey("upi_counts")).parent_keys == {AssetKey("upi_per_minute")}
             assert graph.get(AssetKey("upi_counts")).freshness_policy is not None
             checks = {k.name for k in graph.asset_check_keys}
-            assert checks == {"unique_key", "not_null", "value_ranges",
-                              "closed_windows_reconcile"}
+            assert checks == {"unique_key", "not_null", "value_ranges", "closed_windows_reconcile"}
             assert {s.name for s in defs.sensors} == {  # type: ignore[union-attr]
-                "streaming_job_health", "default_automation_condition_sensor"}
+                "streaming_job_health",
+                "default_automation_condition_sensor",
+            }
             assert "stop_streaming_job" in {j.name for j in defs.jobs}  # type: ignore[union-attr]
             assert defs.resolve_schedule_def("upi_per_minute_savepoint_schedule")
             assert defs.resources["warehouse"].kind == "duckdb"

@@ -82,7 +82,11 @@ def test_default_definitions_expose_the_upi_job():
     assert graph.get(AssetKey("upi_counts")).freshness_policy is not None
     checks = {(k.asset_key.to_user_string(), k.name) for k in graph.asset_check_keys}
     assert {c for a, c in checks if a == "upi_counts"} == {
-        "unique_key", "not_null", "value_ranges", "closed_windows_reconcile"}
+        "unique_key",
+        "not_null",
+        "value_ranges",
+        "closed_windows_reconcile",
+    }
     # dbt tests are asset checks of the model.
     assert ("merchant_day", "merchant_day_unique_key") in checks
     for key in graph.asset_check_keys:

@@ -19,10 +19,16 @@ from tests.dagster_defs.conftest import UPI_JOB
 
 def _status(live: bool, last_batch: int, watermark: str) -> JobStatus:
     table = UPI_JOB.sink_tables[0]
-    return JobStatus.from_json({
-        "job": UPI_JOB.name, "state": "RUNNING" if live else "FINISHED", "alive": live,
-        "live": live, "queries": {table.query: {"checkpoint_dir": "/nonexistent"}},
-        "health": {table.query: {"last_batch": last_batch, "watermark": watermark}}})
+    return JobStatus.from_json(
+        {
+            "job": UPI_JOB.name,
+            "state": "RUNNING" if live else "FINISHED",
+            "alive": live,
+            "live": live,
+            "queries": {table.query: {"checkpoint_dir": "/nonexistent"}},
+            "health": {table.query: {"last_batch": last_batch, "watermark": watermark}},
+        }
+    )
 
 
 def _warehouse(tmp_path, batches: int) -> DuckDBWarehouse:
@@ -32,10 +38,18 @@ def _warehouse(tmp_path, batches: int) -> DuckDBWarehouse:
     sink = DuckDBUpsertSink(str(database), table.table, table.key)
     sink.open(UPI_JOB.name, table.query)
     for batch in range(batches):
-        sink.write_batch(pa.table({"merchant_id": ["m1"],
-                                   "window_start": [datetime(2026, 1, 1, 0, batch)],
-                                   "window_end": [datetime(2026, 1, 1, 0, batch + 1)],
-                                   "payments": [1], "amount_paise": [100]}), batch)
+        sink.write_batch(
+            pa.table(
+                {
+                    "merchant_id": ["m1"],
+                    "window_start": [datetime(2026, 1, 1, 0, batch)],
+                    "window_end": [datetime(2026, 1, 1, 0, batch + 1)],
+                    "payments": [1],
+                    "amount_paise": [100],
+                }
+            ),
+            batch,
+        )
     return DuckDBWarehouse(path=str(database))
 
 
@@ -58,7 +72,11 @@ def test_a_batch_is_reported_once_its_progress_is(tmp_path):
 
 def test_a_stopped_job_reports_every_committed_batch(tmp_path):
     # A job that died after its sink committed batch 2 never reports it: reported anyway.
-    [event] = commit_events(_warehouse(tmp_path, 3), UPI_JOB,
-                            _status(False, 0, "2026-01-01T00:00:30.000Z"),
-                            StreamingJobTranslator(), {})
+    [event] = commit_events(
+        _warehouse(tmp_path, 3),
+        UPI_JOB,
+        _status(False, 0, "2026-01-01T00:00:30.000Z"),
+        StreamingJobTranslator(),
+        {},
+    )
     assert (event.metadata["first batch"].value, event.metadata["last batch"].value) == (0, 2)

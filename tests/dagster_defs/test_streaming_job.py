@@ -126,8 +126,12 @@ def test_sensor_observes_health_and_restarts_a_killed_job(live: Live):
     assert m["rows written"] > 0 and m["watermark"]
     assert m["windows closed"] >= 1  # 6000 events over 150 s of event time close windows
     again = live.tick(first.cursor)
-    assert not [e for e in again.asset_events if isinstance(e, AssetMaterialization)
-                and e.metadata["first batch"].value <= m["last batch"]]
+    assert not [
+        e
+        for e in again.asset_events
+        if isinstance(e, AssetMaterialization)
+        and e.metadata["first batch"].value <= m["last batch"]
+    ]
 
     old = live.pids[0]
     before = layout.last_committed(live.qdir)

@@ -162,8 +162,10 @@ class DagsterDev:
                 if last:
                     return last
             time.sleep(1.0)
-        pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})\n"
-                    f"dagster dev log:\n{self.log_tail()}")
+        pytest.fail(
+            f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})\n"
+            f"dagster dev log:\n{self.log_tail()}"
+        )
 
 
 def _wait_until_serving(proc: subprocess.Popen, dev: DagsterDev) -> None:
@@ -179,12 +181,20 @@ def _wait_until_serving(proc: subprocess.Popen, dev: DagsterDev) -> None:
             if {JOB_ASSET, SINK_ASSET, MODEL_ASSET} <= keys:
                 return
             last = f"assets so far: {sorted(keys)}"
-        except (OSError, urllib.error.URLError, KeyError, TypeError, ValueError,
-                AssertionError) as e:
+        except (
+            OSError,
+            urllib.error.URLError,
+            KeyError,
+            TypeError,
+            ValueError,
+            AssertionError,
+        ) as e:
             last = repr(e)
         time.sleep(1.0)  # polling interval, not synchronisation: the loop checks the server
-    pytest.fail(f"dagster dev did not serve the assets in {START_TIMEOUT_S:.0f} s ({last}):\n"
-                f"{dev.log_tail()}")
+    pytest.fail(
+        f"dagster dev did not serve the assets in {START_TIMEOUT_S:.0f} s ({last}):\n"
+        f"{dev.log_tail()}"
+    )
 
 
 @pytest.fixture
@@ -199,8 +209,10 @@ def dagster_dev(tmp_path: Path) -> Iterator[DagsterDev]:
 
     log_dir = tmp_path / "srt-data" / "log"
     EventLog(log_dir).create_topic("upi-payments", 2)
-    append_lines(log_dir, list(events(EVENTS, merchants=8, rate_per_s=40, disorder_ms=3_000,
-                                      bad_every=499, seed=11)))
+    append_lines(
+        log_dir,
+        list(events(EVENTS, merchants=8, rate_per_s=40, disorder_ms=3_000, bad_every=499, seed=11)),
+    )
     env = {
         **os.environ,
         "DAGSTER_HOME": str(home),
@@ -216,8 +228,18 @@ def dagster_dev(tmp_path: Path) -> Iterator[DagsterDev]:
     dev = DagsterDev(f"http://127.0.0.1:{port}", log, tmp_path, env)
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [str(VENV_BIN / "dagster"), "dev", "-w", str(ROOT / "workspace.yaml"),
-             "-h", "127.0.0.1", "-p", str(port), "--log-level", "info"],
+            [
+                str(VENV_BIN / "dagster"),
+                "dev",
+                "-w",
+                str(ROOT / "workspace.yaml"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "--log-level",
+                "info",
+            ],
             cwd=tmp_path,
             env=env,
             stdout=out,
@@ -289,8 +311,7 @@ def _materializations(dev: DagsterDev, key: str) -> list[dict[str, Any]]:
 def _checks(dev: DagsterDev, key: str) -> dict[str, str | None]:
     node = _asset(dev, key)["assetNodeOrError"]
     checks = node["assetChecksOrError"].get("checks") or []
-    return {c["name"]: (c["executionForLatestMaterialization"] or {}).get("status")
-            for c in checks}
+    return {c["name"]: (c["executionForLatestMaterialization"] or {}).get("status") for c in checks}
 
 
 def _runs(dev: DagsterDev) -> list[dict[str, Any]]:
@@ -310,8 +331,14 @@ def _job_log(dev: DagsterDev) -> str:
 
 
 def _srt_state(dev: DagsterDev) -> str | None:
-    out = subprocess.run([str(VENV_BIN / "srt"), "status", JOB, "--json"], env=dev.env,
-                         cwd=dev.workdir, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [str(VENV_BIN / "srt"), "status", JOB, "--json"],
+        env=dev.env,
+        cwd=dev.workdir,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     entries = json.loads(out.stdout or "[]")
     return entries[0].get("state") if entries else None
 
@@ -355,8 +382,9 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
 
         # 1. The lineage graph: job → sink table → dbt model, one graph (the model's upstream
         #    lineage: the global graph collapses the two asset groups).
-        lineage = (f"{dev.url}/assets/{MODEL_ASSET}?view=lineage&lineageScope=upstream"
-                   f"&lineageDepth=5")
+        lineage = (
+            f"{dev.url}/assets/{MODEL_ASSET}?view=lineage&lineageScope=upstream&lineageDepth=5"
+        )
         page.goto(lineage)
         for name in (JOB_ASSET, SINK_ASSET, MODEL_ASSET):
             expect(page.get_by_text(name).first).to_be_visible()
@@ -372,14 +400,26 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
             page.goto(f"{dev.url}/assets/{JOB_ASSET}")
             page.get_by_role("button", name=re.compile(r"^(materialization )?Materialize$")).click()
             expect(page.get_by_text("Launched run").first).to_be_visible()
-            run = dev.wait(lambda: next((r for r in _runs(dev) if r["runId"] not in seen
-                                         and r["assetSelection"]
-                                         and [JOB_ASSET] in [a["path"]
-                                                             for a in r["assetSelection"]]),
-                                        None), 60, "the materialisation run")
+            run = dev.wait(
+                lambda: next(
+                    (
+                        r
+                        for r in _runs(dev)
+                        if r["runId"] not in seen
+                        and r["assetSelection"]
+                        and [JOB_ASSET] in [a["path"] for a in r["assetSelection"]]
+                    ),
+                    None,
+                ),
+                60,
+                "the materialisation run",
+            )
             page.goto(f"{dev.url}/runs/{run['runId']}")
-            dev.wait(lambda: run_status(run["runId"]) in ("SUCCESS", "FAILURE", "CANCELED"), 600,
-                     "the job asset's run to finish")
+            dev.wait(
+                lambda: run_status(run["runId"]) in ("SUCCESS", "FAILURE", "CANCELED"),
+                600,
+                "the job asset's run to finish",
+            )
             return run["runId"]
 
         run_id = materialize_job()
@@ -387,8 +427,10 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
             # Spark waits a hard-coded 10 s for a new Python worker to connect back; on this
             # shared machine under heavy load that can fail the first batch. A user retries:
             # the job resumes from its checkpoint.
-            print(f"\nrun {run_id} failed on Spark's Python-worker timeout (machine load "
-                  f"{os.getloadavg()[0]:.0f}); materialising again")
+            print(
+                f"\nrun {run_id} failed on Spark's Python-worker timeout (machine load "
+                f"{os.getloadavg()[0]:.0f}); materialising again"
+            )
             run_id = materialize_job()
         status = run_status(run_id)
         assert status == "SUCCESS", f"run {run_id} ended {status}:\n{dev.log_tail()}"
@@ -404,19 +446,34 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
 
         # 3. The sink table materialises by itself (no run: the health sensor reports the
         #    stream's commits), and its checks run by automation and pass.
-        runless = dev.wait(lambda: [m for m in _materializations(dev, SINK_ASSET)
-                                    if not m["runId"]], 240,
-                           "a runless materialisation of the sink table")
+        runless = dev.wait(
+            lambda: [m for m in _materializations(dev, SINK_ASSET) if not m["runId"]],
+            240,
+            "a runless materialisation of the sink table",
+        )
         labels = {e["label"] for e in runless[0]["metadataEntries"]}
         assert {"batches", "rows written", "last batch", "batches committed"} <= labels, labels
         expected_checks = {"unique_key", "not_null", "value_ranges", "closed_windows_reconcile"}
-        checks = dev.wait(lambda: (c := _checks(dev, SINK_ASSET))
-                          and all(c.get(n) in DONE for n in expected_checks)
-                          and c, 420, "the sink table's checks to run by automation")
+        checks = dev.wait(
+            lambda: (
+                (c := _checks(dev, SINK_ASSET))
+                and all(c.get(n) in DONE for n in expected_checks)
+                and c
+            ),
+            420,
+            "the sink table's checks to run by automation",
+        )
         assert all(checks[n] == "SUCCEEDED" for n in expected_checks), checks
         # Once the watermark moved, the stream's materialisations carry it.
-        dev.wait(lambda: any(e["label"] == "watermark" for m in _materializations(dev, SINK_ASSET)
-                             for e in m["metadataEntries"]), 120, "a watermark reported")
+        dev.wait(
+            lambda: any(
+                e["label"] == "watermark"
+                for m in _materializations(dev, SINK_ASSET)
+                for e in m["metadataEntries"]
+            ),
+            120,
+            "a watermark reported",
+        )
         page.goto(f"{dev.url}/assets/{SINK_ASSET}")
         expect(page.get_by_text("rows written").first).to_be_visible()
         expect(page.get_by_text(re.compile(r"since last materialization")).first).to_be_visible()
@@ -427,14 +484,19 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
         shot(page, "05-sink-checks")
 
         # 4. The dbt model builds by automation after the table it reads.
-        model = dev.wait(lambda: _materializations(dev, MODEL_ASSET), 420,
-                         "the dbt model to be materialised by automation")
+        model = dev.wait(
+            lambda: _materializations(dev, MODEL_ASSET),
+            420,
+            "the dbt model to be materialised by automation",
+        )
         auto_runs = [r for r in _runs(dev) if r["runId"] == model[0]["runId"]]
         tags = {t["key"]: t["value"] for t in auto_runs[0]["tags"]} if auto_runs else {}
         assert tags.get("dagster/sensor_name") == "default_automation_condition_sensor", tags
-        model_checks = dev.wait(lambda: (c := _checks(dev, MODEL_ASSET)) and
-                                all(s in DONE for s in c.values()) and c, 180,
-                                "the dbt tests (asset checks of the model)")
+        model_checks = dev.wait(
+            lambda: (c := _checks(dev, MODEL_ASSET)) and all(s in DONE for s in c.values()) and c,
+            180,
+            "the dbt tests (asset checks of the model)",
+        )
         assert all(s == "SUCCEEDED" for s in model_checks.values()), model_checks
         page.goto(f"{dev.url}/assets/{MODEL_ASSET}?view=checks")
         expect(page.get_by_text("merchant_day_unique_key").first).to_be_visible()
@@ -456,12 +518,13 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
         # 6. Stop the job from its Dagster job's launchpad.
         page.goto(f"{dev.url}/locations/definitions.py/jobs/stop_streaming_job/playground")
         page.get_by_role("button", name="Launch run").click()
-        stop_run = dev.wait(lambda: next((r for r in _runs(dev)
-                                          if r["jobName"] == "stop_streaming_job"), None), 60,
-                            "the stop run to start")
+        stop_run = dev.wait(
+            lambda: next((r for r in _runs(dev) if r["jobName"] == "stop_streaming_job"), None),
+            60,
+            "the stop run to start",
+        )
         page.goto(f"{dev.url}/runs/{stop_run['runId']}")
-        dev.wait(lambda: run_status(stop_run["runId"]) == "SUCCESS", 300,
-                 "the stop run to succeed")
+        dev.wait(lambda: run_status(stop_run["runId"]) == "SUCCESS", 300, "the stop run to succeed")
         expect(page.get_by_text("Success").first).to_be_visible()
         shot(page, "09-stop-run")
         assert _srt_state(dev) == "STOPPED"

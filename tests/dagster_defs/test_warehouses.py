@@ -18,8 +18,11 @@ from tests.dagster_defs.conftest import UPI_JOB, example_definitions, feed
 pytestmark = pytest.mark.slow
 
 TABLE_KEY = AssetKey(["upi_counts"])
-QUERIES = {"postgres": "upi-counts", "clickhouse": "upi-counts-clickhouse",
-           "delta": "upi-counts-delta"}
+QUERIES = {
+    "postgres": "upi-counts",
+    "clickhouse": "upi-counts-clickhouse",
+    "delta": "upi-counts-delta",
+}
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +34,20 @@ def written(tmp_path_factory, srt_env, postgres, clickhouse):
     ws = UpiWorkspace(tmp_path_factory.mktemp("warehouses"), partitions=2)
     EventLog(ws.log_dir).create_topic("upi-payments", ws.partitions)
     feed(ws, 6_000, seed=3)
-    where = {"postgres": postgres.database("dagster_wh"),
-             "clickhouse": clickhouse.database("dagster_wh"),
-             "delta": str(ws.root / "delta" / "upi_counts")}
-    ws.extra.update({"sink.kind": "postgres,clickhouse,delta", "sink.dsn": where["postgres"],
-                     "sink.url": where["clickhouse"], "sink.path": where["delta"],
-                     "parallelism": "2"})
+    where = {
+        "postgres": postgres.database("dagster_wh"),
+        "clickhouse": clickhouse.database("dagster_wh"),
+        "delta": str(ws.root / "delta" / "upi_counts"),
+    }
+    ws.extra.update(
+        {
+            "sink.kind": "postgres,clickhouse,delta",
+            "sink.dsn": where["postgres"],
+            "sink.url": where["clickhouse"],
+            "sink.path": where["delta"],
+            "parallelism": "2",
+        }
+    )
     done = srt(ws.run_args("--available-now"), srt_env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return ws, where
@@ -51,13 +62,16 @@ def _warehouse(kind: str, where: dict[str, str]) -> Warehouse:
 def test_sink_asset_and_checks_on_every_warehouse(kind, written, srt_home):
     ws, where = written
     table = replace(example_definitions().UPI_COUNTS, query=QUERIES[kind])
-    spec = replace(UPI_JOB, sink_tables=[table],
-                   config_from_resources={"sink.*": "warehouse.sink_config"}, config={
-                       "source.log_dir": str(ws.log_dir),
-                       "checkpoint.dir": str(ws.checkpoint_dir)})
-    resources = {"streaming_runtime": StreamingRuntime(home=str(srt_home),
-                                                       working_directory=str(ROOT)),
-                 "warehouse": _warehouse(kind, where)}
+    spec = replace(
+        UPI_JOB,
+        sink_tables=[table],
+        config_from_resources={"sink.*": "warehouse.sink_config"},
+        config={"source.log_dir": str(ws.log_dir), "checkpoint.dir": str(ws.checkpoint_dir)},
+    )
+    resources = {
+        "streaming_runtime": StreamingRuntime(home=str(srt_home), working_directory=str(ROOT)),
+        "warehouse": _warehouse(kind, where),
+    }
     # The resource chooses where the job writes: sink.kind and the kind's location.
     config = launch_config(spec, SimpleNamespace(**resources))
     assert config["sink.kind"] == kind
@@ -69,8 +83,9 @@ def test_sink_asset_and_checks_on_every_warehouse(kind, written, srt_home):
         c.command("INSERT INTO upi_counts SELECT * FROM upi_counts LIMIT 1")
         c.close()
     defs = build_definitions([spec], resources=resources)
-    result = materialize([*defs.assets, *defs.asset_checks], selection=[TABLE_KEY],
-                         resources=resources)
+    result = materialize(
+        [*defs.assets, *defs.asset_checks], selection=[TABLE_KEY], resources=resources
+    )
     [event] = [e for e in result.get_asset_materialization_events() if e.asset_key == TABLE_KEY]
     md = {k: v.value for k, v in event.materialization.metadata.items()}
     assert md["warehouse"] == kind and md["dagster/row_count"] > 0
@@ -78,6 +93,7 @@ def test_sink_asset_and_checks_on_every_warehouse(kind, written, srt_home):
     checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
     assert set(checks) == {"unique_key", "not_null", "value_ranges", "closed_windows_reconcile"}
     assert all(c.passed for c in checks.values()), {
-        n: c.metadata for n, c in checks.items() if not c.passed}
+        n: c.metadata for n, c in checks.items() if not c.passed
+    }
     rec = {k: v.value for k, v in checks["closed_windows_reconcile"].metadata.items()}
     assert rec["closed_windows"] >= 2 and rec["difference"] == 0

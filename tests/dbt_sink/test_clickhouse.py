@@ -50,8 +50,11 @@ def query(sink: ClickHouseUpsertSink, sql: str) -> list[tuple]:
 
 
 def final(sink: ClickHouseUpsertSink) -> list[tuple]:
-    return query(sink, "SELECT merchant_id, window_start, payments FROM counts FINAL "
-                       "ORDER BY merchant_id, window_start")
+    return query(
+        sink,
+        "SELECT merchant_id, window_start, payments FROM counts FINAL "
+        "ORDER BY merchant_id, window_start",
+    )
 
 
 def test_latest_batch_wins_per_key_read_with_final(sink):
@@ -82,8 +85,9 @@ def test_interrupted_partition_is_reinserted_and_absorbed(sink):
     sink.commit_batch(1, [report])
     assert final(sink) == [("M1", W1, 4), ("M2", W1, 3)]
     raw = query(sink, "SELECT count() FROM counts")[0][0]
-    attempts = query(sink, f"SELECT count() FROM {LEDGER_TABLE} WHERE batch_id = 1 AND "
-                           "state = 'BEFORE'")[0][0]
+    attempts = query(
+        sink, f"SELECT count() FROM {LEDGER_TABLE} WHERE batch_id = 1 AND state = 'BEFORE'"
+    )[0][0]
     assert attempts == 2
     if sink.tokens:
         assert raw == 2 + 2  # batch 0's rows + batch 1's once: the replayed chunk was dropped
@@ -120,11 +124,17 @@ def test_schema_evolution_and_names(sink):
     sink.write_batch(batch([("M1", W1, 1)]), 0)
     wider = batch([("M1", W2, 2)]).append_column("amount", pa.array([5], pa.int64()))
     sink.write_batch(wider, 1)
-    assert query(sink, "SELECT payments, amount FROM counts FINAL ORDER BY window_start") == \
-        [(1, None), (2, 5)]
+    assert query(sink, "SELECT payments, amount FROM counts FINAL ORDER BY window_start") == [
+        (1, None),
+        (2, 5),
+    ]
     with pytest.raises(SinkError, match="changes the type of"):
-        sink.write_batch(pa.table({"merchant_id": ["M1"], "window_start": [W1],
-                                   "payments": ["x"], "amount": [1]}), 2)
+        sink.write_batch(
+            pa.table(
+                {"merchant_id": ["M1"], "window_start": [W1], "payments": ["x"], "amount": [1]}
+            ),
+            2,
+        )
     with pytest.raises(ConfigError, match="plain SQL identifier"):
         ClickHouseUpsertSink(sink.url, "t`; DROP TABLE x", KEY)
 
@@ -132,9 +142,12 @@ def test_schema_evolution_and_names(sink):
 def test_password_is_masked_and_server_outage_is_retried(clickhouse, ch_url):
     secret = ClickHouseUpsertSink(ch_url.replace("default@", "default:hunter2@"), "c", KEY)
     assert "hunter2" not in secret.describe()
-    s = ClickHouseUpsertSink(ch_url, "counts", KEY,
-                             retry=RetryPolicy(attempts=40, initial_backoff_s=0.2,
-                                               max_backoff_s=0.5))
+    s = ClickHouseUpsertSink(
+        ch_url,
+        "counts",
+        KEY,
+        retry=RetryPolicy(attempts=40, initial_backoff_s=0.2, max_backoff_s=0.5),
+    )
     s.open("job", "q")
     s.write_batch(batch([("M1", W1, 1)]), 0)
     clickhouse.stop()
@@ -147,8 +160,9 @@ def test_password_is_masked_and_server_outage_is_retried(clickhouse, ch_url):
     assert final(s) == [("M1", W1, 2)]
     clickhouse.stop()
     try:
-        quick = ClickHouseUpsertSink(ch_url, "counts", KEY,
-                                     retry=RetryPolicy(attempts=2, initial_backoff_s=0.05))
+        quick = ClickHouseUpsertSink(
+            ch_url, "counts", KEY, retry=RetryPolicy(attempts=2, initial_backoff_s=0.05)
+        )
         quick.open("job", "q")
         with pytest.raises(SinkError, match=r"failed 2 times.*Is the warehouse up"):
             quick.write_batch(batch([("M1", W1, 3)]), 2)

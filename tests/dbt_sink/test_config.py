@@ -17,19 +17,25 @@ from stateful_runtime.runtime.registry import redacted
 from tests.conftest import EXAMPLES
 
 KEY = ("merchant_id", "window_start")
-BASE = {"sink.database": "w.duckdb", "sink.table": "upi_counts",
-        "sink.dsn": "postgresql://srt@127.0.0.1:1/db", "sink.url":
-        "clickhouse://default@127.0.0.1:1/db", "sink.path": "/tmp/delta-x"}
+BASE = {
+    "sink.database": "w.duckdb",
+    "sink.table": "upi_counts",
+    "sink.dsn": "postgresql://srt@127.0.0.1:1/db",
+    "sink.url": "clickhouse://default@127.0.0.1:1/db",
+    "sink.path": "/tmp/delta-x",
+}
 
 
 def test_kinds_names_and_sinks():
     config = {**BASE, "sink.kind": "postgres,clickhouse,delta"}
     assert sink_kinds(config) == ["postgres", "clickhouse", "delta"]
-    assert sink_names(config, "upi-counts") == ["upi-counts", "upi-counts-clickhouse",
-                                                "upi-counts-delta"]
+    assert sink_names(config, "upi-counts") == [
+        "upi-counts",
+        "upi-counts-clickhouse",
+        "upi-counts-delta",
+    ]
     sinks = sinks_from_config(config, warehouses_from_config(config, KEY), key=KEY)
-    assert [type(s) for s in sinks] == [PostgresUpsertSink, ClickHouseUpsertSink,
-                                        DeltaUpsertSink]
+    assert [type(s) for s in sinks] == [PostgresUpsertSink, ClickHouseUpsertSink, DeltaUpsertSink]
     assert sink_kinds({"sink.kind": "both"}) == ["duckdb", "kafka"]
     assert sink_names({"sink.kind": "both"}, "q") == ["q", "q-kafka"]
     [duck] = warehouses_from_config({**BASE, "sink.kind": "duckdb"}, KEY)
@@ -41,14 +47,22 @@ def test_kinds_names_and_sinks():
 
 
 def test_explain_names_each_write_path_and_masks_the_password(srt_home):
-    jf = load_job_file(EXAMPLES / "upi_per_minute.py", {
-        "sink.kind": "postgres,delta,duckdb",
-        "sink.dsn": "postgresql://srt:hunter2@127.0.0.1:1/db", "sink.path": "/tmp/delta-x",
-        "sink.database": "/tmp/x.duckdb", "parallelism": "3"})
+    jf = load_job_file(
+        EXAMPLES / "upi_per_minute.py",
+        {
+            "sink.kind": "postgres,delta,duckdb",
+            "sink.dsn": "postgresql://srt:hunter2@127.0.0.1:1/db",
+            "sink.path": "/tmp/delta-x",
+            "sink.database": "/tmp/x.duckdb",
+            "parallelism": "3",
+        },
+    )
     text = plan(jf.job).explain()
     assert "hunter2" not in text and "postgresql://srt:***@127.0.0.1:1/db" in text
-    assert ("write upi-counts on the executors, 3 partitions by merchant_id, window_start: "
-            "each output partition is written by the task that computed it") in text
+    assert (
+        "write upi-counts on the executors, 3 partitions by merchant_id, window_start: "
+        "each output partition is written by the task that computed it"
+    ) in text
     assert "write upi-counts-delta on the driver: a Delta table takes one commit" in text
     assert "write upi-counts-duckdb on the driver: DuckDB is embedded" in text
     assert "hunter2" not in str(redacted(dict(jf.config)))
@@ -59,11 +73,15 @@ def test_prepare_rows_keeps_the_last_row_per_key_in_batch_order_sorted_by_key():
 
     from stateful_runtime.connectors.base import SEQUENCE, prepare_rows
 
-    b = pa.table({"k": ["b", "a", "b", "a", None, None], "w": [1, 1, 1, 2, 1, 1],
-                  "v": [1, 2, 3, 4, 5, 6]})
+    b = pa.table(
+        {"k": ["b", "a", "b", "a", None, None], "w": [1, 1, 1, 2, 1, 1], "v": [1, 2, 3, 4, 5, 6]}
+    )
     assert prepare_rows(b, ("k", "w")).to_pylist() == [
-        {"k": "a", "w": 1, "v": 2}, {"k": "a", "w": 2, "v": 4}, {"k": "b", "w": 1, "v": 3},
-        {"k": None, "w": 1, "v": 6}]
+        {"k": "a", "w": 1, "v": 2},
+        {"k": "a", "w": 2, "v": 4},
+        {"k": "b", "w": 1, "v": 3},
+        {"k": None, "w": 1, "v": 6},
+    ]
     # On the executor path the place in the batch is SEQUENCE (shuffles reorder rows).
     seq = b.append_column(SEQUENCE, pa.array([9, 1, 2, 3, 4, 5], pa.int64()))
     assert [r["v"] for r in prepare_rows(seq, ("k", "w")).to_pylist()] == [2, 4, 1, 6]

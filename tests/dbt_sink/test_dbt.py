@@ -49,10 +49,25 @@ def test_example_sources_are_what_srt_generates(srt_env, tmp_path: Path):
 
 
 def test_render_is_deterministic_and_the_ledger_name_is_the_sinks():
-    job = dbt.JobTables("j-1", 2.0, (dbt.SinkTable(
-        "t", "q", "duckdb", ("a", "b"),
-        (dbt.SinkColumn("a", "string"), dbt.SinkColumn("b", "bigint"),
-         dbt.SinkColumn("window_end", "timestamp_ntz")), watermark_delay_s=5.0, window_s=60.0),))
+    job = dbt.JobTables(
+        "j-1",
+        2.0,
+        (
+            dbt.SinkTable(
+                "t",
+                "q",
+                "duckdb",
+                ("a", "b"),
+                (
+                    dbt.SinkColumn("a", "string"),
+                    dbt.SinkColumn("b", "bigint"),
+                    dbt.SinkColumn("window_end", "timestamp_ntz"),
+                ),
+                watermark_delay_s=5.0,
+                window_s=60.0,
+            ),
+        ),
+    )
     one = dbt.render(dbt.sources(job, loaded_at="window_end"))
     assert one == dbt.render(dbt.sources(job, loaded_at="window_end"))
     assert "loaded_at_field: window_end" in one
@@ -60,7 +75,7 @@ def test_render_is_deterministic_and_the_ledger_name_is_the_sinks():
     assert dbt.freshness(7.0)["warn_after"]["count"] == 1
 
 
-MAPPED_JOB = '''
+MAPPED_JOB = """
 from datetime import timedelta
 
 from dbt_sink import DuckDBUpsertSink
@@ -80,7 +95,7 @@ def build(config):
      .filter("eur > 0")
      .sink_to(DuckDBUpsertSink("w.duckdb", "euro_bids", key=("auction",)), name="euro"))
     return job
-'''
+"""
 
 
 def test_a_mapped_streams_table_has_the_maps_columns(tmp_path: Path):
@@ -89,6 +104,8 @@ def test_a_mapped_streams_table_has_the_maps_columns(tmp_path: Path):
     job_file = tmp_path / "mapped.py"
     job_file.write_text(MAPPED_JOB)
     [table] = sink_tables(job_file)["tables"]
-    assert [(c["name"], c["type"]) for c in table["columns"]] == [("auction", "bigint"),
-                                                                   ("eur", "bigint")]
+    assert [(c["name"], c["type"]) for c in table["columns"]] == [
+        ("auction", "bigint"),
+        ("eur", "bigint"),
+    ]
     assert {c["description"] for c in table["columns"]} == {"output field of map to-euro"}

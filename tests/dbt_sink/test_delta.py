@@ -49,8 +49,9 @@ def test_rewind_then_reexecution_is_merged_again(sink):
     for b in range(3):
         sink.write_batch(batch([("M1", W1, b)]), b)
     sink.rewind(0)
-    assert DeltaTable(sink.path, storage_options=sink.options()).transaction_version(
-        sink.app_id) == 0
+    assert (
+        DeltaTable(sink.path, storage_options=sink.options()).transaction_version(sink.app_id) == 0
+    )
     sink.write_batch(batch([("M1", W1, 10)]), 1)
     assert rows(sink) == [("M1", W1, 10)]
 
@@ -73,8 +74,10 @@ def test_readable_by_duckdb_and_by_spark_without_delta_jars(tmp_path, spark):
     dt = DeltaTable(s.path)
     con = duckdb.connect()
     con.register("counts", dt.to_pyarrow_dataset())
-    assert con.execute("SELECT merchant_id, payments FROM counts ORDER BY 1").fetchall() == \
-        [("M1", 3), ("M2", 2)]
+    assert con.execute("SELECT merchant_id, payments FROM counts ORDER BY 1").fetchall() == [
+        ("M1", 3),
+        ("M2", 2),
+    ]
     # Spark has no Delta reader without the delta-spark jars; the snapshot's files are plain
     # Parquet (this sink writes no deletion vectors), so the file list reads correctly.
     df = spark.read.parquet(*dt.file_uris())

@@ -16,10 +16,18 @@ W1, W2 = datetime(2026, 1, 1, 0, 0), datetime(2026, 1, 1, 0, 1)
 
 def batch(rows: list[tuple]) -> pa.Table:
     return pa.table(
-        {"merchant_id": [r[0] for r in rows], "window_start": [r[1] for r in rows],
-         "payments": [r[2] for r in rows]},
-        schema=pa.schema([("merchant_id", pa.string()), ("window_start", pa.timestamp("us")),
-                          ("payments", pa.int64())]),
+        {
+            "merchant_id": [r[0] for r in rows],
+            "window_start": [r[1] for r in rows],
+            "payments": [r[2] for r in rows],
+        },
+        schema=pa.schema(
+            [
+                ("merchant_id", pa.string()),
+                ("window_start", pa.timestamp("us")),
+                ("payments", pa.int64()),
+            ]
+        ),
     )
 
 

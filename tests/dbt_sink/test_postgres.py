@@ -51,11 +51,16 @@ def test_replayed_batch_and_replayed_partition_change_nothing(sink, pg_dsn):
     sink.commit_batch(2, [first, other])
     assert not sink.begin_batch(2, b2.schema)
     with psycopg.connect(pg_dsn) as con:
-        assert con.execute("SELECT batch_id, rows FROM srt_sink_ledger ORDER BY 1").fetchall() \
-            == [(0, 1), (1, 1), (2, 2)]
+        assert con.execute("SELECT batch_id, rows FROM srt_sink_ledger ORDER BY 1").fetchall() == [
+            (0, 1),
+            (1, 1),
+            (2, 2),
+        ]
         # Partition rows are kept only for the batch in flight.
-        assert con.execute("SELECT count(*) FROM srt_sink_partitions WHERE batch_id < 2"
-                           ).fetchone()[0] == 0
+        assert (
+            con.execute("SELECT count(*) FROM srt_sink_partitions WHERE batch_id < 2").fetchone()[0]
+            == 0
+        )
 
 
 def test_rewind_forgets_later_batches(sink, pg_dsn):
@@ -73,8 +78,9 @@ def test_new_columns_added_removed_or_retyped_refused(sink, pg_dsn):
     assert rows(pg_dsn) == [("M1", W1, 1, None), ("M1", W2, 2, 5)]
     with pytest.raises(SinkError, match=r"no longer writes \['amount'\].*new sink.table"):
         sink.write_batch(batch([("M1", W1, 3)]), 2)
-    retyped = pa.table({"merchant_id": ["M1"], "window_start": [W1], "payments": ["x"],
-                        "amount": [1]})
+    retyped = pa.table(
+        {"merchant_id": ["M1"], "window_start": [W1], "payments": ["x"], "amount": [1]}
+    )
     with pytest.raises(SinkError, match="changes the type of"):
         sink.write_batch(retyped, 2)
 
@@ -84,8 +90,15 @@ def test_names_validated_and_password_masked(pg_dsn, monkeypatch):
         PostgresUpsertSink(pg_dsn, 'counts"; DROP TABLE x; --', KEY)
     s = PostgresUpsertSink(pg_dsn, "counts", KEY)
     with pytest.raises(ConfigError, match="plain SQL identifier"):
-        s.check_schema(pa.schema([("merchant_id", pa.string()), ("window_start", pa.date32()),
-                                  ("bad name", pa.int64())]))
+        s.check_schema(
+            pa.schema(
+                [
+                    ("merchant_id", pa.string()),
+                    ("window_start", pa.date32()),
+                    ("bad name", pa.int64()),
+                ]
+            )
+        )
     secret = pg_dsn.replace("srt@", "srt:hunter2@")
     s = PostgresUpsertSink(secret, "counts", KEY)
     assert "hunter2" not in s.describe() and "***" in s.describe()
@@ -99,9 +112,12 @@ def test_names_validated_and_password_masked(pg_dsn, monkeypatch):
 
 
 def test_server_down_then_back_retries_and_down_for_good_fails_clearly(postgres, pg_dsn):
-    s = PostgresUpsertSink(pg_dsn, "counts", KEY,
-                           retry=RetryPolicy(attempts=30, initial_backoff_s=0.2,
-                                             max_backoff_s=0.5))
+    s = PostgresUpsertSink(
+        pg_dsn,
+        "counts",
+        KEY,
+        retry=RetryPolicy(attempts=30, initial_backoff_s=0.2, max_backoff_s=0.5),
+    )
     s.open("job", "q")
     s.write_batch(batch([("M1", W1, 1)]), 0)
     postgres.stop()
@@ -114,8 +130,9 @@ def test_server_down_then_back_retries_and_down_for_good_fails_clearly(postgres,
     assert rows(pg_dsn) == [("M1", W1, 2)]
     postgres.stop()
     try:
-        quick = PostgresUpsertSink(pg_dsn, "counts", KEY,
-                                   retry=RetryPolicy(attempts=3, initial_backoff_s=0.05))
+        quick = PostgresUpsertSink(
+            pg_dsn, "counts", KEY, retry=RetryPolicy(attempts=3, initial_backoff_s=0.05)
+        )
         quick.open("job", "q")
         with pytest.raises(SinkError, match=r"failed 3 times.*Is the warehouse up.*replays"):
             quick.write_batch(batch([("M1", W1, 3)]), 2)

@@ -36,25 +36,38 @@ pytestmark = pytest.mark.slow
 KINDS = ("postgres", "clickhouse", "delta")
 # kill -9 at five random moments (the issue asks for >= 5), then at the three forced points.
 RANDOM_KILLS = 5
-QUERIES = {"postgres": "upi-counts", "clickhouse": "upi-counts-clickhouse",
-           "delta": "upi-counts-delta"}
+QUERIES = {
+    "postgres": "upi-counts",
+    "clickhouse": "upi-counts-clickhouse",
+    "delta": "upi-counts-delta",
+}
 
 
 @pytest.fixture
 def warehouses(upi, pg_dsn, ch_url) -> dict[str, str]:
     """Where each warehouse kind writes; the UPI workspace's --set flags point there."""
-    where = {"postgres": pg_dsn, "clickhouse": ch_url,
-             "delta": str(upi.root / "delta" / "upi_counts")}
-    upi.extra.update({"sink.kind": ",".join(KINDS), "sink.dsn": pg_dsn, "sink.url": ch_url,
-                      "sink.path": where["delta"]})
+    where = {
+        "postgres": pg_dsn,
+        "clickhouse": ch_url,
+        "delta": str(upi.root / "delta" / "upi_counts"),
+    }
+    upi.extra.update(
+        {
+            "sink.kind": ",".join(KINDS),
+            "sink.dsn": pg_dsn,
+            "sink.url": ch_url,
+            "sink.path": where["delta"],
+        }
+    )
     return where
 
 
 def test_200k_events_into_three_warehouses_equal_oracle(upi, warehouses, srt_env, s3):
     warehouses["delta"] = f"s3://{s3.bucket}/upi/upi_counts"  # Delta on S3 in this one
     upi.extra["sink.path"] = warehouses["delta"]
-    lines = list(events(200_000, merchants=40, rate_per_s=500, disorder_ms=4_500,
-                        bad_every=20_011, seed=11))
+    lines = list(
+        events(200_000, merchants=40, rate_per_s=500, disorder_ms=4_500, bad_every=20_011, seed=11)
+    )
     append_lines(upi.log_dir, lines)
 
     plan = srt(["explain", *upi.run_args()[1:], "--no-spark"], srt_env)
@@ -84,27 +97,34 @@ def _clickhouse_raw_rows_explained(url: str) -> None:
     c = ClickHouseUpsertSink(url, "upi_counts", ("merchant_id", "window_start"))._client()
     try:
         raw = c.query("SELECT count() FROM upi_counts")[0][0]
-        attempted = c.query(f"SELECT sum(rows) FROM {LEDGER_TABLE} WHERE state = 'BEFORE'"
-                            )[0][0]
-        replays = c.query(f"SELECT count() FROM (SELECT batch_id, partition, count() AS n FROM "
-                          f"{LEDGER_TABLE} WHERE state = 'BEFORE' GROUP BY batch_id, "
-                          f"partition HAVING n > 1)")[0][0]
+        attempted = c.query(f"SELECT sum(rows) FROM {LEDGER_TABLE} WHERE state = 'BEFORE'")[0][0]
+        replays = c.query(
+            f"SELECT count() FROM (SELECT batch_id, partition, count() AS n FROM "
+            f"{LEDGER_TABLE} WHERE state = 'BEFORE' GROUP BY batch_id, "
+            f"partition HAVING n > 1)"
+        )[0][0]
         assert raw <= attempted, (raw, attempted)
         c.command("OPTIMIZE TABLE upi_counts FINAL")
-        assert c.query("SELECT count() FROM upi_counts")[0][0] == \
-            c.query("SELECT count() FROM upi_counts FINAL")[0][0]
-        print(f"clickhouse: {raw} raw rows before merge, {attempted} rows attempted, "
-              f"{replays} partition writes replayed")
+        assert (
+            c.query("SELECT count() FROM upi_counts")[0][0]
+            == c.query("SELECT count() FROM upi_counts FINAL")[0][0]
+        )
+        print(
+            f"clickhouse: {raw} raw rows before merge, {attempted} rows attempted, "
+            f"{replays} partition writes replayed"
+        )
     finally:
         c.close()
 
 
 @pytest.mark.timeout(1500)
 def test_kill_dash_nine_and_warehouse_outage_result_equals_oracle(
-        upi, warehouses, srt_env, postgres, clickhouse):
+    upi, warehouses, srt_env, postgres, clickhouse
+):
     rng = random.Random(20261123)
-    feed_lines = events(10_000_000, merchants=30, rate_per_s=300, disorder_ms=4_000,
-                        bad_every=9_973, seed=5)
+    feed_lines = events(
+        10_000_000, merchants=30, rate_per_s=300, disorder_ms=4_000, bad_every=9_973, seed=5
+    )
     fed: list[bytes] = []
     stop = threading.Event()
 
@@ -121,8 +141,13 @@ def test_kill_dash_nine_and_warehouse_outage_result_equals_oracle(
     qdirs = [upi.checkpoint_dir / q for q in QUERIES.values()]
     # Three queries (one per warehouse) in one job: 2 state and output partitions each keep
     # the per-batch cost low; small batches keep every run short.
-    upi.extra.update({"checkpoint.interval_s": "0.5", "source.max_records_per_batch": "30000",
-                      "parallelism": "2"})
+    upi.extra.update(
+        {
+            "checkpoint.interval_s": "0.5",
+            "source.max_records_per_batch": "30000",
+            "parallelism": "2",
+        }
+    )
 
     def committed() -> list[int]:
         return [layout.last_committed(q) or -1 for q in qdirs]
@@ -137,11 +162,19 @@ def test_kill_dash_nine_and_warehouse_outage_result_equals_oracle(
         proc = srt_background(upi.run_args(), env, log)
         try:
             if hook:  # held by the sink at that point: kill it there
-                wait_for(lambda: hooks.exists() and any(hooks.iterdir()), proc, log,
-                         f"sink held at {hook}")
+                wait_for(
+                    lambda: hooks.exists() and any(hooks.iterdir()),
+                    proc,
+                    log,
+                    f"sink held at {hook}",
+                )
             else:
-                wait_for(lambda: any(a > b for a, b in zip(committed(), before, strict=True)),
-                         proc, log, "a new committed batch")
+                wait_for(
+                    lambda: any(a > b for a, b in zip(committed(), before, strict=True)),
+                    proc,
+                    log,
+                    "a new committed batch",
+                )
                 time.sleep(rng.uniform(0, 1.5))  # the random point: not a synchronisation
         finally:
             kill_group(proc)
@@ -157,16 +190,24 @@ def test_kill_dash_nine_and_warehouse_outage_result_equals_oracle(
         proc = srt_background(upi.run_args(), srt_env, log)
         try:
             before = committed()
-            wait_for(lambda: all(a > b for a, b in zip(committed(), before, strict=True)),
-                     proc, log, "a committed batch in every query")
+            wait_for(
+                lambda: all(a > b for a, b in zip(committed(), before, strict=True)),
+                proc,
+                log,
+                "a committed batch in every query",
+            )
             postgres.stop()
             clickhouse.stop()
             time.sleep(4)  # the outage's length, not a synchronisation
             postgres.start()
             clickhouse.start()
             after = committed()
-            wait_for(lambda: all(a > b for a, b in zip(committed(), after, strict=True)),
-                     proc, log, "batches committed after the outage")
+            wait_for(
+                lambda: all(a > b for a, b in zip(committed(), after, strict=True)),
+                proc,
+                log,
+                "batches committed after the outage",
+            )
         finally:
             kill_group(proc)
     finally:
@@ -180,22 +221,33 @@ def test_kill_dash_nine_and_warehouse_outage_result_equals_oracle(
     for kind in KINDS:
         assert read_counts(kind, warehouses[kind]) == expected, kind
     _clickhouse_raw_rows_explained(warehouses["clickhouse"])
-    held = [p.name for n in range(RANDOM_KILLS, RANDOM_KILLS + 3)
-            for p in (upi.root / f"hooks-{n}").iterdir()]
+    held = [
+        p.name
+        for n in range(RANDOM_KILLS, RANDOM_KILLS + 3)
+        for p in (upi.root / f"hooks-{n}").iterdir()
+    ]
     assert {h.split("-")[0] for h in held} == {"data", "partition", "commit"}, held
 
 
 def test_a_batch_in_the_ledger_but_not_in_sparks_commit_log_is_replayed_without_a_write(
-        upi, pg_dsn, srt_env):
+    upi, pg_dsn, srt_env
+):
     """The crash window between the executor-path sink's ledger commit and Spark's commit log,
     made deterministic: batch N's ``commits/N`` removed after the run. The replay must write
     nothing (the ledger has N) yet still run the batch, so its window state is committed:
     skipping the batch failed the query (Spark's state store commit validation) and would have
     left the state at N-1. Later batches then build on the right state: table = oracle."""
-    upi.extra.update({"sink.kind": "postgres", "sink.dsn": pg_dsn, "parallelism": "2",
-                      "source.max_records_per_batch": "4000"})
-    lines = list(events(12_000, merchants=20, rate_per_s=200, disorder_ms=3_000,
-                        bad_every=997, seed=23))
+    upi.extra.update(
+        {
+            "sink.kind": "postgres",
+            "sink.dsn": pg_dsn,
+            "parallelism": "2",
+            "source.max_records_per_batch": "4000",
+        }
+    )
+    lines = list(
+        events(12_000, merchants=20, rate_per_s=200, disorder_ms=3_000, bad_every=997, seed=23)
+    )
     append_lines(upi.log_dir, lines[:8_000])
     first = srt(upi.run_args("--available-now"), srt_env)
     assert first.returncode == 0, first.stderr[-3000:]

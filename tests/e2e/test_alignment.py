@@ -27,21 +27,28 @@ T0 = 1_767_225_600_000
 
 
 def _payment(i: int, merchant: str, ts: int) -> bytes:
-    return json.dumps({"txn_id": f"t{i}", "merchant_id": merchant, "amount_paise": 100 + i,
-                       "ts_ms": ts}).encode()
+    return json.dumps(
+        {"txn_id": f"t{i}", "merchant_id": merchant, "amount_paise": 100 + i, "ts_ms": ts}
+    ).encode()
 
 
 def test_bound_cuts_the_partition_running_ahead():
     times = {"0": [i * 1000 for i in range(100)], "1": [i * 100 for i in range(100)]}
-    ends = bound_by_event_time({"0": 0, "1": 0}, {"0": 50, "1": 50},
-                               lambda p, o: times[p][o], drift_ms=500)
+    ends = bound_by_event_time(
+        {"0": 0, "1": 0}, {"0": 50, "1": 50}, lambda p, o: times[p][o], drift_ms=500
+    )
     # Partition 1 ends at 4.9 s: partition 0 may read up to 5.4 s (offsets 0..5).
     assert ends == {"0": 6, "1": 50}
     # A partition with nothing to read holds nobody back; one bad record is looked past.
-    assert bound_by_event_time({"0": 0, "1": 50}, {"0": 50, "1": 50},
-                               lambda p, o: times[p][o], 500) == {"0": 50, "1": 50}
-    assert bound_by_event_time({"0": 0, "1": 0}, {"0": 50, "1": 50},
-                               lambda p, o: None if o == 49 else times[p][o], 500)["0"] == 6
+    assert bound_by_event_time(
+        {"0": 0, "1": 50}, {"0": 50, "1": 50}, lambda p, o: times[p][o], 500
+    ) == {"0": 50, "1": 50}
+    assert (
+        bound_by_event_time(
+            {"0": 0, "1": 0}, {"0": 50, "1": 50}, lambda p, o: None if o == 49 else times[p][o], 500
+        )["0"]
+        == 6
+    )
 
 
 @pytest.mark.slow
@@ -56,17 +63,24 @@ def test_partition_racing_ahead_is_held_back_and_nothing_is_late(spark, tmp_path
         w.append([Record(v, None, partition=0) for v in fast])
         w.append([Record(v, None, partition=1) for v in slow])
 
-    jf = load_job_file(EXAMPLES / "upi_per_minute.py", {
-        "source.log_dir": str(tmp_path / "log"), "sink.database": str(tmp_path / "upi.duckdb"),
-        "checkpoint.dir": str(tmp_path / "ck"), "source.max_records_per_batch": "2000",
-        "parallelism": "2"})
+    jf = load_job_file(
+        EXAMPLES / "upi_per_minute.py",
+        {
+            "source.log_dir": str(tmp_path / "log"),
+            "sink.database": str(tmp_path / "upi.duckdb"),
+            "checkpoint.dir": str(tmp_path / "ck"),
+            "source.max_records_per_batch": "2000",
+            "parallelism": "2",
+        },
+    )
     out = io.StringIO()
     runner = JobRunner(jf, available_now=True, out=out)
     assert runner.run() == 0, out.getvalue()
     assert runner.runs[0].records.late == 0, out.getvalue()
 
     con = duckdb.connect(str(tmp_path / "upi.duckdb"), read_only=True)
-    rows = con.execute("SELECT merchant_id, window_start, payments, amount_paise "
-                       "FROM upi_counts").fetchall()
+    rows = con.execute(
+        "SELECT merchant_id, window_start, payments, amount_paise FROM upi_counts"
+    ).fetchall()
     con.close()
     assert {(m, w): (p, a) for m, w, p, a in rows} == oracle(fast + slow)

@@ -54,10 +54,16 @@ def _env_file(path: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
 
 
-def _cluster_cmd(cmd: str, cluster_dir: Path, env: dict[str, str],
-                 timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(SCRIPT), cmd, str(cluster_dir)], env=env,
-                          capture_output=True, text=True, timeout=timeout)
+def _cluster_cmd(
+    cmd: str, cluster_dir: Path, env: dict[str, str], timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(SCRIPT), cmd, str(cluster_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +77,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, srt_env: dict[str, str]) -
         assert started.returncode == 0, started.stderr[-4000:]
         info = _env_file(cluster_dir / "cluster.env")
         assert started.stdout.strip() == info["MASTER_URL"]
-        yield Cluster(cluster_dir, info["MASTER_URL"], info["MASTER_WEBUI_URL"],
-                      Path(info["WORKER_DIR"]))
+        yield Cluster(
+            cluster_dir, info["MASTER_URL"], info["MASTER_WEBUI_URL"], Path(info["WORKER_DIR"])
+        )
     finally:
         stopped = _cluster_cmd("stop", cluster_dir, env)
         assert stopped.returncode == 0, stopped.stderr[-4000:]
@@ -82,20 +89,25 @@ def test_200k_events_on_standalone_cluster_equal_oracle(cluster: Cluster, upi, s
     state = cluster.state()
     assert state["status"] == "ALIVE" and state["aliveworkers"] == 1 and state["cores"] == 2
 
-    lines = list(events(200_000, merchants=40, rate_per_s=500, disorder_ms=4_500,
-                        bad_every=20_011, seed=23))
+    lines = list(
+        events(200_000, merchants=40, rate_per_s=500, disorder_ms=4_500, bad_every=20_011, seed=23)
+    )
     append_lines(upi.log_dir, lines)
 
-    result = srt(upi.run_args("--available-now", "--master", cluster.master_url), srt_env,
-                 timeout=300)
+    result = srt(
+        upi.run_args("--available-now", "--master", cluster.master_url), srt_env, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     assert f"running 1 query on {cluster.master_url}" in result.stdout, result.stdout[-2000:]
     assert "upi-counts batch 0" in result.stdout
 
     assert upi.table() == oracle(lines)
 
-    bad = [line for line in lines if line.startswith(b"{not") or b'"ten"' in line
-           or b'"amount_paise"' not in line]
+    bad = [
+        line
+        for line in lines
+        if line.startswith(b"{not") or b'"ten"' in line or b'"amount_paise"' not in line
+    ]
     reader = EventLog(upi.log_dir).reader("upi-payments-dlq")
     dead = [r for p, end in reader.end_offsets().items() for r in reader.read(p, 0, end)]
     assert sorted(r.value for r in dead) == sorted(bad)
@@ -116,7 +128,8 @@ def test_200k_events_on_standalone_cluster_equal_oracle(cluster: Cluster, upi, s
 
 
 def test_warehouse_sinks_written_by_the_cluster_executors_equal_oracle(
-        cluster: Cluster, upi, srt_env, pg_dsn, ch_url):
+    cluster: Cluster, upi, srt_env, pg_dsn, ch_url
+):
     """PostgreSQL and ClickHouse written by the executor tasks (one per output partition),
     committed by the driver: each table equals the oracle."""
     from dbt_sink.clickhouse import LEDGER_TABLE, ClickHouseUpsertSink
@@ -124,10 +137,10 @@ def test_warehouse_sinks_written_by_the_cluster_executors_equal_oracle(
 
     lines = list(events(100_000, merchants=40, rate_per_s=500, disorder_ms=4_500, seed=29))
     append_lines(upi.log_dir, lines)
-    upi.extra.update({"sink.kind": "postgres,clickhouse", "sink.dsn": pg_dsn,
-                      "sink.url": ch_url})
-    result = srt(upi.run_args("--available-now", "--master", cluster.master_url), srt_env,
-                 timeout=300)
+    upi.extra.update({"sink.kind": "postgres,clickhouse", "sink.dsn": pg_dsn, "sink.url": ch_url})
+    result = srt(
+        upi.run_args("--available-now", "--master", cluster.master_url), srt_env, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     expected = oracle(lines)
     assert read_counts("postgres", pg_dsn) == expected

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 T0 = 1_767_225_600_000
 
-MAPS_JOB = '''
+MAPS_JOB = """
 from datetime import timedelta
 
 from stateful_runtime import (Count, LogSink, LogSource, StreamJob, Sum,
@@ -48,13 +48,16 @@ def build(config):
      .filter("i >= 0")
      .sink_to(LogSink(config["sink.log_dir"], "exploded"), name="exploded-out"))
     return job
-'''
+"""
 
 
 def _rows(log, topic: str) -> list[dict]:
     reader = EventLog(log).reader(topic)
-    return [json.loads(r.value) for p, end in reader.end_offsets().items()
-            for r in reader.read(p, 0, end)]
+    return [
+        json.loads(r.value)
+        for p, end in reader.end_offsets().items()
+        for r in reader.read(p, 0, end)
+    ]
 
 
 def test_map_keeps_event_time_and_watermark_and_flat_map_feeds_a_sink(spark, tmp_path):
@@ -72,12 +75,17 @@ def test_map_keeps_event_time_and_watermark_and_flat_map_feeds_a_sink(spark, tmp
     assert "map scale: scale in Python over whole Arrow batches" in p.explain()
 
     rng = random.Random(11)
-    clicks = sorted(((f"u{rng.randint(0, 4)}", rng.randint(0, 9), T0 + i * 37)
-                     for i in range(1_500)), key=lambda c: c[2] + rng.randint(0, 1_900))
+    clicks = sorted(
+        ((f"u{rng.randint(0, 4)}", rng.randint(0, 9), T0 + i * 37) for i in range(1_500)),
+        key=lambda c: c[2] + rng.randint(0, 1_900),
+    )
     clock = T0 + 1_500 * 37 + 60_000  # moves the watermark past every window
     lines = [json.dumps({"user": u, "n": n, "ts_ms": ts}).encode() for u, n, ts in clicks]
-    append_lines(log, lines + [json.dumps({"user": "clock", "n": 1, "ts_ms": clock}).encode()],
-                 topic="clicks")
+    append_lines(
+        log,
+        lines + [json.dumps({"user": "clock", "n": 1, "ts_ms": clock}).encode()],
+        topic="clicks",
+    )
     run(str(job_file), tmp_path, **config)
 
     def windows(cs) -> set[tuple]:
@@ -93,21 +101,33 @@ def test_map_keeps_event_time_and_watermark_and_flat_map_feeds_a_sink(spark, tmp
         rows = _rows(out, "per-user")
         assert len(rows) == len({(r["who"], r["window_start"]) for r in rows}), "emitted twice"
         from datetime import UTC, datetime
+
         start = datetime.fromtimestamp(T0 / 1000, UTC).replace(tzinfo=None)
-        return {(r["who"], int((datetime.fromisoformat(r["window_start"]) - start)
-                               .total_seconds()) // 10, r["clicks"], r["points"])
-                for r in rows}
+        return {
+            (
+                r["who"],
+                int((datetime.fromisoformat(r["window_start"]) - start).total_seconds()) // 10,
+                r["clicks"],
+                r["points"],
+            )
+            for r in rows
+        }
 
     assert got() == windows(clicks)  # every closed window, from the mapped records
     assert Counter((r["user"], r["i"]) for r in _rows(out, "exploded")) == Counter(
-        (u, i) for u, n, _ in [*clicks, ("clock", 1, clock)] for i in range(n % 3))
+        (u, i) for u, n, _ in [*clicks, ("clock", 1, clock)] for i in range(n % 3)
+    )
 
     # Records far behind the watermark: late for the window after the map, counted one by one
     # (the late bound is carried through the map); the flat_map takes them like any record.
     late = [("u1", 3, T0 + i) for i in range(6)]
-    append_lines(log, [json.dumps({"user": u, "n": n, "ts_ms": ts}).encode()
-                       for u, n, ts in late], topic="clicks")
+    append_lines(
+        log,
+        [json.dumps({"user": u, "n": n, "ts_ms": ts}).encode() for u, n, ts in late],
+        topic="clicks",
+    )
     run(str(job_file), tmp_path, late=len(late), **config)
     assert got() == windows(clicks)
     assert sum(1 for r in _rows(out, "exploded") if r["user"] == "u1") == sum(
-        n % 3 for u, n, _ in [*clicks, *late] if u == "u1")
+        n % 3 for u, n, _ in [*clicks, *late] if u == "u1"
+    )

@@ -27,9 +27,12 @@ T0 = 1_767_225_600_000
 
 
 def run(job_file: str, tmp_path, late: int = 0, **overrides) -> str:
-    values = {"source.log_dir": str(tmp_path / "log"),
-              "checkpoint.dir": str(tmp_path / "ck" / job_file), "parallelism": "2",
-              **{k: str(v) for k, v in overrides.items()}}
+    values = {
+        "source.log_dir": str(tmp_path / "log"),
+        "checkpoint.dir": str(tmp_path / "ck" / job_file),
+        "parallelism": "2",
+        **{k: str(v) for k, v in overrides.items()},
+    }
     jf = load_job_file(EXAMPLES / job_file, values)
     out = io.StringIO()
     runner = JobRunner(jf, available_now=True, out=out)
@@ -40,8 +43,9 @@ def run(job_file: str, tmp_path, late: int = 0, **overrides) -> str:
 
 
 def payment(i: int, merchant: str, ts: int, amount: int = 100, txn: str | None = None) -> bytes:
-    return json.dumps({"txn_id": txn or f"t{i}", "merchant_id": merchant,
-                       "amount_paise": amount, "ts_ms": ts}).encode()
+    return json.dumps(
+        {"txn_id": txn or f"t{i}", "merchant_id": merchant, "amount_paise": amount, "ts_ms": ts}
+    ).encode()
 
 
 def table(db, sql):
@@ -83,11 +87,13 @@ def test_fraud_counter_resets_per_minute_across_a_restart(spark, tmp_path, log):
     half = len(lines) // 2
     append_lines(log, lines[:half])
     db = tmp_path / "w.duckdb"
-    run("fraud_rate_limit.py", tmp_path, **{"sink.database": db,
-                                             "source.max_records_per_batch": 30})
+    run(
+        "fraud_rate_limit.py", tmp_path, **{"sink.database": db, "source.max_records_per_batch": 30}
+    )
     append_lines(log, lines[half:])
-    run("fraud_rate_limit.py", tmp_path, **{"sink.database": db,
-                                             "source.max_records_per_batch": 30})
+    run(
+        "fraud_rate_limit.py", tmp_path, **{"sink.database": db, "source.max_records_per_batch": 30}
+    )
 
     # Oracle: per merchant, a counter that starts at its first payment (arrival order) and
     # resets one minute later; a payment beyond the 10th in that minute trips the alert.
@@ -104,8 +110,12 @@ def test_fraud_counter_resets_per_minute_across_a_restart(spark, tmp_path, log):
         count[m] += 1
         if count[m] > 10:
             expected[(m, first[m])] = count[m]
-    got = dict(((m, w), n) for m, w, n in table(
-        db, "SELECT merchant_id, window_start_ms, payments FROM rate_limit_alerts"))
+    got = dict(
+        ((m, w), n)
+        for m, w, n in table(
+            db, "SELECT merchant_id, window_start_ms, payments FROM rate_limit_alerts"
+        )
+    )
     assert got == expected and len(expected) > 10
 
 
@@ -129,8 +139,11 @@ def test_deduplicator_with_event_time_ttl(spark, tmp_path, log):
         stamped[e["txn_id"]] = e["ts_ms"]
         expected.append(e)
     reader = EventLog(log).reader("upi-payments-deduped")
-    got = [json.loads(r.value) for p, end in reader.end_offsets().items()
-           for r in reader.read(p, 0, end)]
+    got = [
+        json.loads(r.value)
+        for p, end in reader.end_offsets().items()
+        for r in reader.read(p, 0, end)
+    ]
     key = lambda e: (e["txn_id"], e["ts_ms"])  # noqa: E731
     assert sorted(got, key=key) == sorted(expected, key=key)
     assert len(expected) < len(lines)
@@ -143,16 +156,19 @@ def test_session_summaries_with_timer_moves(spark, tmp_path, log):
     for _ in range(400):
         clock += rng.choice([20_000, 60_000, 5 * M, 45 * M])  # 45 min = a session break
         for m in rng.sample(range(4), 2):
-            lines.append(payment(i, f"M{m}", clock + rng.randint(0, 2_000),
-                                 amount=rng.randint(1, 99)))
+            lines.append(
+                payment(i, f"M{m}", clock + rng.randint(0, 2_000), amount=rng.randint(1, 99))
+            )
             i += 1
     append_lines(log, lines[: len(lines) // 2])
     db = tmp_path / "s.duckdb"
-    run("session_summary.py", tmp_path, **{"sink.database": db,
-                                            "source.max_records_per_batch": 100})
-    append_lines(log, lines[len(lines) // 2:])
-    run("session_summary.py", tmp_path, **{"sink.database": db,
-                                            "source.max_records_per_batch": 100})
+    run(
+        "session_summary.py", tmp_path, **{"sink.database": db, "source.max_records_per_batch": 100}
+    )
+    append_lines(log, lines[len(lines) // 2 :])
+    run(
+        "session_summary.py", tmp_path, **{"sink.database": db, "source.max_records_per_batch": 100}
+    )
 
     gap = 30 * M
     sessions: dict[str, list] = defaultdict(list)
@@ -168,10 +184,18 @@ def test_session_summaries_with_timer_moves(spark, tmp_path, log):
         else:
             s.append((ts, ts, 1, e["amount_paise"]))
     watermark = max_ts - 5_000
-    expected = {(m, start): (last + gap, n, amount)
-                for m, ss in sessions.items() for start, last, n, amount in ss
-                if last + gap <= watermark}
-    got = {(m, s): (e, n, a) for m, s, e, n, a in table(
-        db, "SELECT merchant_id, session_start_ms, session_end_ms, payments, amount_paise "
-            "FROM merchant_sessions")}
+    expected = {
+        (m, start): (last + gap, n, amount)
+        for m, ss in sessions.items()
+        for start, last, n, amount in ss
+        if last + gap <= watermark
+    }
+    got = {
+        (m, s): (e, n, a)
+        for m, s, e, n, a in table(
+            db,
+            "SELECT merchant_id, session_start_ms, session_end_ms, payments, amount_paise "
+            "FROM merchant_sessions",
+        )
+    }
     assert got == expected and len(expected) > 50

@@ -43,9 +43,14 @@ def run_job(job_file: Path, overrides: dict, **runner_args) -> tuple[JobRunner, 
 
 
 def upi_sets(upi, ckpt: Path, sp_root: Path, **more) -> dict:
-    return {"source.log_dir": upi.log_dir, "sink.database": upi.database,
-            "checkpoint.dir": ckpt, "savepoint.dir": sp_root,
-            "source.max_records_per_batch": 6_000, **more}
+    return {
+        "source.log_dir": upi.log_dir,
+        "sink.database": upi.database,
+        "checkpoint.dir": ckpt,
+        "savepoint.dir": sp_root,
+        "source.max_records_per_batch": 6_000,
+        **more,
+    }
 
 
 def test_rescale_4_to_2_to_4_through_savepoints_equals_oracle(spark, upi, tmp_path):
@@ -60,8 +65,9 @@ def test_rescale_4_to_2_to_4_through_savepoints_equals_oracle(spark, upi, tmp_pa
     assert rows and all(r["merchant_id"] == "M001" and r["state"] == "window" for r in rows)
 
     append_lines(upi.log_dir, THIRDS[1])
-    runner, out = run_job(job, upi_sets(upi, tmp_path / "ck2", roots, parallelism=2),
-                          from_savepoint=sp1.id)
+    runner, out = run_job(
+        job, upi_sets(upi, tmp_path / "ck2", roots, parallelism=2), from_savepoint=sp1.id
+    )
     assert "rescaling the state of upi-counts from 4 to 2 partitions" in out
     assert upi.table() == oracle(THIRDS[0] + THIRDS[1])
     qdir = tmp_path / "ck2" / "upi-counts"
@@ -70,14 +76,15 @@ def test_rescale_4_to_2_to_4_through_savepoints_equals_oracle(spark, upi, tmp_pa
     sp2 = savepoints.create(tmp_path / "ck2", roots)
     assert sp2.manifest["restored_from"] == sp1.location
     append_lines(upi.log_dir, THIRDS[2])
-    run_job(job, upi_sets(upi, tmp_path / "ck4b", roots, parallelism=4),
-            from_savepoint=sp2.location)
+    run_job(
+        job, upi_sets(upi, tmp_path / "ck4b", roots, parallelism=4), from_savepoint=sp2.location
+    )
     assert upi.table() == oracle(LINES)
     ids = [sp.id for sp in savepoints.list_savepoints(roots, "upi-per-minute")]
     assert ids == [sp1.id, sp2.id]
 
 
-COUNTER_JOB = '''
+COUNTER_JOB = """
 from dbt_sink import DuckDBUpsertSink
 from stateful_runtime import (KeyedProcessFunction, LogSource, StreamJob, ValueStateDescriptor,
                               WatermarkStrategy)
@@ -110,7 +117,7 @@ def build(config):
         .sink_to(DuckDBUpsertSink(config["sink.database"], "payment_counts",
                                   key=("merchant_id",)), name="counts"))
     return job
-'''
+"""
 
 
 def counter_job(path: Path, *, upgraded: bool = False, state: str = "count") -> Path:
@@ -146,7 +153,8 @@ def expected_counts(lines) -> Counter:
 
 
 def test_savepoint_while_running_then_stop_with_savepoint_upgrade_and_restore(
-        upi, tmp_path, srt_env):
+    upi, tmp_path, srt_env
+):
     """Savepoint of a running job (it keeps running), stop-with-savepoint, new code with a new
     output column restored from it: counts are exact (exactly once across the upgrade); an
     older savepoint restored into a fresh directory also ends exact (the sink forgets the
@@ -154,8 +162,16 @@ def test_savepoint_while_running_then_stop_with_savepoint_upgrade_and_restore(
     v1 = counter_job(tmp_path / "counter_v1.py")
     v2 = counter_job(tmp_path / "counter_v2.py", upgraded=True)
     db, roots = tmp_path / "counts.duckdb", tmp_path / "savepoints"
-    sets = ["--set", f"source.log_dir={upi.log_dir}", "--set", f"sink.database={db}",
-            "--set", f"checkpoint.dir={tmp_path / 'ck'}", "--set", f"savepoint.dir={roots}"]
+    sets = [
+        "--set",
+        f"source.log_dir={upi.log_dir}",
+        "--set",
+        f"sink.database={db}",
+        "--set",
+        f"checkpoint.dir={tmp_path / 'ck'}",
+        "--set",
+        f"savepoint.dir={roots}",
+    ]
     append_lines(upi.log_dir, THIRDS[0])
     log = tmp_path / "v1.log"
     proc = srt_background(["run", str(v1), *sets], srt_env, log)
@@ -183,8 +199,7 @@ def test_savepoint_while_running_then_stop_with_savepoint_upgrade_and_restore(
 
     # v2 restored from the stop-with-savepoint: new column, counts continue exactly.
     append_lines(upi.log_dir, THIRDS[2])
-    up = srt(["run", str(v2), *sets, "--available-now", "--from-savepoint", final["id"]],
-             srt_env)
+    up = srt(["run", str(v2), *sets, "--available-now", "--from-savepoint", final["id"]], srt_env)
     assert up.returncode == 0, up.stderr[-3000:]
     want = expected_counts(LINES)
     got = counts(db, "merchant_id, payments, payments_x2")
@@ -194,11 +209,11 @@ def test_savepoint_while_running_then_stop_with_savepoint_upgrade_and_restore(
 
     # The early savepoint (taken mid-run) into a fresh directory: replays everything after it.
     fresh = [*sets[:4], "--set", f"checkpoint.dir={tmp_path / 'ck-early'}", *sets[6:]]
-    again = srt(["run", str(v2), *fresh, "--available-now", "--from-savepoint",
-                 early["location"]], srt_env)
+    again = srt(
+        ["run", str(v2), *fresh, "--available-now", "--from-savepoint", early["location"]], srt_env
+    )
     assert again.returncode == 0, again.stderr[-3000:]
-    assert {m: p for m, (p, _) in counts(db, "merchant_id, payments, payments_x2").items()} \
-        == want
+    assert {m: p for m, (p, _) in counts(db, "merchant_id, payments, payments_x2").items()} == want
 
     # Retention never disposes of the savepoint the registered job was restored from, also
     # after a plain restart of the restored job.
@@ -210,8 +225,9 @@ def test_savepoint_while_running_then_stop_with_savepoint_upgrade_and_restore(
     refused = srt(["savepoint", "dispose", early["id"]], srt_env)
     assert refused.returncode == 2 and "restored from" in refused.stderr
     described = json.loads(srt(["savepoint", "describe", final["id"]], srt_env).stdout)
-    assert described["fingerprint"]["queries"]["counter"]["operators"]["counter"]["states"] \
-        == {"count": "value<int>"}
+    assert described["fingerprint"]["queries"]["counter"]["operators"]["counter"]["states"] == {
+        "count": "value<int>"
+    }
     assert srt(["savepoint", "dispose", final["id"]], srt_env).returncode == 0
     left = json.loads(srt(["savepoint", "list", "payment-counter", "--json"], srt_env).stdout)
     assert [r["id"] for r in left] == [early["id"]]
@@ -220,8 +236,11 @@ def test_savepoint_while_running_then_stop_with_savepoint_upgrade_and_restore(
 def test_incompatible_savepoints_are_refused_with_the_differences(spark, upi, tmp_path):
     v1 = counter_job(tmp_path / "counter_v1.py")
     renamed = counter_job(tmp_path / "counter_renamed.py", state="payments_seen")
-    sets = {"source.log_dir": upi.log_dir, "sink.database": tmp_path / "c.duckdb",
-            "checkpoint.dir": tmp_path / "ck"}
+    sets = {
+        "source.log_dir": upi.log_dir,
+        "sink.database": tmp_path / "c.duckdb",
+        "checkpoint.dir": tmp_path / "ck",
+    }
     append_lines(upi.log_dir, THIRDS[0][:2000])
     run_job(v1, sets)
     sp = savepoints.create(tmp_path / "ck", tmp_path / "sp")
@@ -236,17 +255,22 @@ def test_incompatible_savepoints_are_refused_with_the_differences(spark, upi, tm
             assert [(r["state"], r["value"]) for r in one] == [("count", want["M007"])]
 
     # Another job's savepoint.
-    with pytest.raises(IncompatibleSavepointError, match="is of job 'payment-counter', this "
-                       "job is 'upi-per-minute'"):
-        run_job(EXAMPLES / "upi_per_minute.py",
-                {"source.log_dir": upi.log_dir, "checkpoint.dir": tmp_path / "ck-upi"},
-                from_savepoint=sp.location)
+    with pytest.raises(
+        IncompatibleSavepointError,
+        match="is of job 'payment-counter', this job is 'upi-per-minute'",
+    ):
+        run_job(
+            EXAMPLES / "upi_per_minute.py",
+            {"source.log_dir": upi.log_dir, "checkpoint.dir": tmp_path / "ck-upi"},
+            from_savepoint=sp.location,
+        )
     # State the new code no longer declares: refused, listed, and allowed with the flag.
     other = {**sets, "checkpoint.dir": tmp_path / "ck-renamed"}
     with pytest.raises(IncompatibleSavepointError) as err:
         run_job(renamed, other, from_savepoint=sp.location)
     assert err.value.differences == [
-        "query counter, operator counter: state 'count' (value<int>) is no longer declared"]
+        "query counter, operator counter: state 'count' (value<int>) is no longer declared"
+    ]
     assert "--allow-non-restored-state" in str(err.value)
     assert not (tmp_path / "ck-renamed").exists()  # nothing was laid out
     _, out = run_job(renamed, other, from_savepoint=sp.location, allow_non_restored_state=True)
@@ -257,8 +281,7 @@ def test_incompatible_savepoints_are_refused_with_the_differences(spark, upi, tm
     path = Path(sp.location) / victim["path"]
     path.write_bytes(path.read_bytes() + b"x")
     with pytest.raises(savepoints.SavepointError, match="is corrupt: .*" + victim["path"]):
-        run_job(v1, {**sets, "checkpoint.dir": tmp_path / "ck-corrupt"},
-                from_savepoint=sp.location)
+        run_job(v1, {**sets, "checkpoint.dir": tmp_path / "ck-corrupt"}, from_savepoint=sp.location)
 
 
 CRASHING_UPLOAD = textwrap.dedent("""
@@ -272,7 +295,8 @@ CRASHING_UPLOAD = textwrap.dedent("""
 
 
 def test_s3_savepoint_crash_mid_upload_is_never_listed_and_mirror_restores_an_empty_disk(
-        spark, upi, tmp_path, s3, srt_env):
+    spark, upi, tmp_path, s3, srt_env
+):
     roots = f"s3://{s3.bucket}/savepoints"
     mirror = f"s3://{s3.bucket}/mirror/upi"
     sets = upi_sets(upi, tmp_path / "ck", roots, **{"checkpoint.mirror": mirror})
@@ -282,8 +306,12 @@ def test_s3_savepoint_crash_mid_upload_is_never_listed_and_mirror_restores_an_em
     assert len(uploads) >= 2, out
 
     # A savepoint whose writer dies half-way is not listed, and the next one removes it.
-    crashed = subprocess.run([sys.executable, "-c", CRASHING_UPLOAD, str(tmp_path / "ck"),
-                              roots], env=srt_env, capture_output=True, text=True)
+    crashed = subprocess.run(
+        [sys.executable, "-c", CRASHING_UPLOAD, str(tmp_path / "ck"), roots],
+        env=srt_env,
+        capture_output=True,
+        text=True,
+    )
     assert crashed.returncode == 9, crashed.stderr
     half = {k.split("/")[1] for k in s3.keys("savepoints/")}
     assert len(half) == 1 and savepoints.list_savepoints(roots) == []

@@ -14,8 +14,9 @@ pytestmark = pytest.mark.slow
 
 
 def test_200k_events_available_now_equal_oracle(upi, srt_env):
-    lines = list(events(200_000, merchants=40, rate_per_s=500, disorder_ms=4_500,
-                        bad_every=20_011, seed=11))
+    lines = list(
+        events(200_000, merchants=40, rate_per_s=500, disorder_ms=4_500, bad_every=20_011, seed=11)
+    )
     append_lines(upi.log_dir, lines)
 
     result = srt(upi.run_args("--available-now"), srt_env)
@@ -27,8 +28,11 @@ def test_200k_events_available_now_equal_oracle(upi, srt_env):
     assert upi.table() == expected
 
     # Every bad record is in the dead-letter topic, once, with its reason and origin.
-    bad = [line for line in lines if line.startswith(b"{not") or b'"ten"' in line
-           or b'"amount_paise"' not in line]
+    bad = [
+        line
+        for line in lines
+        if line.startswith(b"{not") or b'"ten"' in line or b'"amount_paise"' not in line
+    ]
     reader = EventLog(upi.log_dir).reader("upi-payments-dlq")
     dead = [r for p, end in reader.end_offsets().items() for r in reader.read(p, 0, end)]
     assert sorted(r.value for r in dead) == sorted(bad)

@@ -29,8 +29,9 @@ QUERY = "upi-counts"
 def test_kill_dash_nine_five_times_result_equals_oracle(upi, srt_env):
     rng = random.Random(20261122)
     # An endless, lazily generated feed: the feeder runs until the last kill is done.
-    feed_lines = events(10_000_000, merchants=30, rate_per_s=300, disorder_ms=4_000,
-                        bad_every=9_973, seed=5)
+    feed_lines = events(
+        10_000_000, merchants=30, rate_per_s=300, disorder_ms=4_000, bad_every=9_973, seed=5
+    )
     fed: list[bytes] = []
     stop = threading.Event()
 
@@ -68,6 +69,9 @@ def test_kill_dash_nine_five_times_result_equals_oracle(upi, srt_env):
 
     reader = EventLog(upi.log_dir).reader("upi-payments-dlq")
     dead = sorted(r.value for p, e in reader.end_offsets().items() for r in reader.read(p, 0, e))
-    bad = sorted(line for line in fed if line.startswith(b"{not") or b'"ten"' in line
-                 or b'"amount_paise"' not in line)
+    bad = sorted(
+        line
+        for line in fed
+        if line.startswith(b"{not") or b'"ten"' in line or b'"amount_paise"' not in line
+    )
     assert dead == bad  # each dead letter exactly once despite the kills

@@ -20,8 +20,9 @@ T0 = 1_767_225_600_000
 
 
 def ride(i: int, zone: int, ts: int, amount: float) -> bytes:
-    return json.dumps({"ride_id": f"r{i}", "PULocationID": zone, "total_amount": amount,
-                       "pickup_ms": ts}).encode()
+    return json.dumps(
+        {"ride_id": f"r{i}", "PULocationID": zone, "total_amount": amount, "pickup_ms": ts}
+    ).encode()
 
 
 def test_taxi_zone_hourly_with_late_updates_and_late_side_output(spark, tmp_path):
@@ -32,42 +33,54 @@ def test_taxi_zone_hourly_with_late_updates_and_late_side_output(spark, tmp_path
     for i in range(3_000):  # 0 .. 3h05m of event time, disorder inside the 5 s bound
         ts = T0 + int(i * (3 * H + 5 * M) / 3_000) - rng.randint(0, 4_000)
         on_time.append((ts, rng.randint(1, 5), round(rng.uniform(5, 60), 2)))
-    append_lines(log, [ride(i, z, ts, a) for i, (ts, z, a) in enumerate(on_time)],
-                 topic="taxi-rides")
+    append_lines(
+        log, [ride(i, z, ts, a) for i, (ts, z, a) in enumerate(on_time)], topic="taxi-rides"
+    )
     db = tmp_path / "t.duckdb"
-    run("taxi_zone_hourly.py", tmp_path, **{"sink.database": db, "early_every": 50,
-                                             "source.max_records_per_batch": 400})
+    run(
+        "taxi_zone_hourly.py",
+        tmp_path,
+        **{"sink.database": db, "early_every": 50, "source.max_records_per_batch": 400},
+    )
     # The watermark now stands at ~3h04m55s: hour 2 closed < 10 min ago, hour 1 long ago.
     within = [(T0 + 2 * H + rng.randint(0, H - 1), rng.randint(1, 5), 7.0) for _ in range(30)]
     too_late = [(T0 + H + rng.randint(0, H - 1), rng.randint(1, 5), 9.0) for _ in range(20)]
     late = within + too_late
     rng.shuffle(late)
-    append_lines(log, [ride(10_000 + i, z, ts, a) for i, (ts, z, a) in enumerate(late)],
-                 topic="taxi-rides")
-    run("taxi_zone_hourly.py", tmp_path, late=len(too_late),
-        **{"sink.database": db, "early_every": 50, "source.max_records_per_batch": 400})
+    append_lines(
+        log, [ride(10_000 + i, z, ts, a) for i, (ts, z, a) in enumerate(late)], topic="taxi-rides"
+    )
+    run(
+        "taxi_zone_hourly.py",
+        tmp_path,
+        late=len(too_late),
+        **{"sink.database": db, "early_every": 50, "source.max_records_per_batch": 400},
+    )
 
     expected: dict = defaultdict(lambda: [0, 0.0])
     for ts, zone, amount in on_time + within:
         acc = expected[(zone, (ts - T0) // H)]
         acc[0] += 1
         acc[1] += amount
-    rows = table(db, "SELECT PULocationID, epoch_ms(window_start), num_trips, revenue "
-                     "FROM zone_hourly")
+    rows = table(
+        db, "SELECT PULocationID, epoch_ms(window_start), num_trips, revenue FROM zone_hourly"
+    )
     got = {(z, (w - T0) // H): [n, r] for z, w, n, r in rows}
     # Hour 3 is still open (the last rows are early firings, refreshed every 50 rides).
     closed = {k: v for k, v in expected.items() if k[1] < 3}
-    assert {k: (v[0], round(v[1], 2)) for k, v in got.items() if k[1] < 3} == \
-           {k: (v[0], round(v[1], 2)) for k, v in closed.items()}
+    assert {k: (v[0], round(v[1], 2)) for k, v in got.items() if k[1] < 3} == {
+        k: (v[0], round(v[1], 2)) for k, v in closed.items()
+    }
     assert all(got[k][0] <= expected[k][0] for k in got if k[1] == 3)  # partial, never more
 
     reader = EventLog(log).reader("taxi-rides-late")
-    side = sorted(json.loads(r.value)["pickup_ms"] for r in reader.read(0, 0,
-                                                                         reader.end_offsets()[0]))
+    side = sorted(
+        json.loads(r.value)["pickup_ms"] for r in reader.read(0, 0, reader.end_offsets()[0])
+    )
     assert side == sorted(ts for ts, _, _ in too_late)
 
 
-NATIVE_WINDOWS_JOB = '''
+NATIVE_WINDOWS_JOB = """
 from datetime import timedelta
 
 from stateful_runtime import (Count, EventTimeSessionWindows, LogSink, LogSource, Max,
@@ -92,13 +105,16 @@ def build(config):
      .aggregate({"clicks": Count(), "top": Max("n")}, name="sliding")
      .sink_to(LogSink(config["sink.log_dir"], "sliding"), name="sliding-out"))
     return job
-'''
+"""
 
 
 def _windows_out(log, topic: str) -> set[tuple]:
     reader = EventLog(log).reader(topic)
-    rows = [json.loads(r.value) for p, end in reader.end_offsets().items()
-            for r in reader.read(p, 0, end)]
+    rows = [
+        json.loads(r.value)
+        for p, end in reader.end_offsets().items()
+        for r in reader.read(p, 0, end)
+    ]
     assert len(rows) == len({(r["user"], r["window_start"]) for r in rows}), "emitted twice"
     return {tuple(r.values()) for r in rows}
 
@@ -134,8 +150,11 @@ def test_sliding_and_session_windows_with_builtin_aggregates_run_native(spark, t
     shuffled = sorted(events, key=lambda e: e[2] + rng.randint(0, 1_900))
     clock = max(e[2] for e in events) + 120_000  # moves the watermark past every window
     lines = [json.dumps({"user": u, "n": n, "ts_ms": ts}).encode() for u, n, ts in shuffled]
-    append_lines(log, lines + [json.dumps({"user": "clock", "n": 0, "ts_ms": clock}).encode()],
-                 topic="clicks")
+    append_lines(
+        log,
+        lines + [json.dumps({"user": "clock", "n": 0, "ts_ms": clock}).encode()],
+        topic="clicks",
+    )
     run(str(job_file), tmp_path, **config)
 
     def closed(clicks: list[tuple], watermark: int) -> tuple[set, set]:
@@ -163,8 +182,10 @@ def test_sliding_and_session_windows_with_builtin_aggregates_run_native(spark, t
                 ns.append(n)
             sessions.add((u, start, last + 10_000, len(ns), sum(ns)))
         windows = {(u, s, s + 30_000, len(ns), max(ns)) for (u, s), ns in sliding.items()}
-        return ({(u, ntz(s), ntz(e), *rest) for u, s, e, *rest in sessions if e <= watermark},
-                {(u, ntz(s), ntz(e), *rest) for u, s, e, *rest in windows if e <= watermark})
+        return (
+            {(u, ntz(s), ntz(e), *rest) for u, s, e, *rest in sessions if e <= watermark},
+            {(u, ntz(s), ntz(e), *rest) for u, s, e, *rest in windows if e <= watermark},
+        )
 
     def ntz(ms: int) -> str:
         return datetime.fromtimestamp(ms / 1000, UTC).replace(tzinfo=None).isoformat(" ")

@@ -35,6 +35,7 @@ JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 # -- the oracle -----------------------------------------------------------------------------------
 
+
 def upi_oracle(lines: Iterable[bytes]) -> Counts:
     from upi_events import oracle  # examples/ is on sys.path (tests/conftest.py, the script)
 
@@ -73,12 +74,14 @@ def sink_batch(database: Path, job: str = JOB) -> int:
         return -1
     con = duckdb.connect(str(database), read_only=True)
     try:
-        has = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = "
-                          "'srt_sink_ledger'").fetchone()[0]
+        has = con.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'srt_sink_ledger'"
+        ).fetchone()[0]
         if not has:
             return -1
-        row = con.execute("SELECT max(batch_id) FROM srt_sink_ledger WHERE job = ?",
-                          [job]).fetchone()
+        row = con.execute(
+            "SELECT max(batch_id) FROM srt_sink_ledger WHERE job = ?", [job]
+        ).fetchone()
     finally:
         con.close()
     return -1 if row[0] is None else int(row[0])
@@ -91,11 +94,13 @@ def duckdb_counts(database: Path, table: str = "upi_counts") -> Counts:
         return {}
     con = duckdb.connect(str(database), read_only=True)
     try:
-        if not con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?",
-                           [table]).fetchone()[0]:
+        if not con.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table]
+        ).fetchone()[0]:
             return {}
-        rows = con.execute(f"SELECT merchant_id, window_start, payments, amount_paise "
-                           f"FROM {table}").fetchall()
+        rows = con.execute(
+            f"SELECT merchant_id, window_start, payments, amount_paise FROM {table}"
+        ).fetchall()
     finally:
         con.close()
     return {(m, w): (p, a) for m, w, p, a in rows}
@@ -155,10 +160,16 @@ def damage(path: Path, how: str, rng: random.Random) -> str:
 
 # -- trial records --------------------------------------------------------------------------------
 
+
 def _commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                              capture_output=True, timeout=10).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            text=True,
+            capture_output=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
 
@@ -176,14 +187,24 @@ class TrialLog:
     def open(cls, source: str, directory: Path = ARTIFACTS) -> TrialLog:
         directory.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        run = {"run": f"{stamp}-{source}-{os.getpid()}", "source": source, "commit": _commit(),
-               "started_at": stamp, "load_average": os.getloadavg()[0]}
+        run = {
+            "run": f"{stamp}-{source}-{os.getpid()}",
+            "source": source,
+            "commit": _commit(),
+            "started_at": stamp,
+            "load_average": os.getloadavg()[0],
+        }
         return cls(directory / f"{run['run']}.json", run)
 
     def record(self, *, fault: str, input: str, result: str, **fields: Any) -> dict[str, Any]:
         """One trial: the fault injected, the input class, ``pass``/``FAIL`` and details."""
-        rec = {"fault": fault, "input": input, "result": result, **fields,
-               "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        rec = {
+            "fault": fault,
+            "input": input,
+            "result": result,
+            **fields,
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         self.records.append(rec)
         self._write()
         return rec
@@ -200,6 +221,7 @@ class TrialLog:
 
 
 # -- an endpoint that can go away ------------------------------------------------------------------
+
 
 class OutageProxy:
     """A TCP proxy on 127.0.0.1 in front of a real service. :meth:`down` closes its port and
@@ -308,10 +330,14 @@ class OutageProxy:
 
 # -- input while the job runs ----------------------------------------------------------------------
 
+
 def bad_lines(lines: Iterable[bytes]) -> list[bytes]:
     """The records the UPI decoder rejects (examples/upi_events' three malformed shapes)."""
-    return sorted(line for line in lines if line.startswith(b"{not") or b'"ten"' in line
-                  or b'"amount_paise"' not in line)
+    return sorted(
+        line
+        for line in lines
+        if line.startswith(b"{not") or b'"ten"' in line or b'"amount_paise"' not in line
+    )
 
 
 def dead_letters(log_dir: Path, topic: str = f"{TOPIC}-dlq") -> list[bytes]:
@@ -328,14 +354,22 @@ class Feeder:
     """Appends UPI events to the event log from a thread of the test (the topic's one writer),
     ``chunk`` records every ``every_s``, until :meth:`stop`; ``fed`` is what was appended."""
 
-    def __init__(self, log_dir: Path, *, seed: int, chunk: int = 200, every_s: float = 0.1,
-                 topic: str = TOPIC) -> None:
+    def __init__(
+        self,
+        log_dir: Path,
+        *,
+        seed: int,
+        chunk: int = 200,
+        every_s: float = 0.1,
+        topic: str = TOPIC,
+    ) -> None:
         import threading
 
         from upi_events import events
 
-        self.lines = events(10_000_000, merchants=30, rate_per_s=300, disorder_ms=4_000,
-                            bad_every=997, seed=seed)
+        self.lines = events(
+            10_000_000, merchants=30, rate_per_s=300, disorder_ms=4_000, bad_every=997, seed=seed
+        )
         self.fed: list[bytes] = []
         self.log_dir, self.topic, self.chunk, self.every_s = log_dir, topic, chunk, every_s
         self._stop = threading.Event()

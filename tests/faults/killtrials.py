@@ -103,27 +103,49 @@ class Outcome:
         return self.final_ok and not self.failures
 
     def table(self) -> str:
-        rows = [("trial", "seed", "kill point", "batches before", "sink/ckpt batch", "damage",
-                 "result")]
+        rows = [
+            ("trial", "seed", "kill point", "batches before", "sink/ckpt batch", "damage", "result")
+        ]
         for t in self.trials:
-            rows.append((str(t.trial), str(self.seed), t.kill_point, str(t.batches_before),
-                         f"{t.sink_batch}/{t.committed}" + (" in flight" if t.in_flight else ""),
-                         t.damage or "-", t.result if t.result == "pass" else
-                         f"FAIL: {t.detail}"))
-        rows.append(("final", str(self.seed), "drain --available-now", "-", "-", "-",
-                     "pass" if self.final_ok else f"FAIL: {self.final}"))
+            rows.append(
+                (
+                    str(t.trial),
+                    str(self.seed),
+                    t.kill_point,
+                    str(t.batches_before),
+                    f"{t.sink_batch}/{t.committed}" + (" in flight" if t.in_flight else ""),
+                    t.damage or "-",
+                    t.result if t.result == "pass" else f"FAIL: {t.detail}",
+                )
+            )
+        rows.append(
+            (
+                "final",
+                str(self.seed),
+                "drain --available-now",
+                "-",
+                "-",
+                "-",
+                "pass" if self.final_ok else f"FAIL: {self.final}",
+            )
+        )
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
         passed = sum(t.result == "pass" for t in self.trials)
-        lines.append(f"\n{passed}/{len(self.trials)} kill trials exact (0 lost, 0 duplicated); "
-                     f"final drain {'= oracle' if self.final_ok else 'WRONG'}; seed {self.seed}")
+        lines.append(
+            f"\n{passed}/{len(self.trials)} kill trials exact (0 lost, 0 duplicated); "
+            f"final drain {'= oracle' if self.final_ok else 'WRONG'}; seed {self.seed}"
+        )
         return "\n".join(lines)
 
 
 def _bad(lines: list[bytes]) -> list[bytes]:
-    return sorted(line for line in lines if line.startswith(b"{not") or b'"ten"' in line
-                  or b'"amount_paise"' not in line)
+    return sorted(
+        line
+        for line in lines
+        if line.startswith(b"{not") or b'"ten"' in line or b'"amount_paise"' not in line
+    )
 
 
 def _dead_letters(log_dir: Path) -> list[bytes]:
@@ -152,19 +174,24 @@ def _check(ws: Any) -> tuple[int, int, int, str]:
         # of one of those batches' ends exactly (a prefix of the input, nothing twice), as
         # logged in the checkpoint or in the quarantine of the old plan.
         forgotten = []
-        for f in [*sorted((qdir / "offsets").iterdir()),
-                  *sorted((ws.checkpoint_dir / "_quarantine").glob(f"*/{QUERY}/offsets/*"))]:
+        for f in [
+            *sorted((qdir / "offsets").iterdir()),
+            *sorted((ws.checkpoint_dir / "_quarantine").glob(f"*/{QUERY}/offsets/*")),
+        ]:
             if f.name.isdigit() and int(f.name) > b:
                 ends = {k: int(v) for k, v in json.loads(f.read_text().splitlines()[2]).items()}
                 forgotten.append(upi_oracle(log_lines(ws.log_dir, ends)))
         if any(compare(table, o).exact for o in forgotten) or _each_window_at_a_batch_end(
-                table, [upi_oracle(log_lines(ws.log_dir, batch_offsets(qdir, b))), *forgotten]):
+            table, [upi_oracle(log_lines(ws.log_dir, batch_offsets(qdir, b))), *forgotten]
+        ):
             cmp, detail = Comparison(), ""
     # Published once their batch is committed (a commit a fallback later set aside included):
     # never more often than the input read so far holds them.
     read: dict[str, int] = {}
-    for f in [*(qdir / "offsets").glob("[0-9]*"),
-              *(ws.checkpoint_dir / "_quarantine").glob(f"*/{QUERY}/offsets/[0-9]*")]:
+    for f in [
+        *(qdir / "offsets").glob("[0-9]*"),
+        *(ws.checkpoint_dir / "_quarantine").glob(f"*/{QUERY}/offsets/[0-9]*"),
+    ]:
         for k, v in json.loads(f.read_text().splitlines()[2]).items():
             read[k] = max(read.get(k, 0), int(v))
     extra = Counter(_dead_letters(ws.log_dir)) - Counter(_bad(log_lines(ws.log_dir, read)))
@@ -189,9 +216,13 @@ def _committed(qdir: Path) -> int:
     return -1 if c is None else c
 
 
-def run_kill_trials(root: Path, cfg: Config, env: dict[str, str],
-                    on_trial: Callable[[Trial], None] = lambda t: None,
-                    say: Callable[[str], None] = lambda s: None) -> Outcome:
+def run_kill_trials(
+    root: Path,
+    cfg: Config,
+    env: dict[str, str],
+    on_trial: Callable[[Trial], None] = lambda t: None,
+    say: Callable[[str], None] = lambda s: None,
+) -> Outcome:
     """Run ``cfg.trials`` kill trials and the final drain in ``root``."""
     from upi_events import events  # examples/: on sys.path once tests.conftest is imported
 
@@ -200,11 +231,24 @@ def run_kill_trials(root: Path, cfg: Config, env: dict[str, str],
 
     rng = random.Random(cfg.seed)
     ws = UpiWorkspace(root, partitions=cfg.partitions)
-    ws.extra.update({"checkpoint.interval_s": "0.5", "parallelism": str(cfg.parallelism),
-                     "source.max_records_per_batch": str(cfg.cap)})
+    ws.extra.update(
+        {
+            "checkpoint.interval_s": "0.5",
+            "parallelism": str(cfg.parallelism),
+            "source.max_records_per_batch": str(cfg.cap),
+        }
+    )
     EventLog(ws.log_dir).create_topic(TOPIC, cfg.partitions)
-    lines = list(events(cfg.events, merchants=30, rate_per_s=300, disorder_ms=4_000,
-                        bad_every=997, seed=cfg.seed % 1_000_003))
+    lines = list(
+        events(
+            cfg.events,
+            merchants=30,
+            rate_per_s=300,
+            disorder_ms=4_000,
+            bad_every=997,
+            seed=cfg.seed % 1_000_003,
+        )
+    )
     append_lines(ws.log_dir, lines)
     env = {**env, "JAVA_TOOL_OPTIONS": JAVA_OPTIONS}
     qdir = ws.checkpoint_dir / QUERY
@@ -244,14 +288,25 @@ def run_kill_trials(root: Path, cfg: Config, env: dict[str, str],
         planned = layout.last_planned(qdir)
         b, lost, dup, detail = _check(ws)
         if exited is not None:
-            detail = (f"the job exited ({exited}) before its kill: "
-                      f"{log.read_text()[-1500:]} " + detail)
+            detail = (
+                f"the job exited ({exited}) before its kill: {log.read_text()[-1500:]} " + detail
+            )
         elif k and committed < before + k:
             detail = f"no commit {k} within 600 s " + detail
-        trial = Trial(i, point, committed - before, committed, b,
-                      planned is not None and planned > committed, b > committed, lost, dup,
-                      "FAIL" if detail else "pass", detail.strip(),
-                      duration_s=round(time.monotonic() - t0, 1))
+        trial = Trial(
+            i,
+            point,
+            committed - before,
+            committed,
+            b,
+            planned is not None and planned > committed,
+            b > committed,
+            lost,
+            dup,
+            "FAIL" if detail else "pass",
+            detail.strip(),
+            duration_s=round(time.monotonic() - t0, 1),
+        )
         # A torn commits/N is a crash while writing it, when the run just killed wrote it; when
         # an earlier run did (the kill came before this run committed, perhaps after a
         # fallback had already stepped back to it), it is a disk that rots an old file, and
@@ -267,12 +322,17 @@ def run_kill_trials(root: Path, cfg: Config, env: dict[str, str],
                 trial.result, trial.detail = "FAIL", f"verify named {named}"
         out.trials.append(trial)
         on_trial(trial)
-        say(f"trial {i}: {point}, {trial.batches_before} batches before, sink/ckpt "
-            f"{b}/{committed}, {trial.damage or 'no damage'}: {trial.result} {trial.detail}")
+        say(
+            f"trial {i}: {point}, {trial.batches_before} batches before, sink/ckpt "
+            f"{b}/{committed}, {trial.damage or 'no damage'}: {trial.result} {trial.detail}"
+        )
 
     # One or two large batches: the drain is the check, not another trial.
-    final = srt(ws.run_args("--available-now", "--set", "source.max_records_per_batch=1000000"),
-                env, timeout=1200)
+    final = srt(
+        ws.run_args("--available-now", "--set", "source.max_records_per_batch=1000000"),
+        env,
+        timeout=1200,
+    )
     quarantined = len(list((ws.checkpoint_dir / "_quarantine").glob("*")))
     torn_count = sum(1 for t in out.trials if t.damage)
     cmp = compare(ws.table(), upi_oracle(lines))
@@ -293,19 +353,39 @@ def run_kill_trials(root: Path, cfg: Config, env: dict[str, str],
 
 def _record(log: TrialLog, seed: int, cfg: Config) -> Callable[[Trial], None]:
     def record(t: Trial) -> None:
-        log.record(fault=t.fault, input=INPUT, result=t.result, trial=t.trial, seed=seed,
-                   kill_point=t.kill_point, batches_before=t.batches_before,
-                   committed_batch=t.committed, sink_batch=t.sink_batch,
-                   in_flight=t.in_flight, sink_ahead=t.sink_ahead, lost=t.lost,
-                   duplicated=t.duplicated, damage=t.damage, detail=t.detail,
-                   duration_s=t.duration_s, cap=cfg.cap)
+        log.record(
+            fault=t.fault,
+            input=INPUT,
+            result=t.result,
+            trial=t.trial,
+            seed=seed,
+            kill_point=t.kill_point,
+            batches_before=t.batches_before,
+            committed_batch=t.committed,
+            sink_batch=t.sink_batch,
+            in_flight=t.in_flight,
+            sink_ahead=t.sink_ahead,
+            lost=t.lost,
+            duplicated=t.duplicated,
+            damage=t.damage,
+            detail=t.detail,
+            duration_s=t.duration_s,
+            cap=cfg.cap,
+        )
+
     return record
 
 
 def record_final(log: TrialLog, out: Outcome, cfg: Config) -> None:
-    log.record(fault="drain after all kills (--available-now)", input=INPUT,
-               result="pass" if out.final_ok else "FAIL", seed=out.seed, detail=out.final,
-               trials_before=len(out.trials), events=cfg.events)
+    log.record(
+        fault="drain after all kills (--available-now)",
+        input=INPUT,
+        result="pass" if out.final_ok else "FAIL",
+        seed=out.seed,
+        detail=out.final,
+        trials_before=len(out.trials),
+        events=cfg.events,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,13 +401,21 @@ def main(argv: list[str] | None = None) -> int:
     cfg = Config(trials=a.trials, seed=seed, cap=a.cap)
     root = Path(tempfile.mkdtemp(prefix="srt-kill-trials-"))
     home = root / "home"
-    env = {**os.environ, "SRT_HOME": str(home), "PYTHONUNBUFFERED": "1",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {
+        **os.environ,
+        "SRT_HOME": str(home),
+        "PYTHONUNBUFFERED": "1",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
     log = TrialLog.open("fault-trials.sh")
-    print(f"{cfg.trials} kill -9 trials, seed {seed}, {cfg.events:,} events, work dir {root}; "
-          f"records in {log.path}", flush=True)
-    out = run_kill_trials(root / "w", cfg, env, _record(log, seed, cfg),
-                          say=lambda s: print(s, flush=True))
+    print(
+        f"{cfg.trials} kill -9 trials, seed {seed}, {cfg.events:,} events, work dir {root}; "
+        f"records in {log.path}",
+        flush=True,
+    )
+    out = run_kill_trials(
+        root / "w", cfg, env, _record(log, seed, cfg), say=lambda s: print(s, flush=True)
+    )
     record_final(log, out, cfg)
     log.close()
     print()

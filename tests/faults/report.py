@@ -97,52 +97,94 @@ def render(runs: list[dict[str, Any]]) -> str:
     # The input-class test's records get their own tables, not the faults table's rows.
     inputs = {k[1]: by.pop(k) for k in [k for k in by if k[0] == "input class"]}
     identity = [t for k in [k for k in by if k[0] == "accounting identity"] for t in by.pop(k)]
-    rows = [["fault", "input class", "trials", "exact", "failed", "lost", "duplicated", "from",
-             "last trial"]]
+    rows = [
+        [
+            "fault",
+            "input class",
+            "trials",
+            "exact",
+            "failed",
+            "lost",
+            "duplicated",
+            "from",
+            "last trial",
+        ]
+    ]
     for (fault, inp), ts in sorted(by.items()):
         failed = [t for t in ts if t["result"] != "pass"]
         sources = sorted({t["_run"]["source"] for t in ts})
         last = (failed or ts)[-1]
         note = last.get("detail") or last.get("kill_point") or ""
-        rows.append([fault, inp, str(len(ts)), str(len(ts) - len(failed)), str(len(failed)),
-                     str(sum(t.get("lost") or 0 for t in ts)),
-                     str(sum(t.get("duplicated") or 0 for t in ts)), ", ".join(sources),
-                     note.replace("|", "/").replace("\n", " ")[:220]])
+        rows.append(
+            [
+                fault,
+                inp,
+                str(len(ts)),
+                str(len(ts) - len(failed)),
+                str(len(failed)),
+                str(sum(t.get("lost") or 0 for t in ts)),
+                str(sum(t.get("duplicated") or 0 for t in ts)),
+                ", ".join(sources),
+                note.replace("|", "/").replace("\n", " ")[:220],
+            ]
+        )
     kills = [t for ts in by.values() for t in ts if "kill_point" in t]
     points = {
-        "during start-up or the first batch (k = 0)": sum("after start" in t["kill_point"]
-                                                          for t in kills),
+        "during start-up or the first batch (k = 0)": sum(
+            "after start" in t["kill_point"] for t in kills
+        ),
         "with a batch in flight": sum(bool(t.get("in_flight")) for t in kills),
-        "after the sink committed a batch Spark had not": sum(bool(t.get("sink_ahead"))
-                                                              for t in kills),
+        "after the sink committed a batch Spark had not": sum(
+            bool(t.get("sink_ahead")) for t in kills
+        ),
         "followed by a torn commits/N": sum(bool(t.get("damage")) for t in kills),
     }
     run_rows = [["run", "source", "commit", "trials", "exact", "load average"]]
     for run in runs:
         ts = run.get("trials", [])
-        run_rows.append([run["run"], run["source"], run.get("commit", ""), str(len(ts)),
-                         str(sum(t["result"] == "pass" for t in ts)),
-                         f"{run.get('load_average', 0):.1f}"])
+        run_rows.append(
+            [
+                run["run"],
+                run["source"],
+                run.get("commit", ""),
+                str(len(ts)),
+                str(sum(t["result"] == "pass" for t in ts)),
+                f"{run.get('load_average', 0):.1f}",
+            ]
+        )
     input_rows = [["input class", "runs", "expected", "observed", "failed", "reason given"]]
     for name, ts in inputs.items():
         last = ts[-1]
-        input_rows.append([name, str(len(ts)), last["expected"], last["observed"],
-                           str(sum(t["result"] != "pass" for t in ts)),
-                           (last.get("detail") or "–").replace("|", "/")[:120]])
-    identity_rows = [["run", "commit", "input", "output", "dead letters", "late",
-                      "every counter = oracle"]]
+        input_rows.append(
+            [
+                name,
+                str(len(ts)),
+                last["expected"],
+                last["observed"],
+                str(sum(t["result"] != "pass" for t in ts)),
+                (last.get("detail") or "–").replace("|", "/")[:120],
+            ]
+        )
+    identity_rows = [
+        ["run", "commit", "input", "output", "dead letters", "late", "every counter = oracle"]
+    ]
     for t in identity:
-        identity_rows.append([t["_run"]["run"], t["_run"].get("commit", "?"),
-                              *(f"{t['counts'][k]:,}" for k in
-                              ("input", "output", "dead_letters", "late")),
-                              "yes" if t["result"] == "pass" else "**no**"])
+        identity_rows.append(
+            [
+                t["_run"]["run"],
+                t["_run"].get("commit", "?"),
+                *(f"{t['counts'][k]:,}" for k in ("input", "output", "dead_letters", "late")),
+                "yes" if t["result"] == "pass" else "**no**",
+            ]
+        )
     return HEADER.format(
         inputs=_table(input_rows) if len(input_rows) > 1 else "(no run recorded yet)",
         identity=_table(identity_rows) if len(identity_rows) > 1 else "(no run recorded yet)",
         faults=_table(rows) if len(rows) > 1 else "(no trials recorded yet)",
         kill_total=len(kills),
         kill_points="; ".join(f"{k}: {v}" for k, v in points.items()),
-        runs=_table(run_rows))
+        runs=_table(run_rows),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,35 +29,53 @@ from tests.faults.harness import DAMAGE, QUERY, compare, damage, duckdb_counts
 pytestmark = pytest.mark.faults
 
 FIRST = list(events(6_000, merchants=20, rate_per_s=200, disorder_ms=3_000, bad_every=499, seed=3))
-MORE = list(events(3_000, merchants=20, rate_per_s=200, disorder_ms=3_000, bad_every=499, seed=4,
-                   start_ms=1_767_225_600_000 + 30_000))
+MORE = list(
+    events(
+        3_000,
+        merchants=20,
+        rate_per_s=200,
+        disorder_ms=3_000,
+        bad_every=499,
+        seed=4,
+        start_ms=1_767_225_600_000 + 30_000,
+    )
+)
 DAMAGE_PLUS = (*DAMAGE, "digit")
 
 
 # How each case appears in RELIABILITY.md (fault = the file damaged and what must happen).
 CASES = {
-    "test_a_sound_checkpoint_has_no_problems_and_nothing_moves":
-        "sound checkpoint: nothing named, nothing moved",
-    "test_newest_commit_damaged_reruns_that_batch_from_the_previous_state":
-        "newest commits/N damaged: batch N re-run from N-1",
-    "test_damaged_planned_batch_is_planned_again_and_the_sink_rewound":
-        "planned offsets/N (uncommitted) damaged: planned again, sink rewound",
-    "test_damaged_offsets_of_the_newest_commit_fall_back_one_batch":
-        "offsets/N of the newest commit damaged: back to N-1, sink rewound",
-    "test_damaged_older_offsets_a_restart_needs_are_refused_naming_the_savepoint":
-        "older offsets/N-1 damaged: refused, savepoint named",
-    "test_damaged_older_state_file_is_refused_naming_file_and_savepoint":
-        "older state changelog damaged: refused, savepoint named",
-    "test_damaged_newest_state_version_falls_back_one_batch":
-        "newest state changelog damaged: batch N re-run from N-1",
-    "test_refusal_without_savepoint_or_mirror_says_how_to_start_over":
-        "damage refused without savepoint: says how to start over / the mirror",
-    "test_a_start_that_stops_before_rewinding_leaves_the_rewind_to_the_next":
-        "crash between the fallback and the sink rewind: next start rewinds",
-    "test_damaged_query_metadata_is_moved_aside":
-        "query metadata damaged: moved aside",
-    "test_restart_on_a_damaged_checkpoint_equals_oracle":
-        "restart of Spark on a damaged checkpoint = oracle",
+    "test_a_sound_checkpoint_has_no_problems_and_nothing_moves": (
+        "sound checkpoint: nothing named, nothing moved"
+    ),
+    "test_newest_commit_damaged_reruns_that_batch_from_the_previous_state": (
+        "newest commits/N damaged: batch N re-run from N-1"
+    ),
+    "test_damaged_planned_batch_is_planned_again_and_the_sink_rewound": (
+        "planned offsets/N (uncommitted) damaged: planned again, sink rewound"
+    ),
+    "test_damaged_offsets_of_the_newest_commit_fall_back_one_batch": (
+        "offsets/N of the newest commit damaged: back to N-1, sink rewound"
+    ),
+    "test_damaged_older_offsets_a_restart_needs_are_refused_naming_the_savepoint": (
+        "older offsets/N-1 damaged: refused, savepoint named"
+    ),
+    "test_damaged_older_state_file_is_refused_naming_file_and_savepoint": (
+        "older state changelog damaged: refused, savepoint named"
+    ),
+    "test_damaged_newest_state_version_falls_back_one_batch": (
+        "newest state changelog damaged: batch N re-run from N-1"
+    ),
+    "test_refusal_without_savepoint_or_mirror_says_how_to_start_over": (
+        "damage refused without savepoint: says how to start over / the mirror"
+    ),
+    "test_a_start_that_stops_before_rewinding_leaves_the_rewind_to_the_next": (
+        "crash between the fallback and the sink rewind: next start rewinds"
+    ),
+    "test_damaged_query_metadata_is_moved_aside": ("query metadata damaged: moved aside"),
+    "test_restart_on_a_damaged_checkpoint_equals_oracle": (
+        "restart of Spark on a damaged checkpoint = oracle"
+    ),
 }
 
 
@@ -70,11 +88,13 @@ def _record_case(request: pytest.FixtureRequest, trials):
         return
     params = getattr(request.node, "callspec", None)
     params = params.params if params else {}
-    what = (f"file {params['how']}" if "how" in params else params.get("case", "as written"))
-    trials.record(fault=f"checkpoint: {CASES[request.node.originalname]}",
-                  input=f"real UPI checkpoint, {what}",
-                  result="pass" if rep.passed else "FAIL",
-                  detail="" if rep.passed else str(rep.longrepr)[-400:])
+    what = f"file {params['how']}" if "how" in params else params.get("case", "as written")
+    trials.record(
+        fault=f"checkpoint: {CASES[request.node.originalname]}",
+        input=f"real UPI checkpoint, {what}",
+        result="pass" if rep.passed else "FAIL",
+        detail="" if rep.passed else str(rep.longrepr)[-400:],
+    )
 
 
 @dataclass
@@ -89,9 +109,14 @@ class Base:
 
 
 def _sets(ws: UpiWorkspace, sp_root: Path) -> dict[str, str]:
-    return {"source.log_dir": str(ws.log_dir), "sink.database": str(ws.database),
-            "checkpoint.dir": str(ws.checkpoint_dir), "savepoint.dir": str(sp_root),
-            "source.max_records_per_batch": "1500", "parallelism": "2"}
+    return {
+        "source.log_dir": str(ws.log_dir),
+        "sink.database": str(ws.database),
+        "checkpoint.dir": str(ws.checkpoint_dir),
+        "savepoint.dir": str(sp_root),
+        "source.max_records_per_batch": "1500",
+        "parallelism": "2",
+    }
 
 
 def _run(ws: UpiWorkspace, sp_root: Path) -> tuple[int, str]:
@@ -125,8 +150,12 @@ def copy(base: Base, tmp_path: Path) -> Base:
 
 
 def _recover(b: Base) -> restore.Recovery:
-    return restore.recover(b.ws.checkpoint_dir, [QUERY], job_file="examples/upi_per_minute.py",
-                           savepoint_dir=str(b.savepoint_root))
+    return restore.recover(
+        b.ws.checkpoint_dir,
+        [QUERY],
+        job_file="examples/upi_per_minute.py",
+        savepoint_dir=str(b.savepoint_root),
+    )
 
 
 def _tree(d: Path) -> list[str]:
@@ -137,16 +166,18 @@ def _damage(path: Path, how: str) -> None:
     if how == "digit":  # still parses; only the checksum file tells
         text = path.read_text()
         i = next(i for i in range(len(text) - 1, 0, -1) if text[i].isdigit())
-        path.write_text(text[:i] + str((int(text[i]) + 1) % 10) + text[i + 1:])
+        path.write_text(text[:i] + str((int(text[i]) + 1) % 10) + text[i + 1 :])
     else:
         damage(path, how, random.Random(how))
 
 
 def _quarantined(rec: restore.Recovery) -> list[str]:
     assert rec.quarantine is not None
-    return sorted(p.relative_to(rec.quarantine / QUERY).as_posix()
-                  for p in (rec.quarantine / QUERY).rglob("*")
-                  if p.is_file() and not p.name.endswith(".crc"))
+    return sorted(
+        p.relative_to(rec.quarantine / QUERY).as_posix()
+        for p in (rec.quarantine / QUERY).rglob("*")
+        if p.is_file() and not p.name.endswith(".crc")
+    )
 
 
 def test_a_sound_checkpoint_has_no_problems_and_nothing_moves(copy):
@@ -236,9 +267,14 @@ def test_damaged_older_offsets_a_restart_needs_are_refused_naming_the_savepoint(
 
 def _needed_changelogs(qdir: Path, partition: str) -> list[str]:
     c = layout.last_committed(qdir)
-    return sorted((f for f in layout.batch_files(qdir, c)
-                   if f.startswith(f"state/0/{partition}/") and f.endswith(".changelog")),
-                  key=lambda f: int(f.rsplit("/", 1)[1].split(".")[0]))
+    return sorted(
+        (
+            f
+            for f in layout.batch_files(qdir, c)
+            if f.startswith(f"state/0/{partition}/") and f.endswith(".changelog")
+        ),
+        key=lambda f: int(f.rsplit("/", 1)[1].split(".")[0]),
+    )
 
 
 @pytest.mark.parametrize("how", DAMAGE_PLUS)
@@ -276,8 +312,9 @@ def test_refusal_without_savepoint_or_mirror_says_how_to_start_over(copy):
         _recover(copy)
     assert err.value.savepoint is None and "to start over, move" in str(err.value)
     with pytest.raises(restore.CorruptCheckpointError) as err:
-        restore.recover(copy.ws.checkpoint_dir, [QUERY], savepoint_dir=None,
-                        mirror="s3://bucket/ckpt/upi")
+        restore.recover(
+            copy.ws.checkpoint_dir, [QUERY], savepoint_dir=None, mirror="s3://bucket/ckpt/upi"
+        )
     assert "--restore-from s3://bucket/ckpt/upi" in str(err.value)
 
 
@@ -292,15 +329,25 @@ def test_damaged_query_metadata_is_moved_aside(copy, how):
 
 # -- end to end: Spark restarts on the damaged checkpoint ------------------------------------------
 
-@pytest.mark.parametrize("case", ["newest commit truncated", "committed offsets garbage",
-                                  "newest changelog empty", "older changelog truncated"])
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "newest commit truncated",
+        "committed offsets garbage",
+        "newest changelog empty",
+        "older changelog truncated",
+    ],
+)
 def test_restart_on_a_damaged_checkpoint_equals_oracle(copy, case):
     q = copy.qdir
     c = layout.last_committed(q)
-    target = {"newest commit truncated": (q / "commits" / str(c), "truncate"),
-              "committed offsets garbage": (q / "offsets" / str(c), "garbage"),
-              "newest changelog empty": (q / _needed_changelogs(q, "1")[-1], "empty"),
-              "older changelog truncated": (q / _needed_changelogs(q, "0")[0], "truncate")}
+    target = {
+        "newest commit truncated": (q / "commits" / str(c), "truncate"),
+        "committed offsets garbage": (q / "offsets" / str(c), "garbage"),
+        "newest changelog empty": (q / _needed_changelogs(q, "1")[-1], "empty"),
+        "older changelog truncated": (q / _needed_changelogs(q, "0")[0], "truncate"),
+    }
     path, how = target[case]
     _damage(path, how)
     append_lines(copy.ws.log_dir, MORE)
@@ -315,6 +362,9 @@ def test_restart_on_a_damaged_checkpoint_equals_oracle(copy, case):
     assert compare(duckdb_counts(copy.ws.database), oracle(FIRST + MORE)).exact
     reader = EventLog(copy.ws.log_dir).reader("upi-payments-dlq")
     dead = sorted(r.value for p, e in reader.end_offsets().items() for r in reader.read(p, 0, e))
-    bad = sorted(line for line in FIRST + MORE if line.startswith(b"{not") or b'"ten"' in line
-                 or b'"amount_paise"' not in line)
+    bad = sorted(
+        line
+        for line in FIRST + MORE
+        if line.startswith(b"{not") or b'"ten"' in line or b'"amount_paise"' not in line
+    )
     assert dead == bad  # each dead letter once, across the fallback

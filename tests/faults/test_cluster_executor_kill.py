@@ -35,8 +35,9 @@ def _executors(worker_dir: Path) -> list[int]:
         if not proc.name.isdigit():
             continue
         try:
-            if (b"CoarseGrainedExecutorBackend" in (proc / "cmdline").read_bytes()
-                    and (proc / "cwd").resolve().is_relative_to(worker_dir.resolve())):
+            if b"CoarseGrainedExecutorBackend" in (proc / "cmdline").read_bytes() and (
+                proc / "cwd"
+            ).resolve().is_relative_to(worker_dir.resolve()):
                 out.append(int(proc.name))
         except OSError:
             continue
@@ -44,27 +45,45 @@ def _executors(worker_dir: Path) -> list[int]:
 
 
 def test_executor_killed_mid_batch_task_retried_result_equals_oracle(
-        cluster: Cluster, upi, job_env, trials):  # noqa: F811
-    lines = list(events(60_000, merchants=40, rate_per_s=500, disorder_ms=4_500,
-                        bad_every=997, seed=41))
+    cluster: Cluster,  # noqa: F811
+    upi,
+    job_env,
+    trials,
+):
+    lines = list(
+        events(60_000, merchants=40, rate_per_s=500, disorder_ms=4_500, bad_every=997, seed=41)
+    )
     append_lines(upi.log_dir, lines)
     upi.extra.update({"source.max_records_per_batch": "3000", "parallelism": "2"})
     qdir = upi.checkpoint_dir / QUERY
     log = upi.root / "run.log"
-    proc = srt_background(upi.run_args("--available-now", "--master", cluster.master_url),
-                          job_env, log)
+    proc = srt_background(
+        upi.run_args("--available-now", "--master", cluster.master_url), job_env, log
+    )
     try:
         wait_for_commit(qdir, None, proc, log, timeout=300)
         # A batch in flight: planned (offsets/N) and not committed.
-        wait_for(lambda: (layout.last_planned(qdir) or -1) > (layout.last_committed(qdir) or -1)
-                 and bool(_executors(cluster.worker_dir)), proc, log, "a batch in flight",
-                 timeout=300)
+        wait_for(
+            lambda: (
+                (layout.last_planned(qdir) or -1) > (layout.last_committed(qdir) or -1)
+                and bool(_executors(cluster.worker_dir))
+            ),
+            proc,
+            log,
+            "a batch in flight",
+            timeout=300,
+        )
         victims = _executors(cluster.worker_dir)
         batch = layout.last_planned(qdir)
         subprocess.run(["kill", "-9", *map(str, victims)], check=True)
         t0 = time.monotonic()
-        wait_for(lambda: bool(set(_executors(cluster.worker_dir)) - set(victims)), proc, log,
-                 "a new executor", timeout=300)
+        wait_for(
+            lambda: bool(set(_executors(cluster.worker_dir)) - set(victims)),
+            proc,
+            log,
+            "a new executor",
+            timeout=300,
+        )
         replaced_s = round(time.monotonic() - t0, 1)
         code = proc.wait(timeout=900)
     finally:
@@ -80,9 +99,15 @@ def test_executor_killed_mid_batch_task_retried_result_equals_oracle(
         why.append(str(cmp))
     if dead != bad_lines(lines):
         why.append(f"{len(dead)} dead letters for {len(bad_lines(lines))} bad records")
-    trials.record(fault=FAULT, input=INPUT, result="FAIL" if why else "pass",
-                  detail="; ".join(why) or f"killed executor pid(s) {victims} during batch "
-                         f"{batch}; a new executor after {replaced_s} s; batches committed "
-                         f"{layout.last_committed(qdir) + 1}",
-                  lost=cmp.lost, duplicated=cmp.duplicated)
+    trials.record(
+        fault=FAULT,
+        input=INPUT,
+        result="FAIL" if why else "pass",
+        detail="; ".join(why)
+        or f"killed executor pid(s) {victims} during batch "
+        f"{batch}; a new executor after {replaced_s} s; batches committed "
+        f"{layout.last_committed(qdir) + 1}",
+        lost=cmp.lost,
+        duplicated=cmp.duplicated,
+    )
     assert not why, why

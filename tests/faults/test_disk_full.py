@@ -45,11 +45,16 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     it on purpose)."""
     mnt = tmp_path / "disk"
     mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({(done.stderr or done.stdout).strip()}): the "
-                    f"disk-full trial needs root with CAP_SYS_ADMIN")
+        pytest.skip(
+            f"cannot mount a tmpfs here ({(done.stderr or done.stdout).strip()}): the "
+            f"disk-full trial needs root with CAP_SYS_ADMIN"
+        )
     try:
         yield mnt
     finally:
@@ -76,9 +81,16 @@ def _fill(mnt: Path) -> int:
 
 
 def test_checkpoint_disk_full_fails_clearly_loses_nothing_restart_equals_oracle(
-        upi, job_env, small_disk, trials):
-    upi.extra.update({"checkpoint.dir": str(small_disk / "ckpt"), "checkpoint.interval_s": "0.5",
-                      "parallelism": "2", "source.max_records_per_batch": "2000"})
+    upi, job_env, small_disk, trials
+):
+    upi.extra.update(
+        {
+            "checkpoint.dir": str(small_disk / "ckpt"),
+            "checkpoint.interval_s": "0.5",
+            "parallelism": "2",
+            "source.max_records_per_batch": "2000",
+        }
+    )
     qdir = small_disk / "ckpt" / QUERY
     feeder = Feeder(upi.log_dir, seed=23, chunk=100)
     log = upi.root / "run.log"
@@ -107,19 +119,26 @@ def test_checkpoint_disk_full_fails_clearly_loses_nothing_restart_equals_oracle(
         kill_group(proc)
     out = log.read_text()
     # One line from srt naming the full disk (Spark's own error buries it in a stack trace).
-    said = [line.strip()[:300] for line in out.splitlines()
-            if line.startswith("[") and "disk holding checkpoint" in line and "is full" in line]
+    said = [
+        line.strip()[:300]
+        for line in out.splitlines()
+        if line.startswith("[") and "disk holding checkpoint" in line and "is full" in line
+    ]
 
     # Nothing committed is lost: the sink equals the oracle of what its ledger claims, and
     # the checkpoint restarts (perhaps one batch back).
     b = sink_batch(upi.database)
-    at_failure = compare(duckdb_counts(upi.database),
-                         oracle(log_lines(upi.log_dir, batch_offsets(qdir, b))))
+    at_failure = compare(
+        duckdb_counts(upi.database), oracle(log_lines(upi.log_dir, batch_offsets(qdir, b)))
+    )
     problems = [str(p) for p in layout.verify(qdir)]
     fed = feeder.stop()
     (small_disk / "filler").unlink()
-    restart = srt(upi.run_args("--available-now", "--set",
-                               "source.max_records_per_batch=1000000"), job_env, timeout=900)
+    restart = srt(
+        upi.run_args("--available-now", "--set", "source.max_records_per_batch=1000000"),
+        job_env,
+        timeout=900,
+    )
     final = compare(upi.table(), oracle(fed))
     dead = dead_letters(upi.log_dir)
     recovered = [line for line in restart.stdout.splitlines() if "is damaged" in line]
@@ -136,11 +155,17 @@ def test_checkpoint_disk_full_fails_clearly_loses_nothing_restart_equals_oracle(
     if dead != bad_lines(fed):
         why.append(f"{len(dead)} dead letters for {len(bad_lines(fed))} bad records")
     trials.record(
-        fault=FAULT, input=INPUT, result="FAIL" if why else "pass",
-        detail="; ".join(why) or (
+        fault=FAULT,
+        input=INPUT,
+        result="FAIL" if why else "pass",
+        detail="; ".join(why)
+        or (
             f"filled {filled:,} bytes after batch {committed_at_fill}; the job "
             f"{'exited ' + str(exited) if exited is not None else 'stalled'} after {reaction_s} s "
             f"saying: {said[0] if said else '-'}; checkpoint problems after: "
-            f"{problems or 'none'}; restart: {recovered or 'no fallback needed'}"),
-        lost=final.lost, duplicated=final.duplicated)
+            f"{problems or 'none'}; restart: {recovered or 'no fallback needed'}"
+        ),
+        lost=final.lost,
+        duplicated=final.duplicated,
+    )
     assert not why, (why, out[-3000:])

@@ -35,8 +35,9 @@ from tests.faults.harness import JOB, QUERY, bad_lines, compare
 pytestmark = pytest.mark.faults
 
 # 30 s in the full run (platform/fault-trials.sh); CI's budget affords 10 s.
-OUTAGE_S = float(os.environ.get("SRT_FAULT_KAFKA_OUTAGE_S")
-                 or (30 if os.environ.get("SRT_FAULT_FULL") else 10))
+OUTAGE_S = float(
+    os.environ.get("SRT_FAULT_KAFKA_OUTAGE_S") or (30 if os.environ.get("SRT_FAULT_FULL") else 10)
+)
 FAULT = f"Kafka broker stopped {OUTAGE_S:g} s and restarted mid-run"
 INPUT = "UPI events on 4 Kafka partitions (1 bad record in 997), Kafka exactly-once sink"
 
@@ -49,8 +50,12 @@ def _key(line: bytes) -> bytes:
 
 
 def _service(cmd: str, data_dir: Path) -> str:
-    done = subprocess.run([broker_binary(), cmd, "kafka", "--data-dir", str(data_dir)],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [broker_binary(), cmd, "kafka", "--data-dir", str(data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout.strip()
 
@@ -58,12 +63,19 @@ def _service(cmd: str, data_dir: Path) -> str:
 def _ends(broker, topic: str) -> dict[str, int]:
     from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "ends",
-                  "isolation.level": "read_committed"})
+    c = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": "ends",
+            "isolation.level": "read_committed",
+        }
+    )
     try:
         parts = sorted(c.list_topics(timeout=10).topics[topic].partitions)
-        return {f"{topic}:{p}": c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in parts}
+        return {
+            f"{topic}:{p}": c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in parts
+        }
     finally:
         c.close()
 
@@ -82,14 +94,23 @@ def test_broker_down_30s_and_back_output_equals_oracle(upi, job_env, tmp_path, t
     topic, out_topic = "upi-outage", "upi-outage-counts"
     try:
         broker.create_topic(topic, 4)
-        lines = list(events(40_000, merchants=30, rate_per_s=300, disorder_ms=4_000,
-                            bad_every=997, seed=31))
+        lines = list(
+            events(40_000, merchants=30, rate_per_s=300, disorder_ms=4_000, bad_every=997, seed=31)
+        )
         first, second = lines[:24_000], lines[24_000:]
         broker.produce(topic, [(_key(line), line) for line in first])
-        upi.extra.update({"source.kind": "kafka", "source.bootstrap_servers": broker.bootstrap,
-                          "source.topic": topic, "sink.kind": "kafka",
-                          "sink.kafka_topic": out_topic, "checkpoint.interval_s": "0.5",
-                          "source.max_records_per_batch": "2000", "parallelism": "2"})
+        upi.extra.update(
+            {
+                "source.kind": "kafka",
+                "source.bootstrap_servers": broker.bootstrap,
+                "source.topic": topic,
+                "sink.kind": "kafka",
+                "sink.kafka_topic": out_topic,
+                "checkpoint.interval_s": "0.5",
+                "source.max_records_per_batch": "2000",
+                "parallelism": "2",
+            }
+        )
         qdir = upi.checkpoint_dir / QUERY
         runs, exits = 0, []
 
@@ -101,8 +122,9 @@ def test_broker_down_30s_and_back_output_equals_oracle(upi, job_env, tmp_path, t
         proc = start()
         try:
             wait_for_commit(qdir, None, proc, upi.root / "run-1.log", timeout=300)
-            wait_for_commit(qdir, layout.last_committed(qdir), proc, upi.root / "run-1.log",
-                            timeout=300)
+            wait_for_commit(
+                qdir, layout.last_committed(qdir), proc, upi.root / "run-1.log", timeout=300
+            )
             at = layout.last_committed(qdir)
             in_flight = (layout.last_planned(qdir) or -1) > at
             _service("stop", tmp_path / "kafka" / "data")
@@ -148,15 +170,26 @@ def test_broker_down_30s_and_back_output_equals_oracle(upi, job_env, tmp_path, t
             why.append(str(cmp))
         if dead != bad_lines(lines):
             why.append(f"{len(dead)} dead letters for {len(bad_lines(lines))} bad records")
-        reasons = [line for i in range(1, runs + 1)
-                   for line in (upi.root / f"run-{i}.log").read_text().splitlines()
-                   if "failed:" in line or "error:" in line][:3]
-        trials.record(fault=FAULT, input=INPUT, result="FAIL" if why else "pass",
-                      detail="; ".join(why) or (
-                          f"stopped after batch {at} ({'batch in flight' if in_flight else 'idle'}"
-                          f"); job runs {runs}, exits during/after the outage {exits}; "
-                          f"{' | '.join(r[:200] for r in reasons)}"),
-                      lost=cmp.lost, duplicated=cmp.duplicated + twice, job_runs=runs)
+        reasons = [
+            line
+            for i in range(1, runs + 1)
+            for line in (upi.root / f"run-{i}.log").read_text().splitlines()
+            if "failed:" in line or "error:" in line
+        ][:3]
+        trials.record(
+            fault=FAULT,
+            input=INPUT,
+            result="FAIL" if why else "pass",
+            detail="; ".join(why)
+            or (
+                f"stopped after batch {at} ({'batch in flight' if in_flight else 'idle'}"
+                f"); job runs {runs}, exits during/after the outage {exits}; "
+                f"{' | '.join(r[:200] for r in reasons)}"
+            ),
+            lost=cmp.lost,
+            duplicated=cmp.duplicated + twice,
+            job_runs=runs,
+        )
         assert not why, why
     finally:
         broker.process.terminate()

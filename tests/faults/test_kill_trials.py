@@ -28,8 +28,10 @@ def test_kill_dash_nine_at_random_points_every_trial_equals_oracle(tmp_path, job
     cfg = Config(trials=TRIALS, seed=seed)
     out = run_kill_trials(tmp_path / "w", cfg, job_env, _record(trials, seed, cfg), say=print)
     record_final(trials, out, cfg)
-    assert out.ok, (f"seed {seed} — replay with SRT_FAULT_SEED={seed} "
-                    f"pytest tests/faults/test_kill_trials.py\n{out.table()}")
+    assert out.ok, (
+        f"seed {seed} — replay with SRT_FAULT_SEED={seed} "
+        f"pytest tests/faults/test_kill_trials.py\n{out.table()}"
+    )
 
 
 def test_after_two_fallbacks_each_window_must_hold_a_value_it_had_at_a_batch_end():

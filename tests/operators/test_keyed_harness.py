@@ -131,8 +131,15 @@ class Proc(KeyedProcessFunction):
     time_domain = TimeDomain.PROCESSING_TIME
 
     def open(self, ctx):
-        self.seen = ctx.get_state(ValueStateDescriptor("seen", int, ttl=StateTtlConfig(
-            timedelta(seconds=10), UpdateType.ON_READ_AND_WRITE, TimeDomain.PROCESSING_TIME)))
+        self.seen = ctx.get_state(
+            ValueStateDescriptor(
+                "seen",
+                int,
+                ttl=StateTtlConfig(
+                    timedelta(seconds=10), UpdateType.ON_READ_AND_WRITE, TimeDomain.PROCESSING_TIME
+                ),
+            )
+        )
 
     def process_element(self, e, ctx):
         if e.get("read"):
@@ -140,7 +147,8 @@ class Proc(KeyedProcessFunction):
         else:
             self.seen.update(1)
         ctx.timer_service().register_processing_time_timer(
-            ctx.timer_service().current_processing_time() + timedelta(seconds=5))
+            ctx.timer_service().current_processing_time() + timedelta(seconds=5)
+        )
         return ()
 
     def on_timer(self, timestamp, ctx):
@@ -168,10 +176,21 @@ class Dedup(KeyedProcessFunction):
         self.update_type = update_type
 
     def open(self, ctx):
-        self.seen = ctx.get_state(ValueStateDescriptor("seen", bool, ttl=StateTtlConfig(
-            timedelta(hours=24), self.update_type, TimeDomain.EVENT_TIME)))
-        self.notes = ctx.get_map_state(MapStateDescriptor("notes", str, int, ttl=StateTtlConfig(
-            timedelta(hours=1), time_domain=TimeDomain.EVENT_TIME)))
+        self.seen = ctx.get_state(
+            ValueStateDescriptor(
+                "seen",
+                bool,
+                ttl=StateTtlConfig(timedelta(hours=24), self.update_type, TimeDomain.EVENT_TIME),
+            )
+        )
+        self.notes = ctx.get_map_state(
+            MapStateDescriptor(
+                "notes",
+                str,
+                int,
+                ttl=StateTtlConfig(timedelta(hours=1), time_domain=TimeDomain.EVENT_TIME),
+            )
+        )
 
     def process_element(self, e, ctx):
         self.notes.put(e.get("note", "x"), 1)
@@ -204,8 +223,13 @@ class TtlAndTimers(KeyedProcessFunction):
     output_schema = {"id": str, "fired": int, "seen": bool}
 
     def open(self, ctx):
-        self.seen = ctx.get_state(ValueStateDescriptor("seen", bool, ttl=StateTtlConfig(
-            timedelta(hours=1), time_domain=TimeDomain.EVENT_TIME)))
+        self.seen = ctx.get_state(
+            ValueStateDescriptor(
+                "seen",
+                bool,
+                ttl=StateTtlConfig(timedelta(hours=1), time_domain=TimeDomain.EVENT_TIME),
+            )
+        )
 
     def process_element(self, e, ctx):
         self.seen.update(True)
@@ -213,8 +237,11 @@ class TtlAndTimers(KeyedProcessFunction):
         return ()
 
     def on_timer(self, timestamp, ctx):
-        yield {"id": ctx.get_current_key(), "fired": to_ms(timestamp),
-               "seen": bool(self.seen.value())}
+        yield {
+            "id": ctx.get_current_key(),
+            "fired": to_ms(timestamp),
+            "seen": bool(self.seen.value()),
+        }
 
 
 def test_a_user_timer_and_a_ttl_cleanup_at_one_instant_fire_once_and_each_acts():

@@ -16,9 +16,13 @@ OUT = pa.schema([("user", pa.string()), ("k", pa.int64())])
 
 
 def batch(rows: list[tuple[str, int, int]]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pydict({
-        "user": [u for u, _, _ in rows], "n": [n for _, n, _ in rows],
-        "_event_time": pa.array([ts for _, _, ts in rows], pa.timestamp("us", "UTC"))})
+    return pa.RecordBatch.from_pydict(
+        {
+            "user": [u for u, _, _ in rows],
+            "n": [n for _, n, _ in rows],
+            "_event_time": pa.array([ts for _, _, ts in rows], pa.timestamp("us", "UTC")),
+        }
+    )
 
 
 def operator(fn, flat: bool = False) -> MapOperator:
@@ -39,8 +43,9 @@ def test_a_missing_output_column_is_null():
     assert out.to_pydict()["k"] == [None]
 
 
-@given(st.lists(st.tuples(st.text(max_size=3), st.integers(0, 4), st.integers(0, 10**12)),
-                max_size=40))
+@given(
+    st.lists(st.tuples(st.text(max_size=3), st.integers(0, 4), st.integers(0, 10**12)), max_size=40)
+)
 def test_flat_map_outputs_carry_their_own_inputs_event_time(rows):
     def explode(r):
         return ({"user": r["user"], "k": i} for i in range(r["n"]))
@@ -58,8 +63,11 @@ def test_flat_map_may_return_none_or_a_list():
 
 def test_a_function_that_raises_names_the_step_and_the_record():
     op = operator(lambda r: {"user": r["user"], "k": 100 // r["n"]})
-    with pytest.raises(UserFunctionError, match=r"step: the map function raised "
-                       r"ZeroDivisionError.*'user': 'b', 'n': 0"):
+    with pytest.raises(
+        UserFunctionError,
+        match=r"step: the map function raised "
+        r"ZeroDivisionError.*'user': 'b', 'n': 0",
+    ):
         op.apply(batch([("a", 1, 1), ("b", 0, 2)]))
 
 

@@ -17,11 +17,13 @@ class Echo(KeyedProcessFunction):
 def test_records_keep_each_columns_python_type_and_nulls_are_none():
     processor = SparkKeyedProcessor(Echo(), ["id", "n", "price", "ok"], ["n"])
     frames = [
-        pd.DataFrame({"id": ["a", "b"], "n": [1, 2], "price": [2.5, 3.0], "ok": [True, False],
-                      TS: [10, 20]}),
+        pd.DataFrame(
+            {"id": ["a", "b"], "n": [1, 2], "price": [2.5, 3.0], "ok": [True, False], TS: [10, 20]}
+        ),
         # Spark hands a null int as NaN in a float column; one-row frames are the common case
-        pd.DataFrame({"id": ["c"], "n": [float("nan")], "price": [float("nan")], "ok": [True],
-                      TS: [30]}),
+        pd.DataFrame(
+            {"id": ["c"], "n": [float("nan")], "price": [float("nan")], "ok": [True], TS: [30]}
+        ),
         pd.DataFrame({TS: [40], "n": [7], "id": ["d"], "price": [1.0], "ok": [False]}),
     ]
     out = list(processor._elements(iter(frames)))

@@ -54,8 +54,9 @@ def key(k, start_ms):
 
 def test_tumbling_and_sliding_windows_equal_the_oracle():
     evs = events(1)
-    tumbling = run(WindowOperator(TumblingEventTimeWindows.of(timedelta(seconds=10)), ["k"],
-                                  AGGS, SCHEMA), evs)
+    tumbling = run(
+        WindowOperator(TumblingEventTimeWindows.of(timedelta(seconds=10)), ["k"], AGGS, SCHEMA), evs
+    )
     expected = defaultdict(lambda: [0, 0])
     for e in evs:
         acc = expected[key(e["k"], e["ts"] - e["ts"] % (10 * S))]
@@ -63,9 +64,15 @@ def test_tumbling_and_sliding_windows_equal_the_oracle():
         acc[1] += e["v"]
     assert tumbling == {k: tuple(v) for k, v in expected.items()}
 
-    sliding = run(WindowOperator(SlidingEventTimeWindows.of(timedelta(seconds=10),
-                                                            timedelta(seconds=5)),
-                                 ["k"], AGGS, SCHEMA), evs)
+    sliding = run(
+        WindowOperator(
+            SlidingEventTimeWindows.of(timedelta(seconds=10), timedelta(seconds=5)),
+            ["k"],
+            AGGS,
+            SCHEMA,
+        ),
+        evs,
+    )
     expected = defaultdict(lambda: [0, 0])
     for e in evs:
         for start in range(e["ts"] - e["ts"] % (5 * S) - 5 * S, e["ts"] + 1, 5 * S):
@@ -94,27 +101,37 @@ def sessions_oracle(evs: list[dict], gap: int) -> dict:
 
 def test_session_windows_merge_and_equal_the_oracle():
     evs = events(2)
-    got = run(WindowOperator(EventTimeSessionWindows.with_gap(timedelta(seconds=5)), ["k"],
-                             AGGS, SCHEMA), evs)
+    got = run(
+        WindowOperator(EventTimeSessionWindows.with_gap(timedelta(seconds=5)), ["k"], AGGS, SCHEMA),
+        evs,
+    )
     assert got == sessions_oracle(evs, 5 * S)
 
 
 def test_global_window_count_trigger_fires_and_purges():
     evs = events(3, 100)
-    h = KeyedProcessHarness(WindowOperator(GlobalWindows(), ["k"], AGGS, SCHEMA,
-                                           trigger=CountTrigger.of(7)), "k", "ts")
+    h = KeyedProcessHarness(
+        WindowOperator(GlobalWindows(), ["k"], AGGS, SCHEMA, trigger=CountTrigger.of(7)), "k", "ts"
+    )
     h.process_elements(evs)
     for k in "ab":
         values = [e["v"] for e in evs if e["k"] == k]
-        chunks = [values[i:i + 7] for i in range(0, len(values) - len(values) % 7, 7)]
-        assert [(r["n"], r["s"]) for r in h.output if r["k"] == k] == \
-               [(7, sum(c)) for c in chunks]
+        chunks = [values[i : i + 7] for i in range(0, len(values) - len(values) % 7, 7)]
+        assert [(r["n"], r["s"]) for r in h.output if r["k"] == k] == [(7, sum(c)) for c in chunks]
 
 
 def test_early_firing_every_k_elements_then_final_result():
-    h = KeyedProcessHarness(WindowOperator(TumblingEventTimeWindows.of(timedelta(seconds=60)),
-                                           ["k"], AGGS, SCHEMA,
-                                           trigger=EarlyFiring.every(count=3)), "k", "ts")
+    h = KeyedProcessHarness(
+        WindowOperator(
+            TumblingEventTimeWindows.of(timedelta(seconds=60)),
+            ["k"],
+            AGGS,
+            SCHEMA,
+            trigger=EarlyFiring.every(count=3),
+        ),
+        "k",
+        "ts",
+    )
     for i in range(8):
         h.process_element({"k": "a", "v": 1, "ts": i})
     assert [r["n"] for r in h.output] == [3, 6]  # running counts
@@ -124,10 +141,18 @@ def test_early_firing_every_k_elements_then_final_result():
 
 def test_allowed_lateness_updates_and_later_data_goes_to_the_side_output():
     late = OutputTag("late", {"k": str, "v": int, "ts": int})
-    h = KeyedProcessHarness(WindowOperator(TumblingEventTimeWindows.of(timedelta(seconds=10)),
-                                           ["k"], AGGS, SCHEMA,
-                                           allowed_lateness=timedelta(seconds=5), late_tag=late),
-                            "k", "ts")
+    h = KeyedProcessHarness(
+        WindowOperator(
+            TumblingEventTimeWindows.of(timedelta(seconds=10)),
+            ["k"],
+            AGGS,
+            SCHEMA,
+            allowed_lateness=timedelta(seconds=5),
+            late_tag=late,
+        ),
+        "k",
+        "ts",
+    )
     h.process_element({"k": "a", "v": 1, "ts": 1_000})
     assert [r["n"] for r in h.process_watermark(10_000)] == [1]  # on time
     assert [r["n"] for r in h.process_element({"k": "a", "v": 1, "ts": 2_000})] == [2]  # late
@@ -137,8 +162,11 @@ def test_allowed_lateness_updates_and_later_data_goes_to_the_side_output():
 
 
 def test_late_data_without_a_side_output_is_counted_not_silently_lost():
-    h = KeyedProcessHarness(WindowOperator(TumblingEventTimeWindows.of(timedelta(seconds=10)),
-                                           ["k"], AGGS, SCHEMA), "k", "ts")
+    h = KeyedProcessHarness(
+        WindowOperator(TumblingEventTimeWindows.of(timedelta(seconds=10)), ["k"], AGGS, SCHEMA),
+        "k",
+        "ts",
+    )
     h.process_watermark(50_000)
     h.process_element({"k": "a", "v": 1, "ts": 1_000})
     assert h.output == [] and h.state("a", "late_dropped") == 1
@@ -175,18 +203,21 @@ class MeanFn(AggregateFunction):
 
 def test_process_window_function_and_user_aggregate_function():
     evs = events(5, 200)
-    h = window_harness(TumblingEventTimeWindows.of(timedelta(seconds=30)), "k", TopTwo(),
-                       timestamp_field="ts")
+    h = window_harness(
+        TumblingEventTimeWindows.of(timedelta(seconds=30)), "k", TopTwo(), timestamp_field="ts"
+    )
     h.process_elements(evs)
     h.process_watermark(10**12)
     by_window = defaultdict(list)
     for e in evs:
         by_window[(e["k"], e["ts"] // 30_000)].append(e["v"])
     assert sorted(r["top"].split(" ", 1)[1] for r in h.output) == sorted(
-        str(sorted(v, reverse=True)[:2]) for v in by_window.values())
+        str(sorted(v, reverse=True)[:2]) for v in by_window.values()
+    )
 
-    h = window_harness(EventTimeSessionWindows.with_gap(timedelta(seconds=5)), "k", MeanFn(),
-                       timestamp_field="ts")
+    h = window_harness(
+        EventTimeSessionWindows.with_gap(timedelta(seconds=5)), "k", MeanFn(), timestamp_field="ts"
+    )
     h.process_elements(evs)
     h.process_watermark(10**12)
     expected = {k: s / n for k, (n, s) in sessions_oracle(evs, 5 * S).items()}

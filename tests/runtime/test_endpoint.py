@@ -54,15 +54,25 @@ class Job:
     def token(self) -> str:
         return (self.home / "jobs" / f"{JOB}.token").read_text()
 
-    def request(self, method: str, path: str, body: dict[str, Any] | None = None,
-                token: str | None = "", timeout: float = 300) -> tuple[int, bytes]:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        token: str | None = "",
+        timeout: float = 300,
+    ) -> tuple[int, bytes]:
         """One HTTP request to the job's endpoint: its status and body. ``token=""``: the
         job's own token; None: no Authorization header."""
         token = self.token() if token == "" else token
         headers = {} if token is None else {"Authorization": f"Bearer {token}"}
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.entry['control']['port']}{path}",
-                                     data=data, method=method, headers=headers)
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.entry['control']['port']}{path}",
+            data=data,
+            method=method,
+            headers=headers,
+        )
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
                 return resp.status, resp.read()
@@ -92,14 +102,25 @@ def _wait(cond: Callable[[], Any], timeout: float, what: str) -> Any:
 
 
 def _feed(ws: UpiWorkspace, count: int, seed: int, start_ms: int) -> None:
-    append_lines(ws.log_dir, list(events(count, merchants=8, rate_per_s=40, disorder_ms=2_000,
-                                         seed=seed, start_ms=start_ms)))
+    append_lines(
+        ws.log_dir,
+        list(
+            events(
+                count, merchants=8, rate_per_s=40, disorder_ms=2_000, seed=seed, start_ms=start_ms
+            )
+        ),
+    )
 
 
 def _job_config(ws: UpiWorkspace) -> dict[str, Any]:
-    return {"source.log_dir": str(ws.log_dir), "checkpoint.dir": str(ws.checkpoint_dir),
-            "checkpoint.interval_s": 1.0, "parallelism": 2,
-            "kafka.sasl.password": KAFKA_SECRET, "sink.dsn": DSN}
+    return {
+        "source.log_dir": str(ws.log_dir),
+        "checkpoint.dir": str(ws.checkpoint_dir),
+        "checkpoint.interval_s": 1.0,
+        "parallelism": 2,
+        "kafka.sasl.password": KAFKA_SECRET,
+        "sink.dsn": DSN,
+    }
 
 
 def _group(pid: int) -> list[int]:
@@ -135,19 +156,26 @@ def job(tmp_path_factory: pytest.TempPathFactory, srt_env: dict[str, str]) -> It
     home = root / "home"  # created by the launch
     saved = os.environ.get("SRT_HOME")
     os.environ["SRT_HOME"] = str(home)
-    spec = StreamingJobSpec(name=JOB, job_file=str(UPI), config=_job_config(ws),
-                            config_from_resources={"sink.database": "warehouse.path"})
+    spec = StreamingJobSpec(
+        name=JOB,
+        job_file=str(UPI),
+        config=_job_config(ws),
+        config_from_resources={"sink.database": "warehouse.path"},
+    )
     resources = {
-        "streaming_runtime": StreamingRuntime(home=str(home), working_directory=str(ROOT),
-                                              launch_timeout_s=400, commit_timeout_s=400),
+        "streaming_runtime": StreamingRuntime(
+            home=str(home), working_directory=str(ROOT), launch_timeout_s=400, commit_timeout_s=400
+        ),
         "warehouse": DuckDBWarehouse(path=str(ws.database)),
     }
     defs = build_definitions([spec], resources=resources)
     state = Job(home, ws, {**srt_env, "SRT_HOME": str(home)}, {}, "")
     try:
-        result = materialize(list(defs.assets),  # type: ignore[arg-type]
-                             selection=[AssetKey(["upi_per_minute"])],
-                             resources={**defs.resources})
+        result = materialize(
+            list(defs.assets),  # type: ignore[arg-type]
+            selection=[AssetKey(["upi_per_minute"])],
+            resources={**defs.resources},
+        )
         [event] = result.get_asset_materialization_events()
         state.metadata = {k: v.value for k, v in event.materialization.metadata.items()}
         state.pids.append(int(state.metadata["pid"]))
@@ -184,9 +212,21 @@ def test_secrets_are_nowhere_and_srt_home_is_private(job: Job):
     for member in members:
         shown[f"/proc/{member}/cmdline"] = _cmdline(member).decode(errors="replace")
     # explain, with the secrets given on its own command line (it warns, and masks them).
-    explained = srt(["--home", str(job.home), "explain", str(UPI), "--no-spark", "--json",
-                     "--set", f"kafka.sasl.password={KAFKA_SECRET}", "--set", f"sink.dsn={DSN}"],
-                    job.env)
+    explained = srt(
+        [
+            "--home",
+            str(job.home),
+            "explain",
+            str(UPI),
+            "--no-spark",
+            "--json",
+            "--set",
+            f"kafka.sasl.password={KAFKA_SECRET}",
+            "--set",
+            f"sink.dsn={DSN}",
+        ],
+        job.env,
+    )
     assert explained.returncode == 0, explained.stderr
     assert "given on the command line" in explained.stderr
     shown["srt explain"] = explained.stdout + explained.stderr
@@ -202,15 +242,17 @@ def test_secrets_are_nowhere_and_srt_home_is_private(job: Job):
     assert stat.S_IMODE((job.home / "jobs").stat().st_mode) == 0o700
     files = sorted((job.home / "jobs").iterdir())
     assert {p.suffix for p in files} >= {".json", ".log", ".token", ".lock"}
-    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in files} == {
-        p.name: 0o600 for p in files}
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in files} == {p.name: 0o600 for p in files}
 
 
 def test_a_wrong_or_missing_token_gets_401_and_nothing_happens(job: Job):
     for token in (None, "wrong", job.token() + "x"):
-        for method, path, body in (("GET", "/health", None), ("GET", "/metrics", None),
-                                   ("POST", "/savepoint", {}),
-                                   ("POST", "/stop", {"savepoint": True})):
+        for method, path, body in (
+            ("GET", "/health", None),
+            ("GET", "/metrics", None),
+            ("POST", "/savepoint", {}),
+            ("POST", "/stop", {"savepoint": True}),
+        ):
             code, raw = job.request(method, path, body, token=token)
             assert code == 401, (method, path, raw)
             assert json.loads(raw)["error"]["type"] == "Unauthorized"
@@ -225,8 +267,11 @@ def test_a_wrong_or_missing_token_gets_401_and_nothing_happens(job: Job):
 def _metrics(text: str) -> dict[tuple[str, str], float]:
     from prometheus_client.parser import text_string_to_metric_families
 
-    return {(s.name, s.labels.get("query", "")): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, s.labels.get("query", "")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def test_health_and_metrics_move_as_batches_commit(job: Job):
@@ -244,18 +289,35 @@ def test_health_and_metrics_move_as_batches_commit(job: Job):
 
     def moved() -> dict[str, Any] | None:
         h = job.ok("GET", "/health")["queries"][q]
-        return h if (h["last_committed_batch"] > first["last_committed_batch"]
-                     and h["records"]["input"] >= first["records"]["input"] + 800) else None
+        return (
+            h
+            if (
+                h["last_committed_batch"] > first["last_committed_batch"]
+                and h["records"]["input"] >= first["records"]["input"] + 800
+            )
+            else None
+        )
 
     after = _wait(moved, 400, "a batch committing the new records")
     m2 = _metrics(job.ok("GET", "/metrics"))
     assert m2[("srt_records_input_total", q)] > m1[("srt_records_input_total", q)]
-    assert m2[("srt_records_output_total", q)] + m2[("srt_records_dead_letters_total", q)] \
-        + m2[("srt_records_late_total", q)] == m2[("srt_records_input_total", q)]
+    assert (
+        m2[("srt_records_output_total", q)]
+        + m2[("srt_records_dead_letters_total", q)]
+        + m2[("srt_records_late_total", q)]
+        == m2[("srt_records_input_total", q)]
+    )
     assert m2[("srt_last_committed_batch", q)] >= after["last_committed_batch"]
-    for name in ("srt_checkpoint_age_seconds", "srt_state_rows", "srt_state_bytes",
-                 "srt_input_rows_per_second", "srt_processed_rows_per_second",
-                 "srt_batch_duration_seconds", "srt_lag_records", "srt_watermark_seconds"):
+    for name in (
+        "srt_checkpoint_age_seconds",
+        "srt_state_rows",
+        "srt_state_bytes",
+        "srt_input_rows_per_second",
+        "srt_processed_rows_per_second",
+        "srt_batch_duration_seconds",
+        "srt_lag_records",
+        "srt_watermark_seconds",
+    ):
         assert (name, q) in m2, name
     assert m2[("srt_state_rows", q)] > 0 and m2[("srt_checkpoint_age_seconds", q)] >= 0
 
@@ -275,8 +337,9 @@ def test_post_savepoint_is_taken_by_the_job_and_listed(job: Job, tmp_path: Path)
 
     elsewhere = job.ok("POST", "/savepoint", {"target": str(tmp_path / "sp")})
     assert elsewhere["location"].startswith(str(tmp_path / "sp"))
-    assert [s["id"] for s in job.srt("savepoint", "list", JOB, "--target",
-                                     str(tmp_path / "sp"))] == [elsewhere["id"]]
+    assert [
+        s["id"] for s in job.srt("savepoint", "list", JOB, "--target", str(tmp_path / "sp"))
+    ] == [elsewhere["id"]]
     # srt savepoint create asks the running job too.
     again = job.srt("savepoint", "create", JOB)
     assert again["kind"] == "savepoint" and again["id"] not in (taken["id"], elsewhere["id"])
@@ -295,10 +358,14 @@ def test_srt_stop_goes_through_the_endpoint(job: Job):
 def test_post_stop_with_a_savepoint(job: Job):
     from stateful_runtime.secrets import child_env
 
-    public = {k: v for k, v in _job_config(job.ws).items() if k not in ("kafka.sasl.password",
-                                                                         "sink.dsn")}
-    sets = [a for k, v in {**public, "sink.database": str(job.ws.database)}.items()
-            for a in ("--set", f"{k}={v}")]
+    public = {
+        k: v for k, v in _job_config(job.ws).items() if k not in ("kafka.sasl.password", "sink.dsn")
+    }
+    sets = [
+        a
+        for k, v in {**public, "sink.database": str(job.ws.database)}.items()
+        for a in ("--set", f"{k}={v}")
+    ]
     env = {**job.env, **child_env({"kafka.sasl.password": KAFKA_SECRET, "sink.dsn": DSN})}
     since = time.time()
     launched = job.srt("launch", str(UPI), *sets, "--job", JOB, env=env)
@@ -307,8 +374,9 @@ def test_post_stop_with_a_savepoint(job: Job):
     assert launched["launched"] is True
     job.srt("wait", JOB, "--until", "running", "--pid", str(pid), "--timeout", "400")
     _feed(job.ws, 200, seed=7, start_ms=START_MS + 120_000)
-    assert job.srt("wait", JOB, "--until", "commit", "--since", repr(since),
-                   "--timeout", "400")["reached"]
+    assert job.srt("wait", JOB, "--until", "commit", "--since", repr(since), "--timeout", "400")[
+        "reached"
+    ]
     for member in _group(pid):
         assert not any(s.encode() in _cmdline(member) for s in SECRETS)
     assert job.entry["config"]["kafka.sasl.password"] == "***"

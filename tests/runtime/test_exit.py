@@ -48,8 +48,13 @@ LATE_GC_SCRIPT = textwrap.dedent("""
 
 
 def _exec(tmp_path, script: str, **env) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "TMPDIR": str(tmp_path), **env})
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TMPDIR": str(tmp_path), **env},
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return done
 

@@ -23,8 +23,14 @@ def test_the_listener_wakes_on_progress_and_is_silent_once_removed(spark):
     woken = threading.Event()
     listener = _wake_on_progress(woken)
     spark.streams.addListener(listener)
-    query = (spark.readStream.format("rate").option("rowsPerSecond", 10).load()
-             .writeStream.format("noop").trigger(processingTime="0.1 seconds").start())
+    query = (
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", 10)
+        .load()
+        .writeStream.format("noop")
+        .trigger(processingTime="0.1 seconds")
+        .start()
+    )
     try:
         assert woken.wait(60), "no wake-up for a reported batch"
         spark.streams.removeListener(listener)

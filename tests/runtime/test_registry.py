@@ -54,8 +54,16 @@ def sleeper() -> Iterator[subprocess.Popen]:
 
 
 def test_home_is_private_and_entries_mask_secrets(home: Path):
-    registry.write("job-a", {"job": "job-a", "config": {
-        "kafka.sasl.password": "reg-secret-1", "sink.dsn": "postgresql://u:reg-secret-2@h/db"}})
+    registry.write(
+        "job-a",
+        {
+            "job": "job-a",
+            "config": {
+                "kafka.sasl.password": "reg-secret-1",
+                "sink.dsn": "postgresql://u:reg-secret-2@h/db",
+            },
+        },
+    )
     entry = home / "jobs" / "job-a.json"
     assert (_mode(home), _mode(home / "jobs"), _mode(entry)) == (0o700, 0o700, 0o600)
     text = entry.read_text()
@@ -70,6 +78,7 @@ def test_home_is_private_and_entries_mask_secrets(home: Path):
 def test_concurrent_writers_of_one_entry_never_collide(home: Path):
     """A Dagster run and its sensor (two threads of one process) update one entry at once: every
     write lands whole, none fails on another's temporary file."""
+
     def write_many(n: int) -> None:
         for i in range(200):
             registry.update("job-a", writer=n, i=i)
@@ -80,8 +89,7 @@ def test_concurrent_writers_of_one_entry_never_collide(home: Path):
     assert [p.name for p in (home / "jobs").iterdir()] == ["job-a.json"]
 
 
-def test_a_damaged_entry_is_named_and_the_others_keep_working(home: Path,
-                                                               srt_env: dict[str, str]):
+def test_a_damaged_entry_is_named_and_the_others_keep_working(home: Path, srt_env: dict[str, str]):
     registry.write("good-job", {"job": "good-job", "state": "STOPPED", "pid": None})
     bad = home / "jobs" / "bad-job.json"
     bad.write_text('{"job": "bad-job", "state": "RUNN')  # truncated mid-write by something
@@ -108,9 +116,14 @@ def test_a_damaged_entry_is_named_and_the_others_keep_working(home: Path,
 def test_names_never_leave_the_registry(home: Path, tmp_path: Path, srt_env: dict[str, str]):
     # A file that looks like an entry, outside the registry.
     (tmp_path / "x.json").write_text(json.dumps({"job": "x", "state": "RUNNING", "pid": 1}))
-    for args in (["stop", "../x"], ["stop", "../../x", "--kill"], ["status", "../x"],
-                 ["savepoint", "create", "../x"], ["wait", "/etc/passwd"],
-                 ["launch", "examples/upi_per_minute.py", "--job", "../x"]):
+    for args in (
+        ["stop", "../x"],
+        ["stop", "../../x", "--kill"],
+        ["status", "../x"],
+        ["savepoint", "create", "../x"],
+        ["wait", "/etc/passwd"],
+        ["launch", "examples/upi_per_minute.py", "--job", "../x"],
+    ):
         err = _error(_srt(home, srt_env, *args, "--json"))
         assert err["type"] == "InvalidNameError", args
     from stateful_runtime.names import InvalidNameError
@@ -120,12 +133,22 @@ def test_names_never_leave_the_registry(home: Path, tmp_path: Path, srt_env: dic
 
 
 def _entry(job: str, pid: int, **more: Any) -> None:
-    registry.write(job, {"job": job, "state": "RUNNING", "pid": pid, "run_id": "run-1",
-                         "control": {"port": 9, "url": "http://127.0.0.1:9"}, **more})
+    registry.write(
+        job,
+        {
+            "job": job,
+            "state": "RUNNING",
+            "pid": pid,
+            "run_id": "run-1",
+            "control": {"port": 9, "url": "http://127.0.0.1:9"},
+            **more,
+        },
+    )
 
 
-def test_a_reused_pid_is_never_signalled(home: Path, srt_env: dict[str, str],
-                                         sleeper: subprocess.Popen):
+def test_a_reused_pid_is_never_signalled(
+    home: Path, srt_env: dict[str, str], sleeper: subprocess.Popen
+):
     from dagster_defs import StreamingRuntime
     from dagster_defs.errors import SrtCommandError
 
@@ -139,8 +162,11 @@ def test_a_reused_pid_is_never_signalled(home: Path, srt_env: dict[str, str],
 
     err = _error(_srt(home, srt_env, "stop", "reused", "--json"))
     assert err["type"] == "JobError" and "nothing was signalled" in err["message"]
-    killed = json.loads(_srt(home, srt_env, "stop", "reused", "--kill", "--pid", str(pid),
-                             "--timeout", "1", "--json").stdout)
+    killed = json.loads(
+        _srt(
+            home, srt_env, "stop", "reused", "--kill", "--pid", str(pid), "--timeout", "1", "--json"
+        ).stdout
+    )
     assert killed["signal"] == "none" and "is now another process" in killed["note"]
     err = _error(_srt(home, srt_env, "savepoint", "create", "reused", "--stop", "--json"))
     assert "nothing was signalled" in err["message"]
@@ -156,13 +182,15 @@ def test_a_reused_pid_is_never_signalled(home: Path, srt_env: dict[str, str],
     assert sleeper.poll() is None  # the unrelated process lives on
 
 
-def test_an_entry_without_a_start_time_is_not_signalled(home: Path, srt_env: dict[str, str],
-                                                        sleeper: subprocess.Popen):
+def test_an_entry_without_a_start_time_is_not_signalled(
+    home: Path, srt_env: dict[str, str], sleeper: subprocess.Popen
+):
     _entry("legacy", sleeper.pid)  # written by an older srt: no pid_start
     err = _error(_srt(home, srt_env, "stop", "legacy", "--json"))
     assert "cannot be verified" in err["message"]
-    killed = json.loads(_srt(home, srt_env, "stop", "legacy", "--kill", "--timeout", "1",
-                             "--json").stdout)
+    killed = json.loads(
+        _srt(home, srt_env, "stop", "legacy", "--kill", "--timeout", "1", "--json").stdout
+    )
     assert killed["signal"] == "none"
     assert sleeper.poll() is None
 
@@ -171,8 +199,13 @@ def _orphaned_group(run_id: str) -> tuple[int, int]:
     """A process group whose leader exited, leaving a `sleep` (like a job's JVM after its
     driver died); its group id and the sleep's pid."""
     env = {**os.environ, registry.RUN_ID_ENV: run_id}
-    leader = subprocess.Popen(["bash", "-c", "sleep 600 & echo $!"], stdout=subprocess.PIPE,
-                              env=env, start_new_session=True, text=True)
+    leader = subprocess.Popen(
+        ["bash", "-c", "sleep 600 & echo $!"],
+        stdout=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+        text=True,
+    )
     child = int(leader.stdout.readline())  # type: ignore[union-attr]
     leader.wait()
     return leader.pid, child

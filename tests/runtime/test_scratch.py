@@ -41,8 +41,13 @@ def test_spark_scratch_is_one_directory_removed_at_exit_or_by_the_next_session(t
 
     log = tmp_path.parent / f"{tmp_path.name}-hang.log"
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-c", SCRIPT, "hang"], env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SCRIPT, "hang"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 120
         while "worker-tmp" not in log.read_text():
@@ -60,8 +65,9 @@ def test_spark_scratch_is_one_directory_removed_at_exit_or_by_the_next_session(t
         proc.wait()
     assert scratch.exists()  # a killed JVM removes nothing
 
-    done = subprocess.run([sys.executable, "-c", SCRIPT, "exit"], env=env, capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, "exit"], env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert not scratch.exists(), "the killed process's scratch was not removed"
     assert _listing(tmp_path) == [root.name], _listing(tmp_path)  # and its own at exit

@@ -18,10 +18,12 @@ def test_workers_import_pyspark_with_cached_bytecode(spark):
 
         import py4j
         import pyspark
+
         return [pyspark.__file__, py4j.__file__, [p for p in sys.path if "pyspark" in p]]
 
     [(pyspark_file, py4j_file, spark_paths)] = (
-        spark.sparkContext.parallelize([0], 1).map(where).collect())
+        spark.sparkContext.parallelize([0], 1).map(where).collect()
+    )
     assert ".zip" not in pyspark_file and ".zip" not in py4j_file, (pyspark_file, py4j_file)
     assert not [p for p in spark_paths if p.endswith(".zip")], spark_paths
 
@@ -42,18 +44,22 @@ def test_a_local_masters_jvm_leaves_c2_to_the_hottest_code(spark):
     says what it cost)."""
     jvm = spark.sparkContext._jvm
     bean = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
-        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+    )
     assert bean.getVMOption("Tier4InvocationThreshold").getValue() == "100000"
     assert bean.getVMOption("TieredStopAtLevel").getValue() == "4"  # C2 still compiles
 
 
-@pytest.mark.parametrize("choice, master, driver, executor", [
-    ("", "local[2]", "hot", "full"),
-    ("", "spark://127.0.0.1:7077", "full", "full"),
-    ("full", "local[2]", "full", "full"),
-    ("quick", "spark://127.0.0.1:7077", "quick", "quick"),
-    (" Quick ", "local[*]", "quick", "full"),
-])
+@pytest.mark.parametrize(
+    "choice, master, driver, executor",
+    [
+        ("", "local[2]", "hot", "full"),
+        ("", "spark://127.0.0.1:7077", "full", "full"),
+        ("full", "local[2]", "full", "full"),
+        ("quick", "spark://127.0.0.1:7077", "quick", "quick"),
+        (" Quick ", "local[*]", "quick", "full"),
+    ],
+)
 def test_the_jit_choice(monkeypatch, choice, master, driver, executor):
     monkeypatch.setenv(session.JIT_ENV, choice)
     conf = session.spark_conf(2, master)
@@ -113,11 +119,19 @@ def test_a_process_that_started_spark_ends_its_jvm_before_it_exits(tmp_path):
     import subprocess
     import sys
 
-    script = ("from stateful_runtime.runtime.session import build_session\n"
-              "s = build_session(1, 'local[1]')\n"
-              "print(s.sparkContext._gateway.proc.pid, flush=True)\n")
+    script = (
+        "from stateful_runtime.runtime.session import build_session\n"
+        "s = build_session(1, 'local[1]')\n"
+        "print(s.sparkContext._gateway.proc.pid, flush=True)\n"
+    )
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=env, timeout=120, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
     jvm = int(done.stdout.split()[-1])
     assert not Path(f"/proc/{jvm}").exists(), "the JVM outlived the process that started it"

@@ -29,9 +29,13 @@ def test_only_modules_importable_by_name_are_warmed(tmp_path):
     spec.loader.exec_module(module)
     sys.modules["srt_job_by_path"] = module  # as loading a job file by path leaves it
     try:
-        assert warmup.importable(["srt_job_by_path", "stateful_runtime.connectors.base",
-                                  "stateful_runtime.no_such_module"]) == [
-            "stateful_runtime.connectors.base"]
+        assert warmup.importable(
+            [
+                "srt_job_by_path",
+                "stateful_runtime.connectors.base",
+                "stateful_runtime.no_such_module",
+            ]
+        ) == ["stateful_runtime.connectors.base"]
     finally:
         del sys.modules["srt_job_by_path"]
 

@@ -24,8 +24,9 @@ print("[job] batch 1 | rows 5", flush=True)
 
 def test_worker_lines_go_to_the_log(tmp_path: Path):
     log = tmp_path / "job.workers.log"
-    out = subprocess.run([sys.executable, "-c", SCRIPT, str(log)], capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(log)], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["[job] batch 0 | rows 10", "[job] batch 1 | rows 5"]
     logged = log.read_text()

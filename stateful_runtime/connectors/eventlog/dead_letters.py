@@ -51,9 +51,13 @@ class EventLogDeadLetterSink:
         records = [
             Record(
                 row[RAW] or b"",
-                headers={"error": row[ERROR], "source.topic": self.source_topic,
-                         "source.partition": str(row[PARTITION]),
-                         "source.offset": str(row[OFFSET]), "job": self.job},
+                headers={
+                    "error": row[ERROR],
+                    "source.topic": self.source_topic,
+                    "source.partition": str(row[PARTITION]),
+                    "source.offset": str(row[OFFSET]),
+                    "job": self.job,
+                },
                 partition=row[PARTITION],
             )
             for row in table.to_pylist()

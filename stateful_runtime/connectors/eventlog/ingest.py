@@ -53,8 +53,11 @@ class LineProblem:
     appended: bool
 
     def message(self) -> str:
-        what = ("appended without a key; the job's decoder will dead-letter it" if self.appended
-                else "not appended")
+        what = (
+            "appended without a key; the job's decoder will dead-letter it"
+            if self.appended
+            else "not appended"
+        )
         return f"line {self.line}: {self.reason} ({what})"
 
     def to_json(self) -> str:
@@ -172,8 +175,12 @@ def ingest_stream(writer: TopicWriter, stream: BinaryIO, key_field: str | None) 
     return result
 
 
-def append_stream(writer: TopicWriter, stream: BinaryIO, key_field: str | None,
-                  report: Callable[[str], None] | None = None) -> int:
+def append_stream(
+    writer: TopicWriter,
+    stream: BinaryIO,
+    key_field: str | None,
+    report: Callable[[str], None] | None = None,
+) -> int:
     """``srt log append``: append every line of ``stream``; returns the records appended.
 
     Rejected and refused lines are reported through ``report`` (stderr by default), one line
@@ -181,6 +188,7 @@ def append_stream(writer: TopicWriter, stream: BinaryIO, key_field: str | None,
     refused, so the command exits nonzero.
     """
     if report is None:
+
         def report(text: str) -> None:
             print(text, file=sys.stderr)
 
@@ -188,8 +196,10 @@ def append_stream(writer: TopicWriter, stream: BinaryIO, key_field: str | None,
     for problem in result.problems:
         report(f"srt log append: {problem.message()}")
     if result.rejected:
-        report(f"srt log append: {result.rejected} line(s) rejected: appended without a key; "
-               f"the job will dead-letter them with the reasons above")
+        report(
+            f"srt log append: {result.rejected} line(s) rejected: appended without a key; "
+            f"the job will dead-letter them with the reasons above"
+        )
     if result.refused:
         raise LogError(
             f"{result.refused} line(s) refused and not appended (see above); the other "
@@ -280,8 +290,12 @@ async def _serve(
             wake.set()
             async with progress:
                 await progress.wait_for(lambda: appended >= target or bool(failure))
-            summary: dict[str, object] = {"done": not failure, "appended": result.appended,
-                       "rejected": result.rejected, "refused": result.refused}
+            summary: dict[str, object] = {
+                "done": not failure,
+                "appended": result.appended,
+                "rejected": result.rejected,
+                "refused": result.refused,
+            }
             if failure:
                 summary["error"] = f"appending to the topic failed: {failure[0]}"
             send(conn, json.dumps(summary))
@@ -332,9 +346,11 @@ async def _serve(
     await asyncio.gather(*handlers, return_exceptions=True)
     await flush()
     if failure:
-        raise LogError(f"srt log serve stopped: appending to topic {writer.info.name!r} failed "
-                       f"({failure[0]}); lines read after the last successful append were not "
-                       f"appended and their connections were closed without a summary")
+        raise LogError(
+            f"srt log serve stopped: appending to topic {writer.info.name!r} failed "
+            f"({failure[0]}); lines read after the last successful append were not "
+            f"appended and their connections were closed without a summary"
+        )
 
 
 def serve_lines(

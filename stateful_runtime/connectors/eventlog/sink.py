@@ -26,7 +26,10 @@ class LogSink(Sink):
         self, log_dir: str, topic: str, *, key_field: str | None = None, partitions: int = 1
     ) -> None:
         self.log_dir, self.topic, self.key_field, self.partitions = (
-            log_dir, topic, key_field, partitions,
+            log_dir,
+            topic,
+            key_field,
+            partitions,
         )
         self._writer: TopicWriter | None = None
         self._producer = ""
@@ -52,8 +55,9 @@ class LogSink(Sink):
 
     def write_batch(self, batch: pa.Table, batch_id: int) -> None:
         assert self._writer is not None, "LogSink.write_batch before open"
-        self._writer.append_values(encode_records(batch), self._keys(batch),
-                                   producer_id=self._producer, sequence=batch_id)
+        self._writer.append_values(
+            encode_records(batch), self._keys(batch), producer_id=self._producer, sequence=batch_id
+        )
 
     def close(self) -> None:
         if self._writer is not None:
@@ -62,6 +66,4 @@ class LogSink(Sink):
 
     def summary(self) -> SinkSummary | None:
         ends = EventLog(self.log_dir).reader(self.topic).end_offsets()
-        return SinkSummary(
-            f"topic {self.topic}", ["partition", "end offset"], sorted(ends.items())
-        )
+        return SinkSummary(f"topic {self.topic}", ["partition", "end offset"], sorted(ends.items()))

@@ -154,18 +154,27 @@ class EventLog:
                 f"stateful_runtime reads format {FORMAT_VERSION} only"
             )
         parts = data.get("partitions")
-        if data.get("topic") != topic or not isinstance(parts, int) or isinstance(parts, bool) \
-                or parts < 1:
-            raise CorruptLogError(topic, str(meta),
-                                  f"topic.json says topic {data.get('topic')!r} with "
-                                  f"{parts!r} partitions")
+        if (
+            data.get("topic") != topic
+            or not isinstance(parts, int)
+            or isinstance(parts, bool)
+            or parts < 1
+        ):
+            raise CorruptLogError(
+                topic,
+                str(meta),
+                f"topic.json says topic {data.get('topic')!r} with {parts!r} partitions",
+            )
         return TopicInfo(topic, parts, meta.parent)
 
     def topics(self) -> list[TopicInfo]:
         if not self.log_dir.is_dir():
             return []
-        return [self.topic(p.name) for p in sorted(self.log_dir.iterdir())
-                if (p / "topic.json").exists()]
+        return [
+            self.topic(p.name)
+            for p in sorted(self.log_dir.iterdir())
+            if (p / "topic.json").exists()
+        ]
 
     def writer(self, topic: str, *, fsync: bool = False) -> TopicWriter:
         return TopicWriter(self.topic(topic), fsync=fsync)
@@ -203,9 +212,11 @@ def _check_partitions(db: Rdict, info: TopicInfo) -> None:
         raise CorruptLogError(info.name, str(info.path / "store"), f"unreadable ({exc})") from None
     if created is not None and created != info.partitions:
         raise CorruptLogError(
-            info.name, where,
+            info.name,
+            where,
             f"topic.json says {info.partitions} partitions but the store holds {created}; "
-            f"put the count back to {created}")
+            f"put the count back to {created}",
+        )
 
 
 def _open_primary(topic: str, path: Path) -> Rdict:
@@ -238,10 +249,13 @@ class TopicWriter:
             ends = _scan(self._db, b"e")
         except Exception as exc:  # noqa: BLE001 - rocksdict raises bare exceptions
             self._db.close()
-            raise CorruptLogError(info.name, str(info.path / "store"),
-                                  f"end offsets unreadable ({exc})") from None
-        self._ends = [_OFF.unpack(ends[b"e" + _PART.pack(p)])[0]
-                      if b"e" + _PART.pack(p) in ends else 0 for p in range(info.partitions)]
+            raise CorruptLogError(
+                info.name, str(info.path / "store"), f"end offsets unreadable ({exc})"
+            ) from None
+        self._ends = [
+            _OFF.unpack(ends[b"e" + _PART.pack(p)])[0] if b"e" + _PART.pack(p) in ends else 0
+            for p in range(info.partitions)
+        ]
 
     def end_offsets(self) -> dict[int, int]:
         return dict(enumerate(self._ends))
@@ -270,14 +284,23 @@ class TopicWriter:
 
         def encoded() -> Iterator[tuple[int, bytes]]:
             for rec in records:
-                p = (rec.partition if rec.partition >= 0
-                     else partition_for(rec.key, rec.value, n_parts))
+                p = (
+                    rec.partition
+                    if rec.partition >= 0
+                    else partition_for(rec.key, rec.value, n_parts)
+                )
                 yield p, _encode(rec, now_ms)
 
         return self._write(encoded(), producer_id, sequence)
 
-    def append_values(self, values: Iterable[bytes], keys: Iterable[bytes | None], *,
-                      producer_id: str | None = None, sequence: int | None = None) -> int:
+    def append_values(
+        self,
+        values: Iterable[bytes],
+        keys: Iterable[bytes | None],
+        *,
+        producer_id: str | None = None,
+        sequence: int | None = None,
+    ) -> int:
         """:meth:`append` for records that are a value and a key (or None) and nothing else,
         stamped now and placed by :func:`partition_for`: the sinks' path, with no
         :class:`Record` per row (building them took 1.8 µs a row, twice the write itself)."""
@@ -290,8 +313,9 @@ class TopicWriter:
 
         return self._write(encoded(), producer_id, sequence)
 
-    def _write(self, encoded: Iterable[tuple[int, bytes]], producer_id: str | None,
-               sequence: int | None) -> int:
+    def _write(
+        self, encoded: Iterable[tuple[int, bytes]], producer_id: str | None, sequence: int | None
+    ) -> int:
         """One WriteBatch: the (partition, encoded record) pairs at the partitions' ends, the
         new ends and the producer's sequence."""
         if (producer_id is None) != (sequence is None):
@@ -353,18 +377,25 @@ class TopicReader:
         except Exception as exc:
             shutil.rmtree(self._secondary, ignore_errors=True)
             raise LogError(
-                f"cannot open topic {info.name!r} for reading at {store}: {exc}") from exc
+                f"cannot open topic {info.name!r} for reading at {store}: {exc}"
+            ) from exc
         try:
             _check_partitions(self._db, info)
             # A secondary instance that cannot load a damaged table file opens anyway, with an
             # empty view (seen with a corrupt properties block): every topic of ours has its
             # metadata key once anything was written, so an empty view of a written store is
             # damage, not an empty topic.
-            if self._db.latest_sequence_number() > 0 and not _scan(self._db, _META) \
-                    and not _scan(self._db, b"e"):
+            if (
+                self._db.latest_sequence_number() > 0
+                and not _scan(self._db, _META)
+                and not _scan(self._db, b"e")
+            ):
                 raise CorruptLogError(
-                    info.name, str(store), f"RocksDB holds {self._db.latest_sequence_number()} "
-                    f"writes but none of its table files could be loaded")
+                    info.name,
+                    str(store),
+                    f"RocksDB holds {self._db.latest_sequence_number()} "
+                    f"writes but none of its table files could be loaded",
+                )
         except CorruptLogError:
             self.close()
             raise
@@ -373,8 +404,9 @@ class TopicReader:
             raise CorruptLogError(info.name, str(store), f"unreadable ({exc})") from None
 
     def _corrupt(self, exc: BaseException, what: str) -> CorruptLogError:
-        return CorruptLogError(self.info.name, str(self.info.path / "store"),
-                               f"RocksDB error while {what}: {exc}")
+        return CorruptLogError(
+            self.info.name, str(self.info.path / "store"), f"RocksDB error while {what}: {exc}"
+        )
 
     def verify(self) -> dict[int, int]:
         """Read every record of every partition (RocksDB checks each block's checksum) and
@@ -386,9 +418,11 @@ class TopicReader:
             for offset, _ in self._raw(p, 0, end):
                 count = offset + 1
             if count != end:
-                raise CorruptLogError(self.info.name, str(self.info.path / "store"),
-                                      f"partition {p} holds {count} records, its end offset "
-                                      f"says {end}")
+                raise CorruptLogError(
+                    self.info.name,
+                    str(self.info.path / "store"),
+                    f"partition {p} holds {count} records, its end offset says {end}",
+                )
         return ends
 
     def catch_up(self) -> None:
@@ -421,8 +455,10 @@ class TopicReader:
             offset = _REC.unpack_from(key, 1)[1]
             if offset != expected:
                 raise CorruptLogError(
-                    self.info.name, str(self.info.path / "store"),
-                    f"partition {partition}: offset {expected} missing (found {offset})")
+                    self.info.name,
+                    str(self.info.path / "store"),
+                    f"partition {partition}: offset {expected} missing (found {offset})",
+                )
             yield offset, it.value()
             expected += 1
             it.next()
@@ -452,8 +488,7 @@ class TopicReader:
         opts = ReadOptions()
         opts.set_iterate_upper_bound(b"r" + _REC.pack(partition, end))
         try:
-            raws = list(self._db.values(from_key=b"r" + _REC.pack(partition, start),
-                                        read_opt=opts))
+            raws = list(self._db.values(from_key=b"r" + _REC.pack(partition, start), read_opt=opts))
         except Exception as exc:  # noqa: BLE001 - rocksdict raises bare exceptions
             raise self._corrupt(exc, f"reading partition {partition}") from None
         if len(raws) != end - start:
@@ -467,7 +502,7 @@ class TopicReader:
         out = []
         for raw in raws:
             _, klen, hlen = unpack(raw)
-            out.append(raw[size + (klen if klen > 0 else 0) + hlen:])
+            out.append(raw[size + (klen if klen > 0 else 0) + hlen :])
         return out
 
     def close(self) -> None:

@@ -117,8 +117,10 @@ EVENT_TIME_MIN = datetime(1, 1, 2, tzinfo=UTC)
 EVENT_TIME_MAX = datetime(9999, 1, 1, tzinfo=UTC)
 # Timestamp strings both Spark's cast (ANSI mode fails the batch on anything else) and
 # datetime.fromisoformat accept: Spark refuses a zone without seconds and a bare date with Z.
-_ISO_RE = re.compile(r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,6})?"
-                     r"(?:Z|[+-]\d{2}:\d{2})?)?)?")
+_ISO_RE = re.compile(
+    r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,6})?"
+    r"(?:Z|[+-]\d{2}:\d{2})?)?)?"
+)
 _RANGE = f"{EVENT_TIME_MIN.date().isoformat()}..{EVENT_TIME_MAX.date().isoformat()}"
 
 _PY_TYPES: dict[Any, DataType] = {
@@ -141,8 +143,13 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MIN_MS = (EVENT_TIME_MIN - _EPOCH) // _EPOCH.resolution // 1000
 _MAX_MS = (EVENT_TIME_MAX - _EPOCH) // _EPOCH.resolution // 1000
 _OPEN, _CLOSE, _NL, _SQUARE = ord("{"), ord("}"), ord("\n"), ord("[")
-_JSON_TYPES = ((bool, "boolean"), (int | float, "number"), (str, "string"), (dict, "object"),
-               (list, "array"))
+_JSON_TYPES = (
+    (bool, "boolean"),
+    (int | float, "number"),
+    (str, "string"),
+    (dict, "object"),
+    (list, "array"),
+)
 
 
 # Records the sinks write: compact JSON, values JSON cannot hold as their str(); one encoder for
@@ -184,8 +191,10 @@ def _json_texts(col: pa.ChunkedArray) -> pa.ChunkedArray | None:
     """A column's values as JSON text, or None where Arrow's text would differ from json's."""
     t = col.type
     if pa.types.is_string(t) or pa.types.is_large_string(t):
-        if (pc.any(pc.invert(pc.string_is_ascii(col))).as_py()
-                or pc.any(pc.match_substring_regex(col, _ESCAPED)).as_py()):
+        if (
+            pc.any(pc.invert(pc.string_is_ascii(col))).as_py()
+            or pc.any(pc.match_substring_regex(col, _ESCAPED)).as_py()
+        ):
             return None
         text = pc.binary_join_element_wise('"', col, '"', "")
     elif pa.types.is_integer(t):
@@ -282,8 +291,9 @@ def _float(text: str) -> float:
 _DECODER = json.JSONDecoder(parse_float=_float, parse_constant=_constant)
 # The same, noting repeated keys: ~10x slower on object-heavy records, so only used when a
 # watched field's name occurs twice in the text or an escape could spell it differently.
-_PAIRS_DECODER = json.JSONDecoder(parse_float=_float, parse_constant=_constant,
-                                  object_pairs_hook=_pairs)
+_PAIRS_DECODER = json.JSONDecoder(
+    parse_float=_float, parse_constant=_constant, object_pairs_hook=_pairs
+)
 # A JSON string (escapes included) or one bracket: what _depth needs to skip strings.
 _TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.S)
 
@@ -319,8 +329,9 @@ def _lone_surrogate(obj: Any) -> str | None:
     return None
 
 
-def parse_record(line: bytes, watch: Sequence[str] = ()) -> tuple[dict[str, Any] | None,
-                                                                   str | None]:
+def parse_record(
+    line: bytes, watch: Sequence[str] = ()
+) -> tuple[dict[str, Any] | None, str | None]:
     """One record → (its JSON object, None) or (None, why it is not a valid record).
 
     The record-level rules of the table in this module's docstring (size, UTF-8, emptiness,
@@ -401,13 +412,15 @@ class _Plan:
         self.time_field: str | None = field if field in self.schema.names else None
         if self.time_field is not None and self.time_field not in self.required:
             # No event time, no place in event time: the field is required.
-            self.required = [n for n in self.schema.names
-                             if n in self.required or n == self.time_field]
+            self.required = [
+                n for n in self.schema.names if n in self.required or n == self.time_field
+            ]
         self.doubles = [f.name for f in self.schema if f.type == pa.float64()]
         # (name, Arrow type name) per field, for the per-record checks.
         self.kinds = [(f.name, str(f.type)) for f in self.schema]
-        self.parse = pajson.ParseOptions(explicit_schema=self.schema,
-                                         unexpected_field_behavior="ignore")
+        self.parse = pajson.ParseOptions(
+            explicit_schema=self.schema, unexpected_field_behavior="ignore"
+        )
 
 
 def _slow(lines: Sequence[bytes], plan: _Plan) -> pa.Table:
@@ -434,8 +447,9 @@ def _slow(lines: Sequence[bytes], plan: _Plan) -> pa.Table:
             cols[n].append(None if error else row.get(n))
         errors.append(error)
     arrays = [pa.array(cols[f.name], type=f.type) for f in plan.schema]
-    return _finish(pa.Table.from_arrays(arrays, schema=plan.schema),
-                   pa.array(errors, pa.string()), lines, plan)
+    return _finish(
+        pa.Table.from_arrays(arrays, schema=plan.schema), pa.array(errors, pa.string()), lines, plan
+    )
 
 
 # -- the fast path ----------------------------------------------------------------------------
@@ -454,10 +468,13 @@ def _screen(buf: bytes, lines: Sequence[bytes]) -> list[bool] | None:
     nl = a == _NL
     seps = int(np.count_nonzero(nl))
     opens = a == _OPEN
-    framed = bool(a[0] == _OPEN and a[-1] == _CLOSE and seps == n - 1
-                  and (n == 1 or _separators(a, nl, opens) == seps))
-    plain = (buf.find(b"\x00") < 0 and (buf.isascii() or _valid_utf8(buf))
-             and not _nonfinite(buf, a))
+    framed = bool(
+        a[0] == _OPEN
+        and a[-1] == _CLOSE
+        and seps == n - 1
+        and (n == 1 or _separators(a, nl, opens) == seps)
+    )
+    plain = buf.find(b"\x00") < 0 and (buf.isascii() or _valid_utf8(buf)) and not _nonfinite(buf, a)
     small = len(buf) <= MAX_RECORD_BYTES or max(map(len, lines)) <= MAX_RECORD_BYTES
     # Each record starts with '{', so one record holds at most all opening brackets but the
     # other records' one each.
@@ -469,8 +486,9 @@ def _screen(buf: bytes, lines: Sequence[bytes]) -> list[bool] | None:
     return _locate(a, nl, lines, framed, plain, brackets)
 
 
-def _locate(a: np.ndarray, nl: np.ndarray, lines: Sequence[bytes], framed: bool, plain: bool,
-            brackets: int) -> list[bool]:
+def _locate(
+    a: np.ndarray, nl: np.ndarray, lines: Sequence[bytes], framed: bool, plain: bool, brackets: int
+) -> list[bool]:
     """Which records of a chunk fail the screen; vectorised but for the rare byte checks."""
     n = len(lines)
     lens = np.fromiter(map(len, lines), np.int64, n)
@@ -479,8 +497,7 @@ def _locate(a: np.ndarray, nl: np.ndarray, lines: Sequence[bytes], framed: bool,
     suspect = (lens == 0) | (lens > MAX_RECORD_BYTES)
     full = ~suspect
     if not framed:
-        suspect[full] = ((a[starts[full]] != _OPEN)
-                         | (a[(starts + lens - 1)[full]] != _CLOSE))
+        suspect[full] = (a[starts[full]] != _OPEN) | (a[(starts + lens - 1)[full]] != _CLOSE)
         newlines = np.flatnonzero(nl)
         if len(newlines) != n - 1:  # some record holds a newline: which
             owner = np.searchsorted(starts, newlines, side="right") - 1
@@ -494,8 +511,12 @@ def _locate(a: np.ndarray, nl: np.ndarray, lines: Sequence[bytes], framed: bool,
     out = suspect.tolist()
     if not plain:
         for i, line in enumerate(lines):
-            if not out[i] and (b"\x00" in line or b"NaN" in line or b"Inf" in line
-                               or not (line.isascii() or _valid_utf8(line))):
+            if not out[i] and (
+                b"\x00" in line
+                or b"NaN" in line
+                or b"Inf" in line
+                or not (line.isascii() or _valid_utf8(line))
+            ):
                 out[i] = True
     return out
 
@@ -520,8 +541,7 @@ def _nonfinite(buf: bytes, a: np.ndarray) -> bool:
     """Whether ``NaN`` or ``Inf`` (also ``Infinity``) occurs: Arrow accepts them, JSON not."""
     if buf.find(b"N") >= 0 and np.any((a[:-2] == 78) & (a[1:-1] == 97) & (a[2:] == 78)):
         return True
-    return buf.find(b"I") >= 0 and bool(np.any((a[:-2] == 73) & (a[1:-1] == 110)
-                                               & (a[2:] == 102)))
+    return buf.find(b"I") >= 0 and bool(np.any((a[:-2] == 73) & (a[1:-1] == 110) & (a[2:] == 102)))
 
 
 def _fast(lines: Sequence[bytes], buf: bytes, plan: _Plan) -> pa.Table | None:
@@ -547,13 +567,15 @@ def _finish(table: pa.Table, error: pa.Array, lines: Sequence[bytes], plan: _Pla
     """Checks shared by both paths (required fields, event time); bad rows nulled, raw kept."""
     n = len(lines)
     if plan.time_field is not None:
-        error = _check_event_time(plan.time_field, plan.time_unit,
-                                  table.column(plan.time_field), error)
+        error = _check_event_time(
+            plan.time_field, plan.time_unit, table.column(plan.time_field), error
+        )
     for name in plan.required:  # the first missing field in schema order wins
         col = table.column(name)
         if col.null_count:
-            error = pc.if_else(pc.and_(pc.is_null(col), pc.is_null(error)),
-                               f"missing field {name!r}", error)
+            error = pc.if_else(
+                pc.and_(pc.is_null(col), pc.is_null(error)), f"missing field {name!r}", error
+            )
             if isinstance(error, pa.ChunkedArray):
                 error = error.combine_chunks()
     if error.null_count == n:
@@ -562,13 +584,12 @@ def _finish(table: pa.Table, error: pa.Array, lines: Sequence[bytes], plan: _Pla
         bad = pc.is_valid(error)
         raw = pc.if_else(bad, pa.array(lines, pa.binary()), pa.scalar(None, pa.binary()))
         table = pa.Table.from_arrays(
-            [pc.if_else(bad, pa.scalar(None, c.type), c) for c in table.columns],
-            schema=plan.schema)
+            [pc.if_else(bad, pa.scalar(None, c.type), c) for c in table.columns], schema=plan.schema
+        )
     return pa.Table.from_arrays([*table.columns, error, raw], schema=plan.out)
 
 
-def _check_event_time(name: str, unit: str, col: pa.ChunkedArray, error: pa.Array
-                      ) -> pa.Array:
+def _check_event_time(name: str, unit: str, col: pa.ChunkedArray, error: pa.Array) -> pa.Array:
     values = col.combine_chunks()
     if pa.types.is_string(values.type):
         return _check_time_strings(name, values, error)
@@ -617,8 +638,13 @@ def _check_time_strings(name: str, values: pa.Array, error: pa.Array) -> pa.Arra
     return pa.array(errs, pa.string()) if changed else error
 
 
-def _decode_chunk(lines: Sequence[bytes], plan: _Plan, out: list[pa.Table],
-                  buf: bytes | None = None, screened: bool = False) -> None:
+def _decode_chunk(
+    lines: Sequence[bytes],
+    plan: _Plan,
+    out: list[pa.Table],
+    buf: bytes | None = None,
+    screened: bool = False,
+) -> None:
     """Screen, then the fast path; a chunk Arrow refuses is halved until ~BISECT_MIN records
     (one bad record costs a Python parse of ~64 records, not of its whole chunk: ~6x slower)."""
     if not lines:
@@ -646,8 +672,9 @@ def _decode_chunk(lines: Sequence[bytes], plan: _Plan, out: list[pa.Table],
         _decode_chunk(lines[half:], plan, out, screened=True)
 
 
-def _decode_mixed(lines: Sequence[bytes], suspects: list[bool], plan: _Plan,
-                  out: list[pa.Table]) -> None:
+def _decode_mixed(
+    lines: Sequence[bytes], suspects: list[bool], plan: _Plan, out: list[pa.Table]
+) -> None:
     """Suspect records to the judge, the runs between them to the fast path (in order)."""
     runs = [(bad, sum(1 for _ in group)) for bad, group in groupby(suspects)]
     if len(runs) > 2 * BISECT_MIN:  # suspects everywhere: small Arrow calls would cost more
@@ -655,7 +682,7 @@ def _decode_mixed(lines: Sequence[bytes], suspects: list[bool], plan: _Plan,
         return
     pos = 0
     for bad, size in runs:
-        part = lines[pos:pos + size]
+        part = lines[pos : pos + size]
         if bad:
             out.append(_slow(part, plan))
         else:
@@ -663,8 +690,9 @@ def _decode_mixed(lines: Sequence[bytes], suspects: list[bool], plan: _Plan,
         pos += size
 
 
-def decode_json(lines: Sequence[bytes], schema: StructType, *,
-                event_time: tuple[str, str] | None = None) -> pa.Table:
+def decode_json(
+    lines: Sequence[bytes], schema: StructType, *, event_time: tuple[str, str] | None = None
+) -> pa.Table:
     """Decode JSON records into the declared schema plus ``_error`` and ``_raw`` columns.
 
     Args:

@@ -33,11 +33,12 @@ def redact(config: Mapping[str, Any]) -> dict[str, Any]:
     return secrets.mask_config(config)
 
 
-def client_config(bootstrap_servers: str, extra: Mapping[str, Any] | None = None
-                  ) -> dict[str, Any]:
+def client_config(bootstrap_servers: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     if not bootstrap_servers:
-        raise ConfigError("bootstrap_servers must be set, e.g. '127.0.0.1:9092' "
-                          "(--set source.bootstrap_servers=HOST:PORT)")
+        raise ConfigError(
+            "bootstrap_servers must be set, e.g. '127.0.0.1:9092' "
+            "(--set source.bootstrap_servers=HOST:PORT)"
+        )
     conf: dict[str, Any] = {"bootstrap.servers": bootstrap_servers}
     for k, v in (extra or {}).items():
         if k in ("bootstrap.servers", "transactional.id", "isolation.level", "group.id"):
@@ -60,13 +61,20 @@ def admin_client(config: Mapping[str, Any], *, what: str = "source") -> Any:
     try:
         return AdminClient({**config, "logger": _QUIET})
     except KafkaException as exc:
-        raise ConfigError(f"Kafka {what}: invalid client settings ({_reason(exc)}); check the "
-                          f"security.*/sasl.*/ssl.* settings against your cluster's") from None
+        raise ConfigError(
+            f"Kafka {what}: invalid client settings ({_reason(exc)}); check the "
+            f"security.*/sasl.*/ssl.* settings against your cluster's"
+        ) from None
 
 
-def check_cluster(config: Mapping[str, Any], topics: list[str] | None = None,
-                  pattern: str | None = None, *, what: str = "source",
-                  admin: Any = None) -> dict[str, int]:
+def check_cluster(
+    config: Mapping[str, Any],
+    topics: list[str] | None = None,
+    pattern: str | None = None,
+    *,
+    what: str = "source",
+    admin: Any = None,
+) -> dict[str, int]:
     """Partition counts of ``topics`` (or of topics matching ``pattern``); ConfigError if the
     cluster cannot be reached, the security settings are wrong or a topic is missing.
     ``admin``: a client to reuse (a new connection per call costs tens of milliseconds)."""
@@ -85,9 +93,13 @@ def check_cluster(config: Mapping[str, Any], topics: list[str] | None = None,
             f"Kafka {what}: cannot reach the cluster at {servers} within "
             f"{METADATA_TIMEOUT_S:.0f} s ({_reason(exc)}). Check bootstrap_servers, that the "
             f"brokers are up, and the security.protocol/sasl.* settings; nothing was read or "
-            f"written") from None
-    found = {t: len(m.partitions) for t, m in meta.topics.items()
-             if m.error is None and not t.startswith("__")}
+            f"written"
+        ) from None
+    found = {
+        t: len(m.partitions)
+        for t, m in meta.topics.items()
+        if m.error is None and not t.startswith("__")
+    }
     if pattern is not None:
         rx = re.compile(pattern)
         return {t: n for t, n in found.items() if rx.fullmatch(t)}
@@ -95,7 +107,8 @@ def check_cluster(config: Mapping[str, Any], topics: list[str] | None = None,
     if missing:
         raise ConfigError(
             f"Kafka {what}: topic(s) {missing} do not exist on {servers}; create them (e.g. "
-            f"kafka-topics --create --topic {missing[0]} --partitions N) or fix the topic name")
+            f"kafka-topics --create --topic {missing[0]} --partitions N) or fix the topic name"
+        )
     return {t: found[t] for t in topics or []}
 
 
@@ -117,8 +130,12 @@ def quiet(config: Mapping[str, Any]) -> dict[str, Any]:
     return {**config, "logger": _QUIET}
 
 
-def ensure_topic(config: Mapping[str, Any], topic: str, partitions: int,
-                 topic_config: Mapping[str, str] | None = None) -> int:
+def ensure_topic(
+    config: Mapping[str, Any],
+    topic: str,
+    partitions: int,
+    topic_config: Mapping[str, str] | None = None,
+) -> int:
     """Create ``topic`` if it does not exist; returns its partition count."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
@@ -127,8 +144,9 @@ def ensure_topic(config: Mapping[str, Any], topic: str, partitions: int,
     meta = admin.list_topics(timeout=METADATA_TIMEOUT_S)
     if topic in meta.topics and meta.topics[topic].error is None:
         return len(meta.topics[topic].partitions)
-    fut = admin.create_topics([NewTopic(topic, partitions, -1, config=dict(topic_config or {}))
-                               ])[topic]
+    fut = admin.create_topics([NewTopic(topic, partitions, -1, config=dict(topic_config or {}))])[
+        topic
+    ]
     try:
         fut.result(METADATA_TIMEOUT_S)
     except KafkaException as exc:
@@ -151,19 +169,31 @@ class CommitMarkers:
         self.topic = topic + CONTROL_SUFFIX
 
     def ensure(self) -> None:
-        ensure_topic(self.config, self.topic, 1,
-                     {"cleanup.policy": "compact", "min.compaction.lag.ms": "3600000"})
+        ensure_topic(
+            self.config,
+            self.topic,
+            1,
+            {"cleanup.policy": "compact", "min.compaction.lag.ms": "3600000"},
+        )
 
     def read(self) -> dict[str, dict[str, Any]]:
         """``{transactional id: last committed marker}``. Call after ``init_transactions``
         of the reading producer: that aborts what a zombie left open, so the read ends."""
         from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-        consumer = Consumer(quiet({
-            **self.config, "group.id": "srt-commit-markers", "enable.auto.commit": False,
-            "isolation.level": "read_committed", "enable.partition.eof": True,
-            "auto.offset.reset": "earliest", "allow.auto.create.topics": False,
-        }))
+        consumer = Consumer(
+            quiet(
+                {
+                    **self.config,
+                    "group.id": "srt-commit-markers",
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                    "enable.partition.eof": True,
+                    "auto.offset.reset": "earliest",
+                    "allow.auto.create.topics": False,
+                }
+            )
+        )
         try:
             tp = TopicPartition(self.topic, 0)
             low, high = consumer.get_watermark_offsets(tp, timeout=METADATA_TIMEOUT_S)
@@ -201,7 +231,7 @@ def client_settings(config: Mapping[str, Any]) -> dict[str, Any]:
     for k, v in config.items():
         if not k.startswith(CLIENT_PREFIX) or v in (None, ""):
             continue
-        out[k[len(CLIENT_PREFIX):]] = secrets.resolve(k, v)
+        out[k[len(CLIENT_PREFIX) :]] = secrets.resolve(k, v)
     return out
 
 

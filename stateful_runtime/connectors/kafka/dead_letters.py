@@ -34,8 +34,16 @@ class KafkaDeadLetterSink:
     other boundaries, duplicate nothing.
     """
 
-    def __init__(self, config: Mapping[str, Any], topic: str, *, source: str, job: str,
-                 source_topics: Sequence[str] = (), source_pattern: str | None = None) -> None:
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        topic: str,
+        *,
+        source: str,
+        job: str,
+        source_topics: Sequence[str] = (),
+        source_pattern: str | None = None,
+    ) -> None:
         self.config = dict(config)
         self.topic = topic
         self.source_topic = source
@@ -55,8 +63,7 @@ class KafkaDeadLetterSink:
     def published(self, writer: _DeadLetterTxn, key: str | int) -> int:
         return writer.published.get(str(key), 0)
 
-    def write_split(self, writer: _DeadLetterTxn, table: pa.Table, key: str | int, end: int
-                    ) -> int:
+    def write_split(self, writer: _DeadLetterTxn, table: pa.Table, key: str | int, end: int) -> int:
         return writer.write_split(table, str(key), end)
 
     def records(self) -> int:
@@ -81,8 +88,9 @@ class _DeadLetterTxn:
         counts = check_cluster(sink.config, sink.source_topics or None, sink.source_pattern)
         self._parts = ensure_topic(sink.config, sink.topic, max(counts.values(), default=1))
         sink._markers.ensure()
-        self.producer = Producer(quiet({**sink.config, "transactional.id": sink.producer_id,
-                                        "linger.ms": 20}))
+        self.producer = Producer(
+            quiet({**sink.config, "transactional.id": sink.producer_id, "linger.ms": 20})
+        )
         self.producer.init_transactions(METADATA_TIMEOUT_S * 3)
         marker = sink._markers.read().get(sink.producer_id, {})
         self.published: dict[str, int] = dict(marker.get("published", {}))
@@ -93,12 +101,20 @@ class _DeadLetterTxn:
         topic = key.rsplit(":", 1)[0]
         n = 0
         for row in table.to_pylist():
-            headers = [("error", (row[ERROR] or "").encode()), ("source.topic", topic.encode()),
-                       ("source.partition", str(row[PARTITION]).encode()),
-                       ("source.offset", str(row[OFFSET]).encode()),
-                       ("job", self.sink.job.encode())]
-            produce(self.producer, self.sink.topic, value=row[RAW] or b"",
-                     partition=row[PARTITION] % self._parts, headers=headers)
+            headers = [
+                ("error", (row[ERROR] or "").encode()),
+                ("source.topic", topic.encode()),
+                ("source.partition", str(row[PARTITION]).encode()),
+                ("source.offset", str(row[OFFSET]).encode()),
+                ("job", self.sink.job.encode()),
+            ]
+            produce(
+                self.producer,
+                self.sink.topic,
+                value=row[RAW] or b"",
+                partition=row[PARTITION] % self._parts,
+                headers=headers,
+            )
             n += 1
         self.published[key] = max(end, self.published.get(key, 0))
         self.count += n
@@ -112,7 +128,8 @@ class _DeadLetterTxn:
             self.producer.abort_transaction(METADATA_TIMEOUT_S)
             return
         mkey, mvalue = self.sink._markers.record(
-            self.sink.producer_id, {"published": self.published, "count": self.count})
+            self.sink.producer_id, {"published": self.published, "count": self.count}
+        )
         produce(self.producer, self.sink._markers.topic, key=mkey, value=mvalue, partition=0)
         self.producer.commit_transaction(METADATA_TIMEOUT_S * 6)
         self.sink._count = self.count

@@ -61,14 +61,16 @@ def _fail(what: str, exc: BaseException, job: str, tid: str) -> SinkError:
     code = getattr(err, "code", lambda: None)()
     from confluent_kafka import KafkaError
 
-    if code in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
-                KafkaError.INVALID_PRODUCER_EPOCH):
+    if code in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
         return SinkError(
             f"Kafka sink producer {tid} was fenced: another instance of job {job!r} started "
             f"with the same transactional id. Keep one `srt run` per job (`srt status {job}`); "
-            f"this instance stops without committing, nothing is lost")
-    return SinkError(f"Kafka sink: {what} failed ({exc}); the batch was not committed and "
-                     f"will be re-executed on restart")
+            f"this instance stops without committing, nothing is lost"
+        )
+    return SinkError(
+        f"Kafka sink: {what} failed ({exc}); the batch was not committed and "
+        f"will be re-executed on restart"
+    )
 
 
 class KafkaSink(Sink):
@@ -90,10 +92,18 @@ class KafkaSink(Sink):
         transaction_timeout_ms: broker aborts a transaction left open this long (zombie).
     """
 
-    def __init__(self, bootstrap_servers: str, topic: str, *, key: Sequence[str] = (),
-                 delivery: str = "exactly_once", producers: int = 1, partitions: int = 1,
-                 client_config: Mapping[str, Any] | None = None,
-                 transaction_timeout_ms: int = 60_000) -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        *,
+        key: Sequence[str] = (),
+        delivery: str = "exactly_once",
+        producers: int = 1,
+        partitions: int = 1,
+        client_config: Mapping[str, Any] | None = None,
+        transaction_timeout_ms: int = 60_000,
+    ) -> None:
         if delivery not in DELIVERY:
             raise ConfigError(f"delivery must be one of {DELIVERY}, got {delivery!r}")
         if producers < 1 or partitions < 1:
@@ -119,16 +129,23 @@ class KafkaSink(Sink):
         (default: ``source.bootstrap_servers``), ``sink.delivery`` and the ``kafka.*`` client
         settings (see :func:`stateful_runtime.connectors.kafka.client.client_settings`)."""
         servers = config.get("sink.bootstrap_servers") or config.get("source.bootstrap_servers")
-        return cls(servers, config["sink.kafka_topic"], key=key,
-                   delivery=config.get("sink.delivery", "exactly_once"),
-                   client_config=kafka_client.client_settings(config))
+        return cls(
+            servers,
+            config["sink.kafka_topic"],
+            key=key,
+            delivery=config.get("sink.delivery", "exactly_once"),
+            client_config=kafka_client.client_settings(config),
+        )
 
     def default_name(self) -> str:
         return f"kafka-{self.topic}"
 
     def describe(self) -> str:
-        mode = ("exactly-once: transactions per batch, read with isolation.level="
-                "read_committed" if self.delivery == "exactly_once" else "at-least-once")
+        mode = (
+            "exactly-once: transactions per batch, read with isolation.level=read_committed"
+            if self.delivery == "exactly_once"
+            else "at-least-once"
+        )
         servers = redact(self.config)["bootstrap.servers"]
         return f"Kafka topic {self.topic!r} on {servers} ({mode})"
 
@@ -139,17 +156,33 @@ class KafkaSink(Sink):
         try:
             self._parts = ensure_topic(self.config, self.topic, self.partitions)
             if self.delivery == "at_least_once":
-                self._producers = [Producer(quiet({
-                    **self.config, "enable.idempotence": True, "acks": "all",
-                    "linger.ms": 20}))]
+                self._producers = [
+                    Producer(
+                        quiet(
+                            {
+                                **self.config,
+                                "enable.idempotence": True,
+                                "acks": "all",
+                                "linger.ms": 20,
+                            }
+                        )
+                    )
+                ]
                 return
             self._markers.ensure()
             self._ids = [f"{job}.{query}.{n}" for n in range(self.producers)]
             self._producers = []
             for tid in self._ids:
-                p = Producer(quiet({
-                    **self.config, "transactional.id": tid, "linger.ms": 20,
-                    "transaction.timeout.ms": self.transaction_timeout_ms}))
+                p = Producer(
+                    quiet(
+                        {
+                            **self.config,
+                            "transactional.id": tid,
+                            "linger.ms": 20,
+                            "transaction.timeout.ms": self.transaction_timeout_ms,
+                        }
+                    )
+                )
                 # Fences older instances with this id and aborts their open transaction.
                 p.init_transactions(METADATA_TIMEOUT_S * 3)
                 self._producers.append(p)
@@ -157,7 +190,8 @@ class KafkaSink(Sink):
         except KafkaException as exc:
             raise SinkError(
                 f"Kafka sink {self.topic!r}: cannot open on {self.config['bootstrap.servers']} "
-                f"({exc}); check the brokers and security settings") from None
+                f"({exc}); check the brokers and security settings"
+            ) from None
         self._last = {tid: int(markers[tid]["batch"]) for tid in self._ids if tid in markers}
 
     def rewind(self, batch_id: int) -> None:
@@ -186,10 +220,15 @@ class KafkaSink(Sink):
 
     def _records(self, batch: pa.Table, batch_id: int) -> list[tuple[int, bytes | None, bytes]]:
         values = encode_records(batch)
-        keys: list[bytes | None] = (encode_records(batch.select(list(self.key_columns)))
-                                    if self.key_columns else [None] * len(values))
-        return [(_partition_for(key, i, self._parts), key, value)
-                for i, (key, value) in enumerate(zip(keys, values, strict=True))]
+        keys: list[bytes | None] = (
+            encode_records(batch.select(list(self.key_columns)))
+            if self.key_columns
+            else [None] * len(values)
+        )
+        return [
+            (_partition_for(key, i, self._parts), key, value)
+            for i, (key, value) in enumerate(zip(keys, values, strict=True))
+        ]
 
     def write_batch(self, batch: pa.Table, batch_id: int) -> None:
         from confluent_kafka import KafkaException
@@ -207,8 +246,14 @@ class KafkaSink(Sink):
                 producer.begin_transaction()
                 for part, key, value in records:
                     if part % self.producers == n:
-                        produce(producer, self.topic, key=key, value=value, partition=part,
-                                 headers=headers)
+                        produce(
+                            producer,
+                            self.topic,
+                            key=key,
+                            value=value,
+                            partition=part,
+                            headers=headers,
+                        )
                 mkey, mvalue = self._markers.record(tid, {"batch": batch_id})
                 produce(producer, self._markers.topic, key=mkey, value=mvalue, partition=0)
                 producer.commit_transaction(METADATA_TIMEOUT_S * 6)
@@ -232,12 +277,21 @@ class KafkaSink(Sink):
                 errors.append(str(err))
 
         for part, key, value in records:
-            produce(producer, self.topic, key=key, value=value, partition=part,
-                     headers=headers, on_delivery=done)
+            produce(
+                producer,
+                self.topic,
+                key=key,
+                value=value,
+                partition=part,
+                headers=headers,
+                on_delivery=done,
+            )
         left = producer.flush(METADATA_TIMEOUT_S * 6)
         if left or errors:
-            raise SinkError(f"Kafka sink {self.topic!r}: {left} records undelivered, errors "
-                            f"{errors[:3]}; the batch will be re-executed on restart")
+            raise SinkError(
+                f"Kafka sink {self.topic!r}: {left} records undelivered, errors "
+                f"{errors[:3]}; the batch will be re-executed on restart"
+            )
 
     def close(self) -> None:
         for p in self._producers:
@@ -245,9 +299,11 @@ class KafkaSink(Sink):
         self._producers = []
 
     def summary(self) -> SinkSummary | None:
-        return SinkSummary(f"Kafka topic {self.topic} ({self.delivery})",
-                           ["partition", "end offset"], sorted(end_offsets(
-                               self.config, self.topic).items()))
+        return SinkSummary(
+            f"Kafka topic {self.topic} ({self.delivery})",
+            ["partition", "end offset"],
+            sorted(end_offsets(self.config, self.topic).items()),
+        )
 
 
 def end_offsets(config: Mapping[str, Any], topic: str) -> dict[int, int]:
@@ -258,9 +314,10 @@ def end_offsets(config: Mapping[str, Any], topic: str) -> dict[int, int]:
         meta = c.list_topics(timeout=METADATA_TIMEOUT_S).topics.get(topic)
         if meta is None:
             return {}
-        return {p: c.get_watermark_offsets(TopicPartition(topic, p),
-                                           timeout=METADATA_TIMEOUT_S)[1]
-                for p in sorted(meta.partitions)}
+        return {
+            p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=METADATA_TIMEOUT_S)[1]
+            for p in sorted(meta.partitions)
+        }
     finally:
         c.close()
 

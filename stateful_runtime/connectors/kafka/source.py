@@ -73,8 +73,11 @@ ARROW_BATCH_ROWS = 65_536
 # How long a task waits for offsets it was told exist (an open transaction holds them back).
 READ_TIMEOUT_S = 120.0
 META = ("kafka_topic", "kafka_key", "kafka_timestamp_ms", "kafka_headers")
-HEADERS_TYPE = ArrayType(StructType([StructField("key", StringType()),
-                                     StructField("value", BinaryType())]))
+HEADERS_TYPE = ArrayType(
+    StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+)
+
+
 def _parse_starting(value: Any) -> Any:
     """``earliest``, ``latest``, ``timestamp:<epoch ms>``, or JSON ``{"topic:p": offset}`` /
     ``{"topic": {"p": offset}}``."""
@@ -108,7 +111,8 @@ def _parse_starting(value: Any) -> Any:
                 return flat
     raise ConfigError(
         f"starting_offsets {value!r} not understood; use 'earliest', 'latest', "
-        f"'timestamp:<epoch ms>' or JSON like '{{\"topic\": {{\"0\": 42}}}}'")
+        f"'timestamp:<epoch ms>' or JSON like '{{\"topic\": {{\"0\": 42}}}}'"
+    )
 
 
 class KafkaSource(Source):
@@ -130,13 +134,20 @@ class KafkaSource(Source):
         name: source name (default: the topics joined, or ``kafka``).
     """
 
-
-    def __init__(self, bootstrap_servers: str, topics: str | Sequence[str] | None = None,
-                 schema: StructType | Mapping[str, Any] | None = None, *,
-                 pattern: str | None = None, starting_offsets: Any = "earliest",
-                 max_records_per_batch: int | None = None, dead_letter_topic: str | None = None,
-                 client_config: Mapping[str, Any] | None = None,
-                 metadata_columns: bool = False, name: str | None = None) -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topics: str | Sequence[str] | None = None,
+        schema: StructType | Mapping[str, Any] | None = None,
+        *,
+        pattern: str | None = None,
+        starting_offsets: Any = "earliest",
+        max_records_per_batch: int | None = None,
+        dead_letter_topic: str | None = None,
+        client_config: Mapping[str, Any] | None = None,
+        metadata_columns: bool = False,
+        name: str | None = None,
+    ) -> None:
         if isinstance(topics, str):
             topics = [topics]
         if bool(topics) == bool(pattern):
@@ -165,52 +176,73 @@ class KafkaSource(Source):
             raise ConfigError(f"schema field(s) {clash} clash with the Kafka metadata columns")
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], schema: StructType | Mapping[str, Any]
-                    ) -> KafkaSource:
+    def from_config(
+        cls, config: Mapping[str, Any], schema: StructType | Mapping[str, Any]
+    ) -> KafkaSource:
         """From job-file keys ``source.bootstrap_servers``, ``source.topic`` (comma-separated)
         or ``source.topic_pattern``, ``source.starting_offsets``,
         ``source.max_records_per_batch`` and ``kafka.*`` client settings."""
         pattern = config.get("source.topic_pattern") or None
         topics = None if pattern else [t for t in str(config["source.topic"]).split(",") if t]
-        return cls(config.get("source.bootstrap_servers", ""), topics, schema, pattern=pattern,
-                   starting_offsets=config.get("source.starting_offsets", "earliest"),
-                   max_records_per_batch=config.get("source.max_records_per_batch"),
-                   client_config=kafka_client.client_settings(config))
+        return cls(
+            config.get("source.bootstrap_servers", ""),
+            topics,
+            schema,
+            pattern=pattern,
+            starting_offsets=config.get("source.starting_offsets", "earliest"),
+            max_records_per_batch=config.get("source.max_records_per_batch"),
+            client_config=kafka_client.client_settings(config),
+        )
 
     def describe(self) -> str:
         what = f"topics {self.topics}" if self.topics else f"topics matching {self.pattern!r}"
         limit = self.max_records_per_batch or "unlimited"
         settings = redact({k: v for k, v in self.config.items() if k != "bootstrap.servers"})
-        return (f"Kafka {what} on {self.config['bootstrap.servers']} (from "
-                f"{self.starting_offsets}, max {limit} records/batch, read_committed, "
-                f"per-partition event-time alignment, JSON → {self.schema.simpleString()}"
-                + (f", client settings {settings}" if settings else "") + ")")
+        return (
+            f"Kafka {what} on {self.config['bootstrap.servers']} (from "
+            f"{self.starting_offsets}, max {limit} records/batch, read_committed, "
+            f"per-partition event-time alignment, JSON → {self.schema.simpleString()}"
+            + (f", client settings {settings}" if settings else "")
+            + ")"
+        )
 
     def check(self) -> None:
         found = check_cluster(self.config, self.topics or None, self.pattern)
         if self.pattern and not found:
-            raise ConfigError(f"Kafka source: no topic matches {self.pattern!r} on "
-                              f"{self.config['bootstrap.servers']}; create one or fix the pattern")
+            raise ConfigError(
+                f"Kafka source: no topic matches {self.pattern!r} on "
+                f"{self.config['bootstrap.servers']}; create one or fix the pattern"
+            )
 
     def decode(self, values: list[bytes]) -> pa.Table:
         return decode_json(values, self.schema)
 
-    def read_stream(self, spark: SparkSession, dead_letter_staging: str | None = None,
-                    watermark: WatermarkStrategy | None = None,
-                    late_watermark_of: str | None = None) -> DataFrame:
+    def read_stream(
+        self,
+        spark: SparkSession,
+        dead_letter_staging: str | None = None,
+        watermark: WatermarkStrategy | None = None,
+        late_watermark_of: str | None = None,
+    ) -> DataFrame:
         self.check()
-        return read_stream(spark, KafkaDataSource,
-                           self.options(dead_letter_staging, watermark, late_watermark_of))
+        return read_stream(
+            spark, KafkaDataSource, self.options(dead_letter_staging, watermark, late_watermark_of)
+        )
 
-    def options(self, dead_letter_staging: str | None = None,
-                watermark: WatermarkStrategy | None = None,
-                late_watermark_of: str | None = None) -> dict[str, str]:
+    def options(
+        self,
+        dead_letter_staging: str | None = None,
+        watermark: WatermarkStrategy | None = None,
+        late_watermark_of: str | None = None,
+    ) -> dict[str, str]:
         """The ``srt_kafka`` DataSource options (they carry the client settings: Spark redacts
         option values whose names match ``spark.redaction.regex`` in plans; ours never print)."""
         opts = {
             "config": json.dumps(self.config),
-            "topics": json.dumps(self.topics), "pattern": self.pattern or "",
-            "schema": self.schema.json(), "starting": json.dumps(self.starting_offsets),
+            "topics": json.dumps(self.topics),
+            "pattern": self.pattern or "",
+            "schema": self.schema.json(),
+            "starting": json.dumps(self.starting_offsets),
             "metadata_columns": "1" if self.metadata_columns else "",
             "max_records_per_batch": str(self.max_records_per_batch or ""),
         }
@@ -222,14 +254,23 @@ class KafkaSource(Source):
         return opts
 
     def dead_letter_sink(self, job: str) -> KafkaDeadLetterSink:
-        return KafkaDeadLetterSink(self.config, self.dead_letter_topic, source=self.name, job=job,
-                                   source_topics=self.topics, source_pattern=self.pattern)
+        return KafkaDeadLetterSink(
+            self.config,
+            self.dead_letter_topic,
+            source=self.name,
+            job=job,
+            source_topics=self.topics,
+            source_pattern=self.pattern,
+        )
 
 
 # The optional Kafka record columns (``metadata_columns=True``).
-METADATA_FIELDS = (StructField("kafka_topic", StringType()), StructField("kafka_key", BinaryType()),
-                   StructField("kafka_timestamp_ms", LongType()),
-                   StructField("kafka_headers", HEADERS_TYPE))
+METADATA_FIELDS = (
+    StructField("kafka_topic", StringType()),
+    StructField("kafka_key", BinaryType()),
+    StructField("kafka_timestamp_ms", LongType()),
+    StructField("kafka_headers", HEADERS_TYPE),
+)
 
 
 class KafkaDataSource(DataSource):
@@ -239,8 +280,10 @@ class KafkaDataSource(DataSource):
 
     def schema(self) -> StructType:
         extra = METADATA_FIELDS if self.options.get("metadata_columns") else ()
-        return stream_schema(StructType.fromJson(json.loads(self.options["schema"])),
-                             extra + alignment.late_before_fields(self.options))
+        return stream_schema(
+            StructType.fromJson(json.loads(self.options["schema"])),
+            extra + alignment.late_before_fields(self.options),
+        )
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return KafkaStreamReader(self.options)
@@ -264,18 +307,27 @@ def _consumer(config_json: str) -> Any:
 
     c = _CONSUMERS.get(config_json)
     if c is None:
-        c = Consumer(quiet({
-            **json.loads(config_json), "group.id": "srt-source", "enable.auto.commit": False,
-            "isolation.level": "read_committed", "enable.partition.eof": True,
-            "allow.auto.create.topics": False, "fetch.max.bytes": 64 << 20,
-            "auto.offset.reset": "earliest",
-            # A split stops reading with records still queued; librdkafka then holds the next
-            # fetch of that partition back for this long (1 s by default), which every later
-            # split of a reused consumer waited out.
-            "fetch.queue.backoff.ms": 10,
-            # A split that ends at the partition's end leaves a fetch waiting on the broker for
-            # new records (500 ms by default); the next split's fetch queues behind it.
-            "fetch.wait.max.ms": 10}))
+        c = Consumer(
+            quiet(
+                {
+                    **json.loads(config_json),
+                    "group.id": "srt-source",
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                    "enable.partition.eof": True,
+                    "allow.auto.create.topics": False,
+                    "fetch.max.bytes": 64 << 20,
+                    "auto.offset.reset": "earliest",
+                    # A split stops reading with records still queued; librdkafka then holds the
+                    # next fetch of that partition back for this long (1 s by default), which
+                    # every later split of a reused consumer waited out.
+                    "fetch.queue.backoff.ms": 10,
+                    # A split that ends at the partition's end leaves a fetch waiting on the broker
+                    # for new records (500 ms by default); the next split's fetch queues behind it.
+                    "fetch.wait.max.ms": 10,
+                }
+            )
+        )
         _CONSUMERS[config_json] = c
     return c
 
@@ -294,8 +346,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.staging = options.get("dead_letter_staging")
         self.align = EventTimeAlignment.of(options)
         time_field = options.get("event_time_field")
-        self.event_time = ((time_field, options.get("event_time_unit", "ms"))
-                           if time_field else None)
+        self.event_time = (time_field, options.get("event_time_unit", "ms")) if time_field else None
         self.target: dict[str, int] | None = None
         self._admin: Any = None
         self._latest: dict[str, int] | None = None
@@ -310,8 +361,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._admin
 
     def _partitions(self) -> list[tuple[str, int]]:
-        counts = check_cluster(self.config, self.topics or None, self.pattern,
-                               admin=self._admin_client())
+        counts = check_cluster(
+            self.config, self.topics or None, self.pattern, admin=self._admin_client()
+        )
         return [(t, p) for t, n in sorted(counts.items()) for p in range(n)]
 
     def _list(self, spec: Any, parts: list[tuple[str, int]]) -> dict[str, int]:
@@ -319,7 +371,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         futures = self._admin_client().list_offsets(
             {TopicPartition(t, p): spec for t, p in parts},
-            isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=METADATA_TIMEOUT_S)
+            isolation_level=IsolationLevel.READ_COMMITTED,
+            request_timeout=METADATA_TIMEOUT_S,
+        )
         return {f"{tp.topic}:{tp.partition}": f.result().offset for tp, f in futures.items()}
 
     def _ends(self) -> dict[str, int]:
@@ -347,21 +401,30 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             try:
                 found = c.offsets_for_times(
                     [TopicPartition(t, p, self.starting["timestamp"]) for t, p in parts],
-                    timeout=METADATA_TIMEOUT_S)
+                    timeout=METADATA_TIMEOUT_S,
+                )
             finally:
                 c.close()
             # No record at or after the timestamp: start at the end.
-            return {f"{tp.topic}:{tp.partition}": tp.offset if tp.offset >= 0
-                    else ends[f"{tp.topic}:{tp.partition}"] for tp in found}
+            return {
+                f"{tp.topic}:{tp.partition}": tp.offset
+                if tp.offset >= 0
+                else ends[f"{tp.topic}:{tp.partition}"]
+                for tp in found
+            }
         unknown = sorted(set(self.starting) - set(ends))
         if unknown:
-            raise ConfigError(f"starting_offsets name partitions that do not exist: {unknown}; "
-                              f"existing: {sorted(ends)}")
+            raise ConfigError(
+                f"starting_offsets name partitions that do not exist: {unknown}; "
+                f"existing: {sorted(ends)}"
+            )
         out = dict(earliest)
         for k, off in self.starting.items():
             if not earliest[k] <= off <= ends[k]:
-                raise ConfigError(f"starting offset {off} for {k} is outside the partition's "
-                                  f"range [{earliest[k]}, {ends[k]}]")
+                raise ConfigError(
+                    f"starting offset {off} for {k} is outside the partition's "
+                    f"range [{earliest[k]}, {ends[k]}]"
+                )
             out[k] = off
         return out
 
@@ -384,8 +447,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         start = self._with_new_partitions(start, ends)
         if self.align is not None:  # held-back partitions first, so the cap goes to the others
             ends = self.align.hold_back(start, ends, bounded=self.target is not None)
-        return self.cap.limit(start, ends,
-                              limit.max_rows if isinstance(limit, ReadMaxRows) else None)
+        return self.cap.limit(
+            start, ends, limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        )
 
     def reportLatestOffset(self) -> dict:
         # Spark asks right after latestOffset, for the lag in the batch's progress: the ends
@@ -444,7 +508,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if time.monotonic() > deadline:
                     raise TimeoutError(
                         f"Kafka read {split}: offsets up to {split.end} not readable within "
-                        f"{READ_TIMEOUT_S:.0f} s (last read {offsets[-1] if offsets else None})")
+                        f"{READ_TIMEOUT_S:.0f} s (last read {offsets[-1] if offsets else None})"
+                    )
         finally:
             c.unassign()
         return values, metas, offsets
@@ -465,15 +530,18 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     "kafka_timestamp_ms": pa.array([m[1] for m in chunk], pa.int64()),
                     "kafka_headers": pa.array(
                         [[{"key": k, "value": v} for k, v in (m[2] or [])] for m in chunk],
-                        pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+                        pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])),
+                    ),
                 }
             n = len(self.record_schema.fields)
             for i, (name, col) in enumerate(cols.items()):
                 table = table.add_column(n + i, name, col)
             table = alignment.with_late_before(table, n + len(cols), split.late_before)
-            tables.append(table.append_column(
-                PARTITION, pa.array(np.full(hi - lo, split.partition, np.int32))
-            ).append_column(OFFSET, pa.array(np.asarray(offsets[lo:hi], np.int64))))
+            tables.append(
+                table.append_column(
+                    PARTITION, pa.array(np.full(hi - lo, split.partition, np.int32))
+                ).append_column(OFFSET, pa.array(np.asarray(offsets[lo:hi], np.int64)))
+            )
         key = f"{split.topic}:{split.partition}"
         if self.staging is not None and tables:
             stage(self.staging, key, split.start, split.end, pa.concat_tables(tables))

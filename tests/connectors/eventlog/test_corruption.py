@@ -16,8 +16,9 @@ def _topic(tmp_path, partitions=4, n=2000):
     log = EventLog(tmp_path)
     log.create_topic("t", partitions)
     with log.writer("t") as w:
-        w.append([Record(b'{"i": %d, "pad": "%s"}' % (i, b"x" * 200), str(i).encode())
-                  for i in range(n)])
+        w.append(
+            [Record(b'{"i": %d, "pad": "%s"}' % (i, b"x" * 200), str(i).encode()) for i in range(n)]
+        )
     # Flush the memtable into SST files, as a long-running writer eventually does.
     db = Rdict(str(tmp_path / "t" / "store"), options=Options(raw_mode=True))
     db.flush()
@@ -25,10 +26,17 @@ def _topic(tmp_path, partitions=4, n=2000):
     return log
 
 
-@pytest.mark.parametrize("text", ["", '{"format_version": 1, "topic": "t", "partit', "[]",
-                                  '{"format_version": 1, "topic": "t", "partitions": "4"}',
-                                  '{"format_version": 1, "topic": "t", "partitions": 0}',
-                                  '{"format_version": 1, "topic": "other", "partitions": 4}'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        '{"format_version": 1, "topic": "t", "partit',
+        "[]",
+        '{"format_version": 1, "topic": "t", "partitions": "4"}',
+        '{"format_version": 1, "topic": "t", "partitions": 0}',
+        '{"format_version": 1, "topic": "other", "partitions": 4}',
+    ],
+)
 def test_a_damaged_topic_json_is_named(tmp_path, text):
     log = _topic(tmp_path)
     (tmp_path / "t" / "topic.json").write_text(text)
@@ -58,7 +66,7 @@ def test_a_corrupt_sst_is_reported_as_corruption_by_reads_and_verify(tmp_path, w
     target = ssts[0] if which == "smallest" else ssts[-1]
     data = bytearray(target.read_bytes())
     mid = len(data) // 3
-    data[mid:mid + 64] = b"\x00" * 64  # damage a data block, keep the file's footer
+    data[mid : mid + 64] = b"\x00" * 64  # damage a data block, keep the file's footer
     target.write_bytes(bytes(data))
     with pytest.raises(CorruptLogError, match="damaged"):
         log.reader("t").verify()

@@ -18,13 +18,15 @@ from tests.connectors.dead_letter_plans import Job, Source, run
 PARTITIONS, LENGTH = 2, 40
 
 steps = st.lists(
-    st.tuples(st.sampled_from(["batch", "batch", "killed", "crash_after_publish"]),
-              st.integers(1, 15))
+    st.tuples(
+        st.sampled_from(["batch", "batch", "killed", "crash_after_publish"]), st.integers(1, 15)
+    )
     | st.tuples(st.just("restore"), st.integers(1, 3)),
     max_size=14,
 )
-bad = st.fixed_dictionaries({p: st.sets(st.integers(0, LENGTH - 1), max_size=LENGTH)
-                             for p in range(PARTITIONS)})
+bad = st.fixed_dictionaries(
+    {p: st.sets(st.integers(0, LENGTH - 1), max_size=LENGTH) for p in range(PARTITIONS)}
+)
 
 
 def _job(root: Path, rejected: dict[int, set[int]]) -> tuple[Job, EventLog]:
@@ -39,8 +41,11 @@ def _topic(log: EventLog) -> list[tuple[int, int]]:
         return []
     reader = log.reader("in-dlq")
     try:
-        return [(int(r.headers["source.partition"]), int(r.headers["source.offset"]))
-                for p, end in reader.end_offsets().items() for r in reader.read(p, 0, end)]
+        return [
+            (int(r.headers["source.partition"]), int(r.headers["source.offset"]))
+            for p, end in reader.end_offsets().items()
+            for r in reader.read(p, 0, end)
+        ]
     finally:
         reader.close()
 
@@ -57,6 +62,9 @@ def test_a_restore_planned_with_a_larger_cap_publishes_the_records_past_the_old_
     """The case that lost records when a split was skipped by its start offset: published in
     small splits, restored to the start, planned again as one large split."""
     job, log = _job(tmp_path, {0: {1, 5, 12, 30}, 1: {0, 25, 39}})
-    run(job, [("batch", 5), ("batch", 5), ("batch", 5), ("restore", 3), ("batch", 40)],
-        lambda: _topic(log))
+    run(
+        job,
+        [("batch", 5), ("batch", 5), ("batch", 5), ("restore", 3), ("batch", 40)],
+        lambda: _topic(log),
+    )
     assert len(_topic(log)) == 7

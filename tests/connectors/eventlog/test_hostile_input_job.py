@@ -58,8 +58,13 @@ def test_hostile_records_never_fail_the_job_and_each_is_dead_lettered_once(upi, 
     good = set(lines)
     bad = [line for line in mixed if line not in good]
     assert sorted(r.value for r in dead) == sorted(bad)
-    expected = {row["_raw"]: row["_error"] for row in decode_json(
-        HOSTILE, PAYMENT, event_time=("ts_ms", "ms")).to_pylist() if row["_error"]}
+    expected = {
+        row["_raw"]: row["_error"]
+        for row in decode_json(HOSTILE, PAYMENT, event_time=("ts_ms", "ms")).to_pylist()
+        if row["_error"]
+    }
     assert all(r.headers["error"] == expected[r.value] for r in dead)
-    assert json.loads(srt(["status", "upi-per-minute", "--json"], srt_env).stdout)[0][
-        "state"] == "FINISHED"
+    assert (
+        json.loads(srt(["status", "upi-per-minute", "--json"], srt_env).stdout)[0]["state"]
+        == "FINISHED"
+    )

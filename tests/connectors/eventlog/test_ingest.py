@@ -78,8 +78,7 @@ def test_a_deeply_nested_line_in_an_append_chunk_is_rejected_alone(tmp_path):
         (LONG, f"over the {MAX_LINE_BYTES}-byte limit", False),
     ],
 )
-def test_each_bad_line_has_an_outcome_and_its_neighbours_are_kept(tmp_path, line, reason,
-                                                                  appended):
+def test_each_bad_line_has_an_outcome_and_its_neighbours_are_kept(tmp_path, line, reason, appended):
     log = EventLog(tmp_path)
     log.create_topic("t", 2)
     stream = io.BytesIO(good(1) + b"\n" + line + b"\r\n\n" + good(2))  # no final newline
@@ -102,7 +101,10 @@ def test_problems_are_counted_past_the_reported_ones(tmp_path):
     with EventLog(tmp_path).writer("t") as w:
         result = ingest_stream(w, io.BytesIO(b"x\n" * (MAX_REPORTED + 5)), "k")
     assert (result.appended, result.rejected, len(result.problems)) == (
-        MAX_REPORTED + 5, MAX_REPORTED + 5, MAX_REPORTED)
+        MAX_REPORTED + 5,
+        MAX_REPORTED + 5,
+        MAX_REPORTED,
+    )
 
 
 def test_append_stream_reports_and_raises_only_for_refused_lines(tmp_path):
@@ -113,18 +115,27 @@ def test_append_stream_reports_and_raises_only_for_refused_lines(tmp_path):
         assert said[0].startswith("srt log append: line 1: malformed JSON")
         assert "1 line(s) rejected" in said[-1]
         with pytest.raises(LogError, match="1 line.s. refused .* the other 2 records were"):
-            append_stream(w, io.BytesIO(good(2) + b"\n" + LONG + b"\n" + good(3)), "k",
-                          said.append)
+            append_stream(w, io.BytesIO(good(2) + b"\n" + LONG + b"\n" + good(3)), "k", said.append)
     assert len(all_records(tmp_path, "t")) == 4
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.one_of(
-    st.binary(max_size=30).map(lambda b: b.replace(b"\n", b"")),
-    st.builds(lambda k, i: json.dumps({"k": k, "i": i}).encode(), st.text(max_size=5),
-              st.integers()),
-    st.sampled_from([b"", b"\r", DEEP[:300] + b"]" * 200, b'{"k": "\\udfff"}', b"{}{}"]),
-), max_size=40), st.sampled_from([b"\n", b"\r\n"]), st.booleans())
+@given(
+    st.lists(
+        st.one_of(
+            st.binary(max_size=30).map(lambda b: b.replace(b"\n", b"")),
+            st.builds(
+                lambda k, i: json.dumps({"k": k, "i": i}).encode(),
+                st.text(max_size=5),
+                st.integers(),
+            ),
+            st.sampled_from([b"", b"\r", DEEP[:300] + b"]" * 200, b'{"k": "\\udfff"}', b"{}{}"]),
+        ),
+        max_size=40,
+    ),
+    st.sampled_from([b"\n", b"\r\n"]),
+    st.booleans(),
+)
 def test_every_line_is_appended_or_reported(tmp_path_factory, lines, eol, final_eol):
     """Any lines: every non-blank line is in the log byte for byte, once, in order per
     partition, keyed as key_of says; only rejected lines are reported, all appended."""
@@ -140,8 +151,10 @@ def test_every_line_is_appended_or_reported(tmp_path_factory, lines, eol, final_
     assert sorted(r.value for r in records) == sorted(line for _, line in expected)
     for p in (0, 1):  # in order within each partition, keyed as key_of says
         assert [(r.value, r.key) for r in records if r.partition == p] == [
-            (line, key_of(line, "k")) for _, line in expected
-            if partition_for(key_of(line, "k"), line, 2) == p]
+            (line, key_of(line, "k"))
+            for _, line in expected
+            if partition_for(key_of(line, "k"), line, 2) == p
+        ]
     assert result.appended == len(expected) and result.refused == 0
     rejected = [n for n, line in expected if parse_record(line)[0] is None]
     assert [p.line for p in result.problems] == rejected
@@ -149,8 +162,12 @@ def test_every_line_is_appended_or_reported(tmp_path_factory, lines, eol, final_
 
 def test_cli_append_counts_rejected_lines_and_fails_only_for_refused(tmp_path, srt_env):
     log_dir = tmp_path / "log"
-    assert srt(["log", "create", "upi", "--partitions", "2", "--log-dir", str(log_dir)],
-               srt_env).returncode == 0
+    assert (
+        srt(
+            ["log", "create", "upi", "--partitions", "2", "--log-dir", str(log_dir)], srt_env
+        ).returncode
+        == 0
+    )
     lines = [b'{"merchant_id": "M%d", "n": %d}' % (i % 3, i) for i in range(50)]
     lines[10] = b'{"merchant_id": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"
     args = ["log", "append", "upi", "--key-field", "merchant_id", "--log-dir", str(log_dir)]
@@ -191,9 +208,21 @@ def served(tmp_path, srt_env):
     EventLog(log_dir).create_topic("socket", 2)
     port = _free_port()
     proc = subprocess.Popen(
-        [str(VENV_BIN / "srt"), "log", "serve", "socket", "--port", str(port),
-         "--key-field", "k", "--log-dir", str(log_dir)],
-        env=srt_env, stdout=subprocess.PIPE, text=True,
+        [
+            str(VENV_BIN / "srt"),
+            "log",
+            "serve",
+            "socket",
+            "--port",
+            str(port),
+            "--key-field",
+            "k",
+            "--log-dir",
+            str(log_dir),
+        ],
+        env=srt_env,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert "listening on" in proc.stdout.readline()
@@ -206,14 +235,25 @@ def served(tmp_path, srt_env):
 def test_serve_answers_an_over_long_line_and_keeps_the_connections_other_lines(served):
     port, log_dir = served
     valid = [good(i) for i in range(300)]
-    payload = b"".join(v + b"\n" for v in valid[:150]) + LONG + b"\n" + DEEP + b"\n" + \
-        b"".join(v + b"\r\n" for v in valid[150:])
+    payload = (
+        b"".join(v + b"\n" for v in valid[:150])
+        + LONG
+        + b"\n"
+        + DEEP
+        + b"\n"
+        + b"".join(v + b"\r\n" for v in valid[150:])
+    )
     answers = _exchange(port, payload)
-    assert answers[0] == {"line": 151, "appended": False,
-                          "error": f"line is {len(LONG)} bytes, over the "
-                                   f"{MAX_LINE_BYTES}-byte limit"}
-    assert answers[1] == {"line": 152, "appended": True,
-                          "error": f"nested deeper than {MAX_DEPTH} levels"}
+    assert answers[0] == {
+        "line": 151,
+        "appended": False,
+        "error": f"line is {len(LONG)} bytes, over the {MAX_LINE_BYTES}-byte limit",
+    }
+    assert answers[1] == {
+        "line": 152,
+        "appended": True,
+        "error": f"nested deeper than {MAX_DEPTH} levels",
+    }
     # The summary comes once every line of the connection is in the log: an acknowledgement.
     assert answers[2] == {"done": True, "appended": 301, "rejected": 1, "refused": 1}
     records = all_records(log_dir, "socket")
@@ -235,8 +275,9 @@ def test_serve_senders_that_never_read_do_not_lose_lines(served):
     port, log_dir = served
     for batch in range(3):
         with socket.create_connection(("127.0.0.1", port)) as conn:
-            conn.sendall(b"".join(good(batch * 100 + i) + b"\n" for i in range(100))
-                         + b"not json\n")
+            conn.sendall(
+                b"".join(good(batch * 100 + i) + b"\n" for i in range(100)) + b"not json\n"
+            )
     deadline = time.monotonic() + 30
     while len(all_records(log_dir, "socket")) < 303:
         assert time.monotonic() < deadline
@@ -263,8 +304,7 @@ def test_serve_stops_with_an_error_when_the_store_fails_never_silently():
 
     async def scenario() -> None:
         ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        server = asyncio.create_task(_serve(BrokenWriter(), "127.0.0.1", 0, "k",
-                                            ready.set_result))
+        server = asyncio.create_task(_serve(BrokenWriter(), "127.0.0.1", 0, "k", ready.set_result))
         port = await ready
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(good(1) + b"\n" + good(2) + b"\n")

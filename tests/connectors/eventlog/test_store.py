@@ -54,9 +54,11 @@ def test_create_append_read_by_offset_range(tmp_path):
 def test_partitioning_is_stable_across_processes(tmp_path):
     keys = [f"M{i:03d}".encode() for i in range(50)]
     here = [partition_for(k, b"", 7) for k in keys]
-    code = ("from stateful_runtime.connectors.eventlog import partition_for; import json; "
-            "print(json.dumps("
-            "[partition_for(('M%03d' % i).encode(), b'', 7) for i in range(50)]))")
+    code = (
+        "from stateful_runtime.connectors.eventlog import partition_for; import json; "
+        "print(json.dumps("
+        "[partition_for(('M%03d' % i).encode(), b'', 7) for i in range(50)]))"
+    )
     there = json.loads(subprocess.check_output([sys.executable, "-c", code]))
     assert here == there and len(set(here)) > 1
 
@@ -88,10 +90,10 @@ def test_idempotent_producer_appends_a_sequence_once(tmp_path):
     assert log.reader("out").end_offsets() == {0: 4}
 
 
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.tuples(st.binary(max_size=20), st.none() | st.binary(max_size=8)),
-                max_size=30))
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(st.tuples(st.binary(max_size=20), st.none() | st.binary(max_size=8)), max_size=30))
 def test_append_values_writes_what_append_of_the_same_records_writes(tmp_path, pairs):
     """The sinks' fast path (value and key, no Record per row) places and encodes every
     record as append does, and is idempotent per producer sequence the same way."""
@@ -100,9 +102,13 @@ def test_append_values_writes_what_append_of_the_same_records_writes(tmp_path, p
     log.create_topic("b", 3)
     wa, wb = log.writer("a"), log.writer("b")
     try:
-        assert wa.append([Record(v, k) for v, k in pairs], producer_id="p", sequence=4) == \
-            wb.append_values([v for v, _ in pairs], [k for _, k in pairs], producer_id="p",
-                             sequence=4) == len(pairs)
+        assert (
+            wa.append([Record(v, k) for v, k in pairs], producer_id="p", sequence=4)
+            == wb.append_values(
+                [v for v, _ in pairs], [k for _, k in pairs], producer_id="p", sequence=4
+            )
+            == len(pairs)
+        )
         assert wb.append_values([b"x"], [None], producer_id="p", sequence=4) == 0  # a replay
         assert wa.end_offsets() == wb.end_offsets()
     finally:
@@ -110,8 +116,9 @@ def test_append_values_writes_what_append_of_the_same_records_writes(tmp_path, p
         wb.close()
     ra, rb = log.reader("a"), log.reader("b")
     for p, end in ra.end_offsets().items():
-        assert [(r.key, r.value, r.headers) for r in ra.read(p, 0, end)] == \
-            [(r.key, r.value, r.headers) for r in rb.read(p, 0, end)]
+        assert [(r.key, r.value, r.headers) for r in ra.read(p, 0, end)] == [
+            (r.key, r.value, r.headers) for r in rb.read(p, 0, end)
+        ]
 
 
 def test_one_writer_per_topic(tmp_path):
@@ -119,10 +126,14 @@ def test_one_writer_per_topic(tmp_path):
     log.create_topic("t", 1)
     with log.writer("t"):
         holder = subprocess.run(
-            [sys.executable, "-c",
-             "from stateful_runtime.connectors.eventlog import EventLog; "
-             f"EventLog({str(tmp_path)!r}).writer('t')"],
-            capture_output=True, text=True,
+            [
+                sys.executable,
+                "-c",
+                "from stateful_runtime.connectors.eventlog import EventLog; "
+                f"EventLog({str(tmp_path)!r}).writer('t')",
+            ],
+            capture_output=True,
+            text=True,
         )
     assert holder.returncode != 0
     assert "LogWriterBusyError" in holder.stderr and "only one writer" in holder.stderr
@@ -146,8 +157,9 @@ WRITER = textwrap.dedent("""
 def test_reader_in_another_process_follows_a_live_writer_and_kill_9_loses_no_ack(tmp_path):
     log = EventLog(tmp_path)
     log.create_topic("t", 1)
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
     reader = log.reader("t")
     seen = []
     acked = 0
@@ -172,11 +184,18 @@ def test_reader_in_another_process_follows_a_live_writer_and_kill_9_loses_no_ack
 
 def test_append_from_stdin_via_cli(tmp_path, srt_env):
     log_dir = tmp_path / "log"
-    assert srt(["log", "create", "upi", "--partitions", "2", "--log-dir", str(log_dir)],
-               srt_env).returncode == 0
+    assert (
+        srt(
+            ["log", "create", "upi", "--partitions", "2", "--log-dir", str(log_dir)], srt_env
+        ).returncode
+        == 0
+    )
     lines = b"".join(b'{"merchant_id": "M%d", "n": %d}\n' % (i % 3, i) for i in range(50))
-    result = srt(["log", "append", "upi", "--key-field", "merchant_id", "--log-dir",
-                  str(log_dir)], srt_env, input=lines + b"not json\n\n")
+    result = srt(
+        ["log", "append", "upi", "--key-field", "merchant_id", "--log-dir", str(log_dir)],
+        srt_env,
+        input=lines + b"not json\n\n",
+    )
     assert result.returncode == 0, result.stderr
     reader = EventLog(log_dir).reader("upi")
     records = [r for p, e in reader.end_offsets().items() for r in reader.read(p, 0, e)]
@@ -198,16 +217,29 @@ def test_serve_accepts_nc_style_lines_and_stops_cleanly(tmp_path, srt_env):
     EventLog(log_dir).create_topic("socket", 2)
     port = _free_port()
     proc = subprocess.Popen(
-        [str(VENV_BIN / "srt"), "log", "serve", "socket", "--port", str(port),
-         "--key-field", "k", "--log-dir", str(log_dir)],
-        env=srt_env, stdout=subprocess.PIPE, text=True,
+        [
+            str(VENV_BIN / "srt"),
+            "log",
+            "serve",
+            "socket",
+            "--port",
+            str(port),
+            "--key-field",
+            "k",
+            "--log-dir",
+            str(log_dir),
+        ],
+        env=srt_env,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert "listening on" in proc.stdout.readline()
         for batch in range(3):  # three connections, like three `nc` sessions
             with socket.create_connection(("127.0.0.1", port)) as conn:
-                conn.sendall(b"".join(b'{"k": "a%d", "i": %d}\n' % (i, batch * 100 + i)
-                                      for i in range(100)))
+                conn.sendall(
+                    b"".join(b'{"k": "a%d", "i": %d}\n' % (i, batch * 100 + i) for i in range(100))
+                )
         reader = EventLog(log_dir).reader("socket")
         deadline = time.monotonic() + 30
         while sum(reader.end_offsets().values()) < 300:
@@ -216,8 +248,11 @@ def test_serve_accepts_nc_style_lines_and_stops_cleanly(tmp_path, srt_env):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
-    values = sorted(json.loads(r.value)["i"] for p, e in reader.end_offsets().items()
-                    for r in reader.read(p, 0, e))
+    values = sorted(
+        json.loads(r.value)["i"]
+        for p, e in reader.end_offsets().items()
+        for r in reader.read(p, 0, e)
+    )
     assert values == list(range(300))
 
 
@@ -233,7 +268,7 @@ def test_readers_leave_no_directories_behind_even_when_their_process_is_killed(t
     script = textwrap.dedent(f"""
         import os, sys
         from stateful_runtime.connectors.eventlog import EventLog
-        reader = EventLog({str(tmp_path / 'log')!r}).reader("t")
+        reader = EventLog({str(tmp_path / "log")!r}).reader("t")
         print(reader._secondary, flush=True)
         if sys.argv[1] == "exit":
             os._exit(0)
@@ -243,8 +278,14 @@ def test_readers_leave_no_directories_behind_even_when_their_process_is_killed(t
     """)
 
     def run(how: str) -> list[str]:
-        out = subprocess.run([sys.executable, "-c", script, how], env=env, capture_output=True,
-                             text=True, timeout=60, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", script, how],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
         return out.stdout.split()
 
     (gone,) = run("exit")

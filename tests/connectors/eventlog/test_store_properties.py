@@ -45,8 +45,11 @@ class EventLogMachine(RuleBasedStateMachine):
 
     def _expect(self, batch: list[Record]) -> None:
         for rec in batch:
-            p = rec.partition if rec.partition >= 0 else partition_for(rec.key, rec.value,
-                                                                        PARTITIONS)
+            p = (
+                rec.partition
+                if rec.partition >= 0
+                else partition_for(rec.key, rec.value, PARTITIONS)
+            )
             self.model[p].append(rec)
 
     @rule(batch=records)
@@ -54,8 +57,7 @@ class EventLogMachine(RuleBasedStateMachine):
         assert self.writer.append(batch) == len(batch)
         self._expect(batch)
 
-    @rule(batch=records, producer=st.sampled_from(["job/q", "job/r"]),
-          sequence=st.integers(-2, 12))
+    @rule(batch=records, producer=st.sampled_from(["job/q", "job/r"]), sequence=st.integers(-2, 12))
     def append_idempotent(self, batch: list[Record], producer: str, sequence: int) -> None:
         n = self.writer.append(batch, producer_id=producer, sequence=sequence)
         last = self.sequences.get(producer)
@@ -87,8 +89,9 @@ class EventLogMachine(RuleBasedStateMachine):
             assert (rec.value, rec.key, rec.headers) == (want.value, want.key, want.headers)
             if want.timestamp_ms:
                 assert rec.timestamp_ms == want.timestamp_ms
-        assert self.reader.read_values(partition, start, end) == [r.value for r in
-                                                                  expected[start:end]]
+        assert self.reader.read_values(partition, start, end) == [
+            r.value for r in expected[start:end]
+        ]
 
     @invariant()
     def end_offsets_count_every_appended_record(self) -> None:
@@ -105,7 +108,9 @@ class EventLogMachine(RuleBasedStateMachine):
 
 
 EventLogMachine.TestCase.settings = settings(
-    max_examples=25, stateful_step_count=25, deadline=None,
+    max_examples=25,
+    stateful_step_count=25,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestEventLog = EventLogMachine.TestCase

@@ -36,7 +36,7 @@ def _load(path: str):
 def _run(module, lines: list[bytes], schema) -> float:
     t0 = time.process_time()
     for lo in range(0, len(lines), ROWS):
-        module.decode_json(lines[lo:lo + ROWS], schema)
+        module.decode_json(lines[lo : lo + ROWS], schema)
     return time.process_time() - t0
 
 
@@ -44,11 +44,16 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--records", type=int, default=200_000)
     p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--module", action="append", default=[],
-                   help="path of another json.py to time alongside the current one")
+    p.add_argument(
+        "--module",
+        action="append",
+        default=[],
+        help="path of another json.py to time alongside the current one",
+    )
     a = p.parse_args()
-    schema = decoder.to_struct({"txn_id": str, "merchant_id": str, "amount_paise": int,
-                                "ts_ms": int})
+    schema = decoder.to_struct(
+        {"txn_id": str, "merchant_id": str, "amount_paise": int, "ts_ms": int}
+    )
     clean = list(events(a.records))
     dirty = list(events(a.records, bad_every=10_000))
     modules = {"current": decoder, **{m: _load(m) for m in a.module}}
@@ -59,8 +64,10 @@ def main() -> None:
                 t = _run(module, lines, schema)
                 best[name, kind] = min(best.get((name, kind), t), t)
     for (name, kind), t in best.items():
-        print(f"{name:>40s}  {kind:>14s}  {a.records / t / 1e3:7.0f}k records/s  "
-              f"({t * 1e6 / a.records:.2f} us/record)")
+        print(
+            f"{name:>40s}  {kind:>14s}  {a.records / t / 1e3:7.0f}k records/s  "
+            f"({t * 1e6 / a.records:.2f} us/record)"
+        )
 
 
 if __name__ == "__main__":

@@ -57,59 +57,99 @@ CLASSES = [
     pytest.param(b'{"n": 1, "x": 1.5}', "missing field 'id'", id="missing-field"),
     pytest.param(b'{"id": null, "n": 1, "x": 1.5}', "missing field 'id'", id="null-field"),
     pytest.param(b'{"id": "a", "n": 1, "x": 1, "ok": null}', None, id="null-optional"),
-    pytest.param(b'{"id": "a", "n": "one", "x": 1}', "field 'n': expected int64, got string",
-                 id="string-for-int"),
-    pytest.param(b'{"id": "a", "n": 1.5, "x": 1}', "field 'n': expected int64, got number 1.5",
-                 id="float-for-int"),
-    pytest.param(b'{"id": "a", "n": true, "x": 1}', "field 'n': expected int64, got boolean",
-                 id="bool-for-int"),
-    pytest.param(b'{"id": 7, "n": 1, "x": 1}', "field 'id': expected string, got number",
-                 id="int-for-string"),
-    pytest.param(b'{"id": {"a": 1}, "n": 1, "x": 1}', "field 'id': expected string, got object",
-                 id="object-for-string"),
-    pytest.param(b'{"id": "a", "n": 1, "x": 1, "ok": "yes"}', "field 'ok': expected bool",
-                 id="string-for-bool"),
-    pytest.param(b'{"id": "a", "n": 9223372036854775808, "x": 1}', "does not fit int64",
-                 id="int64-overflow"),
-    pytest.param(b'{"id": "a", "n": 1, "x": 1e400}', "1e400 is out of range for a double",
-                 id="double-overflow"),
-    pytest.param(b'{"id": "a", "n": 1, "x": 1' + b"0" * 400 + b"}",
-                 "out of range for a double", id="huge-int-for-double"),
+    pytest.param(
+        b'{"id": "a", "n": "one", "x": 1}',
+        "field 'n': expected int64, got string",
+        id="string-for-int",
+    ),
+    pytest.param(
+        b'{"id": "a", "n": 1.5, "x": 1}',
+        "field 'n': expected int64, got number 1.5",
+        id="float-for-int",
+    ),
+    pytest.param(
+        b'{"id": "a", "n": true, "x": 1}',
+        "field 'n': expected int64, got boolean",
+        id="bool-for-int",
+    ),
+    pytest.param(
+        b'{"id": 7, "n": 1, "x": 1}', "field 'id': expected string, got number", id="int-for-string"
+    ),
+    pytest.param(
+        b'{"id": {"a": 1}, "n": 1, "x": 1}',
+        "field 'id': expected string, got object",
+        id="object-for-string",
+    ),
+    pytest.param(
+        b'{"id": "a", "n": 1, "x": 1, "ok": "yes"}',
+        "field 'ok': expected bool",
+        id="string-for-bool",
+    ),
+    pytest.param(
+        b'{"id": "a", "n": 9223372036854775808, "x": 1}', "does not fit int64", id="int64-overflow"
+    ),
+    pytest.param(
+        b'{"id": "a", "n": 1, "x": 1e400}',
+        "1e400 is out of range for a double",
+        id="double-overflow",
+    ),
+    pytest.param(
+        b'{"id": "a", "n": 1, "x": 1' + b"0" * 400 + b"}",
+        "out of range for a double",
+        id="huge-int-for-double",
+    ),
     pytest.param(b'{"id": "a", "n": 1, "x": NaN}', "NaN is not JSON", id="nan"),
     pytest.param(b'{"id": "a", "n": 1, "x": -Infinity}', "-Infinity is not JSON", id="-infinity"),
-    pytest.param(b'{"id": "a", "n": 1, "x": 1, "z": Infinity}', "Infinity is not JSON",
-                 id="infinity-in-unknown-field"),
+    pytest.param(
+        b'{"id": "a", "n": 1, "x": 1, "z": Infinity}',
+        "Infinity is not JSON",
+        id="infinity-in-unknown-field",
+    ),
     pytest.param(b'{"id": "a", "n": 1, "x": Inf}', "malformed JSON", id="inf"),
-    pytest.param(b'{"id": "a", "id": "b", "n": 1, "x": 1}', "field 'id' appears twice",
-                 id="duplicate-field"),
-    pytest.param(b'{"id": "a", "z": 1, "z": 2, "n": 1, "x": 1}', None,
-                 id="duplicate-unknown-field"),
-    pytest.param(b'{"id": "a\xff", "n": 1, "x": 1}', "not valid UTF-8 (byte 9)",
-                 id="invalid-utf8-in-string"),
+    pytest.param(
+        b'{"id": "a", "id": "b", "n": 1, "x": 1}', "field 'id' appears twice", id="duplicate-field"
+    ),
+    pytest.param(
+        b'{"id": "a", "z": 1, "z": 2, "n": 1, "x": 1}', None, id="duplicate-unknown-field"
+    ),
+    pytest.param(
+        b'{"id": "a\xff", "n": 1, "x": 1}', "not valid UTF-8 (byte 9)", id="invalid-utf8-in-string"
+    ),
     pytest.param(b"\xff\xfe", "not valid UTF-8", id="invalid-utf8"),
-    pytest.param(b'{"id": "\xed\xa0\x80", "n": 1, "x": 1}', "not valid UTF-8",
-                 id="utf8-encoded-surrogate"),
-    pytest.param(b'{"id": "\\ud800", "n": 1, "x": 1}', "lone surrogate escape \\ud800",
-                 id="lone-surrogate"),
-    pytest.param(b'{"id": "a", "n": 1, "x": 1, "z": {"\\udc00": 1}}', "lone surrogate",
-                 id="lone-surrogate-in-unknown-key"),
+    pytest.param(
+        b'{"id": "\xed\xa0\x80", "n": 1, "x": 1}', "not valid UTF-8", id="utf8-encoded-surrogate"
+    ),
+    pytest.param(
+        b'{"id": "\\ud800", "n": 1, "x": 1}', "lone surrogate escape \\ud800", id="lone-surrogate"
+    ),
+    pytest.param(
+        b'{"id": "a", "n": 1, "x": 1, "z": {"\\udc00": 1}}',
+        "lone surrogate",
+        id="lone-surrogate-in-unknown-key",
+    ),
     pytest.param(b'{"id": "\\ud83d\\ude00", "n": 1, "x": 1}', None, id="surrogate-pair"),
     pytest.param(b'{"id": "a\\u0000b", "n": 1, "x": 1}', None, id="escaped-nul"),
-    pytest.param(b'{"id": "a\x00b", "n": 1, "x": 1}', "Invalid control character",
-                 id="raw-nul-in-string"),
+    pytest.param(
+        b'{"id": "a\x00b", "n": 1, "x": 1}', "Invalid control character", id="raw-nul-in-string"
+    ),
     pytest.param(GOOD + b"\x00", "malformed JSON", id="raw-nul-after"),
     pytest.param(GOOD + b"\r\n", None, id="crlf"),
     pytest.param(b"  " + GOOD + b"\t", None, id="surrounding-whitespace"),
     pytest.param(b"\xef\xbb\xbf" + GOOD, "byte-order mark", id="bom"),
     pytest.param(b'{"id": "a",\n "n": 1, "x": 1}', None, id="newline-inside"),
     pytest.param(nested(MAX_DEPTH), None, id="depth-at-limit"),
-    pytest.param(nested(MAX_DEPTH + 1), f"nested deeper than {MAX_DEPTH} levels",
-                 id="depth-over-limit"),
+    pytest.param(
+        nested(MAX_DEPTH + 1), f"nested deeper than {MAX_DEPTH} levels", id="depth-over-limit"
+    ),
     pytest.param(nested(100_000), f"nested deeper than {MAX_DEPTH} levels", id="depth-100k"),
-    pytest.param(b'{"id": "' + b"[{" * 500 + b'", "n": 1, "x": 1}', None,
-                 id="brackets-inside-a-string"),
-    pytest.param(b'{"id": "' + b"a" * (10 << 20) + b'", "n": 1, "x": 1}',
-                 f"over the {MAX_RECORD_BYTES}-byte limit", id="10MB"),
+    pytest.param(
+        b'{"id": "' + b"[{" * 500 + b'", "n": 1, "x": 1}', None, id="brackets-inside-a-string"
+    ),
+    pytest.param(
+        b'{"id": "' + b"a" * (10 << 20) + b'", "n": 1, "x": 1}',
+        f"over the {MAX_RECORD_BYTES}-byte limit",
+        id="10MB",
+    ),
 ]
 
 
@@ -175,8 +215,9 @@ def test_records_needing_the_per_record_path_everywhere_still_decode():
 
 def test_nested_records_stay_on_the_fast_path_and_deep_ones_are_found():
     def rec(i: int) -> bytes:
-        return json.dumps({"id": str(i), "n": i, "x": 1.0,
-                           "meta": {"d": {"os": "android", "v": [1, [2, [3]]]}}}).encode()
+        return json.dumps(
+            {"id": str(i), "n": i, "x": 1.0, "meta": {"d": {"os": "android", "v": [1, [2, [3]]]}}}
+        ).encode()
 
     lines = [rec(i) for i in range(CHUNK)]
     lines[1000] = nested(MAX_DEPTH + 1)
@@ -206,17 +247,21 @@ EVENT_SCHEMA = to_struct({"id": str, "ts": int, "t": Optional[str], "s": Optiona
         ({"id": "a", "ts": 1, "t": "2026-01-01"}, ("t", "timestamp"), None),
         ({"id": "a", "ts": 1, "t": "garbage"}, ("t", "timestamp"), "is not an ISO-8601"),
         ({"id": "a", "ts": 1, "t": "2026-02-30"}, ("t", "timestamp"), "is not a valid timestamp"),
-        ({"id": "a", "ts": 1, "t": "2026-01-01T10:00+05:30"}, ("t", "timestamp"),
-         "is not an ISO-8601"),  # Spark's cast refuses a zone without seconds
+        (
+            {"id": "a", "ts": 1, "t": "2026-01-01T10:00+05:30"},
+            ("t", "timestamp"),
+            "is not an ISO-8601",
+        ),  # Spark's cast refuses a zone without seconds
         ({"id": "a", "ts": 1, "t": "0001-01-01T00:00:00"}, ("t", "timestamp"), "is outside"),
         ({"id": "a", "ts": 1}, ("kafka_timestamp_ms", "ms"), None),  # not a record field
     ],
 )
-def test_event_time_outside_what_spark_and_python_hold_is_a_dead_letter(record, event_time,
-                                                                         reason):
+def test_event_time_outside_what_spark_and_python_hold_is_a_dead_letter(record, event_time, reason):
     line = json.dumps(record).encode()
-    for lines in ([line], [line, *[json.dumps({**record, "id": str(i)}).encode()
-                                   for i in range(3)]]):
+    for lines in (
+        [line],
+        [line, *[json.dumps({**record, "id": str(i)}).encode() for i in range(3)]],
+    ):
         row = decode_json(lines, EVENT_SCHEMA, event_time=event_time).to_pylist()[0]
         if reason is None:
             assert row["_error"] is None
@@ -245,5 +290,7 @@ def test_read_limit_is_shared_in_proportion_to_backlog():
     # covering the same event-time span stay aligned in event time.
     assert [out[p] - start[p] for p in "012"] == [100, 50, 200]
     assert limit_offsets(start, ends, 10_000) == ends
-    assert limit_offsets({"0": 0, "1": 0}, {"0": 1, "1": 1}, 1) in ({"0": 1, "1": 0},
-                                                                    {"0": 0, "1": 1})
+    assert limit_offsets({"0": 0, "1": 0}, {"0": 1, "1": 1}, 1) in (
+        {"0": 1, "1": 0},
+        {"0": 0, "1": 1},
+    )

@@ -18,19 +18,33 @@ from hypothesis import strategies as st
 
 from stateful_runtime.connectors.formats.json import BISECT_MIN, MAX_DEPTH, decode_json, to_struct
 
-SCHEMA = to_struct({"id": str, "n": int, "small": Optional[int], "x": float,  # noqa: UP045
-                    "ok": Optional[bool], "ts": int})  # noqa: UP045
+SCHEMA = to_struct(
+    {
+        "id": str,
+        "n": int,
+        "small": Optional[int],  # noqa: UP045
+        "x": float,
+        "ok": Optional[bool],  # noqa: UP045
+        "ts": int,
+    }
+)
 TYPES = {"id": str, "n": int, "small": int, "x": float, "ok": bool, "ts": int}
 REQUIRED = {"id", "n", "x", "ts"}
 EVENT_TIME = ("ts", "ms")
 TS_RANGE = (-62_135_510_400_000, 253_370_764_800_000)  # EVENT_TIME_MIN..MAX in ms
 
-json_scalars = (st.none() | st.booleans() | st.integers(-(2**70), 2**70)
-                | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8))
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8)
+)
 json_values = st.recursive(
     json_scalars,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
-                                                                max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
     max_leaves=8,
 )
 field_values = {
@@ -45,10 +59,16 @@ field_values = {
 
 @st.composite
 def good_objects(draw: st.DrawFn) -> dict:
-    obj = {name: draw(strategy) for name, strategy in field_values.items()
-           if name in REQUIRED or draw(st.booleans())}
-    extra = draw(st.dictionaries(st.text(max_size=5).filter(lambda k: k not in TYPES),
-                                 json_values, max_size=3))
+    obj = {
+        name: draw(strategy)
+        for name, strategy in field_values.items()
+        if name in REQUIRED or draw(st.booleans())
+    }
+    extra = draw(
+        st.dictionaries(
+            st.text(max_size=5).filter(lambda k: k not in TYPES), json_values, max_size=3
+        )
+    )
     return {**extra, **obj}
 
 
@@ -57,8 +77,11 @@ def encoded(draw: st.DrawFn, objects: st.SearchStrategy[dict]) -> bytes:
     obj = draw(objects)
     items = list(obj.items())
     draw(st.randoms()).shuffle(items)
-    text = json.dumps(dict(items), ensure_ascii=draw(st.booleans()),
-                      separators=draw(st.sampled_from([(",", ":"), (", ", ": ")])))
+    text = json.dumps(
+        dict(items),
+        ensure_ascii=draw(st.booleans()),
+        separators=draw(st.sampled_from([(",", ":"), (", ", ": ")])),
+    )
     return text.encode()
 
 
@@ -86,15 +109,16 @@ def _mutate(line: bytes, how: str, other: bytes) -> bytes:
         "concat": line + other,
         "concat-space": line + b" " + other,
         "prefix": line[: len(line) // 2],
-        "suffix": line[len(line) // 2:],
-        "nan": line.replace(b":", b":NaN,\"_\":", 1) if line.startswith(b"{") else line,
+        "suffix": line[len(line) // 2 :],
+        "nan": line.replace(b":", b':NaN,"_":', 1) if line.startswith(b"{") else line,
         "inf": line[:-1] + b',"_z":Inf}' if line.endswith(b"}") else line,
         "lone": line[:-1] + b',"_s":"\\ud800"}' if line.endswith(b"}") else line,
         "badutf8": line.replace(b'"', b'"\xc3', 1),
         "nul": line.replace(b'"', b'"\x00', 1),
         "bom": b"\xef\xbb\xbf" + line,
         "deep": line[:-1] + b',"_d":' + b"[" * MAX_DEPTH + b"]" * MAX_DEPTH + b"}"
-        if line.endswith(b"}") else line,
+        if line.endswith(b"}")
+        else line,
         "newline": line.replace(b",", b",\n", 1),
         "dup": line[:-1] + b',"id":"dup"}' if line.endswith(b"}") else line,
     }[how]
@@ -102,21 +126,57 @@ def _mutate(line: bytes, how: str, other: bytes) -> bytes:
 
 @st.composite
 def records(draw: st.DrawFn) -> bytes:
-    kind = draw(st.sampled_from(["good", "good", "good", "almost", "mutated", "bytes",
-                                 "literal"]))
+    kind = draw(st.sampled_from(["good", "good", "good", "almost", "mutated", "bytes", "literal"]))
     if kind == "good":
         return draw(encoded(good_objects()))
     if kind == "almost":
         return draw(encoded(almost_good_objects()))
     if kind == "mutated":
-        how = draw(st.sampled_from(["crlf", "spaces", "concat", "concat-space", "prefix",
-                                    "suffix", "nan", "inf", "lone", "badutf8", "nul", "bom",
-                                    "deep", "newline", "dup"]))
+        how = draw(
+            st.sampled_from(
+                [
+                    "crlf",
+                    "spaces",
+                    "concat",
+                    "concat-space",
+                    "prefix",
+                    "suffix",
+                    "nan",
+                    "inf",
+                    "lone",
+                    "badutf8",
+                    "nul",
+                    "bom",
+                    "deep",
+                    "newline",
+                    "dup",
+                ]
+            )
+        )
         return _mutate(draw(encoded(good_objects())), how, draw(encoded(good_objects())))
     if kind == "bytes":
         return draw(st.binary(max_size=40))
-    return draw(st.sampled_from([b"", b" ", b"{}", b"[]", b"null", b"1", b'"s"', b"{", b"}",
-                                 b"}{", b"{}{}", b"\n", b"\r", b"NaN", b"Infinity"]))
+    return draw(
+        st.sampled_from(
+            [
+                b"",
+                b" ",
+                b"{}",
+                b"[]",
+                b"null",
+                b"1",
+                b'"s"',
+                b"{",
+                b"}",
+                b"}{",
+                b"{}{}",
+                b"\n",
+                b"\r",
+                b"NaN",
+                b"Infinity",
+            ]
+        )
+    )
 
 
 def expected_row(line: bytes) -> dict | None:
@@ -129,8 +189,10 @@ def expected_row(line: bytes) -> dict | None:
         if value is not None and tp is float:
             value = float(value)
         if value is not None:
-            assert isinstance(value, tp) and (tp is bool or not isinstance(value, bool)), (name,
-                                                                                         value)
+            assert isinstance(value, tp) and (tp is bool or not isinstance(value, bool)), (
+                name,
+                value,
+            )
         row[name] = value
     return row
 
@@ -144,9 +206,11 @@ def check(lines: list[bytes], rows: list[dict], alone: list[dict]) -> None:
             expected = expected_row(line)
             for name, value in expected.items():
                 got = row[name]
-                assert got == value and (not isinstance(value, float)
-                                         or math.copysign(1, got) == math.copysign(1, value)
-                                         or value == 0), (name, got, value)
+                assert got == value and (
+                    not isinstance(value, float)
+                    or math.copysign(1, got) == math.copysign(1, value)
+                    or value == 0
+                ), (name, got, value)
             assert all(row[name] is not None for name in REQUIRED)
         else:
             assert isinstance(row["_error"], str) and row["_error"]
@@ -171,15 +235,26 @@ SHIFTERS = [b"", b" ", b"\r", b"{}{}", b'{"id":"a","n":1,"x":1,"ts":1}{"id":"b"}
 
 
 def background(rng, count: int) -> list[bytes]:
-    return [json.dumps({"id": f"r{i}", "n": rng.randint(-(2**63), 2**63 - 1),
-                        "x": rng.uniform(-1e6, 1e6), "ts": rng.randint(*TS_RANGE),
-                        "meta": {"k": [i, str(i)]}}).encode() for i in range(count)]
+    return [
+        json.dumps(
+            {
+                "id": f"r{i}",
+                "n": rng.randint(-(2**63), 2**63 - 1),
+                "x": rng.uniform(-1e6, 1e6),
+                "ts": rng.randint(*TS_RANGE),
+                "meta": {"k": [i, str(i)]},
+            }
+        ).encode()
+        for i in range(count)
+    ]
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.randoms(use_true_random=False), st.integers(2 * BISECT_MIN, 5 * BISECT_MIN),
-       st.lists(st.tuples(st.integers(0, 10**6), records() | st.sampled_from(SHIFTERS)),
-                max_size=6))
+@given(
+    st.randoms(use_true_random=False),
+    st.integers(2 * BISECT_MIN, 5 * BISECT_MIN),
+    st.lists(st.tuples(st.integers(0, 10**6), records() | st.sampled_from(SHIFTERS)), max_size=6),
+)
 def test_large_chunks_bad_records_anywhere(rng, count, inserts):
     """Enough records for the screen, the mixed runs and the bisection to take part."""
     lines = background(rng, count)
@@ -197,8 +272,9 @@ def test_well_typed_records_are_good(lines):
     check(lines, rows, rows)
 
 
-row_values = (json_scalars | st.floats() | st.datetimes() | st.dates() | st.decimals()
-              | st.binary(max_size=6))
+row_values = (
+    json_scalars | st.floats() | st.datetimes() | st.dates() | st.decimals() | st.binary(max_size=6)
+)
 
 
 @given(st.dictionaries(st.text(max_size=6), row_values, max_size=6))
@@ -216,11 +292,13 @@ def _column(kind: str):
     import pyarrow as pa
 
     plain = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=6)
-    values = {"string": (plain | st.text(max_size=6), pa.string()),
-              "int": (st.integers(-(2**63), 2**63 - 1), pa.int64()),
-              "bool": (st.booleans(), pa.bool_()),
-              "float": (st.floats(), pa.float64()),
-              "timestamp": (st.datetimes(), pa.timestamp("us"))}[kind]
+    values = {
+        "string": (plain | st.text(max_size=6), pa.string()),
+        "int": (st.integers(-(2**63), 2**63 - 1), pa.int64()),
+        "bool": (st.booleans(), pa.bool_()),
+        "float": (st.floats(), pa.float64()),
+        "timestamp": (st.datetimes(), pa.timestamp("us")),
+    }[kind]
     return values
 
 
@@ -232,14 +310,16 @@ def sink_tables(draw):
     names, arrays = [], []
     for _ in range(draw(st.integers(0, 4))):
         names.append(draw(st.sampled_from(["k", "v"]) | st.text(max_size=4)))
-        kind = draw(st.sampled_from(["string", "string", "int", "bool", "float", "timestamp",
-                                     "null"]))
+        kind = draw(
+            st.sampled_from(["string", "string", "int", "bool", "float", "timestamp", "null"])
+        )
         if kind == "null":
             arrays.append(pa.nulls(rows))
             continue
         values, tp = _column(kind)
-        arrays.append(pa.array(draw(st.lists(st.none() | values, min_size=rows, max_size=rows)),
-                               tp))
+        arrays.append(
+            pa.array(draw(st.lists(st.none() | values, min_size=rows, max_size=rows)), tp)
+        )
     return pa.Table.from_arrays(arrays, names=names) if names else pa.table({}).slice(0, 0)
 
 
@@ -251,6 +331,5 @@ def test_sinks_encode_a_table_as_json_dumps_does_each_row(table):
     names and types Arrow prints differently (floats, timestamps) included."""
     from stateful_runtime.connectors.formats.json import encode_records
 
-    want = [json.dumps(r, default=str, separators=(",", ":")).encode()
-            for r in table.to_pylist()]
+    want = [json.dumps(r, default=str, separators=(",", ":")).encode() for r in table.to_pylist()]
     assert encode_records(table) == want

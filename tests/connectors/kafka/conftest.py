@@ -62,8 +62,9 @@ class Broker:
         (key, value, partition, timestamp_ms)."""
         from confluent_kafka import Producer
 
-        p = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5,
-                      "enable.idempotence": True})
+        p = Producer(
+            {"bootstrap.servers": self.bootstrap, "linger.ms": 5, "enable.idempotence": True}
+        )
         for rec in records:
             key, value, *more = rec
             kw = dict(zip(("partition", "timestamp"), more, strict=False))
@@ -79,9 +80,15 @@ class Broker:
         """Every record of ``topic`` (read_committed unless told), in partition/offset order."""
         from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "test-reader",
-                      "enable.auto.commit": False, "enable.partition.eof": True,
-                      "isolation.level": "read_committed" if committed else "read_uncommitted"})
+        c = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": "test-reader",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "isolation.level": "read_committed" if committed else "read_uncommitted",
+            }
+        )
         try:
             meta = c.list_topics(timeout=10).topics[topic]
             parts = sorted(meta.partitions)
@@ -110,9 +117,20 @@ def start_broker(data_dir: Path) -> Broker:
     port = free_port()
     log = (data_dir.parent / "noida.log").open("w")
     proc = subprocess.Popen(
-        [broker_binary(), "start", "--only", "kafka", "--kafka-port", str(port),
-         "--data-dir", str(data_dir)], stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True)
+        [
+            broker_binary(),
+            "start",
+            "--only",
+            "kafka",
+            "--kafka-port",
+            str(port),
+            "--data-dir",
+            str(data_dir),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     bootstrap = f"127.0.0.1:{port}"
     from confluent_kafka.admin import AdminClient
 

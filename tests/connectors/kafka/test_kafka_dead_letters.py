@@ -12,8 +12,16 @@ PLANS = [
     # restored to the start, planned again as one large split
     [("batch", 5), ("batch", 5), ("batch", 5), ("restore", 3), ("batch", 40)],
     # killed batches leave splits of another cap staged; planned again smaller, then larger
-    [("batch", 7), ("killed", 20), ("batch", 3), ("crash_after_publish", 9), ("restore", 2),
-     ("batch", 11), ("killed", 2), ("batch", 40)],
+    [
+        ("batch", 7),
+        ("killed", 20),
+        ("batch", 3),
+        ("crash_after_publish", 9),
+        ("restore", 2),
+        ("batch", 11),
+        ("killed", 2),
+        ("batch", 40),
+    ],
 ]
 
 
@@ -21,14 +29,24 @@ PLANS = [
 def test_each_rejected_record_once_whatever_the_plans(kafka, tmp_path, plan):
     source_topic, topic = f"dl-in-{plan}", f"dl-in-{plan}-dlq"
     kafka.create_topic(source_topic, 2)
-    sink = KafkaDeadLetterSink({"bootstrap.servers": kafka.bootstrap}, topic, source="in",
-                               job=f"j{plan}", source_topics=[source_topic])
-    source = Source(2, 40, {0: {0, 4, 6, 13, 21, 33}, 1: {2, 9, 10, 27, 39}},
-                    key=lambda p: f"{source_topic}:{p}")
+    sink = KafkaDeadLetterSink(
+        {"bootstrap.servers": kafka.bootstrap},
+        topic,
+        source="in",
+        job=f"j{plan}",
+        source_topics=[source_topic],
+    )
+    source = Source(
+        2,
+        40,
+        {0: {0, 4, 6, 13, 21, 33}, 1: {2, 9, 10, 27, 39}},
+        key=lambda p: f"{source_topic}:{p}",
+    )
 
     def read() -> list[tuple[int, int]]:
-        return [(int(h["source.partition"]), int(h["source.offset"]))
-                for h in (dict((k, v.decode()) for k, v in m.headers())
-                          for m in kafka.read(topic))]
+        return [
+            (int(h["source.partition"]), int(h["source.offset"]))
+            for h in (dict((k, v.decode()) for k, v in m.headers()) for m in kafka.read(topic))
+        ]
 
     run(Job(source, tmp_path / "staging", sink), PLANS[plan], read)

@@ -16,8 +16,10 @@ def _rows(batch: int, n: int = 5) -> pa.Table:
 
 
 def _values(kafka, topic, committed=True):
-    return [(json.loads(m.value()), dict(m.headers())[BATCH_HEADER].decode())
-            for m in kafka.read(topic, committed=committed)]
+    return [
+        (json.loads(m.value()), dict(m.headers())[BATCH_HEADER].decode())
+        for m in kafka.read(topic, committed=committed)
+    ]
 
 
 def test_transactional_sink_replayed_batch_writes_nothing_and_zombie_is_fenced(kafka):

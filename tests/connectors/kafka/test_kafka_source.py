@@ -46,8 +46,9 @@ def test_starting_offsets_discovery_and_errors(kafka):
     with pytest.raises(ConfigError, match="cannot reach the cluster"):
         KafkaSource("127.0.0.1:1", "so", SCHEMA).check()
     # Pattern subscription sees a topic (and partitions) created later.
-    reader = KafkaStreamReader(KafkaSource(kafka.bootstrap, pattern="so.*", schema=SCHEMA)
-                               .options())
+    reader = KafkaStreamReader(
+        KafkaSource(kafka.bootstrap, pattern="so.*", schema=SCHEMA).options()
+    )
     start = reader.initialOffset()
     kafka.create_topic("so-later", 1)
     kafka.produce("so-later", [(None, _rec(0, BASE), 0)])
@@ -58,12 +59,16 @@ def test_starting_offsets_discovery_and_errors(kafka):
 
 def test_secrets_never_in_describe_offsets_explain_or_registry(kafka, tmp_path, monkeypatch):
     kafka.create_topic("sec", 1)
-    src = KafkaSource(kafka.bootstrap, "sec", SCHEMA,
-                      client_config={"sasl.password": SECRET, "ssl.key.password": SECRET})
+    src = KafkaSource(
+        kafka.bootstrap,
+        "sec",
+        SCHEMA,
+        client_config={"sasl.password": SECRET, "ssl.key.password": SECRET},
+    )
     job = StreamJob("sec-job", CheckpointConfig(str(tmp_path / "ck")))
-    job.from_source(src, WatermarkStrategy.for_monotonous_timestamps()
-                    .with_timestamp_field("ts_ms"), name="s").sink_to(
-        __import__("stateful_runtime").LogSink(str(tmp_path / "log"), "o"))
+    job.from_source(
+        src, WatermarkStrategy.for_monotonous_timestamps().with_timestamp_field("ts_ms"), name="s"
+    ).sink_to(__import__("stateful_runtime").LogSink(str(tmp_path / "log"), "o"))
     assert SECRET not in plan(job).explain() and SECRET not in src.describe()
     assert SECRET not in json.dumps(KafkaStreamReader(src.options()).initialOffset())
     assert SECRET not in json.dumps(redacted({"kafka.sasl.password": SECRET}))
@@ -85,22 +90,33 @@ def test_idle_partition_does_not_stall_windows(spark, kafka, tmp_path, idleness)
 
     topic = f"idle-{'on' if idleness else 'off'}"
     kafka.create_topic(topic, 2)
-    kafka.produce(topic, [(None, _rec(i, BASE + i * 100), 1) for i in range(20)]
-                  + [(None, _rec(i, BASE + i * 1000), 0) for i in range(300)])
+    kafka.produce(
+        topic,
+        [(None, _rec(i, BASE + i * 100), 1) for i in range(20)]
+        + [(None, _rec(i, BASE + i * 1000), 0) for i in range(300)],
+    )
     src = KafkaSource(kafka.bootstrap, topic, SCHEMA, max_records_per_batch=40)
-    wm = WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5)) \
-        .with_timestamp_field("ts_ms")
+    wm = WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5)).with_timestamp_field(
+        "ts_ms"
+    )
     if idleness:
         wm = wm.with_idleness(idleness)
-    df = (src.read_stream(spark, str(tmp_path / "stage"), watermark=wm)
-          .filter(F.col("_error").isNull())
-          .withColumn("et", F.timestamp_millis("ts_ms")).withWatermark("et", "5 seconds")
-          .groupBy(F.window("et", "1 minute")).count())
+    df = (
+        src.read_stream(spark, str(tmp_path / "stage"), watermark=wm)
+        .filter(F.col("_error").isNull())
+        .withColumn("et", F.timestamp_millis("ts_ms"))
+        .withWatermark("et", "5 seconds")
+        .groupBy(F.window("et", "1 minute"))
+        .count()
+    )
     closed: list = []
-    q = (df.writeStream.outputMode("append")
-         .foreachBatch(lambda d, _: closed.extend(r[0].start for r in d.collect()))
-         .option("checkpointLocation", str(tmp_path / "ck"))
-         .trigger(processingTime="0.2 seconds").start())
+    q = (
+        df.writeStream.outputMode("append")
+        .foreachBatch(lambda d, _: closed.extend(r[0].start for r in d.collect()))
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(processingTime="0.2 seconds")
+        .start()
+    )
     try:
         deadline = time.monotonic() + 90
         while len(closed) < 4 and time.monotonic() < deadline:

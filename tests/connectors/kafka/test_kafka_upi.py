@@ -30,13 +30,22 @@ QUERY = "upi-counts"
 
 
 def _kafka_job(upi, kafka, **extra: str) -> None:
-    upi.extra.update({"source.kind": "kafka", "source.bootstrap_servers": kafka.bootstrap,
-                      "sink.kind": "kafka", **extra})
+    upi.extra.update(
+        {
+            "source.kind": "kafka",
+            "source.bootstrap_servers": kafka.bootstrap,
+            "sink.kind": "kafka",
+            **extra,
+        }
+    )
 
 
 def _bad(lines):
-    return sorted(line for line in lines if line.startswith(b"{not") or b'"ten"' in line
-                  or b'"amount_paise"' not in line)
+    return sorted(
+        line
+        for line in lines
+        if line.startswith(b"{not") or b'"ten"' in line or b'"amount_paise"' not in line
+    )
 
 
 def _key(line: bytes) -> bytes:
@@ -61,11 +70,19 @@ def test_kafka_to_kafka_kill_dash_nine_read_committed_equals_oracle(upi, kafka, 
     rng = random.Random(5)
     topic, out_topic = "upi-kill", "upi-kill-counts"
     kafka.create_topic(topic, 4)
-    _kafka_job(upi, kafka, **{"source.topic": topic, "sink.kafka_topic": out_topic,
-                              "checkpoint.interval_s": "0.5",
-                              "source.max_records_per_batch": "50000"})
-    feed_lines = events(10_000_000, merchants=30, rate_per_s=300, disorder_ms=4_000,
-                        bad_every=997, seed=5)
+    _kafka_job(
+        upi,
+        kafka,
+        **{
+            "source.topic": topic,
+            "sink.kafka_topic": out_topic,
+            "checkpoint.interval_s": "0.5",
+            "source.max_records_per_batch": "50000",
+        },
+    )
+    feed_lines = events(
+        10_000_000, merchants=30, rate_per_s=300, disorder_ms=4_000, bad_every=997, seed=5
+    )
     fed: list[bytes] = []
     stop = threading.Event()
 
@@ -90,8 +107,12 @@ def test_kafka_to_kafka_kill_dash_nine_read_committed_equals_oracle(upi, kafka, 
             proc = srt_background(upi.run_args(), env, log)
             try:
                 if kill == HOOK_KILL:
-                    wait_for(lambda: any(hook_dir.glob("committed-*")), proc, log,
-                             "Kafka commit at the hook")
+                    wait_for(
+                        lambda: any(hook_dir.glob("committed-*")),
+                        proc,
+                        log,
+                        "Kafka commit at the hook",
+                    )
                 else:
                     wait_for_commit(qdir, before, proc, log)
                     time.sleep(rng.uniform(0, 1.5))  # the random point: not a synchronisation
