@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/kafka_throughput.py --events 300000
 
-Starts a noida-db broker (tests/connectors/kafka/conftest.py), produces N UPI events to a
+Starts a noida-db broker (tests/connectors/kafka/helpers.py), produces N UPI events to a
 4-partition topic, then measures:
 
 * source: a Spark query over ``KafkaSource`` at its defaults (read + JSON decode, availableNow,
@@ -87,7 +87,7 @@ def main() -> None:
     from stateful_runtime.connectors.kafka.sink import KafkaSink
     from stateful_runtime.connectors.kafka.source import KafkaSource
     from stateful_runtime.runtime.session import build_session
-    from tests.connectors.kafka.conftest import start_broker
+    from tests.connectors.kafka.helpers import start_broker
 
     work = Path(tempfile.mkdtemp(prefix="srt-kafka-bench-"))
     broker = start_broker(work / "data")

@@ -362,7 +362,7 @@ def main() -> None:
     p.add_argument("--kinds", default="postgres,clickhouse", help="part 2 warehouses")
     a = p.parse_args()
 
-    from tests.conftest import ClickHouseServer, PostgresServer, free_port
+    from tests.helpers import ClickHouseServer, PostgresServer, free_port
 
     work = Path(tempfile.mkdtemp(prefix="srt-wh-bench-"))
     os.environ["SRT_HOME"] = str(work / "home")

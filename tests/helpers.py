@@ -1,13 +1,21 @@
-"""Shared fixtures: real services and real processes, started once where they can be shared."""
+"""What the tests share besides fixtures: the real `srt` as a subprocess, polling a job's log and
+checkpoint, the UPI workspace, and the servers the fixtures in conftest.py start.
+
+Importing this module puts examples/ on sys.path (``upi_events`` is the tests' event generator
+and oracle) and points PySpark at this interpreter, for pytest and for the scripts that import
+it (tests/faults/killtrials.py, benchmarks/).
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+import urllib.request
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,33 +29,6 @@ sys.path.insert(0, str(EXAMPLES))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-
-
-@pytest.fixture(scope="session")
-def srt_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    home = tmp_path_factory.mktemp("srt-home")
-    os.environ["SRT_HOME"] = str(home)
-    return home
-
-
-@pytest.fixture(scope="session")
-def srt_env(srt_home: Path) -> dict[str, str]:
-    """Environment for `srt` subprocesses: this venv first on PATH, Spark on loopback."""
-    env = dict(os.environ)
-    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
-    env["SRT_HOME"] = str(srt_home)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-@pytest.fixture(scope="session")
-def spark(srt_home: Path):
-    """One local SparkSession for the whole test session (start-up costs ~5.5 s)."""
-    from stateful_runtime.runtime.session import build_session
-
-    session = build_session(parallelism=2, master="local[2]")
-    yield session
-    session.stop()
 
 
 def srt(
@@ -166,15 +147,6 @@ class UpiWorkspace:
         return {(m, w): (p, a) for m, w, p, a in rows}
 
 
-@pytest.fixture
-def upi(tmp_path: Path) -> Iterator[UpiWorkspace]:
-    from stateful_runtime.connectors.eventlog import EventLog
-
-    ws = UpiWorkspace(tmp_path)
-    EventLog(ws.log_dir).create_topic("upi-payments", ws.partitions)
-    yield ws
-
-
 def append_lines(log_dir: Path, lines: Sequence[bytes], topic: str = "upi-payments") -> None:
     """Append JSON lines keyed by merchant_id, as `srt log append --key-field` does."""
     from stateful_runtime.connectors.eventlog import EventLog
@@ -205,35 +177,6 @@ class S3Endpoint:
         return [o["Key"] for page in pages for o in page.get("Contents", [])]
 
 
-@pytest.fixture(scope="session")
-def s3(srt_env: dict[str, str]) -> Iterator[S3Endpoint]:
-    """moto's S3 server (conditional writes and multipart uploads work): boto3 reaches it via
-    AWS_ENDPOINT_URL, here and in `srt` subprocesses."""
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    settings = {
-        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
-    saved = {k: os.environ.get(k) for k in settings}
-    os.environ.update(settings)
-    srt_env.update(settings)
-    endpoint = S3Endpoint(settings["AWS_ENDPOINT_URL"], "srt-test")
-    endpoint.client().create_bucket(Bucket=endpoint.bucket)
-    yield endpoint
-    server.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
-
 # -- warehouses (dbt_sink): real servers on 127.0.0.1 ------------------------------------------
 
 
@@ -245,7 +188,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _pg_binary(name: str) -> str:
+def pg_binary(name: str) -> str:
     import glob
     import shutil
 
@@ -269,7 +212,7 @@ class PostgresServer:
         return f"postgresql://srt@127.0.0.1:{self.port}/postgres"
 
     def _ctl(self, *args: str) -> None:
-        cmd = [_pg_binary("pg_ctl"), "-D", str(self.dir / "data"), *args]
+        cmd = [pg_binary("pg_ctl"), "-D", str(self.dir / "data"), *args]
         if os.geteuid() == 0:  # PostgreSQL refuses to run as root
             cmd = ["runuser", "-u", "postgres", "--", *cmd]
         subprocess.run(cmd, check=True, capture_output=True, timeout=60)
@@ -296,42 +239,6 @@ class PostgresServer:
             con.execute(f'DROP DATABASE IF EXISTS "{name}"')
             con.execute(f'CREATE DATABASE "{name}"')
         return f"postgresql://srt@127.0.0.1:{self.port}/{name}"
-
-
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[PostgresServer]:
-    """One PostgreSQL for the session; each test takes a database of its own."""
-    import shutil
-    import tempfile
-
-    root = Path(tempfile.mkdtemp(prefix="srt-pg-"))
-    initdb = [
-        _pg_binary("initdb"),
-        "-D",
-        str(root / "data"),
-        "-U",
-        "srt",
-        "--auth=trust",
-        "--no-sync",
-    ]
-    if os.geteuid() == 0:
-        shutil.chown(root, "postgres")
-        initdb = ["runuser", "-u", "postgres", "--", *initdb]
-    subprocess.run(initdb, check=True, capture_output=True, timeout=120)
-    server = PostgresServer(root, free_port())
-    server.start()
-    yield server
-    try:
-        server.stop()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture
-def pg_dsn(postgres: PostgresServer, request: pytest.FixtureRequest) -> str:
-    import re
-
-    return postgres.database("t_" + re.sub(r"\W", "_", request.node.name.lower())[:50])
 
 
 @dataclass
@@ -407,29 +314,6 @@ class ClickHouseServer:
         return f"clickhouse://default@127.0.0.1:{self.tcp_port}/{name}"
 
 
-@pytest.fixture(scope="session")
-def clickhouse(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClickHouseServer]:
-    """One ClickHouse server for the session (installed by platform/install-clickhouse.sh);
-    each test takes a database of its own."""
-    import shutil
-
-    if not shutil.which("clickhouse-server"):
-        pytest.skip("clickhouse-server is not installed: run platform/install-clickhouse.sh")
-    server = ClickHouseServer(
-        tmp_path_factory.mktemp("clickhouse"), free_port(), free_port(), free_port()
-    )
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def ch_url(clickhouse: ClickHouseServer, request: pytest.FixtureRequest) -> str:
-    import re
-
-    return clickhouse.database("t_" + re.sub(r"\W", "_", request.node.name.lower())[:50])
-
-
 def utc_naive(value):  # noqa: ANN001, ANN201  (datetime or anything)
     """A timestamp as the oracle keys it: naive UTC (ClickHouse returns aware ones)."""
     from datetime import UTC, datetime
@@ -487,3 +371,47 @@ def read_counts(kind: str, where: str, table: str = "upi_counts") -> dict:
     out = {(m, utc_naive(w)): (p, a) for m, w, p, a in rows}
     assert len(out) == len(rows), f"{kind}: duplicate keys in {table}"
     return out
+
+
+# -- Spark standalone cluster (platform/spark-cluster.sh) -------------------------------------
+
+CLUSTER_SCRIPT = ROOT / "platform" / "spark-cluster.sh"
+
+
+@dataclass
+class Cluster:
+    dir: Path
+    master_url: str
+    webui_url: str
+    worker_dir: Path
+
+    def state(self) -> dict:
+        with urllib.request.urlopen(f"{self.webui_url}/json/", timeout=10) as resp:
+            return json.load(resp)
+
+    def wait_for_completed_app(self, app_id: str, timeout_s: float = 30) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            state = self.state()
+            for app in state["completedapps"]:
+                if app["id"] == app_id:
+                    return app
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{app_id} not among the master's completed apps: {state}")
+            time.sleep(0.2)  # poll interval
+
+
+def env_file(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+
+
+def cluster_cmd(
+    cmd: str, cluster_dir: Path, env: dict[str, str], timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(CLUSTER_SCRIPT), cmd, str(cluster_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from stateful_runtime.planner import plan
 from stateful_runtime.runtime.loader import load_job_file
-from tests.conftest import EXAMPLES
+from tests.helpers import EXAMPLES
 
 
 def test_explain_without_the_topic(spark, tmp_path: Path):

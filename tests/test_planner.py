@@ -20,7 +20,7 @@ from stateful_runtime.checkpoints.layout import claim
 from stateful_runtime.exceptions import CheckpointOwnershipError, ConfigError
 from stateful_runtime.planner import plan
 from stateful_runtime.runtime.loader import load_job_file
-from tests.conftest import EXAMPLES, srt
+from tests.helpers import EXAMPLES, srt
 
 UPI = EXAMPLES / "upi_per_minute.py"
 

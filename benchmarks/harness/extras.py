@@ -139,7 +139,7 @@ def latency(
 ) -> dict[str, Any]:
     from confluent_kafka import Consumer, Producer, TopicPartition
 
-    from tests.connectors.kafka.conftest import start_broker
+    from tests.connectors.kafka.helpers import start_broker
 
     quick = cfg["events"] < 1_000_000
     measure_s = 10.0 if quick else 20.0

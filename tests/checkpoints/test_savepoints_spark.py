@@ -25,7 +25,7 @@ from stateful_runtime.checkpoints.state_reader import checkpoint_of, inspect
 from stateful_runtime.exceptions import IncompatibleSavepointError
 from stateful_runtime.runtime.loader import load_job_file
 from stateful_runtime.runtime.runner import JobRunner
-from tests.conftest import EXAMPLES, append_lines, kill_group, srt, srt_background, wait_for
+from tests.helpers import EXAMPLES, append_lines, kill_group, srt, srt_background, wait_for
 
 pytestmark = pytest.mark.slow
 

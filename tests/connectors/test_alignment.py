@@ -21,7 +21,7 @@ from stateful_runtime.connectors.eventlog import EventLog
 from stateful_runtime.connectors.eventlog.store import Record
 from stateful_runtime.runtime.loader import load_job_file
 from stateful_runtime.runtime.runner import JobRunner
-from tests.conftest import EXAMPLES
+from tests.helpers import EXAMPLES
 
 T0 = 1_767_225_600_000
 

@@ -1,5 +1,6 @@
 """Shared by the Dagster tests that drive a real ``srt run`` process: a UPI job on a small
-event log, launched through Dagster, killed at the end of the module."""
+event log, launched through Dagster, killed at the end of the module (the ``live`` fixture in
+conftest.py)."""
 
 from __future__ import annotations
 
@@ -14,14 +15,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import pytest
 from dagster import AssetKey, Definitions, build_sensor_context, materialize
 from upi_events import START_MS, events
 
 from dagster_defs import DuckDBWarehouse, StreamingJobSpec, StreamingRuntime, build_definitions
 from stateful_runtime.connectors.eventlog import EventLog
 from stateful_runtime.runtime import launcher, registry
-from tests.conftest import EXAMPLES, ROOT, UpiWorkspace, append_lines
+from tests.helpers import EXAMPLES, ROOT, UpiWorkspace, append_lines
 
 DEFINITIONS = EXAMPLES / "definitions.py"
 
@@ -141,9 +141,3 @@ def live_job(
         entry = registry.read(JOB) or {}
         for pid in {*state.pids, entry.get("pid")} - {None}:
             launcher.signal_group(int(pid), signal.SIGKILL)  # type: ignore[arg-type]
-
-
-@pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory, srt_env: dict[str, str]) -> Iterator[Live]:
-    with live_job(tmp_path_factory.mktemp("upi-dagster"), srt_env["SRT_HOME"]) as state:
-        yield state

@@ -13,7 +13,7 @@ from dagster.components.testing import create_defs_folder_sandbox
 
 from dagster_defs.component import StreamingJobsComponent, duration
 from stateful_runtime.exceptions import ConfigError
-from tests.conftest import EXAMPLES
+from tests.helpers import EXAMPLES
 
 EXAMPLE = EXAMPLES / "components" / "upi_per_minute" / "defs.yaml"
 
@@ -55,7 +55,7 @@ def test_defs_yaml_example_loads_into_definitions():
 
 
 def test_example_matches_the_python_definitions():
-    from tests.dagster_defs.conftest import UPI_JOB
+    from tests.dagster_defs.helpers import UPI_JOB
 
     attrs = yaml.safe_load(EXAMPLE.read_text())["attributes"]
     [job] = StreamingJobsComponent(**attrs).specs(EXAMPLE.parent)

@@ -21,7 +21,7 @@ from dagster_defs import (
 )
 from dagster_defs.resources import s3_env
 from stateful_runtime.exceptions import ConfigError
-from tests.conftest import ROOT, VENV_BIN
+from tests.helpers import ROOT, VENV_BIN
 
 # CPU seconds, not wall-clock: the machine is shared, and load stretches wall time only.
 # Measured: loading ~1.5 s, `dagster definitions validate` ~3.5 s of CPU.
@@ -65,7 +65,7 @@ def test_workspace_validates():
 
 
 def test_default_definitions_expose_the_upi_job():
-    from tests.dagster_defs.conftest import example_definitions
+    from tests.dagster_defs.helpers import example_definitions
 
     defs = example_definitions().defs
 

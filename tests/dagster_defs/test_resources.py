@@ -12,7 +12,7 @@ import pytest
 
 from dagster_defs import DuckDBWarehouse, StreamingRuntime
 from dagster_defs.errors import SrtCommandError, StatefulRuntimeError
-from tests.conftest import EXAMPLES, ROOT
+from tests.helpers import EXAMPLES, ROOT
 
 UPI = EXAMPLES / "upi_per_minute.py"
 

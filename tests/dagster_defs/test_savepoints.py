@@ -28,8 +28,8 @@ from dagster_defs._savepoints import (
 )
 from stateful_runtime.checkpoints import layout, savepoints
 from stateful_runtime.runtime import registry
-from tests.conftest import EXAMPLES
-from tests.dagster_defs.conftest import JOB, JOB_KEY, Live, feed, live_job, metadata, wait_for
+from tests.dagster_defs.helpers import JOB, JOB_KEY, Live, feed, live_job, metadata, wait_for
+from tests.helpers import EXAMPLES
 
 pytestmark = pytest.mark.slow
 

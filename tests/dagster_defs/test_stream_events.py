@@ -14,7 +14,7 @@ from dagster_defs._results import JobStatus
 from dagster_defs._stream_events import commit_events
 from dagster_defs.resources import DuckDBWarehouse
 from dbt_sink.duckdb import DuckDBUpsertSink
-from tests.dagster_defs.conftest import UPI_JOB
+from tests.dagster_defs.helpers import UPI_JOB
 
 
 def _status(live: bool, last_batch: int, watermark: str) -> JobStatus:

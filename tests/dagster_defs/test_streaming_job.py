@@ -22,10 +22,10 @@ from upi_events import START_MS
 from dagster_defs import build_definitions
 from stateful_runtime.checkpoints import layout
 from stateful_runtime.runtime import launcher, registry
-from tests.dagster_defs.conftest import JOB, JOB_KEY, UPI_JOB, Live
-from tests.dagster_defs.conftest import feed as _feed
-from tests.dagster_defs.conftest import metadata as _metadata
-from tests.dagster_defs.conftest import wait_for as _wait
+from tests.dagster_defs.helpers import JOB, JOB_KEY, UPI_JOB, Live
+from tests.dagster_defs.helpers import feed as _feed
+from tests.dagster_defs.helpers import metadata as _metadata
+from tests.dagster_defs.helpers import wait_for as _wait
 
 pytestmark = pytest.mark.slow
 

@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 from upi_events import events
 
-from tests.conftest import ROOT, VENV_BIN, append_lines
+from tests.helpers import ROOT, VENV_BIN, append_lines
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = ROOT / "tests" / "artifacts"

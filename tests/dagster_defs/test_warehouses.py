@@ -12,8 +12,8 @@ from dagster import AssetKey, materialize
 
 from dagster_defs import StreamingRuntime, Warehouse, build_definitions
 from dagster_defs._launch import launch_config
-from tests.conftest import ROOT, srt
-from tests.dagster_defs.conftest import UPI_JOB, example_definitions, feed
+from tests.dagster_defs.helpers import UPI_JOB, example_definitions, feed
+from tests.helpers import ROOT, srt
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ QUERIES = {
 def written(tmp_path_factory, srt_env, postgres, clickhouse):
     """One `srt run --available-now` of the UPI example into all three warehouses."""
     from stateful_runtime.connectors.eventlog import EventLog
-    from tests.conftest import UpiWorkspace
+    from tests.helpers import UpiWorkspace
 
     ws = UpiWorkspace(tmp_path_factory.mktemp("warehouses"), partitions=2)
     EventLog(ws.log_dir).create_topic("upi-payments", ws.partitions)

@@ -15,8 +15,8 @@ from dbt_sink.clickhouse import LEDGER_TABLE, VERSION_COLUMN, ClickHouseUpsertSi
 from dbt_sink.partitioned import RetryPolicy
 from stateful_runtime.connectors.base import prepare_rows
 from stateful_runtime.exceptions import ConfigError, SinkError
-from tests.conftest import utc_naive
-from tests.dbt_sink.conftest import KEY, W1, W2, batch
+from tests.dbt_sink.helpers import KEY, W1, W2, batch
+from tests.helpers import utc_naive
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.planner import plan
 from stateful_runtime.runtime.loader import load_job_file
 from stateful_runtime.runtime.registry import redacted
-from tests.conftest import EXAMPLES
+from tests.helpers import EXAMPLES
 
 KEY = ("merchant_id", "window_start")
 BASE = {

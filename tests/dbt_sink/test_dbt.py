@@ -10,14 +10,14 @@ from pathlib import Path
 from dagster_defs import SinkTableSpec, StreamingJobSpec, StreamingJobTranslator
 from dbt_sink import dbt
 from dbt_sink.base import LEDGER_TABLE
-from tests.conftest import EXAMPLES, srt
+from tests.helpers import EXAMPLES, srt
 
 SOURCES = EXAMPLES / "dbt_upi" / "models" / "sources.yml"
 ARGS = ["dbt", "sources", "examples/upi_per_minute.py", "--database", "srt_sink"]
 
 
 def test_example_sources_are_what_srt_generates(srt_env, tmp_path: Path):
-    from tests.conftest import ROOT
+    from tests.helpers import ROOT
 
     out = srt([*ARGS, "--json"], srt_env, cwd=ROOT)
     assert out.returncode == 0, out.stderr

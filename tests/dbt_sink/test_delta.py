@@ -11,7 +11,7 @@ from deltalake import DeltaTable
 
 from dbt_sink.delta import DeltaUpsertSink
 from stateful_runtime.exceptions import SinkError
-from tests.dbt_sink.conftest import KEY, W1, W2, batch
+from tests.dbt_sink.helpers import KEY, W1, W2, batch
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -14,7 +14,7 @@ from dbt_sink.partitioned import RetryPolicy
 from dbt_sink.postgres import PostgresUpsertSink
 from stateful_runtime.connectors.base import prepare_rows
 from stateful_runtime.exceptions import ConfigError, SinkError
-from tests.dbt_sink.conftest import KEY, W1, W2, batch
+from tests.dbt_sink.helpers import KEY, W1, W2, batch
 
 
 def rows(dsn: str, table: str = "counts") -> list[tuple]:

@@ -22,7 +22,7 @@ from dbt_sink.partitioned import HOOK_AT, HOOK_DIR
 from stateful_runtime.checkpoints import layout
 from stateful_runtime.connectors.eventlog import EventLog
 from stateful_runtime.connectors.eventlog.ingest import _records
-from tests.conftest import (
+from tests.helpers import (
     append_lines,
     kill_group,
     read_counts,

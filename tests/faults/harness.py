@@ -37,7 +37,7 @@ JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def upi_oracle(lines: Iterable[bytes]) -> Counts:
-    from upi_events import oracle  # examples/ is on sys.path (tests/conftest.py, the script)
+    from upi_events import oracle  # examples/ is on sys.path (tests/helpers.py, the script)
 
     return oracle(lines)
 

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import UpiWorkspace, append_lines, kill_group, srt, srt_background
 from tests.faults.harness import (
     JAVA_OPTIONS,
     QUERY,
@@ -46,6 +45,7 @@ from tests.faults.harness import (
     sink_batch,
     upi_oracle,
 )
+from tests.helpers import UpiWorkspace, append_lines, kill_group, srt, srt_background
 
 FAULT = "kill -9 of the job's process group"
 TORN = "kill -9 + torn newest commits/N"
@@ -224,7 +224,7 @@ def run_kill_trials(
     say: Callable[[str], None] = lambda s: None,
 ) -> Outcome:
     """Run ``cfg.trials`` kill trials and the final drain in ``root``."""
-    from upi_events import events  # examples/: on sys.path once tests.conftest is imported
+    from upi_events import events  # examples/: on sys.path once tests.helpers is imported
 
     from stateful_runtime.checkpoints import layout
     from stateful_runtime.connectors.eventlog import EventLog

@@ -23,8 +23,8 @@ from stateful_runtime.checkpoints import layout, restore, savepoints
 from stateful_runtime.connectors.eventlog import EventLog
 from stateful_runtime.runtime.loader import load_job_file
 from stateful_runtime.runtime.runner import JobRunner
-from tests.conftest import EXAMPLES, UpiWorkspace, append_lines
 from tests.faults.harness import DAMAGE, QUERY, compare, damage, duckdb_counts
+from tests.helpers import EXAMPLES, UpiWorkspace, append_lines
 
 pytestmark = pytest.mark.faults
 

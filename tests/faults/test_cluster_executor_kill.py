@@ -1,7 +1,7 @@
 """An executor of the Spark standalone cluster is killed (kill -9) in the middle of a batch.
 
 The UPI job runs on the one-worker cluster (platform/spark-cluster.sh, as in
-tests/e2e/test_cluster.py): the driver is the `srt` process, the tasks run in an executor JVM
+tests/runtime/test_cluster.py): the driver is the `srt` process, the tasks run in an executor JVM
 the worker launched. Once a batch is in flight, the test kills that executor; the master has
 the worker launch another, Spark retries the lost tasks there (spark.task.maxFailures, 4 on a
 cluster), and the run ends with the table equal to the oracle and each dead letter once.
@@ -17,9 +17,8 @@ import pytest
 from upi_events import events, oracle
 
 from stateful_runtime.checkpoints import layout
-from tests.conftest import append_lines, srt_background, wait_for, wait_for_commit
-from tests.e2e.test_cluster import Cluster, cluster  # noqa: F401 (the module's cluster fixture)
 from tests.faults.harness import QUERY, bad_lines, compare, dead_letters
+from tests.helpers import Cluster, append_lines, srt_background, wait_for, wait_for_commit
 
 pytestmark = [pytest.mark.faults, pytest.mark.cluster]
 
@@ -45,7 +44,7 @@ def _executors(worker_dir: Path) -> list[int]:
 
 
 def test_executor_killed_mid_batch_task_retried_result_equals_oracle(
-    cluster: Cluster,  # noqa: F811
+    cluster: Cluster,
     upi,
     job_env,
     trials,

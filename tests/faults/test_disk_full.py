@@ -19,7 +19,6 @@ import pytest
 from upi_events import oracle
 
 from stateful_runtime.checkpoints import layout
-from tests.conftest import kill_group, srt, srt_background, wait_for_commit
 from tests.faults.harness import (
     QUERY,
     Feeder,
@@ -31,6 +30,7 @@ from tests.faults.harness import (
     log_lines,
     sink_batch,
 )
+from tests.helpers import kill_group, srt, srt_background, wait_for_commit
 
 pytestmark = pytest.mark.faults
 

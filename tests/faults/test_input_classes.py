@@ -10,8 +10,8 @@ import json
 import pytest
 
 from stateful_runtime.connectors.eventlog import EventLog, Record
-from tests.conftest import UpiWorkspace, srt
 from tests.faults.harness import TrialLog
+from tests.helpers import UpiWorkspace, srt
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 

@@ -1,6 +1,6 @@
 """The Kafka-protocol broker stops (30 s; 10 s in CI) and comes back while the job runs.
 
-Broker: noida-db (see tests/connectors/kafka/conftest.py). It keeps its data in memory and
+Broker: noida-db (see tests/connectors/kafka/helpers.py). It keeps its data in memory and
 saves it to its data directory when a service stops (``noida-db stop kafka``; a SIGKILL loses
 everything, so a crash of noida itself is no test of the job), and ``noida-db start kafka``
 brings the same data back on the same port: a broker restart as clients see it.
@@ -28,9 +28,9 @@ from upi_events import events, oracle
 
 from stateful_runtime.checkpoints import layout
 from stateful_runtime.connectors.kafka.sink import BATCH_HEADER
-from tests.conftest import srt, srt_background, wait_for_commit
-from tests.connectors.kafka.conftest import broker_binary, start_broker
+from tests.connectors.kafka.helpers import broker_binary, start_broker
 from tests.faults.harness import JOB, QUERY, bad_lines, compare
+from tests.helpers import srt, srt_background, wait_for_commit
 
 pytestmark = pytest.mark.faults
 

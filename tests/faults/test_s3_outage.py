@@ -20,7 +20,6 @@ import pytest
 from upi_events import oracle
 
 from stateful_runtime.checkpoints import layout
-from tests.conftest import srt, srt_background, wait_for
 from tests.faults.harness import (
     JOB,
     QUERY,
@@ -32,6 +31,7 @@ from tests.faults.harness import (
     dead_letters,
     log_end,
 )
+from tests.helpers import srt, srt_background, wait_for
 
 pytestmark = pytest.mark.faults
 

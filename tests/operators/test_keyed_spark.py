@@ -6,18 +6,15 @@ come back from the checkpoint and every timer fires exactly once.
 
 from __future__ import annotations
 
-import io
 import json
 import random
 from collections import defaultdict
 
-import duckdb
 import pytest
 
 from stateful_runtime.connectors.eventlog import EventLog
-from stateful_runtime.runtime.loader import load_job_file
-from stateful_runtime.runtime.runner import JobRunner
-from tests.conftest import EXAMPLES, append_lines
+from tests.helpers import append_lines
+from tests.operators.helpers import run, table
 
 pytestmark = pytest.mark.slow
 
@@ -26,34 +23,10 @@ H = 60 * M
 T0 = 1_767_225_600_000
 
 
-def run(job_file: str, tmp_path, late: int = 0, **overrides) -> str:
-    values = {
-        "source.log_dir": str(tmp_path / "log"),
-        "checkpoint.dir": str(tmp_path / "ck" / job_file),
-        "parallelism": "2",
-        **{k: str(v) for k, v in overrides.items()},
-    }
-    jf = load_job_file(EXAMPLES / job_file, values)
-    out = io.StringIO()
-    runner = JobRunner(jf, available_now=True, out=out)
-    assert runner.run() == 0, out.getvalue()
-    # Records behind the watermark (dropped, or to a late side output), counted one by one.
-    assert sum(r.records.late for r in runner.runs) == late, out.getvalue()
-    return out.getvalue()
-
-
 def payment(i: int, merchant: str, ts: int, amount: int = 100, txn: str | None = None) -> bytes:
     return json.dumps(
         {"txn_id": txn or f"t{i}", "merchant_id": merchant, "amount_paise": amount, "ts_ms": ts}
     ).encode()
-
-
-def table(db, sql):
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
 
 
 @pytest.fixture

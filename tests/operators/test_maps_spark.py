@@ -11,8 +11,8 @@ from collections import Counter
 import pytest
 
 from stateful_runtime.connectors.eventlog import EventLog
-from tests.conftest import append_lines
-from tests.e2e.test_process_functions import run
+from tests.helpers import append_lines
+from tests.operators.helpers import run
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,8 @@ from collections import defaultdict
 import pytest
 
 from stateful_runtime.connectors.eventlog import EventLog
-from tests.conftest import append_lines
-from tests.e2e.test_process_functions import run, table
+from tests.helpers import append_lines
+from tests.operators.helpers import run, table
 
 pytestmark = pytest.mark.slow
 

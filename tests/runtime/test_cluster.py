@@ -1,6 +1,6 @@
 """The UPI job end to end on a Spark standalone cluster (master + worker from the pyspark wheel).
 
-The same job and oracle as test_upi_available_now, but `srt run --master spark://...`: the
+The same job and oracle as test_runner_available_now, but `srt run --master spark://...`: the
 driver is the `srt` process, the tasks (Python DataSource reads, RocksDB state) run in an
 executor the worker launched.
 """
@@ -8,81 +8,14 @@ executor the worker launched.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
-import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from upi_events import events, oracle
 
 from stateful_runtime.connectors.eventlog import EventLog
-from tests.conftest import ROOT, append_lines, srt
+from tests.helpers import Cluster, append_lines, srt
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-
-SCRIPT = ROOT / "platform" / "spark-cluster.sh"
-
-
-@dataclass
-class Cluster:
-    dir: Path
-    master_url: str
-    webui_url: str
-    worker_dir: Path
-
-    def state(self) -> dict:
-        with urllib.request.urlopen(f"{self.webui_url}/json/", timeout=10) as resp:
-            return json.load(resp)
-
-    def wait_for_completed_app(self, app_id: str, timeout_s: float = 30) -> dict:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            state = self.state()
-            for app in state["completedapps"]:
-                if app["id"] == app_id:
-                    return app
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{app_id} not among the master's completed apps: {state}")
-            time.sleep(0.2)  # poll interval
-
-
-def _env_file(path: Path) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
-
-
-def _cluster_cmd(
-    cmd: str, cluster_dir: Path, env: dict[str, str], timeout: float = 180
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["bash", str(SCRIPT), cmd, str(cluster_dir)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, srt_env: dict[str, str]) -> Iterator[Cluster]:
-    cluster_dir = tmp_path_factory.mktemp("spark-cluster")
-    # The daemons get PYSPARK_PYTHON = this interpreter; executors get it from the job's
-    # spark.executorEnv.PYSPARK_PYTHON (session.py, from srt_env's PYSPARK_PYTHON).
-    env = {**srt_env, "SRT_PYTHON": sys.executable, "SRT_CLUSTER_DIR": str(cluster_dir)}
-    try:
-        started = _cluster_cmd("start", cluster_dir, env)
-        assert started.returncode == 0, started.stderr[-4000:]
-        info = _env_file(cluster_dir / "cluster.env")
-        assert started.stdout.strip() == info["MASTER_URL"]
-        yield Cluster(
-            cluster_dir, info["MASTER_URL"], info["MASTER_WEBUI_URL"], Path(info["WORKER_DIR"])
-        )
-    finally:
-        stopped = _cluster_cmd("stop", cluster_dir, env)
-        assert stopped.returncode == 0, stopped.stderr[-4000:]
 
 
 def test_200k_events_on_standalone_cluster_equal_oracle(cluster: Cluster, upi, srt_env):
@@ -133,7 +66,7 @@ def test_warehouse_sinks_written_by_the_cluster_executors_equal_oracle(
     """PostgreSQL and ClickHouse written by the executor tasks (one per output partition),
     committed by the driver: each table equals the oracle."""
     from dbt_sink.clickhouse import LEDGER_TABLE, ClickHouseUpsertSink
-    from tests.conftest import read_counts
+    from tests.helpers import read_counts
 
     lines = list(events(100_000, merchants=40, rate_per_s=500, disorder_ms=4_500, seed=29))
     append_lines(upi.log_dir, lines)

@@ -24,7 +24,7 @@ import duckdb
 import pytest
 from upi_events import events, oracle
 
-from tests.conftest import EXAMPLES, UpiWorkspace, append_lines, srt
+from tests.helpers import EXAMPLES, UpiWorkspace, append_lines, srt
 
 pytestmark = pytest.mark.slow
 

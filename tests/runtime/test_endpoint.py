@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from upi_events import START_MS, events
 
-from tests.conftest import EXAMPLES, ROOT, UpiWorkspace, append_lines, srt
+from tests.helpers import EXAMPLES, ROOT, UpiWorkspace, append_lines, srt
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from stateful_runtime.runtime import registry
-from tests.conftest import srt
+from tests.helpers import srt
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 from upi_events import events, oracle
 
 from stateful_runtime.connectors.eventlog import EventLog
-from tests.conftest import append_lines, srt
+from tests.helpers import append_lines, srt
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ from upi_events import events, oracle
 from stateful_runtime.checkpoints import layout
 from stateful_runtime.connectors.eventlog import EventLog
 from stateful_runtime.connectors.eventlog.ingest import _records
-from tests.conftest import kill_group, srt, srt_background, wait_for_commit
+from tests.helpers import kill_group, srt, srt_background, wait_for_commit
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ from upi_events import events, oracle
 from stateful_runtime.connectors.eventlog import EventLog, Record
 from stateful_runtime.connectors.eventlog.ingest import key_of
 from stateful_runtime.connectors.formats.json import decode_json, to_struct
-from tests.conftest import srt
+from tests.helpers import srt
 
 pytestmark = pytest.mark.slow
 

@@ -26,7 +26,7 @@ from stateful_runtime.connectors.eventlog.ingest import (
 )
 from stateful_runtime.connectors.formats.json import MAX_DEPTH, MAX_RECORD_BYTES, parse_record
 from stateful_runtime.exceptions import LogError
-from tests.conftest import VENV_BIN, srt
+from tests.helpers import VENV_BIN, srt
 
 DEEP = b'{"k":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
 LONG = b'{"k":"' + b"x" * (2 * MAX_LINE_BYTES) + b'"}'

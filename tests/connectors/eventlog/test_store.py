@@ -23,7 +23,7 @@ from stateful_runtime.exceptions import (
     TopicNotFoundError,
 )
 from stateful_runtime.names import InvalidNameError
-from tests.conftest import srt
+from tests.helpers import srt
 
 
 def test_create_append_read_by_offset_range(tmp_path):
@@ -211,7 +211,7 @@ def _free_port() -> int:
 
 
 def test_serve_accepts_nc_style_lines_and_stops_cleanly(tmp_path, srt_env):
-    from tests.conftest import VENV_BIN
+    from tests.helpers import VENV_BIN
 
     log_dir = tmp_path / "log"
     EventLog(log_dir).create_topic("socket", 2)

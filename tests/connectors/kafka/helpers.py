@@ -16,11 +16,8 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-
-import pytest
 
 
 def free_port() -> int:
@@ -146,15 +143,3 @@ def start_broker(data_dir: Path) -> Broker:
                 proc.kill()
                 raise
             time.sleep(0.05)
-
-
-@pytest.fixture(scope="session")
-def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    root = tmp_path_factory.mktemp("kafka")
-    broker = start_broker(root / "data")
-    yield broker
-    broker.process.terminate()
-    try:
-        broker.process.wait(10)
-    except subprocess.TimeoutExpired:
-        broker.process.kill()

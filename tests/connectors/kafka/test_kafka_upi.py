@@ -20,7 +20,7 @@ from upi_events import events, oracle
 
 from stateful_runtime.checkpoints import layout
 from stateful_runtime.connectors.kafka.sink import AFTER_COMMIT_HOOK, BATCH_HEADER
-from tests.conftest import kill_group, srt, srt_background, wait_for, wait_for_commit
+from tests.helpers import kill_group, srt, srt_background, wait_for, wait_for_commit
 
 pytestmark = pytest.mark.slow
 

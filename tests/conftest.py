@@ -1,0 +1,182 @@
+"""Shared fixtures: real services and real processes, started once where they can be shared.
+
+Helpers the tests import (``srt``, ``wait_for_commit``, the workspaces and servers) are in
+``tests/helpers.py``; this file holds only fixtures, which pytest injects by name.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# Helpers modules are plain modules: without this, a failing assert inside one would say only
+# "AssertionError" (pytest rewrites the asserts of test files and conftest.py by itself).
+pytest.register_assert_rewrite(
+    "tests.helpers",
+    "tests.connectors.kafka.helpers",
+    "tests.dagster_defs.helpers",
+    "tests.dbt_sink.helpers",
+    "tests.operators.helpers",
+)
+
+from tests.helpers import (  # noqa: E402  (after the assert-rewrite registration)
+    VENV_BIN,
+    ClickHouseServer,
+    Cluster,
+    PostgresServer,
+    S3Endpoint,
+    UpiWorkspace,
+    cluster_cmd,
+    env_file,
+    free_port,
+    pg_binary,
+)
+
+
+@pytest.fixture(scope="session")
+def srt_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    home = tmp_path_factory.mktemp("srt-home")
+    os.environ["SRT_HOME"] = str(home)
+    return home
+
+
+@pytest.fixture(scope="session")
+def srt_env(srt_home: Path) -> dict[str, str]:
+    """Environment for `srt` subprocesses: this venv first on PATH, Spark on loopback."""
+    env = dict(os.environ)
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["SRT_HOME"] = str(srt_home)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@pytest.fixture(scope="session")
+def spark(srt_home: Path):
+    """One local SparkSession for the whole test session (start-up costs ~5.5 s)."""
+    from stateful_runtime.runtime.session import build_session
+
+    session = build_session(parallelism=2, master="local[2]")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def upi(tmp_path: Path) -> Iterator[UpiWorkspace]:
+    from stateful_runtime.connectors.eventlog import EventLog
+
+    ws = UpiWorkspace(tmp_path)
+    EventLog(ws.log_dir).create_topic("upi-payments", ws.partitions)
+    yield ws
+
+
+@pytest.fixture(scope="session")
+def s3(srt_env: dict[str, str]) -> Iterator[S3Endpoint]:
+    """moto's S3 server (conditional writes and multipart uploads work): boto3 reaches it via
+    AWS_ENDPOINT_URL, here and in `srt` subprocesses."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    settings = {
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    saved = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
+    srt_env.update(settings)
+    endpoint = S3Endpoint(settings["AWS_ENDPOINT_URL"], "srt-test")
+    endpoint.client().create_bucket(Bucket=endpoint.bucket)
+    yield endpoint
+    server.stop()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """One PostgreSQL for the session; each test takes a database of its own."""
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="srt-pg-"))
+    initdb = [
+        pg_binary("initdb"),
+        "-D",
+        str(root / "data"),
+        "-U",
+        "srt",
+        "--auth=trust",
+        "--no-sync",
+    ]
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres")
+        initdb = ["runuser", "-u", "postgres", "--", *initdb]
+    subprocess.run(initdb, check=True, capture_output=True, timeout=120)
+    server = PostgresServer(root, free_port())
+    server.start()
+    yield server
+    try:
+        server.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def pg_dsn(postgres: PostgresServer, request: pytest.FixtureRequest) -> str:
+    import re
+
+    return postgres.database("t_" + re.sub(r"\W", "_", request.node.name.lower())[:50])
+
+
+@pytest.fixture(scope="session")
+def clickhouse(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClickHouseServer]:
+    """One ClickHouse server for the session (installed by platform/install-clickhouse.sh);
+    each test takes a database of its own."""
+    import shutil
+
+    if not shutil.which("clickhouse-server"):
+        pytest.skip("clickhouse-server is not installed: run platform/install-clickhouse.sh")
+    server = ClickHouseServer(
+        tmp_path_factory.mktemp("clickhouse"), free_port(), free_port(), free_port()
+    )
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def ch_url(clickhouse: ClickHouseServer, request: pytest.FixtureRequest) -> str:
+    import re
+
+    return clickhouse.database("t_" + re.sub(r"\W", "_", request.node.name.lower())[:50])
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, srt_env: dict[str, str]) -> Iterator[Cluster]:
+    """A Spark standalone master and worker (platform/spark-cluster.sh), one per test module."""
+    cluster_dir = tmp_path_factory.mktemp("spark-cluster")
+    # The daemons get PYSPARK_PYTHON = this interpreter; executors get it from the job's
+    # spark.executorEnv.PYSPARK_PYTHON (session.py, from srt_env's PYSPARK_PYTHON).
+    env = {**srt_env, "SRT_PYTHON": sys.executable, "SRT_CLUSTER_DIR": str(cluster_dir)}
+    try:
+        started = cluster_cmd("start", cluster_dir, env)
+        assert started.returncode == 0, started.stderr[-4000:]
+        info = env_file(cluster_dir / "cluster.env")
+        assert started.stdout.strip() == info["MASTER_URL"]
+        yield Cluster(
+            cluster_dir, info["MASTER_URL"], info["MASTER_WEBUI_URL"], Path(info["WORKER_DIR"])
+        )
+    finally:
+        stopped = cluster_cmd("stop", cluster_dir, env)
+        assert stopped.returncode == 0, stopped.stderr[-4000:]
