@@ -18,8 +18,12 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from stateful_runtime import StreamJob
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -154,6 +158,49 @@ def append_lines(log_dir: Path, lines: Sequence[bytes], topic: str = "upi-paymen
 
     with EventLog(log_dir).writer(topic) as writer:
         writer.append(_records(lines, "merchant_id"))
+
+
+def windowed_job(tmp_path: Path, sink_upsert: bool = True) -> StreamJob:
+    """Job "j": a 2-partition event-log source, a filter, a keyed 10 s tumbling window with
+    Count and Sum (operator "agg"), to a DuckDB upsert sink or (``sink_upsert=False``) an
+    append-only log sink ("out")."""
+    from datetime import timedelta
+
+    from dbt_sink import DuckDBUpsertSink
+    from stateful_runtime import (
+        CheckpointConfig,
+        Count,
+        LogSource,
+        StreamJob,
+        Sum,
+        TumblingEventTimeWindows,
+        WatermarkStrategy,
+    )
+    from stateful_runtime.connectors.eventlog import EventLog
+    from stateful_runtime.connectors.eventlog.sink import LogSink
+
+    EventLog(tmp_path / "log").create_topic("in", 2, exist_ok=True)
+    job = StreamJob("j", CheckpointConfig(str(tmp_path / "ck")), parallelism=3)
+    stream = job.from_source(
+        LogSource(str(tmp_path / "log"), "in", {"k": str, "v": int, "ts": int}),
+        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=2)).with_timestamp_field(
+            "ts"
+        ),
+        name="src",
+    )
+    sink = (
+        DuckDBUpsertSink(str(tmp_path / "db"), "t", key=("k", "window_start"))
+        if sink_upsert
+        else LogSink(str(tmp_path / "log"), "out")
+    )
+    (
+        stream.filter("v > 0")
+        .key_by("k")
+        .window(TumblingEventTimeWindows.of(timedelta(seconds=10)))
+        .aggregate({"n": Count(), "total": Sum("v")}, name="agg")
+        .sink_to(sink, name="out")
+    )
+    return job
 
 
 @dataclass
