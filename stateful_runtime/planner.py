@@ -3,8 +3,9 @@
 One query per stateful pipeline: a keyed process function and all the sinks of its main and side
 outputs share one query (its foreachBatch writes every output of a micro-batch); a window or
 stateless chain gets one query per sink. The first query reading a source owns its dead
-letters: its read tasks stage rejected records under ``<checkpoint.dir>/_dead_letters/<source>``
-and the job process publishes them once their batch commits
+letters: its read tasks stage rejected records in the checkpoint directory
+(:meth:`~stateful_runtime.checkpoints.layout.CheckpointLayout.dead_letters`) and the job
+process publishes them once their batch commits
 (:mod:`stateful_runtime.connectors.dead_letters`); no second query reads the source. Each query
 has its own checkpoint directory ``<checkpoint.dir>/<query name>`` in which Spark commits source
 offsets, state and the watermark together per micro-batch.
@@ -42,6 +43,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stateful_runtime.checkpoints.layout import CheckpointLayout
 from stateful_runtime.connectors.alignment import LATE_BEFORE
 from stateful_runtime.connectors.base import (
     ERROR,
@@ -139,10 +141,6 @@ def _lower(node: Node) -> Node | NativeWindowNode:
         trigger=node.trigger,
     )
     return ProcessNode(node.parent, operator, node.name)
-
-
-# Under the checkpoint directory: rejected records staged per split until their batch commits.
-DEAD_LETTER_STAGING = "_dead_letters"
 
 
 @dataclass
@@ -747,7 +745,7 @@ def plan(job: StreamJob) -> Plan:
         dead_letters = None
         if id(p.src) not in owners:
             owners.add(id(p.src))
-            staging = Path(job.checkpoint.dir).resolve() / DEAD_LETTER_STAGING / p.src.name
+            staging = CheckpointLayout(Path(job.checkpoint.dir).resolve()).dead_letters(p.src.name)
             dead_letters = DeadLetters(str(staging), p.src.source.dead_letter_sink(job.name))
         queries.append(_build_pipeline(job, p, dead_letters))
     names = [q.name for q in queries]

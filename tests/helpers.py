@@ -94,12 +94,12 @@ def wait_for_commit(
     qdir: Path, after: int | None, proc: subprocess.Popen, log: Path, timeout: float = 240
 ) -> None:
     """Poll the checkpoint until a batch newer than ``after`` is committed."""
-    from stateful_runtime.checkpoints import layout
+    from stateful_runtime.checkpoints.layout import QueryLayout
 
     floor = after if after is not None else -1
 
     def newer() -> bool:
-        last = layout.last_committed(qdir)  # batch 0 is a commit too (not "or -1")
+        last = QueryLayout(qdir).last_committed()  # batch 0 is a commit too (not "or -1")
         return last is not None and last > floor
 
     wait_for(newer, proc, log, "new committed batch", timeout)

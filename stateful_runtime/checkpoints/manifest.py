@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stateful_runtime.checkpoints import layout
+from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.checkpoints.storage import Store
 from stateful_runtime.exceptions import ConfigError, SavepointError
 from stateful_runtime.names import Name, safe_relative
@@ -90,16 +90,16 @@ class Savepoint:
         }
 
 
-def query_entry(qdir: Path, batch: int, *, pending: bool) -> dict[str, Any]:
+def query_entry(query: QueryLayout, batch: int, *, pending: bool) -> dict[str, Any]:
     """What a manifest says of one query at committed ``batch``."""
-    committed = layout.committed_offsets(qdir, batch) or {}
+    committed = query.committed_offsets(batch) or {}
     return {
         "batch": batch,
         "watermark_ms": committed.get("watermark_ms"),
         "offsets": committed.get("sources"),
         "pending_batch": batch + 1 if pending else None,
-        "state_partitions": layout.state_partitions(qdir, batch),
-        "checkpoint_dir": str(qdir),
+        "state_partitions": query.state_partitions(batch),
+        "checkpoint_dir": str(query.root),
     }
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from stateful_runtime.checkpoints import layout
+from stateful_runtime.checkpoints.layout import CheckpointLayout
 from stateful_runtime.checkpoints.manifest import (
     Savepoint,
     new_manifest,
@@ -109,7 +110,7 @@ class CheckpointMirror:
         owner = layout.owner(self.checkpoint_dir)
         batches: dict[str, int] = {}
         for q in owner.get("queries", []):
-            b = layout.last_committed(self.checkpoint_dir / q)
+            b = CheckpointLayout(self.checkpoint_dir).query(q).last_committed()
             if b is not None:
                 batches[q] = b
         if not batches or batches == self.synced:
@@ -117,10 +118,10 @@ class CheckpointMirror:
         entries, queries = [], {}
         uploaded = uploaded_bytes = 0
         for q, batch in batches.items():
-            qdir = self.checkpoint_dir / q
-            queries[q] = query_entry(qdir, batch, pending=False)
-            for rel in layout.batch_files(qdir, batch, pending=False):
-                key, path = f"{q}/{rel}", qdir / rel
+            query = CheckpointLayout(self.checkpoint_dir).query(q)
+            queries[q] = query_entry(query, batch, pending=False)
+            for rel in query.batch_files(batch, pending=False):
+                key, path = f"{q}/{rel}", query.root / rel
                 entry = self.known.get(key)
                 # Offsets/commits/changelogs are new names every batch; a file with a known
                 # name is immutable in Spark's checkpoint except the query metadata.

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stateful_runtime.checkpoints import layout
+from stateful_runtime.checkpoints import layout, verify
+from stateful_runtime.checkpoints.layout import CheckpointLayout, QueryLayout, crc_sidecar
 from stateful_runtime.checkpoints.manifest import FORMAT_VERSION, Savepoint, _utc, sha256_file
 from stateful_runtime.exceptions import (
     ConfigError,
@@ -122,22 +123,23 @@ def materialize(
                     f"{digest[:12]}…; the manifest says {f['size']} bytes, {f['sha256'][:12]}…"
                 )
         for qname in wanted:
-            _relocate_operator_metadata(tmp / qname, (final or dest) / qname)
+            _relocate_operator_metadata(
+                CheckpointLayout(tmp).query(qname), CheckpointLayout(final or dest).query(qname)
+            )
         os.replace(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _relocate_operator_metadata(qdir: Path, final_qdir: Path) -> None:
+def _relocate_operator_metadata(query: QueryLayout, final: QueryLayout) -> None:
     """Spark's operator metadata (v2) names state schema files by absolute path: point those
     paths into the restored checkpoint."""
-    for meta in qdir.glob("state/*/_metadata/v2/*"):
+    for meta in query.schema_metadata():
         lines = meta.read_text().splitlines()
         body = json.loads(lines[1])
         for store_info in body.get("stateStoreInfo", []):
             store_info["stateSchemaFilePaths"] = [
-                f"file:{final_qdir}/state/{p.rsplit('/state/', 1)[1]}"
-                for p in store_info.get("stateSchemaFilePaths", [])
+                f"file:{final.state_path(p)}" for p in store_info.get("stateSchemaFilePaths", [])
             ]
         meta.write_text("\n".join([lines[0], json.dumps(body), *lines[2:]]))
 
@@ -220,7 +222,9 @@ def restore_job(
     if from_savepoint:
         sp = savepoints.resolve(from_savepoint, savepoint_roots)
     elif restore_from:
-        if ckpt.is_dir() and any((ckpt / q / "commits").is_dir() for q in queries):
+        if ckpt.is_dir() and any(
+            CheckpointLayout(ckpt).query(q).commit_log.is_dir() for q in queries
+        ):
             raise ConfigError(
                 f"checkpoint directory {ckpt} already holds this job's checkpoints: "
                 f"--restore-from is for an empty disk; run without it to resume from them"
@@ -248,9 +252,9 @@ def rescale(
     """
     notes = []
     for q in queries:
-        qdir = Path(checkpoint_dir) / q
-        batch = layout.last_committed(qdir)
-        current = None if batch is None else layout.state_partitions(qdir, batch)
+        query = CheckpointLayout(checkpoint_dir).query(q)
+        batch = query.last_committed()
+        current = None if batch is None else query.state_partitions(batch)
         if current is None or current == parallelism:
             continue
         if not restored:
@@ -261,16 +265,14 @@ def rescale(
                 f"{parallelism}`"
             )
             continue
-        pending = qdir / "offsets" / str(batch + 1)
-        pending.unlink(missing_ok=True)  # a planned batch is re-planned after the rescale
+        # a planned batch is re-planned after the rescale
+        query.offsets(batch + 1).unlink(missing_ok=True)
         notes.append(f"rescaling the state of {q} from {current} to {parallelism} partitions")
-        spark._streamingCheckpointManager.repartition(str(qdir), parallelism)
+        spark._streamingCheckpointManager.repartition(str(query.root), parallelism)
     return notes
 
 
 # -- a damaged checkpoint at start --------------------------------------------------------------
-
-QUARANTINE = "_quarantine"
 
 
 class CorruptCheckpointError(ConfigError):
@@ -342,20 +344,19 @@ class Recovery:
             _set_pending(self.checkpoint, query, None)
 
 
-# A rewind the sinks still owe, per query: written before any file is moved aside and cleared
-# once the runner rewound the sinks, so a crash in between cannot leave a sink ledger holding
-# batches of the old plan that the new plan would then skip as done.
-PENDING_REWIND = "_rewind.json"
-
-
+# A rewind the sinks still owe, per query (CheckpointLayout.pending_rewind): written before
+# any file is moved aside and cleared once the runner rewound the sinks, so a crash in between
+# cannot leave a sink ledger holding batches of the old plan that the new plan would then skip
+# as done.
 def _pending(ckpt: Path) -> dict[str, int]:
+    path = CheckpointLayout(ckpt).pending_rewind
     try:
-        data = json.loads((ckpt / PENDING_REWIND).read_text())
+        data = json.loads(path.read_text())
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:
         raise ConfigError(
-            f"{ckpt / PENDING_REWIND} is unreadable ({exc}): it names the batch each query's "
+            f"{path} is unreadable ({exc}): it names the batch each query's "
             f"sinks must be rewound to after a checkpoint fell back. Restore the job from a "
             f"savepoint, or delete the file if no sink holds a batch after that one"
         ) from None
@@ -368,11 +369,11 @@ def _set_pending(ckpt: Path, query: str, batch: int | None) -> None:
         pending.pop(query, None)
     else:
         pending[query] = min(batch, pending.get(query, batch))
-    target = ckpt / PENDING_REWIND
+    target = CheckpointLayout(ckpt).pending_rewind
     if not pending:
         target.unlink(missing_ok=True)
         return
-    tmp = ckpt / f".{PENDING_REWIND}.tmp"
+    tmp = target.with_name(f".{target.name}.tmp")
     tmp.write_text(json.dumps(pending))
     os.replace(tmp, target)
 
@@ -385,7 +386,7 @@ class _Fallback:
     rewind: bool
 
 
-def _fallback(qdir: Path, problems: list[layout.Problem]) -> _Fallback | None:
+def _fallback(query: QueryLayout, problems: list[verify.Problem]) -> _Fallback | None:
     """The newest restart point at most one committed batch back whose files are all sound.
 
     Candidates, newest first: the last committed batch ``C`` without the batch planned after it;
@@ -394,26 +395,29 @@ def _fallback(qdir: Path, problems: list[layout.Problem]) -> _Fallback | None:
     restart point (Spark writes a new one)."""
     moves = [(p.path, p.problem) for p in problems if p.kind == "metadata"]
     data = [p for p in problems if p.kind != "metadata"]
-    committed = layout.last_committed(qdir)
+    committed, last_planned = query.last_committed(), query.last_planned()
     c = -1 if committed is None else committed
-    planned = max(c, layout.last_planned(qdir) if layout.last_planned(qdir) is not None else -1)
+    planned = max(c, -1 if last_planned is None else last_planned)
     if not data:
         return _Fallback(c, None, moves, False)
     why = {p.path: p.problem for p in data}
     for r, keep in ((c, False), (c - 1, True), (c - 1, False)):
-        if r < -1 or layout.verify(qdir, r, pending=keep):
+        if r < -1 or verify.verify(query.root, r, pending=keep):
             continue
-        replay = r + 1 if keep and (qdir / "offsets" / str(r + 1)).exists() else None
+        replay = r + 1 if keep and query.offsets(r + 1).exists() else None
         kept = r if replay is None else replay
         out = list(moves)
-        for kind, above, later in (("commits", r, "re-run"), ("offsets", kept, "planned again")):
-            for b in layout._numbered(qdir / kind):
+        for batches, entry, above, later in (
+            (query.committed_batches(), query.commit, r, "re-run"),
+            (query.planned_batches(), query.offsets, kept, "planned again"),
+        ):
+            for b in batches:
                 if b > above:
-                    rel = f"{kind}/{b}"
+                    rel = query.relative(entry(b))
                     out.append((rel, why.get(rel, f"superseded: batch {b} is {later}")))
         out += [
-            (p.relative_to(qdir).as_posix(), "written by a batch that is re-run")
-            for p in layout.state_files_after(qdir, r + 1)
+            (query.relative(p), "written by a batch that is re-run")
+            for p in query.state_files_after(r + 1)
             if not p.name.endswith(".crc")
         ]
         return _Fallback(r, replay, out, planned > kept)
@@ -441,9 +445,9 @@ def _newest_savepoint(root: str | None, job: str) -> tuple[str | None, str]:
 def _move(src: Path, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     os.replace(src, dest)
-    side = layout.crc_sidecar(src)
+    side = crc_sidecar(src)
     if side.exists():
-        os.replace(side, layout.crc_sidecar(dest))
+        os.replace(side, crc_sidecar(dest))
 
 
 def recover(
@@ -454,7 +458,7 @@ def recover(
     savepoint_dir: str | None = None,
     mirror: str | None = None,
 ) -> Recovery:
-    """Check every query's checkpoint before a start (:func:`layout.verify`) and make it
+    """Check every query's checkpoint before a start (:func:`verify.verify`) and make it
     restartable, or refuse.
 
     Damage confined to the newest batch — a truncated, garbage, empty or missing newest
@@ -478,34 +482,35 @@ def recover(
                 f"query {q}: its sinks still owe a rewind to batch {batch} (an "
                 f"earlier start fell back and stopped before rewinding them)"
             )
-    plans: dict[str, tuple[_Fallback, list[layout.Problem]]] = {}
+    plans: dict[str, tuple[_Fallback, list[verify.Problem]]] = {}
     for q in queries:
-        qdir = ckpt / q
-        if not (qdir / "offsets").is_dir():
+        query = CheckpointLayout(ckpt).query(q)
+        if not query.offset_log.is_dir():
             continue
-        problems = layout.verify(qdir)
+        problems = verify.verify(query.root)
         if not problems:
             continue
-        fb = _fallback(qdir, problems)
+        fb = _fallback(query, problems)
         if fb is None:
             sid, note = _newest_savepoint(savepoint_dir, job)
             raise CorruptCheckpointError(
-                str(qdir), [str(p) for p in problems], job_file, sid, mirror, note
+                str(query.root), [str(p) for p in problems], job_file, sid, mirror, note
             )
         plans[q] = (fb, problems)
     if not plans:
         return rec
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    dest, n = ckpt / QUARANTINE / stamp, 1
+    quarantine = CheckpointLayout(ckpt).quarantine
+    dest, n = quarantine / stamp, 1
     while dest.exists():
         n += 1
-        dest = ckpt / QUARANTINE / f"{stamp}-{n}"
+        dest = quarantine / f"{stamp}-{n}"
     replanned = {q for q, (fb, _) in plans.items() if fb.rewind}
     for q in replanned:  # durable before anything moves
         _set_pending(ckpt, q, plans[q][0].restart_at)
     record: dict[str, Any] = {"quarantined_at": _utc(), "queries": {}}
     for q, (fb, problems) in plans.items():
-        qdir = ckpt / q
+        qdir = CheckpointLayout(ckpt).query(q).root
         for rel, _why in fb.moves:
             if (qdir / rel).exists():
                 _move(qdir / rel, dest / q / rel)

@@ -32,6 +32,7 @@ from typing import Any
 
 from stateful_runtime import _process
 from stateful_runtime.checkpoints import layout
+from stateful_runtime.checkpoints.layout import CheckpointLayout
 from stateful_runtime.checkpoints.manifest import (
     MANIFEST,
     CorruptManifestError,
@@ -82,16 +83,17 @@ def create(
     queries: dict[str, Any] = {}
     files: list[tuple[str, Path]] = []
     for qname in owner.get("queries", []):
-        qdir = ckpt / qname
-        batch = layout.last_committed(qdir)
+        query = CheckpointLayout(ckpt).query(qname)
+        batch = query.last_committed()
         if batch is None:
             raise SavepointError(
                 f"query {qname} of job {job!r} has not committed a batch yet: take the savepoint "
                 f"after its first batch (`srt status {job}` shows the last committed batch)"
             )
-        rels = layout.batch_files(qdir, batch)
-        queries[qname] = query_entry(qdir, batch, pending=f"offsets/{batch + 1}" in rels)
-        files += [(f"{qname}/{rel}", qdir / rel) for rel in rels]
+        rels = query.batch_files(batch)
+        pending = query.relative(query.offsets(batch + 1)) in rels
+        queries[qname] = query_entry(query, batch, pending=pending)
+        files += [(f"{qname}/{rel}", query.root / rel) for rel in rels]
 
     cleanup_incomplete(store)
     store.put_bytes(

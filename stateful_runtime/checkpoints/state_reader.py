@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stateful_runtime.checkpoints import layout, restore, savepoints
+from stateful_runtime.checkpoints.layout import CheckpointLayout
 from stateful_runtime.exceptions import ConfigError
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ def checkpoint_of(ref: str, roots: list[str]) -> Iterator[Path]:
     """A checkpoint directory for ``ref``: itself if it is one, else the savepoint laid out in
     a temporary directory."""
     path = Path(ref)
-    if (path / layout.MARKER).is_file():
+    if CheckpointLayout(path).marker.is_file():
         yield path.resolve()
         return
     sp = savepoints.resolve(ref, roots)
@@ -107,8 +108,8 @@ def inspect(
             )
     rows: list[dict[str, Any]] = []
     for qname, op, op_layout in operators:
-        qdir = ckpt / qname
-        batch = layout.last_committed(qdir)
+        query = CheckpointLayout(ckpt).query(qname)
+        batch = query.last_committed()
         if batch is None:
             continue
         names: list[str | None] = (
@@ -124,7 +125,7 @@ def inspect(
         for name in names:
             reader = (
                 spark.read.format("statestore")
-                .option("path", str(qdir))
+                .option("path", str(query.root))
                 .option("operatorId", OPERATOR_ID)
                 .option("batchId", batch)
             )

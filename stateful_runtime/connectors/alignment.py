@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.types import LongType, StructField
 
+from stateful_runtime.checkpoints.layout import QueryLayout, event_time_stats
 from stateful_runtime.connectors.base import ERROR
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ class EventTimeAlignment:
         self.drift_ms = int(opts.get("max_drift_ms") or 0)
         idle = opts.get("idleness_ms")
         self.idle_s = int(idle) / 1e3 if idle else None
-        self.stats = Path(staging.rstrip("/") + ".event-time")
+        self.stats = event_time_stats(staging)
         self.frontier: dict[str, float] = {}
         self._arrival: dict[str, float] = {}
         self._seen_end: dict[str, int] = {}
@@ -239,16 +240,13 @@ LATE_WATERMARK_OF = "late_watermark_of"  # the option: the query's checkpoint di
 def late_watermark_ms(query_checkpoint: str | Path) -> int:
     """The late-event watermark of the batch Spark is planning in ``query_checkpoint``: the
     watermark of the batch before it (Spark's ``getInputWatermarkForLateEvents`` is batch
-    N-1's), read from Spark's offset log (``offsets/<N>``: a version line, then the batch's
-    metadata as JSON). Partitions are planned after Spark writes ``offsets/<N>``; 0 before any
-    batch (Spark's watermark starts at the epoch)."""
-    # (checkpoints.layout reads the same log; connectors may not import the engine's layers)
-    log = Path(query_checkpoint) / "offsets"
-    batches = sorted(int(f.name) for f in log.iterdir() if f.name.isdigit()) if log.is_dir() else []
+    N-1's), read from Spark's offset log. Partitions are planned after Spark logs batch N's
+    offsets; 0 before any batch (Spark's watermark starts at the epoch)."""
+    query = QueryLayout(query_checkpoint)
+    batches = query.planned_batches()
     if len(batches) < 2:
         return 0
-    lines = (log / str(batches[-2])).read_text().splitlines()
-    return max(0, int(json.loads(lines[1]).get("batchWatermarkMs") or 0))
+    return max(0, int(query.watermark_ms(batches[-2]) or 0))
 
 
 def late_before_fields(opts: Mapping[str, str]) -> tuple[StructField, ...]:

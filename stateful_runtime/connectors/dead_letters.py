@@ -6,8 +6,9 @@ source marks it (``_error``, ``_raw``), and then it is
 1. **staged** by the Spark task that read it (:func:`stage`): the split's rejected records go
    to ``<staging>/<partition key>-<start>-<end>.arrow`` (the key as in the source's offsets:
    ``0`` for the event log, ``topic:0`` for Kafka), atomically; a retried or replayed task
-   writes the same file. The staging directory is ``<checkpoint.dir>/_dead_letters/<source>``
-   of the query that owns the source (the planner's choice);
+   writes the same file. The staging directory is the checkpoint directory's
+   (:meth:`~stateful_runtime.checkpoints.layout.CheckpointLayout.dead_letters`) of the source,
+   staged by the query that owns it (the planner's choice);
 2. **published** by the job process alone (:meth:`DeadLetters.publish`: the runner calls it
    after every committed batch, at start and at stop) to the source's
    :class:`~stateful_runtime.connectors.base.DeadLetterSink`: every staged split whose range is

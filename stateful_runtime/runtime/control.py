@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from stateful_runtime.checkpoints import layout
+from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.exceptions import (
     ConfigError,
     IncompatibleSavepointError,
@@ -76,15 +77,16 @@ def query_checkpoint(checkpoint_dir: str | Path, now: float) -> dict[str, Any]:
     """What one query's checkpoint says now: last committed batch, when it committed, and how
     long the batch after it has been planned (in flight). Read from files, so it does not go
     stale when the job process hangs, as its own health report does."""
-    last = layout.last_committed(checkpoint_dir)
-    commit_time = layout.last_commit_time(checkpoint_dir)
-    planned = Path(checkpoint_dir, "offsets", str(0 if last is None else last + 1))
+    query = QueryLayout(checkpoint_dir)
+    last = query.last_committed()
+    commit_time = query.last_commit_time()
+    planned = query.offsets(0 if last is None else last + 1)
     try:
         inflight_age: float | None = round(now - planned.stat().st_mtime, 3)
     except OSError:
         inflight_age = None
     try:
-        partitions = None if last is None else layout.state_partitions(checkpoint_dir, last)
+        partitions = None if last is None else query.state_partitions(last)
     except (OSError, ValueError):
         partitions = None
     return {
@@ -144,7 +146,7 @@ def unreadable() -> list[registry.CorruptEntryError]:
 
 def last_committed(entry: Mapping[str, Any]) -> dict[str, int | None]:
     return {
-        q: layout.last_committed(info["checkpoint_dir"])
+        q: QueryLayout(info["checkpoint_dir"]).last_committed()
         for q, info in (entry.get("queries") or {}).items()
     }
 
@@ -333,7 +335,7 @@ def wait_restored(entry: Mapping[str, Any], timeout: float) -> dict[str, int | N
 
     def fresh(current: dict[str, Any]) -> bool:
         if any(
-            (layout.last_committed(info["checkpoint_dir"]) or -1) > after[q]
+            (QueryLayout(info["checkpoint_dir"]).last_committed() or -1) > after[q]
             for q, info in queries.items()
         ):
             return True
@@ -516,7 +518,7 @@ def window_counts(
             f"{sorted(queries)}); name the query that writes the table"
         )
     qdir = queries[query]["checkpoint_dir"]
-    batch = layout.last_committed(qdir) if batch is None else batch
+    batch = QueryLayout(qdir).last_committed() if batch is None else batch
     out: dict[str, Any] = {
         "job": job,
         "query": query,
@@ -531,7 +533,7 @@ def window_counts(
     if batch is None:
         return out
     try:
-        offsets = layout.committed_offsets(qdir, int(batch))
+        offsets = QueryLayout(qdir).committed_offsets(int(batch))
     except OSError as exc:
         raise JobError(
             f"batch {batch} of query {query!r} is not in its checkpoint {qdir}: {exc}"

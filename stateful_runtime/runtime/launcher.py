@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from stateful_runtime import secrets
-from stateful_runtime.checkpoints import layout, savepoints
+from stateful_runtime.checkpoints import savepoints
+from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.exceptions import JobError
 from stateful_runtime.names import check_name
 from stateful_runtime.runtime import endpoint, registry
@@ -250,7 +251,7 @@ def wait_running(job: str, pid: int, *, timeout: float) -> dict[str, Any]:
 def last_committed(entry: dict[str, Any]) -> dict[str, int | None]:
     """Last committed batch of each of the entry's queries, read from the checkpoints."""
     return {
-        q: layout.last_committed(info["checkpoint_dir"])
+        q: QueryLayout(info["checkpoint_dir"]).last_committed()
         for q, info in (entry.get("queries") or {}).items()
     }
 
@@ -263,7 +264,7 @@ def wait_committed(
 
     def fresh(entry: dict[str, Any]) -> bool:
         times = [
-            layout.last_commit_time(info["checkpoint_dir"])
+            QueryLayout(info["checkpoint_dir"]).last_commit_time()
             for info in (entry.get("queries") or {}).values()
         ]
         return any(t is not None and t >= since for t in times)

@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from stateful_runtime.checkpoints import layout, manifest, restore, savepoints
+from stateful_runtime.checkpoints.layout import CheckpointLayout, QueryLayout
 from stateful_runtime.checkpoints.mirror import CheckpointMirror, MirrorSync
+from stateful_runtime.checkpoints.verify import disk_full
 from stateful_runtime.exceptions import ConfigError, JobError, SinkError
 from stateful_runtime.planner import LATE_METRICS, SOURCE_METRICS, QueryPlan, chain, plan
 from stateful_runtime.runtime import registry, warmup, worker_output
@@ -198,10 +200,11 @@ def progress_health(progress: dict[str, Any], checkpoint_dir: str) -> dict[str, 
         # Offsets are {"<partition>": next} (event log) or {"<topic>:<partition>": next} (Kafka).
         lag_by_partition = {p: max(0, int(latest[p]) - int(end.get(p, 0))) for p in latest}
         lag = sum(lag_by_partition.values())
-    commit_time = layout.last_commit_time(checkpoint_dir)
+    query = QueryLayout(checkpoint_dir)
+    commit_time = query.last_commit_time()
     return {
         "last_batch": progress.get("batchId"),
-        "last_committed_batch": layout.last_committed(checkpoint_dir),
+        "last_committed_batch": query.last_committed(),
         "checkpoint_age_s": None if commit_time is None else round(time.time() - commit_time, 3),
         "input_rows": progress.get("numInputRows"),
         "input_rows_per_s": progress.get("inputRowsPerSecond"),
@@ -281,8 +284,9 @@ class _Control(Handlers):
         queries = {}
         for run in list(r.runs):
             h = dict(run.health)
-            commit_time = layout.last_commit_time(run.checkpoint_dir)
-            h["last_committed_batch"] = layout.last_committed(run.checkpoint_dir)
+            query = QueryLayout(run.checkpoint_dir)
+            commit_time = query.last_commit_time()
+            h["last_committed_batch"] = query.last_committed()
             h["checkpoint_age_s"] = (
                 None if commit_time is None else round(time.time() - commit_time, 3)
             )
@@ -421,7 +425,9 @@ class JobRunner:
                 "restore": self.restored,
                 "queries": {
                     q.name: {
-                        "checkpoint_dir": str(self.checkpoint_dir / q.name),
+                        "checkpoint_dir": str(
+                            CheckpointLayout(self.checkpoint_dir).query(q.name).root
+                        ),
                         "path": q.path,
                         "output_mode": q.output_mode,
                     }
@@ -577,7 +583,7 @@ class JobRunner:
             self._publish_dead_letters()  # left staged by a run that crashed after a commit
             self._sync_mirror()  # batches a crashed run committed but did not mirror
             for q in self.plan.queries:
-                qdir = str(self.checkpoint_dir / q.name)
+                qdir = str(CheckpointLayout(self.checkpoint_dir).query(q.name).root)
                 df = q.build(spark, qdir)
                 empty = to_arrow_schema(df.schema).empty_table()
                 for out in q.outputs:
@@ -675,7 +681,7 @@ class JobRunner:
         for q in self.plan.queries:
             if q.dead_letters is None:
                 continue
-            committed = layout.committed_offsets(self.checkpoint_dir / q.name)
+            committed = CheckpointLayout(self.checkpoint_dir).query(q.name).committed_offsets()
             if committed and committed["sources"] and isinstance(committed["sources"][0], dict):
                 q.dead_letters.publish(committed["sources"][0])
 
@@ -756,7 +762,7 @@ class JobRunner:
                         file=sys.stderr,
                         flush=True,
                     )
-                    if full := layout.disk_full(run.checkpoint_dir):  # the cause, in one line
+                    if full := disk_full(run.checkpoint_dir):  # the cause, in one line
                         print(
                             f"[{self.job.name}] query {run.plan.name} failed: {full}",
                             file=sys.stderr,

@@ -158,7 +158,7 @@ def test_store_keys_cannot_leave_the_store(tmp_path):
     ],
 )
 def test_corrupt_checkpoint_marker_is_named_with_what_to_do(tmp_path, text):
-    (tmp_path / layout.MARKER).write_text(text)
+    layout.CheckpointLayout(tmp_path).marker.write_text(text)
     with pytest.raises(ConfigError, match=r"_job\.json is corrupt.*--from-savepoint"):
         layout.owner(tmp_path)
     with pytest.raises(ConfigError, match="corrupt"):

@@ -20,7 +20,8 @@ import duckdb
 import pytest
 from upi_events import events, oracle
 
-from stateful_runtime.checkpoints import layout, savepoints
+from stateful_runtime.checkpoints import savepoints
+from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.checkpoints.state_reader import checkpoint_of, inspect
 from stateful_runtime.exceptions import IncompatibleSavepointError
 from stateful_runtime.runtime.loader import load_job_file
@@ -71,7 +72,8 @@ def test_rescale_4_to_2_to_4_through_savepoints_equals_oracle(spark, upi, tmp_pa
     assert "rescaling the state of upi-counts from 4 to 2 partitions" in out
     assert upi.table() == oracle(THIRDS[0] + THIRDS[1])
     qdir = tmp_path / "ck2" / "upi-counts"
-    assert layout.state_partitions(qdir, layout.last_committed(qdir)) == 2
+    query = QueryLayout(qdir)
+    assert query.state_partitions(query.last_committed()) == 2
 
     sp2 = savepoints.create(tmp_path / "ck2", roots)
     assert sp2.manifest["restored_from"] == sp1.location
@@ -177,7 +179,7 @@ def test_savepoint_while_running_then_stop_with_savepoint_upgrade_and_restore(
     proc = srt_background(["run", str(v1), *sets], srt_env, log)
     qdir = tmp_path / "ck" / "counter"
     try:
-        wait_for(lambda: (layout.last_committed(qdir) or -1) >= 1, proc, log, "two batches")
+        wait_for(lambda: (QueryLayout(qdir).last_committed() or -1) >= 1, proc, log, "two batches")
         taken = srt(["savepoint", "create", "payment-counter", "--json"], srt_env)
         assert taken.returncode == 0, taken.stderr
         early = json.loads(taken.stdout)

@@ -26,7 +26,8 @@ from dagster_defs._savepoints import (
     STOP_WITH_SAVEPOINT_JOB,
     UPGRADE_JOB,
 )
-from stateful_runtime.checkpoints import layout, savepoints
+from stateful_runtime.checkpoints import savepoints
+from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.runtime import registry
 from tests.dagster_defs.helpers import JOB, JOB_KEY, Live, feed, live_job, metadata, wait_for
 from tests.helpers import EXAMPLES
@@ -85,7 +86,7 @@ def _ok(result) -> None:
 
 
 def _last(live: Live) -> int:
-    return layout.last_committed(live.qdir) or -1
+    return QueryLayout(live.qdir).last_committed() or -1
 
 
 def _commits_after(live: Live, batch: int, what: str) -> int:
@@ -144,7 +145,7 @@ def test_rescale_relaunches_with_the_new_state_partition_count_and_keeps_committ
     sp_live: Live,
 ):
     old_pid = registry.read(JOB)["pid"]
-    assert layout.state_partitions(sp_live.qdir, _last(sp_live)) == 2
+    assert QueryLayout(sp_live.qdir).state_partitions(_last(sp_live)) == 2
     result = _run(sp_live, RESCALE_JOB, {"parallelism": 3})
     _ok(result)
     obs = _observation(result)
@@ -164,7 +165,7 @@ def test_rescale_relaunches_with_the_new_state_partition_count_and_keeps_committ
     batch = _last(sp_live)
     feed(sp_live.ws, 400, seed=6, start_ms=START_MS + 160_000)
     after = _commits_after(sp_live, batch, "a commit after the rescale")
-    assert layout.state_partitions(sp_live.qdir, after) == 3
+    assert QueryLayout(sp_live.qdir).state_partitions(after) == 3
     assert registry.pid_alive(entry["pid"])
 
 

@@ -20,7 +20,7 @@ from dagster import AssetKey, AssetMaterialization, AssetObservation, materializ
 from upi_events import START_MS
 
 from dagster_defs import build_definitions
-from stateful_runtime.checkpoints import layout
+from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.runtime import launcher, registry
 from tests.dagster_defs.helpers import JOB, JOB_KEY, UPI_JOB, Live
 from tests.dagster_defs.helpers import feed as _feed
@@ -67,7 +67,7 @@ def test_second_materialization_reuses_the_live_process(live: Live):
 def test_sink_table_snapshot_and_checks_pass_on_clean_data(live: Live):
     # Two windows are closed once a committed batch carries a watermark past their end.
     def closed_windows() -> bool:
-        offsets = layout.committed_offsets(live.qdir)
+        offsets = QueryLayout(live.qdir).committed_offsets()
         return bool(offsets) and (offsets["watermark_ms"] or 0) >= START_MS + 2 * WINDOW_MS
 
     _wait(closed_windows, 120, "a watermark past two windows")
@@ -134,7 +134,7 @@ def test_sensor_observes_health_and_restarts_a_killed_job(live: Live):
     ]
 
     old = live.pids[0]
-    before = layout.last_committed(live.qdir)
+    before = QueryLayout(live.qdir).last_committed()
     os.killpg(old, signal.SIGKILL)  # driver, JVM and Python workers: a machine crash
     _wait(lambda: not registry.pid_alive(old), 30, "the killed job to be gone")
     assert registry.read(JOB)["state"] == "RUNNING"  # nobody told the registry
@@ -151,7 +151,7 @@ def test_sensor_observes_health_and_restarts_a_killed_job(live: Live):
     assert launcher.wait_committed(JOB, new, since=killed_at, timeout=180)
     # The table's query resumes from its checkpoint and commits the new input.
     _wait(
-        lambda: (layout.last_committed(live.qdir) or -1) > (before or -1),
+        lambda: (QueryLayout(live.qdir).last_committed() or -1) > (before or -1),
         240,
         "upi-counts to commit after the restart",
     )

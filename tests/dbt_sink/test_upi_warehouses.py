@@ -19,7 +19,7 @@ import pytest
 from upi_events import events, oracle
 
 from dbt_sink.partitioned import HOOK_AT, HOOK_DIR
-from stateful_runtime.checkpoints import layout
+from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.connectors.eventlog import EventLog
 from stateful_runtime.connectors.eventlog.ingest import _records
 from tests.helpers import (
@@ -150,7 +150,7 @@ def test_kill_dash_nine_and_warehouse_outage_result_equals_oracle(
     )
 
     def committed() -> list[int]:
-        return [layout.last_committed(q) or -1 for q in qdirs]
+        return [QueryLayout(q).last_committed() or -1 for q in qdirs]
 
     def run_and_kill(n: int, hook: str | None) -> None:
         before = committed()
@@ -252,7 +252,7 @@ def test_a_batch_in_the_ledger_but_not_in_sparks_commit_log_is_replayed_without_
     first = srt(upi.run_args("--available-now"), srt_env)
     assert first.returncode == 0, first.stderr[-3000:]
     qdir = upi.checkpoint_dir / QUERIES["postgres"]
-    last = layout.last_committed(qdir)
+    last = QueryLayout(qdir).last_committed()
     assert last is not None and last >= 1
     for name in (str(last), f".{last}.crc"):  # Spark never recorded it; the sink's ledger did
         (qdir / "commits" / name).unlink()
@@ -260,5 +260,5 @@ def test_a_batch_in_the_ledger_but_not_in_sparks_commit_log_is_replayed_without_
     append_lines(upi.log_dir, lines[8_000:])
     again = srt(upi.run_args("--available-now"), srt_env)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
-    assert layout.last_committed(qdir) > last
+    assert QueryLayout(qdir).last_committed() > last
     assert read_counts("postgres", pg_dsn) == oracle(lines)

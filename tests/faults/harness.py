@@ -401,9 +401,9 @@ def log_end(log_dir: Path, topic: str = TOPIC) -> dict[str, int]:
 
 def caught_up(qdir: Path, ends: Mapping[str, int]) -> bool:
     """Has the query committed a batch that read everything up to ``ends``?"""
-    from stateful_runtime.checkpoints import layout
+    from stateful_runtime.checkpoints.layout import QueryLayout
 
-    c = layout.last_committed(qdir)
+    c = QueryLayout(qdir).last_committed()
     if c is None:
         return not any(ends.values())
     done = batch_offsets(qdir, c) or {}

@@ -210,9 +210,9 @@ def _each_window_at_a_batch_end(table: dict, oracles: list[dict]) -> bool:
 
 
 def _committed(qdir: Path) -> int:
-    from stateful_runtime.checkpoints import layout
+    from stateful_runtime.checkpoints.layout import QueryLayout
 
-    c = layout.last_committed(qdir)
+    c = QueryLayout(qdir).last_committed()
     return -1 if c is None else c
 
 
@@ -226,7 +226,8 @@ def run_kill_trials(
     """Run ``cfg.trials`` kill trials and the final drain in ``root``."""
     from upi_events import events  # examples/: on sys.path once tests.helpers is imported
 
-    from stateful_runtime.checkpoints import layout
+    from stateful_runtime.checkpoints.layout import QueryLayout
+    from stateful_runtime.checkpoints.verify import verify
     from stateful_runtime.connectors.eventlog import EventLog
 
     rng = random.Random(cfg.seed)
@@ -285,7 +286,7 @@ def run_kill_trials(
         finally:
             kill_group(proc)
         committed = _committed(qdir)
-        planned = layout.last_planned(qdir)
+        planned = QueryLayout(qdir).last_planned()
         b, lost, dup, detail = _check(ws)
         if exited is not None:
             detail = (
@@ -312,12 +313,12 @@ def run_kill_trials(
         # fallback had already stepped back to it), it is a disk that rots an old file, and
         # the next start falls back once more. Only a sound checkpoint is damaged: a commit
         # torn twice would be quarantined once.
-        if torn and committed >= 1 and not detail and not layout.verify(qdir):
+        if torn and committed >= 1 and not detail and not verify(qdir):
             how = rng.choice(["truncate", "garbage", "empty"])
             target = qdir / "commits" / str(committed)
             trial.damage = damage(target, how, rng)
             trial.fault = TORN if committed > before else ROT
-            named = [p.path for p in layout.verify(qdir)]
+            named = [p.path for p in verify(qdir)]
             if named != [f"commits/{committed}"]:
                 trial.result, trial.detail = "FAIL", f"verify named {named}"
         out.trials.append(trial)

@@ -2,7 +2,7 @@
 
 Each case damages one file of a copy of that checkpoint — truncated, overwritten with garbage,
 emptied or deleted (and a one-digit edit only the Hadoop checksum notices) — and checks what
-:func:`layout.verify` names and what :func:`restore.recover` does: damage confined to the newest
+:func:`verify.verify` names and what :func:`restore.recover` does: damage confined to the newest
 batch is moved aside (never deleted) and the job falls back to the previous committed batch;
 damage a restart at that batch needs as well refuses, naming the file and the newest savepoint.
 The last tests restart Spark on damaged checkpoints: the result equals the oracle.
@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 from upi_events import events, oracle
 
-from stateful_runtime.checkpoints import layout, restore, savepoints
+from stateful_runtime.checkpoints import restore, savepoints
+from stateful_runtime.checkpoints.layout import CheckpointLayout, QueryLayout
+from stateful_runtime.checkpoints.verify import verify
 from stateful_runtime.connectors.eventlog import EventLog
 from stateful_runtime.runtime.loader import load_job_file
 from stateful_runtime.runtime.runner import JobRunner
@@ -137,7 +139,7 @@ def base(spark, tmp_path_factory: pytest.TempPathFactory) -> Base:
     assert code == 0, out
     assert duckdb_counts(ws.database) == oracle(FIRST)
     sp = savepoints.create(ws.checkpoint_dir, sp_root)
-    assert layout.last_committed(ws.checkpoint_dir / QUERY) >= 3
+    assert QueryLayout(ws.checkpoint_dir / QUERY).last_committed() >= 3
     return Base(ws, sp_root, sp.id)
 
 
@@ -182,7 +184,7 @@ def _quarantined(rec: restore.Recovery) -> list[str]:
 
 def test_a_sound_checkpoint_has_no_problems_and_nothing_moves(copy):
     before = _tree(copy.ws.checkpoint_dir)
-    assert layout.verify(copy.qdir) == []
+    assert verify(copy.qdir) == []
     rec = _recover(copy)
     assert rec.notes == [] and rec.rewind == {} and rec.quarantine is None
     assert _tree(copy.ws.checkpoint_dir) == before
@@ -190,45 +192,45 @@ def test_a_sound_checkpoint_has_no_problems_and_nothing_moves(copy):
 
 @pytest.mark.parametrize("how", DAMAGE_PLUS)
 def test_newest_commit_damaged_reruns_that_batch_from_the_previous_state(copy, how):
-    c = layout.last_committed(copy.qdir)
+    c = QueryLayout(copy.qdir).last_committed()
     _damage(copy.qdir / "commits" / str(c), how)
     if how == "missing":  # the newest batch simply is not committed: Spark re-runs it itself
-        assert layout.verify(copy.qdir) == []
+        assert verify(copy.qdir) == []
         assert _recover(copy).quarantine is None
         return
-    problems = layout.verify(copy.qdir)
+    problems = verify(copy.qdir)
     assert [p.path for p in problems] == [f"commits/{c}"], problems
     rec = _recover(copy)
     assert rec.rewind == {}  # batch c re-runs with its logged offsets: the sink skips it
     moved = _quarantined(rec)
     assert f"commits/{c}" in moved and not any(m.startswith("offsets/") for m in moved)
     assert all(int(m.rsplit("/", 1)[1].split(".")[0]) > c for m in moved if m.startswith("state"))
-    assert layout.last_committed(copy.qdir) == c - 1
-    assert layout.verify(copy.qdir) == []
+    assert QueryLayout(copy.qdir).last_committed() == c - 1
+    assert verify(copy.qdir) == []
     assert f"batch {c} is re-run with its logged offsets" in rec.notes[0], rec.notes
     assert (rec.quarantine / "quarantine.json").exists()
 
 
 @pytest.mark.parametrize("how", DAMAGE_PLUS)
 def test_damaged_planned_batch_is_planned_again_and_the_sink_rewound(copy, how):
-    c = layout.last_committed(copy.qdir)
+    c = QueryLayout(copy.qdir).last_committed()
     (copy.qdir / "commits" / str(c)).unlink()  # killed after planning batch c, before its commit
     (copy.qdir / "commits" / f".{c}.crc").unlink()
     _damage(copy.qdir / "offsets" / str(c), how)
     if how == "missing":
-        assert layout.verify(copy.qdir) == []
+        assert verify(copy.qdir) == []
         return
-    assert [p.path for p in layout.verify(copy.qdir)] == [f"offsets/{c}"]
+    assert [p.path for p in verify(copy.qdir)] == [f"offsets/{c}"]
     rec = _recover(copy)
     assert rec.rewind == {QUERY: c - 1}
     assert f"offsets/{c}" in _quarantined(rec)
-    assert layout.last_planned(copy.qdir) == c - 1 and layout.verify(copy.qdir) == []
+    assert QueryLayout(copy.qdir).last_planned() == c - 1 and verify(copy.qdir) == []
 
 
 def test_a_start_that_stops_before_rewinding_leaves_the_rewind_to_the_next(copy):
     """Files moved, then a crash before the sinks were rewound: the next start, which finds a
     sound checkpoint, must still rewind them (else the sink skips re-planned batches)."""
-    c = layout.last_committed(copy.qdir)
+    c = QueryLayout(copy.qdir).last_committed()
     _damage(copy.qdir / "offsets" / str(c), "garbage")
     assert _recover(copy).rewind == {QUERY: c - 1}
     again = _recover(copy)  # the crash: nobody called rewound()
@@ -236,24 +238,24 @@ def test_a_start_that_stops_before_rewinding_leaves_the_rewind_to_the_next(copy)
     assert "still owe a rewind" in again.notes[0]
     again.rewound(QUERY)
     assert _recover(copy).rewind == {}
-    assert not (copy.ws.checkpoint_dir / restore.PENDING_REWIND).exists()
+    assert not CheckpointLayout(copy.ws.checkpoint_dir).pending_rewind.exists()
 
 
 @pytest.mark.parametrize("how", DAMAGE_PLUS)
 def test_damaged_offsets_of_the_newest_commit_fall_back_one_batch(copy, how):
-    c = layout.last_committed(copy.qdir)
+    c = QueryLayout(copy.qdir).last_committed()
     _damage(copy.qdir / "offsets" / str(c), how)
-    assert [p.path for p in layout.verify(copy.qdir)] == [f"offsets/{c}"]
+    assert [p.path for p in verify(copy.qdir)] == [f"offsets/{c}"]
     rec = _recover(copy)
     assert rec.rewind == {QUERY: c - 1}
     moved = _quarantined(rec)
     assert f"commits/{c}" in moved and (how == "missing" or f"offsets/{c}" in moved)
-    assert layout.last_committed(copy.qdir) == c - 1 and layout.verify(copy.qdir) == []
+    assert QueryLayout(copy.qdir).last_committed() == c - 1 and verify(copy.qdir) == []
 
 
 @pytest.mark.parametrize("how", DAMAGE_PLUS)
 def test_damaged_older_offsets_a_restart_needs_are_refused_naming_the_savepoint(copy, how):
-    c = layout.last_committed(copy.qdir)
+    c = QueryLayout(copy.qdir).last_committed()
     _damage(copy.qdir / "offsets" / str(c - 1), how)
     before = _tree(copy.ws.checkpoint_dir)
     with pytest.raises(restore.CorruptCheckpointError) as err:
@@ -266,11 +268,11 @@ def test_damaged_older_offsets_a_restart_needs_are_refused_naming_the_savepoint(
 
 
 def _needed_changelogs(qdir: Path, partition: str) -> list[str]:
-    c = layout.last_committed(qdir)
+    c = QueryLayout(qdir).last_committed()
     return sorted(
         (
             f
-            for f in layout.batch_files(qdir, c)
+            for f in QueryLayout(qdir).batch_files(c)
             if f.startswith(f"state/0/{partition}/") and f.endswith(".changelog")
         ),
         key=lambda f: int(f.rsplit("/", 1)[1].split(".")[0]),
@@ -283,7 +285,7 @@ def test_damaged_older_state_file_is_refused_naming_file_and_savepoint(copy, how
         pytest.skip("a changelog is binary: 'garbage' covers a same-size edit")
     oldest = _needed_changelogs(copy.qdir, "0")[0]
     _damage(copy.qdir / oldest, how)
-    assert oldest in [p.path for p in layout.verify(copy.qdir)]
+    assert oldest in [p.path for p in verify(copy.qdir)]
     before = _tree(copy.ws.checkpoint_dir)
     with pytest.raises(restore.CorruptCheckpointError) as err:
         _recover(copy)
@@ -294,15 +296,15 @@ def test_damaged_older_state_file_is_refused_naming_file_and_savepoint(copy, how
 @pytest.mark.parametrize("how", ["truncate", "garbage", "empty", "missing"])
 def test_damaged_newest_state_version_falls_back_one_batch(copy, how):
     newest = _needed_changelogs(copy.qdir, "1")[-1]
-    c = layout.last_committed(copy.qdir)
+    c = QueryLayout(copy.qdir).last_committed()
     assert newest.endswith(f"/{c + 1}.changelog")
     _damage(copy.qdir / newest, how)
-    assert newest in [p.path for p in layout.verify(copy.qdir)]
+    assert newest in [p.path for p in verify(copy.qdir)]
     rec = _recover(copy)
     assert rec.rewind == {}  # batch c re-runs with its logged offsets and writes the state again
     moved = _quarantined(rec)
     assert f"commits/{c}" in moved and (how == "missing" or newest in moved)
-    assert layout.last_committed(copy.qdir) == c - 1 and layout.verify(copy.qdir) == []
+    assert QueryLayout(copy.qdir).last_committed() == c - 1 and verify(copy.qdir) == []
 
 
 def test_refusal_without_savepoint_or_mirror_says_how_to_start_over(copy):
@@ -321,10 +323,10 @@ def test_refusal_without_savepoint_or_mirror_says_how_to_start_over(copy):
 @pytest.mark.parametrize("how", ["truncate", "garbage", "empty"])
 def test_damaged_query_metadata_is_moved_aside(copy, how):
     _damage(copy.qdir / "metadata", how)
-    assert [p.path for p in layout.verify(copy.qdir)] == ["metadata"]
+    assert [p.path for p in verify(copy.qdir)] == ["metadata"]
     rec = _recover(copy)
     assert _quarantined(rec) == ["metadata"] and rec.rewind == {}
-    assert layout.verify(copy.qdir) == []
+    assert verify(copy.qdir) == []
 
 
 # -- end to end: Spark restarts on the damaged checkpoint ------------------------------------------
@@ -341,7 +343,7 @@ def test_damaged_query_metadata_is_moved_aside(copy, how):
 )
 def test_restart_on_a_damaged_checkpoint_equals_oracle(copy, case):
     q = copy.qdir
-    c = layout.last_committed(q)
+    c = QueryLayout(q).last_committed()
     target = {
         "newest commit truncated": (q / "commits" / str(c), "truncate"),
         "committed offsets garbage": (q / "offsets" / str(c), "garbage"),

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from upi_events import events, oracle
 
-from stateful_runtime.checkpoints import layout
+from stateful_runtime.checkpoints.layout import QueryLayout
 from tests.faults.harness import QUERY, bad_lines, compare, dead_letters
 from tests.helpers import Cluster, append_lines, srt_background, wait_for, wait_for_commit
 
@@ -64,7 +64,8 @@ def test_executor_killed_mid_batch_task_retried_result_equals_oracle(
         # A batch in flight: planned (offsets/N) and not committed.
         wait_for(
             lambda: (
-                (layout.last_planned(qdir) or -1) > (layout.last_committed(qdir) or -1)
+                (QueryLayout(qdir).last_planned() or -1)
+                > (QueryLayout(qdir).last_committed() or -1)
                 and bool(_executors(cluster.worker_dir))
             ),
             proc,
@@ -73,7 +74,7 @@ def test_executor_killed_mid_batch_task_retried_result_equals_oracle(
             timeout=300,
         )
         victims = _executors(cluster.worker_dir)
-        batch = layout.last_planned(qdir)
+        batch = QueryLayout(qdir).last_planned()
         subprocess.run(["kill", "-9", *map(str, victims)], check=True)
         t0 = time.monotonic()
         wait_for(
@@ -105,7 +106,7 @@ def test_executor_killed_mid_batch_task_retried_result_equals_oracle(
         detail="; ".join(why)
         or f"killed executor pid(s) {victims} during batch "
         f"{batch}; a new executor after {replaced_s} s; batches committed "
-        f"{layout.last_committed(qdir) + 1}",
+        f"{QueryLayout(qdir).last_committed() + 1}",
         lost=cmp.lost,
         duplicated=cmp.duplicated,
     )

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from upi_events import oracle
 
-from stateful_runtime.checkpoints import layout
+from stateful_runtime.checkpoints.layout import QueryLayout
+from stateful_runtime.checkpoints.verify import verify
 from tests.faults.harness import (
     QUERY,
     Feeder,
@@ -97,10 +98,10 @@ def test_checkpoint_disk_full_fails_clearly_loses_nothing_restart_equals_oracle(
     proc = srt_background(upi.run_args(), job_env, log)
     try:
         wait_for_commit(qdir, None, proc, log, timeout=300)
-        wait_for_commit(qdir, layout.last_committed(qdir), proc, log, timeout=300)
+        wait_for_commit(qdir, QueryLayout(qdir).last_committed(), proc, log, timeout=300)
         filled = _fill(small_disk)
         t0 = time.monotonic()
-        committed_at_fill = layout.last_committed(qdir)
+        committed_at_fill = QueryLayout(qdir).last_committed()
 
         def reacted() -> bool:
             return proc.poll() is not None or NO_SPACE in log.read_text()
@@ -131,7 +132,7 @@ def test_checkpoint_disk_full_fails_clearly_loses_nothing_restart_equals_oracle(
     at_failure = compare(
         duckdb_counts(upi.database), oracle(log_lines(upi.log_dir, batch_offsets(qdir, b)))
     )
-    problems = [str(p) for p in layout.verify(qdir)]
+    problems = [str(p) for p in verify(qdir)]
     fed = feeder.stop()
     (small_disk / "filler").unlink()
     restart = srt(

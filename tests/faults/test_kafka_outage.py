@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from upi_events import events, oracle
 
-from stateful_runtime.checkpoints import layout
+from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.connectors.kafka.sink import BATCH_HEADER
 from tests.connectors.kafka.helpers import broker_binary, start_broker
 from tests.faults.harness import JOB, QUERY, bad_lines, compare
@@ -81,7 +81,7 @@ def _ends(broker, topic: str) -> dict[str, int]:
 
 
 def _caught_up(qdir: Path, ends: dict[str, int]) -> bool:
-    c = layout.last_committed(qdir)
+    c = QueryLayout(qdir).last_committed()
     if c is None:
         return False
     done = json.loads((qdir / "offsets" / str(c)).read_text().splitlines()[2])
@@ -123,10 +123,10 @@ def test_broker_down_30s_and_back_output_equals_oracle(upi, job_env, tmp_path, t
         try:
             wait_for_commit(qdir, None, proc, upi.root / "run-1.log", timeout=300)
             wait_for_commit(
-                qdir, layout.last_committed(qdir), proc, upi.root / "run-1.log", timeout=300
+                qdir, QueryLayout(qdir).last_committed(), proc, upi.root / "run-1.log", timeout=300
             )
-            at = layout.last_committed(qdir)
-            in_flight = (layout.last_planned(qdir) or -1) > at
+            at = QueryLayout(qdir).last_committed()
+            in_flight = (QueryLayout(qdir).last_planned() or -1) > at
             _service("stop", tmp_path / "kafka" / "data")
             time.sleep(OUTAGE_S)  # the outage itself, not a synchronisation
             _service("start", tmp_path / "kafka" / "data")

@@ -19,7 +19,7 @@ import uuid
 import pytest
 from upi_events import oracle
 
-from stateful_runtime.checkpoints import layout
+from stateful_runtime.checkpoints.layout import QueryLayout
 from tests.faults.harness import (
     JOB,
     QUERY,
@@ -106,10 +106,10 @@ def test_s3_down_during_savepoint_and_mirror_job_keeps_running_mirror_catches_up
         )
         assert cut is not None, f"the savepoint never uploaded a file: {failed.stdout}"
         sid = re.search(rf"/{sp_prefix}/([^/ ]+)/", cut).group(1)
-        down_at = layout.last_committed(qdir)
+        down_at = QueryLayout(qdir).last_committed()
         # Down for a while: the job keeps committing (the mirror fails after each batch).
         wait_for(
-            lambda: layout.last_committed(qdir) >= down_at + 3,
+            lambda: QueryLayout(qdir).last_committed() >= down_at + 3,
             proc,
             log,
             "3 batches committed while S3 is down",
@@ -118,7 +118,7 @@ def test_s3_down_during_savepoint_and_mirror_job_keeps_running_mirror_catches_up
         mirrored_while_down = _mirror_batch(s3, mirror)[0]
         outage_s = round(time.monotonic() - t0, 1)
         proxy.up()
-        target = layout.last_committed(qdir)
+        target = QueryLayout(qdir).last_committed()
         wait_for(
             lambda: (_mirror_batch(s3, mirror)[0] or -1) >= target,
             proc,
@@ -156,7 +156,7 @@ def test_s3_down_during_savepoint_and_mirror_job_keeps_running_mirror_catches_up
     mirror_ok = (
         mirrored_while_down is not None
         and mirrored_while_down <= down_at
-        and batch == layout.last_committed(qdir)
+        and batch == QueryLayout(qdir).last_committed()
         and not missing
     )
     trials.record(
@@ -173,7 +173,7 @@ def test_s3_down_during_savepoint_and_mirror_job_keeps_running_mirror_catches_up
         input=INPUT,
         result="pass" if mirror_ok and cmp.exact else "FAIL",
         detail=f"mirror at batch {mirrored_while_down} while down (down at {down_at}), "
-        f"caught up to {batch} (last committed {layout.last_committed(qdir)}), "
+        f"caught up to {batch} (last committed {QueryLayout(qdir).last_committed()}), "
         f"{len(missing)} files missing",
         lost=cmp.lost,
         duplicated=cmp.duplicated,

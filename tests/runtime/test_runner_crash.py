@@ -15,7 +15,7 @@ import time
 import pytest
 from upi_events import events, oracle
 
-from stateful_runtime.checkpoints import layout
+from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.connectors.eventlog import EventLog
 from stateful_runtime.connectors.eventlog.ingest import _records
 from tests.helpers import kill_group, srt, srt_background, wait_for_commit
@@ -50,7 +50,7 @@ def test_kill_dash_nine_five_times_result_equals_oracle(upi, srt_env):
     upi.extra["source.max_records_per_batch"] = "100000"
     try:
         for kill in range(KILLS):
-            before = layout.last_committed(qdir)
+            before = QueryLayout(qdir).last_committed()
             log = upi.root / f"run-{kill}.log"
             proc = srt_background(upi.run_args(), srt_env, log)
             try:

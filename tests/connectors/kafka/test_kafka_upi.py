@@ -18,7 +18,7 @@ from datetime import datetime
 import pytest
 from upi_events import events, oracle
 
-from stateful_runtime.checkpoints import layout
+from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.connectors.kafka.sink import AFTER_COMMIT_HOOK, BATCH_HEADER
 from tests.helpers import kill_group, srt, srt_background, wait_for, wait_for_commit
 
@@ -99,7 +99,7 @@ def test_kafka_to_kafka_kill_dash_nine_read_committed_equals_oracle(upi, kafka, 
     hook_dir = upi.root / "hook"
     try:
         for kill in range(KILLS):
-            before = layout.last_committed(qdir)
+            before = QueryLayout(qdir).last_committed()
             env = dict(srt_env)
             if kill == HOOK_KILL:
                 env[AFTER_COMMIT_HOOK] = str(hook_dir)
@@ -120,7 +120,7 @@ def test_kafka_to_kafka_kill_dash_nine_read_committed_equals_oracle(upi, kafka, 
                 kill_group(proc)
             if kill == HOOK_KILL:  # Kafka has batch N, Spark's checkpoint does not
                 hooked = int(next(hook_dir.glob("committed-*")).name.split("-")[1])
-                assert (layout.last_committed(qdir) or -1) < hooked
+                assert (QueryLayout(qdir).last_committed() or -1) < hooked
     finally:
         stop.set()
         feeder.join()
