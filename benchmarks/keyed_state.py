@@ -56,7 +56,8 @@ def main() -> None:
     )
     from stateful_runtime.connectors.eventlog import EventLog
     from stateful_runtime.connectors.eventlog.ingest import _records
-    from stateful_runtime.planner import _read_good, plan
+    from stateful_runtime.planner import plan
+    from stateful_runtime.runtime.dataframes import build, read_source
     from stateful_runtime.runtime.session import build_session
     from stateful_runtime.windows import EventTimeSessionWindows
 
@@ -132,10 +133,10 @@ def main() -> None:
 
     results = {}
     j, src = job("source")
-    results["source"] = measure("source", _read_good(spark, src.node))
+    results["source"] = measure("source", read_source(spark, src.node))
 
     j, src = job("raw")
-    raw = _read_good(spark, src.node).drop("_event_time")
+    raw = read_source(spark, src.node).drop("_event_time")
     results["raw"] = measure(
         "raw",
         raw.groupBy("merchant_id").transformWithStateInPandas(
@@ -147,7 +148,7 @@ def main() -> None:
     src.key_by("merchant_id").process(Counter(), name="counter").sink_to(
         LogSink(str(log), "unused"), name="out"
     )
-    results["counter"] = measure("counter", plan(j).queries[0].build(spark))
+    results["counter"] = measure("counter", build(spark, plan(j).queries[0]))
 
     j, src = job("sessions")
     (
@@ -156,7 +157,7 @@ def main() -> None:
         .aggregate({"n": Count(), "amount": Sum("amount_paise")}, name="sessions")
         .sink_to(LogSink(str(log), "unused2"), name="out")
     )
-    results["sessions"] = measure("sessions", plan(j).queries[0].build(spark))
+    results["sessions"] = measure("sessions", build(spark, plan(j).queries[0]))
 
     raw_rate = results["raw"]["events_per_s_after_first"] or 1
     report = {

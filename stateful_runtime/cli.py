@@ -135,6 +135,7 @@ def _run_cmd(args: argparse.Namespace) -> int:
 
 def _explain_cmd(args: argparse.Namespace) -> int:
     from stateful_runtime.planner import plan
+    from stateful_runtime.runtime.explain import explain, steps
     from stateful_runtime.runtime.loader import load_job_file, parse_overrides
 
     loaded = load_job_file(args.job_file, parse_overrides(args.set))
@@ -146,7 +147,7 @@ def _explain_cmd(args: argparse.Namespace) -> int:
 
         spark = build_session(job.parallelism, args.master)
     planned = plan(job)
-    text = secrets.mask_text(planned.explain(spark))
+    text = secrets.mask_text(explain(planned, spark))
     if args.json:
         _json(
             {
@@ -160,7 +161,7 @@ def _explain_cmd(args: argparse.Namespace) -> int:
                         "path": q.path,
                         "reason": q.reason,
                         "output_mode": q.output_mode,
-                        "steps": list(q.steps),
+                        "steps": steps(q),
                         "stateful_operators": list(q.stateful_operators),
                     }
                     for q in planned.queries

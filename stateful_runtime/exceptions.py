@@ -5,7 +5,13 @@ and each says what to do next, not only what went wrong::
 
     StatefulRuntimeError
     ├── ConfigError                   bad job file, unknown --set key, contradictory options
-    │   └── CheckpointOwnershipError  checkpoint dir written by another job
+    │   ├── CheckpointOwnershipError  checkpoint dir written by another job
+    │   ├── CorruptCheckpointError    damage a restart cannot fall back from
+    │   │                             [stateful_runtime.checkpoints.restore]
+    │   ├── InvalidNameError          a job, query or savepoint name that is not a safe name
+    │   │                             [stateful_runtime.names]
+    │   └── PathEscapeError           a relative path that leaves its root
+    │                                 [stateful_runtime.names]
     ├── PlanError                     a job graph the planner cannot turn into a Spark query
     ├── UserFunctionError             a user function raised, or returned what it must not
     ├── LogError                      embedded event log
@@ -15,10 +21,24 @@ and each says what to do next, not only what went wrong::
     │   └── LogWriterBusyError        another process holds the topic's write lock
     ├── SinkError                     a sink could not write or does not fit its table
     ├── JobError                      job registry: unknown job, not running, already running
+    │   ├── CorruptEntryError         an unreadable registry entry
+    │   │                             [stateful_runtime.runtime.registry]
+    │   ├── EndpointUnavailable       the job's control endpoint does not answer
+    │   │                             [stateful_runtime.runtime.endpoint]
+    │   ├── EndpointError             the control endpoint answered with an error
+    │   │                             [stateful_runtime.runtime.endpoint]
+    │   └── UpgradeError              an upgrade that stopped part-way, with the way back
+    │                                 [stateful_runtime.runtime.control]
     ├── StorageError                  a savepoint/mirror location cannot be read or written
     │   └── AlreadyExistsError        a create-only write found the object there
-    └── SavepointError                missing, incomplete or corrupt savepoint
-        └── IncompatibleSavepointError  the new code cannot take the savepoint's state
+    ├── SavepointError                missing, incomplete or corrupt savepoint
+    │   ├── IncompatibleSavepointError  the new code cannot take the savepoint's state
+    │   └── CorruptManifestError      a manifest that does not parse or match its format
+    │                                 [stateful_runtime.checkpoints.manifest]
+    └── SrtCommandError               an srt command run by Dagster failed [dagster_defs.errors]
+
+Classes without a module in brackets are defined here; ``tests/test_exceptions.py`` keeps this
+tree true to the code.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from stateful_runtime import (
     WatermarkStrategy,
 )
 from stateful_runtime.planner import plan
+from stateful_runtime.runtime.explain import explain, steps
 from stateful_runtime.runtime.loader import load_job_file
 from tests.helpers import EXAMPLES, windowed_job
 
@@ -24,7 +25,7 @@ def test_plan_chooses_native_path_and_explains_why(tmp_path):
     main = p.queries[0]
     assert main.path == "native" and main.output_mode == "update"
     assert main.stateful_operators == ["agg"]
-    text = p.explain()
+    text = explain(p)
     assert "path: native" in text and "groupBy(window)" in text
     assert "filter v > 0" in text and "bounded out-of-orderness 0:00:02" in text
 
@@ -32,7 +33,7 @@ def test_plan_chooses_native_path_and_explains_why(tmp_path):
 def test_append_only_sink_gets_window_close_emission(tmp_path):
     q = plan(windowed_job(tmp_path, sink_upsert=False)).queries[0]
     assert q.output_mode == "append"
-    assert "when the watermark passes its end" in "\n".join(q.steps)
+    assert "when the watermark passes its end" in "\n".join(steps(q))
 
 
 def test_reduce_runs_on_the_window_operator_with_the_source_fields(tmp_path):
@@ -70,7 +71,7 @@ def test_explain_without_the_topic(spark, tmp_path: Path):
         EXAMPLES / "upi_per_minute.py",
         {"source.log_dir": str(tmp_path / "no-log"), "checkpoint.dir": str(tmp_path / "ckpt")},
     ).job
-    text = plan(job).explain(spark)
+    text = explain(plan(job), spark)
     assert "window per-merchant-minute" in text
     assert "Spark plan: not available until the source's topic exists" in text
     assert "srt log create upi-payments" in text

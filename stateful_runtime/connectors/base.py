@@ -24,10 +24,8 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from stateful_runtime._process import freeze_worker_heap
-
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping, Sequence
+    from collections.abc import Mapping, Sequence
 
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.datasource import DataSource
@@ -273,7 +271,8 @@ class PartitionedSink(Sink):
     The sink object is pickled to the executors after ``open``: keep connections out of its
     pickled state (``__getstate__``) and open them per task. ``write_batch`` runs the same
     protocol on the driver as one partition (:meth:`write_path` says which path a sink takes
-    and why; the planner prints it).
+    and why; `srt explain` prints it). The runtime side of the protocol, driver and executor
+    halves, is :mod:`stateful_runtime.runtime.batch_writes`.
     """
 
     upsert = True
@@ -307,67 +306,6 @@ class PartitionedSink(Sink):
             return
         report = self.write_partition(prepare_rows(batch, self.key_columns), batch_id, 0, 1)
         self.commit_batch(batch_id, [report])
-
-
-REPORT_SCHEMA = pa.schema(
-    [
-        ("partition", pa.int32()),
-        ("rows", pa.int64()),
-        ("written", pa.int64()),
-        ("write_ms", pa.float64()),
-        ("note", pa.string()),
-    ]
-)
-
-
-class PartitionWriteTask:
-    """The function ``mapInArrow`` runs per output partition on an executor: gather the
-    partition, :func:`prepare_rows`, ``sink.write_partition``, yield one report row.
-    Picklable (the sink is, after ``open``)."""
-
-    def __init__(
-        self, sink: PartitionedSink, batch_id: int, partitions: int, schema: pa.Schema
-    ) -> None:
-        self.sink, self.batch_id, self.partitions, self.schema = sink, batch_id, partitions, schema
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
-        freeze_worker_heap()
-        ctx = TaskContext.get()
-        partition = ctx.partitionId() if ctx is not None else 0
-        table = pa.Table.from_batches(list(batches), schema=self.schema)
-        rows = prepare_rows(table, self.sink.key_columns)
-        report = self.sink.write_partition(rows, self.batch_id, partition, self.partitions)
-        yield pa.RecordBatch.from_pylist(
-            [
-                {
-                    "partition": report.partition,
-                    "rows": report.rows,
-                    "written": report.written,
-                    "write_ms": report.write_ms,
-                    "note": report.note,
-                }
-            ],
-            schema=REPORT_SCHEMA,
-        )
-
-
-def reports_from_rows(rows: Sequence[Any]) -> list[PartitionReport]:
-    """Collected report rows (Spark ``Row`` objects or dicts) as :class:`PartitionReport`."""
-    out = []
-    for r in rows:
-        d = r.asDict() if hasattr(r, "asDict") else dict(r)
-        out.append(
-            PartitionReport(
-                int(d["partition"]),
-                int(d["rows"]),
-                int(d["written"]),
-                float(d["write_ms"]),
-                d.get("note") or "",
-            )
-        )
-    return sorted(out, key=lambda r: r.partition)
 
 
 class DeadLetterSink(Protocol):

@@ -200,6 +200,8 @@ def launch(
     """Plan the job file, then reuse the job's live process or start ``srt run`` detached
     (:func:`launcher.ensure_running`). Returns pid, whether it launched, the command, log path,
     the plan, the config keys a reused process runs differently, and the job's status."""
+    from stateful_runtime.runtime.explain import explain
+
     jf, planned = _load(job_file, overrides, job)
     result = launcher.ensure_running(
         jf.job.name,
@@ -216,7 +218,7 @@ def launch(
         "launched": result.launched,
         "log_path": str(result.log_path),
         "command": result.command,
-        "plan": planned.explain(None),
+        "plan": explain(planned),
         "config_drift": drift,
         "status": job_status(result.entry),
     }

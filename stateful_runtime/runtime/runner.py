@@ -24,8 +24,10 @@ from stateful_runtime.checkpoints.layout import CheckpointLayout, QueryLayout
 from stateful_runtime.checkpoints.mirror import CheckpointMirror, MirrorSync
 from stateful_runtime.checkpoints.verify import disk_full
 from stateful_runtime.exceptions import ConfigError, JobError, SinkError
-from stateful_runtime.planner import LATE_METRICS, SOURCE_METRICS, QueryPlan, chain, plan
+from stateful_runtime.planner import QueryPlan, chain, plan
 from stateful_runtime.runtime import registry, warmup, worker_output
+from stateful_runtime.runtime.batch_writes import BatchWriter
+from stateful_runtime.runtime.dataframes import LATE_METRICS, SOURCE_METRICS, build
 from stateful_runtime.runtime.endpoint import ControlEndpoint, Handlers
 from stateful_runtime.runtime.session import build_session, default_master
 from stateful_runtime.state import TimeDomain
@@ -54,7 +56,7 @@ class BatchCommitted:
     """What ``on_batch`` listeners hear after each committed micro-batch of a query.
 
     ``sink_write_ms``/``sink_rows``: time spent in, and rows given to, the query's sinks for
-    this batch (every output; :class:`~stateful_runtime.planner.SinkWrite` says how the
+    this batch (every output; :class:`~stateful_runtime.runtime.batch_writes.SinkWrite` says how the
     executor path counts them); ``health`` is what the registry and ``srt status`` show;
     ``progress`` is Spark's ``StreamingQueryProgress`` as JSON; ``mirror`` is what the
     checkpoint mirror uploaded after this batch (None: no mirror, or nothing new).
@@ -111,11 +113,11 @@ def _wake_on_progress(wake: threading.Event) -> Any:
 
 
 def _foreach_batch(
-    query: QueryPlan, timings: dict[tuple[str, int], tuple[float, int]]
+    writer: BatchWriter, timings: dict[tuple[str, int], tuple[float, int]]
 ) -> Callable[[DataFrame, int], None]:
     def write(df: DataFrame, batch_id: int) -> None:
-        done = query.write_batch(df, batch_id)
-        timings[(query.name, batch_id)] = (done.ms, done.rows)
+        done = writer.write(df, batch_id)
+        timings[(writer.query.name, batch_id)] = (done.ms, done.rows)
 
     return write
 
@@ -290,7 +292,7 @@ class _Control(Handlers):
             h["checkpoint_age_s"] = (
                 None if commit_time is None else round(time.time() - commit_time, 3)
             )
-            h.setdefault("records", run.records.as_dict(run.plan.source))
+            h.setdefault("records", run.records.as_dict(run.plan.source.name))
             queries[run.plan.name] = h
         return {
             "job": self.job,
@@ -584,10 +586,10 @@ class JobRunner:
             self._sync_mirror()  # batches a crashed run committed but did not mirror
             for q in self.plan.queries:
                 qdir = str(CheckpointLayout(self.checkpoint_dir).query(q.name).root)
-                df = q.build(spark, qdir)
-                empty = to_arrow_schema(df.schema).empty_table()
+                df = build(spark, q, qdir)
+                batch_writer = BatchWriter(q)
+                batch_writer.check_schemas(to_arrow_schema(df.schema))
                 for out in q.outputs:
-                    out.sink.check_schema(out.select(empty).schema)
                     out.sink.open(self.job.name, out.name)
                     if self.restored and q.name in self.restored["batches"]:
                         out.sink.rewind(self.restored["batches"][q.name])
@@ -599,7 +601,7 @@ class JobRunner:
                     df.writeStream.queryName(f"{self.job.name}.{q.name}")
                     .outputMode(q.output_mode)
                     .option("checkpointLocation", qdir)
-                    .foreachBatch(_foreach_batch(q, self._timings))
+                    .foreachBatch(_foreach_batch(batch_writer, self._timings))
                 )
                 if self.available_now:
                     writer = writer.trigger(availableNow=True)
@@ -666,7 +668,7 @@ class JobRunner:
             for run in self.runs:
                 r = run.records
                 print(
-                    f"\nrecords of {run.plan.name} from source {run.plan.source} (this run): "
+                    f"\nrecords of {run.plan.name} from source {run.plan.source.name} (this run): "
                     f"input {r.input:,} = output {r.output:,} + dead letters "
                     f"{r.dead_letters:,} + late {r.late:,}",
                     file=self.out,
@@ -696,7 +698,7 @@ class JobRunner:
                 # groups after the partial aggregation): dropped, or to a late side output.
                 run.health["late_rows_dropped"] = run.records.add(progress)
                 run.health["late_rows_dropped_this_run"] = run.records.late
-                run.health["records"] = run.records.as_dict(run.plan.source)
+                run.health["records"] = run.records.as_dict(run.plan.source.name)
                 _line(self.job.name, run, run.health, self.out)
                 ms, rows = self._timings.pop((run.plan.name, progress["batchId"]), (None, None))
                 events.append(

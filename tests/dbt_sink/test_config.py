@@ -12,6 +12,7 @@ from dbt_sink.postgres import PostgresUpsertSink
 from stateful_runtime.connectors.config import sink_kinds, sink_names, sinks_from_config
 from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.planner import plan
+from stateful_runtime.runtime.explain import explain
 from stateful_runtime.runtime.loader import load_job_file
 from stateful_runtime.runtime.registry import redacted
 from tests.helpers import EXAMPLES
@@ -57,7 +58,7 @@ def test_explain_names_each_write_path_and_masks_the_password(srt_home):
             "parallelism": "3",
         },
     )
-    text = plan(jf.job).explain()
+    text = explain(plan(jf.job))
     assert "hunter2" not in text and "postgresql://srt:***@127.0.0.1:1/db" in text
     assert (
         "write upi-counts on the executors, 3 partitions by merchant_id, window_start: "

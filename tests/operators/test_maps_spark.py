@@ -62,6 +62,7 @@ def _rows(log, topic: str) -> list[dict]:
 
 def test_map_keeps_event_time_and_watermark_and_flat_map_feeds_a_sink(spark, tmp_path):
     from stateful_runtime.planner import plan
+    from stateful_runtime.runtime.explain import explain
     from stateful_runtime.runtime.loader import load_job_file
 
     job_file = tmp_path / "maps.py"
@@ -72,7 +73,7 @@ def test_map_keeps_event_time_and_watermark_and_flat_map_feeds_a_sink(spark, tmp
     job = load_job_file(job_file, {k: str(v) for k, v in config.items()}).job
     p = plan(job)
     assert [q.path for q in p.queries] == ["native", "stateless"]
-    assert "map scale: scale in Python over whole Arrow batches" in p.explain()
+    assert "map scale: scale in Python over whole Arrow batches" in explain(p)
 
     rng = random.Random(11)
     clicks = sorted(

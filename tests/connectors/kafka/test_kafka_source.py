@@ -13,6 +13,7 @@ from stateful_runtime.connectors.kafka.source import KafkaSource, KafkaStreamRea
 from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.job import CheckpointConfig
 from stateful_runtime.planner import plan
+from stateful_runtime.runtime.explain import explain
 from stateful_runtime.runtime.registry import redacted
 from stateful_runtime.runtime.runner import progress_health
 
@@ -69,7 +70,7 @@ def test_secrets_never_in_describe_offsets_explain_or_registry(kafka, tmp_path, 
     job.from_source(
         src, WatermarkStrategy.for_monotonous_timestamps().with_timestamp_field("ts_ms"), name="s"
     ).sink_to(__import__("stateful_runtime").LogSink(str(tmp_path / "log"), "o"))
-    assert SECRET not in plan(job).explain() and SECRET not in src.describe()
+    assert SECRET not in explain(plan(job)) and SECRET not in src.describe()
     assert SECRET not in json.dumps(KafkaStreamReader(src.options()).initialOffset())
     assert SECRET not in json.dumps(redacted({"kafka.sasl.password": SECRET}))
     assert redacted({"kafka.sasl.password": "env:PW"}) == {"kafka.sasl.password": "env:PW"}

@@ -1,0 +1,231 @@
+"""Builds a planned query's streaming DataFrame (:class:`~stateful_runtime.planner.QueryPlan`
+is the data; this is where it meets Spark).
+
+The source's good records get an event-time column and Spark's watermark; the per-batch
+accounting is attached as observed metrics (:data:`SOURCE_METRICS`: records read and rejected;
+:data:`LATE_METRICS`: records behind the watermark), which the job process reads from each
+batch's progress report. Then each node in order: filters in the JVM, maps as ``mapInArrow``
+over whole Arrow batches, a native window as ``groupBy(window | session_window)``, a process
+function (or the window operator) on ``transformWithStateInPandas``.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from stateful_runtime.connectors.alignment import LATE_BEFORE
+from stateful_runtime.connectors.base import ERROR, META_COLUMNS
+from stateful_runtime.exceptions import PlanError
+from stateful_runtime.operators.window import LATE_MARK, WindowOperator
+from stateful_runtime.planner import (
+    NativeAssigner,
+    NativeWindowNode,
+    QueryPath,
+    QueryPlan,
+)
+from stateful_runtime.streams import (
+    FilterNode,
+    KeyByNode,
+    MapNode,
+    ProcessNode,
+    SourceNode,
+    record_schema,
+)
+from stateful_runtime.windows import (
+    EventTimeSessionWindows,
+    SlidingEventTimeWindows,
+    spark_interval,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+EVENT_TIME = "_event_time"
+# Names of the observed metrics (Spark progress ``observedMetrics``) the job's accounting
+# reads: per source, records read and rejected; per window operator, records that came late.
+SOURCE_METRICS = "srt_source"
+LATE_METRICS = "srt_late"
+
+
+def build(spark: SparkSession, query: QueryPlan, checkpoint: str | None = None) -> DataFrame:
+    """The query's streaming DataFrame; ``checkpoint`` (the query's checkpoint directory) lets
+    a native window count late records exactly (:func:`_count_late`)."""
+    df = read_source(
+        spark,
+        query.source,
+        query.dead_letters.staging if query.dead_letters is not None else None,
+        late_watermark_of=checkpoint if query.path is QueryPath.NATIVE else None,
+    )
+    for node in query.nodes:
+        if isinstance(node, FilterNode):
+            df = df.filter(node.condition)
+        elif isinstance(node, MapNode):
+            df = _map(df, node)
+        elif isinstance(node, NativeWindowNode):
+            df = _window_aggregate(df, node)
+        elif isinstance(node, ProcessNode):
+            df = _process(df, node)
+        else:
+            assert isinstance(node, KeyByNode)  # keys are read by the stateful node after it
+    if not query.stateful_operators:
+        df = df.drop(EVENT_TIME)
+    return df
+
+
+def _event_time_column(src: SourceNode):  # -> Column
+    from pyspark.sql import functions as F
+
+    wm = src.watermark
+    col = F.col(wm.timestamp_field)
+    if wm.timestamp_unit == "ms":
+        return F.timestamp_millis(col)
+    if wm.timestamp_unit == "s":
+        return F.timestamp_seconds(col)
+    return col.cast("timestamp")
+
+
+def read_source(
+    spark: SparkSession,
+    src: SourceNode,
+    staging: str | None = None,
+    late_watermark_of: str | None = None,
+) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    df = src.source.read_stream(
+        spark, staging, watermark=src.watermark, late_watermark_of=late_watermark_of
+    )
+    # Per-batch accounting of the source (in Spark's progress as observed metrics): every
+    # record read, and those rejected (dead letters); late ones are counted downstream.
+    df = df.observe(
+        SOURCE_METRICS,
+        F.count(F.lit(1)).alias("input"),
+        F.sum(F.when(F.col(ERROR).isNotNull(), 1).otherwise(0)).alias("dead_letters"),
+    )
+    df = df.filter(F.col(ERROR).isNull()).drop(*META_COLUMNS)
+    delay = src.watermark.max_out_of_orderness
+    interval = spark_interval(delay) if delay.total_seconds() > 0 else "0 seconds"
+    return df.withColumn(EVENT_TIME, _event_time_column(src)).withWatermark(EVENT_TIME, interval)
+
+
+def _micros(value: timedelta):  # -> Column
+    from pyspark.sql import functions as F
+
+    return F.lit(int(value / timedelta(microseconds=1)))
+
+
+def _last_window_end(assigner: NativeAssigner):  # -> Column
+    """Where the last window holding a record ends (µs): Spark drops a record for every window
+    of it that ends at or before the late-event watermark, so a record is late (counted, and
+    in no result) when its last window does."""
+    from pyspark.sql import functions as F
+
+    ts = F.unix_micros(EVENT_TIME)
+    if isinstance(assigner, EventTimeSessionWindows):
+        return ts + _micros(assigner.gap)  # a record's own session, before any merge
+    step = assigner.slide if isinstance(assigner, SlidingEventTimeWindows) else assigner.size
+    return ts - F.pmod(ts, _micros(step)) + _micros(assigner.size)  # epoch-aligned, as Spark
+
+
+def _count_late(df: DataFrame, assigner: NativeAssigner) -> DataFrame:
+    """Count, record by record, what Spark's late filter will drop from the window aggregation:
+    records whose last window ends at or before their batch's late-event watermark (the
+    source's :data:`~stateful_runtime.connectors.alignment.LATE_BEFORE` column). Spark's own
+    counter runs after the partial aggregation and counts (window, key) groups."""
+    from pyspark.sql import functions as F
+
+    if LATE_BEFORE not in df.columns:
+        return df
+    late = _last_window_end(assigner) <= F.col(LATE_BEFORE) * 1000
+    return df.observe(LATE_METRICS, F.sum(F.when(late, 1).otherwise(0)).alias("late")).drop(
+        LATE_BEFORE
+    )
+
+
+def _window_aggregate(df: DataFrame, node: NativeWindowNode) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    assigner = node.assigner
+    df = _count_late(df, assigner)
+    keys = list(node.parent.keys)
+    aggs = [agg.column().alias(out) for out, agg in node.aggregates.items()]
+    if isinstance(assigner, EventTimeSessionWindows):
+        window = F.session_window(EVENT_TIME, spark_interval(assigner.gap))
+    elif isinstance(assigner, SlidingEventTimeWindows):
+        window = F.window(EVENT_TIME, spark_interval(assigner.size), spark_interval(assigner.slide))
+    else:
+        window = F.window(EVENT_TIME, spark_interval(assigner.size))
+    grouped = df.groupBy(window.alias("window"), *keys).agg(*aggs)
+    # Session time zone is UTC, so the NTZ cast keeps the UTC wall clock.
+    return grouped.select(
+        *keys,
+        F.col("window.start").cast("timestamp_ntz").alias("window_start"),
+        F.col("window.end").cast("timestamp_ntz").alias("window_end"),
+        *node.aggregates.keys(),
+    )
+
+
+def _process(df: DataFrame, node: ProcessNode) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    from stateful_runtime.connectors.formats.json import to_struct
+    from stateful_runtime.operators.spark import (
+        TAG,
+        TS,
+        SparkKeyedProcessor,
+        output_struct,
+        transform_with_state,
+    )
+    from stateful_runtime.state import TimeDomain
+
+    fn = node.function
+    main = to_struct(fn.output_schema)
+    fields = [c for c in df.columns if c != EVENT_TIME]
+    hidden = [c for c in fields if c.startswith("_")]
+    if hidden:
+        raise PlanError(
+            f"operator {node.name!r}: field(s) {hidden} start with '_', which Spark's pandas "
+            f"state API renames; rename them in the source schema"
+        )
+    df = df.withColumn(TS, F.unix_millis(EVENT_TIME)).drop(EVENT_TIME)
+    mode = "EventTime" if fn.time_domain is TimeDomain.EVENT_TIME else "ProcessingTime"
+    out = transform_with_state(
+        df.groupBy(*node.parent.keys),
+        SparkKeyedProcessor(fn, fields, main.fieldNames()),
+        output_struct(main),
+        mode,
+    )
+    if isinstance(fn, WindowOperator):  # late records: to the late side output, or dropped
+        late = [t.name for t in fn.side_outputs] + [LATE_MARK]
+        out = out.observe(
+            LATE_METRICS, F.sum(F.when(F.col(TAG).isin(late), 1).otherwise(0)).alias("late")
+        )
+    return out
+
+
+def _map(df: DataFrame, node: MapNode) -> DataFrame:
+    """A stateless Python function over whole Arrow batches (Spark's ``mapInArrow``); the
+    columns it does not see (event time, the late-data bound) are carried to its outputs with
+    their metadata, the watermark's among them."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType
+
+    from stateful_runtime.operators.maps import MapOperator
+
+    fields = record_schema(node.parent).fieldNames()
+    carried = [f for f in df.schema.fields if f.name not in fields]
+    clash = [f.name for f in carried if f.name in node.output_schema.fieldNames()]
+    if clash:
+        raise PlanError(
+            f"map {node.name!r}: output column(s) {clash} are reserved by the runtime; rename them"
+        )
+    operator = MapOperator(
+        node.name,
+        node.function,
+        node.flat,
+        fields,
+        to_arrow_schema(node.output_schema),
+        [f.name for f in carried],
+    )
+    return df.mapInArrow(operator, StructType([*node.output_schema.fields, *carried]))

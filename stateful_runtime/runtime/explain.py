@@ -1,0 +1,128 @@
+"""``srt explain``: the plan (:mod:`stateful_runtime.planner`) rendered for people.
+
+Each query with its path and why, then its steps in order: the source, decoding and dead
+letters, the watermark, every node, when a native window emits, and each sink with where its
+batches are written. With a SparkSession, Spark's own physical plan follows each query.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from typing import TYPE_CHECKING
+
+from stateful_runtime.exceptions import TopicNotFoundError
+from stateful_runtime.operators.keyed import describe_states
+from stateful_runtime.operators.window import WindowOperator
+from stateful_runtime.planner import NativeWindowNode, Plan, PlannedNode, QueryPath, QueryPlan
+from stateful_runtime.streams import FilterNode, KeyByNode, MapNode, ProcessNode
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def explain(plan: Plan, spark: SparkSession | None = None) -> str:
+    """The planned queries; with a SparkSession, also Spark's own plan for each."""
+    job = plan.job
+    lines = [
+        f"job {job.name}: {len(plan.queries)} streaming queries, parallelism "
+        f"{job.parallelism}, checkpoint every {job.checkpoint.interval} in "
+        f"{job.checkpoint.dir}",
+        "state: Spark RocksDB state store, changelog checkpointing on",
+    ]
+    for q in plan.queries:
+        lines.append("")
+        lines.append(f"query {q.name}  [path: {q.path}; output mode: {q.output_mode}]")
+        lines.append(f"  why: {q.reason}")
+        lines += [f"  {i}. {step}" for i, step in enumerate(steps(q), 1)]
+        if spark is not None:
+            lines += _spark_plan(spark, q)
+    return "\n".join(lines)
+
+
+def _spark_plan(spark: SparkSession, query: QueryPlan) -> list[str]:
+    from stateful_runtime.runtime.dataframes import build
+
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            build(spark, query).explain(mode="formatted")
+    except TopicNotFoundError as exc:
+        # The plan above needs no data; only Spark's own plan reads the source's partitions.
+        # `srt run` refuses the missing topic with the same message.
+        return [f"  Spark plan: not available until the source's topic exists ({exc})"]
+    return ["  Spark plan:"] + ["    " + ln for ln in buf.getvalue().rstrip().splitlines()]
+
+
+def steps(query: QueryPlan) -> list[str]:
+    """What the query does, one line per step, in order."""
+    src, dead_letters = query.source, query.dead_letters
+    where = (
+        f"staged per split and published to the {dead_letters.sink.describe()} once the "
+        f"batch commits"
+        if dead_letters
+        else "handled by the query that owns the source"
+    )
+    out = [
+        f"source {src.name}: {src.source.describe()}",
+        f"decode; records that fail are {where}",
+        f"watermark: {src.watermark.describe()}",
+    ]
+    out += [_node_step(node, query.parallelism) for node in query.nodes]
+    if query.path is QueryPath.NATIVE:
+        out.append(
+            "emit: every update of an open window (the sink upserts by key)"
+            if query.output_mode == "update"
+            else "emit: each window once, when the watermark passes its end"
+        )
+    for o in query.outputs:
+        sink = o.sink
+        if query.process is None:
+            out.append(f"sink {o.name}: {sink.describe()}")
+        elif o.side is None:
+            out.append(f"sink {o.name} (main output): {sink.describe()}")
+        else:
+            out.append(f"sink {o.name} (side output {o.side.name}): {sink.describe()}")
+        wp = sink.write_path()
+        at = (
+            f"on the executors, {getattr(sink, 'partitions', None) or query.parallelism} "
+            f"partitions by {', '.join(sink.key_columns)}"
+            if wp.where == "executors"
+            else "on the driver"
+        )
+        out.append(f"write {o.name} {at}: {wp.why}")
+    return out
+
+
+def _node_step(node: PlannedNode, parallelism: int) -> str:
+    if isinstance(node, FilterNode):
+        return f"filter {node.condition}"
+    if isinstance(node, MapNode):
+        what = getattr(node.function, "__qualname__", None) or type(node.function).__name__
+        return (
+            f"{node.kind} {node.name}: {what} in Python "
+            f"over whole Arrow batches → {', '.join(node.output_schema.fieldNames())}"
+        )
+    if isinstance(node, KeyByNode):
+        return (
+            f"key_by {', '.join(node.keys)} (hash-partitioned into {parallelism} state partitions)"
+        )
+    if isinstance(node, NativeWindowNode):
+        aggs = ", ".join(f"{k}={a.describe()}" for k, a in node.aggregates.items())
+        return (
+            f"window {node.name}: {node.assigner.describe()} by "
+            f"{', '.join(node.parent.keys)} → {aggs}"
+        )
+    assert isinstance(node, ProcessNode)
+    fn = node.function
+    if isinstance(fn, WindowOperator):
+        return f"window {node.name}: {fn.describe()}"
+    states = (
+        ", ".join(
+            f"{d.name}:{d.kind}"
+            + (f" ttl {d.ttl.ttl} {d.ttl.time_domain.value}" if getattr(d, "ttl", None) else "")
+            for d in describe_states(fn)
+        )
+        or "none"
+    )
+    return f"process {node.name}: {type(fn).__name__} in {fn.time_domain.value} (state: {states})"
