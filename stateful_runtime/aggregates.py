@@ -13,6 +13,8 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, DoubleType, LongType
 
+from stateful_runtime.exceptions import ConfigError
+
 
 @dataclass(frozen=True)
 class Aggregate:
@@ -50,7 +52,13 @@ class Aggregate:
         return input_type
 
     def _value(self, record: dict[str, Any]) -> Any:
-        return record[self.field]  # type: ignore[index]
+        return record[self._field()]
+
+    def _field(self) -> str:
+        """The input field of an aggregate that needs one."""
+        if self.field is None:
+            raise ConfigError(f"{type(self).__name__}() needs the field it aggregates")
+        return self.field
 
 
 @dataclass(frozen=True)
@@ -76,7 +84,7 @@ class Count(Aggregate):
 @dataclass(frozen=True)
 class Sum(Aggregate):
     def column(self) -> Column:
-        return F.sum(self.field)
+        return F.sum(self._field())
 
     def add(self, acc: Any, record: dict[str, Any]) -> Any:
         v = self._value(record)
@@ -89,7 +97,7 @@ class Sum(Aggregate):
 @dataclass(frozen=True)
 class Min(Aggregate):
     def column(self) -> Column:
-        return F.min(self.field)
+        return F.min(self._field())
 
     def add(self, acc: Any, record: dict[str, Any]) -> Any:
         v = self._value(record)
@@ -102,7 +110,7 @@ class Min(Aggregate):
 @dataclass(frozen=True)
 class Max(Aggregate):
     def column(self) -> Column:
-        return F.max(self.field)
+        return F.max(self._field())
 
     def add(self, acc: Any, record: dict[str, Any]) -> Any:
         v = self._value(record)
@@ -115,7 +123,7 @@ class Max(Aggregate):
 @dataclass(frozen=True)
 class Avg(Aggregate):
     def column(self) -> Column:
-        return F.avg(self.field)
+        return F.avg(self._field())
 
     def create(self) -> tuple[float, int]:
         return (0.0, 0)

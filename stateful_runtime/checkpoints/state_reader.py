@@ -64,7 +64,7 @@ def _decode(value: Any) -> Any:
 def _plain(row: dict[str, Any]) -> dict[str, Any]:
     """One state row: key fields flattened, values unpickled."""
     out: dict[str, Any] = {}
-    key = row.get("key")
+    key: Any = row.get("key")
     if hasattr(key, "asDict"):
         for k, v in key.asDict(recursive=True).items():
             out[k] = _decode(v)

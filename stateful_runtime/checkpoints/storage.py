@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +57,7 @@ class Store(ABC):
         """Every object whose key starts with ``prefix``."""
 
     @abstractmethod
-    def delete(self, keys: list[str]) -> None: ...
+    def delete(self, keys: Sequence[str]) -> None: ...
 
     def children(self) -> set[str]:
         """First path component of every key (the savepoints under a savepoint root)."""
@@ -127,7 +127,7 @@ class LocalStore(Store):
                     st = path.stat()
                     yield StoredObject(key, st.st_size, st.st_mtime)
 
-    def delete(self, keys: list[str]) -> None:
+    def delete(self, keys: Sequence[str]) -> None:
         for key in keys:
             self._path(key).unlink(missing_ok=True)
         # Drop directories the deletes emptied.
@@ -227,7 +227,7 @@ class S3Store(Store):
             for obj in page.get("Contents", []):
                 yield StoredObject(obj["Key"][cut:], obj["Size"], obj["LastModified"].timestamp())
 
-    def delete(self, keys: list[str]) -> None:
+    def delete(self, keys: Sequence[str]) -> None:
         for i in range(0, len(keys), 1000):
             chunk = [{"Key": self._key(k)} for k in keys[i : i + 1000]]
             self._call(

@@ -99,13 +99,13 @@ class EventTimeAlignment:
             _max_ms(t.filter(pc.is_null(t.column(ERROR))).column(self.field), self.unit)
             for t in tables
         ]
-        tops = [t for t in tops if t is not None]
-        if not tops:
+        known = [t for t in tops if t is not None]
+        if not known:
             return
         self.stats.mkdir(parents=True, exist_ok=True)
         final = self.stats / f"{key}-{start}-{end}.json"
         tmp = self.stats / f".{final.name}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps({"max": max(tops)}))
+        tmp.write_text(json.dumps({"max": max(known)}))
         os.replace(tmp, final)
 
     # -- driver side -------------------------------------------------------------------------

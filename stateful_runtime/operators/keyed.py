@@ -122,7 +122,11 @@ class KeyedOperator:
             cell = self.backend.value_cell(desc.name, processing_ttl)
             if ttl is not None and processing_ttl is None:
                 cell = EventTtlValueCell(cell, self, ttl.ttl_ms, ttl.update_type)
-        if processing_ttl is not None and ttl.update_type is UpdateType.ON_READ_AND_WRITE:
+        if (
+            ttl is not None
+            and processing_ttl is not None
+            and ttl.update_type is UpdateType.ON_READ_AND_WRITE
+        ):
             if isinstance(desc, MapStateDescriptor):
                 raise ConfigError(
                     f"map state {desc.name!r}: ON_READ_AND_WRITE is supported for event-time "
@@ -192,7 +196,7 @@ class KeyedOperator:
 
     # ----------------------------------------------------------------------- output
 
-    def emit_side(self, tag: OutputTag, record: dict[str, Any]) -> None:
+    def emit_side(self, tag: OutputTag, record: Mapping[str, Any]) -> None:
         if tag.name not in self.side_tags:
             raise ConfigError(
                 f"{type(self.fn).__name__} wrote to side output {tag.name!r}, which is not in "
@@ -238,8 +242,8 @@ class KeyedOperator:
         known = (
             (ts for ts, _ in self._timers.entries())
             if self._kinds == _BOTH
-            else self.backend.list_timers()
-        )  # type: ignore[union-attr]
+            else self.backend.list_timers()  # type: ignore[union-attr]
+        )
         due = sorted(ts for ts in known if ts <= now)
         for ts in due:
             self.backend.delete_timer(ts)  # type: ignore[union-attr]

@@ -78,8 +78,8 @@ class WindowOperator(KeyedProcessFunction):
         self.window_function = aggregates if isinstance(aggregates, ProcessWindowFunction) else None
         self.aggregate_function = aggregates if isinstance(aggregates, AggregateFunction) else None
         self.aggregates = (
-            {} if self.window_function or self.aggregate_function else dict(aggregates)
-        )  # type: ignore[arg-type]
+            {} if self.window_function or self.aggregate_function else dict(aggregates)  # type: ignore[arg-type]
+        )
         self.output_schema = output_schema  # type: ignore[misc]
         self.side_outputs = (late_tag,) if late_tag else ()  # type: ignore[misc]
         self.lateness = _ms(allowed_lateness)
@@ -269,7 +269,10 @@ class WindowOperator(KeyedProcessFunction):
 
     # ------------------------------------------------------------------ timers fire
 
-    def on_timer(self, timestamp: datetime, ctx: OperatorContext) -> Iterator[dict[str, Any]]:
+    # The window operator runs only inside the runtime's keyed operator, whose context it reads.
+    def on_timer(  # type: ignore[override]
+        self, timestamp: datetime, ctx: OperatorContext
+    ) -> Iterator[dict[str, Any]]:
         t = ctx.operator.current_ms
         for start, stored in list(self.windows.items()):
             end = stored[0]

@@ -77,6 +77,7 @@ def _event_time_column(src: SourceNode):  # -> Column
     from pyspark.sql import functions as F
 
     wm = src.watermark
+    assert wm.timestamp_field is not None  # StreamJob.from_source refuses a source without one
     col = F.col(wm.timestamp_field)
     if wm.timestamp_unit == "ms":
         return F.timestamp_millis(col)

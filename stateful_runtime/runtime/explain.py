@@ -120,7 +120,11 @@ def _node_step(node: PlannedNode, parallelism: int) -> str:
     states = (
         ", ".join(
             f"{d.name}:{d.kind}"
-            + (f" ttl {d.ttl.ttl} {d.ttl.time_domain.value}" if getattr(d, "ttl", None) else "")
+            + (
+                f" ttl {ttl.ttl} {ttl.time_domain.value}"
+                if (ttl := getattr(d, "ttl", None))
+                else ""
+            )
             for d in describe_states(fn)
         )
         or "none"

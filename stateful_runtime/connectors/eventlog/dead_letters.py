@@ -39,14 +39,16 @@ class EventLogDeadLetterSink:
         log.create_topic(self.topic, log.topic(self.source_topic).partitions, exist_ok=True)
         return log.writer(self.topic)
 
-    def _producer(self, partition: int) -> str:
+    def _producer(self, partition: int | str) -> str:
         return f"{self.job}/{self.source_topic}/p{partition}"
 
-    def published(self, writer: TopicWriter, partition: int) -> int:
+    def published(self, writer: TopicWriter, partition: int | str) -> int:
         """The producer's sequence is the end of the last split it appended."""
         return writer.producer_sequence(self._producer(partition)) or 0
 
-    def write_split(self, writer: TopicWriter, table: pa.Table, partition: int, end: int) -> int:
+    def write_split(
+        self, writer: TopicWriter, table: pa.Table, partition: int | str, end: int
+    ) -> int:
         """Append rejected records and move the partition's mark to ``end`` in one write."""
         records = [
             Record(

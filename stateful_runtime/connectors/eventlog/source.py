@@ -220,7 +220,7 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         values = cached_reader(self.log_dir, self.topic).read_values(
             int(partition), offset, offset + 1
         )
-        if not values:
+        if not values or self.time_field is None:
             return None
         return alignment.record_time(values[0], self.time_field, self.time_unit)
 

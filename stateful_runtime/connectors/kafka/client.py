@@ -59,7 +59,8 @@ def admin_client(config: Mapping[str, Any], *, what: str = "source") -> Any:
     from confluent_kafka.admin import AdminClient
 
     try:
-        return AdminClient({**config, "logger": _QUIET})
+        # confluent-kafka takes a logger object, which its type stubs do not allow for.
+        return AdminClient({**config, "logger": _QUIET})  # type: ignore[dict-item]
     except KafkaException as exc:
         raise ConfigError(
             f"Kafka {what}: invalid client settings ({_reason(exc)}); check the "
@@ -205,13 +206,14 @@ class CommitMarkers:
                 msg = consumer.poll(METADATA_TIMEOUT_S)
                 if msg is None:
                     raise TimeoutError(f"reading {self.topic} timed out")
-                if msg.error():
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                if error := msg.error():
+                    if error.code() == KafkaError._PARTITION_EOF:
                         return out
-                    raise RuntimeError(str(msg.error()))
-                if msg.key() is not None and msg.value() is not None:
-                    out[msg.key().decode()] = json.loads(msg.value())
-                if msg.offset() >= high - 1:
+                    raise RuntimeError(str(error))
+                key, value = msg.key(), msg.value()
+                if key is not None and value is not None:
+                    out[key.decode()] = json.loads(value)
+                if (msg.offset() or 0) >= high - 1:
                     return out
         finally:
             consumer.close()

@@ -130,7 +130,7 @@ class KafkaSink(Sink):
         settings (see :func:`stateful_runtime.connectors.kafka.client.client_settings`)."""
         servers = config.get("sink.bootstrap_servers") or config.get("source.bootstrap_servers")
         return cls(
-            servers,
+            servers or "",
             config["sink.kafka_topic"],
             key=key,
             delivery=config.get("sink.delivery", "exactly_once"),
@@ -220,11 +220,9 @@ class KafkaSink(Sink):
 
     def _records(self, batch: pa.Table, batch_id: int) -> list[tuple[int, bytes | None, bytes]]:
         values = encode_records(batch)
-        keys: list[bytes | None] = (
-            encode_records(batch.select(list(self.key_columns)))
-            if self.key_columns
-            else [None] * len(values)
-        )
+        keys: Sequence[bytes | None] = [None] * len(values)
+        if self.key_columns:
+            keys = encode_records(batch.select(list(self.key_columns)))
         return [
             (_partition_for(key, i, self._parts), key, value)
             for i, (key, value) in enumerate(zip(keys, values, strict=True))
