@@ -13,8 +13,10 @@ Contract of :class:`KeyedProcessFunction` (the same on Spark and in the test har
   after a restart a function sees exactly the state of the last committed micro-batch, the
   uncommitted batch is replayed, and every timer fires exactly once.
 
-Elements of one key in one micro-batch are processed in arrival order; a micro-batch's timers
-fire after its elements, with the watermark of that batch.
+Elements of one key in one micro-batch are processed in arrival order. Timers due by a batch's
+watermark fire before that key's elements of the batch (Flink's order: an element sees the
+effects of every timer due before it); the timers of keys without elements in the batch fire
+after the batch's elements, with the same watermark.
 
 The function object is pickled to Spark's Python workers: keep heavy clients out of
 ``__init__`` (open them in ``open``).
