@@ -66,8 +66,8 @@ def seal_class_archive(dumped: str | Path) -> Path:
 # HotSpot's default: UPI on 1M events start 8.0 -> 6.8 s, steady 229k -> 319k events/s; on
 # 10M, steady 413k -> 471k; latency at 20k events/s p99 1.1 s -> 0.83 s. ``SRT_JVM_JIT``
 # chooses another mode: ``quick`` (C1 only: the fastest start, 5.9 s, and lowest latency, p99
-# 0.6-0.7 s, but steady state 361k on 10M events) or ``full`` (HotSpot's default). Cluster executors, long-lived on
-# their own cores, keep HotSpot's default unless a mode is set.
+# 0.6-0.7 s, but steady state 361k on 10M events) or ``full`` (HotSpot's default). Cluster
+# executors, long-lived on their own cores, keep HotSpot's default unless a mode is set.
 JIT_ENV = "SRT_JVM_JIT"
 JIT_MODES = {
     "hot": (
