@@ -7,7 +7,7 @@ and each says what to do next, not only what went wrong::
     ├── ConfigError                   bad job file, unknown --set key, contradictory options
     │   ├── CheckpointOwnershipError  checkpoint dir written by another job
     │   ├── CorruptCheckpointError    damage a restart cannot fall back from
-    │   │                             [stateful_runtime.checkpoints.restore]
+    │   │                             [stateful_runtime.checkpoints.recovery]
     │   ├── InvalidNameError          a job, query or savepoint name that is not a safe name
     │   │                             [stateful_runtime.names]
     │   └── PathEscapeError           a relative path that leaves its root

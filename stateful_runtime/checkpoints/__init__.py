@@ -1,7 +1,11 @@
 """Everything about checkpoints and savepoints.
 
-* :mod:`~stateful_runtime.checkpoints.layout` — a job's checkpoint directory: its ownership
-  marker (written only here), committed batches, the files one batch needs.
+* :mod:`~stateful_runtime.checkpoints.layout` — a job's checkpoint directory: where each part
+  lives, its ownership marker (written only here), the one reader of Spark's offset and commit
+  logs, the files one batch needs.
+* :mod:`~stateful_runtime.checkpoints.verify` — the files a restart reads, checked; a full disk.
+* :mod:`~stateful_runtime.checkpoints.recovery` — a damaged checkpoint at start: fall back or
+  refuse.
 * :mod:`~stateful_runtime.checkpoints.manifest` — the versioned savepoint manifest.
 * :mod:`~stateful_runtime.checkpoints.savepoints` — create, list, resolve, dispose.
 * :mod:`~stateful_runtime.checkpoints.retention` — which savepoints to keep.

@@ -26,7 +26,8 @@ MANIFEST = "_manifest.json"
 CHUNK = 1 << 20
 
 
-def _utc(ts: float | None = None) -> str:
+def utc(ts: float | None = None) -> str:
+    """``ts`` (default: now) as manifests and markers write times (ISO 8601, UTC, seconds)."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
@@ -117,7 +118,7 @@ def new_manifest(
         "job": owner["job"],
         "fingerprint": owner.get("fingerprint"),
         "spark_version": version("pyspark"),
-        "created_at": _utc(now),
+        "created_at": utc(now),
         "created_at_epoch": now,
         "restored_from": owner.get("restored_from"),
         "queries": queries,

@@ -1,5 +1,7 @@
 """Restore: lay a savepoint (or a mirror snapshot) out as a job's checkpoint, after checking
-that the new code can take its state; rescale its state to a new partition count."""
+that the new code can take its state; rescale its state to a new partition count.
+
+A checkpoint damaged on disk is :mod:`~stateful_runtime.checkpoints.recovery`'s."""
 
 from __future__ import annotations
 
@@ -9,18 +11,16 @@ import secrets
 import shutil
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stateful_runtime.checkpoints import layout, verify
-from stateful_runtime.checkpoints.layout import CheckpointLayout, QueryLayout, crc_sidecar
-from stateful_runtime.checkpoints.manifest import FORMAT_VERSION, Savepoint, _utc, sha256_file
+from stateful_runtime.checkpoints import layout
+from stateful_runtime.checkpoints.layout import CheckpointLayout, QueryLayout
+from stateful_runtime.checkpoints.manifest import FORMAT_VERSION, Savepoint, sha256_file, utc
 from stateful_runtime.exceptions import (
     ConfigError,
     IncompatibleSavepointError,
     SavepointError,
-    StatefulRuntimeError,
 )
 from stateful_runtime.names import contained
 
@@ -185,7 +185,7 @@ def restore(
         "format_version": layout.FORMAT_VERSION,
         "job": sp.job,
         "queries": list(new_fingerprint.get("queries", {})),
-        "created_at": _utc(),
+        "created_at": utc(),
         "restored_from": sp.location,
         "fingerprint": new_fingerprint,
     }
@@ -270,278 +270,3 @@ def rescale(
         notes.append(f"rescaling the state of {q} from {current} to {parallelism} partitions")
         spark._streamingCheckpointManager.repartition(str(query.root), parallelism)
     return notes
-
-
-# -- a damaged checkpoint at start --------------------------------------------------------------
-
-
-class CorruptCheckpointError(ConfigError):
-    """A file a restart needs is damaged or missing, and the previous committed batch cannot
-    take the newest one's place (its files are damaged too). Nothing was changed.
-
-    Attributes:
-        checkpoint: the query's checkpoint directory.
-        problems: each damaged file and what is wrong with it.
-        savepoint: id of the job's newest savepoint to restore from (None: there is none).
-        mirror: the job's checkpoint mirror (None: not mirrored).
-    """
-
-    def __init__(
-        self,
-        checkpoint: str,
-        problems: list[str],
-        job_file: str,
-        savepoint: str | None,
-        mirror: str | None,
-        savepoint_note: str,
-    ) -> None:
-        self.checkpoint, self.problems = checkpoint, problems
-        self.savepoint, self.mirror = savepoint, mirror
-        ways = []
-        if savepoint:
-            ways.append(
-                f"from its newest savepoint: `srt run {job_file} --from-savepoint "
-                f"{savepoint}` ({savepoint_note}; the damaged checkpoint is moved aside)"
-            )
-        if mirror:
-            ways.append(
-                f"from the checkpoint mirror: move {Path(checkpoint).parent} aside, then "
-                f"`srt run {job_file} --restore-from {mirror}`"
-            )
-        if not ways:
-            ways.append(
-                f"there is no savepoint ({savepoint_note}) and no checkpoint mirror: "
-                f"to start over, move {Path(checkpoint).parent} aside (the job reads its "
-                f"sources from the start again; its sinks keep what they hold)"
-            )
-        lines = "\n".join(f"  - {p}" for p in problems)
-        super().__init__(
-            f"checkpoint {checkpoint} cannot be restarted; files it needs are damaged:\n{lines}\n"
-            f"Falling back to the previous committed batch does not help (its files are damaged "
-            f"too); nothing was changed. Restore the job " + "; or ".join(ways) + "."
-        )
-
-
-@dataclass
-class Recovery:
-    """What checking a job's checkpoint before its queries start did.
-
-    Attributes:
-        notes: what was found and done, for the job's output.
-        rewind: per query, the batch its sinks must forget everything after (a batch after it
-            is planned again, perhaps with other offsets, and must not be skipped as done).
-        quarantine: where damaged and superseded files were moved (None: nothing moved).
-    """
-
-    notes: list[str] = field(default_factory=list)
-    rewind: dict[str, int] = field(default_factory=dict)
-    quarantine: Path | None = None
-    checkpoint: Path | None = None
-
-    def rewound(self, query: str) -> None:
-        """Every sink of ``query`` has been rewound: the pending rewind is done."""
-        if self.checkpoint is not None:
-            _set_pending(self.checkpoint, query, None)
-
-
-# A rewind the sinks still owe, per query (CheckpointLayout.pending_rewind): written before
-# any file is moved aside and cleared once the runner rewound the sinks, so a crash in between
-# cannot leave a sink ledger holding batches of the old plan that the new plan would then skip
-# as done.
-def _pending(ckpt: Path) -> dict[str, int]:
-    path = CheckpointLayout(ckpt).pending_rewind
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        raise ConfigError(
-            f"{path} is unreadable ({exc}): it names the batch each query's "
-            f"sinks must be rewound to after a checkpoint fell back. Restore the job from a "
-            f"savepoint, or delete the file if no sink holds a batch after that one"
-        ) from None
-    return {str(q): int(b) for q, b in data.items()}
-
-
-def _set_pending(ckpt: Path, query: str, batch: int | None) -> None:
-    pending = _pending(ckpt)
-    if batch is None:
-        pending.pop(query, None)
-    else:
-        pending[query] = min(batch, pending.get(query, batch))
-    target = CheckpointLayout(ckpt).pending_rewind
-    if not pending:
-        target.unlink(missing_ok=True)
-        return
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(json.dumps(pending))
-    os.replace(tmp, target)
-
-
-@dataclass
-class _Fallback:
-    restart_at: int  # the committed batch the restart resumes after (-1: none)
-    replay: int | None  # the planned batch Spark re-runs with its logged offsets
-    moves: list[tuple[str, str]]  # (path relative to the query dir, why)
-    rewind: bool
-
-
-def _fallback(query: QueryLayout, problems: list[verify.Problem]) -> _Fallback | None:
-    """The newest restart point at most one committed batch back whose files are all sound.
-
-    Candidates, newest first: the last committed batch ``C`` without the batch planned after it;
-    ``C - 1`` re-running batch ``C`` with its logged offsets; ``C - 1`` planning batch ``C``
-    again. A corrupt query ``metadata`` only holds the query id: it is moved aside whatever the
-    restart point (Spark writes a new one)."""
-    moves = [(p.path, p.problem) for p in problems if p.kind == "metadata"]
-    data = [p for p in problems if p.kind != "metadata"]
-    committed, last_planned = query.last_committed(), query.last_planned()
-    c = -1 if committed is None else committed
-    planned = max(c, -1 if last_planned is None else last_planned)
-    if not data:
-        return _Fallback(c, None, moves, False)
-    why = {p.path: p.problem for p in data}
-    for r, keep in ((c, False), (c - 1, True), (c - 1, False)):
-        if r < -1 or verify.verify(query.root, r, pending=keep):
-            continue
-        replay = r + 1 if keep and query.offsets(r + 1).exists() else None
-        kept = r if replay is None else replay
-        out = list(moves)
-        for batches, entry, above, later in (
-            (query.committed_batches(), query.commit, r, "re-run"),
-            (query.planned_batches(), query.offsets, kept, "planned again"),
-        ):
-            for b in batches:
-                if b > above:
-                    rel = query.relative(entry(b))
-                    out.append((rel, why.get(rel, f"superseded: batch {b} is {later}")))
-        out += [
-            (query.relative(p), "written by a batch that is re-run")
-            for p in query.state_files_after(r + 1)
-            if not p.name.endswith(".crc")
-        ]
-        return _Fallback(r, replay, out, planned > kept)
-    return None
-
-
-def _newest_savepoint(root: str | None, job: str) -> tuple[str | None, str]:
-    """(id, a note on it or on why there is none) of the job's newest savepoint under root."""
-    from stateful_runtime.checkpoints import savepoints
-
-    if not root:
-        return None, "no savepoint directory configured"
-    try:
-        found = savepoints.list_savepoints(root, job)
-    except StatefulRuntimeError as exc:
-        return None, f"savepoints under {root} could not be listed: {exc}"
-    if not found:
-        return None, f"none of job {job!r} under {root}"
-    sp = found[-1]
-    return sp.id, (
-        f"batches {sp.summary()['batches']}, taken {_utc(sp.created_at)}, in {sp.location}"
-    )
-
-
-def _move(src: Path, dest: Path) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(src, dest)
-    side = crc_sidecar(src)
-    if side.exists():
-        os.replace(side, crc_sidecar(dest))
-
-
-def recover(
-    checkpoint_dir: str | Path,
-    queries: Sequence[str],
-    *,
-    job_file: str = "JOB_FILE",
-    savepoint_dir: str | None = None,
-    mirror: str | None = None,
-) -> Recovery:
-    """Check every query's checkpoint before a start (:func:`verify.verify`) and make it
-    restartable, or refuse.
-
-    Damage confined to the newest batch — a truncated, garbage, empty or missing newest
-    ``commits/N`` or ``offsets/N``, or the newest state version — falls back to the previous
-    committed batch: the damaged file and everything newer are moved (never deleted) to
-    ``<checkpoint.dir>/_quarantine/<UTC time>/<query>/``, and Spark re-runs the batch from the
-    previous batch's state. A re-run with the logged offsets is skipped by the sinks (they are
-    idempotent by batch id); a batch planned again, perhaps with other offsets, is named in
-    :attr:`Recovery.rewind` (the runner rewinds its sinks). Damage that a restart at the
-    previous batch reads as well (older offsets, older state files) raises
-    :class:`CorruptCheckpointError` naming every file, the newest savepoint and the mirror to
-    restore from; then nothing moves.
-    """
-    ckpt = Path(checkpoint_dir).resolve()
-    job = layout.owner(ckpt)["job"]
-    rec = Recovery(checkpoint=ckpt)
-    for q, batch in _pending(ckpt).items():  # an earlier start moved files, then stopped
-        if q in queries:
-            rec.rewind[q] = batch
-            rec.notes.append(
-                f"query {q}: its sinks still owe a rewind to batch {batch} (an "
-                f"earlier start fell back and stopped before rewinding them)"
-            )
-    plans: dict[str, tuple[_Fallback, list[verify.Problem]]] = {}
-    for q in queries:
-        query = CheckpointLayout(ckpt).query(q)
-        if not query.offset_log.is_dir():
-            continue
-        problems = verify.verify(query.root)
-        if not problems:
-            continue
-        fb = _fallback(query, problems)
-        if fb is None:
-            sid, note = _newest_savepoint(savepoint_dir, job)
-            raise CorruptCheckpointError(
-                str(query.root), [str(p) for p in problems], job_file, sid, mirror, note
-            )
-        plans[q] = (fb, problems)
-    if not plans:
-        return rec
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    quarantine = CheckpointLayout(ckpt).quarantine
-    dest, n = quarantine / stamp, 1
-    while dest.exists():
-        n += 1
-        dest = quarantine / f"{stamp}-{n}"
-    replanned = {q for q, (fb, _) in plans.items() if fb.rewind}
-    for q in replanned:  # durable before anything moves
-        _set_pending(ckpt, q, plans[q][0].restart_at)
-    record: dict[str, Any] = {"quarantined_at": _utc(), "queries": {}}
-    for q, (fb, problems) in plans.items():
-        qdir = CheckpointLayout(ckpt).query(q).root
-        for rel, _why in fb.moves:
-            if (qdir / rel).exists():
-                _move(qdir / rel, dest / q / rel)
-        record["queries"][q] = {
-            "problems": [str(p) for p in problems],
-            "restart_after_batch": fb.restart_at,
-            "rerun_batch": fb.replay,
-            "sinks_rewound_to": fb.restart_at if fb.rewind else None,
-            "moved": [{"path": rel, "why": why} for rel, why in fb.moves],
-        }
-        damaged = "; ".join(str(p) for p in problems)
-        if fb.replay is not None:
-            what = (
-                f"batch {fb.replay} is re-run with its logged offsets from batch "
-                f"{fb.restart_at}'s state (its sinks skip or rewrite it by batch id)"
-            )
-        elif fb.restart_at >= 0:
-            what = f"it resumes after committed batch {fb.restart_at}"
-        else:
-            what = "no batch is committed any more: it starts from its first batch"
-        rec.notes.append(
-            f"checkpoint of query {q} is damaged ({damaged}); moved "
-            f"{len(fb.moves)} file(s) to {dest / q}; {what}"
-        )
-        if fb.rewind:
-            rec.rewind[q] = min(fb.restart_at, rec.rewind.get(q, fb.restart_at))
-            rec.notes.append(
-                f"query {q}: batches after {fb.restart_at} are planned again from "
-                f"the source offsets; its sinks forget them first (rewind)"
-            )
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / "quarantine.json").write_text(json.dumps(record, indent=1))
-    rec.quarantine = dest
-    return rec

@@ -37,11 +37,11 @@ from stateful_runtime.checkpoints.manifest import (
     MANIFEST,
     CorruptManifestError,
     Savepoint,
-    _utc,
     new_manifest,
     query_entry,
     read_manifest,
     sha256_file,
+    utc,
 )
 from stateful_runtime.checkpoints.storage import Store, open_store
 from stateful_runtime.exceptions import AlreadyExistsError, SavepointError, StorageError
@@ -103,7 +103,7 @@ def create(
                 "mark": WRITER_MARK,
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
-                "started_at": _utc(),
+                "started_at": utc(),
             }
         ).encode(),
         create_only=True,

@@ -6,15 +6,16 @@ source marks it (``_error``, ``_raw``), and then it is
 1. **staged** by the Spark task that read it (:func:`stage`): the split's rejected records go
    to ``<staging>/<partition key>-<start>-<end>.arrow`` (the key as in the source's offsets:
    ``0`` for the event log, ``topic:0`` for Kafka), atomically; a retried or replayed task
-   writes the same file. The staging directory is the checkpoint directory's
-   (:meth:`~stateful_runtime.checkpoints.layout.CheckpointLayout.dead_letters`) of the source,
-   staged by the query that owns it (the planner's choice);
+   writes the same file. The staging directory is the source's in the checkpoint directory
+   (:meth:`~stateful_runtime.checkpoints.layout.CheckpointLayout.dead_letters`), written by
+   the query that owns the source (the planner's choice);
 2. **published** by the job process alone (:meth:`DeadLetters.publish`: the runner calls it
    after every committed batch, at start and at stop) to the source's
    :class:`~stateful_runtime.connectors.base.DeadLetterSink`: every staged split whose range is
-   committed, in offset order. The sink keeps, per source partition and in the same write as
-   the records, how far it has published (the end of the last split: every rejected record
-   before it is in the topic), and only records at or after that mark are appended. So a split
+   committed (by the owning query's offset log), in offset order. The sink keeps, per source
+   partition and in the same write as the records, how far it has published (the end of the
+   last split: every rejected record before it is in the topic), and only records at or after
+   that mark are appended. So a split
    published twice (a crash between publishing and deleting the file) appends nothing the
    second time, and neither do splits of a batch planned again with other boundaries (after a
    checkpoint fell back, or a restore from an older savepoint): each rejected record reaches
@@ -33,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
+from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.connectors.base import ERROR, OFFSET, PARTITION, RAW
 
 if TYPE_CHECKING:
@@ -102,5 +104,10 @@ class DeadLetters:
     staging: str
     sink: DeadLetterSink
 
-    def publish(self, committed: Mapping[str, int]) -> int:
-        return publish(self.staging, committed, self.sink)
+    def publish(self, query: QueryLayout) -> int:
+        """Publish the staged splits that the last committed batch of ``query`` (the query
+        that reads the source and stages its rejected records) covers."""
+        committed = query.committed_offsets()
+        if committed and committed["sources"] and isinstance(committed["sources"][0], dict):
+            return publish(self.staging, committed["sources"][0], self.sink)
+        return 0

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from stateful_runtime.checkpoints import layout, manifest, restore, savepoints
+from stateful_runtime.checkpoints import layout, manifest, recovery, restore, savepoints
 from stateful_runtime.checkpoints.layout import CheckpointLayout, QueryLayout
 from stateful_runtime.checkpoints.mirror import CheckpointMirror, MirrorSync
 from stateful_runtime.checkpoints.verify import disk_full
@@ -540,7 +540,7 @@ class JobRunner:
             self.fingerprint,
         )
         # Damage confined to the newest batch falls back to the one before; other damage refuses.
-        self.recovery = restore.recover(
+        self.recovery = recovery.recover(
             self.checkpoint_dir,
             [q.name for q in self.plan.queries],
             job_file=str(self.jobfile.path),
@@ -683,9 +683,7 @@ class JobRunner:
         for q in self.plan.queries:
             if q.dead_letters is None:
                 continue
-            committed = CheckpointLayout(self.checkpoint_dir).query(q.name).committed_offsets()
-            if committed and committed["sources"] and isinstance(committed["sources"][0], dict):
-                q.dead_letters.publish(committed["sources"][0])
+            q.dead_letters.publish(CheckpointLayout(self.checkpoint_dir).query(q.name))
 
     def _report(self) -> None:
         """Per newly committed batch: health, progress line, dead letters, mirror, listeners."""

@@ -2,7 +2,7 @@
 
 Each case damages one file of a copy of that checkpoint — truncated, overwritten with garbage,
 emptied or deleted (and a one-digit edit only the Hadoop checksum notices) — and checks what
-:func:`verify.verify` names and what :func:`restore.recover` does: damage confined to the newest
+:func:`verify.verify` names and what :func:`recovery.recover` does: damage confined to the newest
 batch is moved aside (never deleted) and the job falls back to the previous committed batch;
 damage a restart at that batch needs as well refuses, naming the file and the newest savepoint.
 The last tests restart Spark on damaged checkpoints: the result equals the oracle.
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from upi_events import events, oracle
 
-from stateful_runtime.checkpoints import restore, savepoints
+from stateful_runtime.checkpoints import recovery, savepoints
 from stateful_runtime.checkpoints.layout import CheckpointLayout, QueryLayout
 from stateful_runtime.checkpoints.verify import verify
 from stateful_runtime.connectors.eventlog import EventLog
@@ -151,8 +151,8 @@ def copy(base: Base, tmp_path: Path) -> Base:
     return Base(UpiWorkspace(root, partitions=2), root / "savepoints", base.savepoint_id)
 
 
-def _recover(b: Base) -> restore.Recovery:
-    return restore.recover(
+def _recover(b: Base) -> recovery.Recovery:
+    return recovery.recover(
         b.ws.checkpoint_dir,
         [QUERY],
         job_file="examples/upi_per_minute.py",
@@ -173,7 +173,7 @@ def _damage(path: Path, how: str) -> None:
         damage(path, how, random.Random(how))
 
 
-def _quarantined(rec: restore.Recovery) -> list[str]:
+def _quarantined(rec: recovery.Recovery) -> list[str]:
     assert rec.quarantine is not None
     return sorted(
         p.relative_to(rec.quarantine / QUERY).as_posix()
@@ -258,7 +258,7 @@ def test_damaged_older_offsets_a_restart_needs_are_refused_naming_the_savepoint(
     c = QueryLayout(copy.qdir).last_committed()
     _damage(copy.qdir / "offsets" / str(c - 1), how)
     before = _tree(copy.ws.checkpoint_dir)
-    with pytest.raises(restore.CorruptCheckpointError) as err:
+    with pytest.raises(recovery.CorruptCheckpointError) as err:
         _recover(copy)
     msg = str(err.value)
     assert f"offsets/{c - 1}" in msg
@@ -287,7 +287,7 @@ def test_damaged_older_state_file_is_refused_naming_file_and_savepoint(copy, how
     _damage(copy.qdir / oldest, how)
     assert oldest in [p.path for p in verify(copy.qdir)]
     before = _tree(copy.ws.checkpoint_dir)
-    with pytest.raises(restore.CorruptCheckpointError) as err:
+    with pytest.raises(recovery.CorruptCheckpointError) as err:
         _recover(copy)
     assert oldest in str(err.value) and copy.savepoint_id in str(err.value)
     assert _tree(copy.ws.checkpoint_dir) == before
@@ -310,11 +310,11 @@ def test_damaged_newest_state_version_falls_back_one_batch(copy, how):
 def test_refusal_without_savepoint_or_mirror_says_how_to_start_over(copy):
     shutil.rmtree(copy.savepoint_root)
     _damage(copy.qdir / _needed_changelogs(copy.qdir, "0")[0], "garbage")
-    with pytest.raises(restore.CorruptCheckpointError) as err:
+    with pytest.raises(recovery.CorruptCheckpointError) as err:
         _recover(copy)
     assert err.value.savepoint is None and "to start over, move" in str(err.value)
-    with pytest.raises(restore.CorruptCheckpointError) as err:
-        restore.recover(
+    with pytest.raises(recovery.CorruptCheckpointError) as err:
+        recovery.recover(
             copy.ws.checkpoint_dir, [QUERY], savepoint_dir=None, mirror="s3://bucket/ckpt/upi"
         )
     assert "--restore-from s3://bucket/ckpt/upi" in str(err.value)
@@ -354,7 +354,7 @@ def test_restart_on_a_damaged_checkpoint_equals_oracle(copy, case):
     _damage(path, how)
     append_lines(copy.ws.log_dir, MORE)
     if case == "older changelog truncated":
-        with pytest.raises(restore.CorruptCheckpointError) as err:
+        with pytest.raises(recovery.CorruptCheckpointError) as err:
             _run(copy.ws, copy.savepoint_root)
         assert copy.savepoint_id in str(err.value)
         return
