@@ -64,10 +64,9 @@ DEFAULTS = {
 
 
 def build(config: dict):  # noqa: ANN201  (a StreamJob)
-    from dbt_sink.clickhouse import ClickHouseUpsertSink
-    from dbt_sink.postgres import PostgresUpsertSink
     from stateful_runtime import StreamJob, WatermarkStrategy
     from stateful_runtime.connectors.eventlog.source import LogSource
+    from stateful_runtime.sink_kinds import sink_class
 
     job = StreamJob.from_config("warehouse-bench", config)
     payments = job.from_source(
@@ -82,15 +81,9 @@ def build(config: dict):  # noqa: ANN201  (a StreamJob)
         ),
         name="payments",
     )
-    on_executors = bool(int(config["sink.executor_writes"]))
-    if config["sink.kind"] == "postgres":
-        sink = PostgresUpsertSink(
-            config["sink.dsn"], config["sink.table"], ("txn_id",), executor_writes=on_executors
-        )
-    else:
-        sink = ClickHouseUpsertSink(
-            config["sink.url"], config["sink.table"], ("txn_id",), executor_writes=on_executors
-        )
+    sink = sink_class(config["sink.kind"]).from_config(
+        config, key=("txn_id",), executor_writes=bool(int(config["sink.executor_writes"]))
+    )
     payments.sink_to(sink, name="dedup")
     return job
 

@@ -460,7 +460,9 @@ class DuckDBWarehouse(ConfigurableResource):
     def sink_config(self) -> dict[str, str]:
         """The job's ``sink.*`` keys that make it write here
         (``config_from_resources={"sink.*": "warehouse.sink_config"}``)."""
-        return {"sink.kind": "duckdb", "sink.database": str(self.database())}
+        from stateful_runtime.sink_kinds import SINK_KINDS
+
+        return {"sink.kind": "duckdb", SINK_KINDS["duckdb"].location_key: str(self.database())}
 
     def location(self) -> str:
         return str(self.database())
@@ -499,9 +501,6 @@ class DuckDBWarehouse(ConfigurableResource):
             return committed_batches(own, job, sink, newest=newest)
 
 
-WAREHOUSE_KINDS = ("duckdb", "postgres", "clickhouse", "delta")
-
-
 class Warehouse(ConfigurableResource):
     """The warehouse streaming jobs write their sink tables to: DuckDB, PostgreSQL,
     ClickHouse or Delta Lake (``kind``). Jobs bound with
@@ -533,6 +532,7 @@ class Warehouse(ConfigurableResource):
 
     def _check(self) -> None:
         from dagster_defs._specs import config_error
+        from stateful_runtime.sink_kinds import WAREHOUSE_KINDS
 
         if self.kind not in WAREHOUSE_KINDS:
             raise config_error(f"warehouse kind {self.kind!r}: use one of {WAREHOUSE_KINDS}")
@@ -560,22 +560,20 @@ class Warehouse(ConfigurableResource):
 
     def sink_config(self) -> dict[str, str]:
         """The job's ``sink.*`` keys that make it write here."""
-        key = {
-            "duckdb": "sink.database",
-            "postgres": "sink.dsn",
-            "clickhouse": "sink.url",
-            "delta": "sink.path",
-        }
-        out = {"sink.kind": self.kind, key[self.kind]: self.location()}
-        if self.password and self.kind in ("postgres", "clickhouse"):
+        from stateful_runtime.sink_kinds import SINK_KINDS
+
+        location = self.location()
+        kind = SINK_KINDS[self.kind]
+        out = {"sink.kind": self.kind, kind.location_key: location}
+        if self.password and "sink.password" in kind.config_keys:
             out["sink.password"] = self.password
         return out
 
     def _sink(self, table: str, job: str, sink: str) -> Any:
-        from dbt_sink.config import warehouse_from_config
+        from stateful_runtime.sink_kinds import sink_class
 
         config = {**self.sink_config(), "sink.table": table}
-        out = warehouse_from_config(config, key=("_key",))
+        out = sink_class(self.kind).from_config(config, key=("_key",))
         out.open(job, sink)
         return out
 

@@ -213,7 +213,10 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
         connect_timeout_s: per connection attempt.
     """
 
-    kind = "ClickHouse"
+    kind = "clickhouse"
+    config_keys = ("sink.url", "sink.table", "sink.password", "sink.partitions")
+    location_key = "sink.url"
+    system = "ClickHouse"
 
     def __init__(
         self,
@@ -250,7 +253,7 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
 
     @classmethod
     def from_config(
-        cls, config: Mapping[str, Any], key: Sequence[str], **kw: Any
+        cls, config: Mapping[str, Any], *, key: Sequence[str] = (), **kw: Any
     ) -> ClickHouseUpsertSink:
         """From ``sink.url``, ``sink.table``, ``sink.password``, ``sink.partitions``."""
         if not config.get("sink.url"):

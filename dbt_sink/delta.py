@@ -60,7 +60,10 @@ class DeltaUpsertSink(PartitionedWarehouseSink):
         retry, summary_sql: see :class:`~dbt_sink.partitioned.PartitionedWarehouseSink`.
     """
 
-    kind = "Delta"
+    kind = "delta"
+    config_keys = ("sink.path", "sink.table")
+    location_key = "sink.path"
+    system = "Delta"
 
     def __init__(
         self,
@@ -80,7 +83,7 @@ class DeltaUpsertSink(PartitionedWarehouseSink):
 
     @classmethod
     def from_config(
-        cls, config: Mapping[str, Any], key: Sequence[str], **kw: Any
+        cls, config: Mapping[str, Any], *, key: Sequence[str] = (), **kw: Any
     ) -> DeltaUpsertSink:
         """From ``sink.path`` and ``sink.table``."""
         if not config.get("sink.path"):

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -56,6 +57,10 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
     the file between batches.
     """
 
+    kind = "duckdb"
+    config_keys = ("sink.database", "sink.table")
+    location_key = "sink.database"
+
     def __init__(
         self,
         database: str,
@@ -70,6 +75,13 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
             summary_sql,
         )
         self.database = database
+
+    @classmethod
+    def from_config(
+        cls, config: Mapping[str, Any], *, key: Sequence[str] = (), summary_sql: str | None = None
+    ) -> DuckDBUpsertSink:
+        """From ``sink.database`` and ``sink.table``."""
+        return cls(config["sink.database"], config["sink.table"], key, summary_sql=summary_sql)
 
     def write_path(self) -> WritePath:
         return WritePath(

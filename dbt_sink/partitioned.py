@@ -179,7 +179,8 @@ class PartitionedWarehouseSink(PartitionedSink):
     """
 
     upsert = True
-    kind = "warehouse"
+    # The warehouse's name in messages.
+    system = "warehouse"
 
     def __init__(
         self,
@@ -254,7 +255,7 @@ class PartitionedWarehouseSink(PartitionedSink):
             if retyped:
                 what.append(f"changes the type of {retyped}")
             raise SinkError(
-                f"{self.kind} table {self.table}: the job {' and '.join(what)}. Only new "
+                f"{self.system} table {self.table}: the job {' and '.join(what)}. Only new "
                 f"(nullable) columns are added by the sink; migrate the table yourself (ALTER "
                 f"TABLE, or copy it to a new table) or write to a new sink.table"
             )

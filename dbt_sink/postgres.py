@@ -89,7 +89,10 @@ class PostgresUpsertSink(PartitionedWarehouseSink):
         connect_timeout_s: per connection attempt.
     """
 
-    kind = "PostgreSQL"
+    kind = "postgres"
+    config_keys = ("sink.dsn", "sink.table", "sink.password", "sink.partitions")
+    location_key = "sink.dsn"
+    system = "PostgreSQL"
 
     def __init__(
         self,
@@ -125,7 +128,7 @@ class PostgresUpsertSink(PartitionedWarehouseSink):
 
     @classmethod
     def from_config(
-        cls, config: Mapping[str, Any], key: Sequence[str], **kw: Any
+        cls, config: Mapping[str, Any], *, key: Sequence[str] = (), **kw: Any
     ) -> PostgresUpsertSink:
         """From ``sink.dsn``, ``sink.table``, ``sink.password``, ``sink.partitions``."""
         if not config.get("sink.dsn"):

@@ -26,14 +26,12 @@ From Kafka, into a Kafka topic (exactly-once; read it with isolation.level=read_
 
 from datetime import timedelta
 
-from dbt_sink.config import warehouses_from_config
 from stateful_runtime import (
     Count,
     StreamJob,
     Sum,
     TumblingEventTimeWindows,
     WatermarkStrategy,
-    sink_names,
     sinks_from_config,
     source_from_config,
 )
@@ -86,16 +84,15 @@ def build(config: dict) -> StreamJob:
             {"payments": Count(), "amount_paise": Sum("amount_paise")}, name="per-merchant-minute"
         )
     )
-    warehouses = warehouses_from_config(
+    for name, sink in sinks_from_config(
         config,
+        name="upi-counts",
         key=("merchant_id", "window_start"),
         summary_sql=(
             "SELECT merchant_id, count(*) AS minutes, sum(payments) AS payments, "
             "round(sum(amount_paise) / 100.0, 2) AS rupees FROM {table} "
             "GROUP BY merchant_id ORDER BY payments DESC, merchant_id LIMIT 10"
         ),
-    )
-    sinks = sinks_from_config(config, warehouses, key=("merchant_id", "window_start"))
-    for sink, name in zip(sinks, sink_names(config, "upi-counts"), strict=True):
+    ):
         counts.sink_to(sink, name=name)
     return job

@@ -32,7 +32,6 @@ _EXPORTS = {
     "KafkaSink": "connectors.kafka.sink",
     "source_from_config": "connectors.config",
     "sinks_from_config": "connectors.config",
-    "sink_names": "connectors.config",
     "Source": "connectors.base",
     "LogSource": "connectors.eventlog.source",
     "KafkaSource": "connectors.kafka.source",
@@ -73,11 +72,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from stateful_runtime.aggregates import Aggregate, Avg, Count, Max, Min, Sum
     from stateful_runtime.connectors.base import Sink, Source
-    from stateful_runtime.connectors.config import (
-        sink_names,
-        sinks_from_config,
-        source_from_config,
-    )
+    from stateful_runtime.connectors.config import sinks_from_config, source_from_config
     from stateful_runtime.connectors.eventlog.sink import LogSink
     from stateful_runtime.connectors.eventlog.source import LogSource
     from stateful_runtime.connectors.kafka.sink import KafkaSink

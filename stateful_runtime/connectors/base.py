@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -148,10 +148,32 @@ class Sink(ABC):
 
     A sink with large output can be written by Spark's executors instead of the driver:
     subclass :class:`PartitionedSink`.
+
+    A sink a job file picks by ``sink.kind`` declares its :attr:`kind`, the
+    :attr:`config_keys` it reads and its :attr:`location_key`, builds itself in
+    :meth:`from_config`, and is listed in :mod:`stateful_runtime.sink_kinds`.
     """
 
     upsert: bool = False
     key_columns: tuple[str, ...] = ()
+    # What ``sink.kind`` calls it ("" : it is built in code only); the catalog reports it.
+    kind: ClassVar[str] = ""
+    # The job-file keys ``from_config`` reads, and the one that says where the sink writes.
+    config_keys: ClassVar[tuple[str, ...]] = ()
+    location_key: ClassVar[str] = ""
+
+    @classmethod
+    def from_config(
+        cls, config: Mapping[str, Any], *, key: Sequence[str] = (), summary_sql: str | None = None
+    ) -> Sink:
+        """The sink from a job file's ``config`` (its :attr:`config_keys`).
+
+        Args:
+            config: the job's config.
+            key: the output columns that key a row (a warehouse's upsert key).
+            summary_sql: what a warehouse prints at the end of a run (``{table}``: its table).
+        """
+        raise NotImplementedError(f"{cls.__name__} is not built from a job file's config")
 
     @abstractmethod
     def default_name(self) -> str:

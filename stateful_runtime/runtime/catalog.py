@@ -111,15 +111,6 @@ def _columns(node: Node) -> list[dict[str, str]]:
     ]
 
 
-def _kind(sink: Any) -> str:
-    """``duckdb``, ``postgres``, ``clickhouse``, ``delta`` from the sink's class."""
-    name = type(sink).__name__.lower()
-    for kind in ("duckdb", "postgres", "clickhouse", "delta"):
-        if name.startswith(kind):
-            return kind
-    return name.removesuffix("sink")
-
-
 def _seconds(td: timedelta | None) -> float | None:
     return None if td is None else td.total_seconds()
 
@@ -149,7 +140,7 @@ def sink_tables(job_file: str | Path, overrides: Mapping[str, str] | None = None
             {
                 "table": table,
                 "query": sink_node.name,
-                "kind": _kind(sink),
+                "kind": sink.kind,
                 "key": list(key),
                 "columns": _columns(node),
                 "source": src.name,

@@ -5,16 +5,17 @@ from __future__ import annotations
 import pytest
 
 from dbt_sink.clickhouse import ClickHouseUpsertSink
-from dbt_sink.config import warehouses_from_config
 from dbt_sink.delta import DeltaUpsertSink
 from dbt_sink.duckdb import DuckDBUpsertSink
 from dbt_sink.postgres import PostgresUpsertSink
-from stateful_runtime.connectors.config import sink_kinds, sink_names, sinks_from_config
+from stateful_runtime.connectors.config import sinks_from_config
+from stateful_runtime.connectors.kafka.sink import KafkaSink
 from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.planner import plan
 from stateful_runtime.runtime.explain import explain
 from stateful_runtime.runtime.loader import load_job_file
 from stateful_runtime.runtime.registry import redacted
+from stateful_runtime.sink_kinds import configured_kinds
 from tests.helpers import EXAMPLES
 
 KEY = ("merchant_id", "window_start")
@@ -29,22 +30,25 @@ BASE = {
 
 def test_kinds_names_and_sinks():
     config = {**BASE, "sink.kind": "postgres,clickhouse,delta"}
-    assert sink_kinds(config) == ["postgres", "clickhouse", "delta"]
-    assert sink_names(config, "upi-counts") == [
-        "upi-counts",
-        "upi-counts-clickhouse",
-        "upi-counts-delta",
+    assert configured_kinds(config) == ["postgres", "clickhouse", "delta"]
+    sinks = sinks_from_config(config, name="upi-counts", key=KEY)
+    assert [(n, type(s)) for n, s in sinks] == [
+        ("upi-counts", PostgresUpsertSink),
+        ("upi-counts-clickhouse", ClickHouseUpsertSink),
+        ("upi-counts-delta", DeltaUpsertSink),
     ]
-    sinks = sinks_from_config(config, warehouses_from_config(config, KEY), key=KEY)
-    assert [type(s) for s in sinks] == [PostgresUpsertSink, ClickHouseUpsertSink, DeltaUpsertSink]
-    assert sink_kinds({"sink.kind": "both"}) == ["duckdb", "kafka"]
-    assert sink_names({"sink.kind": "both"}, "q") == ["q", "q-kafka"]
-    [duck] = warehouses_from_config({**BASE, "sink.kind": "duckdb"}, KEY)
-    assert isinstance(duck, DuckDBUpsertSink)
+    assert configured_kinds({"sink.kind": "both"}) == ["duckdb", "kafka"]
+    both = {**BASE, "sink.kind": "both", "sink.kafka_topic": "t", "sink.bootstrap_servers": "h:1"}
+    assert [(n, type(s)) for n, s in sinks_from_config(both, name="q", key=KEY)] == [
+        ("q", DuckDBUpsertSink),
+        ("q-kafka", KafkaSink),
+    ]
+    [(_, duck)] = sinks_from_config({**BASE, "sink.kind": "duckdb"}, name="q", key=KEY)
+    assert isinstance(duck, DuckDBUpsertSink) and duck.database == "w.duckdb"
     with pytest.raises(ConfigError, match="'oracle' is not one of"):
-        sink_kinds({"sink.kind": "postgres,oracle"})
+        configured_kinds({"sink.kind": "postgres,oracle"})
     with pytest.raises(ConfigError, match="needs sink.dsn"):
-        warehouses_from_config({**BASE, "sink.kind": "postgres", "sink.dsn": ""}, KEY)
+        sinks_from_config({**BASE, "sink.kind": "postgres", "sink.dsn": ""}, name="q", key=KEY)
 
 
 def test_explain_names_each_write_path_and_masks_the_password(srt_home):

@@ -92,6 +92,10 @@ class KafkaSink(Sink):
         transaction_timeout_ms: broker aborts a transaction left open this long (zombie).
     """
 
+    kind = "kafka"
+    config_keys = ("sink.kafka_topic", "sink.bootstrap_servers", "sink.delivery")
+    location_key = "sink.kafka_topic"
+
     def __init__(
         self,
         bootstrap_servers: str,
@@ -124,10 +128,13 @@ class KafkaSink(Sink):
         self._job = ""
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], *, key: Sequence[str] = ()) -> KafkaSink:
+    def from_config(
+        cls, config: Mapping[str, Any], *, key: Sequence[str] = (), summary_sql: str | None = None
+    ) -> KafkaSink:
         """A sink from the job-file keys ``sink.kafka_topic``, ``sink.bootstrap_servers``
         (default: ``source.bootstrap_servers``), ``sink.delivery`` and the ``kafka.*`` client
-        settings (see :func:`stateful_runtime.connectors.kafka.client.client_settings`)."""
+        settings (see :func:`stateful_runtime.connectors.kafka.client.client_settings`).
+        ``summary_sql`` is a warehouse's: a topic's summary is its end offsets."""
         servers = config.get("sink.bootstrap_servers") or config.get("source.bootstrap_servers")
         return cls(
             servers or "",
