@@ -37,6 +37,7 @@ from stateful_runtime.exceptions import (
     StatefulRuntimeError,
 )
 from stateful_runtime.runtime import endpoint, launcher, registry
+from stateful_runtime.runtime.progress import checkpoint_facts
 
 # Records decoded per read while counting a topic: bounds memory on a large topic.
 READ_CHUNK = 65_536
@@ -73,38 +74,14 @@ class UpgradeError(JobError):
 # ----------------------------------------------------------------------------- status
 
 
-def query_checkpoint(checkpoint_dir: str | Path, now: float) -> dict[str, Any]:
-    """What one query's checkpoint says now: last committed batch, when it committed, and how
-    long the batch after it has been planned (in flight). Read from files, so it does not go
-    stale when the job process hangs, as its own health report does."""
-    query = QueryLayout(checkpoint_dir)
-    last = query.last_committed()
-    commit_time = query.last_commit_time()
-    planned = query.offsets(0 if last is None else last + 1)
-    try:
-        inflight_age: float | None = round(now - planned.stat().st_mtime, 3)
-    except OSError:
-        inflight_age = None
-    try:
-        partitions = None if last is None else query.state_partitions(last)
-    except (OSError, ValueError):
-        partitions = None
-    return {
-        "last_committed_batch": last,
-        "last_commit_time": commit_time,
-        "checkpoint_age_s": None if commit_time is None else round(now - commit_time, 3),
-        "inflight_batch_age_s": inflight_age,
-        "state_partitions": partitions,
-    }
-
-
 def job_status(entry: Mapping[str, Any], now: float | None = None) -> dict[str, Any]:
     """A registry entry as ``srt status --json`` shows it: the entry, plus ``alive`` (its pid
     is a live process, the one the entry recorded), ``live`` (alive and STARTING or RUNNING),
     ``registered_state`` (the entry's own state; ``state`` says DEAD for a RUNNING entry whose
-    process is gone), ``checked_at``, per query :func:`query_checkpoint`, and ``health`` as
-    the job process reports it now through its control endpoint (``health_source``:
-    ``endpoint``) or, when it does not answer, as last written to the registry."""
+    process is gone), ``checked_at``, per query its :func:`~.progress.checkpoint_facts`, and
+    ``health`` as the job process reports it now through its control endpoint
+    (``health_source``: ``endpoint``) or, when it does not answer, as last written to the
+    registry."""
     now = time.time() if now is None else now
     out = dict(entry)
     alive = registry.alive(dict(entry))
@@ -125,7 +102,7 @@ def job_status(entry: Mapping[str, Any], now: float | None = None) -> dict[str, 
         except endpoint.EndpointError:
             pass
     out["queries"] = {
-        q: {**info, **query_checkpoint(info["checkpoint_dir"], now)}
+        q: {**info, **checkpoint_facts(info["checkpoint_dir"], now).to_json()}
         for q, info in (entry.get("queries") or {}).items()
     }
     return out
@@ -472,7 +449,7 @@ def upgrade(
     entry = registry.require(job)
     last = last_committed(entry)
     partitions = {
-        q: query_checkpoint(info["checkpoint_dir"], time.time())["state_partitions"]
+        q: checkpoint_facts(info["checkpoint_dir"]).state_partitions
         for q, info in (entry.get("queries") or {}).items()
     }
     return {

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from stateful_runtime import secrets
+from stateful_runtime.contract import JobHealth, QueryHealth
 from stateful_runtime.exceptions import JobError, StatefulRuntimeError
 from stateful_runtime.runtime import registry
 
@@ -72,7 +73,7 @@ class Handlers:
 
     job: str
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> JobHealth:
         raise NotImplementedError
 
     def savepoint(self, target: str | None) -> dict[str, Any]:
@@ -95,68 +96,77 @@ def _epoch(value: Any) -> float | None:
         return None
 
 
-def metrics_text(health: Mapping[str, Any]) -> bytes:
-    """Prometheus text exposition of a :meth:`Handlers.health` document."""
+def metrics_text(health: JobHealth) -> bytes:
+    """Prometheus text exposition of a :meth:`Handlers.health` report."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-    job = str(health.get("job"))
-    queries: Mapping[str, Mapping[str, Any]] = health.get("queries") or {}
+    job = health.job
+    queries = health.queries
+
+    def watermark(h: QueryHealth) -> float | None:
+        return None if h.batch is None else _epoch(h.batch.watermark)
+
+    def of_batch(attribute: str) -> Callable[[QueryHealth], Any]:
+        return lambda h: None if h.batch is None else getattr(h.batch, attribute)
 
     class _Collector:
         def collect(self) -> Any:
             up = GaugeMetricFamily(
                 "srt_job_running", "1 while the job's queries run", labels=["job", "state"]
             )
-            up.add_metric(
-                [job, str(health.get("state"))], 1.0 if health.get("state") == "RUNNING" else 0.0
-            )
+            up.add_metric([job, str(health.state)], 1.0 if health.state == "RUNNING" else 0.0)
             yield up
-            gauges = [
+            gauges: list[tuple[str, str, Callable[[QueryHealth], Any], float]] = [
                 (
                     "srt_last_committed_batch",
                     "last committed micro-batch",
-                    "last_committed_batch",
+                    lambda h: h.last_committed_batch,
                     1.0,
                 ),
                 (
                     "srt_checkpoint_age_seconds",
                     "seconds since the last committed batch",
-                    "checkpoint_age_s",
+                    lambda h: h.checkpoint_age_s,
                     1.0,
                 ),
                 (
                     "srt_input_rows_per_second",
                     "input rate of the last batch",
-                    "input_rows_per_s",
+                    of_batch("input_rows_per_s"),
                     1.0,
                 ),
                 (
                     "srt_processed_rows_per_second",
                     "processing rate of the last batch",
-                    "processed_rows_per_s",
+                    of_batch("processed_rows_per_s"),
                     1.0,
                 ),
                 (
                     "srt_batch_duration_seconds",
                     "duration of the last batch",
-                    "batch_duration_ms",
+                    of_batch("batch_duration_ms"),
                     0.001,
                 ),
-                ("srt_lag_records", "records in the source not yet processed", "lag_records", 1.0),
-                ("srt_state_rows", "rows in the state store", "state_rows", 1.0),
-                ("srt_state_bytes", "memory used by the state store", "state_bytes", 1.0),
+                (
+                    "srt_lag_records",
+                    "records in the source not yet processed",
+                    of_batch("lag_records"),
+                    1.0,
+                ),
+                ("srt_state_rows", "rows in the state store", of_batch("state_rows"), 1.0),
+                ("srt_state_bytes", "memory used by the state store", of_batch("state_bytes"), 1.0),
                 (
                     "srt_watermark_seconds",
                     "event-time watermark (epoch seconds)",
-                    "_watermark",
+                    watermark,
                     1.0,
                 ),
             ]
-            for name, doc, key, scale in gauges:
+            for name, doc, read, scale in gauges:
                 family = GaugeMetricFamily(name, doc, labels=["job", "query"])
                 for q, h in sorted(queries.items()):
-                    value = _epoch(h.get("watermark")) if key == "_watermark" else h.get(key)
+                    value = read(h)
                     if isinstance(value, int | float) and not isinstance(value, bool):
                         family.add_metric([job, q], float(value) * scale)
                 yield family
@@ -174,12 +184,12 @@ def metrics_text(health: Mapping[str, Any]) -> bytes:
                     "late",
                 ),
             ]
-            for name, doc, key in records:
+            for name, doc, attribute in records:
                 counter = CounterMetricFamily(name, doc, labels=["job", "query", "source"])
                 for q, h in sorted(queries.items()):
-                    r = h.get("records") or {}
-                    if isinstance(r.get(key), int):
-                        counter.add_metric([job, q, str(r.get("source"))], float(r[key]))
+                    if h.records is not None:
+                        value = getattr(h.records, attribute)
+                        counter.add_metric([job, q, h.records.source], float(value))
                 yield counter
             late = CounterMetricFamily(
                 "srt_late_rows_dropped",
@@ -187,8 +197,8 @@ def metrics_text(health: Mapping[str, Any]) -> bytes:
                 labels=["job", "query"],
             )
             for q, h in sorted(queries.items()):
-                if isinstance(h.get("late_rows_dropped_this_run"), int):
-                    late.add_metric([job, q], float(h["late_rows_dropped_this_run"]))
+                if h.batch is not None:
+                    late.add_metric([job, q], float(h.batch.late_rows_dropped_this_run))
             yield late
 
     reg = CollectorRegistry(auto_describe=False)
@@ -268,7 +278,7 @@ def _handler(handlers: Handlers, token: str) -> type[BaseHTTPRequestHandler]:
             if not self._authorised():
                 return
             if self.path == "/health":
-                self._dispatch(handlers.health)
+                self._dispatch(lambda: handlers.health().to_json())
             elif self.path == "/metrics":
                 try:
                     text = metrics_text(handlers.health())

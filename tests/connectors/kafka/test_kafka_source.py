@@ -14,8 +14,8 @@ from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.job import CheckpointConfig
 from stateful_runtime.planner import plan
 from stateful_runtime.runtime.explain import explain
+from stateful_runtime.runtime.progress import batch_health
 from stateful_runtime.runtime.registry import redacted
-from stateful_runtime.runtime.runner import progress_health
 
 SCHEMA = {"id": int, "ts_ms": int}
 BASE = 1_767_225_600_000
@@ -130,13 +130,14 @@ def test_idle_partition_does_not_stall_windows(spark, kafka, tmp_path, idleness)
         progress = [p for p in q.recentProgress if p["numInputRows"]][-1]
     finally:
         q.stop()
-    health = progress_health(progress, str(tmp_path / "ck"))
+    health = batch_health(progress)
     if idleness:
         assert len(closed) == 4  # minutes 0-3 closed; minute 4 waits for the watermark
     else:
         assert closed == []  # stalled behind the silent partition, as Flink without idleness
-        assert health["lag_by_partition"][f"{topic}:0"] > 200
-        assert health["lag_records"] == sum(health["lag_by_partition"].values())
+        assert health.lag_by_partition is not None
+        assert health.lag_by_partition[f"{topic}:0"] > 200
+        assert health.lag_records == sum(health.lag_by_partition.values())
 
 
 def test_splits_read_exactly_their_committed_records_around_transaction_markers(kafka):
