@@ -255,7 +255,7 @@ def rescale(
         query = CheckpointLayout(checkpoint_dir).query(q)
         batch = query.last_committed()
         current = None if batch is None else query.state_partitions(batch)
-        if current is None or current == parallelism:
+        if batch is None or current is None or current == parallelism:
             continue
         if not restored:
             notes.append(
