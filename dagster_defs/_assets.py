@@ -28,7 +28,7 @@ def _code(text: str) -> MetadataValue:
 
 
 def _failure(exc: Exception, log_path: Any = None) -> Failure:
-    from stateful_runtime.secrets import mask_text
+    from stateful_runtime.masking import mask_text
 
     metadata: dict[str, Any] = {"error": type(exc).__name__}
     if log_path is not None:
@@ -48,7 +48,7 @@ def job_asset(spec: StreamingJobSpec, translator: StreamingJobTranslator) -> Ass
     )
     def _run(context: AssetExecutionContext) -> MaterializeResult:
         from dagster_defs.errors import StatefulRuntimeError
-        from stateful_runtime.secrets import mask_config, mask_text
+        from stateful_runtime.masking import mask_config, mask_text
 
         runtime = context.resources.streaming_runtime
         log_path = None

@@ -23,7 +23,7 @@ from dagster_defs._results import WindowCounts
 from dagster_defs._specs import WindowReconciliation
 
 if TYPE_CHECKING:
-    from dbt_sink import LedgerEntry
+    from stateful_runtime.ledger import LedgerEntry
 
 # Mismatched windows listed in the check's metadata; the totals cover all of them.
 SHOWN_MISMATCHES = 20

@@ -110,7 +110,7 @@ def _take_savepoint(
             env=_env(context),
         )
     except StatefulRuntimeError as exc:
-        from stateful_runtime.secrets import mask_text
+        from stateful_runtime.masking import mask_text
 
         raise Failure(description=mask_text(str(exc)), metadata={"error": _kind(exc)}) from exc
     context.log.info(
@@ -294,7 +294,7 @@ def _relaunch_op(
     )
     def _relaunch(context: OpExecutionContext) -> None:
         from dagster_defs.errors import StatefulRuntimeError
-        from stateful_runtime.secrets import mask_text
+        from stateful_runtime.masking import mask_text
 
         spec = _spec(specs, context.op_config["job"])
         runtime = context.resources.streaming_runtime

@@ -343,7 +343,7 @@ def _restart(
                 out["killed_with"] = ended.signal
         launch = runtime.launch(spec.name, spec.job_file, launch_config(spec, context.resources))
     except StatefulRuntimeError as exc:
-        from stateful_runtime.secrets import mask_text
+        from stateful_runtime.masking import mask_text
 
         context.log.error(f"{spec.name}: relaunch failed: {mask_text(str(exc))}")
         out["restart_error"] = mask_text(str(exc))

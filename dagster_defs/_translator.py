@@ -10,9 +10,9 @@ from dagster import AssetKey, AssetSpec, FreshnessPolicy
 
 from dagster_defs._specs import SinkTableSpec, StreamingJobSpec
 
-# The sink-table key and the names derived from job and table names are dbt_sink's, so that the
-# dbt sources `srt dbt sources` generates point at these assets by construction.
-from dbt_sink.dbt import freshness, identifier, sink_asset_key
+# The sink-table key and the names derived from job and table names are the dbt sources', so
+# that the sources `srt dbt sources` generates point at these assets by construction.
+from stateful_runtime.dbt_sources import freshness, identifier, sink_asset_key
 
 __all__ = ["StreamingJobTranslator", "identifier"]
 
@@ -30,7 +30,7 @@ class StreamingJobTranslator:
         return AssetKey([identifier(job.name)])
 
     def get_sink_asset_key(self, job: StreamingJobSpec, table: SinkTableSpec) -> AssetKey:
-        # What a generated dbt source's meta.dagster.asset_key says (dbt_sink.dbt); if you
+        # What a generated dbt source's meta.dagster.asset_key says (dbt_sources); if you
         # override this, give `srt dbt sources` the same prefix (--asset-key-prefix).
         return AssetKey(sink_asset_key(table.table))
 
@@ -71,7 +71,7 @@ class StreamingJobTranslator:
         self, job: StreamingJobSpec, table: SinkTableSpec
     ) -> FreshnessPolicy | None:
         """From the table's expected latency: warn and fail windows in whole minutes, as the
-        generated dbt source's freshness (``dbt_sink.dbt.freshness``)."""
+        generated dbt source's freshness (``stateful_runtime.dbt_sources.freshness``)."""
         if table.expected_latency is None:
             return None
         windows = freshness(table.expected_latency.total_seconds())

@@ -38,7 +38,7 @@ from dagster_defs._results import (
 if TYPE_CHECKING:
     import duckdb
 
-    from dbt_sink import LedgerEntry
+    from stateful_runtime.ledger import LedgerEntry
 
 
 class StreamingRuntime(ConfigurableResource):
@@ -362,7 +362,7 @@ class StreamingRuntime(ConfigurableResource):
 def _set_args(config: Mapping[str, Any]) -> list[str]:
     """``--set KEY=VALUE`` arguments for the job config that holds no secret; the rest goes
     through the environment (:func:`_secret_env`), never an ``srt`` process's argv."""
-    from stateful_runtime.secrets import split_overrides
+    from stateful_runtime.masking import split_overrides
 
     public, _ = split_overrides(config)
     return [arg for k, v in public.items() for arg in ("--set", f"{k}={v}")]
@@ -370,7 +370,7 @@ def _set_args(config: Mapping[str, Any]) -> list[str]:
 
 def _secret_env(config: Mapping[str, Any]) -> dict[str, str]:
     """Environment carrying the job config's secret values to an ``srt`` process."""
-    from stateful_runtime.secrets import child_env, split_overrides
+    from stateful_runtime.masking import child_env, split_overrides
 
     return child_env(split_overrides(config)[1])
 

@@ -1,7 +1,7 @@
-"""Warehouse sinks that write a stream's results by idempotent upserts, and their ledger.
+"""Warehouse sinks that write a stream's results by idempotent upserts, exactly once through
+their ledger (its names: :mod:`stateful_runtime.ledger`).
 
-Names are imported lazily (PEP 562): ``dbt_sink.dbt`` (sink-table asset keys, dbt sources) is
-imported by Dagster at definition load without pulling in pyarrow or DuckDB.
+Names are imported lazily (PEP 562): importing the package pulls in neither pyarrow nor DuckDB.
 """
 
 from __future__ import annotations
@@ -10,8 +10,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    "LEDGER_TABLE": "base",
-    "LedgerEntry": "base",
     "WarehouseUpsertSink": "base",
     "dedupe_last": "base",
     "DuckDBUpsertSink": "duckdb",
@@ -19,16 +17,14 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "LEDGER_TABLE",
     "DuckDBUpsertSink",
-    "LedgerEntry",
     "WarehouseUpsertSink",
     "committed_batches",
     "dedupe_last",
 ]
 
 if TYPE_CHECKING:
-    from dbt_sink.base import LEDGER_TABLE, LedgerEntry, WarehouseUpsertSink, dedupe_last
+    from dbt_sink.base import WarehouseUpsertSink, dedupe_last
     from dbt_sink.duckdb import DuckDBUpsertSink, committed_batches
 
 

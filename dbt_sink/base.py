@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -13,23 +11,7 @@ import pyarrow.compute as pc
 from stateful_runtime.connectors.base import Sink
 from stateful_runtime.exceptions import SinkError
 
-LEDGER_TABLE = "srt_sink_ledger"
 _ROW = "__srt_row"
-
-
-@dataclass(frozen=True)
-class LedgerEntry:
-    """One micro-batch a sink committed to its warehouse (a row of :data:`LEDGER_TABLE`).
-
-    Attributes:
-        batch_id: Spark's micro-batch id.
-        rows: rows the batch upserted (after the in-batch dedupe).
-        committed_at: when the warehouse transaction committed (the warehouse's clock, UTC).
-    """
-
-    batch_id: int
-    rows: int
-    committed_at: datetime | None
 
 
 def dedupe_last(batch: pa.Table, keys: Sequence[str]) -> pa.Table:

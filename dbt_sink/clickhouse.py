@@ -38,20 +38,18 @@ from urllib.parse import parse_qs, urlsplit
 
 import pyarrow as pa
 
-from dbt_sink.base import LedgerEntry
 from dbt_sink.partitioned import (
     Column,
     PartitionedWarehouseSink,
     RetryPolicy,
     hook,
-    mask_url,
     options,
-    secret,
 )
 from stateful_runtime.connectors.base import PartitionReport, SinkSummary, WritePath
 from stateful_runtime.exceptions import ConfigError, SinkError
+from stateful_runtime.ledger import BATCH_ID, JOB, LEDGER_TABLE, ROWS, SINK, LedgerEntry
+from stateful_runtime.masking import mask_text, resolve
 
-LEDGER_TABLE = "srt_sink_ledger"
 VERSION_COLUMN = "_srt_batch"
 # Rows per INSERT: one block per chunk (well under the server's max_insert_block_size of
 # 1,048,576, which would split a block and its token), small enough to stream from a task.
@@ -243,7 +241,7 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
         if scheme not in ("clickhouse", "chdb"):
             raise ConfigError(
                 f"ClickHouse url must be clickhouse://user@host:port/database or "
-                f"chdb:///path, got {mask_url(url)!r}"
+                f"chdb:///path, got {mask_text(url)!r}"
             )
         self.url = url
         self.password = password if password is not None else urlsplit(url).password
@@ -276,7 +274,7 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
 
     @property
     def location(self) -> str:
-        return mask_url(self.url)
+        return mask_text(self.url)
 
     def write_path(self) -> WritePath:
         if self.in_process:
@@ -286,7 +284,7 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
     def _client(self) -> _Native | _Chdb:
         if self.in_process:
             return _Chdb(self.url)
-        return _Native(self.url, secret(self.password), self.connect_timeout_s)
+        return _Native(self.url, resolve("password", self.password), self.connect_timeout_s)
 
     def transient(self, exc: BaseException) -> bool:
         from clickhouse_driver import errors
@@ -371,10 +369,10 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
             self._detect(c)
             assert self.server_version is not None
             c.command(
-                f"CREATE TABLE IF NOT EXISTS {LEDGER_TABLE} (job String, sink String, "
-                "batch_id Int64, partition Int32, partitions Int32, state String, rows Int64, "
-                "chunks Int32, at DateTime, seq UInt64) ENGINE = MergeTree "
-                "ORDER BY (job, sink, batch_id, partition)"
+                f"CREATE TABLE IF NOT EXISTS {LEDGER_TABLE} ({JOB} String, {SINK} String, "
+                f"{BATCH_ID} Int64, partition Int32, partitions Int32, state String, {ROWS} "
+                f"Int64, chunks Int32, at DateTime, seq UInt64) ENGINE = MergeTree "
+                f"ORDER BY ({JOB}, {SINK}, {BATCH_ID}, partition)"
             )
             want = [Column(f.name, self._column_type(f)) for f in schema]
             exists = c.query(
@@ -418,7 +416,7 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
 
     def _where(self, batch_id: int) -> str:
         return (
-            f"job = {_lit(self.job)} AND sink = {_lit(self.sink_name)} AND batch_id = "
+            f"{JOB} = {_lit(self.job)} AND {SINK} = {_lit(self.sink_name)} AND {BATCH_ID} = "
             f"{_lit(batch_id)}"
         )
 
@@ -441,8 +439,8 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
         chunks: int,
     ) -> None:
         c.command(
-            f"INSERT INTO {LEDGER_TABLE} (job, sink, batch_id, partition, partitions, state, "
-            f"rows, chunks, at, seq) SELECT {_lit(self.job)}, {_lit(self.sink_name)}, "
+            f"INSERT INTO {LEDGER_TABLE} ({JOB}, {SINK}, {BATCH_ID}, partition, partitions, "
+            f"state, {ROWS}, chunks, at, seq) SELECT {_lit(self.job)}, {_lit(self.sink_name)}, "
             f"{_lit(batch_id)}, {_lit(partition)}, {_lit(partitions)}, {_lit(state)}, "
             f"{_lit(rows)}, {_lit(chunks)}, now(), {_lit(time.time_ns())}"
         )
@@ -476,8 +474,8 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
                 )
             if LEDGER_TABLE in tables:
                 c.command(
-                    f"ALTER TABLE {LEDGER_TABLE} DELETE WHERE job = {_lit(self.job)} AND "
-                    f"sink = {_lit(self.sink_name)} AND batch_id > {_lit(batch_id)}"
+                    f"ALTER TABLE {LEDGER_TABLE} DELETE WHERE {JOB} = {_lit(self.job)} AND "
+                    f"{SINK} = {_lit(self.sink_name)} AND {BATCH_ID} > {_lit(batch_id)}"
                 )
             deadline = time.monotonic() + MUTATION_WAIT_S
             while c.query(
@@ -548,9 +546,9 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
             return [
                 (int(b), int(r))
                 for b, r in c.query(
-                    f"SELECT batch_id, max(rows) FROM {LEDGER_TABLE} WHERE job = {_lit(self.job)} "
-                    f"AND sink = {_lit(self.sink_name)} AND partition = -1 AND state = 'COMMITTED' "
-                    f"GROUP BY batch_id ORDER BY batch_id DESC"
+                    f"SELECT {BATCH_ID}, max({ROWS}) FROM {LEDGER_TABLE} WHERE {JOB} = "
+                    f"{_lit(self.job)} AND {SINK} = {_lit(self.sink_name)} AND partition = -1 "
+                    f"AND state = 'COMMITTED' GROUP BY {BATCH_ID} ORDER BY {BATCH_ID} DESC"
                 )
             ]
 
@@ -576,9 +574,10 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
             last = None
             if LEDGER_TABLE in have:
                 rows = c.query(
-                    f"SELECT batch_id, max(rows), max(at) FROM {LEDGER_TABLE} WHERE job = "
-                    f"{_lit(self.job)} AND sink = {_lit(self.sink_name)} AND partition = -1 AND "
-                    f"state = 'COMMITTED' GROUP BY batch_id ORDER BY batch_id DESC LIMIT 1"
+                    f"SELECT {BATCH_ID}, max({ROWS}), max(at) FROM {LEDGER_TABLE} WHERE {JOB} = "
+                    f"{_lit(self.job)} AND {SINK} = {_lit(self.sink_name)} AND partition = -1 "
+                    f"AND state = 'COMMITTED' GROUP BY {BATCH_ID} ORDER BY {BATCH_ID} DESC "
+                    f"LIMIT 1"
                 )
                 if rows:
                     last = LedgerEntry(int(rows[0][0]), int(rows[0][1]), rows[0][2])

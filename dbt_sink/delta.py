@@ -30,10 +30,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from dbt_sink.base import LedgerEntry
 from dbt_sink.partitioned import Column, PartitionedWarehouseSink, RetryPolicy, hook
 from stateful_runtime.connectors.base import PartitionReport, SinkSummary, WritePath
 from stateful_runtime.exceptions import ConfigError
+from stateful_runtime.ledger import LedgerEntry
 
 # Failures worth another try: the store unreachable or throttling, or another writer's commit
 # got in first (the merge is re-planned on the new version).

@@ -9,10 +9,19 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from dbt_sink.base import LEDGER_TABLE, LedgerEntry, WarehouseUpsertSink
+from dbt_sink.base import WarehouseUpsertSink
 from dbt_sink.partitioned import check_identifier
 from stateful_runtime.connectors.base import SinkSummary, WritePath
 from stateful_runtime.exceptions import SinkError
+from stateful_runtime.ledger import (
+    BATCH_ID,
+    COMMITTED_AT,
+    JOB,
+    LEDGER_TABLE,
+    ROWS,
+    SINK,
+    LedgerEntry,
+)
 
 # DuckDB allows one writing process per file; a reader (srt status, a test, a BI tool) may hold
 # the lock briefly, so a batch waits for it this long before the batch fails and is retried.
@@ -37,8 +46,8 @@ def committed_batches(
         return []
     limit = "" if newest is None else f" LIMIT {int(newest)}"
     rows = con.execute(
-        f"SELECT batch_id, rows, committed_at FROM {LEDGER_TABLE} WHERE job = ? AND sink = ? "
-        f"ORDER BY batch_id DESC{limit}",
+        f"SELECT {BATCH_ID}, {ROWS}, {COMMITTED_AT} FROM {LEDGER_TABLE} WHERE {JOB} = ? AND "
+        f"{SINK} = ? ORDER BY {BATCH_ID} DESC{limit}",
         [job, sink],
     ).fetchall()
     return [LedgerEntry(int(b), int(n or 0), at) for b, n, at in rows]
@@ -113,9 +122,9 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
 
     def _ensure_tables(self, con: duckdb.DuckDBPyConnection, batch: pa.Table) -> None:
         con.execute(
-            f"CREATE TABLE IF NOT EXISTS {LEDGER_TABLE} (job VARCHAR, sink VARCHAR, "
-            "batch_id BIGINT, rows BIGINT, committed_at TIMESTAMP, "
-            "PRIMARY KEY (job, sink, batch_id))"
+            f"CREATE TABLE IF NOT EXISTS {LEDGER_TABLE} ({JOB} VARCHAR, {SINK} VARCHAR, "
+            f"{BATCH_ID} BIGINT, {ROWS} BIGINT, {COMMITTED_AT} TIMESTAMP, "
+            f"PRIMARY KEY ({JOB}, {SINK}, {BATCH_ID}))"
         )
         existing = con.execute(
             "SELECT column_name, data_type FROM information_schema.columns WHERE "
@@ -165,7 +174,7 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
             ).fetchone()
             if exists:
                 con.execute(
-                    f"DELETE FROM {LEDGER_TABLE} WHERE job = ? AND sink = ? AND batch_id > ?",
+                    f"DELETE FROM {LEDGER_TABLE} WHERE {JOB} = ? AND {SINK} = ? AND {BATCH_ID} > ?",
                     [self.job, self.sink_name, batch_id],
                 )
         finally:
@@ -177,7 +186,7 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
             con.begin()
             self._ensure_tables(con, batch)
             seen = con.execute(
-                f"SELECT 1 FROM {LEDGER_TABLE} WHERE job = ? AND sink = ? AND batch_id = ?",
+                f"SELECT 1 FROM {LEDGER_TABLE} WHERE {JOB} = ? AND {SINK} = ? AND {BATCH_ID} = ?",
                 [self.job, self.sink_name, batch_id],
             ).fetchone()
             if seen:
@@ -199,7 +208,8 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
                 )
                 con.unregister("_srt_batch")
             con.execute(
-                f"INSERT INTO {LEDGER_TABLE} VALUES (?, ?, ?, ?, now()::TIMESTAMP)",
+                f"INSERT INTO {LEDGER_TABLE} ({JOB}, {SINK}, {BATCH_ID}, {ROWS}, {COMMITTED_AT}) "
+                "VALUES (?, ?, ?, ?, now()::TIMESTAMP)",
                 [self.job, self.sink_name, batch_id, batch.num_rows],
             )
             con.commit()

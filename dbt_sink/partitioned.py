@@ -7,7 +7,6 @@
 * :class:`RetryPolicy` — a warehouse that is down or refusing: each step is retried with
   exponential backoff, then the batch fails with a message naming the warehouse (Spark replays
   the batch when the job runs again: nothing lost, nothing doubled).
-* :func:`secret`, :func:`mask_url` — ``env:NAME`` secrets, passwords masked in what is shown.
 * :func:`hook` — the test hook that blocks a sink between two steps so a test can kill -9 it
   there (``SRT_TEST_SINK_HOOK=<dir>``, ``SRT_TEST_SINK_HOOK_AT=<point>[,<point>...]``).
 """
@@ -22,7 +21,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow as pa
 
@@ -61,29 +59,6 @@ def check_identifier(name: str, what: str) -> str:
     if name.startswith("_srt") or name.startswith("__srt"):
         raise ConfigError(f"{what} {name!r}: names starting with _srt are the sink's own")
     return name
-
-
-def secret(value: str | None) -> str | None:
-    """``env:NAME`` → the environment variable ``NAME`` (read where the sink connects);
-    anything else as it is."""
-    if value and value.startswith("env:"):
-        name = value[4:]
-        if name not in os.environ:
-            raise ConfigError(f"secret {value!r}: environment variable {name} is not set")
-        return os.environ[name]
-    return value
-
-
-def mask_url(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for explain, logs, the registry)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 @dataclass(frozen=True)

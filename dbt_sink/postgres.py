@@ -28,20 +28,27 @@ from urllib.parse import urlsplit, urlunsplit
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from dbt_sink.base import LedgerEntry
 from dbt_sink.partitioned import (
     Column,
     PartitionedWarehouseSink,
     RetryPolicy,
     hook,
-    mask_url,
     options,
-    secret,
 )
 from stateful_runtime.connectors.base import PartitionReport, SinkSummary
 from stateful_runtime.exceptions import ConfigError, SinkError
+from stateful_runtime.ledger import (
+    BATCH_ID,
+    COMMITTED_AT,
+    JOB,
+    LEDGER_TABLE,
+    ROWS,
+    SINK,
+    LedgerEntry,
+)
+from stateful_runtime.masking import mask_text, resolve
 
-LEDGER_TABLE = "srt_sink_ledger"
+# Which partitions of a batch are written (each in its own transaction, with its rows).
 PARTITION_LEDGER = "srt_sink_partitions"
 
 
@@ -119,7 +126,7 @@ class PostgresUpsertSink(PartitionedWarehouseSink):
         parts = urlsplit(dsn)
         if parts.scheme not in ("postgresql", "postgres"):
             raise ConfigError(
-                f"PostgreSQL dsn must start with postgresql://, got {mask_url(dsn)!r}"
+                f"PostgreSQL dsn must start with postgresql://, got {mask_text(dsn)!r}"
             )
         self.dsn = dsn
         self.password = password if password is not None else parts.password
@@ -145,7 +152,7 @@ class PostgresUpsertSink(PartitionedWarehouseSink):
 
     @property
     def location(self) -> str:
-        return mask_url(self.dsn)
+        return mask_text(self.dsn)
 
     def describe(self) -> str:
         return (
@@ -168,7 +175,7 @@ class PostgresUpsertSink(PartitionedWarehouseSink):
 
         return psycopg.connect(
             self._conninfo(),
-            password=secret(self.password),
+            password=resolve("password", self.password),
             connect_timeout=max(1, int(self.connect_timeout_s)),
             application_name=f"srt:{self.job}:{self.sink_name}"[:63],
         )
@@ -206,15 +213,15 @@ class PostgresUpsertSink(PartitionedWarehouseSink):
 
         def step(con: Any) -> bool:
             con.execute(
-                f"CREATE TABLE IF NOT EXISTS {_q(self.schema)}.{LEDGER_TABLE} (job text, "
-                "sink text, batch_id bigint, rows bigint, committed_at timestamptz DEFAULT "
-                "now(), PRIMARY KEY (job, sink, batch_id))"
+                f"CREATE TABLE IF NOT EXISTS {_q(self.schema)}.{LEDGER_TABLE} ({JOB} text, "
+                f"{SINK} text, {BATCH_ID} bigint, {ROWS} bigint, {COMMITTED_AT} timestamptz "
+                f"DEFAULT now(), PRIMARY KEY ({JOB}, {SINK}, {BATCH_ID}))"
             )
             con.execute(
-                f"CREATE TABLE IF NOT EXISTS {_q(self.schema)}.{PARTITION_LEDGER} (job text, "
-                "sink text, batch_id bigint, partition integer, partitions integer, rows "
-                "bigint, committed_at timestamptz DEFAULT now(), "
-                "PRIMARY KEY (job, sink, batch_id, partition, partitions))"
+                f"CREATE TABLE IF NOT EXISTS {_q(self.schema)}.{PARTITION_LEDGER} ({JOB} text, "
+                f"{SINK} text, {BATCH_ID} bigint, partition integer, partitions integer, {ROWS} "
+                f"bigint, {COMMITTED_AT} timestamptz DEFAULT now(), "
+                f"PRIMARY KEY ({JOB}, {SINK}, {BATCH_ID}, partition, partitions))"
             )
             have = [
                 Column(n, t)
@@ -240,8 +247,8 @@ class PostgresUpsertSink(PartitionedWarehouseSink):
                     )
             return (
                 con.execute(
-                    f"SELECT 1 FROM {_q(self.schema)}.{LEDGER_TABLE} WHERE job = %s AND sink = %s "
-                    "AND batch_id = %s",
+                    f"SELECT 1 FROM {_q(self.schema)}.{LEDGER_TABLE} WHERE {JOB} = %s AND "
+                    f"{SINK} = %s AND {BATCH_ID} = %s",
                     [self.job, self.sink_name, batch_id],
                 ).fetchone()
                 is None
@@ -255,13 +262,13 @@ class PostgresUpsertSink(PartitionedWarehouseSink):
 
         def step(con: Any) -> None:
             con.execute(
-                f"INSERT INTO {_q(self.schema)}.{LEDGER_TABLE} (job, sink, batch_id, rows) "
-                "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                f"INSERT INTO {_q(self.schema)}.{LEDGER_TABLE} ({JOB}, {SINK}, {BATCH_ID}, "
+                f"{ROWS}) VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
                 [self.job, self.sink_name, batch_id, rows],
             )
             con.execute(
-                f"DELETE FROM {_q(self.schema)}.{PARTITION_LEDGER} WHERE job = %s AND "
-                "sink = %s AND batch_id < %s",
+                f"DELETE FROM {_q(self.schema)}.{PARTITION_LEDGER} WHERE {JOB} = %s AND "
+                f"{SINK} = %s AND {BATCH_ID} < %s",
                 [self.job, self.sink_name, batch_id],
             )
 
@@ -275,8 +282,8 @@ class PostgresUpsertSink(PartitionedWarehouseSink):
                 ).fetchone()[0]
                 if exists:
                     con.execute(
-                        f"DELETE FROM {_q(self.schema)}.{table} WHERE job = %s AND "
-                        "sink = %s AND batch_id > %s",
+                        f"DELETE FROM {_q(self.schema)}.{table} WHERE {JOB} = %s AND "
+                        f"{SINK} = %s AND {BATCH_ID} > %s",
                         [self.job, self.sink_name, batch_id],
                     )
 
@@ -307,8 +314,8 @@ class PostgresUpsertSink(PartitionedWarehouseSink):
         def step(con: Any) -> PartitionReport:
             t0 = time.perf_counter()
             done = con.execute(
-                f"SELECT 1 FROM {_q(self.schema)}.{PARTITION_LEDGER} WHERE job = %s AND "
-                "sink = %s AND batch_id = %s AND partition = %s AND partitions = %s",
+                f"SELECT 1 FROM {_q(self.schema)}.{PARTITION_LEDGER} WHERE {JOB} = %s AND "
+                f"{SINK} = %s AND {BATCH_ID} = %s AND partition = %s AND partitions = %s",
                 ident,
             ).fetchone()
             if done:
@@ -325,8 +332,8 @@ class PostgresUpsertSink(PartitionedWarehouseSink):
             )
             hook("data", batch_id, partition)
             con.execute(
-                f"INSERT INTO {_q(self.schema)}.{PARTITION_LEDGER} (job, sink, batch_id, "
-                "partition, partitions, rows) VALUES (%s, %s, %s, %s, %s, %s)",
+                f"INSERT INTO {_q(self.schema)}.{PARTITION_LEDGER} ({JOB}, {SINK}, {BATCH_ID}, "
+                f"partition, partitions, {ROWS}) VALUES (%s, %s, %s, %s, %s, %s)",
                 [*ident, rows.num_rows],
             )
             con.commit()
@@ -360,8 +367,9 @@ class PostgresUpsertSink(PartitionedWarehouseSink):
                 is not None
             ):
                 row = con.execute(
-                    f"SELECT batch_id, rows, committed_at FROM {_q(self.schema)}.{LEDGER_TABLE}"
-                    " WHERE job = %s AND sink = %s ORDER BY batch_id DESC LIMIT 1",
+                    f"SELECT {BATCH_ID}, {ROWS}, {COMMITTED_AT} FROM "
+                    f"{_q(self.schema)}.{LEDGER_TABLE} WHERE {JOB} = %s AND {SINK} = %s "
+                    f"ORDER BY {BATCH_ID} DESC LIMIT 1",
                     [self.job, self.sink_name],
                 ).fetchone()
                 last = LedgerEntry(int(row[0]), int(row[1] or 0), row[2]) if row else None

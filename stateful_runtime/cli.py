@@ -1,7 +1,7 @@
 """``srt``: the command line of the stateful runtime.
 
-Everything ``srt`` prints passes through :class:`stateful_runtime.secrets.MaskingStream`, and
-JSON results through :func:`~stateful_runtime.secrets.mask_data`: a secret given in a
+Everything ``srt`` prints passes through :class:`stateful_runtime.masking.MaskingStream`, and
+JSON results through :func:`~stateful_runtime.masking.mask_data`: a secret given in a
 ``--set`` (or reaching this process in ``SRT_SECRET_SETS`` from a parent ``srt``) is never
 shown. Job names are validated (:func:`~stateful_runtime.names.check_name`) before any
 registry file is touched.
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 
-from stateful_runtime import secrets
+from stateful_runtime import masking
 from stateful_runtime.exceptions import JobError, StatefulRuntimeError
 from stateful_runtime.names import check_name
 
@@ -26,7 +26,7 @@ EXIT_USAGE = 2
 
 def _json(value: object) -> None:
     """A command's result under ``--json``: one JSON document on stdout, nothing else."""
-    print(json.dumps(secrets.mask_data(json.loads(json.dumps(value, default=str))), indent=2))
+    print(json.dumps(masking.mask_data(json.loads(json.dumps(value, default=str))), indent=2))
 
 
 def _error_json(exc: StatefulRuntimeError) -> str:
@@ -42,7 +42,7 @@ def _error_json(exc: StatefulRuntimeError) -> str:
             continue
         details[key] = value
     return json.dumps(
-        secrets.mask_data({"error": {"type": type(exc).__name__, "message": str(exc), **details}})
+        masking.mask_data({"error": {"type": type(exc).__name__, "message": str(exc), **details}})
     )
 
 
@@ -114,7 +114,7 @@ def _run_cmd(args: argparse.Namespace) -> int:
     from stateful_runtime.runtime.runner import JobRunner
 
     jobfile = load_job_file(args.job_file, parse_overrides(args.set))
-    secrets.remember_config(jobfile.config)  # DEFAULTS too: masked in whatever is printed
+    masking.remember_config(jobfile.config)  # DEFAULTS too: masked in whatever is printed
     try:
         return JobRunner(
             jobfile,
@@ -139,7 +139,7 @@ def _explain_cmd(args: argparse.Namespace) -> int:
     from stateful_runtime.runtime.loader import load_job_file, parse_overrides
 
     loaded = load_job_file(args.job_file, parse_overrides(args.set))
-    secrets.remember_config(loaded.config)
+    masking.remember_config(loaded.config)
     job = loaded.job
     spark = None
     if not args.no_spark:
@@ -147,7 +147,7 @@ def _explain_cmd(args: argparse.Namespace) -> int:
 
         spark = build_session(job.parallelism, args.master)
     planned = plan(job)
-    text = secrets.mask_text(explain(planned, spark))
+    text = masking.mask_text(explain(planned, spark))
     if args.json:
         _json(
             {
@@ -343,14 +343,15 @@ def _reconcile_cmd(args: argparse.Namespace) -> int:
 
 
 def _dbt_cmd(args: argparse.Namespace) -> int:
-    """``srt dbt sources``: the job file's sink tables as dbt sources (dbt_sink.dbt)."""
-    from dbt_sink import dbt
+    """``srt dbt sources``: the job file's sink tables as dbt sources
+    (:mod:`stateful_runtime.dbt_sources`)."""
+    from stateful_runtime import dbt_sources
     from stateful_runtime.runtime import catalog
     from stateful_runtime.runtime.loader import parse_overrides
 
     described = catalog.sink_tables(args.job_file, parse_overrides(args.set))
-    job = dbt.JobTables.from_dict(described)
-    document = dbt.sources(
+    job = dbt_sources.JobTables.from_dict(described)
+    document = dbt_sources.sources(
         job,
         source_name=args.source_name,
         database=args.database,
@@ -359,10 +360,10 @@ def _dbt_cmd(args: argparse.Namespace) -> int:
         kind=args.kind,
         asset_key_prefix=[p for p in (args.asset_key_prefix or "").split("/") if p],
     )
-    text = dbt.render(document, job_file=args.job_file, job=job.job)
+    text = dbt_sources.render(document, job_file=args.job_file, job=job.job)
     changed = None
     if args.output:
-        changed = dbt.write_if_changed(args.output, text)
+        changed = dbt_sources.write_if_changed(args.output, text)
     if args.json:
         _json(
             {
@@ -816,9 +817,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    if not isinstance(sys.stdout, secrets.MaskingStream):
-        sys.stdout = secrets.MaskingStream(sys.stdout)  # type: ignore[assignment]
-        sys.stderr = secrets.MaskingStream(sys.stderr)  # type: ignore[assignment]
+    if not isinstance(sys.stdout, masking.MaskingStream):
+        sys.stdout = masking.MaskingStream(sys.stdout)  # type: ignore[assignment]
+        sys.stderr = masking.MaskingStream(sys.stderr)  # type: ignore[assignment]
     args = _parser().parse_args(argv)
     if args.home:
         # This process's registry (a child of Dagster or a test gets it as a value).
@@ -826,11 +827,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # Overrides holding secrets come from a parent srt (or Dagster) in the environment,
         # never in argv; removed here so Spark's processes do not inherit them.
-        hidden = secrets.take_env_overrides()
+        hidden = masking.take_env_overrides()
         if hasattr(args, "set"):
             given = dict(p.partition("=")[::2] for p in args.set)
-            secrets.remember_config(given)
-            shown = sorted(k for k, v in given.items() if secrets.holds_secret(k, v))
+            masking.remember_config(given)
+            shown = sorted(k for k, v in given.items() if masking.holds_secret(k, v))
             if shown:
                 print(
                     f"srt: warning: {', '.join(shown)} given on the command line, where "

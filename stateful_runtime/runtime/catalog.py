@@ -1,8 +1,9 @@
 """What a job file writes: each warehouse sink table with its columns, key and latency.
 
-``srt dbt sources JOB_FILE`` renders this as dbt sources (``dbt_sink.dbt``); the runtime side
-only loads the job file and reads its graph (no Spark), so the description is plain JSON-able
-data: the warehouse package needs neither the planner nor the job's API to render it.
+``srt dbt sources JOB_FILE`` renders this as dbt sources (:mod:`stateful_runtime.dbt_sources`);
+this side only loads the job file and reads its graph (no Spark), so the description is plain
+JSON-able data: the rendering needs neither the planner nor the job's API. A table's ``kind``
+is the one its sink declares (:mod:`stateful_runtime.sink_kinds`).
 """
 
 from __future__ import annotations

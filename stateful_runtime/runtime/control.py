@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from stateful_runtime import masking
 from stateful_runtime.checkpoints import layout
 from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.exceptions import (
@@ -135,7 +136,7 @@ def config_drift(entry: Mapping[str, Any], job_file: str, config: Mapping[str, A
     """Keys whose value in the live process differs from ``config`` (and ``job_file`` if the
     process runs another file)."""
     running = entry.get("config") or {}
-    wanted = registry.redacted(dict(config))  # entries keep secrets masked; compare likewise
+    wanted = masking.mask_config(config)  # entries keep secrets masked; compare likewise
 
     def same(a: Any, b: Any) -> bool:
         if str(a) == str(b):

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hmac
 import json
-import secrets as _random
+import secrets
 import threading
 import time
 import urllib.error
@@ -38,7 +38,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from stateful_runtime import secrets
+from stateful_runtime import masking
 from stateful_runtime.contract import JobHealth, QueryHealth
 from stateful_runtime.exceptions import JobError, StatefulRuntimeError
 from stateful_runtime.runtime import registry
@@ -233,7 +233,7 @@ def _handler(handlers: Handlers, token: str) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(body)
 
         def _json(self, status: int, value: Any) -> None:
-            body = json.dumps(secrets.mask_data(value), default=str).encode()
+            body = json.dumps(masking.mask_data(value), default=str).encode()
             self._send(status, body, "application/json")
 
         def _error(self, status: int, kind: str, message: str) -> None:
@@ -270,9 +270,9 @@ def _handler(handlers: Handlers, token: str) -> type[BaseHTTPRequestHandler]:
             try:
                 self._json(200, work())
             except StatefulRuntimeError as exc:
-                self._error(409, type(exc).__name__, secrets.mask_text(str(exc)))
+                self._error(409, type(exc).__name__, masking.mask_text(str(exc)))
             except Exception as exc:  # the job keeps running; the caller learns why
-                self._error(500, type(exc).__name__, secrets.mask_text(str(exc)))
+                self._error(500, type(exc).__name__, masking.mask_text(str(exc)))
 
         def do_GET(self) -> None:  # noqa: N802
             if not self._authorised():
@@ -315,7 +315,7 @@ class ControlEndpoint:
 
     def __init__(self, handlers: Handlers) -> None:
         self.handlers = handlers
-        self.token = _random.token_urlsafe(32)
+        self.token = secrets.token_urlsafe(32)
         self.token_file = token_path(handlers.job)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None

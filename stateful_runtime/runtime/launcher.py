@@ -8,7 +8,7 @@ serialised per job by a lock file, so two launchers never start the same job twi
 entry is STARTING or RUNNING with a live pid is reused, not relaunched.
 
 Secrets never reach the child's argv (``ps`` shows argv to every user): ``--set`` overrides
-holding one travel in the child's environment (:func:`stateful_runtime.secrets.child_env`).
+holding one travel in the child's environment (:func:`stateful_runtime.masking.child_env`).
 
 Stop and savepoint go through the job's control endpoint while the process answers; a
 signal is sent only to a process whose identity the registry verified (pid *and* start time),
@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from stateful_runtime import secrets
+from stateful_runtime import masking
 from stateful_runtime.checkpoints import savepoints
 from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.exceptions import JobError
@@ -92,8 +92,8 @@ def srt_command() -> list[str]:
 
 def set_args(config: Mapping[str, Any]) -> list[str]:
     """``--set KEY=VALUE`` arguments for the overrides that hold no secret (the others go
-    through the environment: :func:`secrets.split_overrides`)."""
-    public, _ = secrets.split_overrides(config)
+    through the environment: :func:`masking.split_overrides`)."""
+    public, _ = masking.split_overrides(config)
     return [arg for k, v in public.items() for arg in ("--set", f"{k}={v}")]
 
 
@@ -145,7 +145,7 @@ def ensure_running(
         entry = registry.read(job)
         if entry is not None and live(entry):
             return Launch(job, int(entry["pid"]), False, log, None, entry)
-        _, hidden = secrets.split_overrides(config)
+        _, hidden = masking.split_overrides(config)
         command = [*srt_command(), "run", str(job_file), *set_args(config)]
         if master:
             command += ["--master", master]
@@ -157,11 +157,11 @@ def ensure_running(
         penv = dict(os.environ if env is None else env)
         penv["SRT_HOME"] = str(registry.home())
         penv.setdefault("PYTHONUNBUFFERED", "1")
-        penv.pop(secrets.ENV_VAR, None)
-        penv.update(secrets.child_env(hidden))
+        penv.pop(masking.ENV_VAR, None)
+        penv.update(masking.child_env(hidden))
         run_id = uuid.uuid4().hex
         penv[registry.RUN_ID_ENV] = run_id
-        shown = secrets.mask_text(shlex.join(command))
+        shown = masking.mask_text(shlex.join(command))
         if hidden:
             shown += f"  (+ {', '.join(sorted(hidden))} from the environment)"
         with registry.private_file(log, "ab") as out:
@@ -199,7 +199,7 @@ def ensure_running(
                 **kept,
             }
             registry.write(job, current)
-        return Launch(job, proc.pid, True, log, [secrets.mask_text(c) for c in command], current)
+        return Launch(job, proc.pid, True, log, [masking.mask_text(c) for c in command], current)
 
 
 def _failure(job: str, pid: int, what: str) -> JobError:

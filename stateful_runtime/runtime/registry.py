@@ -9,7 +9,7 @@ sees half an entry; a file damaged by something else (truncated, edited) is name
   registry directory (``srt stop ../../x`` is refused).
 * ``$SRT_HOME`` and ``jobs/`` are 0700, every file in them 0600 (entries hold configs, logs
   hold output, token files the control endpoint's bearer token). Config secrets are masked
-  before an entry is written (:func:`stateful_runtime.secrets.mask_config`).
+  before an entry is written (:func:`stateful_runtime.masking.mask_config`).
 * An entry records its process's identity: ``pid``, ``pid_start`` (the start time in
   ``/proc/<pid>/stat``) and ``run_id`` (also in the environment of the process and of
   everything it starts, ``SRT_RUN_ID``). A pid reused by an unrelated process is never taken
@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from stateful_runtime import secrets
+from stateful_runtime import masking
 from stateful_runtime._process import pid_alive
 from stateful_runtime.exceptions import JobError
 from stateful_runtime.names import Name, check_name, contained
@@ -112,16 +112,10 @@ def _path(job: str) -> Path:
     return job_file(job, ".json")
 
 
-def redacted(config: dict[str, Any]) -> dict[str, Any]:
-    """Job config as entries keep it: secrets masked (:func:`secrets.mask_config`); an
-    ``env:NAME`` reference stays."""
-    return secrets.mask_config(config)
-
-
 def write(job: str, entry: dict[str, Any]) -> None:
     """Replace ``job``'s entry (atomically, 0600; config secrets masked)."""
     if isinstance(entry.get("config"), dict):
-        entry = {**entry, "config": redacted(entry["config"])}
+        entry = {**entry, "config": masking.mask_config(entry["config"])}
     path = _path(job)
     ensure_home()
     # One temporary file per writer (mkstemp: unique, 0600): two threads of one process (a

@@ -11,10 +11,11 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pytest
 
-from dbt_sink.clickhouse import LEDGER_TABLE, VERSION_COLUMN, ClickHouseUpsertSink
+from dbt_sink.clickhouse import VERSION_COLUMN, ClickHouseUpsertSink
 from dbt_sink.partitioned import RetryPolicy
 from stateful_runtime.connectors.base import prepare_rows
 from stateful_runtime.exceptions import ConfigError, SinkError
+from stateful_runtime.ledger import LEDGER_TABLE
 from tests.dbt_sink.helpers import KEY, W1, W2, batch
 from tests.helpers import utc_naive
 

@@ -11,10 +11,10 @@ from dbt_sink.postgres import PostgresUpsertSink
 from stateful_runtime.connectors.config import sinks_from_config
 from stateful_runtime.connectors.kafka.sink import KafkaSink
 from stateful_runtime.exceptions import ConfigError
+from stateful_runtime.masking import mask_config
 from stateful_runtime.planner import plan
 from stateful_runtime.runtime.explain import explain
 from stateful_runtime.runtime.loader import load_job_file
-from stateful_runtime.runtime.registry import redacted
 from stateful_runtime.sink_kinds import configured_kinds
 from tests.helpers import EXAMPLES
 
@@ -70,7 +70,7 @@ def test_explain_names_each_write_path_and_masks_the_password(srt_home):
     ) in text
     assert "write upi-counts-delta on the driver: a Delta table takes one commit" in text
     assert "write upi-counts-duckdb on the driver: DuckDB is embedded" in text
-    assert "hunter2" not in str(redacted(dict(jf.config)))
+    assert "hunter2" not in str(mask_config(jf.config))
 
 
 def test_prepare_rows_keeps_the_last_row_per_key_in_batch_order_sorted_by_key():

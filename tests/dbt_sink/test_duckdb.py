@@ -8,8 +8,9 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from dbt_sink import LEDGER_TABLE, DuckDBUpsertSink, dedupe_last
+from dbt_sink import DuckDBUpsertSink, dedupe_last
 from stateful_runtime.exceptions import ConfigError, SinkError
+from stateful_runtime.ledger import LEDGER_TABLE
 
 W1, W2 = datetime(2026, 1, 1, 0, 0), datetime(2026, 1, 1, 0, 1)
 

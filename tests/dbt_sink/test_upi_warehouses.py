@@ -92,7 +92,8 @@ def _clickhouse_raw_rows_explained(url: str) -> None:
     """Raw rows ≤ Σ over the ledger's attempts (BEFORE rows) of each partition's rows: every
     copy beyond one per key comes from a replay or from a superseded batch, and a merge
     (OPTIMIZE FINAL) leaves exactly one row per key."""
-    from dbt_sink.clickhouse import LEDGER_TABLE, ClickHouseUpsertSink
+    from dbt_sink.clickhouse import ClickHouseUpsertSink
+    from stateful_runtime.ledger import LEDGER_TABLE
 
     c = ClickHouseUpsertSink(url, "upi_counts", ("merchant_id", "window_start"))._client()
     try:

@@ -65,7 +65,8 @@ def test_warehouse_sinks_written_by_the_cluster_executors_equal_oracle(
 ):
     """PostgreSQL and ClickHouse written by the executor tasks (one per output partition),
     committed by the driver: each table equals the oracle."""
-    from dbt_sink.clickhouse import LEDGER_TABLE, ClickHouseUpsertSink
+    from dbt_sink.clickhouse import ClickHouseUpsertSink
+    from stateful_runtime.ledger import LEDGER_TABLE
     from tests.helpers import read_counts
 
     lines = list(events(100_000, merchants=40, rate_per_s=500, disorder_ms=4_500, seed=29))

@@ -356,7 +356,7 @@ def test_srt_stop_goes_through_the_endpoint(job: Job):
 
 
 def test_post_stop_with_a_savepoint(job: Job):
-    from stateful_runtime.secrets import child_env
+    from stateful_runtime.masking import child_env
 
     public = {
         k: v for k, v in _job_config(job.ws).items() if k not in ("kafka.sasl.password", "sink.dsn")

@@ -1,8 +1,8 @@
 """What the Kafka source, the Kafka sink and the Kafka dead-letter topic share.
 
 * Client settings: ``bootstrap.servers`` plus pass-through librdkafka settings (SASL/SSL...).
-  Which settings are secret, and masking them, is :mod:`stateful_runtime.secrets`' business:
-  :func:`redact` masks them for ``describe()``, logs and error messages, and every secret
+  Which settings are secret, and masking them, is :mod:`stateful_runtime.masking`' business:
+  ``mask_config`` masks them for ``describe()``, logs and error messages, and every secret
   value read here is remembered, so it is masked wherever it shows up in text later. Spark
   options carry them, but offsets, registry entries and ``explain()`` never do.
 * :func:`check_cluster`: reachability and topic checks with a message that says what to do.
@@ -17,20 +17,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from stateful_runtime import secrets
+from stateful_runtime import masking
 from stateful_runtime.exceptions import ConfigError
 
 METADATA_TIMEOUT_S = 10.0
 CONTROL_SUFFIX = ".srt-commits"
-
-
-def is_secret(name: str) -> bool:
-    return secrets.is_secret_key(name)
-
-
-def redact(config: Mapping[str, Any]) -> dict[str, Any]:
-    """``config`` with every secret value replaced by ``***``."""
-    return secrets.mask_config(config)
 
 
 def client_config(bootstrap_servers: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -47,12 +38,6 @@ def client_config(bootstrap_servers: str, extra: Mapping[str, Any] | None = None
     return conf
 
 
-def _reason(exc: BaseException) -> str:
-    """An exception's text with nothing secret in it (librdkafka never prints values, but a
-    Python error may)."""
-    return secrets.mask_text(str(exc))
-
-
 def admin_client(config: Mapping[str, Any], *, what: str = "source") -> Any:
     """An ``AdminClient`` for ``config``; ConfigError if the settings are invalid."""
     from confluent_kafka import KafkaException
@@ -63,7 +48,7 @@ def admin_client(config: Mapping[str, Any], *, what: str = "source") -> Any:
         return AdminClient({**config, "logger": _QUIET})  # type: ignore[dict-item]
     except KafkaException as exc:
         raise ConfigError(
-            f"Kafka {what}: invalid client settings ({_reason(exc)}); check the "
+            f"Kafka {what}: invalid client settings ({masking.mask_text(str(exc))}); check the "
             f"security.*/sasl.*/ssl.* settings against your cluster's"
         ) from None
 
@@ -92,9 +77,9 @@ def check_cluster(
     except KafkaException as exc:
         raise ConfigError(
             f"Kafka {what}: cannot reach the cluster at {servers} within "
-            f"{METADATA_TIMEOUT_S:.0f} s ({_reason(exc)}). Check bootstrap_servers, that the "
-            f"brokers are up, and the security.protocol/sasl.* settings; nothing was read or "
-            f"written"
+            f"{METADATA_TIMEOUT_S:.0f} s ({masking.mask_text(str(exc))}). Check "
+            f"bootstrap_servers, that the brokers are up, and the security.protocol/sasl.* "
+            f"settings; nothing was read or written"
         ) from None
     found = {
         t: len(m.partitions)
@@ -233,7 +218,7 @@ def client_settings(config: Mapping[str, Any]) -> dict[str, Any]:
     for k, v in config.items():
         if not k.startswith(CLIENT_PREFIX) or v in (None, ""):
             continue
-        out[k[len(CLIENT_PREFIX) :]] = secrets.resolve(k, v)
+        out[k[len(CLIENT_PREFIX) :]] = masking.resolve(k, v)
     return out
 
 

@@ -37,9 +37,9 @@ from stateful_runtime.connectors.kafka.client import (
     ensure_topic,
     produce,
     quiet,
-    redact,
 )
 from stateful_runtime.exceptions import ConfigError, SinkError
+from stateful_runtime.masking import mask_config
 
 DELIVERY = ("exactly_once", "at_least_once")
 # Test hook: after committing a batch's transaction the sink touches
@@ -153,7 +153,7 @@ class KafkaSink(Sink):
             if self.delivery == "exactly_once"
             else "at-least-once"
         )
-        servers = redact(self.config)["bootstrap.servers"]
+        servers = mask_config(self.config)["bootstrap.servers"]
         return f"Kafka topic {self.topic!r} on {servers} ({mode})"
 
     def open(self, job: str, query: str) -> None:

@@ -56,11 +56,11 @@ from stateful_runtime.connectors.kafka.client import (
     admin_client,
     check_cluster,
     quiet,
-    redact,
 )
 from stateful_runtime.connectors.kafka.dead_letters import KafkaDeadLetterSink
 from stateful_runtime.connectors.ranges import BatchCap, split_ranges
 from stateful_runtime.exceptions import ConfigError
+from stateful_runtime.masking import mask_config
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -197,7 +197,7 @@ class KafkaSource(Source):
     def describe(self) -> str:
         what = f"topics {self.topics}" if self.topics else f"topics matching {self.pattern!r}"
         limit = self.max_records_per_batch or "unlimited"
-        settings = redact({k: v for k, v in self.config.items() if k != "bootstrap.servers"})
+        settings = mask_config({k: v for k, v in self.config.items() if k != "bootstrap.servers"})
         return (
             f"Kafka {what} on {self.config['bootstrap.servers']} (from "
             f"{self.starting_offsets}, max {limit} records/batch, read_committed, "

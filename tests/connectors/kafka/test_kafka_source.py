@@ -12,10 +12,10 @@ from stateful_runtime import StreamJob, WatermarkStrategy
 from stateful_runtime.connectors.kafka.source import KafkaSource, KafkaStreamReader
 from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.job import CheckpointConfig
+from stateful_runtime.masking import mask_config
 from stateful_runtime.planner import plan
 from stateful_runtime.runtime.explain import explain
 from stateful_runtime.runtime.progress import batch_health
-from stateful_runtime.runtime.registry import redacted
 
 SCHEMA = {"id": int, "ts_ms": int}
 BASE = 1_767_225_600_000
@@ -72,8 +72,8 @@ def test_secrets_never_in_describe_offsets_explain_or_registry(kafka, tmp_path, 
     ).sink_to(__import__("stateful_runtime").LogSink(str(tmp_path / "log"), "o"))
     assert SECRET not in explain(plan(job)) and SECRET not in src.describe()
     assert SECRET not in json.dumps(KafkaStreamReader(src.options()).initialOffset())
-    assert SECRET not in json.dumps(redacted({"kafka.sasl.password": SECRET}))
-    assert redacted({"kafka.sasl.password": "env:PW"}) == {"kafka.sasl.password": "env:PW"}
+    assert SECRET not in json.dumps(mask_config({"kafka.sasl.password": SECRET}))
+    assert mask_config({"kafka.sasl.password": "env:PW"}) == {"kafka.sasl.password": "env:PW"}
     # Every registry write masks the config, whoever writes it (runner or launcher).
     from stateful_runtime.runtime import registry
 

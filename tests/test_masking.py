@@ -1,4 +1,4 @@
-"""Secrets masked by key, inside values and by value (stateful_runtime.secrets), and the
+"""Secrets masked by key, inside values and by value (stateful_runtime.masking), and the
 ``--set`` overrides that travel to child processes through the environment."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from stateful_runtime import secrets
+from stateful_runtime import masking
 
 
 @pytest.mark.parametrize(
@@ -35,7 +35,7 @@ from stateful_runtime import secrets
     ],
 )
 def test_secret_keys(key):
-    assert secrets.is_secret_key(key)
+    assert masking.is_secret_key(key)
 
 
 @pytest.mark.parametrize(
@@ -58,7 +58,7 @@ def test_secret_keys(key):
     ],
 )
 def test_plain_keys(key):
-    assert not secrets.is_secret_key(key)
+    assert not masking.is_secret_key(key)
 
 
 def test_config_masked_by_key_and_inside_urls_env_references_kept():
@@ -69,7 +69,7 @@ def test_config_masked_by_key_and_inside_urls_env_references_kept():
         "sink.url": "clickhouse://default:ch-s3cret@127.0.0.1:9000/default",
         "source.topic": "upi-payments",
     }
-    shown = secrets.mask_config(config)
+    shown = masking.mask_config(config)
     assert shown == {
         "kafka.sasl.password": "***",
         "sink.password": "env:PGPASSWORD",
@@ -79,7 +79,7 @@ def test_config_masked_by_key_and_inside_urls_env_references_kept():
     }
     # Seen once, each value is masked wherever it appears later, in any text.
     text = "connect failed for k4fka-pw; retry pg-s3cret then ch-s3cret http://host:8080/path@x"
-    assert secrets.mask_text(text) == (
+    assert masking.mask_text(text) == (
         "connect failed for ***; retry *** then *** http://host:8080/path@x"
     )
 
@@ -90,12 +90,12 @@ def test_text_masks_urls_and_secret_pairs_never_seen_before():
         "--set sink.dsn=postgresql://u:n3ver-seen-2@h/db host=h password='n3ver-seen-3' "
         '{"api_key": "n3ver-seen-4", "rows": 3}'
     )
-    masked = secrets.mask_text(line)
+    masked = masking.mask_text(line)
     for n in range(1, 5):
         assert f"n3ver-seen-{n}" not in masked
     assert "sink.table=t" in masked and '"rows": 3' in masked
     # ... and, once masked in one text, by value in the next.
-    assert secrets.mask_text("it was n3ver-seen-1") == "it was ***"
+    assert masking.mask_text("it was n3ver-seen-1") == "it was ***"
 
 
 def test_mask_data_walks_json():
@@ -104,7 +104,7 @@ def test_mask_data_walks_json():
         "command": ["srt", "--set", "access_key=AKIAother99"],
         "message": "failed: postgresql://u:abc12345@h/d",
     }
-    out = json.dumps(secrets.mask_data(data))
+    out = json.dumps(masking.mask_data(data))
     assert "AKIAsecretvalue" not in out and "AKIAother99" not in out and "abc12345" not in out
 
 
@@ -115,23 +115,23 @@ def test_overrides_with_secrets_travel_in_the_environment():
         "sink.dsn": "postgresql://u:dsn-123456@h/d",
         "parallelism": 2,
     }
-    public, hidden = secrets.split_overrides(config)
+    public, hidden = masking.split_overrides(config)
     assert public == {"sink.password": "env:PW", "parallelism": 2}
     assert hidden == {
         "kafka.sasl.password": "pw-123456",
         "sink.dsn": "postgresql://u:dsn-123456@h/d",
     }
-    env = {"OTHER": "1", **secrets.child_env(hidden)}
-    assert secrets.take_env_overrides(env) == hidden
+    env = {"OTHER": "1", **masking.child_env(hidden)}
+    assert masking.take_env_overrides(env) == hidden
     assert env == {"OTHER": "1"}  # removed: Spark's processes do not inherit it
-    assert secrets.take_env_overrides({}) == {}
+    assert masking.take_env_overrides({}) == {}
 
 
 def test_masking_stream():
     import io
 
     buf = io.StringIO()
-    stream = secrets.MaskingStream(buf)
-    secrets.remember("streamed-secret")
+    stream = masking.MaskingStream(buf)
+    masking.remember("streamed-secret")
     print("a streamed-secret b", file=stream)
     assert buf.getvalue() == "a *** b\n"

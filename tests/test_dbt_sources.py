@@ -8,8 +8,8 @@ import shutil
 from pathlib import Path
 
 from dagster_defs import SinkTableSpec, StreamingJobSpec, StreamingJobTranslator
-from dbt_sink import dbt
-from dbt_sink.base import LEDGER_TABLE
+from stateful_runtime import dbt_sources
+from stateful_runtime.ledger import LEDGER_TABLE
 from tests.helpers import EXAMPLES, srt
 
 SOURCES = EXAMPLES / "dbt_upi" / "models" / "sources.yml"
@@ -48,31 +48,32 @@ def test_example_sources_are_what_srt_generates(srt_env, tmp_path: Path):
     assert copy.read_text() == SOURCES.read_text()
 
 
-def test_render_is_deterministic_and_the_ledger_name_is_the_sinks():
-    job = dbt.JobTables(
+def test_render_is_deterministic_and_freshness_is_read_from_the_sink_ledger():
+    job = dbt_sources.JobTables(
         "j-1",
         2.0,
         (
-            dbt.SinkTable(
+            dbt_sources.SinkTable(
                 "t",
                 "q",
                 "duckdb",
                 ("a", "b"),
                 (
-                    dbt.SinkColumn("a", "string"),
-                    dbt.SinkColumn("b", "bigint"),
-                    dbt.SinkColumn("window_end", "timestamp_ntz"),
+                    dbt_sources.SinkColumn("a", "string"),
+                    dbt_sources.SinkColumn("b", "bigint"),
+                    dbt_sources.SinkColumn("window_end", "timestamp_ntz"),
                 ),
                 watermark_delay_s=5.0,
                 window_s=60.0,
             ),
         ),
     )
-    one = dbt.render(dbt.sources(job, loaded_at="window_end"))
-    assert one == dbt.render(dbt.sources(job, loaded_at="window_end"))
+    one = dbt_sources.render(dbt_sources.sources(job, loaded_at="window_end"))
+    assert one == dbt_sources.render(dbt_sources.sources(job, loaded_at="window_end"))
     assert "loaded_at_field: window_end" in one
-    assert dbt.LEDGER_TABLE == LEDGER_TABLE
-    assert dbt.freshness(7.0)["warn_after"]["count"] == 1
+    [table] = dbt_sources.sources(job)["sources"][0]["tables"]
+    assert f'from "main".{LEDGER_TABLE} where job = ' in table["config"]["loaded_at_query"]
+    assert dbt_sources.freshness(7.0)["warn_after"]["count"] == 1
 
 
 MAPPED_JOB = """
