@@ -79,7 +79,7 @@ def job_asset(spec: StreamingJobSpec, translator: StreamingJobTranslator) -> Ass
             else:
                 status = launch.status
                 context.log.info(
-                    f"{spec.name} is already {status.state} as pid {launch.pid}; reusing it"
+                    f"{spec.name} is already {status.entry_state} as pid {launch.pid}; reusing it"
                 )
                 if launch.config_drift:
                     context.log.warning(
@@ -87,7 +87,7 @@ def job_asset(spec: StreamingJobSpec, translator: StreamingJobTranslator) -> Ass
                         f"{', '.join(launch.config_drift)} than the spec; stop it "
                         f"(stop_streaming_job) and materialise again to apply"
                     )
-                if status.state == "STARTING":
+                if status.entry_state == "STARTING":
                     status = runtime.wait_running(spec.name, launch.pid)
                 committed = status.last_committed
         except StatefulRuntimeError as exc:
@@ -96,7 +96,7 @@ def job_asset(spec: StreamingJobSpec, translator: StreamingJobTranslator) -> Ass
         metadata: dict[str, Any] = {
             "pid": launch.pid,
             "launched": launch.launched,
-            "state": status.state,
+            "state": None if status.entry_state is None else str(status.entry_state),
             "spark_app_id": status.spark_app_id,
             "spark_master": status.master,
             "checkpoint_dir": MetadataValue.path(str(status.checkpoint_dir)),

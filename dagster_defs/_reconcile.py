@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from dagster_defs._results import WindowCounts
 from dagster_defs._specs import WindowReconciliation
 
 if TYPE_CHECKING:
+    from stateful_runtime.contract import WindowCounts
     from stateful_runtime.ledger import LedgerEntry
 
 # Mismatched windows listed in the check's metadata; the totals cover all of them.

@@ -22,7 +22,7 @@ runtime's own message.
 
 import shlex
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dagster import (
     AssetObservation,
@@ -42,10 +42,12 @@ from dagster import (
 )
 
 from dagster_defs._launch import launch_config
-from dagster_defs._results import SavepointInfo
 from dagster_defs._specs import StreamingJobSpec
 from dagster_defs._translator import StreamingJobTranslator, identifier
 from dagster_defs.resources import s3_env
+
+if TYPE_CHECKING:
+    from stateful_runtime.contract import JobStatus, SavepointSummary
 
 SAVEPOINT_JOB = "savepoint_streaming_job"
 STOP_WITH_SAVEPOINT_JOB = "stop_with_savepoint"
@@ -79,7 +81,13 @@ def _location_value(location: str) -> Any:
     return MetadataValue.url(location) if "://" in location else MetadataValue.path(location)
 
 
-def _savepoint_metadata(sp: SavepointInfo) -> dict[str, Any]:
+def _state(status: "JobStatus | None") -> str | None:
+    """The job's registered state, as metadata shows it."""
+    state = None if status is None else status.entry_state
+    return None if state is None else str(state)
+
+
+def _savepoint_metadata(sp: "SavepointSummary") -> dict[str, Any]:
     return {
         "savepoint_id": sp.id,
         "savepoint_location": _location_value(sp.location),
@@ -94,7 +102,7 @@ def _savepoint_metadata(sp: SavepointInfo) -> dict[str, Any]:
 
 def _take_savepoint(
     context: OpExecutionContext, spec: StreamingJobSpec, *, stop: bool
-) -> SavepointInfo:
+) -> "SavepointSummary":
     """``srt savepoint create`` (``--stop``) for the op's job; the runtime's error fails the
     run."""
     from dagster_defs.errors import StatefulRuntimeError
@@ -185,7 +193,7 @@ def savepoint_job(
         sp = _take_savepoint(context, spec, stop=False)
         metadata = {
             **_savepoint_metadata(sp),
-            "job_state": status.state if status else None,
+            "job_state": _state(status),
             "action": "savepoint",
         }
         if context.op_config["apply_retention"]:
@@ -245,7 +253,7 @@ def stop_with_savepoint_job(
             f"stopped with savepoint {sp.id} at {sp.location}",
             {
                 **_savepoint_metadata(sp),
-                "job_state": after.state if after else None,
+                "job_state": _state(after),
                 "action": "stop",
             },
         )
@@ -422,7 +430,7 @@ def savepoint_schedule(spec: StreamingJobSpec, target: JobDefinition) -> Schedul
         status = runtime.status(spec.name)
         if status is None:
             return SkipReason(f"{spec.name} has never run here; nothing to save")
-        state = status.state
+        state = status.entry_state
         if state != "RUNNING" or not status.alive:
             shown = state if state != "RUNNING" else "RUNNING in the registry, but its pid is gone"
             return SkipReason(

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dagster import (
     AssetObservation,
@@ -39,13 +39,15 @@ from dagster import (
 )
 
 from dagster_defs._launch import launch_config
-from dagster_defs._results import JobStatus, QueryStatus
 from dagster_defs._specs import RestartPolicy, StreamingJobSpec
 from dagster_defs._stream_events import commit_events, plot_metadata
 from dagster_defs._translator import StreamingJobTranslator
 
+if TYPE_CHECKING:
+    from stateful_runtime.contract import JobStatus, QueryHealth, QueryStatus
+
 CURSOR_VERSION = 1
-# Health fields of a query (the runner's names) copied into each observation.
+# Fields of a query's last batch (contract.BatchHealth) copied into each observation.
 HEALTH_FIELDS = (
     "last_batch",
     "batch_duration_ms",
@@ -101,16 +103,20 @@ def _seconds(td: timedelta) -> float:
     return td.total_seconds()
 
 
-def query_health(query: QueryStatus) -> dict[str, Any]:
+def query_health(query: "QueryStatus", health: "QueryHealth") -> dict[str, Any]:
     """One query's health: the job process's last report plus what its checkpoint said when
     the status was taken (the report goes stale when the process hangs; the checkpoint does
     not lie)."""
+    from stateful_runtime.contract import CheckpointFacts
+
+    facts = query.checkpoint or CheckpointFacts()
     out: dict[str, Any] = {
-        "last_committed_batch": query.last_committed_batch,
-        "checkpoint_age_s": query.checkpoint_age_s,
-        "inflight_batch_age_s": query.inflight_batch_age_s,
+        "last_committed_batch": facts.last_committed_batch,
+        "checkpoint_age_s": facts.checkpoint_age_s,
+        "inflight_batch_age_s": facts.inflight_batch_age_s,
     }
-    out.update({k: query.health.get(k) for k in HEALTH_FIELDS})
+    batch = health.batch
+    out.update({k: None if batch is None else getattr(batch, k) for k in HEALTH_FIELDS})
     return out
 
 
@@ -263,7 +269,7 @@ def check_job(
     spec: StreamingJobSpec,
     cursor: Cursor,
     now: float,
-    status: JobStatus | None = None,
+    status: "JobStatus | None" = None,
 ) -> dict[str, Any] | None:
     """Observe one job and apply its restart policy; the observation's metadata, or None if
     the job never ran here. ``status``: the job's status if the caller has it."""
@@ -271,9 +277,10 @@ def check_job(
     status = status if status is not None else runtime.status(spec.name)
     if status is None:
         return None
-    alive = status.alive
-    entry = {"state": status.state, "pid": status.pid, "started_at": status.started_at}
-    queries = {q: query_health(info) for q, info in status.queries.items()}
+    alive = bool(status.alive)
+    state = None if status.entry_state is None else str(status.entry_state)
+    entry = {"state": state, "pid": status.pid, "started_at": status.started_at}
+    queries = {q: query_health(info, status.query_health(q)) for q, info in status.queries.items()}
     verdict = assess(
         entry,
         alive=alive,
@@ -340,7 +347,7 @@ def _restart(
                 spec.name, pid=int(entry["pid"]), grace=_seconds(spec.restart_policy.stop_grace)
             )
             if alive:
-                out["killed_with"] = ended.signal
+                out["killed_with"] = str(ended.signal)
         launch = runtime.launch(spec.name, spec.job_file, launch_config(spec, context.resources))
     except StatefulRuntimeError as exc:
         from stateful_runtime.masking import mask_text

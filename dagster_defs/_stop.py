@@ -51,21 +51,21 @@ def stop_job(
         runtime = context.resources.streaming_runtime
         status = runtime.status(job_name)
         if status is None or not status.live:
-            state = status.state if status is not None else "never started"
+            state = status.entry_state if status is not None else "never started"
             context.log.info(f"{job_name} is not running ({state}); nothing to stop")
             output = f"not running ({state})"
             after = status
         else:
             stopped = runtime.stop(job_name, timeout=context.op_config.get("timeout_s"))
             after = stopped.status
-            output = f"stopped {job_name} (pid {stopped.pid}); state {after.state}"
+            output = f"stopped {job_name} (pid {stopped.pid}); state {after.entry_state}"
             context.log.info(output)
         context.log_event(
             AssetObservation(
                 asset_key=translator.get_job_asset_key(spec),
                 description=output,
                 metadata={
-                    "state": after.state if after else None,
+                    "state": str(after.entry_state) if after and after.entry_state else None,
                     "pid": after.pid if after else None,
                     "ended_at": after.ended_at if after else None,
                     "action": "stop",

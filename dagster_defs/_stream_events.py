@@ -13,21 +13,23 @@ commits, and health as numbers Dagster plots.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import MutableMapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dagster import AssetMaterialization, MetadataValue
 
-from dagster_defs._results import JobStatus
 from dagster_defs._specs import SinkTableSpec, StreamingJobSpec
 from dagster_defs._translator import StreamingJobTranslator
+
+if TYPE_CHECKING:
+    from stateful_runtime.contract import BatchHealth, JobStatus
 
 # Ledger entries read per table per tick; the first report after a long gap sums at most these.
 LEDGER_WINDOW = 10_000
 CONTROL_HOST = "127.0.0.1"
 
-# health key (the runner's) → (label with unit, type)
+# a last batch's health (contract.BatchHealth) → (label with unit, type)
 _PLOTTED: tuple[tuple[str, str, type], ...] = (
     ("input_rows_per_s", "input rate (records/s)", float),
     ("processed_rows_per_s", "processing rate (records/s)", float),
@@ -44,6 +46,10 @@ _RECORDS: tuple[tuple[str, str], ...] = (
 )
 
 
+def _batch(batch: BatchHealth | None, field: str) -> Any:
+    return None if batch is None else getattr(batch, field)
+
+
 def _number(value: Any, kind: type) -> MetadataValue | None:
     if value is None or isinstance(value, bool):
         return None
@@ -55,8 +61,7 @@ def _number(value: Any, kind: type) -> MetadataValue | None:
 
 def control_url(status: JobStatus) -> str | None:
     """The job process's control endpoint (health), if it runs one (bearer token required)."""
-    control = getattr(status, "control", None) or {}
-    port = control.get("port") if isinstance(control, Mapping) else None
+    port = None if status.control is None else status.control.port
     return f"http://{CONTROL_HOST}:{int(port)}/health" if port else None
 
 
@@ -67,15 +72,15 @@ def plot_metadata(status: JobStatus) -> dict[str, MetadataValue]:
     many = len(status.queries) > 1
     for name, q in sorted(status.queries.items()):
         prefix = f"{name}: " if many else ""
+        facts, health = q.checkpoint, status.query_health(name)
         values = {
-            "checkpoint age (s)": _number(q.checkpoint_age_s, float),
+            "checkpoint age (s)": _number(facts and facts.checkpoint_age_s, float),
             "last committed batch": _number(q.last_committed_batch, int),
         }
         for key, label, kind in _PLOTTED:
-            values[label] = _number(q.health.get(key), kind)
-        records = q.health.get("records") or {}
+            values[label] = _number(_batch(health.batch, key), kind)
         for key, label in _RECORDS:
-            values[label] = _number(records.get(key), int)
+            values[label] = _number(getattr(health.records, key, None), int)
         out.update({f"{prefix}{label}": v for label, v in values.items() if v is not None})
     url = control_url(status)
     if url:
@@ -169,8 +174,8 @@ def commit_events(
             continue
         last_reported = before.get("batch")
         new = [e for e in entries if last_reported is None or e.batch_id > last_reported]
-        query = status.queries.get(table.query)
-        seen = query.health.get("last_batch") if query is not None else None
+        batch = status.query_health(table.query).batch if table.query in status.queries else None
+        seen = None if batch is None else batch.last_batch
         if status.live and seen is not None:
             # The sink commits a batch before Spark reports it: a batch whose progress (and
             # so watermark) the job has not reported yet waits for the next tick, or its
@@ -179,7 +184,7 @@ def commit_events(
         if not new:
             continue
         new.sort(key=lambda e: e.batch_id)
-        watermark = query.health.get("watermark") if query is not None else None
+        watermark = None if batch is None else batch.watermark
         if watermark and str(watermark).startswith("1970-01-01T00:00:00"):
             watermark = None  # Spark's "no watermark yet"
         first, last = new[0], new[-1]

@@ -20,6 +20,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from stateful_runtime.contract import ErrorDocument, ErrorKind
 from stateful_runtime.exceptions import ConfigError, JobError, StatefulRuntimeError
 
 __all__ = ["ConfigError", "JobError", "SrtCommandError", "StatefulRuntimeError", "from_process"]
@@ -34,7 +35,8 @@ class SrtCommandError(StatefulRuntimeError):
     Attributes:
         kind: the runtime's error type (``JobError``, ``IncompatibleSavepointError``,
             ``UpgradeError``, ...), ``ProcessError`` if the command failed without saying why
-            in JSON (a crash: the message is the end of its stderr), or ``Timeout``.
+            in JSON (a crash: the message is the end of its stderr), or ``Timeout``
+            (:class:`~stateful_runtime.contract.ErrorKind`).
         details: the error's fields as the command reported them, e.g. ``differences``
             (compatibility check), ``stage`` and ``savepoint_location`` (upgrade).
         command: the command line that was run.
@@ -45,7 +47,7 @@ class SrtCommandError(StatefulRuntimeError):
         self,
         message: str,
         *,
-        kind: str,
+        kind: ErrorKind,
         details: Mapping[str, Any] | None = None,
         command: Sequence[str] = (),
         returncode: int | None = None,
@@ -66,21 +68,20 @@ def from_process(
         if not line.startswith('{"error"'):
             continue
         try:
-            payload = json.loads(line)["error"]
-        except (ValueError, KeyError, TypeError):
+            error = ErrorDocument.from_json(json.loads(line))
+        except (ValueError, KeyError, TypeError, AttributeError):
             break
-        details = {k: v for k, v in payload.items() if k not in ("type", "message")}
         return SrtCommandError(
-            str(payload.get("message")),
-            kind=str(payload.get("type")),
-            details=details,
+            error.message,
+            kind=error.kind,
+            details=error.details,
             command=command,
             returncode=returncode,
         )
     tail = stderr.strip()[-STDERR_TAIL:] or f"exit status {returncode}, no output"
     return SrtCommandError(
         f"{what} failed (exit status {returncode}):\n{tail}",
-        kind="ProcessError",
+        kind=ErrorKind.PROCESS_ERROR,
         command=command,
         returncode=returncode,
     )

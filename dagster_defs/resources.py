@@ -24,20 +24,22 @@ from typing import TYPE_CHECKING, Any
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from dagster_defs._results import (
-    JobStatus,
-    Launch,
-    Plan,
-    SavepointInfo,
-    Stopped,
-    Upgrade,
-    Wait,
-    WindowCounts,
-)
-
+# The runtime's contract (what srt --json prints) is imported where a result is parsed: loading
+# the definitions needs none of it.
 if TYPE_CHECKING:
     import duckdb
 
+    from stateful_runtime.contract import (
+        Explain,
+        JobStatus,
+        Killed,
+        Launch,
+        SavepointSummary,
+        Stopped,
+        Upgrade,
+        Wait,
+        WindowCounts,
+    )
     from stateful_runtime.ledger import LedgerEntry
 
 
@@ -46,7 +48,8 @@ class StreamingRuntime(ConfigurableResource):
 
     Jobs run as detached ``srt run`` processes (they outlive Dagster runs). Every method runs
     one ``srt ... --json`` command in :attr:`working_directory` with this registry
-    (``--home``) and returns a typed result parsed from its JSON; a failed command raises
+    (``--home``) and returns its result parsed with the classes the runtime writes it with
+    (:mod:`stateful_runtime.contract`); a failed command raises
     :class:`dagster_defs.errors.SrtCommandError` with the runtime's own message. The Dagster
     process itself never imports the runtime's engine or a job file.
     """
@@ -132,9 +135,12 @@ class StreamingRuntime(ConfigurableResource):
             )
         except subprocess.TimeoutExpired as exc:
             from dagster_defs.errors import SrtCommandError
+            from stateful_runtime.contract import ErrorKind
 
             raise SrtCommandError(
-                f"{what} did not finish within {timeout:.0f} s", kind="Timeout", command=command
+                f"{what} did not finish within {timeout:.0f} s",
+                kind=ErrorKind.TIMEOUT,
+                command=command,
             ) from exc
         if out.returncode != 0:
             from dagster_defs.errors import from_process
@@ -144,10 +150,11 @@ class StreamingRuntime(ConfigurableResource):
             return json.loads(out.stdout)
         except ValueError as exc:
             from dagster_defs.errors import SrtCommandError
+            from stateful_runtime.contract import ErrorKind
 
             raise SrtCommandError(
                 f"{what} printed no JSON: {out.stdout.strip()[-2000:]}",
-                kind="ProcessError",
+                kind=ErrorKind.PROCESS_ERROR,
                 command=command,
                 returncode=out.returncode,
             ) from exc
@@ -156,11 +163,15 @@ class StreamingRuntime(ConfigurableResource):
 
     def statuses(self) -> list[JobStatus]:
         """Every job this registry knows (``srt status --json``)."""
+        from stateful_runtime.contract import JobStatus
+
         return [JobStatus.from_json(e) for e in self.run_json(["status"], timeout=120)]
 
     def status(self, job: str) -> JobStatus | None:
         """The job's state, liveness, config and per-query health and checkpoint facts (last
         committed batch, checkpoint age, batch in flight); None if it never ran here."""
+        from stateful_runtime.contract import JobStatus
+
         found = self.run_json(["status", job], timeout=120)
         return JobStatus.from_json(found[0]) if found else None
 
@@ -169,14 +180,16 @@ class StreamingRuntime(ConfigurableResource):
         status = self.status(job)
         return {} if status is None else status.last_committed
 
-    def explain(self, job_file: str, config: Mapping[str, Any]) -> Plan:
+    def explain(self, job_file: str, config: Mapping[str, Any]) -> Explain:
         """``srt explain JOB_FILE --no-spark``: the planned queries, without starting Spark."""
+        from stateful_runtime.contract import Explain
+
         data = self.run_json(
             ["explain", str(self.resolve(job_file)), "--no-spark", *_set_args(config)],
             timeout=120,
             env=_secret_env(config),
         )
-        return Plan.from_json(data)
+        return Explain.from_json(data)
 
     def launch(
         self,
@@ -191,6 +204,8 @@ class StreamingRuntime(ConfigurableResource):
         """``srt launch``: plan the job file (it must build ``job``), then reuse the job's live
         process or start ``srt run`` detached, optionally from a savepoint and with a new
         parallelism. Returns at once; see :meth:`wait_running` and :meth:`wait_committed`."""
+        from stateful_runtime.contract import Launch
+
         args = ["launch", str(self.resolve(job_file)), "--job", job, *_set_args(config)]
         if self.master:
             args += ["--master", self.master]
@@ -204,6 +219,8 @@ class StreamingRuntime(ConfigurableResource):
     def wait_running(self, job: str, pid: int, *, timeout: float | None = None) -> JobStatus:
         """Wait until process ``pid`` of the job has started its queries (RUNNING); raises
         with the end of the job's log if it ends first or time runs out."""
+        from stateful_runtime.contract import Wait
+
         t = self.launch_timeout_s if timeout is None else timeout
         data = self.run_json(
             ["wait", job, "--until", "running", "--pid", str(pid), "--timeout", str(t)],
@@ -217,6 +234,8 @@ class StreamingRuntime(ConfigurableResource):
         """Wait until one of the job's queries commits a micro-batch at or after ``since``
         (epoch seconds); ``reached`` is False if the job runs but committed none in time (no
         input)."""
+        from stateful_runtime.contract import Wait
+
         t = self.commit_timeout_s if timeout is None else timeout
         data = self.run_json(
             [
@@ -237,15 +256,19 @@ class StreamingRuntime(ConfigurableResource):
 
     def stop(self, job: str, *, timeout: float | None = None) -> Stopped:
         """``srt stop JOB``: a clean stop (the job resumes from its checkpoint next time)."""
+        from stateful_runtime.contract import Stopped
+
         t = self.stop_timeout_s if timeout is None else timeout
         return Stopped.from_json(self.run_json(["stop", job, "--timeout", str(t)], timeout=t + 60))
 
-    def kill(self, job: str, *, pid: int, grace: float) -> Stopped:
+    def kill(self, job: str, *, pid: int, grace: float) -> Killed:
         """``srt stop JOB --kill``: end process ``pid`` of the job whatever its state (SIGTERM,
         SIGKILL to its process group after ``grace`` s; a gone process's group is SIGKILLed).
         Refused if the job's process is no longer ``pid``."""
+        from stateful_runtime.contract import Killed
+
         args = ["stop", job, "--kill", "--pid", str(pid), "--timeout", str(grace)]
-        return Stopped.from_json(self.run_json(args, timeout=grace + 90))
+        return Killed.from_json(self.run_json(args, timeout=grace + 90))
 
     # ------------------------------------------------------------------ savepoints
 
@@ -257,16 +280,18 @@ class StreamingRuntime(ConfigurableResource):
         stop: bool = False,
         timeout: float | None = None,
         env: Mapping[str, str] | None = None,
-    ) -> SavepointInfo:
+    ) -> SavepointSummary:
         """``srt savepoint create JOB [--stop] [--target ROOT]``: a savepoint of the job's last
         committed batch (with ``stop``, after stopping it cleanly)."""
+        from stateful_runtime.contract import SavepointSummary
+
         t = self.stop_timeout_s if timeout is None else timeout
         args = ["savepoint", "create", job, "--timeout", str(t)]
         if stop:
             args.append("--stop")
         if target:
             args += ["--target", target]
-        return SavepointInfo.from_json(self.run_json(args, timeout=t + 300, env=env))
+        return SavepointSummary.from_json(self.run_json(args, timeout=t + 300, env=env))
 
     def prune_savepoints(
         self,
@@ -280,13 +305,15 @@ class StreamingRuntime(ConfigurableResource):
         """``srt savepoint prune JOB --target ROOT --keep N --max-age AGE``: the retention policy
         (the newest savepoint and any a registered job was restored from are kept). Returns
         the locations it disposed of."""
+        from stateful_runtime.contract import Disposed
+
         args = ["savepoint", "prune", job, "--target", root]
         if keep is not None:
             args += ["--keep", str(keep)]
         if max_age_s is not None:
             args += ["--max-age", f"{int(max_age_s)}s"]
-        data = self.run_json(args, timeout=300, env=env)
-        return [str(d["location"]) for d in data["disposed"]]
+        disposed = Disposed.from_json(self.run_json(args, timeout=300, env=env))
+        return [location for _, location in disposed.disposed]
 
     def upgrade(
         self,
@@ -306,6 +333,8 @@ class StreamingRuntime(ConfigurableResource):
         default the job's current one), wait until RUNNING and for a batch of its own (up to
         :attr:`commit_timeout_s`). A failure's ``details`` say the ``stage`` it reached and
         the ``savepoint_location`` holding the state."""
+        from stateful_runtime.contract import Upgrade
+
         st = self.stop_timeout_s if stop_timeout is None else stop_timeout
         args = [
             "upgrade",
@@ -351,6 +380,8 @@ class StreamingRuntime(ConfigurableResource):
         """``srt reconcile JOB --query Q --window W --batch B``: the good records of the
         query's source topic per closed tumbling window, up to committed batch ``batch``'s
         offsets (computed by an srt process, which loads the job file as the job runs it)."""
+        from stateful_runtime.contract import WindowCounts
+
         args = ["reconcile", job, "--query", query, "--window", f"{window.total_seconds()!r}s"]
         if batch is not None:
             args += ["--batch", str(int(batch))]

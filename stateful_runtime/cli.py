@@ -18,6 +18,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from stateful_runtime import masking
+from stateful_runtime.contract import ErrorDocument
 from stateful_runtime.exceptions import JobError, StatefulRuntimeError
 from stateful_runtime.names import check_name
 
@@ -25,25 +26,16 @@ EXIT_USAGE = 2
 
 
 def _json(value: object) -> None:
-    """A command's result under ``--json``: one JSON document on stdout, nothing else."""
+    """A command's result under ``--json`` (a :mod:`stateful_runtime.contract` document's
+    ``to_json()``): one JSON document on stdout, nothing else."""
     print(json.dumps(masking.mask_data(json.loads(json.dumps(value, default=str))), indent=2))
 
 
 def _error_json(exc: StatefulRuntimeError) -> str:
-    """An error under ``--json``, for programs (one line on stderr): the error's type, its
-    message and its public fields (``differences``, ``stage``, ...)."""
-    details = {}
-    for key, value in vars(exc).items():
-        if key.startswith("_") or key in ("type", "message"):
-            continue
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError):
-            continue
-        details[key] = value
-    return json.dumps(
-        masking.mask_data({"error": {"type": type(exc).__name__, "message": str(exc), **details}})
-    )
+    """An error under ``--json``, for programs (one line on stderr): its
+    :class:`~stateful_runtime.contract.ErrorDocument` (type, message, public fields such as
+    ``differences`` and ``stage``)."""
+    return json.dumps(masking.mask_data(ErrorDocument.of(exc).to_json()))
 
 
 def _log_cmd(args: argparse.Namespace) -> int:
@@ -149,25 +141,26 @@ def _explain_cmd(args: argparse.Namespace) -> int:
     planned = plan(job)
     text = masking.mask_text(explain(planned, spark))
     if args.json:
-        _json(
-            {
-                "job": job.name,
-                "parallelism": job.parallelism,
-                "checkpoint_dir": str(job.checkpoint.dir),
-                "text": text,
-                "queries": [
-                    {
-                        "name": q.name,
-                        "path": q.path,
-                        "reason": q.reason,
-                        "output_mode": q.output_mode,
-                        "steps": steps(q),
-                        "stateful_operators": list(q.stateful_operators),
-                    }
-                    for q in planned.queries
-                ],
-            }
+        from stateful_runtime.contract import Explain, PlannedQuery
+
+        explained = Explain(
+            job.name,
+            job.parallelism,
+            str(job.checkpoint.dir),
+            text,
+            tuple(
+                PlannedQuery(
+                    q.name,
+                    q.path,
+                    q.reason,
+                    q.output_mode,
+                    tuple(steps(q)),
+                    tuple(q.stateful_operators),
+                )
+                for q in planned.queries
+            ),
         )
+        _json(explained.to_json())
     else:
         print(text)
     return 0
@@ -181,7 +174,7 @@ def _status_cmd(args: argparse.Namespace) -> int:
     for exc in damaged:
         print(f"srt: warning: {exc}", file=sys.stderr)
     if args.json:  # an unknown JOB is an empty list: "no such job" is an answer, not an error
-        _json(control.statuses(args.job))
+        _json([s.to_json() for s in control.statuses(args.job)])
         return 0
     entries = control.statuses(registry.require(args.job)["job"] if args.job else None)
     if not entries:
@@ -191,50 +184,41 @@ def _status_cmd(args: argparse.Namespace) -> int:
         )
         return 0
     for e in entries:
-        print(
-            f"{e['job']}: {e.get('state')} pid {e.get('pid')} on {e.get('master')} "
-            f"since {e.get('started_at')}"
-        )
-        for q, h in (e.get("health") or {}).items():
-            if h:
+        print(f"{e.job}: {e.state} pid {e.pid} on {e.master} since {e.started_at}")
+        for q, h in (e.health or {}).items():
+            if h.to_json():
+                b = h.batch
                 print(
-                    f"  {q}: committed batch {h.get('last_committed_batch')}, checkpoint age "
-                    f"{h.get('checkpoint_age_s')} s, {h.get('processed_rows_per_s')} rows/s, "
-                    f"watermark {h.get('watermark')}, state rows {h.get('state_rows')}, "
-                    f"lag {h.get('lag_records')}"
+                    f"  {q}: committed batch {h.last_committed_batch}, checkpoint age "
+                    f"{h.checkpoint_age_s} s, {b and b.processed_rows_per_s} rows/s, "
+                    f"watermark {b and b.watermark}, state rows {b and b.state_rows}, "
+                    f"lag {b and b.lag_records}"
                 )
     return 0
 
 
 def _stop_cmd(args: argparse.Namespace) -> int:
+    from stateful_runtime.contract import Stopped, StopSignal
     from stateful_runtime.runtime import control, launcher
 
     if args.kill:
-        out = control.kill(args.job, pid=args.pid, grace=args.timeout)
+        killed = control.kill(args.job, pid=args.pid, grace=args.timeout)
         if args.json:
-            _json(out)
+            _json(killed.to_json())
         else:
             print(
-                f"ended {args.job} (pid {out['pid']}) with {out['signal']}; state "
-                f"{out['status'].get('state')}" + (f"\n  {out['note']}" if out["note"] else "")
+                f"ended {args.job} (pid {killed.pid}) with {killed.signal}; state "
+                f"{killed.status.state}" + (f"\n  {killed.note}" if killed.note else "")
             )
         return 0
-    entry, report = launcher.stop(args.job, timeout=args.timeout)
+    entry, outcome = launcher.stop(args.job, timeout=args.timeout)
     if args.json:
-        _json(
-            {
-                "job": args.job,
-                "pid": entry.get("pid"),
-                "signal": report["signal"],
-                "status": control.job_status(entry),
-            }
-        )
+        stopped = Stopped(args.job, entry.get("pid"), outcome.signal, control.job_status(entry))
+        _json(stopped.to_json())
     else:
-        print(
-            f"stopped {args.job} (pid {entry.get('pid')}, through "
-            f"{'its control endpoint' if report['signal'] == 'endpoint' else 'SIGTERM'}); "
-            f"state {entry.get('state')}"
-        )
+        how = "its control endpoint" if outcome.signal is StopSignal.ENDPOINT else "SIGTERM"
+        pid, state = entry.get("pid"), entry.get("state")
+        print(f"stopped {args.job} (pid {pid}, through {how}); state {state}")
     return 0
 
 
@@ -251,19 +235,12 @@ def _launch_cmd(args: argparse.Namespace) -> int:
         parallelism=args.parallelism,
     )
     if args.json:
-        _json(out)
-    elif out["launched"]:
-        print(f"launched {out['job']} as pid {out['pid']}; log {out['log_path']}")
+        _json(out.to_json())
+    elif out.launched:
+        print(f"launched {out.job} as pid {out.pid}; log {out.log_path}")
     else:
-        print(
-            f"{out['job']} is already {out['status'].get('state')} as pid {out['pid']}; "
-            f"reused"
-            + (
-                f" (it runs with other {', '.join(out['config_drift'])})"
-                if out["config_drift"]
-                else ""
-            )
-        )
+        drift = f" (it runs with other {', '.join(out.config_drift)})" if out.config_drift else ""
+        print(f"{out.job} is already {out.status.state} as pid {out.pid}; reused{drift}")
     return 0
 
 
@@ -272,13 +249,13 @@ def _wait_cmd(args: argparse.Namespace) -> int:
 
     out = control.wait(args.job, args.until, pid=args.pid, since=args.since, timeout=args.timeout)
     if args.json:
-        _json(out)
-    elif out["reached"]:
-        print(f"{args.job} is {out['status'].get('state')}; committed {out['last_committed']}")
+        _json(out.to_json())
+    elif out.reached:
+        print(f"{args.job} is {out.status.state}; committed {dict(out.last_committed)}")
     else:
         print(
             f"{args.job} committed no micro-batch in {args.timeout:g} s "
-            f"(last committed {out['last_committed']})"
+            f"(last committed {dict(out.last_committed)})"
         )
     return 0
 
@@ -301,17 +278,17 @@ def _upgrade_cmd(args: argparse.Namespace) -> int:
         commit_timeout=args.commit_timeout,
     )
     if args.json:
-        _json(out)
+        _json(out.to_json())
         return 0
-    if out["savepoint"]:
+    if out.savepoint:
         print(
-            f"stopped {args.job} with savepoint {out['savepoint']['id']} "
-            f"(batches {out['savepoint']['batches']})"
+            f"stopped {args.job} with savepoint {out.savepoint.id} "
+            f"(batches {dict(out.savepoint.batches)})"
         )
     print(
-        f"{args.job} runs {out['job_file']} from {out['restored_from']} as pid {out['pid']} "
-        f"with parallelism {out['parallelism']}; log {out['log_path']}"
-        + "".join(f"\n  not restored: {d}" for d in out["not_restored"])
+        f"{args.job} runs {out.job_file} from {out.restored_from} as pid {out.pid} "
+        f"with parallelism {out.parallelism}; log {out.log_path}"
+        + "".join(f"\n  not restored: {d}" for d in out.not_restored)
     )
     return 0
 
@@ -327,17 +304,17 @@ def _reconcile_cmd(args: argparse.Namespace) -> int:
         source=args.source,
     )
     if args.json:
-        _json(out)
+        _json(out.to_json())
         return 0
-    if out["batch"] is None:
+    if out.batch is None:
         print(f"query {args.query} of {args.job} has committed no batch yet")
         return 0
     print(
-        f"{args.job} {args.query} batch {out['batch']}, watermark {out['watermark_ms']} ms: "
-        f"{out['good']:,} good and {out['dead_letters']:,} dead-letter records of "
-        f"{out['records']:,} in {out['topic']} up to {out['source_ends']}"
+        f"{args.job} {args.query} batch {out.batch}, watermark {out.watermark_ms} ms: "
+        f"{out.good:,} good and {out.dead_letters:,} dead-letter records of "
+        f"{out.records:,} in {out.topic} up to {dict(out.source_ends)}"
     )
-    for start, n in out["windows"].items():
+    for start, n in sorted(out.windows.items()):
         print(f"  window {start}: {n:,}")
     return 0
 
@@ -422,6 +399,7 @@ def _print_savepoints(rows: list[dict], as_json: bool) -> None:
 
 def _savepoint_cmd(args: argparse.Namespace) -> int:
     from stateful_runtime.checkpoints import retention, savepoints
+    from stateful_runtime.contract import Disposed
     from stateful_runtime.runtime import launcher, registry
 
     if args.sp_cmd == "create":
@@ -429,11 +407,11 @@ def _savepoint_cmd(args: argparse.Namespace) -> int:
             args.job, target=args.target, stop=args.stop, timeout=args.timeout
         )
         if args.json:
-            _json(taken)
+            _json(taken.to_json())
         else:
             print(
-                f"savepoint {taken['id']} of {taken['job']} at {taken['location']} "
-                f"({taken['size_bytes']:,} bytes, batches {taken['batches']})"
+                f"savepoint {taken.id} of {taken.job} at {taken.location} "
+                f"({taken.size_bytes:,} bytes, batches {dict(taken.batches)})"
                 + ("; the job is stopped" if args.stop else "")
             )
     elif args.sp_cmd == "list":
@@ -466,7 +444,7 @@ def _savepoint_cmd(args: argparse.Namespace) -> int:
             )
         savepoints.dispose(sp)
         if args.json:
-            _json({"disposed": [{"id": sp.id, "location": sp.location}]})
+            _json(Disposed(((sp.id, sp.location),)).to_json())
         else:
             print(f"disposed of savepoint {sp.id} ({sp.location})")
     elif args.sp_cmd == "check":
@@ -484,9 +462,7 @@ def _savepoint_cmd(args: argparse.Namespace) -> int:
         ]
         left = [sp.id for root in _roots(args) for sp in savepoints.list_savepoints(root, args.job)]
         if args.json:
-            _json(
-                {"disposed": [{"id": sp.id, "location": sp.location} for sp in gone], "kept": left}
-            )
+            _json(Disposed(tuple((sp.id, sp.location) for sp in gone), tuple(left)).to_json())
             return 0
         for sp in gone:
             print(f"disposed of savepoint {sp.id} ({sp.location})")
@@ -506,11 +482,11 @@ def _check_cmd(args: argparse.Namespace) -> int:
         allow_non_restored_state=args.allow_non_restored_state,
     )
     if args.json:
-        _json(out)
+        _json(out.to_json())
         return 0
     print(
-        f"{args.job_file} can restore the state of {out['location']}"
-        + "".join(f"\n  not restored: {d}" for d in out["not_restored"])
+        f"{args.job_file} can restore the state of {out.location}"
+        + "".join(f"\n  not restored: {d}" for d in out.not_restored)
     )
     return 0
 

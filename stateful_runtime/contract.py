@@ -3,7 +3,8 @@
 The runtime builds these objects and writes them with ``to_json()``; a program (Dagster's
 ``StreamingRuntime``) reads the same documents back with ``from_json()``. Each JSON key is
 spelled once, here. Standard library only, so either side imports it without the other's
-dependencies.
+dependencies. ``from_json`` is lenient (a missing key is its default), ``to_json`` writes what
+this version of the runtime writes.
 
 ==========================  ==========================================================
 :class:`CheckpointFacts`    what a query's checkpoint says now: last committed batch, its
@@ -11,14 +12,29 @@ dependencies.
 :class:`RecordCounts`       where a query's source records went, this run
 :class:`QueryHealth`        one query as the job process last reported it
 :class:`JobHealth`          ``GET /health`` of the control endpoint
-:class:`SavepointRef`       a job's last savepoint, as its registry entry records it
+:class:`JobStatus`          a job's registry entry; ``srt status --json`` adds liveness and
+                            each query's checkpoint facts
+:class:`Launch`             ``srt launch --json``
+:class:`Wait`               ``srt wait --json``
+:class:`Stopped`            ``srt stop --json`` (:class:`Killed`: with ``--kill``)
+:class:`StopReport`         ``POST /stop`` of the control endpoint
+:class:`SavepointSummary`   a savepoint (``srt savepoint create --json``, ``POST /savepoint``)
+:class:`Disposed`           ``srt savepoint prune/dispose --json``
+:class:`StateCheck`         ``srt savepoint check --json``
+:class:`Upgrade`            ``srt upgrade --json``
+:class:`WindowCounts`       ``srt reconcile --json``
+:class:`Explain`            ``srt explain --no-spark --json``
+:class:`ErrorDocument`      a failure: ``{"error": {"type", "message", ...}}`` on stderr, or an
+                            endpoint's error answer; :class:`ErrorKind` names its type
 ==========================  ==========================================================
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 
@@ -32,6 +48,143 @@ def _float(value: Any) -> float | None:
 
 def _str(value: Any) -> str | None:
     return None if value is None else str(value)
+
+
+def _batches(value: Any) -> dict[str, int | None]:
+    """``{query: batch}`` (a batch may be None: nothing committed)."""
+    return {str(q): _int(b) for q, b in (value or {}).items()}
+
+
+def _strings(value: Any) -> tuple[str, ...]:
+    return tuple(str(v) for v in value or ())
+
+
+# ----------------------------------------------------------------------------- states
+
+
+class JobState(StrEnum):
+    """Where a job process is in its lifecycle, as its registry entry records it."""
+
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    STOPPED = "STOPPED"  # stopped on purpose (srt stop, SIGTERM): resumes from its checkpoint
+    FINISHED = "FINISHED"  # --available-now read everything
+    FAILED = "FAILED"
+    # Shown by ``srt status`` only: the entry says RUNNING, but its process is gone.
+    DEAD = "DEAD"
+
+
+class HealthSource(StrEnum):
+    """Where ``srt status`` got a job's health from."""
+
+    ENDPOINT = "endpoint"  # the job process answered just now
+    REGISTRY = "registry"  # its last report, written to the registry entry
+
+
+class StopSignal(StrEnum):
+    """How ``srt stop`` ended a job process."""
+
+    ENDPOINT = "endpoint"  # a clean stop through its control endpoint
+    SIGTERM = "SIGTERM"  # a clean stop by the signal (the process did not answer)
+    SIGKILL = "SIGKILL"  # killed (--kill, after the grace period)
+    NONE = "none"  # nothing was signalled (already gone, or not the job's process)
+
+
+class ErrorKind(StrEnum):
+    """The type of a failure a program reads (:class:`ErrorDocument`): an error the runtime
+    raises on purpose (its class name), or a refusal of the control endpoint, or what a client
+    saw when the runtime could not say (a crash, a timeout)."""
+
+    STATEFUL_RUNTIME_ERROR = "StatefulRuntimeError"
+    CONFIG_ERROR = "ConfigError"
+    CHECKPOINT_OWNERSHIP_ERROR = "CheckpointOwnershipError"
+    CORRUPT_CHECKPOINT_ERROR = "CorruptCheckpointError"
+    INVALID_NAME_ERROR = "InvalidNameError"
+    PATH_ESCAPE_ERROR = "PathEscapeError"
+    PLAN_ERROR = "PlanError"
+    USER_FUNCTION_ERROR = "UserFunctionError"
+    LOG_ERROR = "LogError"
+    TOPIC_NOT_FOUND_ERROR = "TopicNotFoundError"
+    TOPIC_EXISTS_ERROR = "TopicExistsError"
+    CORRUPT_LOG_ERROR = "CorruptLogError"
+    LOG_WRITER_BUSY_ERROR = "LogWriterBusyError"
+    SINK_ERROR = "SinkError"
+    JOB_ERROR = "JobError"
+    CORRUPT_ENTRY_ERROR = "CorruptEntryError"
+    ENDPOINT_UNAVAILABLE = "EndpointUnavailable"
+    ENDPOINT_ERROR = "EndpointError"
+    UPGRADE_ERROR = "UpgradeError"
+    STORAGE_ERROR = "StorageError"
+    ALREADY_EXISTS_ERROR = "AlreadyExistsError"
+    SAVEPOINT_ERROR = "SavepointError"
+    INCOMPATIBLE_SAVEPOINT_ERROR = "IncompatibleSavepointError"
+    CORRUPT_MANIFEST_ERROR = "CorruptManifestError"
+    # The control endpoint's refusals.
+    BAD_REQUEST = "BadRequest"
+    UNAUTHORIZED = "Unauthorized"
+    NOT_FOUND = "NotFound"
+    # What a client saw without the runtime saying why.
+    HTTP_ERROR = "HTTPError"
+    PROCESS_ERROR = "ProcessError"  # an srt command failed without a JSON error (a crash)
+    TIMEOUT = "Timeout"  # an srt command did not finish in time
+    # Any other type (an error class of user code, an unexpected Python error): the
+    # document's ``type`` names it.
+    OTHER = "Other"
+
+    @classmethod
+    def of(cls, type_name: str) -> ErrorKind:
+        """The kind of an error type's name; :attr:`OTHER` for a name this contract lacks."""
+        try:
+            return cls(type_name)
+        except ValueError:
+            return cls.OTHER
+
+
+@dataclass(frozen=True)
+class ErrorDocument:
+    """A failure as a program reads it: ``{"error": {"type", "message", ...details}}``, the last
+    line ``srt ... --json`` writes to stderr, and the body of a control endpoint's error.
+
+    Attributes:
+        type: the error's type: an :class:`ErrorKind` or, for :attr:`ErrorKind.OTHER`, the
+            name of the class that was raised.
+        message: what went wrong and what to do.
+        details: the error's public fields (``differences``, ``stage``, ``savepoint_location``...).
+    """
+
+    type: str
+    message: str
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> ErrorKind:
+        return ErrorKind.of(self.type)
+
+    @classmethod
+    def of(cls, exc: BaseException) -> ErrorDocument:
+        """An exception's document: its class name, message and JSON-able public fields."""
+        details = {}
+        for key, value in vars(exc).items():
+            if key.startswith("_") or key in ("type", "message"):
+                continue
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError):
+                continue
+            details[key] = value
+        return cls(type(exc).__name__, str(exc), details)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": {"type": str(self.type), "message": self.message, **self.details}}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ErrorDocument:
+        error = data["error"]
+        details = {k: v for k, v in error.items() if k not in ("type", "message")}
+        return cls(str(error.get("type")), str(error.get("message")), details)
+
+
+# ----------------------------------------------------------------------------- health
 
 
 @dataclass(frozen=True)
@@ -280,7 +433,7 @@ class JobHealth:
 
     job: str
     pid: int
-    state: str
+    state: JobState
     checked_at: float
     queries: Mapping[str, QueryHealth]
 
@@ -298,7 +451,7 @@ class JobHealth:
         return cls(
             job=str(data["job"]),
             pid=int(data["pid"]),
-            state=str(data["state"]),
+            state=JobState(data["state"]),
             checked_at=float(data["checked_at"]),
             queries={q: QueryHealth.from_json(h) for q, h in (data.get("queries") or {}).items()},
         )
@@ -324,3 +477,849 @@ class SavepointRef:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SavepointRef:
         return cls(str(data["id"]), str(data["location"]), str(data["created_at"]))
+
+
+@dataclass(frozen=True)
+class SavepointSummary:
+    """A savepoint (``srt savepoint create --json``, ``POST /savepoint``, ``srt savepoint
+    list --json``).
+
+    Attributes:
+        id: its id (a directory name under its root).
+        job: the job it holds the state of.
+        location: directory or ``s3://`` URL.
+        batches: committed batch per query.
+        watermark_ms: watermark per query at that batch.
+        size_bytes: total size of its files.
+        files: number of files.
+        created_at: when it was taken (ISO 8601, UTC).
+        format_version: the manifest's format.
+        kind: savepoint or stop-with-savepoint.
+    """
+
+    id: str
+    job: str
+    location: str
+    batches: Mapping[str, int | None]
+    watermark_ms: Mapping[str, int | None]
+    size_bytes: int
+    files: int
+    created_at: str
+    format_version: int | None = None
+    kind: str = "savepoint"
+
+    @property
+    def root(self) -> str:
+        """The savepoint root it lies in (``<root>/<id>``)."""
+        return self.location.rstrip("/").rpartition("/")[0]
+
+    def ref(self) -> SavepointRef:
+        """What a job's registry entry records of it."""
+        return SavepointRef(self.id, self.location, self.created_at)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "job": self.job,
+            "location": self.location,
+            "batches": dict(self.batches),
+            "watermark_ms": dict(self.watermark_ms),
+            "size_bytes": self.size_bytes,
+            "files": self.files,
+            "created_at": self.created_at,
+            "format_version": self.format_version,
+            "kind": self.kind,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SavepointSummary:
+        return cls(
+            id=str(data["id"]),
+            job=str(data["job"]),
+            location=str(data["location"]),
+            batches=_batches(data.get("batches")),
+            watermark_ms=_batches(data.get("watermark_ms")),
+            size_bytes=int(data["size_bytes"]),
+            files=int(data["files"]),
+            created_at=str(data["created_at"]),
+            format_version=_int(data.get("format_version")),
+            kind=str(data.get("kind") or "savepoint"),
+        )
+
+
+# ----------------------------------------------------------------------------- status
+
+
+@dataclass(frozen=True)
+class EndpointAddress:
+    """Where a job process serves its control endpoint (its registry entry's ``control``).
+
+    Attributes:
+        url: ``http://127.0.0.1:<port>``.
+        port: the port.
+        token_file: the file holding the bearer token (0600).
+    """
+
+    url: str
+    port: int
+    token_file: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"url": self.url, "port": self.port, "token_file": self.token_file}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EndpointAddress:
+        return cls(str(data.get("url")), int(data["port"]), str(data.get("token_file")))
+
+
+@dataclass(frozen=True)
+class QueryStatus:
+    """One query of a job: where its checkpoint is and how it was planned; with ``srt status``,
+    what that checkpoint says now.
+
+    Attributes:
+        checkpoint_dir: its Spark checkpoint.
+        path: native or process (``srt explain`` says why).
+        output_mode: Spark's output mode (append, update).
+        checkpoint: its checkpoint's facts when the status was taken (None in the registry).
+    """
+
+    checkpoint_dir: str
+    path: str | None = None
+    output_mode: str | None = None
+    checkpoint: CheckpointFacts | None = None
+
+    @property
+    def last_committed_batch(self) -> int | None:
+        return None if self.checkpoint is None else self.checkpoint.last_committed_batch
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            "checkpoint_dir": self.checkpoint_dir,
+            "path": self.path,
+            "output_mode": self.output_mode,
+        }
+        if self.checkpoint is not None:
+            out.update(self.checkpoint.to_json())
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> QueryStatus:
+        return cls(
+            checkpoint_dir=str(data["checkpoint_dir"]),
+            path=_str(data.get("path")),
+            output_mode=_str(data.get("output_mode")),
+            checkpoint=CheckpointFacts.from_json(data) if "last_committed_batch" in data else None,
+        )
+
+
+# Keys of a registry entry the job process writes when it registers, all at once (null where
+# it has nothing to say: no mirror, not restored).
+_REGISTERED = (
+    "control",
+    "checkpoint_dir",
+    "master",
+    "available_now",
+    "parallelism",
+    "savepoint_dir",
+    "mirror",
+    "restored_from",
+    "restore",
+    "queries",
+)
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """A job as the registry knows it: its entry (``$SRT_HOME/jobs/<job>.json``) and, from
+    ``srt status --json``, its liveness, health and each query's checkpoint facts.
+
+    A launcher writes the first fields (up to ``started_at``, and ``log_path``) before the job
+    process starts; the process writes the rest when it registers (``control`` on), then
+    ``spark_app_id``, ``health``, ``ended_at`` and ``last_savepoint`` as they happen.
+
+    Attributes:
+        job: the job's name.
+        state: its state; with ``srt status``, DEAD for a RUNNING entry whose process is gone
+            (``registered_state`` keeps the entry's).
+        pid: the job process (the leader of its process group when launched detached).
+        pid_start: when that process started (clock ticks after boot): its identity.
+        run_id: the run's id (``SRT_RUN_ID`` in the environment of everything it started).
+        job_file: the file it runs.
+        config: its config (secrets masked).
+        started_at: when the process started (ISO 8601, UTC).
+        control: its control endpoint, once it registered.
+        checkpoint_dir: the job's checkpoint directory.
+        master: Spark master URL.
+        available_now: it reads what its sources hold, then finishes.
+        parallelism: its state partitions.
+        savepoint_dir: where its savepoints go by default.
+        mirror: where its checkpoint is mirrored (None: no mirror).
+        restored_from: the savepoint its checkpoint came from, if any.
+        restore: what this run's restore laid out (None: it resumed its checkpoint).
+        queries: its queries.
+        spark_app_id: Spark application id.
+        health: each query's health, as last reported.
+        ended_at: when the process ended, if it did.
+        last_savepoint: the last savepoint taken of it.
+        log_path: the launched process's output (a launcher's entry, until the process
+            registers).
+        registered_state: ``srt status``: the entry's own state.
+        alive: ``srt status``: the pid is a live process, the one the entry recorded.
+        live: ``srt status``: alive and STARTING or RUNNING: the job runs.
+        checked_at: ``srt status``: when the status was taken (epoch seconds).
+        health_source: ``srt status``: where ``health`` comes from.
+        extra: keys of the entry this version does not know (written by another), kept.
+    """
+
+    job: str
+    state: JobState | None = None
+    pid: int | None = None
+    pid_start: int | None = None
+    run_id: str | None = None
+    job_file: str | None = None
+    config: Mapping[str, Any] = field(default_factory=dict)
+    started_at: str | None = None
+    control: EndpointAddress | None = None
+    checkpoint_dir: str | None = None
+    master: str | None = None
+    available_now: bool | None = None
+    parallelism: int | None = None
+    savepoint_dir: str | None = None
+    mirror: str | None = None
+    restored_from: str | None = None
+    restore: Mapping[str, Any] | None = None
+    queries: Mapping[str, QueryStatus] = field(default_factory=dict)
+    spark_app_id: str | None = None
+    health: Mapping[str, QueryHealth] | None = None
+    ended_at: str | None = None
+    last_savepoint: SavepointRef | None = None
+    log_path: str | None = None
+    registered_state: JobState | None = None
+    alive: bool | None = None
+    live: bool | None = None
+    checked_at: float | None = None
+    health_source: HealthSource | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def entry_state(self) -> JobState | None:
+        """The state the entry records (``state`` says DEAD for a RUNNING job that is gone)."""
+        return self.state if self.registered_state is None else self.registered_state
+
+    @property
+    def last_committed(self) -> dict[str, int | None]:
+        """Last committed batch of each query (``srt status``: read from its checkpoint)."""
+        return {q: s.last_committed_batch for q, s in self.queries.items()}
+
+    def query_health(self, query: str) -> QueryHealth:
+        """The query's health (empty before its first report)."""
+        return (self.health or {}).get(query) or QueryHealth()
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "job": self.job,
+            "state": self.state,
+            "pid": self.pid,
+            "pid_start": self.pid_start,
+            "run_id": self.run_id,
+            "job_file": self.job_file,
+            "config": dict(self.config),
+            "started_at": self.started_at,
+        }
+        queries = {q: s.to_json() for q, s in self.queries.items()}
+        if self.control is not None:
+            registered = {
+                "control": self.control.to_json(),
+                "checkpoint_dir": self.checkpoint_dir,
+                "master": self.master,
+                "available_now": self.available_now,
+                "parallelism": self.parallelism,
+                "savepoint_dir": self.savepoint_dir,
+                "mirror": self.mirror,
+                "restored_from": self.restored_from,
+                "restore": None if self.restore is None else dict(self.restore),
+                "queries": queries,
+            }
+            assert tuple(registered) == _REGISTERED
+            out.update(registered)
+        else:  # a launcher's entry keeps where the last run checkpointed
+            if self.checkpoint_dir is not None:
+                out["checkpoint_dir"] = self.checkpoint_dir
+            if self.queries:
+                out["queries"] = queries
+        later = {
+            "spark_app_id": self.spark_app_id,
+            "health": None
+            if self.health is None
+            else {q: h.to_json() for q, h in self.health.items()},
+            "ended_at": self.ended_at,
+            "last_savepoint": None
+            if self.last_savepoint is None
+            else self.last_savepoint.to_json(),
+            "log_path": self.log_path,
+        }
+        out.update({k: v for k, v in later.items() if v is not None})
+        if self.checked_at is not None:
+            out.update(
+                registered_state=self.registered_state,
+                alive=self.alive,
+                live=self.live,
+                checked_at=self.checked_at,
+                health_source=self.health_source,
+            )
+        out.update(self.extra)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> JobStatus:
+        control, health, last = data.get("control"), data.get("health"), data.get("last_savepoint")
+        restore, state = data.get("restore"), data.get("state")
+        registered, source = data.get("registered_state"), data.get("health_source")
+        return cls(
+            job=str(data["job"]),
+            state=None if state is None else JobState(state),
+            pid=_int(data.get("pid")),
+            pid_start=_int(data.get("pid_start")),
+            run_id=_str(data.get("run_id")),
+            job_file=_str(data.get("job_file")),
+            config=dict(data.get("config") or {}),
+            started_at=_str(data.get("started_at")),
+            control=EndpointAddress.from_json(control) if isinstance(control, Mapping) else None,
+            checkpoint_dir=_str(data.get("checkpoint_dir")),
+            master=_str(data.get("master")),
+            available_now=None
+            if data.get("available_now") is None
+            else bool(data["available_now"]),
+            parallelism=_int(data.get("parallelism")),
+            savepoint_dir=_str(data.get("savepoint_dir")),
+            mirror=_str(data.get("mirror")),
+            restored_from=_str(data.get("restored_from")),
+            restore=None if restore is None else dict(restore),
+            queries={
+                q: QueryStatus.from_json(info) for q, info in (data.get("queries") or {}).items()
+            },
+            spark_app_id=_str(data.get("spark_app_id")),
+            health=None
+            if health is None
+            else {q: QueryHealth.from_json(h or {}) for q, h in health.items()},
+            ended_at=_str(data.get("ended_at")),
+            last_savepoint=None if not last else SavepointRef.from_json(last),
+            log_path=_str(data.get("log_path")),
+            registered_state=None if registered is None else JobState(registered),
+            alive=None if data.get("alive") is None else bool(data["alive"]),
+            live=None if data.get("live") is None else bool(data["live"]),
+            checked_at=_float(data.get("checked_at")),
+            health_source=None if source is None else HealthSource(source),
+            extra={k: v for k, v in data.items() if k not in _KNOWN},
+        )
+
+
+_KNOWN = frozenset(
+    {
+        "job",
+        "state",
+        "pid",
+        "pid_start",
+        "run_id",
+        "job_file",
+        "config",
+        "started_at",
+        *_REGISTERED,
+        "spark_app_id",
+        "health",
+        "ended_at",
+        "last_savepoint",
+        "log_path",
+        "registered_state",
+        "alive",
+        "live",
+        "checked_at",
+        "health_source",
+    }
+)
+
+
+# ----------------------------------------------------------------------------- control
+
+
+@dataclass(frozen=True)
+class Launch:
+    """``srt launch --json``: the job's process, started now or reused.
+
+    Attributes:
+        job: the job's name (as its file builds it).
+        pid: its process.
+        launched: True if this call started it, False if a live process was reused.
+        log_path: the file the process writes its output to.
+        command: the ``srt run`` command line started (None when reused).
+        plan: the planned queries, as ``srt explain --no-spark`` prints them.
+        config_drift: config keys (and ``job_file``) a reused process runs with other values.
+        status: the job's status right after the call.
+    """
+
+    job: str
+    pid: int
+    launched: bool
+    log_path: str
+    command: tuple[str, ...] | None
+    plan: str
+    config_drift: tuple[str, ...]
+    status: JobStatus
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "pid": self.pid,
+            "launched": self.launched,
+            "log_path": self.log_path,
+            "command": None if self.command is None else list(self.command),
+            "plan": self.plan,
+            "config_drift": list(self.config_drift),
+            "status": self.status.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Launch:
+        command = data.get("command")
+        return cls(
+            job=str(data["job"]),
+            pid=int(data["pid"]),
+            launched=bool(data["launched"]),
+            log_path=str(data["log_path"]),
+            command=None if command is None else _strings(command),
+            plan=str(data.get("plan") or ""),
+            config_drift=_strings(data.get("config_drift")),
+            status=JobStatus.from_json(data["status"]),
+        )
+
+
+@dataclass(frozen=True)
+class Wait:
+    """``srt wait --json``: whether the process got there, and where the job is now.
+
+    Attributes:
+        reached: RUNNING / a commit happened in time.
+        last_committed: last committed batch per query.
+        status: the job's status when the wait ended.
+    """
+
+    reached: bool
+    last_committed: Mapping[str, int | None]
+    status: JobStatus
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "reached": self.reached,
+            "last_committed": dict(self.last_committed),
+            "status": self.status.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Wait:
+        return cls(
+            bool(data["reached"]),
+            _batches(data.get("last_committed")),
+            JobStatus.from_json(data["status"]),
+        )
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """``srt stop --json``: how the process ended.
+
+    Attributes:
+        job: the job's name.
+        pid: the process that was stopped.
+        signal: how it was stopped.
+        status: the job's status afterwards.
+    """
+
+    job: str
+    pid: int | None
+    signal: StopSignal
+    status: JobStatus
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "pid": self.pid,
+            "signal": self.signal,
+            "status": self.status.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Stopped:
+        return cls(
+            str(data["job"]),
+            _int(data.get("pid")),
+            StopSignal(data["signal"]),
+            JobStatus.from_json(data["status"]),
+        )
+
+
+@dataclass(frozen=True)
+class Killed(Stopped):
+    """``srt stop --kill --json``: SIGTERM, then SIGKILL to the process group after a grace
+    period (``signal``: the one that ended it, or none: it was already gone).
+
+    Attributes:
+        note: what else was found (the pid is another process now; leftovers killed).
+    """
+
+    note: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = super().to_json()
+        status = out.pop("status")
+        return {**out, "note": self.note, "status": status}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Killed:
+        return cls(
+            str(data["job"]),
+            _int(data.get("pid")),
+            StopSignal(data["signal"]),
+            JobStatus.from_json(data["status"]),
+            _str(data.get("note")),
+        )
+
+
+@dataclass(frozen=True)
+class StopReport:
+    """``POST /stop``: the job process's answer once it stopped.
+
+    Attributes:
+        job: the job's name.
+        pid: its process.
+        state: its final state.
+        savepoint: the stop-with-savepoint taken (None: none asked for, or it failed).
+        savepoint_error: why the savepoint failed (its state is in the checkpoint).
+    """
+
+    job: str
+    pid: int
+    state: JobState
+    savepoint: SavepointSummary | None = None
+    savepoint_error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "job": self.job,
+            "pid": self.pid,
+            "state": self.state,
+            "savepoint": None if self.savepoint is None else self.savepoint.to_json(),
+        }
+        if self.savepoint_error is not None:
+            out["savepoint_error"] = self.savepoint_error
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StopReport:
+        sp = data.get("savepoint")
+        return cls(
+            str(data["job"]),
+            int(data["pid"]),
+            JobState(data["state"]),
+            None if not sp else SavepointSummary.from_json(sp),
+            _str(data.get("savepoint_error")),
+        )
+
+
+@dataclass(frozen=True)
+class Disposed:
+    """``srt savepoint prune/dispose --json``: the savepoints disposed of.
+
+    Attributes:
+        disposed: (id, location) of each savepoint disposed of.
+        kept: ids of the job's savepoints left (prune only; None for dispose).
+    """
+
+    disposed: tuple[tuple[str, str], ...]
+    kept: tuple[str, ...] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"disposed": [{"id": i, "location": loc} for i, loc in self.disposed]}
+        if self.kept is not None:
+            out["kept"] = list(self.kept)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Disposed:
+        kept = data.get("kept")
+        return cls(
+            tuple((str(d["id"]), str(d["location"])) for d in data.get("disposed") or ()),
+            None if kept is None else _strings(kept),
+        )
+
+
+@dataclass(frozen=True)
+class StateCheck:
+    """``srt savepoint check --json``: the job file's code takes the state of ``location``
+    (an incompatible one is an ``IncompatibleSavepointError`` listing its differences).
+
+    Attributes:
+        job: the job the file builds.
+        job_file: the file.
+        location: the savepoint, or the job's checkpoint directory.
+        compatible: always True (a refusal is an error).
+        not_restored: state the new code leaves behind (``--allow-non-restored-state``).
+    """
+
+    job: str
+    job_file: str
+    location: str
+    compatible: bool
+    not_restored: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "job_file": self.job_file,
+            "location": self.location,
+            "compatible": self.compatible,
+            "not_restored": list(self.not_restored),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StateCheck:
+        return cls(
+            str(data["job"]),
+            str(data["job_file"]),
+            str(data["location"]),
+            bool(data["compatible"]),
+            _strings(data.get("not_restored")),
+        )
+
+
+@dataclass(frozen=True)
+class Upgrade:
+    """``srt upgrade --json``: the job runs its (new) file from a savepoint.
+
+    Attributes:
+        job: the job's name.
+        job_file: the file it runs now.
+        pid: the new process.
+        command: its ``srt run`` command line.
+        log_path: its log.
+        restored_from: the savepoint it started from.
+        savepoint: the stop-with-savepoint taken (None when started from a given one).
+        parallelism: its state partitions.
+        state_partitions: per query, the partitions at its last committed batch.
+        last_committed: last committed batch per query.
+        committed: it committed a batch of its own (or caught up) in time; None if the
+            command was not asked to wait for that.
+        not_restored: state left behind (``allow_non_restored_state``).
+        status: the job's status afterwards.
+    """
+
+    job: str
+    job_file: str
+    pid: int
+    command: tuple[str, ...]
+    log_path: str
+    restored_from: str
+    savepoint: SavepointSummary | None
+    parallelism: int | None
+    state_partitions: Mapping[str, int | None]
+    last_committed: Mapping[str, int | None]
+    committed: bool | None
+    not_restored: tuple[str, ...]
+    status: JobStatus
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "job_file": self.job_file,
+            "pid": self.pid,
+            "command": list(self.command),
+            "log_path": self.log_path,
+            "restored_from": self.restored_from,
+            "savepoint": None if self.savepoint is None else self.savepoint.to_json(),
+            "parallelism": self.parallelism,
+            "state_partitions": dict(self.state_partitions),
+            "last_committed": dict(self.last_committed),
+            "committed": self.committed,
+            "not_restored": list(self.not_restored),
+            "status": self.status.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Upgrade:
+        sp = data.get("savepoint")
+        committed = data.get("committed")
+        return cls(
+            job=str(data["job"]),
+            job_file=str(data["job_file"]),
+            pid=int(data["pid"]),
+            command=_strings(data.get("command")),
+            log_path=str(data["log_path"]),
+            restored_from=str(data["restored_from"]),
+            savepoint=None if not sp else SavepointSummary.from_json(sp),
+            parallelism=_int(data.get("parallelism")),
+            state_partitions=_batches(data.get("state_partitions")),
+            last_committed=_batches(data.get("last_committed")),
+            committed=None if committed is None else bool(committed),
+            not_restored=_strings(data.get("not_restored")),
+            status=JobStatus.from_json(data["status"]),
+        )
+
+
+@dataclass(frozen=True)
+class WindowCounts:
+    """``srt reconcile --json``: the source's good records per closed event-time window up to
+    one committed batch of a query.
+
+    Attributes:
+        job: the job's name.
+        query: the query (the one writing the sink table).
+        batch: the committed batch (None: the query has committed none, and the source was not
+            read: the fields from ``source`` on are None).
+        window_ms: the window size.
+        watermark_ms: that batch's watermark: windows ending at or before it are closed.
+        windows: window start (epoch ms) → good records in it, closed windows only.
+        records: source records up to the batch's end offsets.
+        good: those that decoded cleanly.
+        dead_letters: those that did not (they go to the dead-letter topic).
+        source: the source's name.
+        topic: its topic.
+        source_ends: end offset per partition of the batch.
+        dead_letter_topic: where rejected records go.
+        dead_letter_topic_records: records in it now (None: it does not exist yet).
+    """
+
+    job: str
+    query: str
+    batch: int | None
+    window_ms: int
+    watermark_ms: int | None = None
+    windows: Mapping[int, int] = field(default_factory=dict)
+    records: int = 0
+    good: int = 0
+    dead_letters: int = 0
+    source: str | None = None
+    topic: str | None = None
+    source_ends: Mapping[str, int] = field(default_factory=dict)
+    dead_letter_topic: str | None = None
+    dead_letter_topic_records: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "job": self.job,
+            "query": self.query,
+            "batch": self.batch,
+            "window_ms": self.window_ms,
+            "watermark_ms": self.watermark_ms,
+            "windows": {str(w): n for w, n in sorted(self.windows.items())},
+            "records": self.records,
+            "good": self.good,
+            "dead_letters": self.dead_letters,
+        }
+        if self.source is not None:  # the source was read
+            out.update(
+                source=self.source,
+                topic=self.topic,
+                source_ends=dict(self.source_ends),
+                dead_letter_topic=self.dead_letter_topic,
+                dead_letter_topic_records=self.dead_letter_topic_records,
+            )
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> WindowCounts:
+        return cls(
+            job=str(data["job"]),
+            query=str(data["query"]),
+            batch=_int(data.get("batch")),
+            window_ms=int(data["window_ms"]),
+            watermark_ms=_int(data.get("watermark_ms")),
+            windows={int(w): int(n) for w, n in (data.get("windows") or {}).items()},
+            records=int(data.get("records") or 0),
+            good=int(data.get("good") or 0),
+            dead_letters=int(data.get("dead_letters") or 0),
+            source=_str(data.get("source")),
+            topic=_str(data.get("topic")),
+            source_ends={str(p): int(e) for p, e in (data.get("source_ends") or {}).items()},
+            dead_letter_topic=_str(data.get("dead_letter_topic")),
+            dead_letter_topic_records=_int(data.get("dead_letter_topic_records")),
+        )
+
+
+@dataclass(frozen=True)
+class PlannedQuery:
+    """One planned query (:class:`Explain`).
+
+    Attributes:
+        name: the query's name.
+        path: native (Spark's own operators) or process (the runtime's operator).
+        reason: why that path.
+        output_mode: Spark's output mode.
+        steps: what the query runs, in order.
+        stateful_operators: its stateful operators' names.
+    """
+
+    name: str
+    path: str
+    reason: str
+    output_mode: str
+    steps: tuple[str, ...] = ()
+    stateful_operators: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "path": self.path,
+            "reason": self.reason,
+            "output_mode": self.output_mode,
+            "steps": list(self.steps),
+            "stateful_operators": list(self.stateful_operators),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PlannedQuery:
+        return cls(
+            str(data["name"]),
+            str(data.get("path")),
+            str(data.get("reason")),
+            str(data.get("output_mode")),
+            _strings(data.get("steps")),
+            _strings(data.get("stateful_operators")),
+        )
+
+
+@dataclass(frozen=True)
+class Explain:
+    """``srt explain --no-spark --json``: what a job file plans to, without Spark.
+
+    Attributes:
+        job: the name the job file gives its job.
+        parallelism: its state partitions.
+        checkpoint_dir: its checkpoint directory.
+        text: the plan as ``srt explain`` prints it.
+        queries: the planned queries.
+    """
+
+    job: str
+    parallelism: int | None
+    checkpoint_dir: str
+    text: str
+    queries: tuple[PlannedQuery, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "parallelism": self.parallelism,
+            "checkpoint_dir": self.checkpoint_dir,
+            "text": self.text,
+            "queries": [q.to_json() for q in self.queries],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Explain:
+        return cls(
+            str(data["job"]),
+            _int(data.get("parallelism")),
+            str(data["checkpoint_dir"]),
+            str(data["text"]),
+            tuple(PlannedQuery.from_json(q) for q in data.get("queries") or ()),
+        )

@@ -1,8 +1,9 @@
 """Control-plane workflows shared by the command line and Dagster.
 
-Each function here is one ``srt`` command's work and returns plain JSON-able data: the command
-prints it with ``--json`` (or a short human summary), and Dagster's ``StreamingRuntime``
-resource runs the command and parses that JSON, so both drive jobs the same way.
+Each function here is one ``srt`` command's work and returns its result as a document of
+:mod:`stateful_runtime.contract`: the command prints its ``to_json()`` with ``--json`` (or a
+short human summary), and Dagster's ``StreamingRuntime`` resource runs the command and parses
+that JSON with the same class, so both drive jobs the same way.
 
 ===================  =============================================================
 ``status``           registry entries, with liveness and each query's checkpoint
@@ -25,12 +26,27 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from stateful_runtime import masking
 from stateful_runtime.checkpoints import layout
 from stateful_runtime.checkpoints.layout import QueryLayout
+from stateful_runtime.contract import (
+    HealthSource,
+    JobHealth,
+    JobState,
+    JobStatus,
+    Killed,
+    Launch,
+    SavepointSummary,
+    StateCheck,
+    StopSignal,
+    Upgrade,
+    Wait,
+    WindowCounts,
+)
 from stateful_runtime.exceptions import (
     ConfigError,
     IncompatibleSavepointError,
@@ -75,7 +91,7 @@ class UpgradeError(JobError):
 # ----------------------------------------------------------------------------- status
 
 
-def job_status(entry: Mapping[str, Any], now: float | None = None) -> dict[str, Any]:
+def job_status(entry: Mapping[str, Any], now: float | None = None) -> JobStatus:
     """A registry entry as ``srt status --json`` shows it: the entry, plus ``alive`` (its pid
     is a live process, the one the entry recorded), ``live`` (alive and STARTING or RUNNING),
     ``registered_state`` (the entry's own state; ``state`` says DEAD for a RUNNING entry whose
@@ -84,32 +100,37 @@ def job_status(entry: Mapping[str, Any], now: float | None = None) -> dict[str, 
     (``health_source``: ``endpoint``) or, when it does not answer, as last written to the
     registry."""
     now = time.time() if now is None else now
-    out = dict(entry)
+    status = JobStatus.from_json(entry)
     alive = registry.alive(dict(entry))
-    out["registered_state"] = entry.get("state")
-    out["alive"] = alive
-    out["live"] = launcher.live(dict(entry))
-    if entry.get("state") == "RUNNING" and not alive:
-        out["state"] = "DEAD"
-    out["checked_at"] = now
-    out["health_source"] = "registry"
-    if out["live"] and entry.get("control"):
+    live = launcher.live(dict(entry))
+    health, source = status.health, HealthSource.REGISTRY
+    if live and status.control is not None:
         try:
-            reported = endpoint.call(entry, "GET", "/health", timeout=5.0)
-            out["health"] = reported.get("queries") or {}
-            out["health_source"] = "endpoint"
+            health = JobHealth.from_json(
+                endpoint.call(entry, "GET", "/health", timeout=5.0)
+            ).queries
+            source = HealthSource.ENDPOINT
         except endpoint.EndpointUnavailable:
             pass
         except endpoint.EndpointError:
             pass
-    out["queries"] = {
-        q: {**info, **checkpoint_facts(info["checkpoint_dir"], now).to_json()}
-        for q, info in (entry.get("queries") or {}).items()
-    }
-    return out
+    return replace(
+        status,
+        state=JobState.DEAD if status.state is JobState.RUNNING and not alive else status.state,
+        registered_state=status.state,
+        alive=alive,
+        live=live,
+        checked_at=now,
+        health_source=source,
+        health=health,
+        queries={
+            q: replace(info, checkpoint=checkpoint_facts(info.checkpoint_dir, now))
+            for q, info in status.queries.items()
+        },
+    )
 
 
-def statuses(job: str | None = None) -> list[dict[str, Any]]:
+def statuses(job: str | None = None) -> list[JobStatus]:
     """:func:`job_status` of one job (empty if it never registered here) or of every
     readable job (:func:`unreadable` names the others)."""
     now = time.time()
@@ -174,7 +195,7 @@ def launch(
     master: str | None = None,
     from_savepoint: str | None = None,
     parallelism: int | None = None,
-) -> dict[str, Any]:
+) -> Launch:
     """Plan the job file, then reuse the job's live process or start ``srt run`` detached
     (:func:`launcher.ensure_running`). Returns pid, whether it launched, the command, log path,
     the plan, the config keys a reused process runs differently, and the job's status."""
@@ -190,46 +211,42 @@ def launch(
         parallelism=parallelism,
     )
     drift = [] if result.launched else config_drift(result.entry, str(jf.path), overrides)
-    return {
-        "job": jf.job.name,
-        "pid": result.pid,
-        "launched": result.launched,
-        "log_path": str(result.log_path),
-        "command": result.command,
-        "plan": explain(planned),
-        "config_drift": drift,
-        "status": job_status(result.entry),
-    }
+    return Launch(
+        job=jf.job.name,
+        pid=result.pid,
+        launched=result.launched,
+        log_path=str(result.log_path),
+        command=None if result.command is None else tuple(result.command),
+        plan=explain(planned),
+        config_drift=tuple(drift),
+        status=job_status(result.entry),
+    )
 
 
 def wait(
     job: str, until: str, *, pid: int | None = None, since: float | None = None, timeout: float
-) -> dict[str, Any]:
+) -> Wait:
     """Wait for the job's process ``pid`` (default: the registered one) to be RUNNING
     (``until="running"``; an error if it ends or time runs out) or to commit a micro-batch at
     or after ``since`` (``until="commit"``; ``reached`` false if none came in ``timeout``)."""
     pid = int(pid if pid is not None else registry.require(job)["pid"])
     if until == "running":
         entry = launcher.wait_running(job, pid, timeout=timeout)
-        return {
-            "reached": True,
-            "last_committed": last_committed(entry),
-            "status": job_status(entry),
-        }
+        return Wait(True, last_committed(entry), job_status(entry))
     if until != "commit":
         raise ConfigError(f"wait until 'running' or 'commit', not {until!r}")
     committed = launcher.wait_committed(
         job, pid, since=time.time() if since is None else since, timeout=timeout
     )
     entry = registry.require(job)
-    return {
-        "reached": committed is not None,
-        "last_committed": committed if committed is not None else last_committed(entry),
-        "status": job_status(entry),
-    }
+    return Wait(
+        committed is not None,
+        committed if committed is not None else last_committed(entry),
+        job_status(entry),
+    )
 
 
-def kill(job: str, *, pid: int | None = None, grace: float) -> dict[str, Any]:
+def kill(job: str, *, pid: int | None = None, grace: float) -> Killed:
     """End the job's process whatever its state: SIGTERM, and SIGKILL to its process group
     after ``grace`` seconds; a process that is already gone gets its group SIGKILLed (its JVM
     or Python workers may outlive it). With ``pid``, only if that is still the job's process."""
@@ -253,13 +270,7 @@ def kill(job: str, *, pid: int | None = None, grace: float) -> dict[str, Any]:
             note = launcher.not_the_job(entry)
         elif leftovers:
             note = "the job's process was gone; what was left of its process group was killed"
-    return {
-        "job": job,
-        "pid": current,
-        "signal": sent,
-        "note": note,
-        "status": job_status(registry.require(job)),
-    }
+    return Killed(job, current, StopSignal(sent), job_status(registry.require(job)), note)
 
 
 # ----------------------------------------------------------------------------- upgrade
@@ -272,7 +283,7 @@ def check_state(
     *,
     allow_non_restored_state: bool = False,
     job: str | None = None,
-) -> dict[str, Any]:
+) -> StateCheck:
     """Would the job file's code take the state of ``savepoint`` (id, directory or URL), or by
     default of the job's current checkpoint? Decided on the planner's fingerprint, no Spark.
     Raises :class:`IncompatibleSavepointError` listing every difference."""
@@ -289,13 +300,7 @@ def check_state(
         saved = layout.owner(jf.job.checkpoint.dir).get("fingerprint") or {}
         where = str(jf.job.checkpoint.dir)
     dropped = restore.check_compatible(saved, new, allow_non_restored_state, where)
-    return {
-        "job": jf.job.name,
-        "job_file": str(jf.path),
-        "location": where,
-        "compatible": True,
-        "not_restored": dropped,
-    }
+    return StateCheck(jf.job.name, str(jf.path), where, True, tuple(dropped))
 
 
 def wait_restored(entry: Mapping[str, Any], timeout: float) -> dict[str, int | None] | None:
@@ -319,8 +324,9 @@ def wait_restored(entry: Mapping[str, Any], timeout: float) -> dict[str, int | N
             for q, info in queries.items()
         ):
             return True
-        health = current.get("health") or {}
-        return bool(queries) and all((health.get(q) or {}).get("lag_records") == 0 for q in queries)
+        status = JobStatus.from_json(current)
+        lags = [status.query_health(q).batch for q in queries]
+        return bool(queries) and all(b is not None and b.lag_records == 0 for b in lags)
 
     done = launcher.wait_until(
         entry["job"],
@@ -346,7 +352,7 @@ def upgrade(
     stop_timeout: float = 120.0,
     start_timeout: float = 300.0,
     commit_timeout: float = 0.0,
-) -> dict[str, Any]:
+) -> Upgrade:
     """Run ``job_file`` (new code, or the same with a new ``parallelism``) from the job's state:
 
     1. the file must plan, build job ``job`` and take the state (:func:`check_state`) of the
@@ -397,9 +403,9 @@ def upgrade(
             cause=type(exc).__name__,
         ) from exc
 
-    summary: dict[str, Any] | None = None
+    summary: SavepointSummary | None = None
     # A savepoint given by id is passed on by the location the check resolved.
-    source = checked["location"] if from_savepoint else None
+    source = checked.location if from_savepoint else None
     if not source:
         try:
             sp = launcher.savepoint(job, target=target, stop=True, timeout=stop_timeout)
@@ -416,7 +422,7 @@ def upgrade(
                 cause=type(exc).__name__,
             ) from exc
         summary = sp
-        source = sp["location"]
+        source = sp.location
 
     extra = ["--allow-non-restored-state"] if allow_non_restored_state else []
     try:
@@ -453,21 +459,21 @@ def upgrade(
         q: checkpoint_facts(info["checkpoint_dir"]).state_partitions
         for q, info in (entry.get("queries") or {}).items()
     }
-    return {
-        "job": job,
-        "job_file": str(jf_path),
-        "pid": started.pid,
-        "command": started.command,
-        "log_path": str(started.log_path),
-        "restored_from": source,
-        "savepoint": summary,
-        "parallelism": entry.get("parallelism"),
-        "state_partitions": partitions,
-        "last_committed": committed if committed is not None else last,
-        "committed": None if commit_timeout <= 0 else committed is not None,
-        "not_restored": checked["not_restored"],
-        "status": job_status(entry),
-    }
+    return Upgrade(
+        job=job,
+        job_file=str(jf_path),
+        pid=started.pid,
+        command=tuple(started.command or ()),
+        log_path=str(started.log_path),
+        restored_from=source,
+        savepoint=summary,
+        parallelism=entry.get("parallelism"),
+        state_partitions=partitions,
+        last_committed=committed if committed is not None else last,
+        committed=None if commit_timeout <= 0 else committed is not None,
+        not_restored=checked.not_restored,
+        status=job_status(entry),
+    )
 
 
 # ----------------------------------------------------------------------------- reconcile
@@ -475,7 +481,7 @@ def upgrade(
 
 def window_counts(
     job: str, query: str, *, window_ms: int, batch: int | None = None, source: str | None = None
-) -> dict[str, Any]:
+) -> WindowCounts:
     """Good records of the query's source topic per tumbling event-time window (aligned to
     the epoch) whose end is at or before the watermark of committed ``batch`` (default: the
     last), counting only records up to that batch's source end offsets: what a sink table
@@ -499,19 +505,8 @@ def window_counts(
         )
     qdir = queries[query]["checkpoint_dir"]
     batch = QueryLayout(qdir).last_committed() if batch is None else batch
-    out: dict[str, Any] = {
-        "job": job,
-        "query": query,
-        "batch": batch,
-        "window_ms": window_ms,
-        "watermark_ms": None,
-        "windows": {},
-        "records": 0,
-        "good": 0,
-        "dead_letters": 0,
-    }
     if batch is None:
-        return out
+        return WindowCounts(job, query, batch, window_ms)
     try:
         offsets = QueryLayout(qdir).committed_offsets(int(batch))
     except OSError as exc:
@@ -569,19 +564,22 @@ def window_counts(
             dlq_records = sum(dlq.end_offsets().values())
         finally:
             dlq.close()
-    out.update(counts)
-    out.update(
-        {
-            "watermark_ms": watermark,
-            "source": node.name,
-            "topic": src.topic,
-            "source_ends": ends,
-            "windows": {str(w): n for w, n in sorted(windows.items())},
-            "dead_letter_topic": src.dead_letter_topic,
-            "dead_letter_topic_records": dlq_records,
-        }
+    return WindowCounts(
+        job,
+        query,
+        batch,
+        window_ms,
+        watermark_ms=watermark,
+        windows=dict(sorted(windows.items())),
+        records=counts["records"],
+        good=counts["good"],
+        dead_letters=counts["dead_letters"],
+        source=node.name,
+        topic=src.topic,
+        source_ends=ends,
+        dead_letter_topic=src.dead_letter_topic,
+        dead_letter_topic_records=dlq_records,
     )
-    return out
 
 
 def _count(

@@ -18,8 +18,10 @@ gets 401 and nothing is done.
                        (stop-with-savepoint); answers once the job has stopped
 =====================  ===========================================================
 
-Errors are ``{"error": {"type", "message"}}`` with 400 (bad request), 401, 404, 409 (the job
-cannot do it now) or 500. :func:`call` is the client ``srt`` uses; it talks to the endpoint
+Answers are documents of :mod:`stateful_runtime.contract` (``JobHealth``,
+``SavepointSummary``, ``StopReport``); errors are its ``ErrorDocument``
+(``{"error": {"type", "message"}}``) with 400 (bad request), 401, 404, 409 (the job cannot do
+it now) or 500. :func:`call` is the client ``srt`` uses; it talks to the endpoint
 only of a process whose identity the registry verified (pid and start time).
 """
 
@@ -39,7 +41,15 @@ from pathlib import Path
 from typing import Any
 
 from stateful_runtime import masking
-from stateful_runtime.contract import JobHealth, QueryHealth
+from stateful_runtime.contract import (
+    EndpointAddress,
+    ErrorDocument,
+    ErrorKind,
+    JobHealth,
+    QueryHealth,
+    SavepointSummary,
+    StopReport,
+)
 from stateful_runtime.exceptions import JobError, StatefulRuntimeError
 from stateful_runtime.runtime import registry
 
@@ -63,7 +73,7 @@ class EndpointError(JobError):
         kind: the job process's error type.
     """
 
-    def __init__(self, message: str, *, status: int, kind: str) -> None:
+    def __init__(self, message: str, *, status: int, kind: ErrorKind) -> None:
         self.status, self.kind = status, kind
         super().__init__(message)
 
@@ -76,10 +86,10 @@ class Handlers:
     def health(self) -> JobHealth:
         raise NotImplementedError
 
-    def savepoint(self, target: str | None) -> dict[str, Any]:
+    def savepoint(self, target: str | None) -> SavepointSummary:
         raise NotImplementedError
 
-    def stop(self, savepoint: bool, target: str | None, timeout: float) -> dict[str, Any]:
+    def stop(self, savepoint: bool, target: str | None, timeout: float) -> StopReport:
         raise NotImplementedError
 
 
@@ -237,7 +247,7 @@ def _handler(handlers: Handlers, token: str) -> type[BaseHTTPRequestHandler]:
             self._send(status, body, "application/json")
 
         def _error(self, status: int, kind: str, message: str) -> None:
-            self._json(status, {"error": {"type": kind, "message": message}})
+            self._json(status, ErrorDocument(kind, message).to_json())
 
         def _authorised(self) -> bool:
             given = (self.headers.get("Authorization") or "").encode()
@@ -245,7 +255,7 @@ def _handler(handlers: Handlers, token: str) -> type[BaseHTTPRequestHandler]:
                 return True
             self._error(
                 401,
-                "Unauthorized",
+                ErrorKind.UNAUTHORIZED,
                 "a valid bearer token is required (the job's token file in $SRT_HOME/jobs)",
             )
             return False
@@ -253,16 +263,16 @@ def _handler(handlers: Handlers, token: str) -> type[BaseHTTPRequestHandler]:
         def _body(self) -> dict[str, Any] | None:
             length = int(self.headers.get("Content-Length") or 0)
             if length > MAX_BODY:
-                self._error(400, "BadRequest", f"body larger than {MAX_BODY} bytes")
+                self._error(400, ErrorKind.BAD_REQUEST, f"body larger than {MAX_BODY} bytes")
                 return None
             raw = self.rfile.read(length) if length else b""
             try:
                 data = json.loads(raw) if raw.strip() else {}
             except ValueError:
-                self._error(400, "BadRequest", "the body must be a JSON object")
+                self._error(400, ErrorKind.BAD_REQUEST, "the body must be a JSON object")
                 return None
             if not isinstance(data, dict):
-                self._error(400, "BadRequest", "the body must be a JSON object")
+                self._error(400, ErrorKind.BAD_REQUEST, "the body must be a JSON object")
                 return None
             return data
 
@@ -287,7 +297,7 @@ def _handler(handlers: Handlers, token: str) -> type[BaseHTTPRequestHandler]:
                     return
                 self._send(200, text, "text/plain; version=0.0.4; charset=utf-8")
             else:
-                self._error(404, "NotFound", f"no {self.path}: GET /health or /metrics")
+                self._error(404, ErrorKind.NOT_FOUND, f"no {self.path}: GET /health or /metrics")
 
         def do_POST(self) -> None:  # noqa: N802
             if not self._authorised():
@@ -297,15 +307,17 @@ def _handler(handlers: Handlers, token: str) -> type[BaseHTTPRequestHandler]:
                 return
             target = body.get("target")
             if target is not None and not isinstance(target, str):
-                self._error(400, "BadRequest", "target must be a string")
+                self._error(400, ErrorKind.BAD_REQUEST, "target must be a string")
                 return
             if self.path == "/savepoint":
-                self._dispatch(lambda: handlers.savepoint(target))
+                self._dispatch(lambda: handlers.savepoint(target).to_json())
             elif self.path == "/stop":
                 timeout = float(body.get("timeout") or 300.0)
-                self._dispatch(lambda: handlers.stop(bool(body.get("savepoint")), target, timeout))
+                self._dispatch(
+                    lambda: handlers.stop(bool(body.get("savepoint")), target, timeout).to_json()
+                )
             else:
-                self._error(404, "NotFound", f"no {self.path}: POST /savepoint or /stop")
+                self._error(404, ErrorKind.NOT_FOUND, f"no {self.path}: POST /savepoint or /stop")
 
     return Handler
 
@@ -320,7 +332,7 @@ class ControlEndpoint:
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
-    def start(self) -> dict[str, Any]:
+    def start(self) -> EndpointAddress:
         """Write the token file, start serving; the ``control`` field of the registry entry."""
         registry.ensure_home()
         tmp = self.token_file.with_suffix(f".token.{id(self)}.tmp")
@@ -344,12 +356,8 @@ class ControlEndpoint:
         return int(self._server.server_address[1])
 
     @property
-    def info(self) -> dict[str, Any]:
-        return {
-            "url": f"http://{HOST}:{self.port}",
-            "port": self.port,
-            "token_file": str(self.token_file),
-        }
+    def info(self) -> EndpointAddress:
+        return EndpointAddress(f"http://{HOST}:{self.port}", self.port, str(self.token_file))
 
     def close(self) -> None:
         """Stop serving (answers in progress are sent first) and remove the token file."""
@@ -400,12 +408,10 @@ def call(
             kind = response.headers.get("Content-Type", "")
     except urllib.error.HTTPError as exc:
         try:
-            err = json.loads(exc.read())["error"]
-        except (ValueError, KeyError, TypeError):
-            err = {"type": "HTTPError", "message": str(exc)}
-        raise EndpointError(
-            f"job {job!r}: {err.get('message')}", status=exc.code, kind=str(err.get("type"))
-        ) from None
+            err = ErrorDocument.from_json(json.loads(exc.read()))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            err = ErrorDocument(ErrorKind.HTTP_ERROR, str(exc))
+        raise EndpointError(f"job {job!r}: {err.message}", status=exc.code, kind=err.kind) from None
     except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
         raise EndpointUnavailable(
             f"job {job!r}: its control endpoint did not answer ({exc})"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from stateful_runtime.contract import JobHealth, SavepointRef
+from stateful_runtime.contract import JobHealth, SavepointSummary, StopReport
 from stateful_runtime.runtime import registry
 from stateful_runtime.runtime.endpoint import Handlers
 from stateful_runtime.runtime.progress import checkpoint_facts
@@ -35,10 +35,10 @@ class RunnerHandlers(Handlers):
             )
         return JobHealth(self.job, os.getpid(), self.runner.state, time.time(), queries)
 
-    def savepoint(self, target: str | None) -> dict[str, Any]:
+    def savepoint(self, target: str | None) -> SavepointSummary:
         summary = self.runner.take_savepoint(target, "savepoint")
-        registry.update(self.job, last_savepoint=SavepointRef.from_json(summary).to_json())
+        registry.update(self.job, last_savepoint=summary.ref().to_json())
         return summary
 
-    def stop(self, savepoint: bool, target: str | None, timeout: float) -> dict[str, Any]:
+    def stop(self, savepoint: bool, target: str | None, timeout: float) -> StopReport:
         return self.runner.stop_and_wait(savepoint=savepoint, target=target, timeout=timeout)

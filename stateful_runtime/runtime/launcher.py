@@ -35,6 +35,7 @@ from typing import Any
 from stateful_runtime import masking
 from stateful_runtime.checkpoints import savepoints
 from stateful_runtime.checkpoints.layout import QueryLayout
+from stateful_runtime.contract import SavepointSummary, StopReport, StopSignal
 from stateful_runtime.exceptions import JobError
 from stateful_runtime.names import check_name
 from stateful_runtime.runtime import endpoint, registry
@@ -349,20 +350,33 @@ def terminate(entry: dict[str, Any], *, grace: float) -> str:
     return "SIGKILL"
 
 
+@dataclass(frozen=True)
+class StopOutcome:
+    """How :func:`stop` stopped a job.
+
+    Attributes:
+        signal: through its control endpoint, or SIGTERM (it did not answer).
+        savepoint: the stop-with-savepoint taken, if one was asked for.
+    """
+
+    signal: StopSignal
+    savepoint: SavepointSummary | None = None
+
+
 def stop(
     job: str, *, timeout: float, savepoint: bool = False, target: str | None = None
-) -> tuple[dict[str, Any], dict[str, Any]]:
+) -> tuple[dict[str, Any], StopOutcome]:
     """Stop a running job cleanly (the batch in flight commits, queries stop, sinks close) and
     wait for its process to exit. Through its control endpoint (``POST /stop``, with a
     savepoint of the final batch if asked) while it answers; else SIGTERM, only to a
-    verified process. Returns its final registry entry and what the stop reported
-    (``signal``: ``endpoint`` or ``SIGTERM``; ``savepoint``: a summary or None)."""
+    verified process. Returns its final registry entry and how it stopped."""
     entry = registry.require(job)
     if entry.get("state") not in LIVE_STATES or not registry.pid_alive(entry.get("pid")):
         raise JobError(f"job {job!r} is not running (state {entry.get('state')})")
     if not registry.verified(entry):
         raise JobError(f"job {job!r} is not running: {not_the_job(entry)}")
-    report: dict[str, Any] = {"signal": "endpoint", "savepoint": None}
+    outcome = StopOutcome(StopSignal.ENDPOINT)
+    error = None
     try:
         answer = endpoint.call(
             entry,
@@ -371,42 +385,35 @@ def stop(
             {"savepoint": savepoint, "target": target, "timeout": timeout},
             timeout=timeout + 30,
         )
-        report.update(
-            savepoint=answer.get("savepoint"), savepoint_error=answer.get("savepoint_error")
-        )
+        report = StopReport.from_json(answer)
+        outcome, error = StopOutcome(StopSignal.ENDPOINT, report.savepoint), report.savepoint_error
     except endpoint.EndpointUnavailable:
         # Starting (no endpoint yet) or not answering: the signal does the same, with the
         # savepoint taken from the files once the process is gone.
         signal_job(entry, signal.SIGTERM)
-        report["signal"] = "SIGTERM"
+        outcome = StopOutcome(StopSignal.SIGTERM)
     if not endpoint.wait_gone(entry, timeout):
         raise JobError(
             f"job {job!r} (pid {entry['pid']}) did not stop within {timeout} s; "
             f"check it, or kill it: it restarts from its last checkpoint"
         )
-    if savepoint and report["signal"] == "SIGTERM":
-        report["savepoint"] = _savepoint_from_files(job, target, "stop-with-savepoint")
-    if report.get("savepoint_error"):
+    if savepoint and outcome.signal is StopSignal.SIGTERM:
+        taken = _savepoint_from_files(job, target, "stop-with-savepoint")
+        outcome = StopOutcome(StopSignal.SIGTERM, taken)
+    if error:
         raise JobError(
-            f"job {job!r} stopped, but its savepoint failed: "
-            f"{report['savepoint_error']}; its state is in its checkpoint "
-            f"(`srt savepoint create {job}` takes one from it)"
+            f"job {job!r} stopped, but its savepoint failed: {error}; its state is in its "
+            f"checkpoint (`srt savepoint create {job}` takes one from it)"
         )
-    return registry.require(job), report
+    return registry.require(job), outcome
 
 
-def _savepoint_from_files(job: str, target: str | None, kind: str) -> dict[str, Any]:
+def _savepoint_from_files(job: str, target: str | None, kind: str) -> SavepointSummary:
     entry = registry.require(job)
     root = target or entry.get("savepoint_dir") or str(registry.home() / "savepoints")
-    summary = savepoints.create(entry["checkpoint_dir"], root, kind=kind).summary()
-    registry.update(
-        job,
-        last_savepoint={
-            "id": summary["id"],
-            "location": summary["location"],
-            "created_at": summary["created_at"],
-        },
-    )
+    sp = savepoints.create(entry["checkpoint_dir"], root, kind=kind)
+    summary = SavepointSummary.from_json(sp.summary())
+    registry.update(job, last_savepoint=summary.ref().to_json())
     return summary
 
 
@@ -416,7 +423,7 @@ _stop_job = stop
 
 def savepoint(
     job: str, *, target: str | None = None, stop: bool = False, timeout: float = 120.0
-) -> dict[str, Any]:
+) -> SavepointSummary:
     """Savepoint of a job known to the registry (running or not): its summary. A running job
     takes it itself (``POST /savepoint`` to its endpoint); with ``stop``, stop-with-savepoint
     (the batch in flight commits, then the final batch is saved). A job that is not running
@@ -424,11 +431,13 @@ def savepoint(
     ``last_savepoint``."""
     entry = registry.require(job)
     if stop:
-        _, report = _stop_job(job, timeout=timeout, savepoint=True, target=target)
-        return report["savepoint"]
+        _, outcome = _stop_job(job, timeout=timeout, savepoint=True, target=target)
+        assert outcome.savepoint is not None  # asked for; a failure raised
+        return outcome.savepoint
     if registry.running(entry):
         try:
-            return endpoint.call(entry, "POST", "/savepoint", {"target": target}, timeout=timeout)
+            answer = endpoint.call(entry, "POST", "/savepoint", {"target": target}, timeout=timeout)
+            return SavepointSummary.from_json(answer)
         except endpoint.EndpointUnavailable:
             pass
     return _savepoint_from_files(job, target, "savepoint")

@@ -26,7 +26,15 @@ from stateful_runtime.checkpoints import layout, manifest, recovery, restore, sa
 from stateful_runtime.checkpoints.layout import CheckpointLayout
 from stateful_runtime.checkpoints.mirror import CheckpointMirror, MirrorSync
 from stateful_runtime.checkpoints.verify import disk_full
-from stateful_runtime.contract import MirrorHealth, QueryHealth, SavepointRef
+from stateful_runtime.contract import (
+    JobState,
+    JobStatus,
+    MirrorHealth,
+    QueryHealth,
+    QueryStatus,
+    SavepointSummary,
+    StopReport,
+)
 from stateful_runtime.exceptions import ConfigError, JobError, SinkError
 from stateful_runtime.planner import QueryPlan, chain, plan
 from stateful_runtime.runtime import registry, warmup, worker_output
@@ -202,7 +210,7 @@ class JobRunner:
         self.spark: SparkSession | None = None
         self._listener: Any = None
         self.runs: list[_Running] = []
-        self.state = "STARTING"
+        self.state = JobState.STARTING
         self.on_batch = list(on_batch)
         self._timings: dict[tuple[str, int], tuple[float, int]] = {}
         self._stop = threading.Event()
@@ -212,7 +220,7 @@ class JobRunner:
         self._stop_lock = threading.Lock()
         self._stop_request: dict[str, Any] | None = None
         self._stopped = threading.Event()
-        self._stop_result: dict[str, Any] = {}
+        self._stop_result: StopReport | None = None
         self._savepoint_lock = threading.Lock()
 
     def _check_available_now(self) -> None:
@@ -241,12 +249,13 @@ class JobRunner:
         previous = {
             sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
         }
-        state, code = "FAILED", 1
+        state, code = JobState.FAILED, 1
         try:
             self.start()
             failed = self.monitor()
             if not failed:
-                state, code = ("STOPPED" if self._stop.is_set() else "FINISHED"), 0
+                state = JobState.STOPPED if self._stop.is_set() else JobState.FINISHED
+                code = 0
         except SinkError as exc:
             self.console.error(f"error: {exc}")
         finally:
@@ -304,8 +313,8 @@ class JobRunner:
         self._sync_mirror()  # batches a crashed run committed but did not mirror
         for q in self.plan.queries:
             self.runs.append(self._start_query(spark, q))
-        registry.update(self.job.name, state="RUNNING")
-        self.state = "RUNNING"
+        registry.update(self.job.name, state=JobState.RUNNING)
+        self.state = JobState.RUNNING
         self.console.running(len(self.runs), self.master, self.checkpoint_dir)
 
     def monitor(self) -> bool:
@@ -334,7 +343,7 @@ class JobRunner:
 
     def stop_and_wait(
         self, *, savepoint: bool = False, target: str | None = None, timeout: float = 300.0
-    ) -> dict[str, Any]:
+    ) -> StopReport:
         """Stop (with a savepoint of the final committed batch if asked) and wait until the
         queries stopped and the sinks closed: the final state, and the savepoint's summary."""
         with self._stop_lock:
@@ -343,17 +352,17 @@ class JobRunner:
             elif savepoint and not self._stop_request["savepoint"]:
                 self._stop_request.update(savepoint=True, target=target)
         self.stop()
-        if not self._stopped.wait(timeout):
+        if not self._stopped.wait(timeout) or self._stop_result is None:
             raise JobError(
                 f"job {self.job.name!r} did not stop within {timeout:.0f} s; it is "
                 f"still stopping (a micro-batch in flight)"
             )
-        return dict(self._stop_result)
+        return self._stop_result
 
-    def take_savepoint(self, target: str | None, kind: str) -> dict[str, Any]:
+    def take_savepoint(self, target: str | None, kind: str) -> SavepointSummary:
         """A savepoint of the last committed batch, taken by this process (it knows its
         checkpoint); its summary."""
-        if self.state == "STARTING":
+        if self.state is JobState.STARTING:
             raise JobError(
                 f"job {self.job.name!r} is still starting; take the savepoint once "
                 f"it is RUNNING and has committed a batch"
@@ -362,7 +371,7 @@ class JobRunner:
             sp = savepoints.create(
                 self.checkpoint_dir, target or savepoint_root(self.job), kind=kind
             )
-        return sp.summary()
+        return SavepointSummary.from_json(sp.summary())
 
     # ------------------------------------------------------------------------- prepare
 
@@ -393,49 +402,42 @@ class JobRunner:
     def _register(self) -> None:
         # A damaged entry stops the run (CorruptEntryError says what to do): it may belong to
         # a live process of this job, which a second one must not run beside.
-        entry = registry.read(self.job.name)
-        if entry and registry.running(entry) and entry.get("pid") != os.getpid():
+        previous = registry.read(self.job.name)
+        if previous and registry.running(previous) and previous.get("pid") != os.getpid():
             raise JobError(
-                f"job {self.job.name!r} is already running as pid {entry['pid']}; "
+                f"job {self.job.name!r} is already running as pid {previous['pid']}; "
                 f"stop it with `srt stop {self.job.name}` or use `srt status`"
             )
         # Everything this process starts (the JVM, Python workers) carries the run's id, so
         # what is left of it can be told from an unrelated process that reused a pid.
         run_id = os.environ.setdefault(registry.RUN_ID_ENV, uuid.uuid4().hex)
         self.endpoint = ControlEndpoint(RunnerHandlers(self))
-        control = self.endpoint.start()
-        registry.write(
-            self.job.name,
-            {
-                "job": self.job.name,
-                "state": "STARTING",
-                "pid": os.getpid(),
-                "pid_start": registry.process_start(os.getpid()),
-                "run_id": run_id,
-                "control": control,
-                "job_file": str(self.jobfile.path),
-                "config": dict(self.jobfile.config),
-                "checkpoint_dir": str(self.checkpoint_dir),
-                "master": self.master,
-                "available_now": self.available_now,
-                "started_at": now_iso(),
-                "parallelism": self.job.parallelism,
-                "savepoint_dir": savepoint_root(self.job),
-                "mirror": self.job.checkpoint.mirror,
-                # Kept across plain restarts (the checkpoint remembers its origin), so retention
-                # keeps protecting the savepoint this checkpoint came from.
-                "restored_from": layout.owner(self.checkpoint_dir).get("restored_from"),
-                "restore": self.restored,
-                "queries": {
-                    q.name: {
-                        "checkpoint_dir": str(self.layout.query(q.name).root),
-                        "path": q.path,
-                        "output_mode": q.output_mode,
-                    }
-                    for q in self.plan.queries
-                },
+        entry = JobStatus(
+            job=self.job.name,
+            state=JobState.STARTING,
+            pid=os.getpid(),
+            pid_start=registry.process_start(os.getpid()),
+            run_id=run_id,
+            job_file=str(self.jobfile.path),
+            config=dict(self.jobfile.config),
+            started_at=now_iso(),
+            control=self.endpoint.start(),
+            checkpoint_dir=str(self.checkpoint_dir),
+            master=self.master,
+            available_now=self.available_now,
+            parallelism=self.job.parallelism,
+            savepoint_dir=savepoint_root(self.job),
+            mirror=self.job.checkpoint.mirror,
+            # Kept across plain restarts (the checkpoint remembers its origin), so retention
+            # keeps protecting the savepoint this checkpoint came from.
+            restored_from=layout.owner(self.checkpoint_dir).get("restored_from"),
+            restore=self.restored,
+            queries={
+                q.name: QueryStatus(str(self.layout.query(q.name).root), q.path, q.output_mode)
+                for q in self.plan.queries
             },
         )
+        registry.write(self.job.name, entry.to_json())
 
     # ------------------------------------------------------------------------- start
 
@@ -565,7 +567,7 @@ class JobRunner:
 
     # ------------------------------------------------------------------------- stop
 
-    def _shutdown(self, state: str, signal_handlers: Mapping[signal.Signals, Any]) -> None:
+    def _shutdown(self, state: JobState, signal_handlers: Mapping[signal.Signals, Any]) -> None:
         """Stop the queries, publish and mirror what they committed, close the sinks, record the
         end state (and the stop-with-savepoint asked for), answer a waiting ``POST /stop``."""
         for run in self.runs:
@@ -579,12 +581,12 @@ class JobRunner:
             for out in q.outputs:
                 out.sink.close()
         self.state = state
-        result: dict[str, Any] = {}
+        result = StopReport(self.job.name, os.getpid(), state)
         try:
             result = self._finish_control(state)
             taken = (
-                {"last_savepoint": SavepointRef.from_json(result["savepoint"]).to_json()}
-                if result.get("savepoint")
+                {"last_savepoint": result.savepoint.ref().to_json()}
+                if result.savepoint is not None
                 else {}
             )
             registry.update(
@@ -599,24 +601,18 @@ class JobRunner:
             if self.endpoint is not None:
                 self.endpoint.close()
 
-    def _finish_control(self, state: str) -> dict[str, Any]:
+    def _finish_control(self, state: JobState) -> StopReport:
         """At the end of the run: the stop-with-savepoint if one was asked for; what a
         ``POST /stop`` answers."""
-        result: dict[str, Any] = {
-            "job": self.job.name,
-            "pid": os.getpid(),
-            "state": state,
-            "savepoint": None,
-        }
         with self._stop_lock:
             request = dict(self._stop_request or {})
+        result = StopReport(self.job.name, os.getpid(), state)
         if request.get("savepoint"):
             try:
-                result["savepoint"] = self.take_savepoint(
-                    request.get("target"), "stop-with-savepoint"
-                )
+                taken = self.take_savepoint(request.get("target"), "stop-with-savepoint")
+                result = replace(result, savepoint=taken)
             except Exception as exc:  # the job is stopped; its state is in the checkpoint
-                result["savepoint_error"] = f"{type(exc).__name__}: {exc}"
+                result = replace(result, savepoint_error=f"{type(exc).__name__}: {exc}")
         return result
 
     def _print_summaries(self) -> None:

@@ -36,7 +36,7 @@ def test_explain_is_typed(runtime: StreamingRuntime, tmp_path: Path):
     plan = runtime.explain(str(UPI), {"source.log_dir": str(tmp_path / "log"), "parallelism": 3})
     assert (plan.job, plan.parallelism) == ("upi-per-minute", 3)
     [query] = plan.queries
-    assert query["name"] == "upi-counts" and query["path"] == "native"
+    assert query.name == "upi-counts" and query.path == "native"
     assert "query upi-counts" in plan.text
 
 

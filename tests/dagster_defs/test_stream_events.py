@@ -10,10 +10,10 @@ from datetime import datetime
 import pyarrow as pa
 
 from dagster_defs import StreamingJobTranslator
-from dagster_defs._results import JobStatus
 from dagster_defs._stream_events import commit_events
 from dagster_defs.resources import DuckDBWarehouse
 from dbt_sink.duckdb import DuckDBUpsertSink
+from stateful_runtime.contract import JobStatus
 from tests.dagster_defs.helpers import UPI_JOB
 
 

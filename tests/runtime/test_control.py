@@ -1,6 +1,7 @@
 """The control commands Dagster drives, run as the real `srt` with `--json`: launch, wait,
 status, reconcile, savepoint check/prune, upgrade (rescale, refusal, from a savepoint), stop and
-kill, and the JSON errors a program reads.
+kill, and the JSON errors a program reads. Every document printed reads back into its class of
+stateful_runtime.contract and writes the same JSON (what Dagster parses is what srt wrote).
 
 The tests share one job in a registry of their own (`srt --home`, not $SRT_HOME) and run in file
 order; the module fixture kills whatever is left of it.
@@ -24,6 +25,7 @@ import duckdb
 import pytest
 from upi_events import events, oracle
 
+from stateful_runtime import contract
 from tests.helpers import EXAMPLES, UpiWorkspace, append_lines, srt
 
 pytestmark = pytest.mark.slow
@@ -34,6 +36,30 @@ WINDOW_MS = 60_000
 # 40 events per second of event time: 4,000 span 100 s, so the watermark (newest - 5 s) closes
 # the two first 1-minute windows; every 499th line is malformed (8 dead letters).
 LINES = list(events(4_000, merchants=8, rate_per_s=40, disorder_ms=3_000, bad_every=499, seed=11))
+
+
+def _document(args: tuple[str, ...]) -> Any:
+    """The contract class of what ``srt ARGS --json`` prints (a list of them for status)."""
+    command = args[0] if args[0] != "savepoint" else f"savepoint {args[1]}"
+    if command == "stop":
+        return contract.Killed if "--kill" in args else contract.Stopped
+    return {
+        "launch": contract.Launch,
+        "wait": contract.Wait,
+        "upgrade": contract.Upgrade,
+        "reconcile": contract.WindowCounts,
+        "savepoint create": contract.SavepointSummary,
+        "savepoint check": contract.StateCheck,
+        "savepoint prune": contract.Disposed,
+        "savepoint dispose": contract.Disposed,
+    }.get(command)
+
+
+def _reads_back(args: tuple[str, ...], data: Any) -> None:
+    if args[0] == "status":
+        assert [contract.JobStatus.from_json(d).to_json() for d in data] == data
+    elif (kind := _document(args)) is not None:
+        assert kind.from_json(data).to_json() == data
 
 
 @dataclass
@@ -55,13 +81,16 @@ class Cli:
     def ok(self, *args: str, timeout: float = 600) -> Any:
         code, data, err = self.run(*args, timeout=timeout)
         assert code == 0, err[-4000:]
+        _reads_back(args, data)
         return data
 
     def error(self, *args: str) -> dict[str, Any]:
         """The JSON error of a command that must fail (exit 2, one line on stderr)."""
         code, _, err = self.run(*args)
         assert code == 2, err[-4000:]
-        return json.loads(err.strip().splitlines()[-1])["error"]
+        document = json.loads(err.strip().splitlines()[-1])
+        assert contract.ErrorDocument.from_json(document).to_json() == document
+        return document["error"]
 
     def status(self) -> dict[str, Any]:
         [status] = self.ok("status", JOB)

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 from upi_events import START_MS, events
 
+from stateful_runtime.contract import JobHealth, SavepointSummary, StopReport
 from tests.helpers import EXAMPLES, ROOT, UpiWorkspace, append_lines, srt
 
 pytestmark = pytest.mark.slow
@@ -82,7 +83,13 @@ class Job:
     def ok(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         code, raw = self.request(method, path, body)
         assert code == 200, raw
-        return json.loads(raw) if path != "/metrics" else raw.decode()
+        if path == "/metrics":
+            return raw.decode()
+        answer = json.loads(raw)
+        # The answers are documents of the contract: they read back and write the same JSON.
+        kind = {"/health": JobHealth, "/savepoint": SavepointSummary, "/stop": StopReport}[path]
+        assert kind.from_json(answer).to_json() == answer
+        return answer
 
     def srt(self, *args: str, env: dict[str, str] | None = None) -> Any:
         out = srt(["--home", str(self.home), *args, "--json"], env or self.env, timeout=600)
