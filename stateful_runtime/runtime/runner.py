@@ -37,7 +37,7 @@ from stateful_runtime.contract import (
 )
 from stateful_runtime.exceptions import ConfigError, JobError, SinkError
 from stateful_runtime.planner import QueryPlan, chain, plan
-from stateful_runtime.runtime import registry, warmup, worker_output
+from stateful_runtime.runtime import registry, spark_output, warmup
 from stateful_runtime.runtime.batch_writes import BatchWriter
 from stateful_runtime.runtime.console import Console
 from stateful_runtime.runtime.dataframes import build
@@ -289,9 +289,11 @@ class JobRunner:
 
     def start(self) -> None:
         """Start Spark and every query (state RUNNING)."""
-        # Spark's Python workers print per-batch lines on stdout: into a log file instead.
-        worker_output.divert(registry.job_file(self.job.name, ".workers.log"))
-        spark = self.spark = build_session(self.job.parallelism, self.master)
+        # Spark's Python workers print per-batch lines on stdout, the JVM its warnings on
+        # stderr and Spark its log: into the job's log files instead of its terminal.
+        log = registry.job_file(self.job.name, ".log")
+        spark_output.divert(registry.job_file(self.job.name, ".workers.log"), log)
+        spark = self.spark = build_session(self.job.parallelism, self.master, log_file=log)
         warmup.start(
             spark,
             self.job.parallelism,
@@ -389,7 +391,7 @@ class JobRunner:
         what = "savepoint" if self.from_savepoint else "checkpoint mirror"
         self.console.say(
             f"restored {what} {sp.location} (batches {self.restored['batches']}) into "
-            f"{Path(self.job.checkpoint.dir).resolve()}"
+            f"{self.checkpoint_dir}"
         )
         if self.restored["previous_checkpoint_moved_to"]:
             self.console.say(

@@ -7,6 +7,7 @@ import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,9 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 LOG4J = Path(__file__).with_name("log4j2.properties")
+# A job process's driver JVM logs Spark's warnings to the job's log file, not its terminal.
+LOG4J_JOB = Path(__file__).with_name("log4j2-job.properties")
+LOG_FILE_ENV = "SRT_SPARK_LOG"  # that file, for log4j2-job.properties
 
 
 # -- the driver JVM's class archive (start-up) ---------------------------------------------------
@@ -187,9 +191,11 @@ def _class_archive_options() -> str:
     return f" -XX:SharedArchiveFile={archive} -Xshare:auto" if usable else ""
 
 
-def spark_conf(parallelism: int, master: str) -> dict[str, str]:
-    """Settings every job runs with (``--master`` and parallelism are the job's)."""
+def spark_conf(parallelism: int, master: str, *, job_log: bool = False) -> dict[str, str]:
+    """Settings every job runs with (``--master`` and parallelism are the job's; ``job_log``:
+    the driver logs to the file ``$SRT_SPARK_LOG`` names, and only errors to stderr)."""
     java_opts = f"-Dlog4j2.configurationFile=file:{LOG4J}"
+    driver_log = f"-Dlog4j2.configurationFile=file:{LOG4J_JOB if job_log else LOG4J}"
     jit = _jit_options(master)
     return {
         "spark.master": master,
@@ -223,7 +229,7 @@ def spark_conf(parallelism: int, master: str) -> dict[str, str]:
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.extraJavaOptions": " ".join(
-            filter(None, (java_opts, jit["driver"], _class_archive_options().strip()))
+            filter(None, (driver_log, jit["driver"], _class_archive_options().strip()))
         ),
         "spark.executor.extraJavaOptions": " ".join(filter(None, (java_opts, jit["executor"]))),
         "spark.executorEnv.PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
@@ -265,14 +271,38 @@ def _scratch_conf(master: str) -> dict[str, str]:
     }
 
 
+@contextlib.contextmanager
+def _environment(name: str, value: str | None) -> Iterator[None]:
+    """``name=value`` in this process's environment for the block (nothing if ``value`` is
+    None), as the JVM Spark starts in it inherits it."""
+    if value is None:
+        yield
+        return
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
 def default_master() -> str:
     return os.environ.get("SRT_SPARK_MASTER", "local[*]")
 
 
 def build_session(
-    parallelism: int = 4, master: str | None = None, extra: dict[str, str] | None = None
+    parallelism: int = 4,
+    master: str | None = None,
+    extra: dict[str, str] | None = None,
+    *,
+    log_file: str | Path | None = None,
 ) -> SparkSession:
-    """Start (or reuse) the process's SparkSession with the runtime's settings."""
+    """Start (or reuse) the process's SparkSession with the runtime's settings. With
+    ``log_file``, a JVM started now logs Spark's warnings there and only errors to stderr (a job
+    process's terminal shows the job, not Spark's start-up)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -280,14 +310,15 @@ def build_session(
 
     builder = SparkSession.builder
     master = master or default_master()
-    conf = spark_conf(parallelism, master)
+    conf = spark_conf(parallelism, master, job_log=log_file is not None)
     scratch = _scratch_conf(master)
     for key, value in scratch.items():
         conf[key] = f"{conf[key]} {value}" if key.endswith("JavaOptions") else value
     conf.update(extra or {})
     for key, value in conf.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    with _environment(LOG_FILE_ENV, None if log_file is None else str(log_file)):
+        spark = builder.getOrCreate()  # a JVM started here reads the log file's name
     proc = getattr(spark.sparkContext._gateway, "proc", None)  # type: ignore[union-attr]
     if proc is not None and proc.pid not in _ENDING:
         _ENDING.add(proc.pid)
