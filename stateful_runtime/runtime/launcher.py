@@ -35,7 +35,13 @@ from typing import Any
 from stateful_runtime import masking
 from stateful_runtime.checkpoints import savepoints
 from stateful_runtime.checkpoints.layout import QueryLayout
-from stateful_runtime.contract import SavepointSummary, StopReport, StopSignal
+from stateful_runtime.contract import (
+    JobState,
+    JobStatus,
+    SavepointSummary,
+    StopReport,
+    StopSignal,
+)
 from stateful_runtime.exceptions import JobError
 from stateful_runtime.names import check_name
 from stateful_runtime.runtime import endpoint, registry
@@ -186,19 +192,20 @@ def ensure_running(
         if current is None or current.get("pid") != proc.pid:
             # Where the last run checkpointed stays visible (health checks, reconciliation)
             # even if this process dies before it registers its own queries.
-            kept = {k: v for k, v in (entry or {}).items() if k in ("checkpoint_dir", "queries")}
-            current = {
-                "job": job,
-                "state": "STARTING",
-                "pid": proc.pid,
-                "pid_start": registry.process_start(proc.pid),
-                "run_id": run_id,
-                "job_file": str(job_file),
-                "config": dict(config),
-                "started_at": _now(),
-                "log_path": str(log),
-                **kept,
-            }
+            last = JobStatus.from_json(entry) if entry else JobStatus(job)
+            current = JobStatus(
+                job=job,
+                state=JobState.STARTING,
+                pid=proc.pid,
+                pid_start=registry.process_start(proc.pid),
+                run_id=run_id,
+                job_file=str(job_file),
+                config=dict(config),
+                started_at=_now(),
+                checkpoint_dir=last.checkpoint_dir,
+                queries=last.queries,
+                log_path=str(log),
+            ).to_json()
             registry.write(job, current)
         return Launch(job, proc.pid, True, log, [masking.mask_text(c) for c in command], current)
 
