@@ -28,6 +28,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from dagster import (
+    AssetMaterialization,
     AssetObservation,
     DefaultSensorStatus,
     MetadataValue,
@@ -289,7 +290,7 @@ def check_job(
         started_age_s=_started_age(entry, now),
         policy=spec.restart_policy,
     )
-    pid = entry.get("pid")
+    pid = status.pid
     if spec.name in cursor.gave_up and (
         cursor.gave_up[spec.name] != pid or verdict.condition not in RESTARTABLE
     ):
@@ -401,7 +402,7 @@ def health_sensor(
     def _health(context: SensorEvaluationContext, **_: Any) -> SensorResult | SkipReason:
         cursor = Cursor.load(context.cursor)
         now = time.time()
-        events = []
+        events: list[AssetObservation | AssetMaterialization] = []
         for spec in specs:
             status = context.resources.streaming_runtime.status(spec.name)
             metadata = check_job(context, spec, cursor, now, status=status)

@@ -125,7 +125,7 @@ def _windows_closed(
                 "SELECT count(*) FROM information_schema.columns WHERE "
                 "table_name = ? AND column_name = ?",
                 [table.table, column],
-            ).fetchone()[0]
+            ).fetchall()[0][0]
             if not has:
                 return None
             lower = after or "1970-01-01T00:00:00"

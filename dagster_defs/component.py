@@ -35,7 +35,7 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import dagster as dg
 from pydantic import Field
@@ -56,6 +56,10 @@ _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 Duration = str | int | float
 
 
+@overload
+def duration(value: Duration, what: str) -> timedelta: ...
+@overload
+def duration(value: None, what: str) -> None: ...
 def duration(value: Duration | None, what: str) -> timedelta | None:
     """``90s``/``5m``/``12h``/``7d``/``250ms`` or seconds as a number → timedelta."""
     if value is None:

@@ -504,7 +504,7 @@ class DuckDBWarehouse(ConfigurableResource):
         with self.read_only() as con:
             exists = con.execute(
                 "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table]
-            ).fetchone()[0]
+            ).fetchall()[0][0]
             if not exists:
                 raise LookupError(f"table {table} is not in {self.database()}")
             quoted = '"' + table.replace('"', '""') + '"'

@@ -231,7 +231,7 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
             cur = con.execute(sql)
             cols = [d[0] for d in cur.description]
             rows = cur.fetchall()
-            total = con.execute(f"SELECT count(*) FROM {_q(self.table)}").fetchone()[0]
+            total = con.execute(f"SELECT count(*) FROM {_q(self.table)}").fetchall()[0][0]
         except duckdb.CatalogException:
             return SinkSummary(f"{self.table}: no rows written yet", [], [])
         finally:

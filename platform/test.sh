@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Install with the dev extras, check the import contracts (pyproject's [tool.importlinter]),
-# and run the whole test suite (real Spark, DuckDB, Kafka-protocol broker, S3 endpoint, processes).
+# Install with the dev extras; check the import contracts (pyproject's [tool.importlinter]), lint
+# and format (ruff) and types (mypy on the packages); then run the whole test suite (real Spark,
+# DuckDB, Kafka-protocol broker, S3 endpoint, PostgreSQL, ClickHouse, Dagster, processes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 platform/bootstrap.sh dev
 .venv/bin/lint-imports
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy
 export SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON="$PWD/.venv/bin/python"
 exec .venv/bin/python -m pytest -ra "$@"

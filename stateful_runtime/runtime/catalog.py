@@ -98,7 +98,7 @@ def _columns(node: Node) -> list[dict[str, str]]:
             for f in to_struct(node.tag.schema).fields
         ]
     # Records as a source or the last map before this node made them (filters keep them).
-    made_by = node
+    made_by: Node = node
     while not isinstance(made_by, SourceNode | MapNode):
         made_by = made_by.parent  # type: ignore[union-attr]
     what = (
