@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "WarehouseUpsertSink": "base",
-    "dedupe_last": "base",
     "DuckDBUpsertSink": "duckdb",
     "committed_batches": "duckdb",
 }
@@ -20,11 +19,10 @@ __all__ = [
     "DuckDBUpsertSink",
     "WarehouseUpsertSink",
     "committed_batches",
-    "dedupe_last",
 ]
 
 if TYPE_CHECKING:
-    from dbt_sink.base import WarehouseUpsertSink, dedupe_last
+    from dbt_sink.base import WarehouseUpsertSink
     from dbt_sink.duckdb import DuckDBUpsertSink, committed_batches
 
 

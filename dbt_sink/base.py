@@ -6,32 +6,17 @@ from abc import abstractmethod
 from collections.abc import Sequence
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from stateful_runtime.connectors.base import Sink
+from stateful_runtime.connectors.base import Sink, prepare_rows
 from stateful_runtime.exceptions import SinkError
-
-_ROW = "__srt_row"
-
-
-def dedupe_last(batch: pa.Table, keys: Sequence[str]) -> pa.Table:
-    """Keep the last row of each key, in batch order (a later update supersedes an earlier
-    one; warehouses disagree on which duplicate an upsert keeps, so none is left to choose)."""
-    if batch.num_rows < 2:
-        return batch
-    indexed = batch.append_column(_ROW, pa.array(range(batch.num_rows), pa.int64()))
-    last = indexed.group_by(list(keys), use_threads=False).aggregate([(_ROW, "max")])
-    if last.num_rows == batch.num_rows:
-        return batch
-    rows = last.column(f"{_ROW}_max")
-    return batch.take(pc.take(rows, pc.sort_indices(rows)))
 
 
 class WarehouseUpsertSink(Sink):
     """Upserts each micro-batch into a table keyed by ``key``, exactly once.
 
     Per batch, in one warehouse transaction: skip if the ledger already has
-    ``(job, sink, batch_id)``; otherwise upsert the batch (deduped by key, last row wins) and
+    ``(job, sink, batch_id)``; otherwise upsert the batch (one row per key, the last in batch
+    order: :func:`~stateful_runtime.connectors.base.prepare_rows`, as on the executor path) and
     insert the ledger row. A replayed batch therefore changes nothing, and the ledger records
     which batch wrote what.
     """
@@ -62,7 +47,7 @@ class WarehouseUpsertSink(Sink):
             )
 
     def write_batch(self, batch: pa.Table, batch_id: int) -> None:
-        self._write(dedupe_last(batch, self.key_columns), batch_id)
+        self._write(prepare_rows(batch, self.key_columns), batch_id)
 
     @abstractmethod
     def _write(self, batch: pa.Table, batch_id: int) -> None:

@@ -45,7 +45,7 @@ from dbt_sink.partitioned import (
     hook,
     options,
 )
-from stateful_runtime.connectors.base import PartitionReport, SinkSummary, WritePath
+from stateful_runtime.connectors.base import PartitionReport, SinkSummary, WritePlacement
 from stateful_runtime.exceptions import ConfigError, SinkError
 from stateful_runtime.ledger import BATCH_ID, JOB, LEDGER_TABLE, ROWS, SINK, LedgerEntry
 from stateful_runtime.masking import mask_text, resolve
@@ -276,10 +276,10 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
     def location(self) -> str:
         return mask_text(self.url)
 
-    def write_path(self) -> WritePath:
+    def write_placement(self) -> WritePlacement:
         if self.in_process:
-            return WritePath("driver", "chdb keeps its directory open in one process only")
-        return super().write_path()
+            return WritePlacement("driver", "chdb keeps its directory open in one process only")
+        return super().write_placement()
 
     def _client(self) -> _Native | _Chdb:
         if self.in_process:

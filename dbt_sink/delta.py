@@ -31,7 +31,7 @@ from typing import Any
 import pyarrow as pa
 
 from dbt_sink.partitioned import Column, PartitionedWarehouseSink, RetryPolicy, hook
-from stateful_runtime.connectors.base import PartitionReport, SinkSummary, WritePath
+from stateful_runtime.connectors.base import PartitionReport, SinkSummary, WritePlacement
 from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.ledger import LedgerEntry
 
@@ -98,8 +98,8 @@ class DeltaUpsertSink(PartitionedWarehouseSink):
     def location(self) -> str:
         return self.path
 
-    def write_path(self) -> WritePath:
-        return WritePath(
+    def write_placement(self) -> WritePlacement:
+        return WritePlacement(
             "driver",
             "a Delta table takes one commit at a time: the batch is "
             "one merge commit carrying its app transaction (per-task merges "

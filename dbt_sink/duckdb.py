@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from dbt_sink.base import WarehouseUpsertSink
 from dbt_sink.partitioned import check_identifier
-from stateful_runtime.connectors.base import SinkSummary, WritePath
+from stateful_runtime.connectors.base import SinkSummary, WritePlacement
 from stateful_runtime.exceptions import SinkError
 from stateful_runtime.ledger import (
     BATCH_ID,
@@ -92,8 +92,8 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
         """From ``sink.database`` and ``sink.table``."""
         return cls(config["sink.database"], config["sink.table"], key, summary_sql=summary_sql)
 
-    def write_path(self) -> WritePath:
-        return WritePath(
+    def write_placement(self) -> WritePlacement:
+        return WritePlacement(
             "driver",
             "DuckDB is embedded, one writing process per file: the job "
             "process upserts each batch and its ledger row in one transaction",

@@ -28,7 +28,7 @@ from stateful_runtime.connectors.base import (
     PartitionedSink,
     PartitionReport,
     SinkSummary,
-    WritePath,
+    WritePlacement,
 )
 from stateful_runtime.exceptions import ConfigError, SinkError
 
@@ -183,14 +183,14 @@ class PartitionedWarehouseSink(PartitionedSink):
     def default_name(self) -> str:
         return f"upsert-{self.table}"
 
-    def write_path(self) -> WritePath:
+    def write_placement(self) -> WritePlacement:
         if not self.executor_writes:
-            return WritePath(
+            return WritePlacement(
                 "driver",
                 "executor_writes=False: the job process collects each "
                 "batch and writes it as one partition",
             )
-        return super().write_path()
+        return super().write_placement()
 
     def open(self, job: str, query: str) -> None:
         self.job, self.sink_name = job, query

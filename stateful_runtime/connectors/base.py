@@ -202,13 +202,15 @@ class Sink(ABC):
     def describe(self) -> str:
         return self.default_name()
 
-    def write_path(self) -> WritePath:
+    def write_placement(self) -> WritePlacement:
         """Where batches are written and why (``explain``): a plain sink on the driver."""
-        return WritePath("driver", "the sink takes each batch whole (collected to the job process)")
+        return WritePlacement(
+            "driver", "the sink takes each batch whole (collected to the job process)"
+        )
 
 
 @dataclass(frozen=True)
-class WritePath:
+class WritePlacement:
     """Where a sink's batches are written, and why (``explain`` prints both).
 
     Attributes:
@@ -292,7 +294,7 @@ class PartitionedSink(Sink):
 
     The sink object is pickled to the executors after ``open``: keep connections out of its
     pickled state (``__getstate__``) and open them per task. ``write_batch`` runs the same
-    protocol on the driver as one partition (:meth:`write_path` says which path a sink takes
+    protocol on the driver as one partition (:meth:`write_placement` says where a sink is written
     and why; `srt explain` prints it). The runtime side of the protocol, driver and executor
     halves, is :mod:`stateful_runtime.runtime.batch_writes`.
     """
@@ -301,8 +303,8 @@ class PartitionedSink(Sink):
     # Output partitions per batch; None: the job's parallelism.
     partitions: int | None = None
 
-    def write_path(self) -> WritePath:
-        return WritePath(
+    def write_placement(self) -> WritePlacement:
+        return WritePlacement(
             "executors",
             "each output partition is written by the task that "
             "computed it; the driver commits the batch after all reported",

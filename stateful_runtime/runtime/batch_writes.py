@@ -2,7 +2,7 @@
 
 Spark calls the query's ``foreachBatch`` with the batch's DataFrame and id; a
 :class:`BatchWriter` (one per query) cuts each sink's rows out of it (a process function's main
-or side output) and writes them on the path the sink asks for (:meth:`Sink.write_path`):
+or side output) and writes them where the sink asks (:meth:`Sink.write_placement`):
 
 * driver: the batch is collected to the job process once, as one Arrow table, and handed to
   ``sink.write_batch`` (for a :class:`~stateful_runtime.connectors.base.PartitionedSink` that
@@ -115,8 +115,8 @@ class BatchWriter:
             out.sink.check_schema(self.rows[out.name](empty).schema)
 
     def write(self, df: DataFrame, batch_id: int) -> SinkWrite:
-        """Write micro-batch ``batch_id`` (the query's output ``df``) to every sink, each on
-        the path it asked for; the rows the sinks took and the time their writes took."""
+        """Write micro-batch ``batch_id`` (the query's output ``df``) to every sink, each
+        where it asked to be written; the rows the sinks took and the time their writes took."""
         many = len(self.query.outputs) > 1
         if many:
             df = df.persist()  # computed once for every output, not once per sink
@@ -125,7 +125,7 @@ class BatchWriter:
         try:
             for out in self.query.outputs:
                 select = self.rows[out.name]
-                if out.sink.write_path().where == "executors":
+                if out.sink.write_placement().where == "executors":
                     assert isinstance(out.sink, PartitionedSink)
                     partitions = out.sink.partitions or self.query.parallelism
                     n, t = _write_on_executors(df, out.sink, select, batch_id, partitions)

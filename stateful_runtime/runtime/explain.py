@@ -83,7 +83,7 @@ def steps(query: QueryPlan) -> list[str]:
             out.append(f"sink {o.name} (main output): {sink.describe()}")
         else:
             out.append(f"sink {o.name} (side output {o.side.name}): {sink.describe()}")
-        wp = sink.write_path()
+        wp = sink.write_placement()
         at = (
             f"on the executors, {getattr(sink, 'partitions', None) or query.parallelism} "
             f"partitions by {', '.join(sink.key_columns)}"

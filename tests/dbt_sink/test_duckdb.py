@@ -8,7 +8,7 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from dbt_sink import DuckDBUpsertSink, dedupe_last
+from dbt_sink import DuckDBUpsertSink
 from stateful_runtime.exceptions import ConfigError, SinkError
 from stateful_runtime.ledger import LEDGER_TABLE
 
@@ -68,7 +68,6 @@ def test_replayed_batch_changes_nothing(sink):
 def test_duplicates_inside_a_batch_keep_the_last(sink):
     sink.write_batch(batch([("M1", W1, 1), ("M2", W1, 7), ("M1", W1, 2), ("M1", W1, 9)]), 0)
     assert rows(sink) == [("M1", W1, 9), ("M2", W1, 7)]
-    assert dedupe_last(batch([("M1", W1, 1)]), ["merchant_id"]).num_rows == 1
 
 
 def test_table_is_created_with_the_key_as_primary_key(sink):
