@@ -10,7 +10,8 @@ micro-batch changes nothing. Bad records go to topic ``upi-payments-dlq`` with t
 
     srt run examples/upi_per_minute.py --available-now --set source.log_dir=/tmp/log
 
-Into PostgreSQL, ClickHouse or Delta Lake instead of DuckDB (exactly-once on each; docs/warehouses.md):
+Into PostgreSQL, ClickHouse or Delta Lake instead of DuckDB (exactly-once on each, see
+docs/warehouses.md):
 
     srt run examples/upi_per_minute.py --set sink.kind=postgres \
         --set sink.dsn=postgresql://srt@127.0.0.1:5432/srt --set sink.password=env:PGPASSWORD
