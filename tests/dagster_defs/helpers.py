@@ -7,8 +7,7 @@ from __future__ import annotations
 import importlib.util
 import signal
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -85,17 +84,6 @@ def feed(ws: UpiWorkspace, count: int, seed: int, start_ms: int = START_MS) -> N
             )
         ),
     )
-
-
-def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``cond`` until it returns something true; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def metadata(result, key: AssetKey) -> dict[str, Any]:

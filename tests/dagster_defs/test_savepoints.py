@@ -29,8 +29,8 @@ from dagster_defs._savepoints import (
 from stateful_runtime.checkpoints import savepoints
 from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.runtime import registry
-from tests.dagster_defs.helpers import JOB, JOB_KEY, Live, feed, live_job, metadata, wait_for
-from tests.helpers import EXAMPLES
+from tests.dagster_defs.helpers import JOB, JOB_KEY, Live, feed, live_job, metadata
+from tests.helpers import EXAMPLES, poll
 
 pytestmark = pytest.mark.slow
 
@@ -90,7 +90,7 @@ def _last(live: Live) -> int:
 
 
 def _commits_after(live: Live, batch: int, what: str) -> int:
-    return wait_for(lambda: _last(live) > batch and _last(live), 240, what)
+    return poll(lambda: _last(live) > batch and _last(live), 240, what)
 
 
 def _job_file(path: Path, old: str, new: str) -> Path:

@@ -22,10 +22,8 @@ from upi_events import START_MS
 from dagster_defs import build_definitions
 from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.runtime import launcher, registry
-from tests.dagster_defs.helpers import JOB, JOB_KEY, UPI_JOB, Live
-from tests.dagster_defs.helpers import feed as _feed
-from tests.dagster_defs.helpers import metadata as _metadata
-from tests.dagster_defs.helpers import wait_for as _wait
+from tests.dagster_defs.helpers import JOB, JOB_KEY, UPI_JOB, Live, feed, metadata
+from tests.helpers import poll
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +37,7 @@ def _checks(result) -> dict:
 
 def test_materialize_launches_the_job_detached_and_waits_for_a_commit(live: Live):
     result = live.materialize(JOB_KEY)
-    md = _metadata(result, JOB_KEY)
+    md = metadata(result, JOB_KEY)
     pid = md["pid"]
     live.pids.append(pid)
 
@@ -58,7 +56,7 @@ def test_materialize_launches_the_job_detached_and_waits_for_a_commit(live: Live
 
 
 def test_second_materialization_reuses_the_live_process(live: Live):
-    md = _metadata(live.materialize(JOB_KEY), JOB_KEY)
+    md = metadata(live.materialize(JOB_KEY), JOB_KEY)
     assert md["launched"] is False
     assert md["pid"] == live.pids[0]
     assert registry.read(JOB)["state"] == "RUNNING"
@@ -70,13 +68,13 @@ def test_sink_table_snapshot_and_checks_pass_on_clean_data(live: Live):
         offsets = QueryLayout(live.qdir).committed_offsets()
         return bool(offsets) and (offsets["watermark_ms"] or 0) >= START_MS + 2 * WINDOW_MS
 
-    _wait(closed_windows, 120, "a watermark past two windows")
+    poll(closed_windows, 120, "a watermark past two windows")
     loaded = {m for m in sys.modules if m.startswith("srt_job_")}
     result = live.materialize(TABLE_KEY)
     # The source side was counted by an `srt reconcile` process: the job file (and with it
     # pyspark) is never imported by the process running the checks.
     assert {m for m in sys.modules if m.startswith("srt_job_")} == loaded
-    md = _metadata(result, TABLE_KEY)
+    md = metadata(result, TABLE_KEY)
     assert md["dagster/row_count"] > 0
     assert md["last_sink_batch"] >= 1
 
@@ -136,10 +134,10 @@ def test_sensor_observes_health_and_restarts_a_killed_job(live: Live):
     old = live.pids[0]
     before = QueryLayout(live.qdir).last_committed()
     os.killpg(old, signal.SIGKILL)  # driver, JVM and Python workers: a machine crash
-    _wait(lambda: not registry.pid_alive(old), 30, "the killed job to be gone")
+    poll(lambda: not registry.pid_alive(old), 30, "the killed job to be gone")
     assert registry.read(JOB)["state"] == "RUNNING"  # nobody told the registry
     killed_at = time.time()
-    _feed(live.ws, 400, seed=4, start_ms=START_MS + 150_000)
+    feed(live.ws, 400, seed=4, start_ms=START_MS + 150_000)
 
     second = live.tick(first.cursor)
     md = {k: v.value for k, v in second.asset_events[0].metadata.items()}
@@ -150,7 +148,7 @@ def test_sensor_observes_health_and_restarts_a_killed_job(live: Live):
     launcher.wait_running(JOB, new, timeout=240)
     assert launcher.wait_committed(JOB, new, since=killed_at, timeout=180)
     # The table's query resumes from its checkpoint and commits the new input.
-    _wait(
+    poll(
         lambda: (QueryLayout(live.qdir).last_committed() or -1) > (before or -1),
         240,
         "upi-counts to commit after the restart",

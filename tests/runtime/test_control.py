@@ -15,7 +15,7 @@ import signal
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC
 from pathlib import Path
@@ -26,7 +26,7 @@ import pytest
 from upi_events import events, oracle
 
 from stateful_runtime import contract
-from tests.helpers import EXAMPLES, UpiWorkspace, append_lines, srt
+from tests.helpers import EXAMPLES, UpiWorkspace, append_lines, poll, srt
 
 pytestmark = pytest.mark.slow
 
@@ -95,16 +95,6 @@ class Cli:
     def status(self) -> dict[str, Any]:
         [status] = self.ok("status", JOB)
         return status
-
-
-def _wait(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def _job_file(path: Path, old: str, new: str) -> Path:
@@ -180,7 +170,7 @@ def test_reconcile_counts_the_good_records_of_closed_windows(cli: Cli):
         out = cli.ok("reconcile", JOB, "--query", "upi-counts", "--window", "1m")
         return out if out["records"] == len(LINES) and len(out["windows"]) >= 2 else None
 
-    counts = _wait(caught_up, 240, "a committed batch closing two windows over every record")
+    counts = poll(caught_up, 240, "a committed batch closing two windows over every record")
     assert counts["batch"] >= 0 and counts["window_ms"] == WINDOW_MS
     watermark = counts["watermark_ms"]
     per_window: Counter[int] = Counter()

@@ -18,7 +18,7 @@ import stat
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ import pytest
 from upi_events import START_MS, events
 
 from stateful_runtime.contract import JobHealth, SavepointSummary, StopReport
-from tests.helpers import EXAMPLES, ROOT, UpiWorkspace, append_lines, srt
+from tests.helpers import EXAMPLES, ROOT, UpiWorkspace, append_lines, poll, srt
 
 pytestmark = pytest.mark.slow
 
@@ -96,16 +96,6 @@ class Job:
         assert out.returncode == 0, out.stderr[-4000:]
         self.run_text += out.stdout + out.stderr
         return json.loads(out.stdout)
-
-
-def _wait(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def _feed(ws: UpiWorkspace, count: int, seed: int, start_ms: int) -> None:
@@ -305,7 +295,7 @@ def test_health_and_metrics_move_as_batches_commit(job: Job):
             else None
         )
 
-    after = _wait(moved, 400, "a batch committing the new records")
+    after = poll(moved, 400, "a batch committing the new records")
     m2 = _metrics(job.ok("GET", "/metrics"))
     assert m2[("srt_records_input_total", q)] > m1[("srt_records_input_total", q)]
     assert (
@@ -359,7 +349,7 @@ def test_srt_stop_goes_through_the_endpoint(job: Job):
     status = stopped["status"]
     assert (status["registered_state"], status["alive"]) == ("STOPPED", False)
     assert not (job.home / "jobs" / f"{JOB}.token").exists()
-    _wait(lambda: not _group(pid), 60, "the job's processes to end")
+    poll(lambda: not _group(pid), 60, "the job's processes to end")
 
 
 def test_post_stop_with_a_savepoint(job: Job):
@@ -393,7 +383,7 @@ def test_post_stop_with_a_savepoint(job: Job):
     sp = answer["savepoint"]
     assert sp["kind"] == "stop-with-savepoint"
     assert sp["batches"]["upi-counts"] >= 0
-    _wait(lambda: not _group(pid), 120, "the job's processes to end")
+    poll(lambda: not _group(pid), 120, "the job's processes to end")
     entry = job.entry
     assert entry["state"] == "STOPPED" and entry["last_savepoint"]["id"] == sp["id"]
     assert sp["id"] in [s["id"] for s in job.srt("savepoint", "list", JOB)]
