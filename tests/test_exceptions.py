@@ -7,7 +7,7 @@ import importlib
 import pkgutil
 import re
 
-import stateful_runtime.exceptions as exceptions
+from stateful_runtime import exceptions
 from stateful_runtime.exceptions import StatefulRuntimeError
 
 PACKAGES = ("stateful_runtime", "dagster_defs", "dbt_sink")
