@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -23,6 +24,50 @@ from stateful_runtime.exceptions import JobError, StatefulRuntimeError
 from stateful_runtime.names import check_name
 
 EXIT_USAGE = 2
+# Whoever read srt's output closed it (`srt log read ... | head`): srt ends quietly with the
+# status a shell gives a command killed by SIGPIPE (128 + 13), as `cat` would.
+EXIT_CLOSED_PIPE = 141
+
+
+def _seconds(text: str) -> float:
+    """A ``--timeout``-like flag: a finite number of seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 <= value <= 1e9):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give a number of seconds from 0 to 1e9 (e.g. 120)"
+        )
+    return value
+
+
+def _epoch(text: str) -> float:
+    """A ``--since``-like flag: a finite time in epoch seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a time in epoch seconds (date +%s)")
+    return value
+
+
+def _count(least: int, most: int | None = None):  # type: ignore[no-untyped-def]
+    """An integer flag (a count, an offset, a port) from ``least`` to ``most``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if value < least or (most is not None and value > most):
+            bound = f"from {least} to {most}" if most is not None else f"{least} or more"
+            raise argparse.ArgumentTypeError(f"{text!r}: give a whole number {bound}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
 
 
 def _json(value: object) -> None:
@@ -270,7 +315,7 @@ def _upgrade_cmd(args: argparse.Namespace) -> int:
         parse_overrides(args.set),
         parallelism=args.parallelism,
         from_savepoint=args.from_savepoint,
-        target=args.target,
+        target=_absolute(args.target),
         allow_non_restored_state=args.allow_non_restored_state,
         master=args.master,
         stop_timeout=args.stop_timeout,
@@ -365,11 +410,22 @@ def _age(text: str) -> timedelta:
     """``90s``, ``30m``, ``12h``, ``7d``."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     try:
-        return timedelta(seconds=float(text[:-1]) * units[text[-1]])
-    except (KeyError, ValueError, IndexError):
+        value = float(text[:-1])
+        if not (math.isfinite(value) and 0 <= value * units[text[-1]] <= 1e9):
+            raise ValueError(text)
+        return timedelta(seconds=value * units[text[-1]])
+    except (KeyError, ValueError, IndexError, OverflowError):
         raise argparse.ArgumentTypeError(
-            f"{text!r}: write an age like 90s, 30m, 12h or 7d"
+            f"{text!r}: give an age of 0 or more like 90s, 30m, 12h or 7d"
         ) from None
+
+
+def _absolute(target: str | None) -> str | None:
+    """A savepoint target as the user meant it: relative to where they ran ``srt`` (the
+    running job would refuse a relative one, as it cannot know that directory)."""
+    if not target or "://" in target:
+        return target
+    return os.path.abspath(target)
 
 
 def _roots(args: argparse.Namespace) -> list[str]:
@@ -404,7 +460,7 @@ def _savepoint_cmd(args: argparse.Namespace) -> int:
 
     if args.sp_cmd == "create":
         taken = launcher.savepoint(
-            args.job, target=args.target, stop=args.stop, timeout=args.timeout
+            args.job, target=_absolute(args.target), stop=args.stop, timeout=args.timeout
         )
         if args.json:
             _json(taken.to_json())
@@ -534,7 +590,7 @@ def _parser() -> argparse.ArgumentParser:
         c.add_argument("topic")
         c.add_argument("--log-dir", required=True)
         if name == "create":
-            c.add_argument("--partitions", type=int, required=True)
+            c.add_argument("--partitions", type=_count(1), required=True)
             c.add_argument("--exist-ok", action="store_true")
         if name in ("append", "serve"):
             c.add_argument("--key-field", help="JSON field whose value keys each record")
@@ -544,12 +600,12 @@ def _parser() -> argparse.ArgumentParser:
                 help="fsync each append (survives power loss, not only kill -9)",
             )
         if name == "serve":
-            c.add_argument("--port", type=int, default=9000)
+            c.add_argument("--port", type=_count(0, 65535), default=9000)
             c.add_argument("--host", default="127.0.0.1")
         if name == "read":
-            c.add_argument("--partition", type=int)
-            c.add_argument("--offset", type=int, default=0)
-            c.add_argument("--limit", type=int, default=100)
+            c.add_argument("--partition", type=_count(0))
+            c.add_argument("--offset", type=_count(0), default=0)
+            c.add_argument("--limit", type=_count(0), default=100)
     log.set_defaults(func=_log_cmd)
 
     for name, func, help_ in [
@@ -585,7 +641,7 @@ def _parser() -> argparse.ArgumentParser:
             )
             c.add_argument(
                 "--parallelism",
-                type=int,
+                type=_count(1),
                 help="state partitions; with --from-savepoint, rescales the state",
             )
             c.add_argument(
@@ -607,21 +663,23 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--job", metavar="NAME", help="refuse a file that builds another job")
     c.add_argument("--master", help="Spark master (default $SRT_SPARK_MASTER or local[*])")
     c.add_argument("--from-savepoint", metavar="ID|PATH")
-    c.add_argument("--parallelism", type=int)
+    c.add_argument("--parallelism", type=_count(1))
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_launch_cmd)
 
     c = sub.add_parser("wait", help="wait until a job's process is RUNNING or has committed")
     c.add_argument("job")
     c.add_argument("--until", choices=("running", "commit"), default="running")
-    c.add_argument("--pid", type=int, help="the process to wait for (default: the registered)")
+    c.add_argument(
+        "--pid", type=_count(1), help="the process to wait for (default: the registered)"
+    )
     c.add_argument(
         "--since",
-        type=float,
+        type=_epoch,
         metavar="EPOCH_S",
         help="with --until commit: a commit at or after this time (default: now)",
     )
-    c.add_argument("--timeout", type=float, default=300.0)
+    c.add_argument("--timeout", type=_seconds, default=300.0)
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_wait_cmd)
 
@@ -637,7 +695,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("job")
     c.add_argument(
         "--timeout",
-        type=float,
+        type=_seconds,
         default=120.0,
         help="seconds to wait for a clean stop (with --kill: before SIGKILL)",
     )
@@ -646,7 +704,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="whatever its state: SIGTERM, then SIGKILL to its process group",
     )
-    c.add_argument("--pid", type=int, help="with --kill: only if this is still the job's pid")
+    c.add_argument("--pid", type=_count(1), help="with --kill: only if this is still the job's pid")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_stop_cmd)
 
@@ -662,7 +720,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     c.add_argument(
         "--parallelism",
-        type=int,
+        type=_count(1),
         help="state partitions (a rescale; default: the job's current count)",
     )
     c.add_argument(
@@ -675,19 +733,19 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--master", help="Spark master of the new run")
     c.add_argument(
         "--stop-timeout",
-        type=float,
+        type=_seconds,
         default=120.0,
         help="seconds to wait for the running job to stop",
     )
     c.add_argument(
         "--timeout",
-        type=float,
+        type=_seconds,
         default=300.0,
         help="seconds to wait for the new process to be RUNNING",
     )
     c.add_argument(
         "--commit-timeout",
-        type=float,
+        type=_seconds,
         default=0.0,
         help="then wait this long for its first own commit (0: do not wait)",
     )
@@ -702,7 +760,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("job")
     c.add_argument("--query", required=True, help="the query writing the table")
     c.add_argument("--window", type=_age, required=True, help="tumbling window size (60s, 1m...)")
-    c.add_argument("--batch", type=int, help="committed batch (default: the last)")
+    c.add_argument("--batch", type=_count(0), help="committed batch (default: the last)")
     c.add_argument("--source", help="source name, if the job has several")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_reconcile_cmd)
@@ -745,7 +803,7 @@ def _parser() -> argparse.ArgumentParser:
     c = ssub.add_parser("create", help="savepoint of a job's last committed batch")
     c.add_argument("job")
     c.add_argument("--stop", action="store_true", help="stop the job first (stop-with-savepoint)")
-    c.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for --stop")
+    c.add_argument("--timeout", type=_seconds, default=120.0, help="seconds to wait for --stop")
     c = ssub.add_parser("list", help="complete savepoints")
     c.add_argument("job", nargs="?")
     for name in ("describe", "dispose"):
@@ -766,7 +824,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--allow-non-restored-state", action="store_true")
     c = ssub.add_parser("prune", help="apply a retention policy to a job's savepoints")
     c.add_argument("job")
-    c.add_argument("--keep", type=int, help="keep at most N (the newest always stays)")
+    c.add_argument("--keep", type=_count(0), help="keep at most N (the newest always stays)")
     c.add_argument("--max-age", type=_age, help="dispose of those older than AGE (7d, 12h...)")
     for c in ssub.choices.values():
         c.add_argument(
@@ -784,7 +842,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--operator")
     c.add_argument("--state")
     c.add_argument("--key", help="only this key (the first key_by field, as text)")
-    c.add_argument("--limit", type=int, default=1000)
+    c.add_argument("--limit", type=_count(0), default=1000)
     c.add_argument("--json", action="store_true", help="one JSON object per row")
     c.add_argument("--target", help="savepoint root to find an id in")
     c.add_argument("--master", help="Spark master (default local[*])")
@@ -821,12 +879,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             if isinstance(value, str) and args.cmd != "log":
                 check_name("job", value)
         return args.func(args)
+    except BrokenPipeError:
+        return _closed_pipe()
     except StatefulRuntimeError as exc:
         if getattr(args, "json", False):
             print(_error_json(exc), file=sys.stderr)
         else:
             print(f"srt: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def _closed_pipe() -> int:
+    """The reader of stdout went away: no traceback, nothing more written (the interpreter's
+    final flush would fail again, so stdout now points at /dev/null)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return EXIT_CLOSED_PIPE
 
 
 if __name__ == "__main__":

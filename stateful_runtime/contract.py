@@ -123,6 +123,9 @@ class ErrorKind(StrEnum):
     BAD_REQUEST = "BadRequest"
     UNAUTHORIZED = "Unauthorized"
     NOT_FOUND = "NotFound"
+    METHOD_NOT_ALLOWED = "MethodNotAllowed"
+    LENGTH_REQUIRED = "LengthRequired"
+    PAYLOAD_TOO_LARGE = "PayloadTooLarge"
     # What a client saw without the runtime saying why.
     HTTP_ERROR = "HTTPError"
     PROCESS_ERROR = "ProcessError"  # an srt command failed without a JSON error (a crash)

@@ -6,6 +6,7 @@ A job file is a Python module with ``DEFAULTS`` (every configurable key and its 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -16,6 +17,50 @@ from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.names import check_name
 from stateful_runtime.streams import DataStream, SinkNode, SourceNode
 from stateful_runtime.watermarks import WatermarkStrategy
+
+# Units a numeric config key's name may end in (its value is a duration in that unit), and the
+# longest duration each accepts (about 30 years: beyond it timedelta overflows, and it is a typo).
+DURATION_UNITS: Mapping[str, tuple[str, float]] = {
+    "_ms": ("milliseconds", 1e12),
+    "_s": ("seconds", 1e9),
+    "_seconds": ("seconds", 1e9),
+    "_minutes": ("minutes", 1e9 / 60),
+    "_hours": ("hours", 1e9 / 3600),
+    "_days": ("days", 1e9 / 86400),
+}
+# Numeric keys that count something (never below 0) besides durations.
+_COUNT_WORDS = ("parallelism", "partitions", "max_", "threshold", "limit", "retries")
+
+
+def check_number(key: str, value: Any) -> Any:
+    """A numeric config value as the job may use it: finite, and for a duration (a key ending
+    in a unit: ``_s``, ``_ms``...) or a count (``parallelism``, ``..._partitions``,
+    ``max_...``) at least 0 and below an overflow. :class:`ConfigError` in the key's own units
+    otherwise; other values pass unchanged."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return value
+    unit = next((u for suffix, u in DURATION_UNITS.items() if key.endswith(suffix)), None)
+    if unit is not None:
+        name, most = unit
+        if not math.isfinite(value) or not 0 <= value <= most:
+            raise ConfigError(
+                f"{key}={value!r}: a duration in {name} must be a finite number from 0 to "
+                f"{most:g} {name}; give e.g. {key}=2"
+            )
+        return value
+    if not math.isfinite(value):
+        raise ConfigError(f"{key}={value!r}: give a finite number")
+    if value < 0 and any(w in key for w in _COUNT_WORDS):
+        raise ConfigError(f"{key}={value!r}: a count cannot be negative; give 0 or more")
+    return value
+
+
+def seconds(key: str, value: Any) -> timedelta:
+    """A duration config value in seconds (``checkpoint.interval_s``) as a timedelta;
+    :class:`ConfigError` in seconds for a non-number, NaN, infinity or a negative."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{key}={value!r}: give a number of seconds, e.g. {key}=2")
+    return timedelta(seconds=check_number(key if key.endswith("_s") else f"{key}_s", value))
 
 
 @dataclass(frozen=True)
@@ -34,14 +79,28 @@ class CheckpointConfig:
     mirror: str | None = None
     # Where `srt savepoint create` writes by default (None: $SRT_HOME/savepoints).
     savepoint_dir: str | None = None
+    # Where the control endpoint may write a savepoint a request names (empty: any absolute
+    # directory or s3:// URL): absolute directories or s3://bucket/prefix.
+    savepoint_roots: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.dir:
             raise ConfigError("checkpoint dir must be set (checkpoint.dir)")
         if not isinstance(self.interval, timedelta) or self.interval < timedelta(0):
-            raise ConfigError(
-                f"checkpoint interval must be a timedelta >= 0, got {self.interval!r}"
+            shown = (
+                f"{self.interval.total_seconds():g} s"
+                if isinstance(self.interval, timedelta)
+                else repr(self.interval)
             )
+            raise ConfigError(
+                f"checkpoint interval must be 0 s or more (checkpoint.interval_s), got {shown}"
+            )
+        for root in self.savepoint_roots:
+            if not (root.startswith("s3://") or root.startswith("/")):
+                raise ConfigError(
+                    f"savepoint.roots: {root!r} is not absolute; give absolute directories or "
+                    f"s3://bucket/prefix, comma-separated"
+                )
 
 
 @dataclass
@@ -70,14 +129,16 @@ class StreamJob:
     def from_config(cls, name: str, config: Mapping[str, Any]) -> StreamJob:
         """A job from the standard job-file keys ``checkpoint.dir``, ``checkpoint.interval_s``
         (seconds), ``parallelism`` (optional, default 4) and the :data:`RUNTIME_KEYS` every job
-        file accepts (``checkpoint.mirror``, ``savepoint.dir``)."""
+        file accepts (``checkpoint.mirror``, ``savepoint.dir``, ``savepoint.roots``)."""
+        roots = str(config.get("savepoint.roots") or "")
         return cls(
             name,
             CheckpointConfig(
                 config["checkpoint.dir"],
-                timedelta(seconds=config.get("checkpoint.interval_s", 5.0)),
+                seconds("checkpoint.interval_s", config.get("checkpoint.interval_s", 5.0)),
                 mirror=config.get("checkpoint.mirror") or None,
                 savepoint_dir=config.get("savepoint.dir") or None,
+                savepoint_roots=tuple(r.strip() for r in roots.split(",") if r.strip()),
             ),
             parallelism=config.get("parallelism", 4),
         )
@@ -101,4 +162,8 @@ class StreamJob:
 
 
 # Keys every job file accepts with --set, whatever its DEFAULTS say ("" = not set).
-RUNTIME_KEYS: Mapping[str, Any] = {"checkpoint.mirror": "", "savepoint.dir": ""}
+RUNTIME_KEYS: Mapping[str, Any] = {
+    "checkpoint.mirror": "",
+    "savepoint.dir": "",
+    "savepoint.roots": "",
+}

@@ -20,16 +20,29 @@ gets 401 and nothing is done.
 
 Answers are documents of :mod:`stateful_runtime.contract` (``JobHealth``,
 ``SavepointSummary``, ``StopReport``); errors are its ``ErrorDocument``
-(``{"error": {"type", "message"}}``) with 400 (bad request), 401, 404, 409 (the job cannot do
-it now) or 500. :func:`call` is the client ``srt`` uses; it talks to the endpoint
+(``{"error": {"type", "message"}}``) with 400 (bad request), 401, 404, 405, 409 (the job cannot
+do it now), 411, 413 or 500. :func:`call` is the client ``srt`` uses; it talks to the endpoint
 only of a process whose identity the registry verified (pid and start time).
+
+Every request is checked at this boundary before the job is asked anything
+(:func:`parse_content_length`, :func:`parse_body`, :func:`check_target`): the body's length
+(decimal digits, at most :data:`MAX_BODY`, whatever the headers say), a JSON object without
+NaN or Infinity, only the fields of its path with their types and ranges (``savepoint`` a
+boolean, ``timeout`` a finite number of seconds in (0, :data:`MAX_STOP_TIMEOUT_S`]), and a
+savepoint ``target`` that is an absolute path or ``s3://bucket/prefix``, inside the job's
+``savepoint.roots`` when that is set, and writable (probed before a stop begins). A request
+that fails any check gets a 4xx error document saying what to send instead; nothing reaches
+the job's log, and the connection is answered, never dropped.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import math
+import os
 import secrets
+import tempfile
 import threading
 import time
 import urllib.error
@@ -58,6 +71,149 @@ HOST = "127.0.0.1"
 MAX_BODY = 64 * 1024
 # A client that stops reading cannot hold a handler thread (and the job's exit) longer.
 SOCKET_TIMEOUT_S = 30.0
+# The longest a POST /stop may wait for the job to stop (a day), and its default.
+MAX_STOP_TIMEOUT_S = 86_400.0
+DEFAULT_STOP_TIMEOUT_S = 300.0
+# The fields each POST accepts; anything else is refused, so a typo is never ignored.
+FIELDS: Mapping[str, frozenset[str]] = {
+    "/savepoint": frozenset({"target"}),
+    "/stop": frozenset({"savepoint", "target", "timeout"}),
+}
+
+
+class Refused(Exception):
+    """A request the endpoint refuses at its boundary: the status and what to send instead.
+    Internal to this module (the client sees an :class:`EndpointError`)."""
+
+    def __init__(self, status: int, message: str, kind: str = ErrorKind.BAD_REQUEST) -> None:
+        self.status, self.kind = status, kind
+        super().__init__(message)
+
+
+def parse_content_length(value: str | None, transfer_encoding: str | None = None) -> int:
+    """The body's length from its headers: decimal digits, at most :data:`MAX_BODY`; no
+    header is an empty body. :class:`Refused` for anything else (a sign, spaces inside, hex,
+    a chunked body)."""
+    if transfer_encoding is not None and transfer_encoding.strip():
+        raise Refused(
+            411,
+            "a chunked (Transfer-Encoding) body is not accepted; send the JSON object with "
+            "a Content-Length header",
+            ErrorKind.LENGTH_REQUIRED,
+        )
+    if value is None:
+        return 0
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()):
+        raise Refused(
+            400, f"Content-Length must be a number of bytes (0-{MAX_BODY}), got {value[:40]!r}"
+        )
+    if len(text) > 12 or int(text) > MAX_BODY:
+        raise Refused(
+            413,
+            f"body of {text[:20]} bytes refused: at most {MAX_BODY} bytes (a small JSON object)",
+            ErrorKind.PAYLOAD_TOO_LARGE,
+        )
+    return int(text)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_body(path: str, raw: bytes) -> dict[str, Any]:
+    """The fields of a POST body for ``path`` (``{}`` when empty), checked: a JSON object of
+    known fields, ``savepoint`` a boolean, ``timeout`` a finite number of seconds in
+    (0, :data:`MAX_STOP_TIMEOUT_S`], ``target`` a string (checked by :func:`check_target`)."""
+    if not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict):
+        raise Refused(400, 'the body must be a JSON object, e.g. {"savepoint": true}')
+    allowed = FIELDS[path]
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise Refused(
+            400,
+            f"unknown field(s) {', '.join(repr(k[:40]) for k in unknown[:5])} for POST {path}; "
+            f"it takes {', '.join(sorted(allowed))}",
+        )
+    out: dict[str, Any] = {}
+    if data.get("target") is not None:
+        if not isinstance(data["target"], str):
+            raise Refused(400, "target must be a string: an absolute directory or s3://bucket/p")
+        out["target"] = data["target"]
+    if data.get("savepoint") is not None:
+        if not isinstance(data["savepoint"], bool):
+            raise Refused(400, "savepoint must be true or false")
+        out["savepoint"] = data["savepoint"]
+    if data.get("timeout") is not None:
+        timeout = data["timeout"]
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not math.isfinite(timeout)
+            or not 0 < timeout <= MAX_STOP_TIMEOUT_S
+        ):
+            raise Refused(
+                400,
+                f"timeout must be a number of seconds above 0 and at most "
+                f"{MAX_STOP_TIMEOUT_S:g}, got {json.dumps(timeout)[:40]}; nothing was stopped",
+            )
+        out["timeout"] = float(timeout)
+    return out
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def check_target(target: str, roots: tuple[str, ...] = ()) -> str:
+    """A savepoint target the job may write: ``s3://bucket/prefix``, or an absolute local
+    directory (normalised, never resolved against the job's working directory) that exists or
+    can be created and takes a file. Inside one of ``roots`` when any are set. The normalised
+    target, or :class:`Refused` saying what to give instead."""
+    hint = "give an absolute directory (or s3://bucket/prefix)"
+    if roots:
+        hint += f" inside the job's savepoint.roots ({', '.join(roots)})"
+    if not target or any(ord(c) < 32 for c in target):
+        raise Refused(400, f"savepoint target {target[:80]!r} is not a path; {hint}")
+    if target.startswith("s3://"):
+        bucket = target.removeprefix("s3://").partition("/")[0]
+        if not bucket:
+            raise Refused(400, f"savepoint target {target[:80]!r} names no bucket; {hint}")
+        if roots and not any(_inside(target.rstrip("/"), r) for r in roots):
+            raise Refused(400, f"savepoint target {target[:80]!r} is outside the roots; {hint}")
+        return target
+    if "://" in target:
+        raise Refused(400, f"savepoint target {target[:80]!r}: unsupported scheme; {hint}")
+    if not os.path.isabs(target):
+        raise Refused(
+            400,
+            f"savepoint target {target[:80]!r} is relative (it would land under the job's "
+            f"working directory); {hint}",
+        )
+    path = os.path.normpath(target)
+    if path.startswith("//"):
+        path = "/" + path.lstrip("/")
+    if roots and not any(_inside(path, os.path.normpath(r)) for r in roots if "://" not in r):
+        raise Refused(400, f"savepoint target {path[:80]!r} is outside the roots; {hint}")
+    try:
+        os.makedirs(path, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".srt-probe-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise Refused(
+            400,
+            f"savepoint target {path[:80]!r} cannot be written ({reason}); {hint} that this "
+            f"job's user can write; nothing was saved or stopped",
+        ) from None
+    return path
 
 
 class EndpointUnavailable(JobError):
@@ -82,6 +238,9 @@ class Handlers:
     """What the endpoint asks the job process (the runner implements it)."""
 
     job: str
+    # Savepoint targets a request may name must lie inside one of these (empty: anywhere
+    # absolute); the job's ``savepoint.roots``.
+    savepoint_roots: tuple[str, ...] = ()
 
     def health(self) -> JobHealth:
         raise NotImplementedError
@@ -221,6 +380,11 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = False
     block_on_close = True
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that went away mid-answer is no fault of the job: nothing in its log
+        # (socketserver would print a traceback to stderr).
+        pass
+
 
 def _handler(handlers: Handlers, token: str) -> type[BaseHTTPRequestHandler]:
     expected = f"Bearer {token}".encode()
@@ -260,31 +424,70 @@ def _handler(handlers: Handlers, token: str) -> type[BaseHTTPRequestHandler]:
             )
             return False
 
-        def _body(self) -> dict[str, Any] | None:
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY:
-                self._error(400, ErrorKind.BAD_REQUEST, f"body larger than {MAX_BODY} bytes")
-                return None
-            raw = self.rfile.read(length) if length else b""
+        def send_error(
+            self, code: int, message: str | None = None, explain: str | None = None
+        ) -> None:
+            # The standard library's own refusals (a malformed request line, headers too long,
+            # an unsupported method) as error documents too, not HTML.
+            if code == 501:  # an unsupported method is the client's: 405
+                code, message = 405, f"method not allowed: {self.command!r}; GET or POST"
+            kind = {404: ErrorKind.NOT_FOUND, 405: ErrorKind.METHOD_NOT_ALLOWED}.get(
+                code, ErrorKind.BAD_REQUEST
+            )
+            self.close_connection = True
             try:
-                data = json.loads(raw) if raw.strip() else {}
-            except ValueError:
-                self._error(400, ErrorKind.BAD_REQUEST, "the body must be a JSON object")
-                return None
-            if not isinstance(data, dict):
-                self._error(400, ErrorKind.BAD_REQUEST, "the body must be a JSON object")
-                return None
-            return data
+                self._error(code, kind, message or explain or "bad request")
+            except OSError:
+                pass
+
+        def _refuse(self, exc: Refused) -> None:
+            self.close_connection = True  # an unread body must not be taken as a request
+            self._error(exc.status, exc.kind, str(exc))
+
+        def _guarded(self, handle: Callable[[], None]) -> None:
+            # Every request gets an answer: a refusal, the job's answer, or a 500 document.
+            try:
+                handle()
+            except Refused as exc:
+                self._refuse(exc)
+            except OSError:
+                self.close_connection = True  # the client went away: nothing to answer
+            except Exception as exc:
+                self.close_connection = True
+                try:
+                    self._error(500, type(exc).__name__, masking.mask_text(str(exc)))
+                except OSError:
+                    pass
+
+        def _body(self) -> bytes:
+            length = parse_content_length(
+                self.headers.get("Content-Length"), self.headers.get("Transfer-Encoding")
+            )
+            raw = self.rfile.read(length) if length else b""
+            if len(raw) < length:
+                raise Refused(400, f"the body ended after {len(raw)} of {length} bytes")
+            return raw
 
         def _dispatch(self, work: Callable[[], Any]) -> None:
             try:
-                self._json(200, work())
+                answer = work()
+            except Refused:
+                raise
             except StatefulRuntimeError as exc:
                 self._error(409, type(exc).__name__, masking.mask_text(str(exc)))
+                return
             except Exception as exc:  # the job keeps running; the caller learns why
                 self._error(500, type(exc).__name__, masking.mask_text(str(exc)))
+                return
+            self._json(200, answer)
 
         def do_GET(self) -> None:  # noqa: N802
+            self._guarded(self._get)
+
+        def do_POST(self) -> None:  # noqa: N802
+            self._guarded(self._post)
+
+        def _get(self) -> None:
             if not self._authorised():
                 return
             if self.path == "/health":
@@ -299,25 +502,23 @@ def _handler(handlers: Handlers, token: str) -> type[BaseHTTPRequestHandler]:
             else:
                 self._error(404, ErrorKind.NOT_FOUND, f"no {self.path}: GET /health or /metrics")
 
-        def do_POST(self) -> None:  # noqa: N802
+        def _post(self) -> None:
             if not self._authorised():
                 return
-            body = self._body()
-            if body is None:
+            if self.path not in FIELDS:
+                self.close_connection = True
+                self._error(404, ErrorKind.NOT_FOUND, f"no {self.path}: POST /savepoint or /stop")
                 return
+            body = parse_body(self.path, self._body())
             target = body.get("target")
-            if target is not None and not isinstance(target, str):
-                self._error(400, ErrorKind.BAD_REQUEST, "target must be a string")
-                return
+            if target is not None:
+                target = check_target(target, tuple(handlers.savepoint_roots))
             if self.path == "/savepoint":
                 self._dispatch(lambda: handlers.savepoint(target).to_json())
-            elif self.path == "/stop":
-                timeout = float(body.get("timeout") or 300.0)
-                self._dispatch(
-                    lambda: handlers.stop(bool(body.get("savepoint")), target, timeout).to_json()
-                )
             else:
-                self._error(404, ErrorKind.NOT_FOUND, f"no {self.path}: POST /savepoint or /stop")
+                timeout = body.get("timeout", DEFAULT_STOP_TIMEOUT_S)
+                savepoint = body.get("savepoint", False)
+                self._dispatch(lambda: handlers.stop(savepoint, target, timeout).to_json())
 
     return Handler
 

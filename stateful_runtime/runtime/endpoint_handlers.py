@@ -22,6 +22,7 @@ class RunnerHandlers(Handlers):
     def __init__(self, runner: JobRunner) -> None:
         self.runner = runner
         self.job = runner.job.name
+        self.savepoint_roots = runner.job.checkpoint.savepoint_roots
 
     def health(self) -> JobHealth:
         """Each query's last report, with its checkpoint's last commit and age read now."""

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from stateful_runtime.exceptions import ConfigError
-from stateful_runtime.job import RUNTIME_KEYS, StreamJob
+from stateful_runtime.job import RUNTIME_KEYS, StreamJob, check_number
 
 
 @dataclass(frozen=True)
@@ -35,14 +35,19 @@ def _coerce(key: str, raw: str, default: Any) -> Any:
                 return False
             raise ValueError(raw)
         if isinstance(default, int):
-            return int(raw)
-        if isinstance(default, float):
-            return float(raw)
+            value: Any = int(raw)
+        elif isinstance(default, float):
+            value = float(raw)
+        else:
+            return raw
     except ValueError:
         raise ConfigError(
             f"--set {key}={raw}: expected a {type(default).__name__} like the default {default!r}"
         ) from None
-    return raw
+    try:
+        return check_number(key, value)
+    except ConfigError as exc:
+        raise ConfigError(f"--set {exc}") from None
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, str]:
@@ -85,6 +90,8 @@ def load_job_file(path: str | Path, overrides: Mapping[str, str] | None = None) 
     config = dict(defaults)
     for key, raw in overrides.items():
         config[key] = _coerce(key, raw, defaults[key])
+    for key, value in config.items():  # the job file's own DEFAULTS, as strictly
+        check_number(key, value)
     job = build(config)
     if not isinstance(job, StreamJob):
         raise ConfigError(f"{path}: build() returned {type(job).__name__}, not a StreamJob")

@@ -60,6 +60,44 @@ classes; `output` against the sink table's sums):
 
 {identity}
 
+## Control endpoint: malformed requests
+
+Tried against a running UPI job's endpoint (token given): `Content-Length: abc` and a
+`timeout` of `"abc"` dropped the connection and printed a traceback in the job's log;
+`Content-Length: -1` read the whole body past the 64 KiB limit; a `timeout` of -5 stopped the
+job and answered 409; a relative target (`../../x`) was written under the job's working
+directory; `/proc` answered 500. Now every header and field is checked before the job is asked
+anything (`stateful_runtime/runtime/endpoint.py`: `parse_content_length`, `parse_body`,
+`check_target`): Content-Length decimal digits only and at most 64 KiB (413 above it, 411 for
+a chunked body), a JSON object without NaN or Infinity, only the path's fields (`savepoint` a
+boolean, `timeout` finite seconds in (0, 86400]), a target absolute (or `s3://`), normalised,
+inside `savepoint.roots` when set, and probed writable (400 saying what to give) before a stop
+begins; the standard library's own refusals (bad request line, unsupported method: 405) are
+error documents too, and nothing is printed. Trials: `tests/runtime/test_endpoint_boundary.py`
+(a real endpoint on a real socket, raw bytes; Hypothesis: 150 hostile requests — any method,
+path, token, Content-Length text, body bytes — and 200 generated JSON bodies per run: every
+one answered, 4xx error documents only, no call reaching the job with a field out of its
+contract, no traceback; five of its six tests fail on the previous endpoint) and
+`tests/runtime/test_endpoint.py::test_malformed_requests_get_4xx_and_the_job_runs_on` (the
+issue's cases against a running job: each 400/413, the job still RUNNING, its log clean).
+
+## Command line: closed pipes and numbers
+
+Tried: `srt log read ... | head` ended in `BrokenPipeError` (every printing command did);
+`--set checkpoint.interval_s=nan` or `inf` gave raw tracebacks, `-1` printed
+`datetime.timedelta(days=-1, seconds=86399)`; `--timeout nan`, `--max-age infd`, `--limit -3`
+went through. Now a closed stdout ends `srt` quietly with 141 (what a shell gives a command
+SIGPIPE ended); every numeric `--set` key and the job file's own DEFAULTS are checked where
+config enters (`stateful_runtime/job.py` `check_number`, used by `runtime/loader.py`):
+finite, and a duration (a key ending `_s`, `_ms`, `_minutes`...) from 0 to ~30 years, a count
+(`parallelism`, `..partitions`, `max_..`) 0 or more, refused with the key, the value and the
+unit; every duration and count flag of `srt` is parsed the same way. Trials:
+`tests/runtime/test_loader.py` (Hypothesis: 120 numeric texts — NaN, infinities, negatives,
+overflowing floats — per run for five keys: loaded finite and in range, or a `ConfigError`
+naming the key in its units) and `tests/test_cli.py` (four commands with their reader gone
+before or after the first line: no output on stderr, exit 141; ten flags and the issue's three
+intervals: exit 2 with a message, no traceback).
+
 ## What the suite does not cover
 
 * A crash of the Kafka-protocol broker itself: noida-db keeps its data in memory and saves it

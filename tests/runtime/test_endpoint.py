@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import stat
 import time
 import urllib.error
@@ -340,6 +341,56 @@ def test_post_savepoint_is_taken_by_the_job_and_listed(job: Job, tmp_path: Path)
     # srt savepoint create asks the running job too.
     again = job.srt("savepoint", "create", JOB)
     assert again["kind"] == "savepoint" and again["id"] not in (taken["id"], elsewhere["id"])
+
+
+def _raw(port: int, data: bytes) -> tuple[int, bytes]:
+    """Bytes sent as they are; the answer's status and body (fails on a dropped connection)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        try:
+            s.sendall(data)
+            s.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass  # answered and closed before the whole body was sent
+        chunks = []
+        try:
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+        except ConnectionResetError:
+            pass  # closed with unread bytes: the answer was read first
+        answer = b"".join(chunks)
+    assert answer, f"no answer to {data[:100]!r}"
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def test_malformed_requests_get_4xx_and_the_job_runs_on(job: Job, tmp_path: Path):
+    port, token = job.entry["control"]["port"], job.token()
+    auth = f"Authorization: Bearer {token}\r\n"
+    for length in ("abc", "-1", "99999999999999999999"):
+        data = f"POST /stop HTTP/1.1\r\n{auth}Content-Length: {length}\r\n\r\n".encode()
+        code, raw = _raw(port, data + b'{"savepoint": true}' + b" " * 100_000)
+        assert 400 <= code < 500 and json.loads(raw)["error"]["message"], (length, raw)
+    relative = ROOT / "../../srt-endpoint-relative"
+    for body in (
+        {"timeout": "abc"},
+        {"timeout": -5},
+        {"timeout": float("nan")},
+        {"target": "../../srt-endpoint-relative"},
+        {"target": "/proc"},
+        {"savepoint": True, "target": "/proc"},
+        {"savepoint": "yes"},
+        {"unknown": 1},
+    ):
+        code, raw = job.request("POST", "/stop", body)
+        assert code == 400, (body, raw)
+        assert json.loads(raw)["error"]["type"] == "BadRequest"
+    code, raw = job.request("POST", "/savepoint", {"target": "/proc"})
+    assert code == 400 and b"cannot be written" in raw, raw
+    assert not relative.exists()
+    # Still running, nothing stopped, no traceback in its log.
+    assert job.ok("GET", "/health")["state"] == "RUNNING"
+    assert job.entry["state"] == "RUNNING"
+    assert "Traceback" not in (job.home / "jobs" / f"{JOB}.log").read_text()
 
 
 def test_srt_stop_goes_through_the_endpoint(job: Job):

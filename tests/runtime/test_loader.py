@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from stateful_runtime.exceptions import ConfigError
+from stateful_runtime.job import StreamJob
 from stateful_runtime.runtime.loader import load_job_file
 from tests.helpers import EXAMPLES
 
@@ -25,3 +29,56 @@ def test_job_file_overrides_are_typed_and_unknown_keys_rejected(tmp_path):
         load_job_file(UPI, {"parallelism": "many"})
     with pytest.raises(ConfigError, match="not found"):
         load_job_file(tmp_path / "nope.py")
+
+
+_NUMBER_TEXT = st.one_of(
+    st.sampled_from(["nan", "NaN", "inf", "-inf", "Infinity", "-1", "-0.5", "1e400", "1e30"]),
+    st.floats().map(repr),
+    st.integers(min_value=-(10**20), max_value=10**20).map(str),
+)
+
+
+@settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    key=st.sampled_from(
+        [
+            "checkpoint.interval_s",
+            "source.idle_timeout_s",
+            "parallelism",
+            "sink.partitions",
+            "source.max_records_per_batch",
+        ]
+    ),
+    raw=_NUMBER_TEXT,
+)
+def test_numeric_keys_load_finite_and_in_range_or_say_why_in_their_units(key, raw, tmp_path):
+    overrides = {key: raw, "checkpoint.dir": str(tmp_path)}
+    try:
+        jf = load_job_file(UPI, overrides)
+    except ConfigError as exc:
+        message = str(exc)
+        assert message.startswith(f"--set {key}=") or key == "parallelism", message
+        assert "timedelta" not in message
+        if key.endswith("_s") and "expected a" not in message:
+            assert "seconds" in message, message
+        return
+    value = jf.config[key]
+    assert math.isfinite(value) and value >= 0 if key != "parallelism" else value >= 1
+    if key == "checkpoint.interval_s":
+        assert jf.job.checkpoint.interval.total_seconds() == pytest.approx(value, abs=1e-6)
+
+
+def test_the_issues_intervals_are_refused_in_seconds(tmp_path):
+    for raw in ("nan", "inf", "-1"):
+        with pytest.raises(ConfigError) as caught:
+            load_job_file(UPI, {"checkpoint.interval_s": raw, "checkpoint.dir": str(tmp_path)})
+        message = str(caught.value)
+        assert f"checkpoint.interval_s={float(raw)!r}" in message and "seconds" in message
+        assert "timedelta" not in message
+    # The job file's own DEFAULTS are held to the same rules, and so is a job built in Python.
+    with pytest.raises(ConfigError, match="checkpoint.interval_s.*seconds"):
+        StreamJob.from_config("j", {"checkpoint.dir": str(tmp_path), "checkpoint.interval_s": -1})
+    with pytest.raises(ConfigError, match="savepoint.roots.*not absolute"):
+        load_job_file(UPI, {"savepoint.roots": "rel/dir", "checkpoint.dir": str(tmp_path)})
