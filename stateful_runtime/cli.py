@@ -85,17 +85,31 @@ def _error_json(exc: StatefulRuntimeError) -> str:
 
 def _log_cmd(args: argparse.Namespace) -> int:
     from stateful_runtime.connectors.eventlog import EventLog
-    from stateful_runtime.connectors.eventlog.ingest import append_stream, serve_lines
+    from stateful_runtime.connectors.eventlog.ingest import append_input, serve_lines
 
     log = EventLog(args.log_dir)
     if args.log_cmd == "create":
         info = log.create_topic(args.topic, args.partitions, exist_ok=args.exist_ok)
         print(f"created topic {info.name} with {info.partitions} partitions in {args.log_dir}")
     elif args.log_cmd == "append":
-        with log.writer(args.topic, fsync=args.fsync) as writer:
-            n = append_stream(writer, sys.stdin.buffer, args.key_field)
-            ends = writer.end_offsets()
-        print(f"appended {n} records to {args.topic}; end offsets {ends}", file=sys.stderr)
+        out = append_input(
+            log,
+            args.topic,
+            sys.stdin.buffer,
+            args.key_field,
+            producer_id=args.producer_id,
+            fsync=args.fsync,
+        )
+        if args.json:
+            _json(out.to_json())
+        else:
+            print(
+                f"appended {out.appended} records to {args.topic} ({out.lines_read} lines read, "
+                f"{out.skipped} skipped as already there, {out.dead_lettered} to be "
+                f"dead-lettered, {out.refused} refused; producer id {out.producer_id}); "
+                f"end offsets {dict(out.end_offsets)}",
+                file=sys.stderr,
+            )
     elif args.log_cmd == "serve":
         with log.writer(args.topic, fsync=args.fsync) as writer:
             serve_lines(
@@ -599,6 +613,14 @@ def _parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="fsync each append (survives power loss, not only kill -9)",
             )
+        if name == "append":
+            c.add_argument(
+                "--producer-id",
+                metavar="ID",
+                help="idempotent writer id: a retry with the same id skips the lines already "
+                "in (default: derived from the input file; none for a pipe)",
+            )
+            c.add_argument("--json", action="store_true", help="print the result as JSON")
         if name == "serve":
             c.add_argument("--port", type=_count(0, 65535), default=9000)
             c.add_argument("--host", default="127.0.0.1")

@@ -23,6 +23,7 @@ this version of the runtime writes.
 :class:`StateCheck`         ``srt savepoint check --json``
 :class:`Upgrade`            ``srt upgrade --json``
 :class:`WindowCounts`       ``srt reconcile --json``
+:class:`AppendReport`       ``srt log append --json``, a ``srt log serve`` connection's summary
 :class:`Explain`            ``srt explain --no-spark --json``
 :class:`ErrorDocument`      a failure: ``{"error": {"type", "message", ...}}`` on stderr, or an
                             endpoint's error answer; :class:`ErrorKind` names its type
@@ -108,6 +109,8 @@ class ErrorKind(StrEnum):
     TOPIC_EXISTS_ERROR = "TopicExistsError"
     CORRUPT_LOG_ERROR = "CorruptLogError"
     LOG_WRITER_BUSY_ERROR = "LogWriterBusyError"
+    LOG_WRITE_ERROR = "LogWriteError"
+    APPEND_INCOMPLETE_ERROR = "AppendIncompleteError"
     SINK_ERROR = "SinkError"
     JOB_ERROR = "JobError"
     CORRUPT_ENTRY_ERROR = "CorruptEntryError"
@@ -1325,4 +1328,66 @@ class Explain:
             str(data["checkpoint_dir"]),
             str(data["text"]),
             tuple(PlannedQuery.from_json(q) for q in data.get("queries") or ()),
+        )
+
+
+@dataclass(frozen=True)
+class AppendReport:
+    """What ``srt log append --json`` did with its input (and the summary of a ``srt log
+    serve`` connection). Lines are numbered from 1, blank ones included.
+
+    Attributes:
+        topic: the topic.
+        producer_id: the idempotent writer id whose sequence (the last line handled) is stored
+            with the records (None: none; a retry is not idempotent).
+        lines_read: lines of the input read.
+        appended: records appended by this command (dead-lettered lines included).
+        skipped: lines at or before the producer's stored sequence: already in the topic from
+            an earlier attempt, not appended again.
+        dead_lettered: appended lines the job's decoder will dead-letter (blank, or not a
+            valid JSON record when a key field is given).
+        refused: lines not appended (over the line limit).
+        resume_line: the first line not yet in the topic (``lines_read + 1``: all in).
+        complete: every line read is in the topic (or was refused and reported).
+        end_offsets: the topic's end offsets per partition afterwards.
+    """
+
+    topic: str
+    producer_id: str | None
+    lines_read: int = 0
+    appended: int = 0
+    skipped: int = 0
+    dead_lettered: int = 0
+    refused: int = 0
+    resume_line: int = 1
+    complete: bool = True
+    end_offsets: Mapping[int, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "producer_id": self.producer_id,
+            "lines_read": self.lines_read,
+            "appended": self.appended,
+            "skipped": self.skipped,
+            "dead_lettered": self.dead_lettered,
+            "refused": self.refused,
+            "resume_line": self.resume_line,
+            "complete": self.complete,
+            "end_offsets": {str(p): n for p, n in sorted(self.end_offsets.items())},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> AppendReport:
+        return cls(
+            topic=str(data["topic"]),
+            producer_id=_str(data.get("producer_id")),
+            lines_read=int(data.get("lines_read") or 0),
+            appended=int(data.get("appended") or 0),
+            skipped=int(data.get("skipped") or 0),
+            dead_lettered=int(data.get("dead_lettered") or 0),
+            refused=int(data.get("refused") or 0),
+            resume_line=int(data.get("resume_line") or 1),
+            complete=bool(data.get("complete", True)),
+            end_offsets={int(p): int(n) for p, n in (data.get("end_offsets") or {}).items()},
         )

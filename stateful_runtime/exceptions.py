@@ -18,7 +18,10 @@ and each says what to do next, not only what went wrong::
     │   ├── TopicNotFoundError
     │   ├── TopicExistsError
     │   ├── CorruptLogError           damaged or contradictory topic files
-    │   └── LogWriterBusyError        another process holds the topic's write lock
+    │   ├── LogWriterBusyError        another process holds the topic's write lock
+    │   ├── LogWriteError             the store refused a write (full disk, I/O error)
+    │   └── AppendIncompleteError     `srt log append/serve` stopped part-way: what went in,
+    │                                 the line to resume from
     ├── SinkError                     a sink could not write or does not fit its table
     ├── JobError                      job registry: unknown job, not running, already running
     │   ├── CorruptEntryError         an unreadable registry entry
@@ -130,6 +133,66 @@ class CorruptLogError(LogError):
             f"Restore the topic's directory from a backup, or re-create the topic and replay "
             f"its producers; jobs reading it keep their committed offsets and resume after."
         )
+
+
+class LogWriteError(LogError):
+    """The topic's store refused a write: nothing of that write is acknowledged (an idempotent
+    producer's retry finds out what went in from its stored sequence).
+
+    Attributes:
+        topic: the topic.
+        path: the topic's directory.
+        reason: RocksDB's error.
+        disk_full: the disk holding the topic is full.
+    """
+
+    def __init__(self, topic: str, path: str, reason: str) -> None:
+        self.topic, self.path, self.reason = topic, path, reason
+        self.disk_full = "no space left" in reason.lower()
+        what = "the disk holding it is full" if self.disk_full else "an I/O error"
+        super().__init__(
+            f"writing to topic {topic!r} at {path} failed: {what} ({reason}). "
+            + (
+                "Free space on that disk, then retry."
+                if self.disk_full
+                else "Check the disk, then retry."
+            )
+        )
+
+
+class AppendIncompleteError(LogError):
+    """``srt log append`` (or a ``srt log serve`` connection) stopped part-way.
+
+    Attributes:
+        topic: the topic.
+        producer_id: the idempotent writer id (None: none, the retry is not idempotent).
+        lines_read, appended, skipped, dead_lettered, refused: the counts so far (``appended``:
+            records acknowledged by the store).
+        resume_line: the first line not known to be in the topic.
+        disk_full: the disk holding the topic is full.
+        reason: what stopped it.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        topic: str,
+        producer_id: str | None,
+        lines_read: int,
+        appended: int,
+        skipped: int,
+        dead_lettered: int,
+        refused: int,
+        resume_line: int,
+        disk_full: bool,
+        reason: str,
+    ) -> None:
+        self.topic, self.producer_id = topic, producer_id
+        self.lines_read, self.appended, self.skipped = lines_read, appended, skipped
+        self.dead_lettered, self.refused, self.resume_line = dead_lettered, refused, resume_line
+        self.disk_full, self.reason = disk_full, reason
+        super().__init__(message)
 
 
 class LogWriterBusyError(LogError):

@@ -18,6 +18,7 @@ import dbt_sink
 import stateful_runtime
 from stateful_runtime import contract
 from stateful_runtime.contract import (
+    AppendReport,
     Disposed,
     ErrorDocument,
     ErrorKind,
@@ -240,6 +241,21 @@ DOCUMENTS: list[tuple[Any, Mapping[str, Any]]] = [
                     "stateful_operators": ["upi-counts"],
                 }
             ],
+        },
+    ),
+    (
+        AppendReport,
+        {
+            "topic": "upi-payments",
+            "producer_id": "file-1-2-0-ab",
+            "lines_read": 10,
+            "appended": 6,
+            "skipped": 3,
+            "dead_lettered": 1,
+            "refused": 1,
+            "resume_line": 11,
+            "complete": True,
+            "end_offsets": {"0": 4, "1": 2},
         },
     ),
     (ErrorDocument, {"error": {"type": "UpgradeError", "message": "m", "stage": "check"}}),

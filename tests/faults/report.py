@@ -98,6 +98,39 @@ naming the key in its units) and `tests/test_cli.py` (four commands with their r
 before or after the first line: no output on stderr, exit 141; ten flags and the issue's three
 intervals: exit 2 with a message, no traceback).
 
+## Appends to the event log: exactly once across failures
+
+Tried: `srt log append` of 50,008 lines onto a topic on a 4 MB full disk ended in a raw
+traceback (exit 1, chained to a second one from closing the store); the store held the 35,000
+lines of the batches acknowledged before the failure, nobody said which, and the natural retry
+of the same command appended everything again (the issue's report: once every record had gone in
+and the exit status was still 1, the retry appended all 50,008 a second time). A blank line was
+skipped silently, although the decoder's table above dead-letters an empty record. Now
+(`stateful_runtime/connectors/eventlog/ingest.py`) every input has a producer id —
+`--producer-id`, by default the input file's identity (device, inode, read position, first
+line), so the natural retry is idempotent; a pipe has none and is told so — and its line number
+is the sequence, stored in the same RocksDB write batch as the records (Kafka's idempotent
+producer); a retry skips the lines at or before it. A refused write (full disk, I/O error:
+`LogWriteError` from the store, whose close is then quiet) ends the command with exit 2 and
+`AppendIncompleteError`: which lines are in, the line the retry resumes from, what to do (free
+space, run the same command again); `--json` prints the counts (`lines_read`, `appended`,
+`skipped`, `dead_lettered`, `refused`, `resume_line`). `srt log serve` takes `@producer ID
+[FIRST_LINE]` as a connection's first line: a reconnecting client resends and nothing is
+doubled; a gap is refused. Blank lines are dead-lettered as documented (appended as empty
+records, which the job's decoder dead-letters as "empty record"), not skipped: every line sent
+is accounted for, and line numbers stay the sender's. Trials:
+`tests/connectors/eventlog/test_ingest.py` — a real 2 MB tmpfs filled by 40,000 lines through
+`srt log append`: exit 2, no traceback, the message's "Lines 1-N" equal to the records in the
+topic, a retry on the still-full disk adds nothing, after the disk grows the same command
+appends exactly the rest (each line once); Hypothesis: 60 inputs per run (good, blank,
+malformed, over-long lines; batch sizes 1-7) each through up to 6 failed attempts (the store
+refusing a batch, or taking it without the writer hearing back) and a final retry: the topic
+holds each line exactly once, in order per partition, after every failure a prefix of the input
+at least up to its resume line, and one more retry appends nothing; `srt log serve` with a
+producer reconnecting and resending (from the start, from a later line, with a gap). The CLI and
+serve tests fail on the previous code (traceback and exit 1; duplicates; `@producer` appended as
+a record); the property test fails when the stored sequence is not honoured.
+
 ## What the suite does not cover
 
 * A crash of the Kafka-protocol broker itself: noida-db keeps its data in memory and saves it

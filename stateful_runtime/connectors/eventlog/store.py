@@ -30,7 +30,7 @@ import shutil
 import struct
 import time
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +40,7 @@ from stateful_runtime._process import process_dir
 from stateful_runtime.exceptions import (
     CorruptLogError,
     LogError,
+    LogWriteError,
     LogWriterBusyError,
     TopicExistsError,
     TopicNotFoundError,
@@ -229,6 +230,8 @@ def _open_primary(topic: str, path: Path) -> Rdict:
             raise LogWriterBusyError(topic, str(path)) from None
         if "corrupt" in str(exc).lower():
             raise CorruptLogError(topic, str(path), str(exc)) from None
+        if "no space left" in str(exc).lower():
+            raise LogWriteError(topic, str(path), f"opening the store: {exc}") from None
         raise LogError(f"cannot open topic {topic!r} at {path}: {exc}") from exc
 
 
@@ -245,6 +248,7 @@ class TopicWriter:
             raise
         self._wopts = WriteOptions()
         self._wopts.sync = fsync
+        self._failed = False
         try:  # through an iterator: a point get may answer "absent" for a damaged block
             ends = _scan(self._db, b"e")
         except Exception as exc:  # noqa: BLE001 - rocksdict raises bare exceptions
@@ -264,6 +268,24 @@ class TopicWriter:
         """Last sequence number committed by an idempotent producer, or None."""
         raw = self._db.get(b"p" + producer_id.encode())
         return struct.unpack(">q", raw)[0] if raw else None
+
+    def append_sequenced(self, records: Iterable[Record], sequences: Mapping[str, int]) -> int:
+        """Append records and set several producers' sequences in the same WriteBatch (``srt
+        log serve``: one batch holds the lines of several connections, each its own producer).
+        The caller has already dropped what a producer's stored sequence covers."""
+        now_ms = int(time.time() * 1000)
+        n_parts = self.info.partitions
+
+        def encoded() -> Iterator[tuple[int, bytes]]:
+            for rec in records:
+                p = (
+                    rec.partition
+                    if rec.partition >= 0
+                    else partition_for(rec.key, rec.value, n_parts)
+                )
+                yield p, _encode(rec, now_ms)
+
+        return self._write(encoded(), None, None, sequences)
 
     def append(
         self,
@@ -314,10 +336,14 @@ class TopicWriter:
         return self._write(encoded(), producer_id, sequence)
 
     def _write(
-        self, encoded: Iterable[tuple[int, bytes]], producer_id: str | None, sequence: int | None
+        self,
+        encoded: Iterable[tuple[int, bytes]],
+        producer_id: str | None,
+        sequence: int | None,
+        sequences: Mapping[str, int] | None = None,
     ) -> int:
         """One WriteBatch: the (partition, encoded record) pairs at the partitions' ends, the
-        new ends and the producer's sequence."""
+        new ends and the producers' sequences."""
         if (producer_id is None) != (sequence is None):
             raise LogError("append: give producer_id and sequence together, or neither")
         if producer_id is not None:
@@ -340,8 +366,14 @@ class TopicWriter:
                 batch.put(b"e" + _PART.pack(p), _OFF.pack(ends[p]))
         if producer_id is not None:
             batch.put(b"p" + producer_id.encode(), struct.pack(">q", sequence))
-        if count or producer_id is not None:
-            self._db.write(batch, self._wopts)
+        for pid, seq in (sequences or {}).items():
+            batch.put(b"p" + pid.encode(), struct.pack(">q", seq))
+        if count or producer_id is not None or sequences:
+            try:
+                self._db.write(batch, self._wopts)
+            except Exception as exc:  # noqa: BLE001 - rocksdict raises bare exceptions
+                self._failed = True
+                raise LogWriteError(self.info.name, str(self.info.path), str(exc)) from None
         self._ends = ends
         return count
 
@@ -349,9 +381,18 @@ class TopicWriter:
         self._db.flush_wal(True)
 
     def close(self) -> None:
+        """Close the store. After a failed write, RocksDB's close repeats that error: it is
+        not raised again (the write's :class:`LogWriteError` said it). Otherwise a failing close
+        raises :class:`LogWriteError`; what ``append`` acknowledged is in the WAL all the same."""
         if self._db is not None:
-            self._db.close()
-            self._db = None  # type: ignore[assignment]
+            db, self._db = self._db, None  # type: ignore[assignment]
+            try:
+                db.close()
+            except Exception as exc:  # noqa: BLE001 - rocksdict raises bare exceptions
+                if not self._failed:
+                    raise LogWriteError(
+                        self.info.name, str(self.info.path), f"closing the store: {exc}"
+                    ) from None
 
     def __enter__(self) -> TopicWriter:
         return self

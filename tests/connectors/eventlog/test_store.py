@@ -199,7 +199,9 @@ def test_append_from_stdin_via_cli(tmp_path, srt_env):
     assert result.returncode == 0, result.stderr
     reader = EventLog(log_dir).reader("upi")
     records = [r for p, e in reader.end_offsets().items() for r in reader.read(p, 0, e)]
-    assert len(records) == 51  # the blank line is no record; the bad one is kept for the DLQ
+    # The bad line and the blank one (an empty record) are kept for the job's dead letters.
+    assert len(records) == 52
+    assert [r.key for r in records if r.value == b""] == [None]
     assert {r.key for r in records if r.value.startswith(b"{")} == {b"M0", b"M1", b"M2"}
     assert [r.key for r in records if r.value == b"not json"] == [None]
 
