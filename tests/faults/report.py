@@ -126,10 +126,14 @@ appends exactly the rest (each line once); Hypothesis: 60 inputs per run (good, 
 malformed, over-long lines; batch sizes 1-7) each through up to 6 failed attempts (the store
 refusing a batch, or taking it without the writer hearing back) and a final retry: the topic
 holds each line exactly once, in order per partition, after every failure a prefix of the input
-at least up to its resume line, and one more retry appends nothing; `srt log serve` with a
-producer reconnecting and resending (from the start, from a later line, with a gap). The CLI and
-serve tests fail on the previous code (traceback and exit 1; duplicates; `@producer` appended as
-a record); the property test fails when the stored sequence is not honoured.
+at least up to its resume line, and one more retry appends nothing; `srt log append` killed with
+SIGKILL part-way through a piped input (two batches in), then the same input with the same
+`--producer-id`: the rest appended, each line once; a close failing after every line went in
+(the issue's exit-1 case): exit 2 saying every line is in, and the retry appends nothing; `srt
+log serve` with a producer reconnecting and resending (from the start, from a later line, with a
+gap). The CLI and serve tests fail on the previous code (traceback and exit 1; duplicates;
+`@producer` appended as a record); the property test fails when the stored sequence is not
+honoured.
 
 ## What the suite does not cover
 

@@ -23,6 +23,7 @@ from stateful_runtime.connectors.eventlog.ingest import (
     BLANK,
     MAX_LINE_BYTES,
     MAX_REPORTED,
+    append_input,
     append_stream,
     default_producer_id,
     ingest_stream,
@@ -31,7 +32,7 @@ from stateful_runtime.connectors.eventlog.ingest import (
 from stateful_runtime.connectors.eventlog.store import TopicWriter
 from stateful_runtime.connectors.formats.json import MAX_DEPTH, MAX_RECORD_BYTES, parse_record
 from stateful_runtime.exceptions import AppendIncompleteError, LogError, LogWriteError
-from tests.helpers import VENV_BIN, srt
+from tests.helpers import VENV_BIN, poll, srt
 
 DEEP = b'{"k":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
 LONG = b'{"k":"' + b"x" * (2 * MAX_LINE_BYTES) + b'"}'
@@ -576,3 +577,73 @@ def test_serve_a_reconnecting_producer_resumes_without_duplicates(served):
     assert answers == [{"done": False, "error": answers[0]["error"]}]
     assert "lines 51-59 out" in answers[0]["error"]
     assert len(all_records(log_dir, "socket")) == 50
+
+
+def test_cli_append_killed_mid_input_then_retried_appends_each_line_once(tmp_path, srt_env):
+    """kill -9 of `srt log append` part-way through a piped input, then the same input again
+    with the same --producer-id: each line exactly once."""
+    log_dir = tmp_path / "log"
+    EventLog(log_dir).create_topic("t", 3)
+    lines = [good(i) for i in range(30_000)]
+    args = [str(VENV_BIN / "srt"), "log", "append", "t", "--log-dir", str(log_dir)]
+    args += ["--key-field", "k", "--producer-id", "feed-1"]
+    proc = subprocess.Popen(args, env=srt_env, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(b"".join(x + b"\n" for x in lines[:12_000]))
+        proc.stdin.flush()
+        # Two batches of APPEND_BATCH are in; the rest waits for more input (the pipe is open).
+        poll(lambda: len(all_records(log_dir, "t")) >= 2 * APPEND_BATCH, 60, "two batches")
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    in_topic = len(all_records(log_dir, "t"))
+    assert in_topic == 2 * APPEND_BATCH
+    done = srt([*args[1:], "--json"], srt_env, input=b"".join(x + b"\n" for x in lines))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert (report["skipped"], report["appended"]) == (in_topic, len(lines) - in_topic)
+    assert sorted(r.value for r in all_records(log_dir, "t")) == sorted(lines)
+
+
+def test_a_close_failing_after_every_line_went_in_says_so_and_the_retry_adds_nothing(tmp_path):
+    """The issue's case: every record was in, closing failed, exit 1, and the retry appended
+    everything again."""
+
+    class CloseFails(TopicWriter):
+        def close(self) -> None:
+            super().close()
+            raise LogWriteError(self.info.name, str(self.info.path), "No space left on device")
+
+    class Log(EventLog):
+        def writer(self, topic: str, *, fsync: bool = False) -> TopicWriter:
+            return CloseFails(self.topic(topic), fsync=fsync)
+
+    log = Log(tmp_path)
+    log.create_topic("t", 2)
+    data = b"".join(good(i) + b"\n" for i in range(20))
+    with pytest.raises(AppendIncompleteError, match="every line is in topic 't'") as caught:
+        append_input(log, "t", io.BytesIO(data), "k", producer_id="p", report=lambda _: None)
+    assert (caught.value.appended, caught.value.resume_line) == (20, 21)
+    assert "running the same command again appends nothing" in str(caught.value)
+    report = append_input(EventLog(tmp_path), "t", io.BytesIO(data), "k", producer_id="p")
+    assert (report.appended, report.skipped, report.resume_line) == (0, 20, 21)
+    assert len(all_records(tmp_path, "t")) == 20
+
+
+def test_serve_one_open_connection_per_producer_id(served):
+    port, log_dir = served
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as first:
+        first.sendall(b"@producer twin\n" + good(1) + b"\n")
+        answer = first.makefile("rb").readline()
+        assert json.loads(answer) == {"producer_id": "twin", "resume_line": 1}
+        second = _exchange(port, b"@producer twin\n" + good(1) + b"\n")
+        assert second[0]["done"] is False and "in use by another open connection" in str(
+            second[0]["error"]
+        )
+        first.shutdown(socket.SHUT_WR)
+        while first.recv(1 << 16):
+            pass
+    assert [r.value for r in all_records(log_dir, "socket")] == [good(1)]
+    # Once it is closed, the id is free again (and line 1 is already in).
+    assert _exchange(port, b"@producer twin\n" + good(1) + b"\n")[-1]["skipped"] == 1
