@@ -6,6 +6,9 @@ and each says what to do next, not only what went wrong::
     StatefulRuntimeError
     ├── ConfigError                   bad job file, unknown --set key, contradictory options
     │   ├── CheckpointOwnershipError  checkpoint dir written by another job
+    │   ├── UnsafeCheckpointDirError  checkpoint dir that is the working directory, a home
+    │   │                             directory, the root, or holds data the runtime did not
+    │   │                             create: never claimed, moved or deleted
     │   ├── CorruptCheckpointError    damage a restart cannot fall back from
     │   │                             [stateful_runtime.checkpoints.recovery]
     │   ├── InvalidNameError          a job, query or savepoint name that is not a safe name
@@ -24,6 +27,7 @@ and each says what to do next, not only what went wrong::
     │                                 the line to resume from
     ├── SinkError                     a sink could not write or does not fit its table
     ├── JobError                      job registry: unknown job, not running, already running
+    │   ├── JobLockedError            another process holds the job's checkpoint lock
     │   ├── CorruptEntryError         an unreadable registry entry
     │   │                             [stateful_runtime.runtime.registry]
     │   ├── EndpointUnavailable       the job's control endpoint does not answer
@@ -70,6 +74,26 @@ class CheckpointOwnershipError(ConfigError):
             f"checkpoint directory {directory} belongs to job {owner!r}, not {job!r}. "
             f"Point checkpoint.dir at a directory of this job's own (for example "
             f"--set checkpoint.dir=<new dir>), or delete {directory} if job {owner!r} is gone."
+        )
+
+
+class UnsafeCheckpointDirError(ConfigError):
+    """A checkpoint directory the runtime must not claim, move aside or delete: the working
+    directory, a home directory, the filesystem root (or a parent of one of them), or a
+    directory holding files the runtime did not create. Nothing was changed.
+
+    Attributes:
+        directory: the checkpoint directory.
+        problem: why it is refused.
+    """
+
+    def __init__(self, directory: str, problem: str) -> None:
+        self.directory, self.problem = directory, problem
+        super().__init__(
+            f"checkpoint directory {directory} {problem}; nothing was moved or written. A "
+            f"checkpoint directory holds one job's checkpoint and nothing else: point "
+            f"checkpoint.dir at a new directory of the job's own (for example "
+            f"--set checkpoint.dir=<dir>/checkpoints/<job>)."
         )
 
 
@@ -211,6 +235,30 @@ class SinkError(StatefulRuntimeError):
 
 class JobError(StatefulRuntimeError):
     """A job registry operation failed (unknown job, not running, already running)."""
+
+
+class JobLockedError(JobError):
+    """Another process holds the exclusive lock on the job's checkpoint directory: it runs the
+    job (in any state, STARTING included). Nothing was written, the registry entry included.
+
+    Attributes:
+        directory: the checkpoint directory.
+        holder: what the lock file and the registry say of the holder (``pid``, ``run_id``,
+            ``since``, ``state``; a key is missing when it is not known).
+    """
+
+    def __init__(self, job: str, directory: str, holder: dict) -> None:
+        self.directory, self.holder = directory, dict(holder)
+        who = ", ".join(
+            f"{k} {holder[k]}" for k in ("pid", "run_id", "since", "state") if holder.get(k)
+        )
+        who = who or "starting, not yet identified"
+        super().__init__(
+            f"job {job!r} is already running: another process ({who}) holds the lock on "
+            f"its checkpoint {directory}; this run was refused and changed nothing. One job "
+            f"runs in one process: stop it first (`srt stop {job}`), or see it with "
+            f"`srt status {job}`."
+        )
 
 
 class StorageError(StatefulRuntimeError):

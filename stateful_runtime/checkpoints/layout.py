@@ -3,6 +3,7 @@
 Layout (:class:`CheckpointLayout` and :class:`QueryLayout`: no other module spells it)::
 
     <checkpoint.dir>/_job.json          owner marker: format version, job name, queries
+    <checkpoint.dir>/_lock              held (flock) by the one process running the job
     <checkpoint.dir>/_rewind.json       the rewind a query's sinks still owe after a fallback
     <checkpoint.dir>/_quarantine/<time>/<query>/   damaged and superseded files moved aside
     <checkpoint.dir>/_dead_letters/<source>        rejected records staged until they commit
@@ -17,12 +18,19 @@ A batch is *committed* when ``commits/<batch>`` exists; restart resumes after th
 :class:`QueryLayout` is the one reader of Spark's offset and commit logs, and names the files a
 restart at a batch reads (what a savepoint copies and
 :mod:`~stateful_runtime.checkpoints.verify` checks).
+
+Ownership: nothing moves or deletes a checkpoint directory, or anything in it, unless
+:meth:`CheckpointLayout.check_owned` passed: the directory is not the working directory, a home
+directory or the root (nor a parent of one), and holds nothing the runtime did not create. The
+directory's :meth:`CheckpointLayout.lock` makes one process at a time the job's.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pwd
 import re
 import time
 import zipfile
@@ -31,11 +39,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stateful_runtime.exceptions import CheckpointOwnershipError, ConfigError
+from stateful_runtime.exceptions import (
+    CheckpointOwnershipError,
+    ConfigError,
+    JobLockedError,
+    UnsafeCheckpointDirError,
+)
 from stateful_runtime.names import Name
 
 FORMAT_VERSION = 1
 _MARKER = "_job.json"
+_LOCK = "_lock"
 _PENDING_REWIND = "_rewind.json"
 _QUARANTINE = "_quarantine"
 _DEAD_LETTERS = "_dead_letters"
@@ -75,13 +89,190 @@ class CheckpointLayout:
         """Where a start moves damaged and superseded files (one directory per start)."""
         return self.root / _QUARANTINE
 
+    @property
+    def lock_file(self) -> Path:
+        """The file the job's process holds an exclusive ``flock`` on (:meth:`lock`)."""
+        return self.root / _LOCK
+
     def query(self, name: str) -> QueryLayout:
         """The checkpoint of query ``name`` (Spark's ``checkpointLocation``)."""
         return QueryLayout(self.root / name)
 
+    # -- ownership ---------------------------------------------------------------------------
+    def foreign(self) -> list[str]:
+        """Names of the entries of the directory the runtime did not create (sorted): anything
+        but its own files (marker, lock, rewind, quarantine, dead letters, their temporary
+        files) and Spark's query checkpoints (a directory the marker names as a query, or one
+        holding Spark's logs)."""
+        if not self.root.is_dir():
+            return []
+        ours = {_MARKER, _LOCK, _PENDING_REWIND, _QUARANTINE, _DEAD_LETTERS}
+        temporary = {f".{n}.tmp" for n in (_MARKER, _PENDING_REWIND)}
+        queries: set[str] = set()
+        if self.marker.is_file():
+            try:
+                listed = json.loads(self.marker.read_text()).get("queries", [])
+                queries = {q for q in listed if isinstance(q, str)}
+            except (OSError, ValueError, AttributeError):
+                pass
+        out = []
+        for p in self.root.iterdir():
+            if p.name in ours or p.name in temporary:
+                continue
+            if p.is_dir() and not p.is_symlink() and (p.name in queries or _spark_query(p)):
+                continue
+            out.append(p.name)
+        return sorted(out)
+
+    def check_owned(self, *, moving: bool = False) -> None:
+        """Refuse (:class:`UnsafeCheckpointDirError`, nothing changed) a checkpoint directory the
+        runtime must not claim, write into, move aside or delete: the working directory, a home
+        directory, the filesystem root or a parent of one of them, or a directory holding what
+        the runtime did not create. With ``moving`` (a restore moves an existing checkpoint
+        aside), a directory holding anything but a lock must also carry the marker.
+
+        The one check before every claim, move and delete of a checkpoint directory."""
+        root = Path(os.path.abspath(self.root))
+        resolved = root.resolve()
+        for what, place in _protected_places():
+            if resolved == place:
+                raise UnsafeCheckpointDirError(str(root), f"is {what}")
+            if place.is_relative_to(resolved):
+                raise UnsafeCheckpointDirError(str(root), f"is a parent of {what} ({place})")
+        foreign = self.foreign()
+        if foreign:
+            shown = ", ".join(foreign[:8]) + (
+                f" and {len(foreign) - 8} more" if foreign[8:] else ""
+            )
+            raise UnsafeCheckpointDirError(
+                str(root), f"holds files the runtime did not create ({shown})"
+            )
+        if moving and not self.marker.is_file() and self._holds_data():
+            raise UnsafeCheckpointDirError(
+                str(root), f"holds data but no {_MARKER}: it is not a job checkpoint"
+            )
+
+    def _holds_data(self) -> bool:
+        return self.root.is_dir() and any(p.name != _LOCK for p in self.root.iterdir())
+
+    def lock(self, job: str, holder: dict[str, Any]) -> CheckpointLock:
+        """Take the exclusive lock of the job's process on this directory (created if need be),
+        or raise :class:`JobLockedError` naming the process that holds it. ``holder`` (``pid``,
+        ``run_id``, ``since``) is written into the lock file for the refusals of others."""
+        return CheckpointLock.acquire(self.lock_file, job, holder)
+
     def dead_letters(self, source: str) -> Path:
         """Where the rejected records of ``source`` are staged until their batch commits."""
         return self.root / _DEAD_LETTERS / source
+
+
+def _spark_query(path: Path) -> bool:
+    """True if ``path`` holds what Spark writes in a query's checkpoint."""
+    return any((path / n).exists() for n in (_METADATA, _OFFSETS, _COMMITS, _STATE, _SOURCES))
+
+
+def _protected_places() -> list[tuple[str, Path]]:
+    """Directories no checkpoint may be (or contain): the root, the working directory, the
+    home directories (this user's and every account's)."""
+    places = [("the filesystem root", Path("/"))]
+    try:
+        places.append(("the working directory", Path.cwd().resolve()))
+    except FileNotFoundError:  # the working directory was removed: nothing to protect there
+        pass
+    homes = {Path.home(), *(Path(h) for h in [os.environ.get("HOME")] if h)}
+    try:
+        homes |= {Path(u.pw_dir) for u in pwd.getpwall() if u.pw_dir and u.pw_dir != "/"}
+    except OSError:
+        pass
+    places += [("a home directory", h.resolve()) for h in sorted(homes) if h.is_dir()]
+    return places
+
+
+class CheckpointLock:
+    """The exclusive ``flock`` of the process running a job on its checkpoint's lock file, held
+    until :meth:`release` or the process's end (the kernel drops it then, ``kill -9``
+    included).
+
+    The file is opened, locked, then checked to still be the file at its path (a restore swaps
+    the whole directory: :meth:`follow` locks the new one's first), so two processes never both
+    believe they hold it."""
+
+    def __init__(self, path: Path, fd: int, holder: dict[str, Any]) -> None:
+        self.path, self._fd, self.holder = path, fd, holder
+        self._previous: int | None = None
+        self.created_dir = False  # the lock made the checkpoint directory
+
+    @classmethod
+    def acquire(cls, path: Path, job: str, holder: dict[str, Any]) -> CheckpointLock:
+        created = not path.parent.exists()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(50):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise JobLockedError(job, str(path.parent), cls.holder_of(path)) from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                lock = cls(path, fd, holder)
+                lock.created_dir = created
+                lock._write()
+                return lock
+            os.close(fd)  # the directory was swapped under us: lock the file there now
+        raise JobLockedError(job, str(path.parent), cls.holder_of(path))
+
+    @staticmethod
+    def holder_of(path: Path) -> dict[str, Any]:
+        """What the holder wrote into the lock file (empty while it has not yet)."""
+        for _ in range(20):
+            try:
+                data = json.loads(path.read_text() or "null")
+            except (OSError, ValueError):
+                data = None
+            if isinstance(data, dict):
+                return data
+            time.sleep(0.01)  # locked, not yet written: the holder writes it next
+        return {}
+
+    def _write(self) -> None:
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, json.dumps(self.holder).encode(), 0)
+
+    def follow(self, new_root: Path) -> None:
+        """Lock ``new_root``'s lock file as well (a directory about to replace this one);
+        :meth:`settle` drops the old lock once it has."""
+        path = new_root / _LOCK
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new directory: nobody else has it
+        self._previous, self._fd = self._fd, fd
+        self._write()
+
+    def settle(self) -> None:
+        """The directory was swapped: drop the lock on the old one's file."""
+        if self._previous is not None:
+            os.close(self._previous)
+            self._previous = None
+
+    def release(self, *, tidy: bool = False) -> None:
+        """Drop the lock. The file stays, except with ``tidy`` when the lock made the directory
+        and it holds nothing else (a start refused before it wrote anything): both are removed,
+        while still locked (a locker that opened the file finds it gone and locks the path's)."""
+        self.settle()
+        if tidy and self.created_dir and self._fd >= 0:
+            root = self.path.parent
+            if [p.name for p in root.iterdir()] == [self.path.name]:
+                self.path.unlink()
+                try:
+                    root.rmdir()
+                except OSError:  # someone else's lock file appeared: leave it to them
+                    pass
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def event_time_stats(staging: str | os.PathLike[str]) -> Path:
@@ -275,6 +466,7 @@ def claim(
     """Bind ``directory`` to ``job`` (first run) or check that it is bound to ``job``; record the
     running code's queries and state fingerprint (what a savepoint of it will carry)."""
     path = Path(directory).resolve()
+    CheckpointLayout(path).check_owned()
     path.mkdir(parents=True, exist_ok=True)
     marker = CheckpointLayout(path).marker
     if marker.exists():

@@ -223,6 +223,7 @@ def recover(
     restore from; then nothing moves.
     """
     ckpt = Path(checkpoint_dir).resolve()
+    CheckpointLayout(ckpt).check_owned()  # files move only inside a checkpoint of ours
     job = layout.owner(ckpt)["job"]
     rec = Recovery(checkpoint=ckpt)
     for q, batch in _pending(ckpt).items():  # an earlier start moved files, then stopped

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from stateful_runtime.checkpoints import layout
-from stateful_runtime.checkpoints.layout import CheckpointLayout, QueryLayout
+from stateful_runtime.checkpoints.layout import CheckpointLayout, CheckpointLock, QueryLayout
 from stateful_runtime.checkpoints.manifest import FORMAT_VERSION, Savepoint, sha256_file, utc
 from stateful_runtime.exceptions import (
     ConfigError,
@@ -150,11 +150,15 @@ def restore(
     new_fingerprint: dict[str, Any],
     *,
     allow_non_restored: bool = False,
+    lock: CheckpointLock | None = None,
 ) -> dict[str, Any]:
     """Lay ``sp`` out as the job's checkpoint at ``checkpoint_dir``.
 
     An existing checkpoint there is moved aside (never deleted) to
-    ``<checkpoint_dir>.before-restore-<time>``. Returns what was restored (for the registry).
+    ``<checkpoint_dir>.before-restore-<time>``, only if it is one
+    (:meth:`CheckpointLayout.check_owned`: a directory holding anything else, the working or a
+    home directory are refused). ``lock``, the process's lock on the directory, moves to the
+    restored one. Returns what was restored (for the registry).
     """
     if sp.manifest.get("format_version") != FORMAT_VERSION:
         raise SavepointError(
@@ -165,22 +169,41 @@ def restore(
         sp.manifest.get("fingerprint") or {}, new_fingerprint, allow_non_restored, sp.location
     )
     ckpt = Path(checkpoint_dir).resolve()
+    # What is there is moved aside whole: only a checkpoint of this runtime, nothing else.
+    CheckpointLayout(ckpt).check_owned(moving=True)
     restored_queries = [
         q for q in sp.manifest["queries"] if q in new_fingerprint.get("queries", {})
     ]
     staging = ckpt.with_name(f"{ckpt.name}.restore-{secrets.token_hex(3)}")
     materialize(sp, staging, restored_queries, final=ckpt)
+    if lock is not None:
+        lock.follow(staging)  # the restored directory is this process's before it is in place
     moved_aside = None
-    if ckpt.exists() and any(ckpt.iterdir()):
+    if ckpt.exists() and any(
+        p.name != CheckpointLayout(ckpt).lock_file.name for p in ckpt.iterdir()
+    ):
         moved_aside = ckpt.with_name(
             f"{ckpt.name}.before-restore-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
         )
         os.replace(ckpt, moved_aside)
-    elif ckpt.exists():
-        ckpt.rmdir()
+    elif ckpt.exists():  # empty, or only the lock this process holds (now on the new one)
+        empty = ckpt.with_name(f".{ckpt.name}.emptied-{secrets.token_hex(3)}")
+        os.replace(ckpt, empty)
+        CheckpointLayout(empty).lock_file.unlink(missing_ok=True)
+        empty.rmdir()
     ckpt.parent.mkdir(parents=True, exist_ok=True)
     # Query dirs were materialised against their final paths; move the whole tree in one step.
-    os.replace(staging, ckpt)
+    try:
+        os.replace(staging, ckpt)
+    except OSError as exc:
+        raise SavepointError(
+            f"{ckpt} was created by another process while this restore replaced it ({exc}); "
+            f"nothing is lost: the restored checkpoint is in {staging}"
+            + (f", the previous one in {moved_aside}" if moved_aside else "")
+            + ". Stop the other process, then run the restore again."
+        ) from None
+    if lock is not None:
+        lock.settle()
     marker = {
         "format_version": layout.FORMAT_VERSION,
         "job": sp.job,
@@ -211,6 +234,7 @@ def restore_job(
     savepoint_roots: Iterable[str] = (),
     restore_from: str | None = None,
     allow_non_restored: bool = False,
+    lock: CheckpointLock | None = None,
 ) -> tuple[Savepoint, dict[str, Any]]:
     """Restore a job's checkpoint from a savepoint (by id under ``savepoint_roots`` or by
     location) or from the newest snapshot of the checkpoint mirror at ``restore_from``."""
@@ -232,7 +256,7 @@ def restore_job(
         sp = mirror.latest(restore_from)
     else:
         raise ConfigError("restore_job needs a savepoint or a mirror location")
-    return sp, restore(sp, ckpt, new_fingerprint, allow_non_restored=allow_non_restored)
+    return sp, restore(sp, ckpt, new_fingerprint, allow_non_restored=allow_non_restored, lock=lock)
 
 
 def rescale(

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from stateful_runtime.checkpoints import layout, manifest, recovery, restore, savepoints
-from stateful_runtime.checkpoints.layout import CheckpointLayout
+from stateful_runtime.checkpoints.layout import CheckpointLayout, CheckpointLock
 from stateful_runtime.checkpoints.mirror import CheckpointMirror, MirrorSync
 from stateful_runtime.checkpoints.verify import disk_full
 from stateful_runtime.contract import (
@@ -35,7 +35,7 @@ from stateful_runtime.contract import (
     SavepointSummary,
     StopReport,
 )
-from stateful_runtime.exceptions import ConfigError, JobError, SinkError
+from stateful_runtime.exceptions import ConfigError, JobError, JobLockedError, SinkError
 from stateful_runtime.planner import QueryPlan, chain, plan
 from stateful_runtime.runtime import registry, spark_output, warmup
 from stateful_runtime.runtime.batch_writes import BatchWriter
@@ -201,6 +201,8 @@ class JobRunner:
         self.fingerprint = manifest.fingerprint(self.job.name, self.plan.queries)
         self.checkpoint_dir = Path(self.job.checkpoint.dir).resolve()
         self.layout = CheckpointLayout(self.checkpoint_dir)
+        # Taken first by prepare(); held until run() ends.
+        self.checkpoint_lock: CheckpointLock | None = None
         # Set by prepare(): what a restore laid out, what checking the checkpoint found.
         self.restored: dict[str, Any] | None = None
         self.recovery = recovery.Recovery()
@@ -265,9 +267,22 @@ class JobRunner:
         return code
 
     def prepare(self) -> None:
-        """Before Spark starts: lay out a savepoint or the mirror if asked, claim the checkpoint
-        directory, make a damaged checkpoint restartable (or refuse), check the sources, and
-        register the process (its control endpoint serving)."""
+        """Before Spark starts: refuse a checkpoint directory the runtime does not own, take the
+        job's lock on it (a second process of the job is refused, whatever its state) and name
+        this process in the registry, lay out a savepoint or the mirror if asked, claim the
+        checkpoint directory, make a damaged checkpoint restartable (or refuse), check the
+        sources, and register the process (its control endpoint serving)."""
+        self._lock_checkpoint()
+        try:
+            self._prepare_locked()
+        except BaseException:
+            entry = registry.read(self.job.name) or {}
+            if entry.get("pid") == os.getpid() and entry.get("state") == JobState.STARTING:
+                registry.update(self.job.name, state=JobState.FAILED, ended_at=now_iso())
+            self.release_checkpoint(tidy=True)
+            raise
+
+    def _prepare_locked(self) -> None:
         if self.from_savepoint or self.restore_from:
             self._restore()
         layout.claim(self.checkpoint_dir, self.job.name, self._query_names, self.fingerprint)
@@ -377,6 +392,76 @@ class JobRunner:
 
     # ------------------------------------------------------------------------- prepare
 
+    def _lock_checkpoint(self) -> None:
+        """Before anything is written: check the checkpoint directory is one the runtime may
+        own, take the job's exclusive lock on it (held until the run ends, or by the kernel
+        until the process does), then name this process in the registry as STARTING, so
+        ``srt stop`` and a refused second run find it while it restores, recovers and starts.
+        A refused run writes nothing, the registry entry included."""
+        if self.checkpoint_lock is not None:
+            return
+        self.layout.check_owned()
+        run_id = os.environ.setdefault(registry.RUN_ID_ENV, uuid.uuid4().hex)
+        since = now_iso()
+        try:
+            self.checkpoint_lock = self.layout.lock(
+                self.job.name, {"pid": os.getpid(), "run_id": run_id, "since": since}
+            )
+        except JobLockedError as exc:
+            entry = registry.read(self.job.name) or {}
+            if entry.get("pid") == exc.holder.get("pid") and entry.get("state"):
+                exc.holder["state"] = entry["state"]
+                raise JobLockedError(self.job.name, exc.directory, exc.holder) from None
+            raise
+        try:
+            previous = registry.read(self.job.name)
+            if (
+                previous
+                and previous.get("state") in (JobState.STARTING, JobState.RUNNING)
+                and registry.alive(previous)
+                and previous.get("pid") != os.getpid()
+            ):
+                # The same job name on another checkpoint directory: still one process per job.
+                # (A process that ended its run, STOPPED or FINISHED, may still be exiting.)
+                raise JobError(
+                    f"job {self.job.name!r} is already running as pid {previous['pid']} "
+                    f"(state {previous.get('state')}, checkpoint "
+                    f"{previous.get('checkpoint_dir')}); stop it with `srt stop "
+                    f"{self.job.name}` or use `srt status`"
+                )
+            entry = JobStatus(
+                job=self.job.name,
+                state=JobState.STARTING,
+                pid=os.getpid(),
+                pid_start=registry.process_start(os.getpid()),
+                run_id=run_id,
+                job_file=str(self.jobfile.path),
+                config=dict(self.jobfile.config),
+                started_at=since,
+                checkpoint_dir=str(self.checkpoint_dir),
+                master=self.master,
+                available_now=self.available_now,
+                parallelism=self.job.parallelism,
+                savepoint_dir=savepoint_root(self.job),
+                mirror=self.job.checkpoint.mirror,
+            ).to_json()
+            # What the last run left (its queries' checkpoints, last savepoint, the launcher's
+            # log) stays visible until this run registers its own.
+            for key in ("queries", "last_savepoint", "restored_from", "log_path"):
+                if (previous or {}).get(key) and not entry.get(key):
+                    entry[key] = previous[key]  # type: ignore[index]
+            registry.write(self.job.name, entry)
+        except BaseException:
+            self.release_checkpoint(tidy=True)
+            raise
+
+    def release_checkpoint(self, *, tidy: bool = False) -> None:
+        """Drop the job's lock on its checkpoint (the run is over); with ``tidy`` (a start that
+        failed), also the directory the lock made if nothing else was written into it."""
+        if self.checkpoint_lock is not None:
+            self.checkpoint_lock.release(tidy=tidy)
+            self.checkpoint_lock = None
+
     def _restore(self) -> None:
         """Lay a savepoint or the mirror out as the job's checkpoint (before it is claimed)."""
         sp, self.restored = restore.restore_job(
@@ -387,6 +472,7 @@ class JobRunner:
             savepoint_roots=[savepoint_root(self.job)],
             restore_from=self.restore_from,
             allow_non_restored=self.allow_non_restored_state,
+            lock=self.checkpoint_lock,
         )
         what = "savepoint" if self.from_savepoint else "checkpoint mirror"
         self.console.say(
@@ -602,6 +688,7 @@ class JobRunner:
             self._stopped.set()
             if self.endpoint is not None:
                 self.endpoint.close()
+            self.release_checkpoint()
 
     def _finish_control(self, state: JobState) -> StopReport:
         """At the end of the run: the stop-with-savepoint if one was asked for; what a

@@ -11,6 +11,8 @@ import zlib
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from stateful_runtime.checkpoints.layout import (
     CheckpointLayout,
@@ -22,7 +24,12 @@ from stateful_runtime.checkpoints.layout import (
 )
 from stateful_runtime.checkpoints.verify import verify
 from stateful_runtime.connectors.alignment import late_watermark_ms
-from stateful_runtime.exceptions import CheckpointOwnershipError
+from stateful_runtime.exceptions import (
+    CheckpointOwnershipError,
+    ConfigError,
+    JobLockedError,
+    UnsafeCheckpointDirError,
+)
 
 WATERMARKS = {0: 0, 1: 1_000, 2: 2_500}
 OFFSETS = {0: {"0": 5, "1": 7}, 1: {"0": 10, "1": 12}, 2: {"0": 15, "1": 20}}
@@ -151,3 +158,150 @@ def test_checkpoint_dir_is_bound_to_its_job(tmp_path):
     claim(tmp_path, "job-a", ["q"])  # the same job may come back
     with pytest.raises(CheckpointOwnershipError, match="belongs to job 'job-a'"):
         claim(tmp_path, "job-b", ["q"])
+
+
+# -- ownership: what the runtime may claim, move aside or delete ------------------------------
+
+
+@pytest.mark.parametrize("where", ["cwd", "home", "root", "parent of cwd"])
+def test_a_checkpoint_dir_that_is_the_working_or_a_home_directory_is_refused(
+    tmp_path, monkeypatch, where
+):
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    directory = {"cwd": ".", "home": str(tmp_path / "home"), "root": "/"}.get(where, "..")
+    with pytest.raises(UnsafeCheckpointDirError, match="nothing was moved") as exc:
+        claim(directory, "j", ["q"])
+    assert "checkpoint.dir" in str(exc.value)
+    assert not (work / "_job.json").exists() and not (tmp_path / "home" / "_job.json").exists()
+    assert not (work / "_lock").exists()
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    ours=st.sets(st.sampled_from(["_job.json", "_lock", "_rewind.json", "_quarantine", "q"])),
+    others=st.sets(
+        st.text(st.characters(codec="ascii", categories=["L", "N"]), min_size=1, max_size=8).filter(
+            lambda n: n not in {"_job.json", "_lock", "_rewind.json", "q"}
+        ),
+        max_size=3,
+    ),
+)
+def test_a_checkpoint_dir_holding_anything_the_runtime_did_not_create_is_refused(
+    tmp_path_factory, ours, others
+):
+    root = tmp_path_factory.mktemp("ck")
+    layout = CheckpointLayout(root)
+    if "_job.json" in ours:
+        layout.marker.write_text(json.dumps({"format_version": 1, "job": "j", "queries": ["q"]}))
+    for name in ours - {"_job.json"}:
+        if name == "q":  # a query's checkpoint, as Spark starts it
+            (root / "q" / "offsets").mkdir(parents=True)
+        elif name == "_quarantine":
+            (root / name).mkdir()
+        else:
+            (root / name).write_text("")
+    for name in others:
+        (root / name).write_text("not the runtime's")
+    before = sorted(p.name for p in root.iterdir())
+    if others:
+        with pytest.raises(UnsafeCheckpointDirError, match="did not create"):
+            layout.check_owned()
+        with pytest.raises(UnsafeCheckpointDirError):
+            claim(root, "j", ["q"])
+        assert sorted(p.name for p in root.iterdir()) == before  # nothing written
+    else:
+        layout.check_owned()
+        if "q" in ours and "_job.json" not in ours:
+            # an unmarked directory with a query's directory is not adopted, nor moved aside
+            with pytest.raises(UnsafeCheckpointDirError, match="no _job.json"):
+                layout.check_owned(moving=True)
+
+
+def test_a_spark_checkpoint_without_a_marker_is_not_adopted(ckpt):
+    with pytest.raises(ConfigError, match="no _job.json"):
+        claim(ckpt.root, "j", ["counts"])
+    with pytest.raises(UnsafeCheckpointDirError, match="not a job checkpoint"):
+        ckpt.check_owned(moving=True)
+
+
+def test_one_process_holds_a_checkpoint_and_is_named_to_the_next(tmp_path):
+    layout = CheckpointLayout(tmp_path / "ck")
+    first = layout.lock("j", {"pid": 4242, "run_id": "r1", "since": "2026-11-25T20:00:00Z"})
+    with pytest.raises(JobLockedError, match="pid 4242, run_id r1, since 2026") as exc:
+        layout.lock("j", {"pid": 1, "run_id": "r2", "since": "now"})
+    assert exc.value.holder["pid"] == 4242 and "srt stop j" in str(exc.value)
+    assert json.loads(layout.lock_file.read_text())["run_id"] == "r1"  # not overwritten
+    first.release()
+    layout.lock("j", {"pid": 1, "run_id": "r2", "since": "now"}).release(tidy=True)
+    assert layout.lock_file.exists()  # not made by this lock: left
+    fresh = CheckpointLayout(tmp_path / "new")
+    fresh.lock("j", {"pid": 1}).release(tidy=True)
+    assert not fresh.root.exists()  # a start that failed leaves no directory it made
+
+
+def test_the_lock_follows_the_directory_a_restore_puts_in_place(tmp_path):
+    layout = CheckpointLayout(tmp_path / "ck")
+    lock = layout.lock("j", {"pid": 1, "run_id": "r1", "since": "t"})
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    lock.follow(staging)
+    os.replace(layout.root, tmp_path / "aside")
+    os.replace(staging, layout.root)
+    lock.settle()
+    with pytest.raises(JobLockedError, match="run_id r1"):
+        layout.lock("j", {"pid": 2, "run_id": "r2", "since": "t"})
+    CheckpointLayout(tmp_path / "aside").lock("j", {"pid": 3}).release()  # the old one is free
+    lock.release()
+
+
+FINGERPRINT = {"job": "j", "queries": {"counts": {"operators": {}}}}
+
+
+def _savepoint(ckpt: CheckpointLayout, tmp_path: Path):
+    from stateful_runtime.checkpoints import savepoints
+
+    ckpt.marker.write_text(
+        json.dumps(
+            {"format_version": 1, "job": "j", "queries": ["counts"], "fingerprint": FINGERPRINT}
+        )
+    )
+    return savepoints.create(ckpt.root, tmp_path / "savepoints")
+
+
+@pytest.mark.parametrize("what", ["an unrelated file", "no marker", "the working directory"])
+def test_a_restore_moves_aside_only_a_checkpoint_of_the_runtime(ckpt, tmp_path, monkeypatch, what):
+    from stateful_runtime.checkpoints import restore
+
+    sp = _savepoint(ckpt, tmp_path)
+    target = tmp_path / "work"
+    target.mkdir()
+    (target / "events.log").write_text("someone's data")
+    if what == "no marker":
+        target = tmp_path / "unmarked"
+        (target / "counts" / "offsets").mkdir(parents=True)
+    elif what == "the working directory":
+        (target / "events.log").unlink()
+        monkeypatch.chdir(target)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(UnsafeCheckpointDirError, match="nothing was moved"):
+        restore.restore(sp, "." if what == "the working directory" else target, FINGERPRINT)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_a_restore_over_a_checkpoint_moves_it_aside_and_keeps_the_lock(ckpt, tmp_path):
+    from stateful_runtime.checkpoints import restore
+
+    sp = _savepoint(ckpt, tmp_path)
+    lock = ckpt.lock("j", {"pid": 7, "run_id": "r7", "since": "t"})
+    done = restore.restore(sp, ckpt.root, FINGERPRINT, lock=lock)
+    aside = Path(done["previous_checkpoint_moved_to"])
+    assert (aside / "_job.json").exists() and ckpt.query("counts").last_committed() == 1
+    with pytest.raises(JobLockedError, match="run_id r7"):
+        ckpt.lock("j", {"pid": 8})
+    lock.release()

@@ -135,6 +135,71 @@ gap). The CLI and serve tests fail on the previous code (traceback and exit 1; d
 `@producer` appended as a record); the property test fails when the stored sequence is not
 honoured.
 
+## Checkpoint directories: nothing moved or deleted that the runtime does not own
+
+Every move and delete of a checkpoint directory or of anything in it (a restore moving the
+previous checkpoint aside, the fallback moving damaged files to `_quarantine/`, a claim writing
+the marker) first passes one check, `CheckpointLayout.check_owned` in
+`stateful_runtime/checkpoints/layout.py`: the directory is not the working directory, a home
+directory (this user's or any account's) or `/`, nor a parent of one of them, and it holds
+nothing the runtime did not create (its marker, lock, rewind, quarantine, dead letters, Spark's
+query checkpoints). A restore moves an existing directory aside only if it carries the
+`_job.json` marker. Savepoint retention and `srt savepoint dispose` delete only directories
+holding a manifest or a writer record of the runtime (unchanged, already so).
+
+Trials (each a test that fails without the check):
+
+* `srt run … --set checkpoint.dir=. --from-savepoint ID` in a workspace (event log, DuckDB
+  file, a notes file). Before: the whole working directory moved aside, the job ran from an
+  empty checkpoint. Now: refused before anything is written ("is the working directory", what
+  to set instead); every file in place.
+* The same without `--from-savepoint`. Before: `_job.json` and Spark's checkpoint written among
+  the user's files. Now: refused, nothing written.
+* `checkpoint.dir` = `$HOME`, `/`, the parent of the working directory. Before: claimed. Now:
+  refused, nothing written.
+* A checkpoint directory holding files the runtime did not create, with or without a marker
+  (Hypothesis: 60 random mixes of the runtime's entries and other names). Before: claimed, and
+  moved aside whole by a restore. Now: refused iff anything foreign is there; nothing changed.
+* A restore over a directory holding a Spark checkpoint but no marker. Before: moved aside.
+  Now: refused ("not a job checkpoint").
+* A restore over the job's own checkpoint: moved aside to `<dir>.before-restore-<time>`, as
+  before, with the lock carried to the restored directory.
+
+Tests: `tests/checkpoints/test_layout.py` (`-k "refused or restore or lock"`),
+`tests/runtime/test_runner.py`
+(`test_the_working_directory_as_checkpoint_dir_is_refused_and_nothing_moves`).
+What remains: a directory the runtime created but an operator later filled by hand with files
+named like the runtime's own (`_quarantine`, a query's name) is taken for the runtime's.
+
+## One job, one process: the checkpoint lock
+
+`srt run` takes an exclusive `flock` on `<checkpoint.dir>/_lock` (`CheckpointLayout.lock`)
+before it writes anything, and holds it until the run ends (the kernel drops it when the
+process dies, `kill -9` included). The holder writes its pid, run id and start time into the
+file, then registers itself in the registry as STARTING, so `srt stop` finds it from its first
+moment. A second `srt run` of the job — in any state of the first, STARTING included — is
+refused with `JobLockedError` naming the holder (pid, run id, since, registry state), writes
+nothing and leaves the registry entry alone. A restore swaps in the restored directory with the
+lock already taken on it (`CheckpointLock.follow`), and a locker checks the file it locked is
+still the one at the path, so two processes never both hold it. The registry check also refuses
+a second live process under the same job name on another checkpoint directory.
+
+Trials:
+
+* A second `srt run` while the first is STARTING (held before its source check), then `srt
+  stop`. Before: the second took over the registry entry, `srt stop` stopped the second and
+  the first kept running. Now: refused, naming the first's pid and run id; the entry is still
+  the first's; `srt stop` stops the first.
+* Two lockers on one directory: the second is refused with the first's pid, run id and start
+  time; the lock file is unchanged.
+* A restore under the lock, then another locker: refused by the lock on the restored
+  directory; the moved-aside directory's lock is free.
+
+Tests: `tests/checkpoints/test_layout.py` (`-k lock`), `tests/runtime/test_runner.py`
+(`test_a_second_run_of_a_starting_job_is_refused_and_stop_reaches_the_first`).
+What remains: two hosts sharing a checkpoint directory over a network filesystem get the
+filesystem's `flock` semantics (NFS: emulated with POSIX locks); the lock is as strong as that.
+
 ## What the suite does not cover
 
 * A crash of the Kafka-protocol broker itself: noida-db keeps its data in memory and saves it

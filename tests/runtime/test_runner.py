@@ -33,3 +33,81 @@ def test_processing_time_functions_refuse_available_now(tmp_path):
     )
     with pytest.raises(ConfigError, match="never lets --available-now finish"):
         JobRunner(JobFile(tmp_path, {}, {}, job), available_now=True)
+
+
+# -- one job, one process; nothing moved that the runtime does not own ------------------------
+
+GATED_JOB = """
+import os, sys, time
+sys.path.insert(0, {examples!r})
+from upi_per_minute import DEFAULTS, build as _build
+
+def build(config):
+    job = _build(config)
+    for src in job.sources:
+        check = src.source.check
+        def held(check=check):  # holds the run in STARTING until the test opens the gate
+            while not os.path.exists(os.environ["SRT_TEST_GATE"]):
+                time.sleep(0.05)
+            check()
+        object.__setattr__(src.source, "check", held)
+    return job
+"""
+
+
+def test_a_second_run_of_a_starting_job_is_refused_and_stop_reaches_the_first(
+    upi, srt_env, tmp_path
+):
+    import json
+    from pathlib import Path
+
+    from tests.helpers import EXAMPLES, kill_group, poll, srt, srt_background
+
+    job_file = tmp_path / "gated.py"
+    job_file.write_text(GATED_JOB.format(examples=str(EXAMPLES)))
+    env = {**srt_env, "SRT_TEST_GATE": str(tmp_path / "gate")}
+    args = ["run", str(job_file), *upi.sets()]
+    first = srt_background(args, env, tmp_path / "first.log")
+    try:
+        entry_path = Path(srt_env["SRT_HOME"]) / "jobs" / "upi-per-minute.json"
+
+        def first_registered():
+            try:
+                entry = json.loads(entry_path.read_text())
+            except (OSError, ValueError):
+                return None
+            return entry if entry.get("pid") == first.pid else None
+
+        entry = poll(first_registered, 120, "the first run's registry entry")
+        assert entry["state"] == "STARTING"
+        second = srt(args, env, timeout=120)
+        assert second.returncode != 0
+        assert f"pid {first.pid}" in second.stderr and "already running" in second.stderr
+        assert entry["run_id"] in second.stderr
+        after = json.loads(entry_path.read_text())
+        assert after["pid"] == first.pid and after["run_id"] == entry["run_id"]
+        stopped = srt(["stop", "upi-per-minute"], env, timeout=120)
+        assert stopped.returncode == 0, stopped.stderr
+        assert first.wait(timeout=60) is not None
+        assert not upi.checkpoint_dir.joinpath("upi-counts").exists()  # it never started
+    finally:
+        kill_group(first)
+
+
+def test_the_working_directory_as_checkpoint_dir_is_refused_and_nothing_moves(upi, srt_env):
+    from tests.helpers import EXAMPLES, srt
+
+    upi.database.write_text("a DuckDB file")
+    (upi.root / "notes.txt").write_text("unrelated")
+    before = sorted(p.relative_to(upi.root) for p in upi.root.rglob("*"))
+    upi.extra["checkpoint.dir"] = "."
+    for more in (["--from-savepoint", "upi-per-minute-20260101T000000-abcd"], []):
+        done = srt(
+            ["run", str(EXAMPLES / "upi_per_minute.py"), *upi.sets(), *more],
+            srt_env,
+            cwd=upi.root,
+            timeout=120,
+        )
+        assert done.returncode != 0
+        assert "is the working directory" in done.stderr and "checkpoint.dir" in done.stderr
+        assert sorted(p.relative_to(upi.root) for p in upi.root.rglob("*")) == before
