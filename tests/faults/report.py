@@ -194,9 +194,14 @@ Trials:
   time; the lock file is unchanged.
 * A restore under the lock, then another locker: refused by the lock on the restored
   directory; the moved-aside directory's lock is free.
+* A second `srt run --available-now` while the first is RUNNING: refused naming the first's
+  pid and "state RUNNING" (before: refused too, but only at registration, after the restore,
+  claim and fallback had written); after `kill -9` of the first's process group the kernel has
+  dropped the lock and the next run completes (exit 0).
 
 Tests: `tests/checkpoints/test_layout.py` (`-k lock`), `tests/runtime/test_runner.py`
-(`test_a_second_run_of_a_starting_job_is_refused_and_stop_reaches_the_first`).
+(`test_a_second_run_of_a_starting_job_is_refused_and_stop_reaches_the_first`,
+`test_a_running_job_refuses_a_second_run_and_its_kill_frees_the_checkpoint`).
 What remains: two hosts sharing a checkpoint directory over a network filesystem get the
 filesystem's `flock` semantics (NFS: emulated with POSIX locks); the lock is as strong as that.
 

@@ -111,3 +111,35 @@ def test_the_working_directory_as_checkpoint_dir_is_refused_and_nothing_moves(up
         assert done.returncode != 0
         assert "is the working directory" in done.stderr and "checkpoint.dir" in done.stderr
         assert sorted(p.relative_to(upi.root) for p in upi.root.rglob("*")) == before
+
+
+def test_a_running_job_refuses_a_second_run_and_its_kill_frees_the_checkpoint(upi, srt_env):
+    import json
+    from pathlib import Path
+
+    from tests.helpers import append_lines, kill_group, srt, srt_background, wait_for
+
+    append_lines(
+        upi.log_dir, [b'{"txn_id": "t1", "merchant_id": "M1", "amount_paise": 5, "ts_ms": 1}']
+    )
+    entry_path = Path(srt_env["SRT_HOME"]) / "jobs" / "upi-per-minute.json"
+    log = upi.root / "first.log"
+    first = srt_background(upi.run_args(), srt_env, log)
+    try:
+
+        def running() -> bool:
+            try:
+                entry = json.loads(entry_path.read_text())
+            except (OSError, ValueError):
+                return False
+            return entry.get("pid") == first.pid and entry.get("state") == "RUNNING"
+
+        wait_for(running, first, log, "the first run RUNNING")
+        second = srt(upi.run_args("--available-now"), srt_env, timeout=120)
+        assert second.returncode != 0 and f"pid {first.pid}" in second.stderr
+        assert "state RUNNING" in second.stderr
+        assert json.loads(entry_path.read_text())["pid"] == first.pid
+    finally:
+        kill_group(first)  # kill -9: the kernel drops the lock with the process
+    third = srt(upi.run_args("--available-now"), srt_env, timeout=300)
+    assert third.returncode == 0, third.stderr[-3000:]
