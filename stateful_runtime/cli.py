@@ -179,8 +179,11 @@ def _run_cmd(args: argparse.Namespace) -> int:
     finally:
         from pyspark.sql import SparkSession
 
+        from stateful_runtime.runtime import warmup
+
         session = SparkSession.getActiveSession()
         if session is not None:  # end the Spark application cleanly (FINISHED on a cluster)
+            warmup.settle(session)  # no task of it cut off (errors after the summary)
             session.stop()
 
 

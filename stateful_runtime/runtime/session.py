@@ -160,7 +160,10 @@ def _end_jvm(
     a traceback, printed after the job's summary (the UPI example on 200k new events: two runs
     of four; none of four since). The gateway client is marked disconnected before the JVM
     ends, and py4j then skips those messages."""
+    from stateful_runtime.runtime import warmup
+
     client = getattr(getattr(spark.sparkContext, "_gateway", None), "_gateway_client", None)
+    warmup.settle(spark)  # its tasks end before Spark stops under them
     stopped = _stop_context(spark)
     if proc is None or proc.stdin is None:
         return

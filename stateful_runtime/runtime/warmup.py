@@ -11,12 +11,19 @@ daemon is shared by every data source of the session) and one warm worker per ta
 Spark then reuses for the job's first tasks. Once per Spark application (a session that runs
 more jobs keeps its workers). The job never waits for it; if it fails, the first batch starts
 its workers itself, as before.
+
+A run with nothing to do can end before the warm-up read has: Spark then stopped under its
+tasks, which logged ``Python worker exited unexpectedly (crashed)`` and ``Block broadcast_0 does
+not exist`` as errors after the run's summary. The read runs in its own job group, and
+:func:`settle` (called by the session before it stops Spark) cancels it and waits for its
+thread, so its tasks end while Spark still runs.
 """
 
 from __future__ import annotations
 
 import importlib
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +34,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 NAME = "srt_warmup"
+GROUP = "srt-worker-warmup"  # the warm-up read's Spark job group (cancelled by settle)
 # What a worker of any job imports first: Arrow, and the runtime's connectors.
 MODULES = ("pyarrow", "stateful_runtime.connectors.base")
 
@@ -101,6 +109,7 @@ def warm(spark: SparkSession, slots: int, modules: Sequence[str] = ()) -> list[A
 
 
 _WARMED: set[tuple[str, int, tuple[str, ...]]] = set()
+_RUNNING: list[threading.Thread] = []
 
 
 def start(spark: SparkSession, slots: int, modules: Sequence[str] = ()) -> threading.Thread | None:
@@ -112,11 +121,43 @@ def start(spark: SparkSession, slots: int, modules: Sequence[str] = ()) -> threa
 
     def run() -> None:
         try:
+            # This thread's jobs (pinned to a JVM thread of its own): cancellable as one.
+            spark.sparkContext.setJobGroup(GROUP, "srt worker warm-up", interruptOnCancel=True)
             warm(spark, slots, modules)
             _WARMED.add(key)
         except Exception:  # noqa: BLE001 - only a head start; the job's own tasks start workers
             pass
 
     thread = threading.Thread(target=run, name="srt-worker-warmup", daemon=True)
+    _RUNNING.append(thread)
     thread.start()
     return thread
+
+
+def _running_tasks(spark: SparkSession) -> int:
+    """Tasks the application's executors are running now (the status tracker's view)."""
+    tracker = spark.sparkContext._jsc.sc().statusTracker()  # type: ignore[union-attr]
+    return sum(int(e.numRunningTasks()) for e in tracker.getExecutorInfos())
+
+
+def settle(spark: SparkSession, timeout: float = 30.0) -> bool:
+    """Before Spark stops: cancel a warm-up read still running, wait (up to ``timeout``) for
+    its thread and then for its killed tasks to end, so none is cut off by the stop (and logs
+    errors after the run's summary). True if nothing of it is left running."""
+    alive = [t for t in _RUNNING if t.is_alive()]
+    _RUNNING[:] = alive
+    if not alive:
+        return True
+    deadline = time.monotonic() + timeout
+    try:
+        spark.sparkContext.cancelJobGroup(GROUP)
+        for thread in alive:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        # The job is cancelled at once; its tasks end as their kill reaches them.
+        while _running_tasks(spark) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        settled = not _running_tasks(spark)
+    except Exception:  # noqa: BLE001 - a context already stopping: nothing left to wait for
+        settled = False
+    _RUNNING[:] = [t for t in alive if t.is_alive()]
+    return settled and not _RUNNING

@@ -98,6 +98,17 @@ naming the key in its units) and `tests/test_cli.py` (four commands with their r
 before or after the first line: no output on stderr, exit 141; ten flags and the issue's three
 intervals: exit 2 with a message, no traceback).
 
+Tried: `srt run --available-now` with nothing to do printed `ERROR ... Python worker exited
+unexpectedly (crashed)` and `Block broadcast_0 does not exist` after its summary (five runs of
+five here). Why: the worker warm-up read (`runtime/warmup.py`, a background Spark job started
+with the session) was still running when `srt run` stopped the session, and Spark's stop cut
+its tasks off. Now the read runs in its own job group and `warmup.settle` (called before the
+session stops, by `srt run` and at the process's exit) cancels it and waits until its tasks
+have ended. Trials: `tests/runtime/test_warmup.py` (a session stopped while the warm-up's
+tasks run: no error line; it fails without `settle`);
+two nothing-to-do runs of the UPI job after the fix: nothing after the summary, nothing in the
+job's log.
+
 ## Appends to the event log: exactly once across failures
 
 Tried: `srt log append` of 50,008 lines onto a topic on a 4 MB full disk ended in a raw

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+
+import pytest
 
 from stateful_runtime.runtime import warmup
 
@@ -67,3 +71,43 @@ def test_an_application_warms_once_per_slots_and_modules(spark):
     again = warmup.start(spark, 2, ["colorsys", "stateful_runtime.connectors.eventlog.source"])
     assert again is not None
     again.join(120)
+
+
+SETTLE_SCRIPT = """
+import time
+from stateful_runtime.runtime import warmup
+from stateful_runtime.runtime.session import build_session
+
+spark = build_session(2, "local[2]", log_file=LOG)
+thread = warmup.start(spark, 2, ["stateful_runtime.connectors.eventlog.source"])
+# The job ends while the warm-up's tasks run (what a run with nothing to do does); then the
+# session stops, as `srt run` stops it.
+deadline = time.monotonic() + 120
+while not warmup._running_tasks(spark) and time.monotonic() < deadline:
+    time.sleep(0.01)
+print("summary", flush=True)
+if SETTLE:
+    warmup.settle(spark)
+spark.stop()
+print("stopped", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_session_stopped_while_warming_up_prints_nothing_after(tmp_path):
+    """The warm-up read cut off by a stop printed ``Python worker exited unexpectedly
+    (crashed)`` and ``Block broadcast_0 does not exist`` after the run's summary; settle()
+    cancels it first (and the run's end calls it)."""
+    env = {**os.environ, "SRT_SPARK_LOG": str(tmp_path / "spark.log")}
+    script = SETTLE_SCRIPT.replace("LOG", repr(str(tmp_path / "spark.log")))
+    out = subprocess.run(
+        [sys.executable, "-c", script.replace("SETTLE", "True")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines()[-2:] == ["summary", "stopped"]
+    errors = [line for line in out.stderr.splitlines() if " ERROR " in line or "Exception" in line]
+    assert not errors, out.stderr[-3000:]
