@@ -62,6 +62,17 @@ def _copy(
     ``blank``: and the blank lines right after one)."""
     buffered = b""
     after = False
+    reader = [True]  # False once whoever read the terminal went away (`srt run ... | head`)
+
+    def show(data: bytes) -> None:
+        # Without a reader the lines are dropped, but the pipe is still drained: its writers
+        # (the job, the JVM, the workers) must never block on a full pipe.
+        if reader[0]:
+            try:
+                os.write(terminal, data)
+            except OSError:
+                reader[0] = False
+
     with os.fdopen(read_fd, "rb", buffering=0) as pipe, log:
         while True:
             chunk = pipe.read(65536)
@@ -76,9 +87,9 @@ def _copy(
                     log.flush()
                     continue
                 after = False
-                os.write(terminal, line + b"\n")
+                show(line + b"\n")
         if buffered:
-            os.write(terminal, buffered)
+            show(buffered)
 
 
 def _divert(fd: int, log_path: Path, aside: Callable[[bytes], bool], blank: bool) -> None:

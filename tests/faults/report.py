@@ -98,6 +98,14 @@ naming the key in its units) and `tests/test_cli.py` (four commands with their r
 before or after the first line: no output on stderr, exit 141; ten flags and the issue's three
 intervals: exit 2 with a message, no traceback).
 
+`srt run ... | head` was worse than a traceback: the thread that copies the job's terminal
+output (`runtime/spark_output.py`) died on the closed pipe, and the job, its JVM and its workers
+would block once the pipe filled. Now that thread keeps draining the pipe and drops the lines;
+the run goes on and ends as it would (its log files keep Spark's lines). Trial:
+`tests/runtime/test_spark_output.py` (20,000 lines written after the reader went away: exit 0,
+nothing on stderr; it fails without the fix), and a real `srt run --available-now` with its
+reader gone after the first line: exit 0, stderr empty.
+
 Tried: `srt run --available-now` with nothing to do printed `ERROR ... Python worker exited
 unexpectedly (crashed)` and `Block broadcast_0 does not exist` after its summary (five runs of
 five here). Why: the worker warm-up read (`runtime/warmup.py`, a background Spark job started

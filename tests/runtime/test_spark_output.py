@@ -81,3 +81,31 @@ def test_srt_run_shows_the_job_and_keeps_sparks_start_up_in_the_jobs_log(upi, sr
     assert "WARNING: Using incubator modules: jdk.incubator.vector" in logged
     assert "WARN SparkConf: Note that spark.local.dir will be overridden" in logged
     assert stat.S_IMODE(log.stat().st_mode) == 0o600
+
+
+CLOSED_SCRIPT = """
+import sys, time
+from stateful_runtime.runtime import spark_output
+spark_output.divert(sys.argv[1], sys.argv[2])
+print("[job] batch 0", flush=True)
+time.sleep(0.5)  # the reader of stdout (`| head -1`) goes away here
+for i in range(20_000):  # far more than a pipe holds: a writer must not block
+    print(f"[job] batch {i} | " + "x" * 60, flush=True)
+print("done", file=sys.stderr, flush=True)
+"""
+
+
+def test_a_closed_terminal_is_drained_not_blocking_and_not_failing(tmp_path: Path):
+    """`srt run ... | head`: the copying thread lost its terminal; it keeps draining the pipe
+    (so the job, the JVM and the workers never block on it) and prints nothing of it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CLOSED_SCRIPT, str(tmp_path / "w.log"), str(tmp_path / "j.log")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline() == b"[job] batch 0\n"
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0, err
+    assert err == "done\n", err
