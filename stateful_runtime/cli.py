@@ -42,6 +42,17 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _stop_seconds(text: str) -> float:
+    """A stop's ``--timeout``: what the job's control endpoint takes, above 0 and at most a
+    day (:data:`~stateful_runtime.runtime.endpoint.MAX_STOP_TIMEOUT_S`)."""
+    value = _seconds(text)
+    if not 0 < value <= 86_400:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give a number of seconds above 0 and at most 86400 (e.g. 120)"
+        )
+    return value
+
+
 def _epoch(text: str) -> float:
     """A ``--since``-like flag: a finite time in epoch seconds, 0 or more."""
     try:
@@ -720,7 +731,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("job")
     c.add_argument(
         "--timeout",
-        type=_seconds,
+        type=_stop_seconds,
         default=120.0,
         help="seconds to wait for a clean stop (with --kill: before SIGKILL)",
     )
@@ -758,7 +769,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--master", help="Spark master of the new run")
     c.add_argument(
         "--stop-timeout",
-        type=_seconds,
+        type=_stop_seconds,
         default=120.0,
         help="seconds to wait for the running job to stop",
     )
@@ -828,7 +839,9 @@ def _parser() -> argparse.ArgumentParser:
     c = ssub.add_parser("create", help="savepoint of a job's last committed batch")
     c.add_argument("job")
     c.add_argument("--stop", action="store_true", help="stop the job first (stop-with-savepoint)")
-    c.add_argument("--timeout", type=_seconds, default=120.0, help="seconds to wait for --stop")
+    c.add_argument(
+        "--timeout", type=_stop_seconds, default=120.0, help="seconds to wait for --stop"
+    )
     c = ssub.add_parser("list", help="complete savepoints")
     c.add_argument("job", nargs="?")
     for name in ("describe", "dispose"):
