@@ -122,6 +122,8 @@ class ErrorKind(StrEnum):
     SAVEPOINT_ERROR = "SavepointError"
     INCOMPATIBLE_SAVEPOINT_ERROR = "IncompatibleSavepointError"
     CORRUPT_MANIFEST_ERROR = "CorruptManifestError"
+    JOB_LOCKED_ERROR = "JobLockedError"
+    UNSAFE_CHECKPOINT_DIR_ERROR = "UnsafeCheckpointDirError"
     # The control endpoint's refusals.
     BAD_REQUEST = "BadRequest"
     UNAUTHORIZED = "Unauthorized"
