@@ -482,7 +482,7 @@ def _print_savepoints(rows: list[dict], as_json: bool) -> None:
 
 
 def _savepoint_cmd(args: argparse.Namespace) -> int:
-    from stateful_runtime.checkpoints import retention, savepoints
+    from stateful_runtime.checkpoints import manifest, retention, savepoints
     from stateful_runtime.contract import Disposed
     from stateful_runtime.runtime import launcher, registry
 
@@ -499,26 +499,38 @@ def _savepoint_cmd(args: argparse.Namespace) -> int:
                 + ("; the job is stopped" if args.stop else "")
             )
     elif args.sp_cmd == "list":
+        problems: list[manifest.CorruptManifestError] = []
         rows = [
             sp.summary()
             for root in _roots(args)
-            for sp in savepoints.list_savepoints(root, args.job)
+            for sp in savepoints.list_savepoints(root, args.job, problems)
         ]
         _print_savepoints(rows, args.json)
+        for problem in problems:  # left out of the list, named here
+            print(f"srt: not listed: {problem}", file=sys.stderr)
     elif args.sp_cmd == "describe":
         sp = savepoints.resolve(args.savepoint, _roots(args))
+        mismatches = manifest.check(sp)
         print(
             json.dumps(
-                {**sp.summary(), "manifest": sp.manifest}
-                if args.files
-                else {
+                {
                     **sp.summary(),
-                    "fingerprint": sp.manifest["fingerprint"],
-                    "queries": sp.manifest["queries"],
+                    **(
+                        {"manifest": sp.manifest}
+                        if args.files
+                        else {
+                            "fingerprint": sp.manifest.get("fingerprint"),
+                            "queries": sp.manifest["queries"],
+                        }
+                    ),
+                    "manifest_mismatches": [m.to_json() for m in mismatches],
                 },
                 indent=2,
             )
         )
+        if mismatches:
+            # The document above shows them; the exit status and stderr say it is unusable.
+            raise manifest.ManifestMismatchError(sp.location, mismatches)
     elif args.sp_cmd == "dispose":
         sp = savepoints.resolve(args.savepoint, _roots(args))
         if sp.location in registry.protected_locations() and not args.force:

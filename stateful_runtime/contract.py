@@ -122,6 +122,7 @@ class ErrorKind(StrEnum):
     SAVEPOINT_ERROR = "SavepointError"
     INCOMPATIBLE_SAVEPOINT_ERROR = "IncompatibleSavepointError"
     CORRUPT_MANIFEST_ERROR = "CorruptManifestError"
+    MANIFEST_MISMATCH_ERROR = "ManifestMismatchError"
     JOB_LOCKED_ERROR = "JobLockedError"
     UNSAFE_CHECKPOINT_DIR_ERROR = "UnsafeCheckpointDirError"
     # The control endpoint's refusals.

@@ -41,6 +41,8 @@ and each says what to do next, not only what went wrong::
     ├── SavepointError                missing, incomplete or corrupt savepoint
     │   ├── IncompatibleSavepointError  the new code cannot take the savepoint's state
     │   └── CorruptManifestError      a manifest that does not parse or match its format
+    │       │                         [stateful_runtime.checkpoints.manifest]
+    │       └── ManifestMismatchError  a manifest field the files or its checksum contradict
     │                                 [stateful_runtime.checkpoints.manifest]
     └── SrtCommandError               an srt command run by Dagster failed [dagster_defs.errors]
 

@@ -37,6 +37,7 @@ from stateful_runtime.checkpoints.manifest import (
     new_manifest,
     query_entry,
     read_manifest,
+    seal_mismatch,
     sha256_file,
 )
 from stateful_runtime.checkpoints.storage import Store, open_store
@@ -105,7 +106,9 @@ class CheckpointMirror:
             names = _manifests(self.store)
             if names:
                 latest = read_manifest(self.store, names[-1])
-                self.known = {f["path"]: f for f in latest["files"]}
+                # An edited manifest is not believed: everything is uploaded again.
+                if seal_mismatch(latest) is None:
+                    self.known = {f["path"]: f for f in latest["files"]}
             self._loaded = True
         owner = layout.owner(self.checkpoint_dir)
         batches: dict[str, int] = {}

@@ -14,9 +14,16 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from stateful_runtime.checkpoints import layout
+from stateful_runtime.checkpoints import layout, manifest
 from stateful_runtime.checkpoints.layout import CheckpointLayout, CheckpointLock, QueryLayout
-from stateful_runtime.checkpoints.manifest import FORMAT_VERSION, Savepoint, sha256_file, utc
+from stateful_runtime.checkpoints.manifest import (
+    FORMAT_VERSION,
+    ManifestMismatchError,
+    Mismatch,
+    Savepoint,
+    sha256_file,
+    utc,
+)
 from stateful_runtime.exceptions import (
     ConfigError,
     IncompatibleSavepointError,
@@ -122,6 +129,7 @@ def materialize(
                     f"savepoint {sp.location} is corrupt: {f['path']} has {size} bytes, sha256 "
                     f"{digest[:12]}…; the manifest says {f['size']} bytes, {f['sha256'][:12]}…"
                 )
+        _check_file_list(sp, tmp, wanted)
         for qname in wanted:
             _relocate_operator_metadata(
                 CheckpointLayout(tmp).query(qname), CheckpointLayout(final or dest).query(qname)
@@ -129,6 +137,35 @@ def materialize(
         os.replace(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _check_file_list(sp: Savepoint, root: Path, wanted: Iterable[str]) -> None:
+    """The files a restart of each query at its newest commit reads, as laid out at ``root``,
+    are exactly the files the manifest lists: none missing, none extra."""
+    bad = []
+    for q in sorted(wanted):
+        query = CheckpointLayout(root).query(q)
+        listed = {f["path"] for f in sp.manifest["files"] if f["path"].split("/", 1)[0] == q}
+        batch = query.last_committed()
+        try:
+            needed = (
+                {f"{q}/{rel}" for rel in query.batch_files(batch)} if batch is not None else set()
+            )
+        except (ConfigError, OSError, ValueError, KeyError) as exc:
+            bad.append(Mismatch("files", f"the files of query {q}", f"incomplete ({exc})"))
+            continue
+        if needed != listed:
+            bad.append(
+                Mismatch(
+                    "files",
+                    f"{len(listed)} files of query {q}"
+                    + (f", also {sorted(listed - needed)}" if listed - needed else ""),
+                    f"a restart at batch {batch} reads {len(needed)}"
+                    + (f", also {sorted(needed - listed)}" if needed - listed else ""),
+                )
+            )
+    if bad:
+        raise ManifestMismatchError(sp.location, bad)
 
 
 def _relocate_operator_metadata(query: QueryLayout, final: QueryLayout) -> None:
@@ -165,6 +202,9 @@ def restore(
             f"savepoint {sp.location} has format {sp.manifest.get('format_version')}; this "
             f"runtime reads format {FORMAT_VERSION}"
         )
+    mismatches = manifest.check(sp)
+    if mismatches:
+        raise ManifestMismatchError(sp.location, mismatches)
     dropped = check_compatible(
         sp.manifest.get("fingerprint") or {}, new_fingerprint, allow_non_restored, sp.location
     )
@@ -213,14 +253,18 @@ def restore(
         "fingerprint": new_fingerprint,
     }
     layout.write_marker(ckpt, marker)
+    # What the restored checkpoint says, never what the manifest says (checked equal above).
+    restored = {q: CheckpointLayout(ckpt).query(q) for q in restored_queries}
+    batches = {q: query.last_committed() for q, query in restored.items()}
     return {
         "restored_from": sp.location,
         "savepoint_id": sp.id,
         "dropped_state": dropped,
         "previous_checkpoint_moved_to": str(moved_aside) if moved_aside else None,
-        "batches": {q: sp.manifest["queries"][q]["batch"] for q in restored_queries},
+        "batches": batches,
         "state_partitions": {
-            q: sp.manifest["queries"][q]["state_partitions"] for q in restored_queries
+            q: None if (b := batches[q]) is None else query.state_partitions(b)
+            for q, query in restored.items()
         },
     }
 

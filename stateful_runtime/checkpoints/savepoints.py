@@ -36,10 +36,12 @@ from stateful_runtime.checkpoints.layout import CheckpointLayout
 from stateful_runtime.checkpoints.manifest import (
     MANIFEST,
     CorruptManifestError,
+    ManifestMismatchError,
     Savepoint,
     new_manifest,
     query_entry,
     read_manifest,
+    seal_mismatch,
     sha256_file,
     utc,
 )
@@ -171,8 +173,9 @@ def list_savepoints(
     root: str | Path, job: str | None = None, problems: list[CorruptManifestError] | None = None
 ) -> list[Savepoint]:
     """Complete savepoints under ``root``, oldest first. A savepoint whose manifest is corrupt
-    is left out (and appended to ``problems`` when given): one bad manifest never hides the
-    others."""
+    or was edited after it was written (its checksum) is left out (and appended to
+    ``problems`` when given): one bad manifest never hides the others, and retention never
+    decides on an edited one."""
     store = open_store(root)
     out = []
     for obj in store.list():
@@ -181,6 +184,8 @@ def list_savepoints(
             try:
                 Name(parts[0], "savepoint id")
                 manifest = read_manifest(store, obj.key)
+                if (edited := seal_mismatch(manifest)) is not None:
+                    raise ManifestMismatchError(store.join(obj.key), [edited])
             except (CorruptManifestError, InvalidNameError) as exc:
                 if problems is not None:
                     problems.append(

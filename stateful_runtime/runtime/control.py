@@ -287,7 +287,7 @@ def check_state(
     """Would the job file's code take the state of ``savepoint`` (id, directory or URL), or by
     default of the job's current checkpoint? Decided on the planner's fingerprint, no Spark.
     Raises :class:`IncompatibleSavepointError` listing every difference."""
-    from stateful_runtime.checkpoints import restore, savepoints
+    from stateful_runtime.checkpoints import manifest, restore, savepoints
     from stateful_runtime.checkpoints.manifest import fingerprint
     from stateful_runtime.runtime.runner import savepoint_root
 
@@ -295,6 +295,8 @@ def check_state(
     new = fingerprint(jf.job.name, planned.queries)
     if savepoint:
         sp = savepoints.resolve(savepoint, [savepoint_root(jf.job)])
+        if mismatches := manifest.check(sp):
+            raise manifest.ManifestMismatchError(sp.location, mismatches)
         saved, where = sp.manifest.get("fingerprint") or {}, sp.location
     else:
         saved = layout.owner(jf.job.checkpoint.dir).get("fingerprint") or {}
