@@ -326,7 +326,7 @@ def check(sp: Savepoint) -> list[Mismatch]:
     read from its store, their checksums verified) and against its own checksum; an empty list
     when the manifest is true. The state files themselves are verified when a restore copies
     them (:func:`~stateful_runtime.checkpoints.restore.materialize`)."""
-    m = sp.manifest
+    m = json.loads(json.dumps(sp.manifest))  # as stored (a fresh one holds str subclasses)
     out: list[Mismatch] = []
 
     def differs(field: str, said: Any, truth: Any, why: str = "") -> None:
@@ -426,13 +426,11 @@ def check(sp: Savepoint) -> list[Mismatch]:
         q_fp = fp_queries.get(q)
         ops = q_fp.get("operators") if isinstance(q_fp, dict) else None
         operators = sorted(ops) if isinstance(ops, dict) else []
-        if bool(operators) != files["stateful"]:
+        # Operators with state and no state files is a contradiction; state files without
+        # fingerprinted operators is not (not every stateful Spark operator is fingerprinted).
+        if operators and not files["stateful"]:
             out.append(
-                Mismatch(
-                    f"fingerprint.queries.{q}.operators",
-                    _text(operators),
-                    "state files" if files["stateful"] else "no state files",
-                )
+                Mismatch(f"fingerprint.queries.{q}.operators", _text(operators), "no state files")
             )
     if (sealed := seal_mismatch(m)) is not None:
         out.append(sealed)
