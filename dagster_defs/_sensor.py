@@ -170,7 +170,10 @@ def assess(
     if state == "FAILED":
         return Assessment(Condition.FAILED, "the job process failed (see the job's log)")
     if state in ("STOPPED", "FINISHED"):
-        return Assessment(Condition.STOPPED, f"{state}: stopped on purpose, not restarted")
+        # A stop by SIGINT/SIGTERM (timeout, systemd, Kubernetes, Ctrl-C) is a stop like
+        # `srt stop`: the job process stopped its queries and recorded it; not a crash.
+        by = f" by {entry['stopped_by']}" if entry.get("stopped_by") else ""
+        return Assessment(Condition.STOPPED, f"{state}{by}: stopped on purpose, not restarted")
     return Assessment(Condition.UNKNOWN, f"registry state {state!r}")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -223,6 +224,9 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
             con.close()
 
     def summary(self) -> SinkSummary | None:
+        if self.database != ":memory:" and not os.path.exists(self.database):
+            # A run stopped before its first batch (Ctrl-C, SIGTERM): nothing was written.
+            return SinkSummary(f"{self.table}: no rows written yet", [], [])
         con = self._connect(read_only=True)
         try:
             sql = (self.summary_sql or "SELECT * FROM {table} LIMIT 10").format(

@@ -172,12 +172,16 @@ def _log_cmd(args: argparse.Namespace) -> int:
 
 
 def _run_cmd(args: argparse.Namespace) -> int:
+    from stateful_runtime.runtime import stop_signals
+
+    # SIGINT/SIGTERM stop the job cleanly from here on, even while its file loads.
+    signals = stop_signals.catch()
     from stateful_runtime.runtime.loader import load_job_file, parse_overrides
     from stateful_runtime.runtime.runner import JobRunner
 
-    jobfile = load_job_file(args.job_file, parse_overrides(args.set))
-    masking.remember_config(jobfile.config)  # DEFAULTS too: masked in whatever is printed
     try:
+        jobfile = load_job_file(args.job_file, parse_overrides(args.set))
+        masking.remember_config(jobfile.config)  # DEFAULTS too: masked in whatever is printed
         return JobRunner(
             jobfile,
             available_now=args.available_now,
@@ -186,6 +190,7 @@ def _run_cmd(args: argparse.Namespace) -> int:
             restore_from=args.restore_from,
             parallelism=args.parallelism,
             allow_non_restored_state=args.allow_non_restored_state,
+            signals=signals,
         ).run()
     finally:
         from pyspark.sql import SparkSession

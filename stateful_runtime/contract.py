@@ -83,10 +83,13 @@ class HealthSource(StrEnum):
 
 
 class StopSignal(StrEnum):
-    """How ``srt stop`` ended a job process."""
+    """How a job process was asked to stop: by ``srt stop`` (and what it sent), or by a signal
+    from elsewhere (a registry entry's ``stopped_by``)."""
 
     ENDPOINT = "endpoint"  # a clean stop through its control endpoint
-    SIGTERM = "SIGTERM"  # a clean stop by the signal (the process did not answer)
+    SIGTERM = "SIGTERM"  # a clean stop by the signal (the process did not answer; or timeout,
+    # systemd, Kubernetes, kill)
+    SIGINT = "SIGINT"  # a clean stop by Ctrl-C
     SIGKILL = "SIGKILL"  # killed (--kill, after the grace period)
     NONE = "none"  # nothing was signalled (already gone, or not the job's process)
 
@@ -670,6 +673,7 @@ class JobStatus:
         spark_app_id: Spark application id.
         health: each query's health, as last reported.
         ended_at: when the process ended, if it did.
+        stopped_by: what asked a STOPPED job to stop (its control endpoint, or a signal).
         last_savepoint: the last savepoint taken of it.
         log_path: the launched process's output (a launcher's entry, until the process
             registers).
@@ -702,6 +706,7 @@ class JobStatus:
     spark_app_id: str | None = None
     health: Mapping[str, QueryHealth] | None = None
     ended_at: str | None = None
+    stopped_by: StopSignal | None = None
     last_savepoint: SavepointRef | None = None
     log_path: str | None = None
     registered_state: JobState | None = None
@@ -763,6 +768,7 @@ class JobStatus:
             if self.health is None
             else {q: h.to_json() for q, h in self.health.items()},
             "ended_at": self.ended_at,
+            "stopped_by": self.stopped_by,
             "last_savepoint": None
             if self.last_savepoint is None
             else self.last_savepoint.to_json(),
@@ -813,6 +819,7 @@ class JobStatus:
             if health is None
             else {q: QueryHealth.from_json(h or {}) for q, h in health.items()},
             ended_at=_str(data.get("ended_at")),
+            stopped_by=None if not data.get("stopped_by") else StopSignal(data["stopped_by"]),
             last_savepoint=None if not last else SavepointRef.from_json(last),
             log_path=_str(data.get("log_path")),
             registered_state=None if registered is None else JobState(registered),
@@ -838,6 +845,7 @@ _KNOWN = frozenset(
         "spark_app_id",
         "health",
         "ended_at",
+        "stopped_by",
         "last_savepoint",
         "log_path",
         "registered_state",

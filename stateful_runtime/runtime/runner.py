@@ -12,7 +12,6 @@ answers :mod:`.endpoint_handlers`'.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import threading
 import time
@@ -34,10 +33,11 @@ from stateful_runtime.contract import (
     QueryStatus,
     SavepointSummary,
     StopReport,
+    StopSignal,
 )
 from stateful_runtime.exceptions import ConfigError, JobError, JobLockedError, SinkError
 from stateful_runtime.planner import QueryPlan, chain, plan
-from stateful_runtime.runtime import registry, spark_output, warmup
+from stateful_runtime.runtime import registry, spark_output, stop_signals, warmup
 from stateful_runtime.runtime.batch_writes import BatchWriter
 from stateful_runtime.runtime.console import Console
 from stateful_runtime.runtime.dataframes import build
@@ -179,6 +179,7 @@ class JobRunner:
         parallelism: int | None = None,
         allow_non_restored_state: bool = False,
         on_batch: Sequence[Callable[[BatchCommitted], None]] = (),
+        signals: stop_signals.StopSignals | None = None,
     ) -> None:
         self.jobfile = jobfile
         self.job = jobfile.job
@@ -224,6 +225,11 @@ class JobRunner:
         self._stopped = threading.Event()
         self._stop_result: StopReport | None = None
         self._savepoint_lock = threading.Lock()
+        # SIGINT/SIGTERM (:mod:`.stop_signals`): caught by ``srt run`` from its start, or by
+        # run(); the first asks for a stop, a second abandons the batch in flight.
+        self.signals = signals
+        self._hurry = threading.Event()
+        self._registered = False
 
     def _check_available_now(self) -> None:
         timed = [
@@ -246,14 +252,23 @@ class JobRunner:
     # ------------------------------------------------------------------------- lifecycle
 
     def run(self) -> int:
-        """Run to the end; returns the process exit code (0 clean, 1 a query failed)."""
-        self.prepare()
-        previous = {
-            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
-        }
+        """Run to the end; returns the process exit code (0 clean, including a stop by
+        ``srt stop`` or by SIGINT/SIGTERM; 1 a query failed)."""
+        own_signals = self.signals is None  # else ``srt run`` caught them and gives them back
+        signals = self.signals = self.signals or stop_signals.StopSignals()
+        signals.install()
+        signals.listen(self._on_signal)
+        try:
+            if not self._stop.is_set():  # a signal while the job file loaded: nothing starts
+                self.prepare()
+        except BaseException:  # a refusal: nothing to stop
+            if own_signals:
+                signals.restore()
+            raise
         state, code = JobState.FAILED, 1
         try:
-            self.start()
+            if not self._stop.is_set():  # a signal while it prepared: Spark does not start
+                self.start()
             failed = self.monitor()
             if not failed:
                 state = JobState.STOPPED if self._stop.is_set() else JobState.FINISHED
@@ -261,8 +276,14 @@ class JobRunner:
         except SinkError as exc:
             self.console.error(f"error: {exc}")
         finally:
-            self._shutdown(state, previous)
-        if code == 0:
+            self._shutdown(state, signals)
+            if own_signals:
+                signals.restore()
+        if code == 0 and not self.runs:
+            self.console.say(
+                f"stopped by {self._stopped_by(signals) or 'request'} before the job started"
+            )
+        elif code == 0:
             self._print_summaries()
         return code
 
@@ -308,7 +329,15 @@ class JobRunner:
         # stderr and Spark its log: into the job's log files instead of its terminal.
         log = registry.job_file(self.job.name, ".log")
         spark_output.divert(registry.job_file(self.job.name, ".workers.log"), log)
-        spark = self.spark = build_session(self.job.parallelism, self.master, log_file=log)
+        try:
+            spark = self.spark = build_session(self.job.parallelism, self.master, log_file=log)
+        except KeyboardInterrupt:  # PySpark's handler, for the moment its context starts
+            if self.signals is not None:
+                self.signals.note(StopSignal.SIGINT)
+            self.stop()
+            return
+        if self._stop.is_set():  # a stop signal while Spark started: start no queries
+            return
         warmup.start(
             spark,
             self.job.parallelism,
@@ -329,7 +358,11 @@ class JobRunner:
         self._publish_dead_letters()  # left staged by a run that crashed after a commit
         self._sync_mirror()  # batches a crashed run committed but did not mirror
         for q in self.plan.queries:
+            if self._stop.is_set():  # a stop signal while Spark started: start no more
+                return
             self.runs.append(self._start_query(spark, q))
+        if self._stop.is_set():
+            return
         registry.update(self.job.name, state=JobState.RUNNING)
         self.state = JobState.RUNNING
         self.console.running(len(self.runs), self.master, self.checkpoint_dir)
@@ -342,7 +375,8 @@ class JobRunner:
             if self._failed():
                 return True
             if self._stop.is_set():
-                self.console.say("stopping")
+                why = self.signals.first if self.signals else None
+                self.console.say(f"stopping ({why})" if why else "stopping")
                 self._drain()
                 for run in self.runs:
                     run.query.stop()
@@ -526,6 +560,7 @@ class JobRunner:
             },
         )
         registry.write(self.job.name, entry.to_json())
+        self._registered = True
 
     # ------------------------------------------------------------------------- start
 
@@ -622,12 +657,30 @@ class JobRunner:
         return False
 
     def _drain(self) -> None:
-        """Let a micro-batch in flight commit before stopping (bounded by DRAIN_TIMEOUT_S)."""
+        """Let the micro-batch in flight commit before stopping (bounded by DRAIN_TIMEOUT_S),
+        but not the ones after it: with a backlog the trigger is never idle, and a stop that
+        waited for that waited until the backlog was read (or DRAIN_TIMEOUT_S)."""
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
-        while time.monotonic() < deadline and any(
-            r.query.isActive and r.query.status.get("isTriggerActive") for r in self.runs
-        ):
+        before = {r.plan.name: self._last_committed(r) for r in self.runs}
+
+        def in_flight(r: _Running) -> bool:
+            return (
+                r.query.isActive
+                and bool(r.query.status.get("isTriggerActive"))
+                and self._last_committed(r) == before[r.plan.name]
+            )
+
+        while time.monotonic() < deadline and any(in_flight(r) for r in self.runs):
+            if self._hurry.is_set():
+                self.console.say(
+                    "second stop signal: the batch in flight is abandoned (it is replayed "
+                    "when the job runs again)"
+                )
+                return
             time.sleep(0.05)
+
+    def _last_committed(self, run: _Running) -> int | None:
+        return self.layout.query(run.plan.name).last_committed()
 
     def _publish_dead_letters(self) -> None:
         """Publish the staged dead letters of every committed batch (idempotent): at start (a
@@ -650,45 +703,71 @@ class JobRunner:
             run.health = replace(run.health, mirror=mirrored)
         return done
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
+    def _on_signal(self, sig: StopSignal) -> None:
+        """SIGINT/SIGTERM (on the main thread, between two of its steps): the first asks for
+        a stop, a later one not to wait for the batch in flight. Flags only (see
+        :mod:`.stop_signals`)."""
+        if self._stop.is_set():
+            self._hurry.set()
         self.stop()
 
     # ------------------------------------------------------------------------- stop
 
-    def _shutdown(self, state: JobState, signal_handlers: Mapping[signal.Signals, Any]) -> None:
+    def _shutdown(self, state: JobState, signals: stop_signals.StopSignals) -> None:
         """Stop the queries, publish and mirror what they committed, close the sinks, record the
-        end state (and the stop-with-savepoint asked for), answer a waiting ``POST /stop``."""
+        end state (and the stop-with-savepoint asked for, and what asked for the stop), answer a
+        waiting ``POST /stop``. The signals go back to their handlers only once this is done: a
+        second one during it must not end the process half-way."""
         for run in self.runs:
             if run.query.isActive:
                 run.query.stop()
         if self.spark is not None and self._listener is not None:  # the session may run more
             self.spark.streams.removeListener(self._listener)
-        self._publish_dead_letters()
-        self._sync_mirror()
-        for q in self.plan.queries:
-            for out in q.outputs:
+        if self.runs:  # (a stop before the queries started: nothing new was committed)
+            self._publish_dead_letters()
+            self._sync_mirror()
+        for run in self.runs:  # the sinks of queries that started (a stop may come first)
+            for out in run.plan.outputs:
                 out.sink.close()
         self.state = state
         result = StopReport(self.job.name, os.getpid(), state)
         try:
             result = self._finish_control(state)
-            taken = (
+            taken: dict[str, Any] = (
                 {"last_savepoint": result.savepoint.ref().to_json()}
                 if result.savepoint is not None
                 else {}
             )
-            registry.update(
-                self.job.name, state=state, ended_at=now_iso(), health=self._health(), **taken
-            )
+            if state is JobState.STOPPED:
+                taken["stopped_by"] = self._stopped_by(signals)
+            if self._owns_entry():
+                registry.update(
+                    self.job.name, state=state, ended_at=now_iso(), health=self._health(), **taken
+                )
         finally:
-            for sig, handler in signal_handlers.items():
-                signal.signal(sig, handler)
             # A POST /stop waiting for this answer gets it before the endpoint closes.
             self._stop_result = result
             self._stopped.set()
             if self.endpoint is not None:
                 self.endpoint.close()
             self.release_checkpoint()
+
+    def _stopped_by(self, signals: stop_signals.StopSignals) -> StopSignal | None:
+        """What asked for the stop: a signal, ``srt stop`` through the endpoint, or neither
+        (a listener of the job's own)."""
+        with self._stop_lock:
+            if self._stop_request is not None:
+                return StopSignal.ENDPOINT
+        return signals.first
+
+    def _owns_entry(self) -> bool:
+        """Whether this process may write the job's end state: it registered, or the entry is
+        a launcher's for this process (a stop before registering must not leave it STARTING,
+        which a supervisor would take for a failed launch); never another process's entry."""
+        if self._registered:
+            return True
+        entry = registry.read(self.job.name)
+        return entry is not None and entry.get("pid") == os.getpid()
 
     def _finish_control(self, state: JobState) -> StopReport:
         """At the end of the run: the stop-with-savepoint if one was asked for; what a

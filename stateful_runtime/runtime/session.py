@@ -5,11 +5,13 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from stateful_runtime._process import process_dir
 from stateful_runtime.exceptions import ConfigError
@@ -292,6 +294,56 @@ def _environment(name: str, value: str | None) -> Iterator[None]:
             os.environ[name] = before
 
 
+# -- the JVM and the job's stop signals ------------------------------------------------------
+# A job process's JVM is in its process group: Ctrl-C, and the SIGTERM that `timeout`, systemd,
+# Kubernetes and `srt stop` send to the group, reach it as they reach the driver. HotSpot's
+# answer to SIGTERM is its shutdown hooks, and Spark's stops the SparkContext under the running
+# queries: the driver then failed with "Cannot call methods on a stopped SparkContext" (or a
+# StackOverflowError) instead of stopping them. PySpark starts the JVM ignoring SIGINT; it is
+# started ignoring SIGTERM too (an ignored signal stays ignored across exec, through
+# spark-submit's shell, and HotSpot leaves an ignored shutdown signal ignored), and the driver
+# ends it once the queries have stopped (:func:`_end_jvm`). SIGKILL still reaches it, and it
+# exits when the driver is gone (its stdin closes). PySpark's Python daemon and workers run in a
+# process group of their own already (pyspark.daemon).
+JVM_IGNORES = (signal.SIGINT, signal.SIGTERM)
+
+
+class _IgnoringStopSignals(dict):  # type: ignore[type-arg]
+    """``popen_kwargs`` for PySpark's ``launch_gateway``, which sets its own ``preexec_fn``
+    (SIGINT ignored) in them: the function it sets ignores :data:`JVM_IGNORES` as well."""
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key == "preexec_fn":
+            value = _ignore_stop_signals(value)
+        super().__setitem__(key, value)
+
+
+def _ignore_stop_signals(before: Any) -> Any:
+    def preexec() -> None:  # in the child, between fork and exec
+        if before is not None:
+            before()
+        for sig in JVM_IGNORES:
+            signal.signal(sig, signal.SIG_IGN)
+
+    return preexec
+
+
+def _launch_jvm(conf: dict[str, str]) -> None:
+    """Start the JVM PySpark's session will use, ignoring the job's stop signals, unless this
+    process has one already."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None or os.name != "posix":
+        return
+    spark_conf = SparkConf(loadDefaults=False)
+    for key, value in conf.items():
+        spark_conf.set(key, value)
+    SparkContext._ensure_initialized(
+        gateway=launch_gateway(spark_conf, popen_kwargs=_IgnoringStopSignals())
+    )
+
+
 def default_master() -> str:
     return os.environ.get("SRT_SPARK_MASTER", "local[*]")
 
@@ -320,8 +372,18 @@ def build_session(
     conf.update(extra or {})
     for key, value in conf.items():
         builder = builder.config(key, value)
-    with _environment(LOG_FILE_ENV, None if log_file is None else str(log_file)):
-        spark = builder.getOrCreate()  # a JVM started here reads the log file's name
+    # PySpark's context sets a SIGINT handler of its own for interactive shells (cancel every
+    # Spark job, raise KeyboardInterrupt), over the job process's: the one there before is put
+    # back (a Ctrl-C inside the call itself still meets PySpark's: the caller's to handle).
+    main = threading.current_thread() is threading.main_thread()
+    sigint = signal.getsignal(signal.SIGINT) if main else None
+    try:
+        with _environment(LOG_FILE_ENV, None if log_file is None else str(log_file)):
+            _launch_jvm(conf)
+            spark = builder.getOrCreate()  # a JVM started here reads the log file's name
+    finally:
+        if main and sigint is not None:
+            signal.signal(signal.SIGINT, sigint)
     proc = getattr(spark.sparkContext._gateway, "proc", None)  # type: ignore[union-attr]
     if proc is not None and proc.pid not in _ENDING:
         _ENDING.add(proc.pid)

@@ -54,6 +54,21 @@ def test_conditions(args, kwargs, condition):
     assert _assess(*args, **kwargs) is condition
 
 
+@pytest.mark.parametrize("by", ["SIGINT", "SIGTERM", "endpoint"])
+def test_a_job_stopped_by_a_signal_is_stopped_not_crashed(by):
+    seen = assess(
+        {"state": "STOPPED", "pid": 42, "stopped_by": by},
+        alive=False,
+        queries={},
+        now=NOW,
+        started_age_s=None,
+        policy=POLICY,
+    )
+    assert seen.condition is Condition.STOPPED
+    assert f"by {by}" in seen.reason
+    assert decide(seen.condition, [], now=NOW, policy=POLICY).action is Action.NONE
+
+
 def test_healthy_and_stopped_jobs_are_left_alone():
     for condition in (Condition.HEALTHY, Condition.STARTING, Condition.STOPPED):
         assert decide(condition, [], now=NOW, policy=POLICY).action is Action.NONE

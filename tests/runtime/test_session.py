@@ -1,0 +1,25 @@
+"""The Spark session of a job process: its JVM and the job's stop signals."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+
+def _ignored(pid: int) -> set[int]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(next(ln for ln in status.splitlines() if ln.startswith("SigIgn:")).split()[1], 16)
+    return {sig for sig in range(1, 65) if mask & (1 << (sig - 1))}
+
+
+def test_the_jvm_ignores_the_stop_signals_its_process_group_gets(spark):
+    # Ctrl-C and a SIGTERM to the job's group reach its JVM too; HotSpot would run its shutdown
+    # hooks and stop the SparkContext under the queries the driver is stopping.
+    jvm = spark.sparkContext._gateway.proc.pid
+    assert {signal.SIGINT, signal.SIGTERM} <= _ignored(jvm)
+
+
+def test_the_session_leaves_the_processes_sigint_handler_as_it_was(spark):
+    # PySpark's context sets one (cancel all jobs, raise KeyboardInterrupt) for shells.
+    handler = signal.getsignal(signal.SIGINT)
+    assert "SparkContext" not in getattr(handler, "__qualname__", "")

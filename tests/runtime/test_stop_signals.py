@@ -1,0 +1,38 @@
+"""SIGINT and SIGTERM as a stop request: recorded and told, never raised."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from stateful_runtime.contract import StopSignal
+from stateful_runtime.runtime.stop_signals import StopSignals
+from tests.helpers import poll
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_signal_is_recorded_and_told_not_raised(sig):
+    before = signal.getsignal(sig)
+    heard: list[StopSignal] = []
+    signals = StopSignals().install()
+    try:
+        signals.listen(heard.append)
+        os.kill(os.getpid(), sig)  # without the handler: KeyboardInterrupt, or the end of pytest
+        poll(lambda: heard, 5, "the handler")
+        os.kill(os.getpid(), sig)
+        poll(lambda: len(heard) == 2, 5, "the second signal")
+    finally:
+        signals.restore()
+    assert heard == [StopSignal(sig.name)] * 2
+    assert signals.first is StopSignal(sig.name)
+    assert signal.getsignal(sig) == before
+
+
+def test_a_listener_hears_the_signals_received_before_it_listened():
+    signals = StopSignals()
+    signals.note(StopSignal.SIGTERM)
+    heard: list[StopSignal] = []
+    signals.listen(heard.append)
+    assert heard == [StopSignal.SIGTERM]
