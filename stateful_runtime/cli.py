@@ -176,10 +176,10 @@ def _run_cmd(args: argparse.Namespace) -> int:
 
     # SIGINT/SIGTERM stop the job cleanly from here on, even while its file loads.
     signals = stop_signals.catch()
-    from stateful_runtime.runtime.loader import load_job_file, parse_overrides
-    from stateful_runtime.runtime.runner import JobRunner
-
     try:
+        from stateful_runtime.runtime.loader import load_job_file, parse_overrides
+        from stateful_runtime.runtime.runner import JobRunner
+
         jobfile = load_job_file(args.job_file, parse_overrides(args.set))
         masking.remember_config(jobfile.config)  # DEFAULTS too: masked in whatever is printed
         return JobRunner(
@@ -192,15 +192,20 @@ def _run_cmd(args: argparse.Namespace) -> int:
             allow_non_restored_state=args.allow_non_restored_state,
             signals=signals,
         ).run()
+    except stop_signals.StopRequested as stop:  # before the runner could take it (loading)
+        stop_signals.stopped_early(stop.signal)
+        print(f"srt: stopped by {stop.signal} before the job started", file=sys.stderr)
+        return 0
     finally:
-        from pyspark.sql import SparkSession
+        if "pyspark.sql" in sys.modules:  # (not when a stop came before anything imported it)
+            from pyspark.sql import SparkSession
 
-        from stateful_runtime.runtime import warmup
+            from stateful_runtime.runtime import warmup
 
-        session = SparkSession.getActiveSession()
-        if session is not None:  # end the Spark application cleanly (FINISHED on a cluster)
-            warmup.settle(session)  # no task of it cut off (errors after the summary)
-            session.stop()
+            session = SparkSession.getActiveSession()
+            if session is not None:  # end the Spark application cleanly (FINISHED on a cluster)
+                warmup.settle(session)  # no task of it cut off (errors after the summary)
+                session.stop()
 
 
 def _explain_cmd(args: argparse.Namespace) -> int:

@@ -260,11 +260,17 @@ class JobRunner:
         signals.listen(self._on_signal)
         try:
             if not self._stop.is_set():  # a signal while the job file loaded: nothing starts
-                self.prepare()
+                self.prepare()  # (a stop signal during it unwinds it: StopRequested)
+        except stop_signals.StopRequested:
+            pass  # prepare() undid its lock; the stop below records STOPPED
         except BaseException:  # a refusal: nothing to stop
             if own_signals:
                 signals.restore()
             raise
+        # From here a signal only asks: Spark is let finish starting, the queries stop cleanly.
+        signals.interrupt = False
+        if signals.received:
+            self.stop()
         state, code = JobState.FAILED, 1
         try:
             if not self._stop.is_set():  # a signal while it prepared: Spark does not start

@@ -1,18 +1,21 @@
 """SIGINT and SIGTERM to ``srt run``: a request to stop the job cleanly, whenever they come.
 
 ``srt run`` catches both from its first moment (:func:`catch`, before the job file is loaded)
-until its end. A handler only records the signal and tells whoever listens (the runner, once
-there is one): it never raises, so no ``KeyboardInterrupt`` unwinds the process from wherever
-it happened to be (loading the job file, checking its checkpoint, Spark starting). The runner
-acts on the request at its next step: before Spark starts it does not start it; once the
-queries run it stops them as ``srt stop`` does (the batch in flight commits, sinks close,
-registry STOPPED). A second signal while it stops abandons the batch in flight instead of
-waiting for it (it is replayed on restart). The process exits 0, as a stop through ``srt stop``
-does, and its registry entry records the signal (``stopped_by``).
+until its end. A handler records the signal and tells whoever listens (the runner, once there
+is one). Before Spark starts (loading the job file, checking and recovering the checkpoint,
+which may wait on a source) the first one also unwinds what the process was doing with
+:class:`StopRequested` — as a crash there would, which those steps survive — and the process
+ends STOPPED; from Spark's start on it only asks (``interrupt`` off): the runner lets Spark
+finish starting and starts no query, or stops the running queries as ``srt stop`` does (the
+batch in flight commits, sinks close, registry STOPPED). A second signal while it stops
+abandons the batch in flight instead of waiting for it (it is replayed on restart). The process
+exits 0, as a stop through ``srt stop`` does, and its registry entry records the signal
+(``stopped_by``).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -23,6 +26,14 @@ from stateful_runtime.contract import StopSignal
 CAUGHT = (signal.SIGINT, signal.SIGTERM)
 
 
+class StopRequested(BaseException):  # noqa: N818 - not an error: a stop, as KeyboardInterrupt
+    """Raised by the first stop signal while the process may be unwound (``interrupt``)."""
+
+    def __init__(self, sig: StopSignal) -> None:
+        super().__init__(f"stopped by {sig}")
+        self.signal = sig
+
+
 class StopSignals:
     """The stop signals this process has received, and who is told of each."""
 
@@ -30,6 +41,9 @@ class StopSignals:
         self.received: list[StopSignal] = []
         self._listeners: list[Callable[[StopSignal], None]] = []
         self._previous: dict[int, Any] = {}
+        # The first signal raises StopRequested (before Spark starts); once it raised, or once
+        # this is turned off, signals are only recorded.
+        self.interrupt = True
 
     @property
     def first(self) -> StopSignal | None:
@@ -67,6 +81,27 @@ class StopSignals:
         self.received.append(sig)
         for listener in list(self._listeners):
             listener(sig)
+        if self.interrupt:
+            self.interrupt = False
+            raise StopRequested(sig)
+
+
+def stopped_early(sig: StopSignal) -> None:
+    """A stop that unwound the process before the runner could record it (the job file
+    loading): the entry naming this process, STARTING (a launcher's), is set STOPPED, else a
+    supervisor takes it for a failed launch."""
+    from stateful_runtime.contract import JobState
+    from stateful_runtime.runtime import registry
+    from stateful_runtime.runtime.progress import now_iso
+
+    for entry in registry.entries():
+        if entry.get("pid") == os.getpid() and entry.get("state") == JobState.STARTING:
+            registry.update(
+                entry["job"],
+                state=JobState.STOPPED,
+                stopped_by=sig,
+                ended_at=now_iso(),
+            )
 
 
 def catch() -> StopSignals:

@@ -235,7 +235,9 @@ PySpark's context had replaced them, SIGINT raised `KeyboardInterrupt` — with 
 and a FAILED registry entry that the Dagster sensor took for a crash to restart. A stop that
 did get through waited for an idle trigger, so with a backlog it read all of it first. Now
 (`stateful_runtime/runtime/stop_signals.py`, `runner.py`, `session.py`): `srt run` catches
-both signals from its first step, and a handler only records the signal; the JVM is started
+both signals from its first step; before Spark starts the first unwinds the step in progress
+(loading the job file, a source check that waits: a `srt stop` of a job stuck there reaches
+it), after that a handler only records it; the JVM is started
 ignoring SIGINT and SIGTERM (the driver ends it once the queries stopped; SIGKILL and the
 driver's death still end it) and PySpark's SIGINT handler is taken back; a signal before Spark
 is up starts nothing more, one while the queries run stops them as `srt stop` does (the batch

@@ -8,7 +8,7 @@ import signal
 import pytest
 
 from stateful_runtime.contract import StopSignal
-from stateful_runtime.runtime.stop_signals import StopSignals
+from stateful_runtime.runtime.stop_signals import StopRequested, StopSignals
 from tests.helpers import poll
 
 
@@ -17,6 +17,7 @@ def test_a_stop_signal_is_recorded_and_told_not_raised(sig):
     before = signal.getsignal(sig)
     heard: list[StopSignal] = []
     signals = StopSignals().install()
+    signals.interrupt = False  # (the runner's mode once Spark starts: record, never raise)
     try:
         signals.listen(heard.append)
         os.kill(os.getpid(), sig)  # without the handler: KeyboardInterrupt, or the end of pytest
@@ -36,3 +37,16 @@ def test_a_listener_hears_the_signals_received_before_it_listened():
     heard: list[StopSignal] = []
     signals.listen(heard.append)
     assert heard == [StopSignal.SIGTERM]
+
+
+def test_before_spark_starts_the_first_signal_unwinds_and_a_second_only_records():
+    signals = StopSignals().install()
+    try:
+        with pytest.raises(StopRequested) as stop:
+            os.kill(os.getpid(), signal.SIGTERM)
+            poll(lambda: False, 5, "StopRequested")  # interrupted by the handler
+        assert stop.value.signal is StopSignal.SIGTERM
+        os.kill(os.getpid(), signal.SIGINT)  # during the unwinding: recorded, not raised
+        poll(lambda: len(signals.received) == 2, 5, "the second signal")
+    finally:
+        signals.restore()
