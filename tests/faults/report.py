@@ -224,6 +224,57 @@ Tests: `tests/checkpoints/test_layout.py` (`-k lock`), `tests/runtime/test_runne
 What remains: two hosts sharing a checkpoint directory over a network filesystem get the
 filesystem's `flock` semantics (NFS: emulated with POSIX locks); the lock is as strong as that.
 
+## Savepoint manifests: no field trusted over the files
+
+Found: a savepoint whose manifest `batch` was set back restored with exit 0 and the payments of
+the batches after it gone — the sinks were rewound to the manifest's batch while Spark resumed
+after the checkpoint files' real one. The class: every field of a manifest (savepoints and
+mirror snapshots share it) is either read from the checksummed files at restore, or checked
+against them, or covered by the manifest's own checksum (`manifest_sha256`, sha256 over every
+other field, written by `new_manifest`); a mismatch is a `ManifestMismatchError` naming the
+field, what the manifest says and what the files say (`checkpoints/manifest.py`, `check`):
+
+| field | checked against |
+|---|---|
+| `queries.<q>.batch` | the newest `commits/N` among the savepoint's files (and the restore rewinds the sinks to the restored checkpoint's last commit, never to the manifest's number) |
+| `watermark_ms`, `offsets` | `offsets/N`'s batch metadata and source lines |
+| `pending_batch` | `offsets/N+1` present |
+| `state_partitions` | Spark's `spark.sql.shuffle.partitions` in `offsets/N`, and every operator's partition directories `0..n-1` |
+| `fingerprint` | its shape; its job is the manifest's `job`; its queries are the manifest's; a query whose fingerprint names operators has state files |
+| `files` | each listed file present with its size (`check`), its sha256 (the logs at `check`, every file as a restore copies it); the files a restart at batch N reads (`QueryLayout.batch_files` on the laid-out copy) are exactly the listed ones; a savepoint directory holds no file the list lacks |
+| `format_version`, `kind`, `created_at` | the formats and kinds this runtime writes; `created_at` is `created_at_epoch` |
+| `id`, `job`, `spark_version`, `restored_from`, `checkpoint_dir`, times | the manifest's checksum (the id shown is the directory's name) |
+
+`srt run --from-savepoint` / `--restore-from` refuse before anything is laid out or rewound;
+`srt savepoint check` refuses (exit 2, JSON error with `mismatches`); `srt savepoint describe`
+prints `manifest_mismatches` with the rest and exits 2; `srt savepoint list` and retention leave
+out a manifest whose checksum fails (one bad manifest never hides the others); the mirror
+uploads everything again rather than believe an edited manifest.
+
+Trials (`tests/checkpoints/test_manifest.py`, one real UPI savepoint of 5 batches per module):
+the reported case (batch set back to 0, checksum recomputed) is refused by `srt run
+--from-savepoint` naming `queries.upi-counts.batch: the manifest says 0, the files say 4`, and
+the sink table stays equal to the oracle; without the checksum recomputed the checksum names it
+too. Hypothesis edits one field of the manifest at a time (any field, nested ones included;
+replaced by an arbitrary JSON value, nudged by one, or deleted; checksum left or recomputed):
+every edit is refused with a savepoint error and nothing laid out, or restores byte for byte the
+checkpoint the unedited manifest restores (same batches and partitions). 150 examples per CI
+run; 2,000 once by hand: 0 failures. Finding it made: an entry of a partition's `_metadata`
+dropped from the list, checksum recomputed, restored without that file (Spark finds such files
+by listing, so the restart-needs comparison alone missed it) — now refused by the directory
+listing. Every single-field nudge (a number +1, a string's last character changed) or deletion
+of every field, enumerated once by hand with the checksum recomputed: 164 of 173 refused; the 9
+that restore the same checkpoint are `id`, `spark_version`, `queries.<q>.checkpoint_dir`,
+`fingerprint.queries.<q>.path` (nudged or deleted) and `restored_from` deleted — none is read by
+a restore. With the checksum left as written, every one of them is refused.
+
+Limits: the checksum is not a signature. Whoever rewrites a manifest on purpose and recomputes
+it is still caught wherever the files contradict a field, not for the fields only the checksum
+covers (job name, fingerprint details the compatibility check does not read). A manifest
+written before the checksum has none and is checked against its files only. In a mirror
+location (which holds several batches' files) a file dropped from the list with the checksum
+recomputed is caught only where a restart names it.
+
 ## Signals: SIGINT and SIGTERM
 
 Tried on a running UPI job: Ctrl-C (SIGINT) and SIGTERM to the process group (what `timeout`,
