@@ -114,10 +114,16 @@ def _log_cmd(args: argparse.Namespace) -> int:
         if args.json:
             _json(out.to_json())
         else:
+            producer = (
+                f"producer id {out.producer_id!r}: the same command again appends nothing"
+                if out.producer_id
+                else "no producer id (piped input): give --producer-id to make a retry "
+                "append nothing"
+            )
             print(
                 f"appended {out.appended} records to {args.topic} ({out.lines_read} lines read, "
                 f"{out.skipped} skipped as already there, {out.dead_lettered} to be "
-                f"dead-lettered, {out.refused} refused; producer id {out.producer_id}); "
+                f"dead-lettered, {out.refused} refused; {producer}); "
                 f"end offsets {dict(out.end_offsets)}",
                 file=sys.stderr,
             )
