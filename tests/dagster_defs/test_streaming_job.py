@@ -215,6 +215,8 @@ def test_a_job_that_cannot_start_fails_the_materialization_with_its_log(live: Li
     assert not result.success
     [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     message = failure.step_failure_data.error.message
-    assert "exited before RUNNING" in message
+    # The job records its own FAILED state now (the checkpoint lock work), so `srt wait` says
+    # "ended with state FAILED before RUNNING" rather than "exited before RUNNING".
+    assert "FAILED before RUNNING" in message
     assert "srt log create upi-payments" in message  # the runtime's advice, from the job's log
     assert registry.read(JOB)["state"] == "FAILED"
