@@ -387,7 +387,9 @@ class JobRunner:
                 for run in self.runs:
                     run.query.stop()
                 self._report()
-                return False
+                # A query that failed before or while the stop drained is a failed run, not a
+                # stopped one: the stop must not hide its error (a full disk, say).
+                return self._failed()
             if not any(run.query.isActive for run in self.runs):
                 self._report()
                 return False

@@ -123,7 +123,10 @@ def _launched_trial(upi, srt_env, sig: int) -> None:
     poll(lambda: _catches(pid, signal.SIGTERM), 60, "signal handlers")
     os.killpg(pid, sig)
     poll(lambda: not registry.pid_alive(pid), 180, "the launched job to exit")
+    # The job's log holds every run of the job in this test session (other tests' runs too):
+    # only this launch's part, from the launcher's "launching:" line, is this trial's.
     out = log.read_text()
+    out = out[out.rfind(" launching: ") :]
     what = f"launched, {signal.Signals(sig).name} to the group while loading"
     assert not [w for w in NOISE if w in out], f"{what}:\n{out[-3000:]}"
     _stopped_entry(what, pid, sig)
