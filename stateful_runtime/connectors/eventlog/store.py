@@ -269,23 +269,20 @@ class TopicWriter:
         raw = self._db.get(b"p" + producer_id.encode())
         return struct.unpack(">q", raw)[0] if raw else None
 
+    def _encoded(self, records: Iterable[Record]) -> Iterator[tuple[int, bytes]]:
+        """Each record with its partition (its own, or :func:`partition_for`'s) and its bytes,
+        all stamped with one append time."""
+        now_ms = int(time.time() * 1000)
+        n_parts = self.info.partitions
+        for rec in records:
+            p = rec.partition if rec.partition >= 0 else partition_for(rec.key, rec.value, n_parts)
+            yield p, _encode(rec, now_ms)
+
     def append_sequenced(self, records: Iterable[Record], sequences: Mapping[str, int]) -> int:
         """Append records and set several producers' sequences in the same WriteBatch (``srt
         log serve``: one batch holds the lines of several connections, each its own producer).
         The caller has already dropped what a producer's stored sequence covers."""
-        now_ms = int(time.time() * 1000)
-        n_parts = self.info.partitions
-
-        def encoded() -> Iterator[tuple[int, bytes]]:
-            for rec in records:
-                p = (
-                    rec.partition
-                    if rec.partition >= 0
-                    else partition_for(rec.key, rec.value, n_parts)
-                )
-                yield p, _encode(rec, now_ms)
-
-        return self._write(encoded(), None, None, sequences)
+        return self._write(self._encoded(records), None, None, sequences)
 
     def append(
         self,
@@ -301,19 +298,7 @@ class TopicWriter:
         sequence at or below the producer's last committed one appends nothing and returns 0
         (how a re-executed micro-batch avoids writing its output twice).
         """
-        now_ms = int(time.time() * 1000)
-        n_parts = self.info.partitions
-
-        def encoded() -> Iterator[tuple[int, bytes]]:
-            for rec in records:
-                p = (
-                    rec.partition
-                    if rec.partition >= 0
-                    else partition_for(rec.key, rec.value, n_parts)
-                )
-                yield p, _encode(rec, now_ms)
-
-        return self._write(encoded(), producer_id, sequence)
+        return self._write(self._encoded(records), producer_id, sequence)
 
     def append_values(
         self,
