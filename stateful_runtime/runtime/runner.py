@@ -471,22 +471,7 @@ class JobRunner:
                     f"{previous.get('checkpoint_dir')}); stop it with `srt stop "
                     f"{self.job.name}` or use `srt status`"
                 )
-            entry = JobStatus(
-                job=self.job.name,
-                state=JobState.STARTING,
-                pid=os.getpid(),
-                pid_start=registry.process_start(os.getpid()),
-                run_id=run_id,
-                job_file=str(self.jobfile.path),
-                config=dict(self.jobfile.config),
-                started_at=since,
-                checkpoint_dir=str(self.checkpoint_dir),
-                master=self.master,
-                available_now=self.available_now,
-                parallelism=self.job.parallelism,
-                savepoint_dir=savepoint_root(self.job),
-                mirror=self.job.checkpoint.mirror,
-            ).to_json()
+            entry = self._starting(run_id, since).to_json()
             # What the last run left (its queries' checkpoints, last savepoint, the launcher's
             # log) stays visible until this run registers its own.
             for key in ("queries", "last_savepoint", "restored_from", "log_path"):
@@ -496,6 +481,26 @@ class JobRunner:
         except BaseException:
             self.release_checkpoint(tidy=True)
             raise
+
+    def _starting(self, run_id: str, started_at: str, **more: Any) -> JobStatus:
+        """This process's STARTING registry entry (``more``: what registration adds)."""
+        return JobStatus(
+            job=self.job.name,
+            state=JobState.STARTING,
+            pid=os.getpid(),
+            pid_start=registry.process_start(os.getpid()),
+            run_id=run_id,
+            job_file=str(self.jobfile.path),
+            config=dict(self.jobfile.config),
+            started_at=started_at,
+            checkpoint_dir=str(self.checkpoint_dir),
+            master=self.master,
+            available_now=self.available_now,
+            parallelism=self.job.parallelism,
+            savepoint_dir=savepoint_root(self.job),
+            mirror=self.job.checkpoint.mirror,
+            **more,
+        )
 
     def release_checkpoint(self, *, tidy: bool = False) -> None:
         """Drop the job's lock on its checkpoint (the run is over); with ``tidy`` (a start that
@@ -542,22 +547,10 @@ class JobRunner:
         # what is left of it can be told from an unrelated process that reused a pid.
         run_id = os.environ.setdefault(registry.RUN_ID_ENV, uuid.uuid4().hex)
         self.endpoint = ControlEndpoint(RunnerHandlers(self))
-        entry = JobStatus(
-            job=self.job.name,
-            state=JobState.STARTING,
-            pid=os.getpid(),
-            pid_start=registry.process_start(os.getpid()),
-            run_id=run_id,
-            job_file=str(self.jobfile.path),
-            config=dict(self.jobfile.config),
-            started_at=now_iso(),
+        entry = self._starting(
+            run_id,
+            now_iso(),
             control=self.endpoint.start(),
-            checkpoint_dir=str(self.checkpoint_dir),
-            master=self.master,
-            available_now=self.available_now,
-            parallelism=self.job.parallelism,
-            savepoint_dir=savepoint_root(self.job),
-            mirror=self.job.checkpoint.mirror,
             # Kept across plain restarts (the checkpoint remembers its origin), so retention
             # keeps protecting the savepoint this checkpoint came from.
             restored_from=layout.owner(self.checkpoint_dir).get("restored_from"),
