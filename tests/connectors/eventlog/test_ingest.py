@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -196,12 +195,6 @@ def test_cli_append_counts_rejected_lines_and_fails_only_for_refused(tmp_path, s
     assert len(all_records(log_dir, "upi")) == 54
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _exchange(port: int, payload: bytes) -> list[dict]:
     """Send, close our side (like `nc -N`), read the server's answers to the end."""
     with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
@@ -211,36 +204,6 @@ def _exchange(port: int, payload: bytes) -> list[dict]:
         while chunk := conn.recv(1 << 16):
             data += chunk
     return [json.loads(line) for line in data.splitlines()]
-
-
-@pytest.fixture
-def served(tmp_path, srt_env):
-    log_dir = tmp_path / "log"
-    EventLog(log_dir).create_topic("socket", 2)
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            str(VENV_BIN / "srt"),
-            "log",
-            "serve",
-            "socket",
-            "--port",
-            str(port),
-            "--key-field",
-            "k",
-            "--log-dir",
-            str(log_dir),
-        ],
-        env=srt_env,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert "listening on" in proc.stdout.readline()
-        yield port, log_dir
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
 
 
 def test_serve_answers_an_over_long_line_and_keeps_the_connections_other_lines(served):

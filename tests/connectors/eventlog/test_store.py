@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -23,7 +22,7 @@ from stateful_runtime.exceptions import (
     TopicNotFoundError,
 )
 from stateful_runtime.names import InvalidNameError
-from tests.helpers import srt
+from tests.helpers import poll, srt
 
 
 def test_create_append_read_by_offset_range(tmp_path):
@@ -206,50 +205,15 @@ def test_append_from_stdin_via_cli(tmp_path, srt_env):
     assert [r.key for r in records if r.value == b"not json"] == [None]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_serve_accepts_nc_style_lines_and_stops_cleanly(tmp_path, srt_env):
-    from tests.helpers import VENV_BIN
-
-    log_dir = tmp_path / "log"
-    EventLog(log_dir).create_topic("socket", 2)
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            str(VENV_BIN / "srt"),
-            "log",
-            "serve",
-            "socket",
-            "--port",
-            str(port),
-            "--key-field",
-            "k",
-            "--log-dir",
-            str(log_dir),
-        ],
-        env=srt_env,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert "listening on" in proc.stdout.readline()
-        for batch in range(3):  # three connections, like three `nc` sessions
-            with socket.create_connection(("127.0.0.1", port)) as conn:
-                conn.sendall(
-                    b"".join(b'{"k": "a%d", "i": %d}\n' % (i, batch * 100 + i) for i in range(100))
-                )
-        reader = EventLog(log_dir).reader("socket")
-        deadline = time.monotonic() + 30
-        while sum(reader.end_offsets().values()) < 300:
-            assert time.monotonic() < deadline, reader.end_offsets()
-            time.sleep(0.02)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+def test_serve_accepts_nc_style_lines_and_stops_cleanly(served):
+    port, log_dir = served
+    for batch in range(3):  # three connections, like three `nc` sessions
+        with socket.create_connection(("127.0.0.1", port)) as conn:
+            conn.sendall(
+                b"".join(b'{"k": "a%d", "i": %d}\n' % (i, batch * 100 + i) for i in range(100))
+            )
+    reader = EventLog(log_dir).reader("socket")
+    poll(lambda: sum(reader.end_offsets().values()) >= 300, 30, "300 records in the topic")
     values = sorted(
         json.loads(r.value)["i"]
         for p, e in reader.end_offsets().items()
