@@ -197,6 +197,7 @@ def _run_cmd(args: argparse.Namespace) -> int:
             parallelism=args.parallelism,
             allow_non_restored_state=args.allow_non_restored_state,
             signals=signals,
+            skip=args.skip,
         ).run()
     except stop_signals.StopRequested as stop:  # before the runner could take it (loading)
         stop_signals.stopped_early(stop.signal)
@@ -712,6 +713,14 @@ def _parser() -> argparse.ArgumentParser:
                 "--allow-non-restored-state",
                 action="store_true",
                 help="start even if the savepoint holds state the job no longer has",
+            )
+            c.add_argument(
+                "--skip",
+                action="append",
+                default=[],
+                metavar="SOURCE:PARTITION:OFFSET",
+                help="pass this source record to the dead-letter topic (recorded in the "
+                "checkpoint; the record a stopped job names)",
             )
         else:
             c.add_argument("--no-spark", action="store_true", help="skip Spark's own plan")

@@ -104,21 +104,42 @@ class PlanError(StatefulRuntimeError):
 
 
 class UserFunctionError(StatefulRuntimeError):
-    """A user function (``map``, ``flat_map``) raised or returned something its declared
-    output cannot hold. The micro-batch fails and is replayed from its checkpoint when the job
-    restarts, so nothing is lost: fix the function (or filter such records before it).
+    """A user function raised or returned something its declared output cannot hold, and
+    the record could not be dead-lettered: the job's ``errors.policy`` is ``fail``, the step
+    rejected too many records (``errors.max_consecutive``, ``errors.max_fraction``), or no
+    single record is to blame. The micro-batch fails and is replayed from its checkpoint when
+    the job restarts, so nothing is lost: fix the function, or pass the record with
+    ``srt run <job file> --skip <source>:<partition>:<offset>`` (it goes to the dead-letter
+    topic, reason "skipped by operator").
 
     Attributes:
         operator: the step's name.
         record: the input record (its repr, cut to 300 characters).
+        origin: ``<source>:<partition>:<offset>`` of the record, when known (else "").
     """
 
-    def __init__(self, operator: str, record: object, problem: str) -> None:
-        self.operator, self.record = operator, repr(record)[:300]
+    def __init__(
+        self,
+        operator: str,
+        record: object,
+        problem: str,
+        *,
+        origin: str = "",
+        advice: str = "",
+        skippable: bool = True,
+    ) -> None:
+        self.operator, self.record, self.origin = operator, repr(record)[:300], origin
+        where = f" (source record {origin})" if origin else ""
+        skip = (
+            f", or pass this record: srt run <job file> --skip {origin} (it goes to the "
+            f"dead-letter topic)"
+            if origin and skippable
+            else ""
+        )
         super().__init__(
-            f"{operator}: {problem}, on the record {self.record}. The micro-batch failed and "
-            f"is replayed when the job restarts; fix the function or filter such records "
-            f"before it"
+            f"{operator}: {problem}, on the record {self.record}{where}. "
+            f"{advice + ' ' if advice else ''}The micro-batch failed and is replayed when the "
+            f"job restarts; fix the function or filter such records before it{skip}"
         )
 
 

@@ -103,6 +103,77 @@ class CheckpointConfig:
                 )
 
 
+DEAD_LETTER, FAIL = "dead_letter", "fail"
+
+
+@dataclass(frozen=True)
+class ErrorPolicy:
+    """What a step does with a record its user function cannot process (it raised, or
+    returned what the step's output cannot hold): Kafka Connect's ``errors.tolerance``.
+
+    With ``dead_letter`` (the default) the record goes to the source's dead-letter topic with
+    the step and the reason, and the rest of its batch commits. With ``fail`` the batch fails
+    and the job stops, naming the record's source, partition and offset and the
+    ``srt checkpoint skip`` command that passes it. A step that rejects ``max_consecutive``
+    records in a row, or more than ``max_fraction`` of a task's records in a batch (once it
+    rejected ``min_rejects``), stops the job as ``fail`` does: a function that fails for every
+    record is a bug to fix, not a stream of dead letters.
+
+    Job-file keys: ``errors.policy``, ``errors.max_consecutive``, ``errors.max_fraction``.
+    """
+
+    policy: str = DEAD_LETTER
+    max_consecutive: int = 100
+    max_fraction: float = 0.1
+    min_rejects: int = 10
+
+    def __post_init__(self) -> None:
+        if self.policy not in (DEAD_LETTER, FAIL):
+            raise ConfigError(
+                f"errors.policy={self.policy!r}: give {DEAD_LETTER!r} (a record a step cannot "
+                f"process goes to the dead-letter topic) or {FAIL!r} (the job stops)"
+            )
+        if isinstance(self.max_consecutive, bool) or not isinstance(self.max_consecutive, int):
+            raise ConfigError(
+                f"errors.max_consecutive={self.max_consecutive!r}: give a whole number, e.g. 100"
+            )
+        if self.max_consecutive < 1:
+            raise ConfigError(
+                f"errors.max_consecutive={self.max_consecutive}: give 1 or more (records in a "
+                f"row a step may reject before the job stops)"
+            )
+        fraction = self.max_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+            raise ConfigError(f"errors.max_fraction={fraction!r}: give a number from 0 to 1")
+        if not (math.isfinite(fraction) and 0 <= fraction <= 1):
+            raise ConfigError(
+                f"errors.max_fraction={fraction!r}: give a number from 0 to 1 (the share of a "
+                f"task's records in a batch a step may reject; 1: no bound)"
+            )
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], base: ErrorPolicy | None = None) -> ErrorPolicy:
+        """The policy from the ``errors.*`` keys set in ``config`` (others from ``base``)."""
+        base = base or cls()
+        policy = str(config.get("errors.policy") or base.policy).strip()
+        consecutive = _number("errors.max_consecutive", config, base.max_consecutive, int)
+        fraction = _number("errors.max_fraction", config, base.max_fraction, float)
+        return cls(policy, consecutive, fraction, base.min_rejects)
+
+
+def _number(key: str, config: Mapping[str, Any], default: Any, kind: type) -> Any:
+    raw = config.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = kind(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}={raw!r}: give a number, e.g. {key}={default}") from None
+    if kind is int and isinstance(raw, float) and raw != value:
+        raise ConfigError(f"{key}={raw!r}: give a whole number, e.g. {key}={default}")
+    return value
+
+
 @dataclass
 class StreamJob:
     """Flink's execution environment + job: build the graph, then ``srt run`` the file.
@@ -112,11 +183,14 @@ class StreamJob:
         checkpoint: checkpoint directory and interval.
         parallelism: number of state partitions (Spark shuffle partitions). Fixed by the first
             run of a checkpoint; change it through a savepoint.
+        errors: what a step does with a record its user function cannot process
+            (:class:`ErrorPolicy`; job-file keys ``errors.*``).
     """
 
     name: str
     checkpoint: CheckpointConfig
     parallelism: int = 4
+    errors: ErrorPolicy = field(default_factory=ErrorPolicy)
     sinks: list[SinkNode] = field(default_factory=list)
     sources: list[SourceNode] = field(default_factory=list)
 
@@ -141,6 +215,7 @@ class StreamJob:
                 savepoint_roots=tuple(r.strip() for r in roots.split(",") if r.strip()),
             ),
             parallelism=config.get("parallelism", 4),
+            errors=ErrorPolicy.from_config(config),
         )
 
     def from_source(self, source: Source, watermark: WatermarkStrategy, name: str) -> DataStream:
@@ -166,4 +241,7 @@ RUNTIME_KEYS: Mapping[str, Any] = {
     "checkpoint.mirror": "",
     "savepoint.dir": "",
     "savepoint.roots": "",
+    "errors.policy": "",
+    "errors.max_consecutive": "",
+    "errors.max_fraction": "",
 }

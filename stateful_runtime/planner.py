@@ -44,9 +44,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stateful_runtime.checkpoints.layout import CheckpointLayout
-from stateful_runtime.connectors.dead_letters import DeadLetters
+from stateful_runtime.connectors.dead_letters import DeadLetters, StepDeadLetters
 from stateful_runtime.exceptions import PlanError
 from stateful_runtime.functions import OutputTag
+from stateful_runtime.job import ErrorPolicy
 from stateful_runtime.operators.keyed import describe_states
 from stateful_runtime.operators.window import WindowOperator
 from stateful_runtime.streams import (
@@ -169,6 +170,9 @@ class QueryPlan:
             of an open native window, else ``append``).
         dead_letters: the source's dead letters when this query owns them (the first query
             reading the source), else None.
+        step_dead_letters: where the query's steps stage the records they reject, published
+            to the source's dead-letter topic (every query has its own).
+        errors: what a step does with a record it cannot process (the job's).
         parallelism: the job's state partitions (and a partitioned sink's default).
     """
 
@@ -181,6 +185,8 @@ class QueryPlan:
     output_mode: str
     dead_letters: DeadLetters | None
     parallelism: int
+    step_dead_letters: StepDeadLetters | None = None
+    errors: ErrorPolicy = field(default_factory=ErrorPolicy)
 
     @property
     def stateful_operators(self) -> list[str]:
@@ -341,8 +347,22 @@ def _query(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | None) -> Qu
         native = next(n for n in reversed(nodes) if isinstance(n, NativeWindowNode))
         if outputs[0].sink.upsert and not native.session:
             output_mode = "update"
+    layout = CheckpointLayout(Path(job.checkpoint.dir).resolve())
+    steps = StepDeadLetters(
+        str(layout.step_dead_letters(p.name)), p.src.source.dead_letter_sink(job.name)
+    )
     return QueryPlan(
-        p.name, p.src, nodes, outputs, path, reason, output_mode, dead_letters, job.parallelism
+        p.name,
+        p.src,
+        nodes,
+        outputs,
+        path,
+        reason,
+        output_mode,
+        dead_letters,
+        job.parallelism,
+        steps,
+        job.errors,
     )
 
 

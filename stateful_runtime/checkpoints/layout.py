@@ -8,6 +8,8 @@ Layout (:class:`CheckpointLayout` and :class:`QueryLayout`: no other module spel
     <checkpoint.dir>/_quarantine/<time>/<query>/   damaged and superseded files moved aside
     <checkpoint.dir>/_dead_letters/<source>        rejected records staged until they commit
     <checkpoint.dir>/_dead_letters/<source>.event-time   the source's event-time alignment
+    <checkpoint.dir>/_dead_letters/<query>.steps   records a step rejected, until they commit
+    <checkpoint.dir>/_dead_letters/skips.json      records `srt run --skip` passes
     <checkpoint.dir>/<query>/           Spark's checkpoint of one query:
         offsets/<batch>                 source offsets + watermark of each planned batch
         commits/<batch>                 written after the batch's sink write and state commit
@@ -53,6 +55,7 @@ _LOCK = "_lock"
 _PENDING_REWIND = "_rewind.json"
 _QUARANTINE = "_quarantine"
 _DEAD_LETTERS = "_dead_letters"
+_STEPS = ".steps"
 _EVENT_TIME = ".event-time"
 # Spark's checkpoint of one query.
 _OFFSETS, _COMMITS, _STATE = "offsets", "commits", "state"
@@ -164,6 +167,16 @@ class CheckpointLayout:
     def dead_letters(self, source: str) -> Path:
         """Where the rejected records of ``source`` are staged until their batch commits."""
         return self.root / _DEAD_LETTERS / source
+
+    @property
+    def skips(self) -> Path:
+        """The source records ``srt run --skip`` passes to the dead-letter topic."""
+        return self.root / _DEAD_LETTERS / "skips.json"
+
+    def step_dead_letters(self, query: str) -> Path:
+        """Where the steps of ``query`` stage the records they reject until their batch
+        commits."""
+        return self.root / _DEAD_LETTERS / f"{query}{_STEPS}"
 
 
 def _spark_query(path: Path) -> bool:

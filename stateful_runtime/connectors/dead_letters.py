@@ -20,6 +20,23 @@ source marks it (``_error``, ``_raw``), and then it is
    second time, and neither do splits of a batch planned again with other boundaries (after a
    checkpoint fell back, or a restore from an older savepoint): each rejected record reaches
    the topic once, whatever the splits that carried it.
+
+A record a **step** of the job cannot process (a user function that raised, a value its step
+cannot hold) takes the same way, from the task that ran the step (:class:`StepRejects`):
+
+1. **staged** by that task in ``<staging>/<batch>-<step>-<task partition>.arrow``, the record
+   as JSON in ``_raw``, the reason in ``_error`` (the step's name first), and where it came
+   from (the source partition and offset the runtime carries to every step, null where no
+   single record is to blame, as for a timer) — a retried or replayed task writes the same
+   file. The batch id is Spark's (the ``streaming.sql.batchId`` property of every task of a
+   micro-batch);
+2. **published** by the job process (:meth:`StepDeadLetters.publish`, beside the source's)
+   once the batch is committed, to the source's dead-letter topic, with a mark per step and
+   source partition kept in the same write (as the source's: the end offset of the last
+   batch published). Only rows inside the committed batch's offset range and at or after
+   the mark go out, so neither a crash between publishing and removing the files, nor a file
+   left by an attempt of a batch later planned with other boundaries, duplicates a record;
+   rows without an origin are marked by batch id instead.
 """
 
 from __future__ import annotations
@@ -42,6 +59,18 @@ if TYPE_CHECKING:
 
 SUFFIX = ".arrow"
 COLUMNS = [RAW, ERROR, PARTITION, OFFSET]
+STEP = "_step"  # the step that rejected a record (a column of step dead letters only)
+STEP_SCHEMA = pa.schema(
+    [
+        pa.field(RAW, pa.binary()),
+        pa.field(ERROR, pa.string()),
+        pa.field(PARTITION, pa.int32()),
+        pa.field(OFFSET, pa.int64()),
+        pa.field(STEP, pa.string()),
+    ]
+)
+# The mark of a step's rows that carry no source origin (a timer's): by batch id.
+NO_ORIGIN = "-"
 
 
 def stage(directory: str, partition: int | str, start: int, end: int, decoded: pa.Table) -> int:
@@ -111,3 +140,190 @@ class DeadLetters:
         if committed and committed["sources"] and isinstance(committed["sources"][0], dict):
             return publish(self.staging, committed["sources"][0], self.sink)
         return 0
+
+
+# ----------------------------------------------------------------------------- steps
+
+BATCH_ID_PROPERTY = "streaming.sql.batchId"  # Spark sets it on every task of a micro-batch
+
+
+def running_batch() -> tuple[int, int]:
+    """(micro-batch id, partition) of the Spark task calling this; (-1, 0) outside a task."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:
+        return -1, 0
+    batch = ctx.getLocalProperty(BATCH_ID_PROPERTY)
+    return (int(batch) if batch is not None else -1), ctx.partitionId()
+
+
+def as_json(record: object) -> bytes:
+    """A record as the JSON a dead letter keeps in ``_raw`` (non-JSON values as text)."""
+    import json
+
+    return json.dumps(record, default=str, ensure_ascii=False, sort_keys=True).encode()
+
+
+class StepRejects:
+    """One task's rejected records of one step, staged at the end of the task.
+
+    A step calls :meth:`add` for a record it cannot process and :meth:`stage` once its task's
+    output is complete (before the task reports success: a failed task's rejects are
+    written again by its retry, to the same file). Picklable while empty (built on the driver
+    and shipped with the step)."""
+
+    def __init__(self, directory: str | None, step: str) -> None:
+        self.directory, self.step = directory, step
+        self.rows: list[tuple[bytes, str, int | None, int | None]] = []
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"directory": self.directory, "step": self.step, "rows": []}
+
+    def add(self, record: object, reason: str, partition: int | None, offset: int | None) -> None:
+        """Reject ``record`` (a dict, kept as JSON; or raw bytes) for ``reason``; ``partition``
+        and ``offset``: where in the source it came from (None: not one record's)."""
+        raw = record if isinstance(record, bytes) else as_json(record)
+        self.rows.append((raw, f"{self.step}: {reason}", partition, offset))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def stage(self, batch: int | None = None, partition: int | None = None) -> int:
+        """Write the rows rejected so far to ``<directory>/<batch>-<step>-<partition>.arrow``
+        (default: the running task's batch and partition), atomically; returns how many."""
+        if not self.rows or self.directory is None:
+            return 0
+        if batch is None or partition is None:
+            batch, partition = running_batch()
+        raw, error, part, offset = (list(c) for c in zip(*self.rows, strict=True))
+        table = pa.table([raw, error, part, offset, [self.step] * len(raw)], schema=STEP_SCHEMA)
+        path = Path(self.directory)
+        path.mkdir(parents=True, exist_ok=True)
+        final = path / f"{batch}-{_quote(self.step)}-{partition}{SUFFIX}"
+        tmp = path / f".{final.name}.{os.getpid()}.tmp"
+        with ipc.new_file(str(tmp), table.schema) as writer:
+            writer.write_table(table)
+        os.replace(tmp, final)
+        return table.num_rows
+
+
+def _quote(step: str) -> str:
+    """A step's name as part of a file name (no separator, no path)."""
+    from urllib.parse import quote
+
+    return quote(step, safe="").replace("-", "%2D")
+
+
+def staged_steps(directory: str) -> list[tuple[int, Path]]:
+    """Staged step files as (batch, path), in batch order."""
+    path = Path(directory)
+    if not path.is_dir():
+        return []
+    out = []
+    for f in path.glob(f"*{SUFFIX}"):
+        batch = f.name.split("-", 1)[0]
+        if batch.lstrip("-").isdigit():
+            out.append((int(batch), f))
+    return sorted(out, key=lambda s: (s[0], s[1].name))
+
+
+def _source_key(partition: int, offsets: Mapping[str, int]) -> str | None:
+    """The source's offset key of partition ``partition`` (``"0"``; Kafka ``"topic:0"``):
+    None when no key, or more than one (topics of a pattern), names it."""
+    if str(partition) in offsets:
+        return str(partition)
+    keys = [k for k in offsets if k.rsplit(":", 1)[-1] == str(partition)]
+    return keys[0] if len(keys) == 1 else None
+
+
+def _batch_offsets(query: QueryLayout, batch: int) -> dict[str, int] | None:
+    try:
+        facts = query.committed_offsets(batch)
+    except (OSError, ValueError, IndexError):
+        return None  # older than Spark keeps
+    if facts and facts["sources"] and isinstance(facts["sources"][0], dict):
+        return {str(k): int(v) for k, v in facts["sources"][0].items()}
+    return None
+
+
+def publish_steps(directory: str, query: QueryLayout, sink: DeadLetterSink) -> int:
+    """Move the staged step rejects of ``query``'s committed batches into the dead-letter
+    topic, each record once (see the module's docstring); returns how many went out."""
+    last = query.last_committed()
+    due = [(b, f) for b, f in staged_steps(directory) if last is not None and b <= last]
+    if not due:
+        return 0
+    done = 0
+    with sink.writer() as writer:
+        batches = sorted({b for b, _ in due})
+        for batch in batches:
+            files = [f for b, f in due if b == batch]
+            table = pa.concat_tables(_read(f) for f in files)
+            end = _batch_offsets(query, batch) or {}
+            start = (_batch_offsets(query, batch - 1) or {}) if batch > 0 else {}
+            done += _publish_batch(writer, sink, table, batch, start, end)
+    for _, f in due:
+        f.unlink()
+    return done
+
+
+def _read(path: Path) -> pa.Table:
+    with ipc.open_file(str(path)) as reader:
+        return reader.read_all()
+
+
+def _publish_batch(
+    writer: object,
+    sink: DeadLetterSink,
+    table: pa.Table,
+    batch: int,
+    start: Mapping[str, int],
+    end: Mapping[str, int],
+) -> int:
+    """One committed batch's step rejects: per (step, source partition) those inside the
+    batch's range and at or after the mark; the rest by batch id."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    seen: set[tuple] = set()
+    for row in table.to_pylist():
+        ident = (row[STEP], row[PARTITION], row[OFFSET], row[RAW])
+        if ident in seen:  # the same record from two attempts' files
+            continue
+        seen.add(ident)
+        key = None
+        if row[PARTITION] is not None and row[OFFSET] is not None:
+            key = _source_key(row[PARTITION], end)
+        if key is not None and not start.get(key, 0) <= row[OFFSET] < end[key]:
+            continue  # an attempt of another plan of this batch: its own batch rejects it
+        groups.setdefault((row[STEP], key or NO_ORIGIN), []).append(row)
+    done = 0
+    for (step, key), rows in sorted(groups.items()):
+        mark_key = f"{key}@{step}"
+        mark = sink.published(writer, mark_key)
+        if key == NO_ORIGIN:
+            upto, rows = batch + 1, rows if batch + 1 > mark else []
+        else:
+            upto = end[key]
+            rows = sorted((r for r in rows if r[OFFSET] >= mark), key=lambda r: r[OFFSET])
+        if rows and upto > mark:
+            done += sink.write_split(
+                writer, pa.Table.from_pylist(rows, schema=STEP_SCHEMA), mark_key, upto
+            )
+    return done
+
+
+@dataclass(frozen=True)
+class StepDeadLetters:
+    """Where one query's steps stage the records they reject, and the sink (the dead-letter
+    topic of the query's source) they are published to."""
+
+    staging: str
+    sink: DeadLetterSink
+
+    def rejects(self, step: str) -> StepRejects:
+        """An empty collector for step ``step``'s rejects (shipped to the tasks with it)."""
+        return StepRejects(self.staging, step)
+
+    def publish(self, query: QueryLayout) -> int:
+        """Publish the staged rejects of ``query``'s committed batches; how many went out."""
+        return publish_steps(self.staging, query, sink=self.sink)

@@ -10,11 +10,22 @@ internal map state ``_srt_timers`` (user timer, TTL cleanup or both), so that a 
 cleanup timer at the same instant fire once and each does its part. A function with one kind
 only needs no record: every timer is of that kind, and the map is never read or written (on
 Spark each state access is a round trip to the JVM, per key).
+
+Each call of a user function (``process_element``, ``on_timer``; the window operator's
+functions run inside these) is atomic: its state writes, timer changes and outputs are held
+aside (:class:`_Txn`, over the backend's cells: no backend knows of it) and applied when it
+returns. When it raises, none of them happened, and the element (or timer) is isolated by the
+task's :class:`~stateful_runtime.operators.isolation.StepGuard`: dead-lettered with the step and
+the reason, or the job stopped where the job's error policy says so. A value a function reads
+from state is its own copy (a mutable one is copied on read), so changing it in place and then
+raising leaves the state as it was; as with Flink's RocksDB backend, a value changed in place
+must be written back (``update``/``put``) to be kept.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import pickle
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -28,7 +39,9 @@ from stateful_runtime.functions import (
     to_datetime,
     to_ms,
 )
+from stateful_runtime.job import ErrorPolicy
 from stateful_runtime.operators.backend import MapCell, StateBackend, ValueCell
+from stateful_runtime.operators.isolation import StepGuard, describe
 from stateful_runtime.operators.ttl import EventTtlMapCell, EventTtlValueCell
 from stateful_runtime.state import (
     AggregatingState,
@@ -53,10 +66,24 @@ _BOTH = _USER | _TTL
 
 
 class KeyedOperator:
-    """One task's instance of a keyed process function."""
+    """One task's instance of a keyed process function.
 
-    def __init__(self, fn: KeyedProcessFunction) -> None:
+    Args:
+        fn: the function.
+        guard: how the task isolates an element or timer the function raises on (default: a
+            guard that keeps its rejects in memory, under the default error policy).
+    """
+
+    def __init__(self, fn: KeyedProcessFunction, guard: StepGuard | None = None) -> None:
         self.fn = fn
+        self.guard = (
+            guard if guard is not None else StepGuard(type(fn).__name__, "?", ErrorPolicy(), None)
+        )
+        # The source partition and offset of the element being processed (the Spark adapter
+        # sets it as it hands each element over; None in the harness).
+        self.origin: tuple[int | None, int | None] = (None, None)
+        self._txn = _Txn(self)
+        self._position = 0
         self.domain: TimeDomain = fn.time_domain
         self.side_tags = {t.name for t in fn.side_outputs}
         self.backend: StateBackend | None = None
@@ -136,7 +163,7 @@ class KeyedOperator:
         if isinstance(cell, EventTtlValueCell | EventTtlMapCell):
             self.ttl_cells.append(cell)
         self.cells.append((desc.name, cell))
-        return cell
+        return self._txn.wrap(cell)
 
     # ----------------------------------------------------------------------- timers
 
@@ -173,11 +200,11 @@ class KeyedOperator:
 
     def register_user_timer(self, ts: int, domain: TimeDomain) -> None:
         self._check_domain(domain)
-        self._mark(ts, _USER)
+        self._txn.timer(ts, True)
 
     def delete_user_timer(self, ts: int, domain: TimeDomain) -> None:
         self._check_domain(domain)
-        self._unmark(ts, _USER)
+        self._txn.timer(ts, False)
 
     def register_ttl_timer(self, ts: int) -> None:
         self._mark(ts, _TTL)
@@ -227,9 +254,7 @@ class KeyedOperator:
                 cell.expire(ts)
         if flags & _USER:
             self.timer_domain = self.domain
-            out = self.fn.on_timer(to_datetime(ts), self._ctx)
-            if out is not None:
-                self.main.extend(out)
+            self._call(self.fn.on_timer, to_datetime(ts), None, ts)
 
     def _fire_due(self) -> None:
         """Fire the current key's timers that are due before its new elements are processed.
@@ -255,17 +280,56 @@ class KeyedOperator:
         assert backend is not None
         self.current_key = key
         backend.begin_key(key)
-        fn, ctx, main = self.fn, self._ctx, self.main
+        fn = self.fn
         try:
             if self._fire_first:
                 self._fire_due()
             for ts, value in elements:
                 self.current_ms = ts
-                out = fn.process_element(value, ctx)
-                if out is not None:
-                    main.extend(out)
+                self._call(fn.process_element, value, value, None)
         finally:
             backend.end_key()
+
+    def _call(self, method: Any, arg: Any, element: dict[str, Any] | None, ts: int | None) -> None:
+        """One user call, atomic: ``method(arg, ctx)`` (``process_element`` of ``element``, or
+        ``on_timer`` of timer ``ts``); its state writes, timers and outputs apply when it
+        returns, and none of them when it raises (the element or timer is isolated)."""
+        txn = self._txn
+        txn.begin()
+        self._position += 1
+        self.guard.seen += 1
+        try:
+            out = method(arg, self._ctx)
+            produced = [] if out is None else list(out)  # a generator runs here
+        except ConfigError:
+            txn.rollback()
+            raise  # the function's definition is wrong, not this record
+        except Exception as exc:
+            txn.rollback()
+            self._isolate(exc, element, ts)
+            return
+        txn.commit()
+        if produced:
+            self.main.extend(produced)
+
+    def _isolate(self, exc: Exception, element: dict[str, Any] | None, ts: int | None) -> None:
+        key = self.current_key[0] if len(self.current_key) == 1 else self.current_key
+        if element is not None:
+            partition, offset = self.origin
+            what = "process_element"
+            record: object = element
+        else:
+            partition = offset = None
+            what = "on_timer"
+            record = {"key": key, "timer": to_datetime(ts or 0).isoformat()}
+        self.guard.reject(
+            self._position,
+            record,
+            f"{what} raised {describe(exc)} (key {key!r}; the key's state is as before it)",
+            partition,
+            offset,
+            exc,
+        )
 
     def fire(self, key: tuple, ts: int) -> None:
         """A timer of ``key`` at ``ts`` fired (the backend has already removed it)."""
@@ -277,6 +341,185 @@ class KeyedOperator:
             self._fire_current(ts)
         finally:
             backend.end_key()
+
+
+_UNSET = object()
+_CLEARED = object()
+# Values a function cannot change in place: read without a copy (the common, cheap case).
+_IMMUTABLE = frozenset({int, float, str, bytes, bool, type(None), datetime})
+
+
+def _own(value: Any) -> Any:
+    """``value`` as the function's own copy (immutables as they are)."""
+    if type(value) in _IMMUTABLE:
+        return value
+    return pickle.loads(pickle.dumps(value, pickle.HIGHEST_PROTOCOL))
+
+
+class _Txn:
+    """One user call's state writes, timer changes and outputs, held aside until it returns.
+
+    Outside a call (``open``, the runtime's own bookkeeping) the wrapped cells write through.
+    """
+
+    def __init__(self, operator: KeyedOperator) -> None:
+        self.op = operator
+        self.active = False
+        self.touched: list[_TxnValue | _TxnMap] = []
+        self.timers: list[tuple[int, bool]] = []
+        self.side_at = 0
+
+    def wrap(self, cell: Any) -> Any:
+        return (
+            _TxnMap(cell, self)
+            if isinstance(cell, MapCell) or hasattr(cell, "entries")
+            else _TxnValue(cell, self)
+        )
+
+    def begin(self) -> None:
+        self.active = True
+        self.side_at = len(self.op.side)
+
+    def timer(self, ts: int, register: bool) -> None:
+        if self.active:
+            self.timers.append((ts, register))
+        elif register:
+            self.op._mark(ts, _USER)
+        else:
+            self.op._unmark(ts, _USER)
+
+    def commit(self) -> None:
+        self.active = False
+        for cell in self.touched:
+            cell.apply()
+        self.touched.clear()
+        if self.timers:
+            for ts, register in self.timers:
+                if register:
+                    self.op._mark(ts, _USER)
+                else:
+                    self.op._unmark(ts, _USER)
+            self.timers.clear()
+
+    def rollback(self) -> None:
+        self.active = False
+        for cell in self.touched:
+            cell.discard()
+        self.touched.clear()
+        self.timers.clear()
+        del self.op.side[self.side_at :]
+
+
+class _TxnValue(ValueCell):
+    """A value cell as one user call sees it: reads its own writes, writes on commit."""
+
+    __slots__ = ("inner", "txn", "pending")
+
+    def __init__(self, inner: ValueCell, txn: _Txn) -> None:
+        self.inner, self.txn, self.pending = inner, txn, _UNSET
+
+    def get(self) -> Any:
+        pending = self.pending
+        if pending is _UNSET:
+            return _own(self.inner.get()) if self.txn.active else self.inner.get()
+        return None if pending is _CLEARED else pending
+
+    def put(self, value: Any) -> None:
+        if not self.txn.active:
+            self.inner.put(value)
+            return
+        if self.pending is _UNSET:
+            self.txn.touched.append(self)
+        self.pending = value
+
+    def clear(self) -> None:
+        if not self.txn.active:
+            self.inner.clear()
+            return
+        if self.pending is _UNSET:
+            self.txn.touched.append(self)
+        self.pending = _CLEARED
+
+    def apply(self) -> None:
+        pending, self.pending = self.pending, _UNSET
+        if pending is _CLEARED:
+            self.inner.clear()
+        elif pending is not _UNSET:
+            self.inner.put(pending)
+
+    def discard(self) -> None:
+        self.pending = _UNSET
+
+
+class _TxnMap(MapCell):
+    """A map cell as one user call sees it: reads its own writes, writes on commit. A read
+    entry is the function's own copy and is not written back unless the function puts it."""
+
+    def __init__(self, inner: MapCell, txn: _Txn) -> None:
+        self.inner, self.txn = inner, txn
+        self.pending: dict[Any, Any] = {}
+        self.cleared = False
+        self.listed = False
+
+    def _touch(self) -> None:
+        if not self.listed:
+            self.listed = True
+            self.txn.touched.append(self)
+
+    def get_entry(self, key: Any) -> Any:
+        if not self.txn.active:
+            return self.inner.get_entry(key)
+        if key in self.pending:
+            value = self.pending[key]
+            return None if value is _CLEARED else value
+        return None if self.cleared else _own(self.inner.get_entry(key))
+
+    def put_entry(self, key: Any, value: Any) -> None:
+        if not self.txn.active:
+            self.inner.put_entry(key, value)
+            return
+        self._touch()
+        self.pending[key] = value
+
+    def remove_entry(self, key: Any) -> None:
+        if not self.txn.active:
+            self.inner.remove_entry(key)
+            return
+        self._touch()
+        self.pending[key] = _CLEARED
+
+    def entries(self) -> Iterator[tuple[Any, Any]]:
+        if not self.txn.active:
+            return self.inner.entries()
+        merged = {} if self.cleared else dict(self.inner.entries())
+        for key, value in self.pending.items():
+            if value is _CLEARED:
+                merged.pop(key, None)
+            else:
+                merged[key] = value
+        pending = self.pending
+        return iter([(k, v if k in pending else _own(v)) for k, v in merged.items()])
+
+    def clear(self) -> None:
+        if not self.txn.active:
+            self.inner.clear()
+            return
+        self._touch()
+        self.pending.clear()
+        self.cleared = True
+
+    def apply(self) -> None:
+        if self.cleared:
+            self.inner.clear()
+        for key, value in self.pending.items():
+            if value is _CLEARED:
+                self.inner.remove_entry(key)
+            else:
+                self.inner.put_entry(key, value)
+        self.discard()
+
+    def discard(self) -> None:
+        self.pending, self.cleared, self.listed = {}, False, False
 
 
 class _OperatorTimers(TimerService):

@@ -6,7 +6,9 @@ work and no state store.
 Columns the function does not see (the event time, and the late-data bound the native window
 path counts against) are carried from each input row to its outputs, so every output record
 keeps its input's event time, and the watermark (its metadata travels on the event-time
-column's field) holds downstream as without the map.
+column's field) holds downstream as without the map. So is each record's source partition and
+offset, which name a record the function fails on (it is dead-lettered:
+:mod:`stateful_runtime.operators.isolation`).
 """
 
 from __future__ import annotations
@@ -17,11 +19,17 @@ from typing import Any
 import pyarrow as pa
 
 from stateful_runtime._process import freeze_worker_heap
-from stateful_runtime.exceptions import UserFunctionError
+from stateful_runtime.job import ErrorPolicy
+from stateful_runtime.operators.isolation import StepGuard, describe, origins
 
 
 class MapOperator:
-    """The function ``mapInArrow`` calls with a task's batches; pickled to the workers."""
+    """The function ``mapInArrow`` calls with a task's batches; pickled to the workers.
+
+    A record the function raises on, or whose outputs are not records its declared output
+    can hold, is isolated (:class:`~stateful_runtime.operators.isolation.StepGuard`): no
+    output of it goes on, it goes to the dead-letter topic, and the rest of the batch goes on.
+    """
 
     def __init__(
         self,
@@ -31,51 +39,55 @@ class MapOperator:
         fields: list[str],
         output: pa.Schema,
         carried: list[str],
+        guard: StepGuard | None = None,
     ) -> None:
         self.name, self.function, self.flat = name, function, flat
         self.fields, self.output, self.carried = fields, output, carried
+        self.guard = guard if guard is not None else StepGuard(name, "?", ErrorPolicy(), None)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         freeze_worker_heap()
         for batch in batches:
             if batch.num_rows:
                 yield self.apply(batch)
+        self.guard.stage()  # before the task reports success: a retry writes the same file
 
     def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         records = batch.select(self.fields).to_pylist()
-        fn, out = self.function, []
-        kind = "flat_map" if self.flat else "map"
-        rows: list[int] | None = [] if self.flat else None
+        fn, out, flat = self.function, [], self.flat
+        kind = "flat_map" if flat else "map"
+        rows: list[int] | None = [] if flat else None
+        failed: dict[int, tuple[str, BaseException | None]] = {}
+        self.guard.seen += len(records)
         for i, record in enumerate(records):
             try:
                 result = fn(record)
-                if self.flat:
+                if flat:
                     produced = list(result) if result is not None else []
                     out.extend(produced)
                     rows.extend([i] * len(produced))  # type: ignore[union-attr]
                 else:
                     out.append(result)
             except Exception as exc:
-                raise UserFunctionError(
-                    self.name, record, f"the {kind} function raised {exc!r}"
-                ) from exc
-        bad = next((r for r in out if not isinstance(r, Mapping)), _NONE)
-        if bad is not _NONE:
-            at = out.index(bad) if rows is None else rows[out.index(bad)]
-            raise UserFunctionError(
-                self.name,
-                records[at],
-                f"the {kind} function returned "
-                f"{type(bad).__name__} {bad!r:.100}, not a record (a dict)",
-            )
+                failed[i] = (f"the {kind} function raised {describe(exc)}", exc)
+                if not flat:
+                    out.append(_FAILED)  # keeps out[i] the output of records[i]
+        if failed or next((r for r in out if not isinstance(r, Mapping)), _NONE) is not _NONE:
+            self._not_records(out, rows, failed, kind)
+        if failed:
+            out, rows = self._without(out, rows, failed, len(records))
         try:
             mapped = pa.RecordBatch.from_pylist(out, schema=self.output)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
-            raise UserFunctionError(
-                self.name,
-                records[_first_bad(out, self.output, rows)],
-                f"an output record does not fit the declared output ({exc})",
-            ) from exc
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            for j, bad in _unfit(out, self.output):
+                at = j if rows is None else rows[j]
+                failed.setdefault(
+                    at, (f"an output record does not fit the declared output ({bad})", None)
+                )
+            out, rows = self._without(out, rows, failed, len(records))
+            mapped = pa.RecordBatch.from_pylist(out, schema=self.output)
+        if failed:
+            self._reject(batch, records, failed)
         carried = batch.select(self.carried)
         if rows is not None:
             carried = carried.take(pa.array(rows, pa.int64()))
@@ -83,19 +95,65 @@ class MapOperator:
             [*mapped.columns, *carried.columns], schema=_joined(self.output, carried.schema)
         )
 
+    def _not_records(
+        self,
+        out: list[Any],
+        rows: list[int] | None,
+        failed: dict[int, tuple[str, BaseException | None]],
+        kind: str,
+    ) -> None:
+        for j, r in enumerate(out):
+            if r is not _FAILED and not isinstance(r, Mapping):
+                failed.setdefault(
+                    j if rows is None else rows[j],
+                    (
+                        f"the {kind} function returned {type(r).__name__} {r!r:.100}, "
+                        f"not a record (a dict)",
+                        None,
+                    ),
+                )
+
+    @staticmethod
+    def _without(
+        out: list[Any], rows: list[int] | None, failed: dict, n: int
+    ) -> tuple[list[Any], list[int] | None]:
+        """The outputs of the records not in ``failed``, and (now always) the input row of
+        each: a flat_map's record whose outputs fail loses all of them, not some."""
+        src = range(n) if rows is None else rows
+        kept = [(r, i) for r, i in zip(out, src, strict=True) if i not in failed]
+        return [r for r, _ in kept], [i for _, i in kept]
+
+    def _reject(
+        self,
+        batch: pa.RecordBatch,
+        records: list[dict[str, Any]],
+        failed: dict[int, tuple[str, BaseException | None]],
+    ) -> None:
+        parts, offs = origins(batch)
+        for i in sorted(failed):
+            reason, cause = failed[i]
+            self.guard.reject(
+                i,
+                records[i],
+                reason,
+                None if parts is None else parts[i],
+                None if offs is None else offs[i],
+                cause,
+            )
+
 
 _NONE = object()
+_FAILED = object()  # the output of a record whose function raised
 
 
 def _joined(a: pa.Schema, b: pa.Schema) -> pa.Schema:
     return pa.schema([*a, *b])
 
 
-def _first_bad(out: list[Mapping[str, Any]], schema: pa.Schema, rows: list[int] | None) -> int:
-    """The input row of the first output record Arrow refuses (for the error message)."""
-    for i, record in enumerate(out):
+def _unfit(out: list[Mapping[str, Any]], schema: pa.Schema) -> Iterator[tuple[int, str]]:
+    """The output records Arrow refuses, each with Arrow's reason."""
+    for j, record in enumerate(out):
         try:
             pa.RecordBatch.from_pylist([record], schema=schema)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-            return i if rows is None else rows[i]
-    return 0
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+            yield j, str(exc)

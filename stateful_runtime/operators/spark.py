@@ -37,6 +37,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 from stateful_runtime._process import freeze_worker_heap
 from stateful_runtime.functions import KeyedProcessFunction
 from stateful_runtime.operators.backend import MapCell, StateBackend, ValueCell
+from stateful_runtime.operators.isolation import ORIGIN_OFFSET, ORIGIN_PARTITION, StepGuard
 from stateful_runtime.operators.keyed import KeyedOperator
 
 if TYPE_CHECKING:
@@ -193,6 +194,10 @@ class SparkBackend(StateBackend):
         self.deleted.clear()
 
 
+def _whole(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
 def _clean(value: Any) -> Any:
     # pandas turns a null in a numeric column into NaN
     return None if isinstance(value, float) and math.isnan(value) else value
@@ -202,17 +207,22 @@ class SparkKeyedProcessor(StatefulProcessor):
     """The StatefulProcessor Spark runs; one instance per task (Spark deep-copies it)."""
 
     def __init__(
-        self, fn: KeyedProcessFunction, fields: Sequence[str], output_columns: Sequence[str]
+        self,
+        fn: KeyedProcessFunction,
+        fields: Sequence[str],
+        output_columns: Sequence[str],
+        guard: StepGuard | None = None,
     ) -> None:
         self.fn = fn
         self.fields = list(fields)
         self.output_columns = list(output_columns)
+        self.guard = guard
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         freeze_worker_heap()
         self.pending_main: list[dict[str, Any]] = []
         self.pending_side: list[tuple[str, Any]] = []
-        self.op = KeyedOperator(copy.deepcopy(self.fn))
+        self.op = KeyedOperator(copy.deepcopy(self.fn), copy.deepcopy(self.guard))
         self.op.open(SparkBackend(handle))
 
     def _buffer(self) -> Iterator[pd.DataFrame]:
@@ -256,15 +266,21 @@ class SparkKeyedProcessor(StatefulProcessor):
         every cell as a Python value without upcasting across columns: 8 µs for a one-row
         frame where a lookup per column took 127 µs (most keys of a deduplication carry one
         row), 0.6 µs a row in large frames."""
-        fields = self.fields
+        fields, op = self.fields, getattr(self, "op", None)
         for pdf in frames:
             names = list(pdf.columns)
             at = [names.index(f) for f in fields]
             ts = names.index(TS)
+            # The element's source partition and offset, for the dead letter of an element the
+            # function raises on (set as each element is handed over: the operator is lazy).
+            part = names.index(ORIGIN_PARTITION) if ORIGIN_PARTITION in names else None
+            off = names.index(ORIGIN_OFFSET) if ORIGIN_OFFSET in names else None
             nan = [i for i, dtype in enumerate(pdf.dtypes) if dtype.kind == "f"]
             for row in pdf.to_numpy(dtype=object).tolist():
                 for i in nan:  # pandas turns a null in a numeric column into NaN
                     row[i] = _clean(row[i])
+                if op is not None and part is not None and off is not None:
+                    op.origin = (_whole(row[part]), _whole(row[off]))
                 yield row[ts], {f: row[i] for f, i in zip(fields, at, strict=True)}
 
     def handleExpiredTimer(
@@ -276,8 +292,15 @@ class SparkKeyedProcessor(StatefulProcessor):
         self.op.fire(tuple(key), expiredTimerInfo.getExpiryTimeInMs())
         yield from self._buffer()
 
+    def stage_rejects(self) -> None:
+        """End of the task: stage the elements and timers it isolated (before the task
+        reports success, so a retry writes the same file)."""
+        if hasattr(self, "op"):
+            self.op.guard.stage()
+
     def close(self) -> None:
         if hasattr(self, "op"):
+            self.op.guard.stage()
             self.op.close()
 
 
@@ -320,5 +343,11 @@ class _FlushingUdf(TransformWithStateInPandasUdfUtils):
         if mode == TransformWithStateInPandasFuncMode.PROCESS_TIMER:
             processor = self._stateful_processor
             assert isinstance(processor, SparkKeyedProcessor)
-            return itertools.chain(out, processor.flush())
+            return itertools.chain(out, processor.flush(), _after(processor.stage_rejects))
         return out
+
+
+def _after(action: Any) -> Iterator[pd.DataFrame]:
+    """Nothing to yield; runs ``action`` once the frames before it were taken."""
+    action()
+    yield from ()

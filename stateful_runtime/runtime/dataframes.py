@@ -11,12 +11,19 @@ function (or the window operator) on ``transformWithStateInPandas``.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from stateful_runtime.connectors.alignment import LATE_BEFORE
-from stateful_runtime.connectors.base import ERROR, META_COLUMNS
+from stateful_runtime.connectors.base import ERROR, OFFSET, PARTITION, RAW
 from stateful_runtime.exceptions import PlanError
+from stateful_runtime.operators.isolation import (
+    ORIGIN_COLUMNS,
+    ORIGIN_OFFSET,
+    ORIGIN_PARTITION,
+    StepGuard,
+)
 from stateful_runtime.operators.window import LATE_MARK, WindowOperator
 from stateful_runtime.planner import (
     NativeAssigner,
@@ -42,35 +49,64 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 EVENT_TIME = "_event_time"
+SKIP_STEP = "skip"  # the step srt run --skip adds (dead letters name it)
 # Names of the observed metrics (Spark progress ``observedMetrics``) the job's accounting
 # reads: per source, records read and rejected; per window operator, records that came late.
 SOURCE_METRICS = "srt_source"
 LATE_METRICS = "srt_late"
 
 
-def build(spark: SparkSession, query: QueryPlan, checkpoint: str | None = None) -> DataFrame:
+def build(
+    spark: SparkSession,
+    query: QueryPlan,
+    checkpoint: str | None = None,
+    skips: Collection[tuple[int, int]] = (),
+) -> DataFrame:
     """The query's streaming DataFrame; ``checkpoint`` (the query's checkpoint directory) lets
-    a native window count late records exactly (:func:`_count_late`)."""
+    a native window count late records exactly (:func:`_count_late`); ``skips``: the source
+    records (partition, offset) ``srt run --skip`` passes to the dead-letter topic."""
     df = read_source(
         spark,
         query.source,
         query.dead_letters.staging if query.dead_letters is not None else None,
         late_watermark_of=checkpoint if query.path is QueryPath.NATIVE else None,
     )
+    if skips:
+        df = _skip(df, query, skips)
     for node in query.nodes:
         if isinstance(node, FilterNode):
             df = df.filter(node.condition)
         elif isinstance(node, MapNode):
-            df = _map(df, node)
+            df = _map(df, node, query)
         elif isinstance(node, NativeWindowNode):
             df = _window_aggregate(df, node)
         elif isinstance(node, ProcessNode):
-            df = _process(df, node)
+            df = _process(df, node, query)
         else:
             assert isinstance(node, KeyByNode)  # keys are read by the stateful node after it
     if not query.stateful_operators:
         df = df.drop(EVENT_TIME)
-    return df
+    return df.drop(*ORIGIN_COLUMNS)
+
+
+def _guard(query: QueryPlan, step: str) -> StepGuard:
+    """The guard a task of ``step`` isolates records with (shipped to the tasks)."""
+    steps = query.step_dead_letters
+    return StepGuard(
+        step,
+        query.source.name,
+        query.errors,
+        steps.rejects(step) if steps is not None else None,
+    )
+
+
+def _skip(df: DataFrame, query: QueryPlan, skips: Collection[tuple[int, int]]) -> DataFrame:
+    """The records ``srt run --skip`` named, out of the stream and into the dead-letter
+    topic, before any step sees them."""
+    from stateful_runtime.operators.isolation import SkipOperator
+
+    fields = [c for c in df.columns if c not in (EVENT_TIME, *ORIGIN_COLUMNS)]
+    return df.mapInArrow(SkipOperator(skips, fields, _guard(query, SKIP_STEP)), df.schema)
 
 
 def _event_time_column(src: SourceNode):  # -> Column
@@ -104,7 +140,13 @@ def read_source(
         F.count(F.lit(1)).alias("input"),
         F.sum(F.when(F.col(ERROR).isNotNull(), 1).otherwise(0)).alias("dead_letters"),
     )
-    df = df.filter(F.col(ERROR).isNull()).drop(*META_COLUMNS)
+    # Each record keeps its source partition and offset (:data:`ORIGIN_COLUMNS`): a step
+    # that cannot process it names it, in its dead letter or in the message that stops the job.
+    df = (
+        df.filter(F.col(ERROR).isNull())
+        .drop(ERROR, RAW)
+        .withColumnsRenamed({PARTITION: ORIGIN_PARTITION, OFFSET: ORIGIN_OFFSET})
+    )
     delay = src.watermark.max_out_of_orderness
     interval = spark_interval(delay) if delay.total_seconds() > 0 else "0 seconds"
     return df.withColumn(EVENT_TIME, _event_time_column(src)).withWatermark(EVENT_TIME, interval)
@@ -167,7 +209,7 @@ def _window_aggregate(df: DataFrame, node: NativeWindowNode) -> DataFrame:
     )
 
 
-def _process(df: DataFrame, node: ProcessNode) -> DataFrame:
+def _process(df: DataFrame, node: ProcessNode, query: QueryPlan) -> DataFrame:
     from pyspark.sql import functions as F
 
     from stateful_runtime.connectors.formats.json import to_struct
@@ -182,7 +224,7 @@ def _process(df: DataFrame, node: ProcessNode) -> DataFrame:
 
     fn = node.function
     main = to_struct(fn.output_schema)
-    fields = [c for c in df.columns if c != EVENT_TIME]
+    fields = [c for c in df.columns if c not in (EVENT_TIME, *ORIGIN_COLUMNS)]
     hidden = [c for c in fields if c.startswith("_")]
     if hidden:
         raise PlanError(
@@ -193,7 +235,7 @@ def _process(df: DataFrame, node: ProcessNode) -> DataFrame:
     mode = "EventTime" if fn.time_domain is TimeDomain.EVENT_TIME else "ProcessingTime"
     out = transform_with_state(
         df.groupBy(*node.parent.keys),
-        SparkKeyedProcessor(fn, fields, main.fieldNames()),
+        SparkKeyedProcessor(fn, fields, main.fieldNames(), _guard(query, node.name)),
         output_struct(main),
         mode,
     )
@@ -205,7 +247,7 @@ def _process(df: DataFrame, node: ProcessNode) -> DataFrame:
     return out
 
 
-def _map(df: DataFrame, node: MapNode) -> DataFrame:
+def _map(df: DataFrame, node: MapNode, query: QueryPlan) -> DataFrame:
     """A stateless Python function over whole Arrow batches (Spark's ``mapInArrow``); the
     columns it does not see (event time, the late-data bound) are carried to its outputs with
     their metadata, the watermark's among them."""
@@ -228,5 +270,6 @@ def _map(df: DataFrame, node: MapNode) -> DataFrame:
         fields,
         to_arrow_schema(node.output_schema),
         [f.name for f in carried],
+        _guard(query, node.name),
     )
     return df.mapInArrow(operator, StructType([*node.output_schema.fields, *carried]))

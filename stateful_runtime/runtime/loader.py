@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from stateful_runtime.exceptions import ConfigError
-from stateful_runtime.job import RUNTIME_KEYS, StreamJob, check_number
+from stateful_runtime.job import RUNTIME_KEYS, ErrorPolicy, StreamJob, check_number
 
 
 @dataclass(frozen=True)
@@ -97,4 +97,7 @@ def load_job_file(path: str | Path, overrides: Mapping[str, str] | None = None) 
         raise ConfigError(f"{path}: build() returned {type(job).__name__}, not a StreamJob")
     if not job.sinks:
         raise ConfigError(f"job {job.name!r} has no sink: add .sink_to(...) to a stream")
+    if any(config.get(k) not in (None, "") for k in RUNTIME_KEYS if k.startswith("errors.")):
+        # a job built without from_config still takes the errors.* keys --set gives
+        job.errors = ErrorPolicy.from_config(config, job.errors)
     return JobFile(path.resolve(), defaults, config, job)

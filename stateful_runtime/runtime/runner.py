@@ -36,8 +36,9 @@ from stateful_runtime.contract import (
     StopSignal,
 )
 from stateful_runtime.exceptions import ConfigError, JobError, JobLockedError, SinkError
+from stateful_runtime.operators.isolation import SKIPPED
 from stateful_runtime.planner import QueryPlan, chain, plan
-from stateful_runtime.runtime import registry, spark_output, stop_signals, warmup
+from stateful_runtime.runtime import registry, skips, spark_output, stop_signals, warmup
 from stateful_runtime.runtime.batch_writes import BatchWriter
 from stateful_runtime.runtime.console import Console
 from stateful_runtime.runtime.dataframes import build
@@ -180,6 +181,7 @@ class JobRunner:
         allow_non_restored_state: bool = False,
         on_batch: Sequence[Callable[[BatchCommitted], None]] = (),
         signals: stop_signals.StopSignals | None = None,
+        skip: Sequence[str] = (),
     ) -> None:
         self.jobfile = jobfile
         self.job = jobfile.job
@@ -197,6 +199,13 @@ class JobRunner:
         self.restore_from = restore_from
         self.allow_non_restored_state = allow_non_restored_state
         self.plan = plan(self.job)
+        # Source records (source, partition, offset) an operator passes to the dead-letter
+        # topic (``srt run --skip``), checked against the job's sources before anything runs.
+        self.skip = [skips.parse(s, [src.name for src in self.job.sources]) for s in skip]
+        self.skips: dict[str, set[tuple[int, int]]] = {}
+        # Step dead letters published before this run's queries started (a crashed run's):
+        # counted in the run's accounting when the query starts.
+        self._published_early: dict[str, int] = {}
         if available_now:
             self._check_available_now()
         self.fingerprint = manifest.fingerprint(self.job.name, self.plan.queries)
@@ -327,6 +336,12 @@ class JobRunner:
             self.mirror = CheckpointMirror(self.checkpoint_dir, self.job.checkpoint.mirror)
         for src in self.job.sources:
             src.source.check()
+        self.skips = skips.record(self.layout.skips, self.skip)
+        for source, partition, offset in self.skip:
+            self.console.say(
+                f"skipping record {source}:{partition}:{offset}: it goes to the dead-letter "
+                f"topic (reason: {SKIPPED})"
+            )
         self._register()
 
     def start(self) -> None:
@@ -569,7 +584,7 @@ class JobRunner:
         from pyspark.sql.pandas.types import to_arrow_schema
 
         qdir = str(self.layout.query(q.name).root)
-        df = build(spark, q, qdir)
+        df = build(spark, q, qdir, skips=self.skips.get(q.source.name, set()))
         batch_writer = BatchWriter(q)
         batch_writer.check_schemas(to_arrow_schema(df.schema))
         self._open_sinks(q)
@@ -584,7 +599,9 @@ class JobRunner:
         else:
             secs = self.job.checkpoint.interval.total_seconds()
             writer = writer.trigger(processingTime=f"{secs} seconds")
-        return _Running(q, writer.start(), qdir)
+        run = _Running(q, writer.start(), qdir)
+        run.records.dead_letters += self._published_early.pop(q.name, 0)
+        return run
 
     def _open_sinks(self, q: QueryPlan) -> None:
         """Open each sink of the query; rewind it to a restored or recovered batch (the batches
@@ -652,6 +669,8 @@ class JobRunner:
                 # Spark appends the whole logical plan to the message; the cause is above it.
                 reason = str(run.query.exception()).split("=== Streaming Query ===")[0]
                 self.console.error(f"query {run.plan.name} failed: {reason.strip()}")
+                if advice := skips.advice(reason, str(self.jobfile.path)):
+                    self.console.error(advice)
                 if full := disk_full(run.checkpoint_dir):  # the cause, in one line
                     self.console.error(f"query {run.plan.name} failed: {full}")
                 return True
@@ -687,10 +706,21 @@ class JobRunner:
         """Publish the staged dead letters of every committed batch (idempotent): at start (a
         run that crashed after a commit), after each committed batch, and at stop. The job
         process is their one publisher (:mod:`stateful_runtime.connectors.dead_letters`)."""
+        runs = {r.plan.name: r for r in self.runs}
         for q in self.plan.queries:
-            if q.dead_letters is None:
+            if q.dead_letters is not None:
+                q.dead_letters.publish(self.layout.query(q.name))
+            if q.step_dead_letters is None:
                 continue
-            q.dead_letters.publish(self.layout.query(q.name))
+            # A step's rejects are counted when they are published (once: the topic's mark):
+            # input = output + dead letters (source's and steps') + late.
+            published = q.step_dead_letters.publish(self.layout.query(q.name))
+            run = runs.get(q.name)
+            if run is None:
+                self._published_early[q.name] = self._published_early.get(q.name, 0) + published
+            elif published:
+                run.records.dead_letters += published
+                run.health = replace(run.health, records=run.records.counts(run.plan.source.name))
 
     def _sync_mirror(self) -> MirrorSync | None:
         if self.mirror is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from stateful_runtime.connectors.base import ERROR, OFFSET, PARTITION, RAW, SinkSummary
+from stateful_runtime.connectors.dead_letters import STEP
 from stateful_runtime.connectors.eventlog.store import (
     EventLog,
     Record,
@@ -18,13 +19,29 @@ from stateful_runtime.connectors.eventlog.store import (
 from stateful_runtime.exceptions import TopicNotFoundError
 
 
+def _headers(row: dict, topic: str, job: str) -> dict[str, str]:
+    """A dead letter's headers; a step's reject (:data:`STEP`) also names its step, and its
+    source partition and offset are empty where no single record was to blame."""
+    headers = {
+        "error": row[ERROR],
+        "source.topic": topic,
+        "source.partition": "" if row[PARTITION] is None else str(row[PARTITION]),
+        "source.offset": "" if row[OFFSET] is None else str(row[OFFSET]),
+        "job": job,
+    }
+    if row.get(STEP) is not None:
+        headers["step"] = row[STEP]
+    return headers
+
+
 class EventLogDeadLetterSink:
     """Rejected input records, byte for byte, with the reason and origin in headers.
 
     Headers: ``error`` (why it was rejected), ``source.topic``, ``source.partition``,
-    ``source.offset`` and ``job``. The record keeps its source partition when the dead-letter
-    topic has as many partitions as the source. Written split by split (see
-    :mod:`stateful_runtime.connectors.dead_letters`), each source partition an idempotent producer.
+    ``source.offset`` and ``job``; a record a step rejected also ``step``. The record keeps
+    its source partition when the dead-letter topic has as many partitions as the source.
+    Written split by split (see :mod:`stateful_runtime.connectors.dead_letters`), each source
+    partition an idempotent producer.
     """
 
     def __init__(self, log_dir: str, topic: str, *, source_topic: str, job: str) -> None:
@@ -49,18 +66,13 @@ class EventLogDeadLetterSink:
     def write_split(
         self, writer: TopicWriter, table: pa.Table, partition: int | str, end: int
     ) -> int:
-        """Append rejected records and move the partition's mark to ``end`` in one write."""
+        """Append rejected records and move the partition's mark to ``end`` in one write (a
+        step's rejects: ``partition`` is ``<partition>@<step>``, and ``step`` a header)."""
         records = [
             Record(
                 row[RAW] or b"",
-                headers={
-                    "error": row[ERROR],
-                    "source.topic": self.source_topic,
-                    "source.partition": str(row[PARTITION]),
-                    "source.offset": str(row[OFFSET]),
-                    "job": self.job,
-                },
-                partition=row[PARTITION],
+                headers=_headers(row, self.source_topic, self.job),
+                partition=-1 if row[PARTITION] is None else row[PARTITION],
             )
             for row in table.to_pylist()
         ]

@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from stateful_runtime.connectors.base import ERROR, OFFSET, PARTITION, RAW, SinkSummary
+from stateful_runtime.connectors.dead_letters import NO_ORIGIN, STEP
 from stateful_runtime.connectors.kafka.client import (
     METADATA_TIMEOUT_S,
     CommitMarkers,
@@ -25,7 +26,8 @@ from stateful_runtime.connectors.kafka.client import (
 class KafkaDeadLetterSink:
     """Rejected input records, byte for byte, on a Kafka topic, with the reason in headers.
 
-    Headers: ``error``, ``source.topic``, ``source.partition``, ``source.offset``, ``job``.
+    Headers: ``error``, ``source.topic``, ``source.partition``, ``source.offset``, ``job``;
+    a record a step rejected also ``step``.
     Record ``p`` of a source partition goes to dead-letter partition ``p % partitions`` (the
     topic is created with the source's partition count). One publish (every staged split of the
     committed batches) is one transaction with producer id ``<job>.<source>.dlq`` that also
@@ -98,21 +100,26 @@ class _DeadLetterTxn:
         self.producer.begin_transaction()
 
     def write_split(self, table: pa.Table, key: str, end: int) -> int:
-        topic = key.rsplit(":", 1)[0]
+        # A step's reject: ``<topic>:<partition>@<step>`` ("-@<step>": no single origin).
+        topic = key.split("@", 1)[0].rsplit(":", 1)[0]
+        topic = self.sink.source_topic if topic == NO_ORIGIN else topic
         n = 0
         for row in table.to_pylist():
+            part, offset = row[PARTITION], row[OFFSET]
             headers = [
                 ("error", (row[ERROR] or "").encode()),
                 ("source.topic", topic.encode()),
-                ("source.partition", str(row[PARTITION]).encode()),
-                ("source.offset", str(row[OFFSET]).encode()),
+                ("source.partition", ("" if part is None else str(part)).encode()),
+                ("source.offset", ("" if offset is None else str(offset)).encode()),
                 ("job", self.sink.job.encode()),
             ]
+            if row.get(STEP) is not None:
+                headers.append(("step", row[STEP].encode()))
             produce(
                 self.producer,
                 self.sink.topic,
                 value=row[RAW] or b"",
-                partition=row[PARTITION] % self._parts,
+                partition=(part or 0) % self._parts,
                 headers=headers,
             )
             n += 1
