@@ -13,6 +13,8 @@ Conditions and what the sensor does::
     stopped        STOPPED / FINISHED                               observe
     dead           RUNNING in the registry but the pid is gone      relaunch
     failed         FAILED (a query failed; see the job's log)       relaunch
+    refused        FAILED by a refusal that needs an operator (a    observe: the error
+                   sink table that lost batches: SinkDataLostError) names the commands back
     launch-failed  STARTING but the pid is gone                     relaunch
     stalled        a micro-batch in flight (or lag with no commit)  kill, relaunch
                    for longer than max_checkpoint_age; or STARTING
@@ -43,6 +45,7 @@ from dagster_defs._launch import launch_config
 from dagster_defs._specs import RestartPolicy, StreamingJobSpec
 from dagster_defs._stream_events import commit_events, plot_metadata
 from dagster_defs._translator import StreamingJobTranslator
+from stateful_runtime.contract import ErrorKind
 
 if TYPE_CHECKING:
     from stateful_runtime.contract import JobStatus, QueryHealth, QueryStatus
@@ -72,6 +75,7 @@ class Condition(StrEnum):
     FAILED = "failed"
     LAUNCH_FAILED = "launch-failed"
     STALLED = "stalled"
+    REFUSED = "refused"
     UNKNOWN = "unknown"
 
 
@@ -168,6 +172,10 @@ def assess(
             return Assessment(Condition.STALLED, f"still STARTING after {started_age_s:.0f} s")
         return Assessment(Condition.STARTING, f"STARTING as pid {pid}")
     if state == "FAILED":
+        error = entry.get("error") or {}
+        if error.get("type") == ErrorKind.SINK_DATA_LOST_ERROR:
+            # A restart would be refused the same way: the operator chooses a way back.
+            return Assessment(Condition.REFUSED, str(error.get("message")))
         return Assessment(Condition.FAILED, "the job process failed (see the job's log)")
     if state in ("STOPPED", "FINISHED"):
         # A stop by SIGINT/SIGTERM (timeout, systemd, Kubernetes, Ctrl-C) is a stop like

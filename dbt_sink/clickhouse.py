@@ -11,7 +11,8 @@ each insert; a replay inserts the identical rows again, and the copies are absor
 * The ledger ``srt_sink_ledger`` (append-only MergeTree) holds, per ``(job, sink, batch,
   partition, partitions)``, a ``BEFORE`` row when a task starts inserting (rows, chunks) and
   an ``AFTER`` row when every chunk is in; the driver adds ``COMMITTED`` for the batch
-  (``partition = -1``) once every partition reported. A task that finds ``AFTER`` writes
+  (``partition = -1``, with the table's rows read with ``FINAL``) once every partition
+  reported (``ACCEPTED``: an operator's ``srt sink accept``). A task that finds ``AFTER`` writes
   nothing; one that finds only ``BEFORE`` is a replay of an interrupted insert and inserts the
   same chunks again.
 * Servers ≥ 22.2: each chunk is inserted with ``insert_deduplication_token =
@@ -47,7 +48,17 @@ from dbt_sink.partitioned import (
 )
 from stateful_runtime.connectors.base import PartitionReport, SinkSummary, WritePlacement
 from stateful_runtime.exceptions import ConfigError, SinkError
-from stateful_runtime.ledger import BATCH_ID, JOB, LEDGER_TABLE, ROWS, SINK, LedgerEntry
+from stateful_runtime.ledger import (
+    BATCH_ID,
+    JOB,
+    LEDGER_TABLE,
+    NOTE,
+    ROWS,
+    SINK,
+    TABLE_ROWS,
+    LedgerEntry,
+    SinkObservation,
+)
 from stateful_runtime.masking import mask_text, resolve
 
 VERSION_COLUMN = "_srt_batch"
@@ -368,12 +379,15 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
         def step(c: _Native | _Chdb) -> bool:
             self._detect(c)
             assert self.server_version is not None
-            c.command(
-                f"CREATE TABLE IF NOT EXISTS {LEDGER_TABLE} ({JOB} String, {SINK} String, "
-                f"{BATCH_ID} Int64, partition Int32, partitions Int32, state String, {ROWS} "
-                f"Int64, chunks Int32, at DateTime, seq UInt64) ENGINE = MergeTree "
-                f"ORDER BY ({JOB}, {SINK}, {BATCH_ID}, partition)"
-            )
+            if self.expected_batch is not None:
+                # Table and ledger still hold the last batch (a table dropped while the job
+                # runs is not silently recreated), and its rows: counted before the batch, as
+                # the commit counts them after it (a count after would hide rows deleted
+                # behind new ones). 65 ms a count at 1M rows: NOTES.md.
+                self._observe_on(c, self.job, self.sink_name, count=True).check_holds(
+                    self.job, self.sink_name, self.expected_batch
+                )
+            self._ensure_ledger(c)
             want = [Column(f.name, self._column_type(f)) for f in schema]
             exists = c.query(
                 f"SELECT count() FROM system.tables WHERE database = "
@@ -409,6 +423,114 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
 
         return bool(self._run(f"prepare batch {batch_id}", step))
 
+    def _ensure_ledger(self, c: _Native | _Chdb) -> None:
+        c.command(
+            f"CREATE TABLE IF NOT EXISTS {LEDGER_TABLE} ({JOB} String, {SINK} String, "
+            f"{BATCH_ID} Int64, partition Int32, partitions Int32, state String, {ROWS} "
+            f"Int64, chunks Int32, at DateTime, seq UInt64, {TABLE_ROWS} Nullable(Int64), "
+            f"{NOTE} String) ENGINE = MergeTree ORDER BY ({JOB}, {SINK}, {BATCH_ID}, partition)"
+        )
+        if getattr(self, "_ledger_current", False):
+            return
+        have = {r[0] for r in c.query(f"DESCRIBE TABLE {LEDGER_TABLE}")}
+        # A ledger written before the table's rows were recorded gains the columns.
+        for column, tp in ((TABLE_ROWS, "Nullable(Int64)"), (NOTE, "String")):
+            if column not in have:
+                c.command(f"ALTER TABLE {LEDGER_TABLE} ADD COLUMN {column} {tp}")
+        self._ledger_current = True
+
+    def _tables(self, c: _Native | _Chdb) -> set[str]:
+        return {
+            r[0]
+            for r in c.query(
+                f"SELECT name FROM system.tables WHERE database = {_lit(c.database)} "
+                f"AND name IN ({_lit(self.table)}, {_lit(LEDGER_TABLE)})"
+            )
+        }
+
+    def _count(self, c: _Native | _Chdb) -> int:
+        # FINAL: one row per key whatever merges have done (raw copies of replayed chunks on
+        # servers without tokens would count twice).
+        return int(c.query(f"SELECT count() FROM {self._table} FINAL")[0][0])
+
+    def _observe_on(
+        self, c: _Native | _Chdb, job: str, sink: str, *, count: bool = True
+    ) -> SinkObservation:
+        tables = self._tables(c)
+        exists = self.table in tables
+        last = expected = None
+        if LEDGER_TABLE in tables:
+            recorded = (
+                TABLE_ROWS
+                if TABLE_ROWS in {r[0] for r in c.query(f"DESCRIBE TABLE {LEDGER_TABLE}")}
+                else "NULL"
+            )
+            rows = c.query(
+                f"SELECT {BATCH_ID}, {recorded} FROM {LEDGER_TABLE} WHERE {JOB} = {_lit(job)} "
+                f"AND {SINK} = {_lit(sink)} AND partition = -1 AND state IN ('COMMITTED', "
+                f"'ACCEPTED') ORDER BY {BATCH_ID} DESC, seq DESC LIMIT 1"
+            )
+            if rows:
+                last = int(rows[0][0])
+                expected = None if rows[0][1] is None else int(rows[0][1])
+        now = self._count(c) if exists and count else None
+        return SinkObservation(self.table, self.location, exists, last, expected, now)
+
+    def observe(self, job: str, sink: str) -> SinkObservation:
+        return self._run("check the table", lambda c: self._observe_on(c, job, sink, count=True))
+
+    def _wait_mutations(self, c: _Native | _Chdb) -> None:
+        deadline = time.monotonic() + MUTATION_WAIT_S
+        while c.query(
+            f"SELECT count() FROM system.mutations WHERE database = "
+            f"{_lit(c.database)} AND is_done = 0"
+        )[0][0]:
+            if time.monotonic() > deadline:
+                raise SinkError(
+                    f"ClickHouse: mutations on {self.table} not done "
+                    f"after {MUTATION_WAIT_S:.0f} s; see system.mutations"
+                )
+            time.sleep(0.05)  # poll interval of the mutation's progress
+
+    def accept(self, job: str, sink: str, batch: int | None, note: str) -> None:
+        at = -1 if batch is None else batch
+
+        def step(c: _Native | _Chdb) -> None:
+            self._ensure_ledger(c)
+            c.command(
+                f"ALTER TABLE {LEDGER_TABLE} DELETE WHERE {JOB} = {_lit(job)} AND "
+                f"{SINK} = {_lit(sink)} AND {BATCH_ID} > {_lit(at)}"
+            )
+            self._wait_mutations(c)
+            rows = self._count(c) if self.table in self._tables(c) else 0
+            c.command(
+                f"INSERT INTO {LEDGER_TABLE} ({JOB}, {SINK}, {BATCH_ID}, partition, partitions, "
+                f"state, {ROWS}, chunks, at, seq, {TABLE_ROWS}, {NOTE}) SELECT {_lit(job)}, "
+                f"{_lit(sink)}, {_lit(at)}, -1, 0, 'ACCEPTED', 0, 0, now(), "
+                f"{_lit(time.time_ns())}, {_lit(rows)}, {_lit(note)}"
+            )
+
+        self._run("record the acceptance", step)
+
+    def set_aside(self, job: str, sink: str, suffix: str) -> str | None:
+        moved = f"{self.table}{suffix}"
+
+        def step(c: _Native | _Chdb) -> str | None:
+            tables = self._tables(c)
+            out = None
+            if self.table in tables:
+                c.command(f"RENAME TABLE {self._table} TO {_q(moved)}")
+                out = moved
+            if LEDGER_TABLE in tables:
+                c.command(
+                    f"ALTER TABLE {LEDGER_TABLE} DELETE WHERE {JOB} = {_lit(job)} AND "
+                    f"{SINK} = {_lit(sink)}"
+                )
+                self._wait_mutations(c)
+            return out
+
+        return self._run("set the table aside", step)
+
     def _column_type(self, f: pa.Field) -> str:
         assert self.server_version is not None
         t = ch_type(f.type, self.server_version)
@@ -437,12 +559,16 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
         state: str,
         rows: int,
         chunks: int,
+        *,
+        table_rows: int | None = None,
     ) -> None:
+        recorded = "NULL" if table_rows is None else _lit(table_rows)
         c.command(
             f"INSERT INTO {LEDGER_TABLE} ({JOB}, {SINK}, {BATCH_ID}, partition, partitions, "
-            f"state, {ROWS}, chunks, at, seq) SELECT {_lit(self.job)}, {_lit(self.sink_name)}, "
-            f"{_lit(batch_id)}, {_lit(partition)}, {_lit(partitions)}, {_lit(state)}, "
-            f"{_lit(rows)}, {_lit(chunks)}, now(), {_lit(time.time_ns())}"
+            f"state, {ROWS}, chunks, at, seq, {TABLE_ROWS}) SELECT {_lit(self.job)}, "
+            f"{_lit(self.sink_name)}, {_lit(batch_id)}, {_lit(partition)}, {_lit(partitions)}, "
+            f"{_lit(state)}, {_lit(rows)}, {_lit(chunks)}, now(), {_lit(time.time_ns())}, "
+            f"{recorded}"
         )
 
     def commit_batch(self, batch_id: int, reports: Sequence[PartitionReport]) -> None:
@@ -451,7 +577,11 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
 
         def step(c: _Native | _Chdb) -> None:
             if not self._committed(c, batch_id):
-                self._ledger(c, batch_id, -1, len(reports), "COMMITTED", rows, 0)
+                # The table's rows after the batch (FINAL: one per key), for the next start's
+                # check; measured in NOTES.md ("Sink tables checked against the checkpoint").
+                self._ledger(
+                    c, batch_id, -1, len(reports), "COMMITTED", rows, 0, table_rows=self._count(c)
+                )
 
         self._run(f"commit batch {batch_id}", step)
 
@@ -477,17 +607,7 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
                     f"ALTER TABLE {LEDGER_TABLE} DELETE WHERE {JOB} = {_lit(self.job)} AND "
                     f"{SINK} = {_lit(self.sink_name)} AND {BATCH_ID} > {_lit(batch_id)}"
                 )
-            deadline = time.monotonic() + MUTATION_WAIT_S
-            while c.query(
-                f"SELECT count() FROM system.mutations WHERE database = "
-                f"{_lit(c.database)} AND is_done = 0"
-            )[0][0]:
-                if time.monotonic() > deadline:
-                    raise SinkError(
-                        f"ClickHouse: rewind mutations on {self.table} not done "
-                        f"after {MUTATION_WAIT_S:.0f} s; see system.mutations"
-                    )
-                time.sleep(0.05)  # poll interval of the mutation's progress
+            self._wait_mutations(c)
 
         self._run(f"rewind to batch {batch_id}", step)
 

@@ -33,7 +33,14 @@ import pyarrow as pa
 from dbt_sink.partitioned import Column, PartitionedWarehouseSink, RetryPolicy, hook
 from stateful_runtime.connectors.base import PartitionReport, SinkSummary, WritePlacement
 from stateful_runtime.exceptions import ConfigError
-from stateful_runtime.ledger import LedgerEntry
+from stateful_runtime.ledger import LedgerEntry, SinkObservation
+
+# Commits of this sink carry its app id in their commit info (custom metadata), so the start
+# check finds the newest one and counts the table's rows as of that version.
+APP_KEY = "srt.app"
+# Commits scanned back for it: one per batch, so the newest is among the last few unless
+# other writers committed this many times since.
+HISTORY_SCAN = 1000
 
 # Failures worth another try: the store unreachable or throttling, or another writer's commit
 # got in first (the merge is re-planned on the new version).
@@ -144,9 +151,108 @@ class DeltaUpsertSink(PartitionedWarehouseSink):
     def _run(self, what: str, step: Any) -> Any:
         return self.retry.run(step, what=f"Delta {self.path} ({what})", transient=self.transient)
 
+    def _commit(self, batch_id: int, **more: str) -> Any:
+        from deltalake import CommitProperties, Transaction
+
+        return CommitProperties(
+            app_transactions=[Transaction(self.app_id, batch_id)],
+            custom_metadata={APP_KEY: self.app_id, "srt.batch": str(batch_id), **more},
+        )
+
+    @staticmethod
+    def _rows(dt: Any) -> int:
+        # From the snapshot's add actions (metadata): no data file is read; this sink writes
+        # no deletion vectors, so a file's num_records are its live rows.
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        return int(sum(v for v in actions.column("num_records").to_pylist() if v))
+
+    def _observe_on(self, dt: Any, app_id: str, *, count: bool) -> SinkObservation:
+        ledger = f"Delta app transaction {app_id}"
+        if dt is None:
+            return SinkObservation(self.table, self.path, False, None, None, None, ledger)
+        done = dt.transaction_version(app_id)
+        # Before each batch: the rows this sink left after its last one, as it counted them
+        # (a merge never removes a row, so fewer now means rows were deleted).
+        expected = None if count else getattr(self, "_rows_after", None)
+        if count and done is not None:
+            from deltalake import DeltaTable
+
+            for commit in dt.history(HISTORY_SCAN):
+                if commit.get(APP_KEY) == app_id and commit.get("version") is not None:
+                    then = DeltaTable(
+                        self.path, version=commit["version"], storage_options=self.options()
+                    )
+                    expected = self._rows(then)
+                    break
+        rows = self._rows(dt)
+        if count:  # what the next write must find (fewer: the check refuses the start)
+            self._rows_after = max(rows, expected or 0)
+        return SinkObservation(self.table, self.path, True, done, expected, rows, ledger)
+
+    def observe(self, job: str, sink: str) -> SinkObservation:
+        return self._run(
+            "check the table",
+            lambda: self._observe_on(self._table(), f"srt:{job}:{sink}", count=True),
+        )
+
+    def accept(self, job: str, sink: str, batch: int | None, note: str) -> None:
+        from deltalake import CommitProperties, Transaction
+
+        app = f"srt:{job}:{sink}"
+
+        def step() -> None:
+            dt = self._table()
+            if dt is None:  # no table to record it in: the checkpoint's record holds it
+                return
+            at = -1 if batch is None else batch
+            dt.create_write_transaction(
+                [],
+                mode="append",
+                schema=dt.schema(),
+                partition_by=[],
+                commit_properties=CommitProperties(
+                    app_transactions=[Transaction(app, at)],
+                    custom_metadata={APP_KEY: app, "srt.batch": str(at), "srt.accepted": note},
+                ),
+            )
+
+        self._run("record the acceptance", step)
+
+    def set_aside(self, job: str, sink: str, suffix: str) -> str | None:
+        """Delta keeps the old rows in the table's history: the replay starts from an empty
+        version (an overwrite), the lost one stays readable by time travel until a VACUUM."""
+        from deltalake import CommitProperties, Transaction, write_deltalake
+
+        app = f"srt:{job}:{sink}"
+
+        def step() -> str | None:
+            dt = self._table()
+            if dt is None:
+                return None
+            kept = dt.version()
+            write_deltalake(
+                self.path,
+                pa.schema(dt.schema()).empty_table(),
+                mode="overwrite",
+                storage_options=self.options(),
+                commit_properties=CommitProperties(
+                    app_transactions=[Transaction(app, -1)],
+                    custom_metadata={APP_KEY: app, "srt.batch": "-1", "srt.set_aside": suffix},
+                ),
+            )
+            return f"{self.path} version {kept} (time travel)"
+
+        return self._run("set the table aside", step)
+
     def begin_batch(self, batch_id: int, schema: pa.Schema) -> bool:
         def step() -> bool:
             dt = self._table()
+            if self.expected_batch is not None:
+                # The table and its app transaction still hold the last batch (a table
+                # deleted while the job runs is not silently recreated).
+                self._observe_on(dt, self.app_id, count=False).check_holds(
+                    self.job, self.sink_name, self.expected_batch
+                )
             if dt is None:
                 return True
             have = [Column(f.name, str(f.type)) for f in pa.schema(dt.schema())]
@@ -159,13 +265,14 @@ class DeltaUpsertSink(PartitionedWarehouseSink):
     def write_partition(
         self, rows: pa.Table, batch_id: int, partition: int, partitions: int
     ) -> PartitionReport:
-        from deltalake import CommitProperties, Transaction, write_deltalake
+        from deltalake import write_deltalake
 
         def step() -> PartitionReport:
             t0 = time.perf_counter()
-            commit = CommitProperties(app_transactions=[Transaction(self.app_id, batch_id)])
+            commit = self._commit(batch_id)
             dt = self._table()
             if dt is None:
+                self._rows_after = rows.num_rows
                 write_deltalake(
                     self.path,
                     rows,
@@ -188,10 +295,12 @@ class DeltaUpsertSink(PartitionedWarehouseSink):
                         partition_by=[],
                         commit_properties=commit,
                     )
+                    self._rows_after = self._rows(dt)
                     return self.skipped(partition, 0, "empty")
+                before = self._rows(dt)
                 added = {f.name for f in rows.schema} - {f.name for f in pa.schema(dt.schema())}
                 on = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in self.key_columns)
-                (
+                metrics = (
                     dt.merge(
                         rows,
                         predicate=on,
@@ -204,6 +313,7 @@ class DeltaUpsertSink(PartitionedWarehouseSink):
                     .when_not_matched_insert_all()
                     .execute()
                 )
+                self._rows_after = before + int(metrics.get("num_target_rows_inserted") or 0)
             return PartitionReport(
                 partition, rows.num_rows, rows.num_rows, (time.perf_counter() - t0) * 1000
             )
@@ -218,7 +328,6 @@ class DeltaUpsertSink(PartitionedWarehouseSink):
     def rewind(self, batch_id: int) -> None:
         """Set the app transaction back to ``batch_id`` (an empty commit), so the batches
         after it are merged again when re-executed."""
-        from deltalake import CommitProperties, Transaction
 
         def step() -> None:
             dt = self._table()
@@ -232,9 +341,7 @@ class DeltaUpsertSink(PartitionedWarehouseSink):
                 mode="append",
                 schema=dt.schema(),
                 partition_by=[],
-                commit_properties=CommitProperties(
-                    app_transactions=[Transaction(self.app_id, batch_id)]
-                ),
+                commit_properties=self._commit(batch_id),
             )
 
         self._run(f"rewind to batch {batch_id}", step)

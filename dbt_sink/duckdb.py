@@ -19,9 +19,12 @@ from stateful_runtime.ledger import (
     COMMITTED_AT,
     JOB,
     LEDGER_TABLE,
+    NOTE,
     ROWS,
     SINK,
+    TABLE_ROWS,
     LedgerEntry,
+    SinkObservation,
 )
 
 # DuckDB allows one writing process per file; a reader (srt status, a test, a BI tool) may hold
@@ -121,12 +124,114 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
                     raise SinkError(f"cannot open DuckDB {self.database}: {exc}") from exc
                 time.sleep(0.05)
 
-    def _ensure_tables(self, con: duckdb.DuckDBPyConnection, batch: pa.Table) -> None:
+    @staticmethod
+    def _has(con: duckdb.DuckDBPyConnection, table: str) -> bool:
+        return bool(
+            con.execute(
+                "SELECT 1 FROM information_schema.tables WHERE table_name = ?", [table]
+            ).fetchone()
+        )
+
+    def _ensure_ledger(self, con: duckdb.DuckDBPyConnection) -> None:
         con.execute(
             f"CREATE TABLE IF NOT EXISTS {LEDGER_TABLE} ({JOB} VARCHAR, {SINK} VARCHAR, "
-            f"{BATCH_ID} BIGINT, {ROWS} BIGINT, {COMMITTED_AT} TIMESTAMP, "
-            f"PRIMARY KEY ({JOB}, {SINK}, {BATCH_ID}))"
+            f"{BATCH_ID} BIGINT, {ROWS} BIGINT, {COMMITTED_AT} TIMESTAMP, {TABLE_ROWS} BIGINT, "
+            f"{NOTE} VARCHAR, PRIMARY KEY ({JOB}, {SINK}, {BATCH_ID}))"
         )
+        have = {
+            r[0]
+            for r in con.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = ?",
+                [LEDGER_TABLE],
+            ).fetchall()
+        }
+        # A ledger written before the table's rows were recorded: the columns are added.
+        for column, tp in ((TABLE_ROWS, "BIGINT"), (NOTE, "VARCHAR")):
+            if column not in have:
+                con.execute(f"ALTER TABLE {LEDGER_TABLE} ADD COLUMN {column} {tp}")
+
+    def _observe_on(self, con: duckdb.DuckDBPyConnection, job: str, sink: str) -> SinkObservation:
+        exists = self._has(con, self.table)
+        last = expected = None
+        if self._has(con, LEDGER_TABLE):
+            columns = {
+                r[0]
+                for r in con.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE table_name = ?",
+                    [LEDGER_TABLE],
+                ).fetchall()
+            }
+            recorded = TABLE_ROWS if TABLE_ROWS in columns else "NULL"
+            row = con.execute(
+                f"SELECT {BATCH_ID}, {recorded} FROM {LEDGER_TABLE} WHERE {JOB} = ? AND "
+                f"{SINK} = ? ORDER BY {BATCH_ID} DESC LIMIT 1",
+                [job, sink],
+            ).fetchone()
+            if row:
+                last, expected = int(row[0]), None if row[1] is None else int(row[1])
+        rows = (
+            int(con.execute(f"SELECT count(*) FROM {_q(self.table)}").fetchall()[0][0])
+            if exists
+            else None
+        )
+        return SinkObservation(self.table, self.database, exists, last, expected, rows)
+
+    def observe(self, job: str, sink: str) -> SinkObservation:
+        if self.database != ":memory:" and not os.path.exists(self.database):
+            return SinkObservation(self.table, self.database, False, None, None, None)
+        con = self._connect(read_only=True)
+        try:
+            return self._observe_on(con, job, sink)
+        finally:
+            con.close()
+
+    def accept(self, job: str, sink: str, batch: int | None, note: str) -> None:
+        at = -1 if batch is None else batch
+        con = self._connect()
+        try:
+            con.begin()
+            self._ensure_ledger(con)
+            con.execute(
+                f"DELETE FROM {LEDGER_TABLE} WHERE {JOB} = ? AND {SINK} = ? AND {BATCH_ID} > ?",
+                [job, sink, at],
+            )
+            rows = (
+                con.execute(f"SELECT count(*) FROM {_q(self.table)}").fetchall()[0][0]
+                if self._has(con, self.table)
+                else 0
+            )
+            con.execute(
+                f"INSERT INTO {LEDGER_TABLE} ({JOB}, {SINK}, {BATCH_ID}, {ROWS}, {COMMITTED_AT}, "
+                f"{TABLE_ROWS}, {NOTE}) VALUES (?, ?, ?, 0, now()::TIMESTAMP, ?, ?) ON CONFLICT "
+                f"({JOB}, {SINK}, {BATCH_ID}) DO UPDATE SET {TABLE_ROWS} = excluded.{TABLE_ROWS}, "
+                f"{NOTE} = excluded.{NOTE}",
+                [job, sink, at, rows, note],
+            )
+            con.commit()
+        finally:
+            con.close()
+
+    def set_aside(self, job: str, sink: str, suffix: str) -> str | None:
+        if self.database != ":memory:" and not os.path.exists(self.database):
+            return None
+        con = self._connect()
+        try:
+            con.begin()
+            moved = None
+            if self._has(con, self.table):
+                moved = f"{self.table}{suffix}"
+                con.execute(f"ALTER TABLE {_q(self.table)} RENAME TO {_q(moved)}")
+            if self._has(con, LEDGER_TABLE):
+                con.execute(
+                    f"DELETE FROM {LEDGER_TABLE} WHERE {JOB} = ? AND {SINK} = ?", [job, sink]
+                )
+            con.commit()
+            return moved
+        finally:
+            con.close()
+
+    def _ensure_tables(self, con: duckdb.DuckDBPyConnection, batch: pa.Table) -> None:
+        self._ensure_ledger(con)
         existing = con.execute(
             "SELECT column_name, data_type FROM information_schema.columns WHERE "
             "table_name = ? ORDER BY ordinal_position",
@@ -185,6 +290,13 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
         con = self._connect()
         try:
             con.begin()
+            if self.expected_batch is not None:
+                # The file, table and ledger still hold what the last batch left (a table
+                # dropped or truncated, or the file deleted while the job runs, is not
+                # silently recreated or written over).
+                self._observe_on(con, self.job, self.sink_name).check_holds(
+                    self.job, self.sink_name, self.expected_batch
+                )
             self._ensure_tables(con, batch)
             seen = con.execute(
                 f"SELECT 1 FROM {LEDGER_TABLE} WHERE {JOB} = ? AND {SINK} = ? AND {BATCH_ID} = ?",
@@ -208,10 +320,13 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
                     f"ON CONFLICT ({keys}) {action}"
                 )
                 con.unregister("_srt_batch")
+            # The table's rows after the batch, in the same transaction: the next start (and
+            # batch) finds fewer if rows were deleted behind the job's back.
+            table_rows = con.execute(f"SELECT count(*) FROM {_q(self.table)}").fetchall()[0][0]
             con.execute(
-                f"INSERT INTO {LEDGER_TABLE} ({JOB}, {SINK}, {BATCH_ID}, {ROWS}, {COMMITTED_AT}) "
-                "VALUES (?, ?, ?, ?, now()::TIMESTAMP)",
-                [self.job, self.sink_name, batch_id, batch.num_rows],
+                f"INSERT INTO {LEDGER_TABLE} ({JOB}, {SINK}, {BATCH_ID}, {ROWS}, {COMMITTED_AT}, "
+                f"{TABLE_ROWS}) VALUES (?, ?, ?, ?, now()::TIMESTAMP, ?)",
+                [self.job, self.sink_name, batch_id, batch.num_rows, table_rows],
             )
             con.commit()
         except BaseException:

@@ -7,8 +7,9 @@ Per micro-batch ``N`` (:class:`~stateful_runtime.connectors.base.PartitionedSink
 * each task, one transaction per partition ``p`` of ``n``: skip if ``srt_sink_partitions`` has
   ``(job, sink, N, p, n)``; else ``COPY`` the partition's rows into a temporary table,
   ``INSERT ... ON CONFLICT (key) DO UPDATE`` from it, insert the partition's ledger row, commit.
-* driver, ``commit_batch``: insert ``(job, sink, N)`` into ``srt_sink_ledger`` and drop the
-  partition rows of earlier batches, one transaction.
+* driver, ``commit_batch``: insert ``(job, sink, N)`` into ``srt_sink_ledger`` with the table's
+  rows after it (the previous entry's plus the keys the batch's partitions inserted: no
+  ``count(*)`` per batch) and drop the partition rows of earlier batches, one transaction.
 
 Data and ledger commit together, so a kill -9 anywhere leaves either both or neither; the
 replay of a batch (same rows per partition, see ``prepare_rows``) skips what is there.
@@ -42,9 +43,12 @@ from stateful_runtime.ledger import (
     COMMITTED_AT,
     JOB,
     LEDGER_TABLE,
+    NOTE,
     ROWS,
     SINK,
+    TABLE_ROWS,
     LedgerEntry,
+    SinkObservation,
 )
 from stateful_runtime.masking import mask_text, resolve
 
@@ -212,17 +216,13 @@ class PostgresUpsertSink(PartitionedWarehouseSink):
         want = [Column(f.name, pg_type(f.type)) for f in schema]
 
         def step(con: Any) -> bool:
-            con.execute(
-                f"CREATE TABLE IF NOT EXISTS {_q(self.schema)}.{LEDGER_TABLE} ({JOB} text, "
-                f"{SINK} text, {BATCH_ID} bigint, {ROWS} bigint, {COMMITTED_AT} timestamptz "
-                f"DEFAULT now(), PRIMARY KEY ({JOB}, {SINK}, {BATCH_ID}))"
-            )
-            con.execute(
-                f"CREATE TABLE IF NOT EXISTS {_q(self.schema)}.{PARTITION_LEDGER} ({JOB} text, "
-                f"{SINK} text, {BATCH_ID} bigint, partition integer, partitions integer, {ROWS} "
-                f"bigint, {COMMITTED_AT} timestamptz DEFAULT now(), "
-                f"PRIMARY KEY ({JOB}, {SINK}, {BATCH_ID}, partition, partitions))"
-            )
+            if self.expected_batch is not None:
+                # Table and ledger still hold the last batch (a table dropped while the job
+                # runs is not silently recreated); rows are counted at start only.
+                self._observe_on(con, self.job, self.sink_name, count=False).check_holds(
+                    self.job, self.sink_name, self.expected_batch
+                )
+            self._ensure_ledger(con)
             have = [
                 Column(n, t)
                 for n, t in con.execute(
@@ -256,15 +256,137 @@ class PostgresUpsertSink(PartitionedWarehouseSink):
 
         return bool(self._run(f"prepare batch {batch_id}", step))
 
+    def _ensure_ledger(self, con: Any) -> None:
+        ledger, parts = f"{_q(self.schema)}.{LEDGER_TABLE}", f"{_q(self.schema)}.{PARTITION_LEDGER}"
+        con.execute(
+            f"CREATE TABLE IF NOT EXISTS {ledger} ({JOB} text, {SINK} text, {BATCH_ID} bigint, "
+            f"{ROWS} bigint, {COMMITTED_AT} timestamptz DEFAULT now(), {TABLE_ROWS} bigint, "
+            f"{NOTE} text, PRIMARY KEY ({JOB}, {SINK}, {BATCH_ID}))"
+        )
+        con.execute(
+            f"CREATE TABLE IF NOT EXISTS {parts} ({JOB} text, {SINK} text, {BATCH_ID} bigint, "
+            f"partition integer, partitions integer, {ROWS} bigint, {COMMITTED_AT} timestamptz "
+            f"DEFAULT now(), new_rows bigint, "
+            f"PRIMARY KEY ({JOB}, {SINK}, {BATCH_ID}, partition, partitions))"
+        )
+        if getattr(self, "_ledger_current", False):
+            return
+        # Ledgers written before the table's rows were recorded gain the columns (once per
+        # run: ALTER takes an exclusive lock even when the column is there).
+        for table, column, tp in (
+            (ledger, TABLE_ROWS, "bigint"),
+            (ledger, NOTE, "text"),
+            (parts, "new_rows", "bigint"),
+        ):
+            con.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {tp}")
+        self._ledger_current = True
+
+    def _exists(self, con: Any, table: str) -> bool:
+        return con.execute("SELECT to_regclass(%s)", [table]).fetchone()[0] is not None
+
+    def _observe_on(self, con: Any, job: str, sink: str, *, count: bool) -> SinkObservation:
+        exists = self._exists(con, self._table)
+        last = expected = None
+        ledger = f"{_q(self.schema)}.{LEDGER_TABLE}"
+        if self._exists(con, ledger):
+            has_rows = con.execute(
+                "SELECT 1 FROM information_schema.columns WHERE table_schema = %s AND "
+                "table_name = %s AND column_name = %s",
+                [self.schema, LEDGER_TABLE, TABLE_ROWS],
+            ).fetchone()
+            row = con.execute(
+                f"SELECT {BATCH_ID}, {TABLE_ROWS if has_rows else 'NULL'} FROM {ledger} "
+                f"WHERE {JOB} = %s AND {SINK} = %s ORDER BY {BATCH_ID} DESC LIMIT 1",
+                [job, sink],
+            ).fetchone()
+            if row:
+                last, expected = int(row[0]), None if row[1] is None else int(row[1])
+        rows = None
+        if exists and count:
+            rows = int(con.execute(f"SELECT count(*) FROM {self._table}").fetchone()[0])
+        elif exists and expected:  # before each batch: an emptied table, probed by one row
+            rows = (
+                0
+                if con.execute(f"SELECT 1 FROM {self._table} LIMIT 1").fetchone() is None
+                else None
+            )
+        return SinkObservation(
+            f"{self.schema}.{self.table}", self.location, exists, last, expected, rows
+        )
+
+    def observe(self, job: str, sink: str) -> SinkObservation:
+        return self._run(
+            "check the table", lambda con: self._observe_on(con, job, sink, count=True)
+        )
+
+    def accept(self, job: str, sink: str, batch: int | None, note: str) -> None:
+        at = -1 if batch is None else batch
+
+        def step(con: Any) -> None:
+            self._ensure_ledger(con)
+            ledger = f"{_q(self.schema)}.{LEDGER_TABLE}"
+            con.execute(
+                f"DELETE FROM {ledger} WHERE {JOB} = %s AND {SINK} = %s AND {BATCH_ID} > %s",
+                [job, sink, at],
+            )
+            rows = (
+                con.execute(f"SELECT count(*) FROM {self._table}").fetchone()[0]
+                if self._exists(con, self._table)
+                else 0
+            )
+            con.execute(
+                f"INSERT INTO {ledger} ({JOB}, {SINK}, {BATCH_ID}, {ROWS}, {TABLE_ROWS}, {NOTE}) "
+                f"VALUES (%s, %s, %s, 0, %s, %s) ON CONFLICT ({JOB}, {SINK}, {BATCH_ID}) DO "
+                f"UPDATE SET {TABLE_ROWS} = EXCLUDED.{TABLE_ROWS}, {NOTE} = EXCLUDED.{NOTE}",
+                [job, sink, at, rows, note],
+            )
+
+        self._run("record the acceptance", step)
+
+    def set_aside(self, job: str, sink: str, suffix: str) -> str | None:
+        moved = f"{self.table}{suffix}"
+
+        def step(con: Any) -> str | None:
+            out = None
+            if self._exists(con, self._table):
+                con.execute(f"ALTER TABLE {self._table} RENAME TO {_q(moved)}")
+                out = f"{self.schema}.{moved}"
+            for table in (LEDGER_TABLE, PARTITION_LEDGER):
+                if self._exists(con, f"{_q(self.schema)}.{table}"):
+                    con.execute(
+                        f"DELETE FROM {_q(self.schema)}.{table} WHERE {JOB} = %s AND {SINK} = %s",
+                        [job, sink],
+                    )
+            return out
+
+        return self._run("set the table aside", step)
+
     def commit_batch(self, batch_id: int, reports: Sequence[PartitionReport]) -> None:
         hook("commit", batch_id)
         rows = sum(r.rows for r in reports)
+        ledger, parts = f"{_q(self.schema)}.{LEDGER_TABLE}", f"{_q(self.schema)}.{PARTITION_LEDGER}"
 
         def step(con: Any) -> None:
+            # The table's rows after the batch: the last entry's plus the keys this batch's
+            # partitions inserted (counted as they were written), not a count(*) per batch.
+            before = con.execute(
+                f"SELECT {TABLE_ROWS} FROM {ledger} WHERE {JOB} = %s AND {SINK} = %s AND "
+                f"{BATCH_ID} < %s ORDER BY {BATCH_ID} DESC LIMIT 1",
+                [self.job, self.sink_name, batch_id],
+            ).fetchone()
+            if before is not None and before[0] is not None:
+                new = con.execute(
+                    f"SELECT coalesce(sum(new_rows), 0) FROM {parts} WHERE {JOB} = %s AND "
+                    f"{SINK} = %s AND {BATCH_ID} = %s AND partitions = %s",
+                    [self.job, self.sink_name, batch_id, len(reports)],
+                ).fetchone()[0]
+                table_rows = int(before[0]) + int(new)
+            else:  # the first batch, or a ledger from before the rows were recorded: once
+                table_rows = con.execute(f"SELECT count(*) FROM {self._table}").fetchone()[0]
             con.execute(
-                f"INSERT INTO {_q(self.schema)}.{LEDGER_TABLE} ({JOB}, {SINK}, {BATCH_ID}, "
-                f"{ROWS}) VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                [self.job, self.sink_name, batch_id, rows],
+                f"INSERT INTO {ledger} ({JOB}, {SINK}, {BATCH_ID}, {ROWS}, {TABLE_ROWS}) "
+                f"VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                [self.job, self.sink_name, batch_id, rows, table_rows],
             )
             con.execute(
                 f"DELETE FROM {_q(self.schema)}.{PARTITION_LEDGER} WHERE {JOB} = %s AND "
@@ -326,15 +448,18 @@ class PostgresUpsertSink(PartitionedWarehouseSink):
             )
             with con.cursor().copy(f"COPY _srt_stage ({cols}) FROM STDIN (FORMAT csv)") as cp:
                 cp.write(data)
-            con.execute(
-                f"INSERT INTO {self._table} ({cols}) SELECT {cols} FROM _srt_stage "
-                f"ON CONFLICT ({keys}) {action}"
-            )
+            # How many keys are new to the table (xmax = 0: inserted, not updated), for the
+            # ledger's count of the table's rows; one row comes back, not one per row.
+            new_rows = con.execute(
+                f"WITH up AS (INSERT INTO {self._table} ({cols}) SELECT {cols} FROM _srt_stage "
+                f"ON CONFLICT ({keys}) {action} RETURNING (xmax = 0) AS fresh) "
+                f"SELECT count(*) FILTER (WHERE fresh) FROM up"
+            ).fetchone()[0]
             hook("data", batch_id, partition)
             con.execute(
                 f"INSERT INTO {_q(self.schema)}.{PARTITION_LEDGER} ({JOB}, {SINK}, {BATCH_ID}, "
-                f"partition, partitions, {ROWS}) VALUES (%s, %s, %s, %s, %s, %s)",
-                [*ident, rows.num_rows],
+                f"partition, partitions, {ROWS}, new_rows) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                [*ident, rows.num_rows, new_rows],
             )
             con.commit()
             return PartitionReport(

@@ -198,6 +198,7 @@ def _run_cmd(args: argparse.Namespace) -> int:
             allow_non_restored_state=args.allow_non_restored_state,
             signals=signals,
             skip=args.skip,
+            replay_sinks=args.replay_sinks,
         ).run()
     except stop_signals.StopRequested as stop:  # before the runner could take it (loading)
         stop_signals.stopped_early(stop.signal)
@@ -406,6 +407,25 @@ def _reconcile_cmd(args: argparse.Namespace) -> int:
     )
     for start, n in sorted(out.windows.items()):
         print(f"  window {start}: {n:,}")
+    return 0
+
+
+def _sink_cmd(args: argparse.Namespace) -> int:
+    """``srt sink accept``: go on over what a sink's table lost (the operator's decision)."""
+    from stateful_runtime.contract import SinksAccepted
+    from stateful_runtime.runtime.loader import load_job_file, parse_overrides
+    from stateful_runtime.runtime.runner import JobRunner
+
+    jobfile = load_job_file(args.job_file, parse_overrides(args.set))
+    masking.remember_config(jobfile.config)
+    done = JobRunner(jobfile).accept_sink_loss(args.sink)
+    out = SinksAccepted(jobfile.job.name, tuple(done))
+    if args.json:
+        _json(out.to_json())
+    elif done:
+        print("\n".join(done))
+    else:
+        print(f"no sink of {out.job} lacks anything its checkpoint committed: nothing to accept")
     return 0
 
 
@@ -722,6 +742,13 @@ def _parser() -> argparse.ArgumentParser:
                 help="pass this source record to the dead-letter topic (recorded in the "
                 "checkpoint; the record a stopped job names)",
             )
+            c.add_argument(
+                "--replay-sinks",
+                action="store_true",
+                help="replay into fresh warehouse tables (the old ones renamed, kept): from "
+                "the sources' earliest records (the checkpoint moved aside), or with "
+                "--from-savepoint from that savepoint",
+            )
         else:
             c.add_argument("--no-spark", action="store_true", help="skip Spark's own plan")
             c.add_argument(
@@ -837,6 +864,30 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--source", help="source name, if the job has several")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_reconcile_cmd)
+
+    sink_p = sub.add_parser("sink", help="a job's warehouse sink tables")
+    sink_sub = sink_p.add_subparsers(dest="sink_cmd", required=True)
+    c = sink_sub.add_parser(
+        "accept",
+        help="go on over batches a sink's table lost (recorded in its ledger as your decision)",
+    )
+    c.add_argument("job_file")
+    c.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a key of the job file's DEFAULTS (as the job runs)",
+    )
+    c.add_argument(
+        "--sink",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="the sink (repeatable; default: every sink the start check refuses)",
+    )
+    c.add_argument("--json", action="store_true", help="the sinks accepted, as JSON")
+    c.set_defaults(func=_sink_cmd)
 
     dbt_p = sub.add_parser("dbt", help="dbt on the tables a job writes")
     dbt_sub = dbt_p.add_subparsers(dest="dbt_cmd", required=True)

@@ -115,6 +115,7 @@ class ErrorKind(StrEnum):
     LOG_WRITE_ERROR = "LogWriteError"
     APPEND_INCOMPLETE_ERROR = "AppendIncompleteError"
     SINK_ERROR = "SinkError"
+    SINK_DATA_LOST_ERROR = "SinkDataLostError"
     JOB_ERROR = "JobError"
     CORRUPT_ENTRY_ERROR = "CorruptEntryError"
     ENDPOINT_UNAVAILABLE = "EndpointUnavailable"
@@ -677,6 +678,8 @@ class JobStatus:
         last_savepoint: the last savepoint taken of it.
         log_path: the launched process's output (a launcher's entry, until the process
             registers).
+        error: why a FAILED run ended, when the runtime refused or stopped it on purpose (a
+            sink table that lost batches: ``SinkDataLostError`` with its ways back...).
         registered_state: ``srt status``: the entry's own state.
         alive: ``srt status``: the pid is a live process, the one the entry recorded.
         live: ``srt status``: alive and STARTING or RUNNING: the job runs.
@@ -709,6 +712,7 @@ class JobStatus:
     stopped_by: StopSignal | None = None
     last_savepoint: SavepointRef | None = None
     log_path: str | None = None
+    error: ErrorDocument | None = None
     registered_state: JobState | None = None
     alive: bool | None = None
     live: bool | None = None
@@ -773,6 +777,7 @@ class JobStatus:
             if self.last_savepoint is None
             else self.last_savepoint.to_json(),
             "log_path": self.log_path,
+            "error": None if self.error is None else self.error.to_json()["error"],
         }
         out.update({k: v for k, v in later.items() if v is not None})
         if self.checked_at is not None:
@@ -822,6 +827,9 @@ class JobStatus:
             stopped_by=None if not data.get("stopped_by") else StopSignal(data["stopped_by"]),
             last_savepoint=None if not last else SavepointRef.from_json(last),
             log_path=_str(data.get("log_path")),
+            error=ErrorDocument.from_json({"error": data["error"]})
+            if isinstance(data.get("error"), Mapping)
+            else None,
             registered_state=None if registered is None else JobState(registered),
             alive=None if data.get("alive") is None else bool(data["alive"]),
             live=None if data.get("live") is None else bool(data["live"]),
@@ -847,6 +855,7 @@ _KNOWN = frozenset(
         "ended_at",
         "stopped_by",
         "last_savepoint",
+        "error",
         "log_path",
         "registered_state",
         "alive",
@@ -1068,6 +1077,27 @@ class Disposed:
             tuple((str(d["id"]), str(d["location"])) for d in data.get("disposed") or ()),
             None if kept is None else _strings(kept),
         )
+
+
+@dataclass(frozen=True)
+class SinksAccepted:
+    """``srt sink accept --json``: the sinks whose lost batches an operator accepted.
+
+    Attributes:
+        job: the job.
+        accepted: one line per sink: what it lacked, who accepted it and when (as the ledger
+            records it).
+    """
+
+    job: str
+    accepted: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"job": self.job, "accepted": list(self.accepted)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SinksAccepted:
+        return cls(str(data["job"]), _strings(data.get("accepted") or ()))
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ and each says what to do next, not only what went wrong::
     │   └── AppendIncompleteError     `srt log append/serve` stopped part-way: what went in,
     │                                 the line to resume from
     ├── SinkError                     a sink could not write or does not fit its table
+    │   └── SinkDataLostError         a sink's table or ledger lacks batches the checkpoint
+    │                                 committed into it: refused, with the ways back
     ├── JobError                      job registry: unknown job, not running, already running
     │   ├── JobLockedError            another process holds the job's checkpoint lock
     │   ├── CorruptEntryError         an unreadable registry entry
@@ -254,6 +256,69 @@ class LogWriterBusyError(LogError):
 
 class SinkError(StatefulRuntimeError):
     """A sink could not write a batch, or its target does not fit the job's output."""
+
+
+class SinkDataLostError(SinkError):
+    """A sink's table no longer holds what the job's checkpoint says was committed into it
+    (truncated, dropped, its file deleted, its ledger gone), or the ledger holds batches the
+    checkpoint does not (the checkpoint was replaced). Going on would leave a hole in the
+    results nobody sees, so the job refuses to start (or stops before writing the next batch).
+
+    Attributes:
+        job: the job.
+        sink: the sink (its output's name).
+        table: the sink's table.
+        location: where the table lives (masked).
+        problem: ``table_missing``, ``ledger_missing``, ``rows_missing`` or ``ledger_ahead``.
+        committed_batch: the newest batch the job's checkpoint committed (None: none).
+        ledger_batch: the newest batch the sink's ledger records (None: none).
+        rows: the table's rows now (None: no table).
+        expected_rows: the rows the ledger recorded after ``ledger_batch`` (None: unknown).
+        ways_back: the commands that bring the job back, each with what it gives.
+    """
+
+    def __init__(
+        self,
+        job: str,
+        sink: str,
+        table: str,
+        location: str,
+        problem: str,
+        what: str,
+        *,
+        committed_batch: int | None = None,
+        ledger_batch: int | None = None,
+        rows: int | None = None,
+        expected_rows: int | None = None,
+        ways_back: list[str] | None = None,
+    ) -> None:
+        self.job, self.sink, self.table, self.location = job, sink, table, location
+        self.problem, self.what = problem, what
+        self.committed_batch, self.ledger_batch = committed_batch, ledger_batch
+        self.rows, self.expected_rows = rows, expected_rows
+        self.ways_back = list(ways_back or [])
+        ways = "".join(f"\n  * {w}" for w in self.ways_back)
+        super().__init__(
+            f"sink {sink} of job {job!r} (table {table} in {location}): {what}. Nothing was "
+            f"written, so nothing more is lost; the job does not go on over a hole in its "
+            f"results." + (f" Ways back:{ways}" if ways else "")
+        )
+
+    def with_ways_back(self, ways_back: list[str]) -> SinkDataLostError:
+        """The same refusal, naming the commands that bring this job back."""
+        return SinkDataLostError(
+            self.job,
+            self.sink,
+            self.table,
+            self.location,
+            self.problem,
+            self.what,
+            committed_batch=self.committed_batch,
+            ledger_batch=self.ledger_batch,
+            rows=self.rows,
+            expected_rows=self.expected_rows,
+            ways_back=ways_back,
+        )
 
 
 class JobError(StatefulRuntimeError):

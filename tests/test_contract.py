@@ -29,6 +29,7 @@ from stateful_runtime.contract import (
     Launch,
     QueryHealth,
     SavepointSummary,
+    SinksAccepted,
     StateCheck,
     Stopped,
     StopReport,
@@ -163,6 +164,7 @@ DOCUMENTS: list[tuple[Any, Mapping[str, Any]]] = [
     (SavepointSummary, SAVEPOINT),
     (Disposed, {"disposed": [{"id": "sp-1", "location": "/sp/sp-1"}], "kept": ["sp-2"]}),
     (Disposed, {"disposed": [{"id": "sp-1", "location": "/sp/sp-1"}]}),
+    (SinksAccepted, {"job": "j", "accepted": ["sink out of query q: accepted by me"]}),
     (
         StateCheck,
         {

@@ -15,6 +15,8 @@ Layout (:class:`CheckpointLayout` and :class:`QueryLayout`: no other module spel
         commits/<batch>                 written after the batch's sink write and state commit
         state/<operator>/<partition>/   RocksDB state (changelog checkpointing)
         metadata                        query id
+        srt_sinks.json                  the sinks its batches went to, from which batch
+                                        (runtime.sink_check; savepoints carry it)
 
 A batch is *committed* when ``commits/<batch>`` exists; restart resumes after the last one.
 :class:`QueryLayout` is the one reader of Spark's offset and commit logs, and names the files a
@@ -60,6 +62,7 @@ _EVENT_TIME = ".event-time"
 # Spark's checkpoint of one query.
 _OFFSETS, _COMMITS, _STATE = "offsets", "commits", "state"
 _METADATA, _SOURCES = "metadata", "sources"
+_SINKS = "srt_sinks.json"
 # Spark's metadata directory (of a stateful operator, of a state partition) and schema files.
 _META_DIR, _STATE_SCHEMA = "_metadata", "_stateSchema"
 
@@ -318,6 +321,12 @@ class QueryLayout:
         return self.root / _METADATA
 
     @property
+    def sinks_record(self) -> Path:
+        """The runtime's record of the sinks this query's batches were written to, and from
+        which batch (:mod:`stateful_runtime.runtime.sink_check`)."""
+        return self.root / _SINKS
+
+    @property
     def offset_log(self) -> Path:
         """Spark's offset log: ``<batch>`` per planned batch."""
         return self.root / _OFFSETS
@@ -433,6 +442,8 @@ class QueryLayout:
         does not need them).
         """
         files = [self.metadata]
+        if self.sinks_record.exists():  # a restore checks the sinks as this run would
+            files.append(self.sinks_record)
         for b in (batch - 1, batch):
             if b >= 0:
                 files += [self.offsets(b), self.commit(b)]

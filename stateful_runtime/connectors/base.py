@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.datasource import DataSource
 
+    from stateful_runtime.ledger import SinkObservation
     from stateful_runtime.watermarks import WatermarkStrategy
 
 # Columns every source adds to the declared record fields.
@@ -143,6 +144,12 @@ class Sink(ABC):
       at committed ``batch_id``: the batches after it run again (maybe with other boundaries
       and new code), so a sink that skips repeated batch ids must forget the later ones.
 
+    A sink that keeps a ledger (the warehouses) also lets the runtime check its target against
+    the checkpoint, so a table truncated, dropped or deleted behind the job's back is never a
+    silent hole (:mod:`stateful_runtime.runtime.sink_check`): ``observe`` before the job starts
+    (and before ``rewind``), the check of :attr:`expected_batch` before each batch is written,
+    ``accept`` and ``set_aside`` for the operator's ways back.
+
     ``upsert`` says whether the sink can take a new version of a row it already has (same key):
     the planner then emits window results on every update, not only when a window closes.
 
@@ -156,6 +163,9 @@ class Sink(ABC):
 
     upsert: bool = False
     key_columns: tuple[str, ...] = ()
+    # Set by the runtime (its start check, then each batch written): the newest batch this
+    # sink's ledger and table must hold before it writes another; None: nothing expected yet.
+    expected_batch: int | None = None
     # What ``sink.kind`` calls it ("" : it is built in code only); the catalog reports it.
     kind: ClassVar[str] = ""
     # The job-file keys ``from_config`` reads, and the one that says where the sink writes.
@@ -198,6 +208,24 @@ class Sink(ABC):
     def summary(self) -> SinkSummary | None:
         """A few rows to print when the job ends (``None``: nothing to show)."""
         return None
+
+    def observe(self, job: str, sink: str) -> SinkObservation | None:
+        """What the target holds for sink ``sink`` of ``job``: its table, the ledger's newest
+        batch, the table's rows then and now. Called before the job starts (before
+        ``rewind``); ``None``: the sink keeps no ledger and nothing is checked."""
+        return None
+
+    def accept(self, job: str, sink: str, batch: int | None, note: str) -> None:
+        """Record an operator's decision to go on with what the table holds now
+        (``srt sink accept``): the ledger then says the table stands for every batch up to
+        ``batch`` (None: forget the entries after nothing: a fresh start) with its rows now."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no ledger")
+
+    def set_aside(self, job: str, sink: str, suffix: str) -> str | None:
+        """Before a replay into a fresh table: rename the table to ``<table><suffix>`` (kept,
+        never dropped) and forget sink ``sink``'s ledger entries; the new name (None: there
+        was no table)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no ledger")
 
     def describe(self) -> str:
         return self.default_name()

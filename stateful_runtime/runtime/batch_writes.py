@@ -35,6 +35,7 @@ from stateful_runtime.connectors.base import (
     PartitionReport,
     prepare_rows,
 )
+from stateful_runtime.exceptions import SinkDataLostError
 from stateful_runtime.planner import QueryOutput, QueryPlan
 
 if TYPE_CHECKING:
@@ -106,6 +107,9 @@ class BatchWriter:
     def __init__(self, query: QueryPlan) -> None:
         self.query = query
         self.rows = {out.name: rows_of(query, out) for out in query.outputs}
+        # A sink that found its table without the batches it had written (dropped, truncated
+        # while the job runs): the batch fails, and the runner ends the run with this error.
+        self.refused: SinkDataLostError | None = None
 
     def check_schemas(self, output: pa.Schema) -> None:
         """Each sink's check of the rows it will get, given the query's output schema (before
@@ -125,17 +129,24 @@ class BatchWriter:
         try:
             for out in self.query.outputs:
                 select = self.rows[out.name]
-                if out.sink.write_placement().where == "executors":
-                    assert isinstance(out.sink, PartitionedSink)
-                    partitions = out.sink.partitions or self.query.parallelism
-                    n, t = _write_on_executors(df, out.sink, select, batch_id, partitions)
-                else:
-                    if batch is None:
-                        batch = df.toArrow()
-                    t0 = time.perf_counter()
-                    selected = select(batch)
-                    out.sink.write_batch(selected, batch_id)
-                    n, t = selected.num_rows, (time.perf_counter() - t0) * 1000
+                try:
+                    if out.sink.write_placement().where == "executors":
+                        assert isinstance(out.sink, PartitionedSink)
+                        partitions = out.sink.partitions or self.query.parallelism
+                        n, t = _write_on_executors(df, out.sink, select, batch_id, partitions)
+                    else:
+                        if batch is None:
+                            batch = df.toArrow()
+                        t0 = time.perf_counter()
+                        selected = select(batch)
+                        out.sink.write_batch(selected, batch_id)
+                        n, t = selected.num_rows, (time.perf_counter() - t0) * 1000
+                except SinkDataLostError as exc:
+                    self.refused = exc
+                    raise
+                # The batch is in the sink's table and ledger now: the next write checks
+                # they still hold it.
+                out.sink.expected_batch = batch_id
                 rows += n
                 ms += t
         finally:

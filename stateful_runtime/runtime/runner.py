@@ -26,6 +26,7 @@ from stateful_runtime.checkpoints.layout import CheckpointLayout, CheckpointLock
 from stateful_runtime.checkpoints.mirror import CheckpointMirror, MirrorSync
 from stateful_runtime.checkpoints.verify import disk_full
 from stateful_runtime.contract import (
+    ErrorDocument,
     JobState,
     JobStatus,
     MirrorHealth,
@@ -35,10 +36,24 @@ from stateful_runtime.contract import (
     StopReport,
     StopSignal,
 )
-from stateful_runtime.exceptions import ConfigError, JobError, JobLockedError, SinkError
+from stateful_runtime.exceptions import (
+    ConfigError,
+    JobError,
+    JobLockedError,
+    SinkDataLostError,
+    SinkError,
+    StatefulRuntimeError,
+)
 from stateful_runtime.operators.isolation import SKIPPED
 from stateful_runtime.planner import QueryPlan, chain, plan
-from stateful_runtime.runtime import registry, skips, spark_output, stop_signals, warmup
+from stateful_runtime.runtime import (
+    registry,
+    sink_check,
+    skips,
+    spark_output,
+    stop_signals,
+    warmup,
+)
 from stateful_runtime.runtime.batch_writes import BatchWriter
 from stateful_runtime.runtime.console import Console
 from stateful_runtime.runtime.dataframes import build
@@ -147,6 +162,7 @@ class _Running:
     plan: QueryPlan
     query: StreamingQuery
     checkpoint_dir: str
+    writer: BatchWriter | None = None
     printed: int = -1
     health: QueryHealth = field(default_factory=QueryHealth)
     records: Records = field(default_factory=Records)
@@ -182,6 +198,7 @@ class JobRunner:
         on_batch: Sequence[Callable[[BatchCommitted], None]] = (),
         signals: stop_signals.StopSignals | None = None,
         skip: Sequence[str] = (),
+        replay_sinks: bool = False,
     ) -> None:
         self.jobfile = jobfile
         self.job = jobfile.job
@@ -198,6 +215,14 @@ class JobRunner:
         self.from_savepoint = from_savepoint
         self.restore_from = restore_from
         self.allow_non_restored_state = allow_non_restored_state
+        if replay_sinks and restore_from:
+            raise ConfigError(
+                "--replay-sinks replays into fresh tables from the source (alone) or from a "
+                "savepoint (--from-savepoint), not from the checkpoint mirror"
+            )
+        self.replay_sinks = replay_sinks
+        # Set when a sink refused to write over a hole (raised once the run has ended).
+        self.refusal: SinkDataLostError | None = None
         self.plan = plan(self.job)
         # Source records (source, partition, offset) an operator passes to the dead-letter
         # topic (``srt run --skip``), checked against the job's sources before anything runs.
@@ -294,6 +319,8 @@ class JobRunner:
             self._shutdown(state, signals)
             if own_signals:
                 signals.restore()
+        if self.refusal is not None:  # a sink's table lost batches while the job ran
+            raise self.refusal
         if code == 0 and not self.runs:
             self.console.say(
                 f"stopped by {self._stopped_by(signals) or 'request'} before the job started"
@@ -311,14 +338,21 @@ class JobRunner:
         self._lock_checkpoint()
         try:
             self._prepare_locked()
-        except BaseException:
+        except BaseException as exc:
             entry = registry.read(self.job.name) or {}
             if entry.get("pid") == os.getpid() and entry.get("state") == JobState.STARTING:
-                registry.update(self.job.name, state=JobState.FAILED, ended_at=now_iso())
+                why = (
+                    {"error": ErrorDocument.of(exc).to_json()["error"]}
+                    if isinstance(exc, StatefulRuntimeError)
+                    else {}
+                )
+                registry.update(self.job.name, state=JobState.FAILED, ended_at=now_iso(), **why)
             self.release_checkpoint(tidy=True)
             raise
 
     def _prepare_locked(self) -> None:
+        if self.replay_sinks and not self.from_savepoint:
+            self._fresh_checkpoint()
         if self.from_savepoint or self.restore_from:
             self._restore()
         layout.claim(self.checkpoint_dir, self.job.name, self._query_names, self.fingerprint)
@@ -332,6 +366,12 @@ class JobRunner:
         )
         for note in self.recovery.notes:
             self.console.say(note)
+        if self.replay_sinks:
+            restored = (self.restored or {}).get("batches") or {}
+            since = {q: (-1 if b is None else b) + 1 for q, b in restored.items()}
+            for note in sink_check.set_aside(self.job.name, self.plan.queries, self.layout, since):
+                self.console.say(note)
+        self._check_sinks()
         if self.job.checkpoint.mirror:
             self.mirror = CheckpointMirror(self.checkpoint_dir, self.job.checkpoint.mirror)
         for src in self.job.sources:
@@ -432,6 +472,20 @@ class JobRunner:
                 f"still stopping (a micro-batch in flight)"
             )
         return self._stop_result
+
+    def accept_sink_loss(self, sinks: Sequence[str] = ()) -> list[str]:
+        """``srt sink accept``: with the job stopped (its checkpoint lock taken), record that
+        the named warehouse sinks (default: every one the start check refuses) go on with
+        their tables as they are (:func:`.sink_check.accept`); one line per sink."""
+        self.layout.check_owned()
+        lock = self.layout.lock(
+            self.job.name, {"pid": os.getpid(), "since": now_iso(), "command": "srt sink accept"}
+        )
+        try:
+            layout.claim(self.checkpoint_dir, self.job.name, self._query_names, self.fingerprint)
+            return sink_check.accept(self.job.name, self.plan.queries, self.layout, sinks=sinks)
+        finally:
+            lock.release()
 
     def take_savepoint(self, target: str | None, kind: str) -> SavepointSummary:
         """A savepoint of the last committed batch, taken by this process (it knows its
@@ -549,6 +603,71 @@ class JobRunner:
         for d in self.restored["dropped_state"]:
             self.console.say(f"not restored (--allow-non-restored-state): {d}")
 
+    def _fresh_checkpoint(self) -> None:
+        """``--replay-sinks`` from the source: the checkpoint is moved aside whole (only one of
+        the runtime's, never deleted) and the job starts from its sources' earliest records."""
+        ckpt = self.checkpoint_dir
+        held = (
+            [p for p in ckpt.iterdir() if p.name != self.layout.lock_file.name]
+            if (ckpt.exists())
+            else []
+        )
+        if not held:
+            return
+        self.layout.check_owned(moving=True)
+        aside = ckpt.with_name(
+            f"{ckpt.name}.before-replay-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
+        )
+        fresh = ckpt.with_name(f".{ckpt.name}.replay-{uuid.uuid4().hex[:6]}")
+        fresh.mkdir()
+        if self.checkpoint_lock is not None:
+            self.checkpoint_lock.follow(fresh)  # the fresh directory is this process's first
+        os.replace(ckpt, aside)
+        os.replace(fresh, ckpt)
+        if self.checkpoint_lock is not None:
+            self.checkpoint_lock.settle()
+        self.console.say(
+            f"replaying into fresh sink tables from the sources: the checkpoint that was "
+            f"there is kept in {aside}"
+        )
+
+    def _check_sinks(self) -> None:
+        """Each warehouse sink's table against the checkpoint (:mod:`.sink_check`): a table or
+        ledger that lost batches refuses the start, naming the ways back."""
+        rewinds = {
+            **self.recovery.rewind,
+            **{
+                q: b
+                for q, b in ((self.restored or {}).get("batches") or {}).items()
+                if b is not None
+            },
+        }
+        try:
+            checked = sink_check.check(
+                self.job.name, self.plan.queries, self.layout, rewinds=rewinds
+            )
+        except SinkDataLostError as exc:
+            raise self._with_ways_back(exc) from None
+        for c in checked:
+            if c.note:
+                self.console.say(c.note)
+
+    def _with_ways_back(self, exc: SinkDataLostError) -> SinkDataLostError:
+        newest = None
+        try:
+            found = savepoints.list_savepoints(savepoint_root(self.job), job=self.job.name)
+        except Exception:  # noqa: BLE001 - an unreadable savepoint store: name none
+            found = []
+        if found:
+            sp = found[-1]
+            batches = {q: v.get("batch") for q, v in sp.manifest.get("queries", {}).items()}
+            newest = (sp.id, next((b for b in batches.values() if b is not None), None))
+        return exc.with_ways_back(
+            sink_check.ways_back(
+                exc, str(self.jobfile.path), self.jobfile.config, self.jobfile.defaults, newest
+            )
+        )
+
     def _register(self) -> None:
         # A damaged entry stops the run (CorruptEntryError says what to do): it may belong to
         # a live process of this job, which a second one must not run beside.
@@ -599,7 +718,7 @@ class JobRunner:
         else:
             secs = self.job.checkpoint.interval.total_seconds()
             writer = writer.trigger(processingTime=f"{secs} seconds")
-        run = _Running(q, writer.start(), qdir)
+        run = _Running(q, writer.start(), qdir, batch_writer)
         run.records.dead_letters += self._published_early.pop(q.name, 0)
         return run
 
@@ -665,6 +784,11 @@ class JobRunner:
     def _failed(self) -> bool:
         """True (and the cause on stderr) if a query ended with an error."""
         for run in self.runs:
+            if run.writer is not None and run.writer.refused is not None:
+                if not run.query.isActive or run.query.exception() is not None:
+                    # Raised by run() once the job has stopped: srt's error, its JSON.
+                    self.refusal = self._with_ways_back(run.writer.refused)
+                    return True
             if not run.query.isActive and run.query.exception() is not None:
                 # Spark appends the whole logical plan to the message; the cause is above it.
                 reason = str(run.query.exception()).split("=== Streaming Query ===")[0]
@@ -771,6 +895,8 @@ class JobRunner:
             )
             if state is JobState.STOPPED:
                 taken["stopped_by"] = self._stopped_by(signals)
+            if self.refusal is not None:
+                taken["error"] = ErrorDocument.of(self.refusal).to_json()["error"]
             if self._owns_entry():
                 registry.update(
                     self.job.name, state=state, ended_at=now_iso(), health=self._health(), **taken

@@ -132,3 +132,20 @@ def test_giving_up_sticks_until_the_job_is_started_again(srt_home):
     md = check_job(context, spec, cursor, NOW + 3600)
     assert (md["action"], md["restarts_in_window"]) == ("none", 0)
     assert cursor.gave_up == {} and cursor.restarts[spec.name] == []
+
+
+def test_a_job_refused_for_a_lost_sink_table_is_not_restarted():
+    seen = assess(
+        {
+            "state": "FAILED",
+            "pid": 42,
+            "error": {"type": "SinkDataLostError", "message": "sink out ... Ways back: ..."},
+        },
+        alive=False,
+        queries={},
+        now=NOW,
+        started_age_s=5.0,
+        policy=POLICY,
+    )
+    assert seen.condition is Condition.REFUSED and "Ways back" in seen.reason
+    assert decide(seen.condition, [], now=NOW, policy=POLICY).action is Action.NONE

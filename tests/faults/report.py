@@ -307,6 +307,35 @@ signals, read from `/proc`), `tests/runtime/test_stop_signals.py`,
 `tests/dagster_defs/test_restart_policy.py` (a STOPPED entry stopped by a signal is left
 alone).
 
+## Sink tables changed behind the job's back
+
+Tried on the UPI job stopped after its commits: the DuckDB table truncated, the table dropped,
+the DuckDB file deleted. Each time the job resumed with exit 0 and no warning, and the windows
+closed before the stop were gone for good; a checkpoint deleted under a table that holds later
+batches made the new run skip those batch ids as already written. Now
+(`stateful_runtime/runtime/sink_check.py`, the warehouse sinks in `dbt_sink/`): each ledger
+entry records the table's rows after its batch, in the batch's own transaction or commit
+(PostgreSQL: the previous entry's plus the keys the batch inserted; ClickHouse: `count() FINAL`;
+Delta: the files' `num_records` at the sink's commit); before the job starts each warehouse
+sink's table is compared with the checkpoint, and a table gone, a ledger without the
+checkpoint's last batch, fewer rows than recorded, or a ledger ahead of the checkpoint refuses
+with `SinkDataLostError` (exit 2; the registry's `error`), naming what was found and three
+commands back: `srt run --replay-sinks` (a fresh table from the source's retained records, the
+checkpoint and the old table kept), the same with `--from-savepoint`, `srt sink accept` (the
+hole accepted, recorded in the ledger). Before each batch the sink checks again, so a table
+dropped or emptied while the job runs stops the job instead of being recreated. A fresh job, a
+restart, a crash between the sink's commit and Spark's, a restore over a table with later
+batches and a sink added by an upgrade are not refused. Trials:
+`tests/faults/test_sink_tables.py` (real `srt run`, 6,000 UPI events: DuckDB table truncated,
+dropped, its ledger dropped, its file deleted, each refused with exit 2, the commands and the
+registry's error; then `--replay-sinks` — the table equals the oracle, the old table and the old
+checkpoint kept; PostgreSQL truncated, refused, replayed, equal to the oracle; `srt sink accept`
+then a run that goes on, the decision in the ledger) and `tests/runtime/test_sink_check.py`
+(DuckDB, PostgreSQL, ClickHouse 18.16 and Delta Lake: truncated, rows deleted, dropped, ledger
+deleted — refused at start and before the next write, which writes nothing; the legitimate
+cases pass; accept and set-aside). On the previous runtime the refusals are not there: every
+one of these trials resumed with exit 0.
+
 ## What the suite does not cover
 
 * A crash of the Kafka-protocol broker itself: noida-db keeps its data in memory and saves it
