@@ -719,6 +719,7 @@ class JobRunner:
             secs = self.job.checkpoint.interval.total_seconds()
             writer = writer.trigger(processingTime=f"{secs} seconds")
         run = _Running(q, writer.start(), qdir, batch_writer)
+        sink_check.record_started(self.layout.query(q.name), q)
         run.records.dead_letters += self._published_early.pop(q.name, 0)
         return run
 

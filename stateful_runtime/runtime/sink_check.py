@@ -157,9 +157,18 @@ def check(
                 expected = None
             o.sink.expected_batch = expected
             out.append(Checked(q.name, o.name, since, expected, note))
-        if sinks != (record or {}):
+        # A query that has committed nothing and has no record yet is recorded once Spark has
+        # started it (record_started): a start refused later must not leave a directory.
+        if sinks != (record or {}) and (record is not None or committed is not None):
             write_record(query, sinks)
     return out
+
+
+def record_started(query: QueryLayout, q: QueryPlan) -> None:
+    """Once Spark started query ``q``: record its sinks, from batch 0, if nothing is recorded
+    (a new checkpoint), so a sink an upgrade adds later is known to be new."""
+    if read_record(query) is None and query.last_committed() is None:
+        write_record(query, {o.name: {"since": 0} for o in q.outputs})
 
 
 def ways_back(

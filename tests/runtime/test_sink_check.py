@@ -154,10 +154,13 @@ def three_batches(wh: Warehouse) -> tuple[Any, Any, CheckpointLayout]:
     does; returns the sink, the query plan and the checkpoint."""
     sink = wh.sink()
     q = plan(job_to(sink, wh.tmp_path)).queries[0]
-    layout = committed(wh.tmp_path, q.name)
+    layout = CheckpointLayout(wh.tmp_path / "ck")
     assert sink_check.check(JOB, [q], layout, rewinds={}) == [
         sink_check.Checked(q.name, "out", 0, None)
-    ]  # a fresh job: nothing expected, the sink recorded from batch 0
+    ]  # a fresh job: nothing expected
+    assert not layout.query(q.name).root.exists()  # nothing written before Spark starts
+    layout.query(q.name).commit_log.mkdir(parents=True)  # Spark started the query
+    sink_check.record_started(layout.query(q.name), q)  # the sink recorded from batch 0
     sink.open(JOB, "out")
     sink.write_batch(batch([("M1", W1, 1), ("M2", W1, 7)]), 0)
     sink.write_batch(batch([("M1", W1, 5), ("M1", W2, 2)]), 1)
