@@ -4,7 +4,9 @@
 #   platform/bootstrap.sh dev        + Dagster, dbt, Great Expectations, test services, Debian's
 #                                    chromium for the Dagster UI test (platform/install-chromium.sh)
 #                                    and clickhouse-server for the ClickHouse sink tests
-#                                    (platform/install-clickhouse.sh)
+#                                    (platform/install-clickhouse.sh), then Airflow (the `airflow`
+#                                    extra, for srt_airflow) constrained to what those resolved
+#   platform/bootstrap.sh airflow    runtime + Airflow only (the provider without Dagster)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-}"
@@ -28,11 +30,28 @@ case "$extras" in
     platform/install-clickhouse.sh \
       || echo "bootstrap: continuing without clickhouse-server (see above)" >&2
     ;;
-  *) echo "bootstrap: unknown extras '$extras' (use: dev)" >&2; exit 2 ;;
+  airflow) spec=".[airflow]" ;;
+  *) echo "bootstrap: unknown extras '$extras' (use: dev, airflow)" >&2; exit 2 ;;
 esac
 # The editable build prints setuptools' notice about same-named folders (InformationOnly, a
 # UserWarning) into the user's first terminal; the project has none, so it is silenced.
 PYTHONWARNINGS=ignore::UserWarning .venv/bin/python -m pip install -q -e "$spec"
+if [ "$extras" = dev ]; then
+  # Airflow shares the venv with Dagster, Spark and dbt only if it moves none of their versions:
+  # it is installed constrained to everything the dev extras resolved (pip freeze), the way
+  # Airflow's own constraint files pin an install. A conflict stops here with pip's reason
+  # rather than downgrading a Dagster or Spark dependency (NOTES.md, "Airflow beside Dagster").
+  constraints=$(mktemp)
+  trap 'rm -f "$constraints"' EXIT
+  .venv/bin/python -m pip freeze --exclude-editable > "$constraints"
+  if ! PYTHONWARNINGS=ignore::UserWarning .venv/bin/python -m pip install -q -e ".[airflow]" \
+      -c "$constraints"; then
+    echo "bootstrap: apache-airflow does not install beside the versions the dev extras" \
+      "resolved (see pip's reason above); install it in a venv of its own:" \
+      "python3.11 -m venv .venv-airflow && .venv-airflow/bin/pip install -e '.[airflow,dev]'" >&2
+    exit 1
+  fi
+fi
 # Spark puts pyspark.zip and py4j's zip first on its Python workers' PYTHONPATH, and modules
 # imported from a zip are compiled from source in every new worker (no bytecode cache): 0.4-0.5 s
 # per worker process on a quiet machine, most of a planning worker's life. The same pyspark and

@@ -46,7 +46,9 @@ and each says what to do next, not only what went wrong::
     │       │                         [stateful_runtime.checkpoints.manifest]
     │       └── ManifestMismatchError  a manifest field the files or its checksum contradict
     │                                 [stateful_runtime.checkpoints.manifest]
-    └── SrtCommandError               an srt command run by Dagster failed [dagster_defs.errors]
+    ├── SrtCommandError               an srt command run by Dagster failed [dagster_defs.errors]
+    └── SrtAirflowError               an srt command run by the Airflow provider failed, or a
+                                      job did not get where a task waited [srt_airflow.errors]
 
 Classes without a module in brackets are defined here; ``tests/test_exceptions.py`` keeps this
 tree true to the code.
@@ -56,7 +58,7 @@ from __future__ import annotations
 
 
 class StatefulRuntimeError(Exception):
-    """Root of every error raised by stateful_runtime, dbt_sink and dagster_defs."""
+    """Root of every error raised by stateful_runtime, dbt_sink, dagster_defs and srt_airflow."""
 
 
 class ConfigError(StatefulRuntimeError):

@@ -21,6 +21,7 @@ pytest.register_assert_rewrite(
     "tests.connectors.kafka.helpers",
     "tests.dagster_defs.helpers",
     "tests.dbt_sink.helpers",
+    "tests.srt_airflow.helpers",
     "tests.operators.helpers",
 )
 

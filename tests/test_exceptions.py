@@ -1,5 +1,5 @@
 """The exception tree drawn in ``stateful_runtime.exceptions``' docstring is the real one: every
-error class the three packages define is in it, under its real parent, and nothing else is."""
+error class the four packages define is in it, under its real parent, and nothing else is."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ import re
 from stateful_runtime import exceptions
 from stateful_runtime.exceptions import StatefulRuntimeError
 
-PACKAGES = ("stateful_runtime", "dagster_defs", "dbt_sink")
+PACKAGES = ("stateful_runtime", "dagster_defs", "dbt_sink", "srt_airflow")
+# The Airflow provider's errors are all in srt_airflow.errors; its other modules import Airflow,
+# which configures logging and creates ~/airflow at import: not in the tests' process.
+IMPORTED_ALONE = {"srt_airflow": ("srt_airflow.errors",)}
 _LINE = re.compile(r"^(?P<prefix>[ │├└─]*)(?P<name>[A-Z]\w+)(?:\s|$)")
 _MODULE = re.compile(r"\[(?P<module>[\w.]+)\]")
 
@@ -43,6 +46,10 @@ def _defined() -> tuple[dict[str, str | None], dict[str, str]]:
     """Class name -> parent name, and class name -> its module where that is not the
     exceptions module, for every error class the packages define."""
     for package in PACKAGES:
+        if package in IMPORTED_ALONE:
+            for name in IMPORTED_ALONE[package]:
+                importlib.import_module(name)
+            continue
         root = importlib.import_module(package)
         for info in pkgutil.walk_packages(root.__path__, f"{package}."):
             importlib.import_module(info.name)

@@ -2,9 +2,9 @@
 
 A test file sits in the directory of the package it tests (tests/test_planner.py for
 stateful_runtime/planner.py, tests/checkpoints/ for stateful_runtime/checkpoints/,
-tests/dagster_defs/ and tests/dbt_sink/ for those packages); tests/faults/ is the fault suite,
-run on its own (RELIABILITY.md). conftest.py files hold fixtures and hooks only, which pytest
-injects by name: nothing imports a conftest or a test module.
+tests/dagster_defs/, tests/dbt_sink/ and tests/srt_airflow/ for those packages); tests/faults/
+is the fault suite, run on its own (RELIABILITY.md). conftest.py files hold fixtures and hooks
+only, which pytest injects by name: nothing imports a conftest or a test module.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from tests.helpers import ROOT
 
 TESTS = ROOT / "tests"
-TOP_LEVEL_PACKAGES = ("dagster_defs", "dbt_sink")
+TOP_LEVEL_PACKAGES = ("dagster_defs", "dbt_sink", "srt_airflow")
 
 
 def _package_dir(test_dir: Path) -> Path:
