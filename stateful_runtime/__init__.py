@@ -45,6 +45,7 @@ _EXPORTS = {
     "UpdateType": "state",
     "ValueStateDescriptor": "state",
     "WatermarkStrategy": "watermarks",
+    "EventTimePolicy": "watermarks",
     "CountTrigger": "windows",
     "EarlyFiring": "windows",
     "EventTimeSessionWindows": "windows",
@@ -99,7 +100,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         UpdateType,
         ValueStateDescriptor,
     )
-    from stateful_runtime.watermarks import WatermarkStrategy
+    from stateful_runtime.watermarks import EventTimePolicy, WatermarkStrategy
     from stateful_runtime.windows import (
         CountTrigger,
         EarlyFiring,

@@ -624,6 +624,45 @@ def _check_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _checkpoint_cmd(args: argparse.Namespace) -> int:
+    """``srt checkpoint rewind``: undo the batches from the one that poisoned the watermark."""
+    from stateful_runtime.runtime import control
+    from stateful_runtime.runtime.loader import parse_overrides
+
+    out = control.rewind_checkpoint(
+        args.job_file,
+        parse_overrides(args.set),
+        from_batch=args.from_batch,
+        query=args.query,
+        dry_run=args.dry_run,
+    )
+    if args.json:
+        _json(out.to_json())
+        return 0
+    if not out.queries:
+        print(
+            f"{out.job}: no query's logged watermark lies beyond what its sources' event-time "
+            f"policy allows; nothing to rewind (name a batch with --from-batch to rewind anyway)"
+        )
+        return 0
+    verb = "would move" if out.dry_run else "moved"
+    for q in out.queries:
+        print(f"query {q.query}: {q.why}")
+        print(
+            f"  {verb} {len(q.moved)} file(s) of batches from {q.rerun_batch} on"
+            + ("" if out.quarantine is None else f" to {out.quarantine}/{q.query}")
+            + f"; the next run re-runs batch {q.rerun_batch} with its logged offsets from "
+            f"batch {q.restart_after}'s state and plans the rest again; the query's sinks "
+            f"forget the batches after {q.restart_after} first and write them again"
+        )
+    if not out.dry_run:
+        print(
+            "Run the job again (`srt run`). Rows the sinks hold for windows that only the "
+            "refused records made stay in their tables: delete them there if unwanted."
+        )
+    return 0
+
+
 def _state_cmd(args: argparse.Namespace) -> int:
     from stateful_runtime.checkpoints.state_reader import checkpoint_of, inspect
     from stateful_runtime.runtime.session import build_session
@@ -960,6 +999,32 @@ def _parser() -> argparse.ArgumentParser:
         )
         c.add_argument("--json", action="store_true")
     sp.set_defaults(func=_savepoint_cmd)
+
+    ck = sub.add_parser("checkpoint", help="repair a job's checkpoint")
+    cksub = ck.add_subparsers(dest="checkpoint_cmd", required=True)
+    c = cksub.add_parser(
+        "rewind",
+        help="undo the batches from the one that poisoned the watermark (state kept); the "
+        "next run replays them under the event-time policy",
+    )
+    c.add_argument("job_file")
+    c.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="the job's config, as it runs (the event-time policy and checkpoint.dir)",
+    )
+    c.add_argument(
+        "--from-batch",
+        type=_count(0),
+        help="re-run from this batch (default: the batch before the first whose watermark "
+        "breaks the policy)",
+    )
+    c.add_argument("--query", help="only this query")
+    c.add_argument("--dry-run", action="store_true", help="say what would move; move nothing")
+    c.add_argument("--json", action="store_true")
+    ck.set_defaults(func=_checkpoint_cmd)
 
     st = sub.add_parser("state", help="read keyed state")
     stsub = st.add_subparsers(dest="state_cmd", required=True)

@@ -1432,3 +1432,82 @@ class AppendReport:
             complete=bool(data.get("complete", True)),
             end_offsets={int(p): int(n) for p, n in (data.get("end_offsets") or {}).items()},
         )
+
+
+@dataclass(frozen=True)
+class QueryRewound:
+    """One query of :class:`CheckpointRewind`.
+
+    Attributes:
+        query: the query.
+        rerun_batch: the batch re-run with its logged offsets and watermark; later batches are
+            planned again.
+        restart_after: the committed batch whose state the re-run starts from (-1: none); the
+            query's sinks forget every batch after it at the next start.
+        why: what was found (the poisoned batch, its watermark and the bound), or that the
+            batch was named.
+        moved: files moved to the quarantine, relative to the query's checkpoint directory.
+    """
+
+    query: str
+    rerun_batch: int
+    restart_after: int
+    why: str
+    moved: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "query": self.query,
+            "rerun_batch": self.rerun_batch,
+            "restart_after": self.restart_after,
+            "why": self.why,
+            "moved": list(self.moved),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> QueryRewound:
+        return cls(
+            query=str(data["query"]),
+            rerun_batch=int(data["rerun_batch"]),
+            restart_after=int(data["restart_after"]),
+            why=str(data.get("why") or ""),
+            moved=_strings(data.get("moved")),
+        )
+
+
+@dataclass(frozen=True)
+class CheckpointRewind:
+    """``srt checkpoint rewind --json``: a checkpoint rewound past a poisoned watermark.
+
+    Attributes:
+        job: the job's name.
+        checkpoint_dir: its checkpoint directory.
+        dry_run: nothing was moved (``--dry-run``): what would be.
+        queries: the queries rewound (empty: no poisoned watermark found).
+        quarantine: where the undone files went (None: nothing moved).
+    """
+
+    job: str
+    checkpoint_dir: str
+    dry_run: bool = False
+    queries: tuple[QueryRewound, ...] = ()
+    quarantine: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "checkpoint_dir": self.checkpoint_dir,
+            "dry_run": self.dry_run,
+            "queries": [q.to_json() for q in self.queries],
+            "quarantine": self.quarantine,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CheckpointRewind:
+        return cls(
+            job=str(data["job"]),
+            checkpoint_dir=str(data["checkpoint_dir"]),
+            dry_run=bool(data.get("dry_run")),
+            queries=tuple(QueryRewound.from_json(q) for q in data.get("queries") or ()),
+            quarantine=_str(data.get("quarantine")),
+        )

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import timedelta
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from stateful_runtime.connectors.base import Source
@@ -235,6 +235,77 @@ class StreamJob:
             raise ConfigError(f"two sinks are named {node.name!r}; give each sink_to a name")
         self.sinks.append(node)
 
+    def apply_event_time_settings(self, config: Mapping[str, Any]) -> None:
+        """Apply the ``event_time.*`` keys of ``config`` (:data:`EVENT_TIME_KEYS`) to the
+        sources' event-time policies: ``event_time.<setting>`` to every source,
+        ``event_time.<source>.<setting>`` to one (it wins). ``""`` keeps what the job file
+        set; ``off`` switches a bound off."""
+        names = {s.name for s in self.sources}
+        per_source: dict[str | None, dict[str, Any]] = {}
+        for key, raw in config.items():
+            if not key.startswith(EVENT_TIME_PREFIX) or raw in ("", None):
+                continue
+            rest = key[len(EVENT_TIME_PREFIX) :]
+            source, _, setting = rest.rpartition(".")
+            if setting not in EVENT_TIME_KEYS:
+                continue  # the loader refused unknown keys already
+            if source and source not in names:
+                raise ConfigError(
+                    f"{key}: job {self.name!r} has no source {source!r}; its sources: "
+                    f"{', '.join(sorted(names)) or '(none)'}"
+                )
+            attr, value = _event_time_setting(key, setting, raw)
+            per_source.setdefault(source or None, {})[attr] = value
+        for node in self.sources:
+            given = {**per_source.get(None, {}), **per_source.get(node.name, {})}
+            if given:
+                wm = node.watermark
+                # SourceNode is frozen for the graph's sake; its nodes hold it by reference.
+                object.__setattr__(
+                    node,
+                    "watermark",
+                    replace(wm, event_time_policy=replace(wm.event_time_policy, **given)),
+                )
+
+
+EVENT_TIME_PREFIX = "event_time."
+# The event-time policy's settings as job-file keys (``event_time.<key>`` for every source,
+# ``event_time.<source>.<key>`` for one) → the EventTimePolicy attribute.
+EVENT_TIME_KEYS: Mapping[str, str] = {
+    "floor": "floor",
+    "max_ahead_s": "max_ahead_of_processing_time",
+    "max_ahead_of_watermark_s": "max_ahead_of_watermark",
+}
+
+
+def _event_time_setting(key: str, setting: str, raw: Any) -> tuple[str, Any]:
+    """(EventTimePolicy attribute, value) of one ``event_time.*`` key's value."""
+    attr = EVENT_TIME_KEYS[setting]
+    text = str(raw).strip()
+    if text.lower() in ("off", "none"):
+        return attr, None
+    if setting == "floor":
+        try:
+            t = datetime.fromisoformat(text)
+        except ValueError:
+            raise ConfigError(
+                f"{key}={text!r}: give an ISO-8601 instant (e.g. {key}=2020-01-01T00:00:00Z; "
+                f"no zone means UTC) or {key}=off"
+            ) from None
+        return attr, t if t.tzinfo else t.replace(tzinfo=UTC)
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(
+            f"{key}={text!r}: give a number of seconds (e.g. {key}=3600) or off"
+        ) from None
+    return attr, seconds(key, value)
+
+
+def is_event_time_key(key: str) -> bool:
+    """Whether ``key`` names an event-time setting (``event_time.[<source>.]<setting>``)."""
+    return key.startswith(EVENT_TIME_PREFIX) and key.rpartition(".")[2] in EVENT_TIME_KEYS
+
 
 # Keys every job file accepts with --set, whatever its DEFAULTS say ("" = not set).
 RUNTIME_KEYS: Mapping[str, Any] = {
@@ -244,4 +315,5 @@ RUNTIME_KEYS: Mapping[str, Any] = {
     "errors.policy": "",
     "errors.max_consecutive": "",
     "errors.max_fraction": "",
+    **{f"{EVENT_TIME_PREFIX}{k}": "" for k in EVENT_TIME_KEYS},
 }

@@ -383,6 +383,13 @@ class QueryLayout:
         """The watermark Spark logged for ``batch`` when it planned it."""
         return _batch_metadata(self._offset_lines(batch)).get("batchWatermarkMs")
 
+    def batch_times(self, batch: int) -> tuple[int | None, int | None]:
+        """(processing time, watermark) in epoch ms that Spark logged for ``batch`` when it
+        planned it (``batchTimestampMs``, ``batchWatermarkMs``): a re-run of the batch reads
+        the same values."""
+        meta = _batch_metadata(self._offset_lines(batch))
+        return meta.get("batchTimestampMs"), meta.get("batchWatermarkMs")
+
     def committed_offsets(self, batch: int | None = None) -> dict[str, Any] | None:
         """Source offsets of a committed batch (default: the last), as Spark logged them:
         ``batch``, ``watermark_ms`` and ``sources`` (one entry per source, JSON decoded)."""

@@ -20,9 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from stateful_runtime.checkpoints import layout, verify
-from stateful_runtime.checkpoints.layout import CheckpointLayout, QueryLayout, crc_sidecar
+from stateful_runtime.checkpoints.layout import (
+    CheckpointLayout,
+    QueryLayout,
+    crc_sidecar,
+)
 from stateful_runtime.checkpoints.manifest import utc
+from stateful_runtime.contract import QueryRewound
 from stateful_runtime.exceptions import ConfigError, StatefulRuntimeError
+from stateful_runtime.instants import iso_ms, span
 
 
 class CorruptCheckpointError(ConfigError):
@@ -296,3 +302,166 @@ def recover(
     (dest / "quarantine.json").write_text(json.dumps(record, indent=1))
     rec.quarantine = dest
     return rec
+
+
+# -- rewinding past a poisoned watermark (`srt checkpoint rewind`) -----------------------------
+
+
+@dataclass(frozen=True)
+class WatermarkBounds:
+    """How far a query's logged watermark may lie ahead, as the source's event-time policy
+    allows (ms; None: not bounded). Plain numbers: checkpoints import no user API."""
+
+    max_ahead_of_processing_time_ms: int | None
+    max_ahead_of_watermark_ms: int | None
+
+    def broken(self, query: QueryLayout) -> tuple[int, str] | None:
+        """The first batch whose logged watermark lies further ahead than the policy lets any
+        event time lie, and why; None if every logged watermark is plausible.
+
+        A record accepted in batch ``b`` lies at most ``ahead`` past batch ``b``'s processing
+        time, so batch ``b + 1``'s watermark (max event time - delay) cannot pass its own
+        processing time by more; likewise for the watermark bound, batch to batch."""
+        previous = 0
+        for b in query.planned_batches():
+            try:
+                ts, wm = query.batch_times(b)
+            except (OSError, ValueError, IndexError):
+                continue  # a damaged entry is recover()'s business at the next start
+            wm = int(wm or 0)
+            ahead = self.max_ahead_of_processing_time_ms
+            if ahead is not None and ts is not None and wm > ts + ahead:
+                return b, (
+                    f"its watermark {iso_ms(wm)} is {span(wm - ts)} ahead of its processing "
+                    f"time {iso_ms(ts)} (max_ahead_of_processing_time "
+                    f"{_td(ahead)})"
+                )
+            ahead = self.max_ahead_of_watermark_ms
+            if ahead is not None and previous > 0 and wm > previous + ahead:
+                return b, (
+                    f"its watermark {iso_ms(wm)} jumped {span(wm - previous)} past batch "
+                    f"{b - 1}'s {iso_ms(previous)} (max_ahead_of_watermark {_td(ahead)})"
+                )
+            previous = max(previous, wm)
+        return None
+
+
+def _td(ms: int) -> str:
+    from datetime import timedelta
+
+    return str(timedelta(milliseconds=ms))
+
+
+def rewind(
+    checkpoint_dir: str | Path,
+    queries: dict[str, WatermarkBounds],
+    *,
+    from_batch: int | None = None,
+    query: str | None = None,
+    dry_run: bool = False,
+) -> tuple[list[QueryRewound], Path | None]:
+    """Undo a query's batches from the one that poisoned its watermark on, keeping its state.
+
+    Per query (or only ``query``): the batch to re-run is ``from_batch`` if given, else the
+    batch before the first whose logged watermark breaks its :class:`WatermarkBounds` (that
+    batch read the record that moved it). The commit of that batch and of every later one,
+    the offsets of every later batch and the state versions they wrote move to the
+    checkpoint's quarantine (never deleted; ``quarantine.json`` says what and why), and the
+    rewind the sinks owe is recorded first: the next start re-runs the batch with its logged
+    offsets and watermark from the previous batch's state (with the policy now in force its
+    reader dead-letters the poisoning record) and plans the rest again; the sinks forget the
+    undone batches before it (their rows are written again by batch id). Refused with nothing
+    changed when the state of the batch before is no longer retained.
+
+    Returns:
+        One :class:`~stateful_runtime.contract.QueryRewound` per query rewound, and the
+        quarantine directory (None on a dry run or when nothing was found).
+    """
+    ckpt = Path(checkpoint_dir).resolve()
+    layout_ = CheckpointLayout(ckpt)
+    layout_.check_owned(moving=True)
+    if query is not None and query not in queries:
+        raise ConfigError(
+            f"the job has no query {query!r}; its queries: {', '.join(sorted(queries))}"
+        )
+    plans: list[tuple[QueryRewound, list[tuple[str, str]]]] = []
+    for name, bounds in queries.items():
+        if query not in (None, name):
+            continue
+        q = layout_.query(name)
+        if not q.offset_log.is_dir():
+            continue
+        planned = q.planned_batches()
+        if from_batch is not None:
+            if from_batch not in planned:
+                raise ConfigError(
+                    f"query {name}: batch {from_batch} is not in its offset log "
+                    f"({q.offset_log}: batches {planned[0] if planned else '-'}.."
+                    f"{planned[-1] if planned else '-'}); name a batch it holds"
+                )
+            rerun, why = from_batch, f"batch {from_batch} named (--from-batch)"
+        else:
+            found = bounds.broken(q)
+            if found is None:
+                continue
+            poisoned, what = found
+            rerun = poisoned - 1
+            why = (
+                f"batch {poisoned}'s watermark is poisoned: {what}; batch {rerun} read the "
+                f"record that moved it"
+            )
+        restart = rerun - 1
+        if rerun not in planned:
+            raise ConfigError(
+                f"query {name}: {why}, but batch {rerun}'s offsets are no longer in the "
+                f"offset log (Spark keeps the last 100 batches): restore a savepoint taken "
+                f"before batch {rerun + 1} (`srt savepoint list`), then run the job"
+            )
+        problems = verify.verify(q.root, restart, pending=True)
+        if problems:
+            raise ConfigError(
+                f"query {name}: {why}; re-running batch {rerun} needs batch {restart}'s files "
+                f"and state, which are missing or damaged ("
+                + "; ".join(str(p) for p in problems)
+                + f"): restore a savepoint taken before batch {rerun + 1} (`srt savepoint "
+                f"list`); nothing was changed"
+            )
+        moves = [
+            (q.relative(q.commit(b)), f"undone: batch {b} is re-run")
+            for b in q.committed_batches()
+            if b >= rerun
+        ]
+        moves += [
+            (q.relative(q.offsets(b)), f"undone: batch {b} is planned again")
+            for b in planned
+            if b > rerun
+        ]
+        moves += [
+            (q.relative(p), "state written by an undone batch")
+            for p in q.state_files_after(rerun)
+            if not p.name.endswith(".crc")
+        ]
+        plans.append((QueryRewound(name, rerun, restart, why, tuple(m for m, _ in moves)), moves))
+    if dry_run or not plans:
+        return [r for r, _ in plans], None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dest, n = layout_.quarantine / stamp, 1
+    while dest.exists():
+        n += 1
+        dest = layout_.quarantine / f"{stamp}-{n}"
+    for r, _ in plans:  # durable before anything moves
+        _set_pending(ckpt, r.query, r.restart_after)
+    record: dict[str, Any] = {"rewound_at": utc(), "queries": {}}
+    for r, moves in plans:
+        qdir = layout_.query(r.query).root
+        for rel, _why in moves:
+            if (qdir / rel).exists():
+                _move(qdir / rel, dest / r.query / rel)
+        record["queries"][r.query] = {
+            **r.to_json(),
+            "sinks_rewound_to": r.restart_after,
+            "moved": [{"path": rel, "why": why} for rel, why in moves],
+        }
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "quarantine.json").write_text(json.dumps(record, indent=1))
+    return [r for r, _ in plans], dest

@@ -64,13 +64,17 @@ class Source(ABC):
         dead_letter_staging: str | None = None,
         watermark: WatermarkStrategy | None = None,
         late_watermark_of: str | None = None,
+        query_checkpoint: str | None = None,
     ) -> DataFrame:
         """The decoded stream, good and bad records alike. With ``dead_letter_staging``, each
         read task also stages its split's rejected records there
         (:func:`stateful_runtime.connectors.dead_letters.stage`). With ``watermark``, a source
         may align its partitions in event time (:mod:`stateful_runtime.connectors.alignment`).
         With ``late_watermark_of`` (a query's checkpoint directory), every record carries its
-        batch's late-event watermark in ``alignment.LATE_BEFORE``."""
+        batch's late-event watermark in ``alignment.LATE_BEFORE``. With ``watermark``, a record
+        outside its event-time policy is rejected (:mod:`stateful_runtime.connectors.event_time`),
+        judged against its batch's processing time and watermark as logged in
+        ``query_checkpoint`` (the query's checkpoint directory)."""
 
     @abstractmethod
     def dead_letter_sink(self, job: str) -> DeadLetterSink:

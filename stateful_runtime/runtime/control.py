@@ -23,6 +23,7 @@ that JSON with the same class, so both drive jobs the same way.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Mapping
@@ -34,6 +35,7 @@ from stateful_runtime import masking
 from stateful_runtime.checkpoints import layout
 from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.contract import (
+    CheckpointRewind,
     HealthSource,
     JobHealth,
     JobState,
@@ -54,7 +56,7 @@ from stateful_runtime.exceptions import (
     StatefulRuntimeError,
 )
 from stateful_runtime.runtime import endpoint, launcher, registry
-from stateful_runtime.runtime.progress import checkpoint_facts
+from stateful_runtime.runtime.progress import checkpoint_facts, now_iso
 
 # Records decoded per read while counting a topic: bounds memory on a large topic.
 READ_CHUNK = 65_536
@@ -555,7 +557,13 @@ def window_counts(
     windows: dict[int, int] = {}
     try:
         counts = _count(
-            reader, src, ts_field, ends, 1000 if unit == "s" else 1, window_ms, watermark, windows
+            reader,
+            src,
+            (ts_field, unit),
+            _batch_spans(QueryLayout(qdir), int(batch), node.watermark),
+            window_ms,
+            watermark,
+            windows,
         )
     finally:
         reader.close()
@@ -584,12 +592,32 @@ def window_counts(
     )
 
 
+def _batch_spans(query: QueryLayout, batch: int, watermark: Any) -> list[tuple[dict, Any]]:
+    """Per batch up to ``batch``, in order: its end offsets and the event-time bounds its read
+    tasks applied (from its logged processing time and watermark). Offsets before the oldest
+    batch Spark still logs are judged with that batch's bounds."""
+    from stateful_runtime.connectors import event_time
+
+    opts = {"event_time_field": watermark.timestamp_field, **event_time.options(watermark, None)}
+    spans = []
+    for b in query.planned_batches():
+        if b > batch:
+            break
+        entry = query.committed_offsets(b)
+        assert entry is not None
+        if not entry["sources"] or not isinstance(entry["sources"][0], dict):
+            continue
+        ts, wm = query.batch_times(b)
+        ends = {str(k): int(v) for k, v in entry["sources"][0].items()}
+        spans.append((ends, event_time.bounds(opts, ts, wm)))
+    return spans
+
+
 def _count(
     reader: Any,
     source: Any,
-    ts_field: str,
-    ends: Mapping[str, int],
-    scale: int,
+    event_time: tuple[str, str],
+    spans: list[tuple[dict, Any]],
     size: int,
     watermark_ms: int,
     windows: dict[int, int],
@@ -599,20 +627,83 @@ def _count(
 
     from stateful_runtime.connectors.base import ERROR
 
+    ts_field, unit = event_time
+    scale = 1000 if unit == "s" else 1
     records = good_total = dead = 0
-    for p, end in sorted(ends.items(), key=lambda kv: int(kv[0])):
-        for lo in range(0, end, READ_CHUNK):
-            values = reader.read_values(int(p), lo, min(end, lo + READ_CHUNK))
-            decoded = source.decode(values)
-            good = pc.is_null(decoded.column(ERROR))
-            ts = decoded.column(ts_field).filter(good).drop_null()
-            records += len(values)
-            good_total += len(ts)
-            dead += len(values) - pc.sum(good.cast("int64")).as_py()
-            if not len(ts):
-                continue
-            starts = ts.to_numpy().astype(np.int64) * scale // size * size
-            closed = starts[starts + size <= watermark_ms]
-            for w, c in zip(*np.unique(closed, return_counts=True), strict=True):
-                windows[int(w)] = windows.get(int(w), 0) + int(c)
+    starts: dict[str, int] = {}
+    for ends, bounds in spans:
+        for p, end in sorted(ends.items(), key=lambda kv: int(kv[0])):
+            first = starts.get(p, 0)
+            starts[p] = max(first, end)
+            for lo in range(first, end, READ_CHUNK):
+                values = reader.read_values(int(p), lo, min(end, lo + READ_CHUNK))
+                decoded = source.decode(values, event_time=event_time, bounds=bounds)
+                good = pc.is_null(decoded.column(ERROR))
+                ts = decoded.column(ts_field).filter(good).drop_null()
+                records += len(values)
+                good_total += len(ts)
+                dead += len(values) - pc.sum(good.cast("int64")).as_py()
+                if not len(ts):
+                    continue
+                starts_ = ts.to_numpy().astype(np.int64) * scale // size * size
+                closed = starts_[starts_ + size <= watermark_ms]
+                for w, c in zip(*np.unique(closed, return_counts=True), strict=True):
+                    windows[int(w)] = windows.get(int(w), 0) + int(c)
     return {"records": records, "good": good_total, "dead_letters": dead}
+
+
+def rewind_checkpoint(
+    job_file: str,
+    overrides: Mapping[str, str],
+    *,
+    from_batch: int | None = None,
+    query: str | None = None,
+    dry_run: bool = False,
+) -> CheckpointRewind:
+    """``srt checkpoint rewind``: bring back a stopped job whose checkpoint holds a watermark
+    its sources' event-time policy (as ``job_file`` and ``overrides`` set it) says no record
+    could have set, without losing state (:func:`~stateful_runtime.checkpoints.recovery.rewind`).
+
+    Holds the checkpoint's lock while it works, so a running job refuses it (stop it first).
+    """
+    from datetime import timedelta
+
+    from stateful_runtime.checkpoints import recovery
+    from stateful_runtime.checkpoints.layout import CheckpointLayout
+    from stateful_runtime.planner import plan
+    from stateful_runtime.runtime.loader import load_job_file
+
+    job = load_job_file(job_file, overrides).job
+    ckpt = Path(job.checkpoint.dir).resolve()
+    if not CheckpointLayout(ckpt).marker.is_file():
+        raise ConfigError(
+            f"{ckpt} is not a checkpoint of job {job.name!r} (no marker): nothing to rewind; "
+            f"give the --set checkpoint.dir=... the job runs with"
+        )
+
+    def ms(value: timedelta | None) -> int | None:
+        return None if value is None else value // timedelta(milliseconds=1)
+
+    bounds = {
+        q.name: recovery.WatermarkBounds(
+            ms(q.source.watermark.event_time_policy.max_ahead_of_processing_time),
+            ms(q.source.watermark.event_time_policy.max_ahead_of_watermark),
+        )
+        for q in plan(job).queries
+    }
+    lock = CheckpointLayout(ckpt).lock(
+        job.name, {"pid": os.getpid(), "command": "srt checkpoint rewind", "since": now_iso()}
+    )
+    try:
+        rewound, quarantine = recovery.rewind(
+            ckpt, bounds, from_batch=from_batch, query=query, dry_run=dry_run
+        )
+    finally:
+        lock.release()
+    return CheckpointRewind(
+        job.name,
+        str(ckpt),
+        dry_run,
+        tuple(rewound),
+        None if quarantine is None else str(quarantine),
+    )

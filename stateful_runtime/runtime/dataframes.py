@@ -70,6 +70,7 @@ def build(
         query.source,
         query.dead_letters.staging if query.dead_letters is not None else None,
         late_watermark_of=checkpoint if query.path is QueryPath.NATIVE else None,
+        query_checkpoint=checkpoint,
     )
     if skips:
         df = _skip(df, query, skips)
@@ -127,11 +128,16 @@ def read_source(
     src: SourceNode,
     staging: str | None = None,
     late_watermark_of: str | None = None,
+    query_checkpoint: str | None = None,
 ) -> DataFrame:
     from pyspark.sql import functions as F
 
     df = src.source.read_stream(
-        spark, staging, watermark=src.watermark, late_watermark_of=late_watermark_of
+        spark,
+        staging,
+        watermark=src.watermark,
+        late_watermark_of=late_watermark_of,
+        query_checkpoint=query_checkpoint,
     )
     # Per-batch accounting of the source (in Spark's progress as observed metrics): every
     # record read, and those rejected (dead letters); late ones are counted downstream.

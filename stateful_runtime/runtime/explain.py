@@ -67,6 +67,7 @@ def steps(query: QueryPlan) -> list[str]:
         f"source {src.name}: {src.source.describe()}",
         f"decode; records that fail are {where}",
         f"watermark: {src.watermark.describe()}",
+        f"event-time policy: {src.watermark.event_time_policy.describe()}",
     ]
     out += [_node_step(node, query.parallelism) for node in query.nodes]
     if query.path is QueryPath.NATIVE:

@@ -15,7 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from stateful_runtime.exceptions import ConfigError
-from stateful_runtime.job import RUNTIME_KEYS, ErrorPolicy, StreamJob, check_number
+from stateful_runtime.job import (
+    RUNTIME_KEYS,
+    ErrorPolicy,
+    StreamJob,
+    check_number,
+    is_event_time_key,
+)
 
 
 @dataclass(frozen=True)
@@ -83,18 +89,20 @@ def load_job_file(path: str | Path, overrides: Mapping[str, str] | None = None) 
         raise ConfigError(f"job file {path} must define build(config) -> StreamJob")
     defaults: Mapping[str, Any] = {**RUNTIME_KEYS, **getattr(module, "DEFAULTS", {})}
     overrides = dict(overrides or {})
-    unknown = sorted(set(overrides) - set(defaults))
+    # event_time.<source>.<setting>: the source is checked once the job is built.
+    unknown = sorted(k for k in set(overrides) - set(defaults) if not is_event_time_key(k))
     if unknown:
         known = ", ".join(sorted(defaults)) or "(none: the job file declares no DEFAULTS)"
         raise ConfigError(f"unknown config key(s) {', '.join(unknown)}; known keys: {known}")
     config = dict(defaults)
     for key, raw in overrides.items():
-        config[key] = _coerce(key, raw, defaults[key])
+        config[key] = _coerce(key, raw, defaults.get(key, ""))
     for key, value in config.items():  # the job file's own DEFAULTS, as strictly
         check_number(key, value)
     job = build(config)
     if not isinstance(job, StreamJob):
         raise ConfigError(f"{path}: build() returned {type(job).__name__}, not a StreamJob")
+    job.apply_event_time_settings(config)
     if not job.sinks:
         raise ConfigError(f"job {job.name!r} has no sink: add .sink_to(...) to a stream")
     if any(config.get(k) not in (None, "") for k in RUNTIME_KEYS if k.startswith("errors.")):

@@ -30,9 +30,11 @@ def _classes() -> list[tuple[str, bytes, str]]:
     """(input class, one line of it, its expected fate)."""
     return [
         ("well-formed", _good(1, BASE + 1000), GOOD),
-        # Spark's watermark starts at the epoch, not at -inf (Flink's): an event before 1970
-        # is behind it from the first batch on, and is counted late.
-        ("event time before 1970", _good(2, -86_400_000), LATE),
+        # Before the event-time policy's default floor (the epoch): refused with the floor in
+        # its reason (issue 23; it was counted late, behind Spark's watermark at the epoch).
+        ("event time before 1970", _good(2, -86_400_000), DEAD),
+        # Far ahead of the batch's processing time: refused, and never moves the watermark.
+        ("event time in the year 2100", _good(6, 4_102_444_800_000), DEAD),
         ("empty key", _good(3, BASE + 2000, merchant=""), GOOD),
         ("CRLF line end", _good(4, BASE + 3000)[:-1] + b"}\r", GOOD),
         (

@@ -26,7 +26,7 @@ from pyspark.sql.types import (
 )
 
 from stateful_runtime._process import freeze_worker_heap
-from stateful_runtime.connectors import alignment
+from stateful_runtime.connectors import alignment, event_time
 from stateful_runtime.connectors.base import (
     OFFSET,
     PARTITION,
@@ -37,7 +37,7 @@ from stateful_runtime.connectors.base import (
 from stateful_runtime.connectors.dead_letters import stage
 from stateful_runtime.connectors.eventlog import EventLog, cached_reader
 from stateful_runtime.connectors.eventlog.dead_letters import EventLogDeadLetterSink
-from stateful_runtime.connectors.formats.json import decode_json, to_struct
+from stateful_runtime.connectors.formats.json import TimeBounds, decode_json, to_struct
 from stateful_runtime.connectors.ranges import BatchCap, split_ranges
 from stateful_runtime.exceptions import ConfigError
 
@@ -114,9 +114,16 @@ class LogSource(Source):
     def check(self) -> None:
         EventLog(self.log_dir).topic(self.topic)
 
-    def decode(self, values: list[bytes]) -> pa.Table:
-        """Decode raw records exactly as the job does: declared fields + ``_error``/``_raw``."""
-        return decode_json(values, self.schema)
+    def decode(
+        self,
+        values: list[bytes],
+        *,
+        event_time: tuple[str, str] | None = None,
+        bounds: TimeBounds | None = None,
+    ) -> pa.Table:
+        """Decode raw records exactly as the job does: declared fields + ``_error``/``_raw``
+        (with ``event_time`` and a batch's ``bounds``, as its read tasks judge event time)."""
+        return decode_json(values, self.schema, event_time=event_time, bounds=bounds)
 
     def read_stream(
         self,
@@ -124,6 +131,7 @@ class LogSource(Source):
         dead_letter_staging: str | None = None,
         watermark: WatermarkStrategy | None = None,
         late_watermark_of: str | None = None,
+        query_checkpoint: str | None = None,
     ) -> DataFrame:
         info = EventLog(self.log_dir).topic(self.topic)
         options = {
@@ -137,6 +145,7 @@ class LogSource(Source):
         if dead_letter_staging is not None:
             options["dead_letter_staging"] = dead_letter_staging
         options.update(alignment.options(watermark))  # plan-time event-time alignment
+        options.update(event_time.options(watermark, query_checkpoint))
         if late_watermark_of is not None:
             options[alignment.LATE_WATERMARK_OF] = late_watermark_of
         return read_stream(spark, EventLogDataSource, options)
@@ -170,6 +179,7 @@ class LogSplit(InputPartition):
     start: int
     end: int
     late_before: int | None = None  # the batch's late-event watermark, when asked for
+    bounds: TimeBounds | None = None  # the event times the batch accepts
 
 
 class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -208,12 +218,18 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Event-time cut first (so the cap is shared over what may be read), then the cap,
         # then the cut again (the cap ends partitions at different event times).
         if self.time_field:
-            ends = alignment.bound_by_event_time(start, ends, self._time_at, self.drift_ms)
+            # A record the policy refuses has no event time here, as in the batch.
+            plausible = event_time.plan_filter(self.options)
+
+            def time_at(partition: str, offset: int) -> int | None:
+                return plausible(self._time_at(partition, offset))
+
+            ends = alignment.bound_by_event_time(start, ends, time_at, self.drift_ms)
         capped = self.cap.limit(
             start, ends, limit.max_rows if isinstance(limit, ReadMaxRows) else None
         )
         if capped != ends and self.time_field:
-            capped = alignment.bound_by_event_time(start, capped, self._time_at, self.drift_ms)
+            capped = alignment.bound_by_event_time(start, capped, time_at, self.drift_ms)
         return capped
 
     def _time_at(self, partition: str, offset: int) -> int | None:
@@ -230,8 +246,9 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> list[LogSplit]:
         ordered = dict(sorted(end.items(), key=lambda kv: int(kv[0])))
         late = alignment.late_before_ms(self.options)
+        bounds = event_time.batch_bounds(self.options)
         return [
-            LogSplit(int(p), lo, hi, late)
+            LogSplit(int(p), lo, hi, late, bounds)
             for p, lo, hi in split_ranges(start, ordered, MAX_SPLIT_RECORDS)
         ]
 
@@ -248,6 +265,7 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     values,
                     self.record_schema,
                     event_time=(self.time_field, self.time_unit) if self.time_field else None,
+                    bounds=partition.bounds,
                 ),
                 len(self.record_schema.fields),
                 partition.late_before,

@@ -57,9 +57,14 @@ longer than :data:`MAX_RECORD_BYTES` (1 MiB),   * ``record is 10485760 bytes, ov
 e.g. a 10 MB record                             1048576-byte limit`` (``_raw`` keeps all of it)
 event time (``event_time=``) before 0001-01-02  * ``event time 'ts': 10000000000000000 (ms) is
 or after 9999-01-01 (e.g. ``ts_ms`` 1e16)       outside 0001-01-02..9999-01-01``
-negative event time inside that range           good (an instant before 1970)
+negative event time inside that range           good here (an instant before 1970); the
+                                                default policy's floor refuses it
 event time string not ``YYYY-MM-DD[Thh:mm[:ss   * ``event time 't': "..." is not an ISO-8601
 [.ffffff][Z|±hh:mm]]]`` or not a real date      timestamp ...`` / ``is not a valid timestamp``
+event time outside the batch's ``bounds``       * ``event time 'ts' 2100-01-01T00:00:00Z
+(:class:`TimeBounds`: the source's policy, a    (4102444800000 ms) is 73.1 years ahead of the
+floor and a ceiling ahead of processing time    batch's processing time 2026-...Z;
+or of the watermark)                            max_ahead_of_processing_time 1:00:00``
 ==============================================  ==============================================
 """
 
@@ -70,7 +75,8 @@ import json
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from itertools import groupby
 from typing import Any
 
@@ -92,6 +98,7 @@ from pyspark.sql.types import (
 )
 
 from stateful_runtime.exceptions import ConfigError
+from stateful_runtime.instants import iso_ms, span
 
 ERROR_COLUMN = "_error"
 RAW_COLUMN = "_raw"
@@ -258,6 +265,43 @@ def output_schema(schema: pa.Schema) -> pa.Schema:
     )
 
 
+@dataclass(frozen=True)
+class TimeBounds:
+    """The event times one batch accepts, in ms since the epoch (both ends inclusive), and what
+    each bound is, for the reason a record outside gets. Computed by the driver for a batch
+    (:mod:`stateful_runtime.connectors.event_time`) and applied by the decoder on both paths.
+
+    Attributes:
+        floor_ms: the earliest event time accepted (None: no floor).
+        floor_why: what the floor is, e.g. ``"the floor 1970-01-01T00:00:00Z"``.
+        ceiling_ms: the latest event time accepted (None: no ceiling).
+        ceiling_from_ms: the instant the ceiling is measured from.
+        ceiling_from: what that instant is, e.g. ``"the batch's processing time"``.
+        ceiling_setting: the setting and its value, e.g. ``"max_ahead_of_processing_time
+            1:00:00"``.
+    """
+
+    floor_ms: int | None = None
+    floor_why: str = ""
+    ceiling_ms: int | None = None
+    ceiling_from_ms: int = 0
+    ceiling_from: str = ""
+    ceiling_setting: str = ""
+
+    def reason(self, name: str, ms: float, shown: str) -> str | None:
+        """Why event time ``ms`` (shown as ``shown``, the record's own value) is refused, or
+        None if it lies inside."""
+        if self.floor_ms is not None and ms < self.floor_ms:
+            return f"event time {name!r} {iso_ms(ms)} ({shown}) is before {self.floor_why}"
+        if self.ceiling_ms is not None and ms > self.ceiling_ms:
+            return (
+                f"event time {name!r} {iso_ms(ms)} ({shown}) is "
+                f"{span(ms - self.ceiling_from_ms)} ahead of {self.ceiling_from} "
+                f"{iso_ms(self.ceiling_from_ms)}; {self.ceiling_setting}"
+            )
+        return None
+
+
 # -- the judge: one record ------------------------------------------------------------------
 
 
@@ -403,7 +447,13 @@ def _field_error(name: str, value: Any, kind: str) -> tuple[Any, str | None]:
 class _Plan:
     """What one decode_json call checks, derived once per call."""
 
-    def __init__(self, schema: StructType, event_time: tuple[str, str] | None) -> None:
+    def __init__(
+        self,
+        schema: StructType,
+        event_time: tuple[str, str] | None,
+        bounds: TimeBounds | None = None,
+    ) -> None:
+        self.bounds = bounds if bounds is not None and bounds != TimeBounds() else None
         self.schema = arrow_schema(schema)
         self.out = output_schema(self.schema)
         self.required = [f.name for f in schema.fields if not f.nullable]
@@ -568,7 +618,7 @@ def _finish(table: pa.Table, error: pa.Array, lines: Sequence[bytes], plan: _Pla
     n = len(lines)
     if plan.time_field is not None:
         error = _check_event_time(
-            plan.time_field, plan.time_unit, table.column(plan.time_field), error
+            plan.time_field, plan.time_unit, table.column(plan.time_field), error, plan.bounds
         )
     for name in plan.required:  # the first missing field in schema order wins
         col = table.column(name)
@@ -589,10 +639,12 @@ def _finish(table: pa.Table, error: pa.Array, lines: Sequence[bytes], plan: _Pla
     return pa.Table.from_arrays([*table.columns, error, raw], schema=plan.out)
 
 
-def _check_event_time(name: str, unit: str, col: pa.ChunkedArray, error: pa.Array) -> pa.Array:
+def _check_event_time(
+    name: str, unit: str, col: pa.ChunkedArray, error: pa.Array, bounds: TimeBounds | None
+) -> pa.Array:
     values = col.combine_chunks()
     if pa.types.is_string(values.type):
-        return _check_time_strings(name, values, error)
+        return _check_time_strings(name, values, error, bounds)
     if not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)):
         return error
     scale = 1 if unit == "ms" else 1000  # "s", and "timestamp" of a number (Spark: seconds)
@@ -601,18 +653,40 @@ def _check_event_time(name: str, unit: str, col: pa.ChunkedArray, error: pa.Arra
     else:
         lo, hi = pa.scalar(_MIN_MS / scale), pa.scalar(_MAX_MS / scale)
     out = pc.or_(pc.less(values, lo), pc.greater(values, hi))
-    if not pc.any(out).as_py():
+    if pc.any(out).as_py():
+        bad = pc.and_(out, pc.is_null(error)).to_pylist()
+        vals = values.to_pylist()
+        errs = error.to_pylist()
+        for i, b in enumerate(bad):
+            if b:
+                errs[i] = f"event time {name!r}: {vals[i]} ({unit}) is outside {_RANGE}"
+        error = pa.array(errs, pa.string())
+    if bounds is None:
         return error
-    bad = pc.and_(out, pc.is_null(error)).to_pylist()
-    vals = values.to_pylist()
+    # In range (checked above), every event time is below 2.6e14 ms: exact in a double.
+    ms = pc.multiply(pc.cast(values, pa.float64()), pa.scalar(float(scale)))
+    outside = None
+    if bounds.floor_ms is not None:
+        outside = pc.less(ms, pa.scalar(float(bounds.floor_ms)))
+    if bounds.ceiling_ms is not None:
+        above = pc.greater(ms, pa.scalar(float(bounds.ceiling_ms)))
+        outside = above if outside is None else pc.or_(outside, above)
+    if outside is None:
+        return error
+    outside = pc.and_(outside, pc.is_null(error))
+    if not pc.any(outside).as_py():
+        return error
     errs = error.to_pylist()
-    for i, b in enumerate(bad):
+    vals, in_ms = values.to_pylist(), ms.to_pylist()
+    for i, b in enumerate(outside.to_pylist()):
         if b:
-            errs[i] = f"event time {name!r}: {vals[i]} ({unit}) is outside {_RANGE}"
+            errs[i] = bounds.reason(name, in_ms[i], f"{vals[i]} {unit}")
     return pa.array(errs, pa.string())
 
 
-def _check_time_strings(name: str, values: pa.Array, error: pa.Array) -> pa.Array:
+def _check_time_strings(
+    name: str, values: pa.Array, error: pa.Array, bounds: TimeBounds | None
+) -> pa.Array:
     """ISO-8601 strings both Spark's ANSI cast and Python accept, inside the range. One Python
     call per string: only jobs with string event times pay it."""
     errs = error.to_pylist()
@@ -632,6 +706,13 @@ def _check_time_strings(name: str, values: pa.Array, error: pa.Array) -> pa.Arra
                 t = t if t.tzinfo else t.replace(tzinfo=UTC)
                 if not EVENT_TIME_MIN <= t <= EVENT_TIME_MAX:
                     why = f"is outside {_RANGE}"
+                elif bounds is not None:
+                    # Spark's cast keeps microseconds; the bounds are whole ms.
+                    ms = (t - _EPOCH) / timedelta(milliseconds=1)
+                    reason = bounds.reason(name, ms, json.dumps(s)[:60])
+                    if reason is not None:
+                        errs[i], changed = reason, True
+                        continue
         if why is not None:
             errs[i] = f"event time {name!r}: {json.dumps(s)[:60]} {why}"
             changed = True
@@ -691,7 +772,11 @@ def _decode_mixed(
 
 
 def decode_json(
-    lines: Sequence[bytes], schema: StructType, *, event_time: tuple[str, str] | None = None
+    lines: Sequence[bytes],
+    schema: StructType,
+    *,
+    event_time: tuple[str, str] | None = None,
+    bounds: TimeBounds | None = None,
 ) -> pa.Table:
     """Decode JSON records into the declared schema plus ``_error`` and ``_raw`` columns.
 
@@ -702,11 +787,14 @@ def decode_json(
             timestamp field and unit ``"ms"``, ``"s"`` or ``"timestamp"``): the field becomes
             required and a value Spark could not turn into a timestamp, or one outside
             ``EVENT_TIME_MIN..EVENT_TIME_MAX``, is a dead letter instead of a failed batch.
+        bounds: the event times the batch accepts (the source's event-time policy applied to
+            the batch); an event time outside is a dead letter naming the bound. Needs
+            ``event_time``.
 
     Returns:
         One row per record, in order; the module docstring's table says which are good.
     """
-    plan = _Plan(schema, event_time)
+    plan = _Plan(schema, event_time, bounds)
     parts: list[pa.Table] = []
     for i in range(0, len(lines), CHUNK):
         _decode_chunk(lines[i : i + CHUNK], plan, parts)

@@ -39,7 +39,7 @@ from pyspark.sql.types import (
 )
 
 from stateful_runtime._process import freeze_worker_heap
-from stateful_runtime.connectors import alignment
+from stateful_runtime.connectors import alignment, event_time
 from stateful_runtime.connectors.alignment import EventTimeAlignment
 from stateful_runtime.connectors.base import (
     OFFSET,
@@ -49,7 +49,7 @@ from stateful_runtime.connectors.base import (
     stream_schema,
 )
 from stateful_runtime.connectors.dead_letters import stage
-from stateful_runtime.connectors.formats.json import decode_json, to_struct
+from stateful_runtime.connectors.formats.json import TimeBounds, decode_json, to_struct
 from stateful_runtime.connectors.kafka import client as kafka_client
 from stateful_runtime.connectors.kafka.client import (
     METADATA_TIMEOUT_S,
@@ -214,8 +214,16 @@ class KafkaSource(Source):
                 f"{self.config['bootstrap.servers']}; create one or fix the pattern"
             )
 
-    def decode(self, values: list[bytes]) -> pa.Table:
-        return decode_json(values, self.schema)
+    def decode(
+        self,
+        values: list[bytes],
+        *,
+        event_time: tuple[str, str] | None = None,
+        bounds: TimeBounds | None = None,
+    ) -> pa.Table:
+        """Decode raw records exactly as the job does: declared fields + ``_error``/``_raw``
+        (with ``event_time`` and a batch's ``bounds``, as its read tasks judge event time)."""
+        return decode_json(values, self.schema, event_time=event_time, bounds=bounds)
 
     def read_stream(
         self,
@@ -223,10 +231,13 @@ class KafkaSource(Source):
         dead_letter_staging: str | None = None,
         watermark: WatermarkStrategy | None = None,
         late_watermark_of: str | None = None,
+        query_checkpoint: str | None = None,
     ) -> DataFrame:
         self.check()
         return read_stream(
-            spark, KafkaDataSource, self.options(dead_letter_staging, watermark, late_watermark_of)
+            spark,
+            KafkaDataSource,
+            self.options(dead_letter_staging, watermark, late_watermark_of, query_checkpoint),
         )
 
     def options(
@@ -234,6 +245,7 @@ class KafkaSource(Source):
         dead_letter_staging: str | None = None,
         watermark: WatermarkStrategy | None = None,
         late_watermark_of: str | None = None,
+        query_checkpoint: str | None = None,
     ) -> dict[str, str]:
         """The ``srt_kafka`` DataSource options (they carry the client settings: Spark redacts
         option values whose names match ``spark.redaction.regex`` in plans; ours never print)."""
@@ -249,6 +261,7 @@ class KafkaSource(Source):
         if dead_letter_staging is not None:
             opts["dead_letter_staging"] = dead_letter_staging
         opts.update(alignment.options(watermark))
+        opts.update(event_time.options(watermark, query_checkpoint))
         if late_watermark_of is not None:
             opts[alignment.LATE_WATERMARK_OF] = late_watermark_of
         return opts
@@ -296,6 +309,7 @@ class KafkaSplit(InputPartition):
     start: int
     end: int
     late_before: int | None = None  # the batch's late-event watermark, when asked for
+    bounds: TimeBounds | None = None  # the event times the batch accepts
 
 
 _CONSUMERS: dict[str, Any] = {}
@@ -459,9 +473,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> list[KafkaSplit]:
         out = []
         late = alignment.late_before_ms(self.options)
+        bounds = event_time.batch_bounds(self.options)
         for key, lo, hi in split_ranges(start, end, MAX_SPLIT_RECORDS):
             topic, p = key.rsplit(":", 1)
-            out.append(KafkaSplit(topic, int(p), lo, hi, late))
+            out.append(KafkaSplit(topic, int(p), lo, hi, late, bounds))
         return out
 
     # -- executor side ----------------------------------------------------------------------
@@ -520,7 +535,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         tables = []
         for lo in range(0, len(values), ARROW_BATCH_ROWS):
             hi = min(len(values), lo + ARROW_BATCH_ROWS)
-            table = decode_json(values[lo:hi], self.record_schema, event_time=self.event_time)
+            table = decode_json(
+                values[lo:hi], self.record_schema, event_time=self.event_time, bounds=split.bounds
+            )
             cols = {}
             if self.metadata:
                 chunk = metas[lo:hi]
