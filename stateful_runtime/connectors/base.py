@@ -392,6 +392,11 @@ class DeadLetterSink(Protocol):
         """Append rejected records of ``partition`` (none before ``published``) and mark it
         published up to offset ``end``, atomically; returns how many were appended."""
 
+    def published_offsets(self, partition: int | str, start: int, end: int) -> set[int]:
+        """Source offsets in ``[start, end)`` of source ``partition`` whose dead letters (of
+        this job) the topic holds: read when a rewind replays records below ``published``
+        (:func:`stateful_runtime.connectors.dead_letters.note_replay`)."""
+
     def records(self) -> int:
         """How many dead letters the topic holds (for progress lines and summaries)."""
 

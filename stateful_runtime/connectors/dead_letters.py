@@ -37,10 +37,18 @@ cannot hold) takes the same way, from the task that ran the step (:class:`StepRe
    the mark go out, so neither a crash between publishing and removing the files, nor a file
    left by an attempt of a batch later planned with other boundaries, duplicates a record;
    rows without an origin are marked by batch id instead.
+
+A rewind (``srt checkpoint rewind``) replays source records below the source's mark *under a
+stricter judgement*: a record the first run accepted (a year-2100 event time) is now rejected,
+and the mark alone would drop it. So the rewind first notes, per source partition, the mark and
+which offsets below it are already in the topic (:func:`note_replay`, ``_replay.json`` in the
+staging directory); records below the mark that are not among them are published under their
+own mark (the partition key with the rewind's tag), with the same crash safety.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -100,6 +108,45 @@ def staged(directory: str) -> list[tuple[str, int, int, Path]]:
     return sorted(out, key=lambda s: (s[0].zfill(12), s[1]))
 
 
+REPLAY = "_replay.json"
+
+
+def _key(key: str) -> int | str:
+    return int(key) if key.isdigit() else key
+
+
+def note_replay(directory: str, starts: Mapping[str, int], sink: DeadLetterSink, tag: str) -> int:
+    """Before a rewind replays source offsets from ``starts`` (per partition key): note, for
+    each partition whose published mark lies beyond its start, the mark and the offsets below it
+    already in the topic, so :func:`publish` sends the replay's other rejected records there.
+    Returns how many partitions replay below their mark."""
+    notes = _replays(directory)
+    with sink.writer() as writer:
+        marks = {k: sink.published(writer, _key(k)) for k in starts}
+    for key, start in starts.items():
+        mark = marks[key]
+        if mark > start:
+            notes[key] = {
+                "tag": tag,
+                "from": int(start),
+                "below": int(mark),
+                "published": sorted(sink.published_offsets(_key(key), int(start), mark)),
+            }
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    tmp = path / f".{REPLAY}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(notes))
+    os.replace(tmp, path / REPLAY)
+    return sum(1 for k in starts if k in notes)
+
+
+def _replays(directory: str) -> dict[str, dict]:
+    try:
+        return dict(json.loads((Path(directory) / REPLAY).read_text()))
+    except FileNotFoundError:
+        return {}
+
+
 def publish(directory: str, committed: Mapping[str, int], sink: DeadLetterSink) -> int:
     """Move the staged splits inside ``committed`` offsets into the dead-letter topic."""
     due = [
@@ -109,21 +156,50 @@ def publish(directory: str, committed: Mapping[str, int], sink: DeadLetterSink) 
     ]  # others' batches are not committed yet
     if not due:
         return 0
+    replays = _replays(directory)
     done = 0
     with sink.writer() as writer:  # one open of the topic per publish, not per split
         for key, start, end, path in due:
-            partition = int(key) if key.isdigit() else key
+            partition = _key(key)
             mark = sink.published(writer, partition)
-            if end <= mark:
+            replay = replays.get(key)
+            if end <= mark and replay is None:
                 continue  # in the topic already (a re-run, or a range planned again)
             with ipc.open_file(str(path)) as reader:
                 table = reader.read_all()
+            if replay is not None and start < replay["below"]:
+                done += _publish_replayed(sink, writer, table, key, end, replay)
+            if end <= mark:
+                continue
             if start < mark:  # the front of the range went out with splits of another plan
                 table = table.filter(pc.greater_equal(table.column(OFFSET), mark))
             done += sink.write_split(writer, table, partition, end)
     for *_, path in due:
         path.unlink()
+    settled = {k: v for k, v in replays.items() if int(committed.get(k, 0)) < v["below"]}
+    if settled != replays:  # the replay has passed the mark: the note is done
+        if settled:
+            (Path(directory) / REPLAY).write_text(json.dumps(settled))
+        else:
+            (Path(directory) / REPLAY).unlink(missing_ok=True)
     return done
+
+
+def _publish_replayed(
+    sink: DeadLetterSink, writer: object, table: pa.Table, key: str, end: int, replay: dict
+) -> int:
+    """A replayed split's rejected records below the noted mark that the topic lacks, under
+    the rewind's own mark (a re-publish of the split appends nothing)."""
+    tagged = f"{key}@{replay['tag']}"
+    if end <= sink.published(writer, tagged):
+        return 0
+    offsets = table.column(OFFSET)
+    below = pc.and_(pc.greater_equal(offsets, replay["from"]), pc.less(offsets, replay["below"]))
+    fresh = pc.and_(below, pc.invert(pc.is_in(offsets, pa.array(replay["published"], pa.int64()))))
+    new = table.filter(fresh)
+    if not new.num_rows:
+        return 0
+    return sink.write_split(writer, new, tagged, end)
 
 
 @dataclass(frozen=True)

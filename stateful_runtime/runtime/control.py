@@ -684,20 +684,30 @@ def rewind_checkpoint(
     def ms(value: timedelta | None) -> int | None:
         return None if value is None else value // timedelta(milliseconds=1)
 
+    queries = plan(job).queries
     bounds = {
         q.name: recovery.WatermarkBounds(
             ms(q.source.watermark.event_time_policy.max_ahead_of_processing_time),
             ms(q.source.watermark.event_time_policy.max_ahead_of_watermark),
         )
-        for q in plan(job).queries
+        for q in queries
     }
     lock = CheckpointLayout(ckpt).lock(
         job.name, {"pid": os.getpid(), "command": "srt checkpoint rewind", "since": now_iso()}
     )
     try:
         rewound, quarantine = recovery.rewind(
-            ckpt, bounds, from_batch=from_batch, query=query, dry_run=dry_run
+            ckpt, bounds, from_batch=from_batch, query=query, dry_run=True
         )
+        if not dry_run and rewound:
+            # Durable before anything moves: the replay's new dead letters below the topic's
+            # mark are published, the ones already there are not again.
+            tag = "rewind-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+            for r in rewound:
+                q = next(q for q in queries if q.name == r.query)
+                if q.dead_letters is not None:
+                    _note_replay(CheckpointLayout(ckpt).query(r.query), r, q.dead_letters, tag)
+            rewound, quarantine = recovery.rewind(ckpt, bounds, from_batch=from_batch, query=query)
     finally:
         lock.release()
     return CheckpointRewind(
@@ -707,3 +717,21 @@ def rewind_checkpoint(
         tuple(rewound),
         None if quarantine is None else str(quarantine),
     )
+
+
+def _note_replay(query: QueryLayout, rewound: Any, dead_letters: Any, tag: str) -> None:
+    """Note where the re-run batch starts reading, per source partition, for the dead-letter
+    publisher (:func:`stateful_runtime.connectors.dead_letters.note_replay`)."""
+    from stateful_runtime.connectors.dead_letters import note_replay
+
+    rerun = query.committed_offsets(rewound.rerun_batch)
+    keys = rerun["sources"][0] if rerun and rerun["sources"] else {}
+    before = query.committed_offsets(rewound.restart_after) if rewound.restart_after >= 0 else None
+    starts = dict(before["sources"][0]) if before and before["sources"] else {}
+    if isinstance(keys, dict):
+        note_replay(
+            dead_letters.staging,
+            {str(k): int(starts.get(k, 0)) for k in keys},
+            dead_letters.sink,
+            tag,
+        )

@@ -132,7 +132,12 @@ bounds_st = st.builds(
     st.integers(0, 4 * 10**12),
     st.none() | st.integers(0, 10**11),
 )
-times_st = st.integers(-(10**13), 10**13) | st.sampled_from([0, -1, 1, 4_102_444_800_000])
+times_st = (
+    st.integers(-(10**13), 10**13)
+    | st.sampled_from([0, -1, 1, 4_102_444_800_000, 10**16, 2**63 - 1, -(2**63)])
+    | st.integers(-(2**63), 2**63 - 1)
+)
+OUT_OF_RANGE = "is outside 0001-01-02..9999-01-01"
 
 
 def _outside(b: TimeBounds, ms: float) -> bool:
@@ -148,7 +153,9 @@ def test_any_event_time_outside_is_refused_with_its_bound_and_any_inside_passes(
     slow = _errors([_line(t, pad=True) for t in times], b)
     assert fast == slow  # the fast and the per-record paths agree, record for record
     for t, error in zip(times, fast, strict=True):
-        if _outside(b, t):
+        if not -62_135_510_400_000 <= t <= 253_370_764_800_000:  # the decoder's range first
+            assert error.endswith(OUT_OF_RANGE)
+        elif _outside(b, t):
             assert error == b.reason("ts", t, f"{t} ms")
             assert ("before the floor" in error) == (b.floor_ms is not None and t < b.floor_ms)
         else:

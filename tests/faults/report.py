@@ -336,6 +336,36 @@ deleted — refused at start and before the next write, which writes nothing; th
 cases pass; accept and set-aside). On the previous runtime the refusals are not there: every
 one of these trials resumed with exit 0.
 
+## Event time: implausible times and a poisoned watermark
+
+Tried on the UPI job: one event stamped in the year 2100 moved the watermark to 2099; 8,003 of
+the next 20,002 events were counted late and dropped, and because the watermark is in the
+checkpoint every event after a restart was dropped too. An event with a negative timestamp was
+accepted. Now each source has an event-time policy (`EventTimePolicy`, on its
+`WatermarkStrategy`; `event_time.*` keys): a floor (default the epoch), a bound ahead of the
+batch's processing time (default 1 hour) and one ahead of the watermark (default off). The
+driver reads the batch's processing time and watermark from Spark's offset log when it plans
+the batch's splits (a re-run reads the same entry), and the decoder dead-letters a record
+outside, on both its paths, with the field, the value as a time and the bound in the reason;
+it never reaches `withWatermark`. `srt checkpoint rewind JOB_FILE` brings back a checkpoint
+poisoned before (or under a bound set too wide): it finds the first batch whose logged
+watermark lies beyond the policy, moves that batch's commit and every later batch's files to
+the checkpoint's quarantine (never deletes), and records the rewind the sinks owe; the next run
+re-runs the batch that read the record from the previous batch's state with its logged offsets
+and plans the rest again. Trials: `tests/faults/test_event_time.py` — a year-2100 and a
+pre-1970 record among 20,000 payments: both in the dead-letter topic with their reasons, no
+logged watermark beyond the good records', 0 late, the table equal to the oracle; a checkpoint
+made with the policy off (over 1,000 payments dropped as late): after `srt checkpoint rewind`
+and a run, 0 late, the replay reading only the batches from the poisoned one on (the state
+kept), the year-2100 record in the dead-letter topic, every window equal to the oracle and the
+closed ones to `srt reconcile`. `tests/connectors/test_event_time.py` (Hypothesis: 200 bounds
+and event-time lists per run: any time outside a bound refused with it, any inside kept, the
+fast and per-record paths agreeing record for record; seconds, timestamp strings and doubles
+judged alike; a batch planned two days ago judged by its logged processing time, not the
+clock) and `tests/faults/test_input_classes.py` (a pre-1970 and a year-2100 record: dead
+letters). The year-2100 window row the poisoned run wrote stays in the sink table (a sink's
+rewind forgets batches, not rows; see docs/guarantees.md).
+
 ## What the suite does not cover
 
 * A crash of the Kafka-protocol broker itself: noida-db keeps its data in memory and saves it

@@ -23,6 +23,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.faults]
 FUTURE_MS = 4_102_444_800_000  # 2100-01-01T00:00:00Z
 FUTURE = b'{"txn_id":"future","merchant_id":"M001","amount_paise":100,"ts_ms":%d}' % FUTURE_MS
 NEGATIVE = b'{"txn_id":"negative","merchant_id":"M001","amount_paise":100,"ts_ms":-1000}'
+# A dead letter of another kind later in the same partition (the key): before the rewind the
+# dead-letter topic's mark for the partition lies past the year-2100 record.
+BAD = b'{"txn_id":"bad","merchant_id":"M001","amount_paise":"ten","ts_ms":1767225600000}'
 DELAY_MS = 5_000  # the UPI job's bounded out-of-orderness
 POLICY_OFF = ["--set", "event_time.floor=off", "--set", "event_time.max_ahead_s=off"]
 
@@ -38,7 +41,7 @@ def _corpus() -> tuple[list[bytes], list[bytes]]:
     """(good lines, every line): 20,000 payments over ~7 minutes of event time, the two
     implausible records a third of the way in."""
     good = list(events(20_000, merchants=10, rate_per_s=50, disorder_ms=4_000, seed=23))
-    return good, good[:6_000] + [FUTURE, NEGATIVE] + good[6_000:]
+    return good, good[:6_000] + [FUTURE, NEGATIVE] + good[6_000:9_000] + [BAD] + good[9_000:]
 
 
 def _workspace(tmp_path: Path) -> UpiWorkspace:
@@ -53,12 +56,11 @@ def _records(srt_env: dict[str, str]) -> dict:
 
 
 def _dead_letters(ws: UpiWorkspace) -> dict[bytes, str]:
+    """Value → reason of every dead letter; each value exactly once (asserted)."""
     reader = EventLog(ws.log_dir).reader("upi-payments-dlq")
-    return {
-        r.value: r.headers["error"]
-        for p, end in reader.end_offsets().items()
-        for r in reader.read(p, 0, end)
-    }
+    found = [r for p, end in reader.end_offsets().items() for r in reader.read(p, 0, end)]
+    assert len({r.value for r in found}) == len(found), "a dead letter published twice"
+    return {r.value: r.headers["error"] for r in found}
 
 
 def _watermarks(ws: UpiWorkspace) -> list[int]:
@@ -83,7 +85,7 @@ def test_implausible_event_times_are_dead_letters_and_never_move_the_watermark(
     records = _records(srt_env)
     top = max(_watermarks(ws))
     held = (
-        sorted(dead) == sorted([FUTURE, NEGATIVE])
+        sorted(dead) == sorted([FUTURE, NEGATIVE, BAD])
         and top <= _good_max(good) - DELAY_MS
         and records["late"] == 0
         and ws.table() == oracle(good)
@@ -96,7 +98,7 @@ def test_implausible_event_times_are_dead_letters_and_never_move_the_watermark(
         records=records,
         reasons=sorted(dead.values()),
     )
-    assert sorted(dead) == sorted([FUTURE, NEGATIVE])
+    assert sorted(dead) == sorted([FUTURE, NEGATIVE, BAD])
     assert dead[FUTURE].startswith("event time 'ts_ms' 2100-01-01T00:00:00Z (4102444800000 ms) is")
     assert "years ahead of the batch's processing time" in dead[FUTURE]
     assert dead[FUTURE].endswith("; max_ahead_of_processing_time 1:00:00")
@@ -108,7 +110,7 @@ def test_implausible_event_times_are_dead_letters_and_never_move_the_watermark(
     assert records == {
         **records,
         "input": len(lines),
-        "dead_letters": 2,
+        "dead_letters": 3,
         "late": 0,
         "output": len(good),
     }
@@ -129,6 +131,7 @@ def test_rewind_brings_back_a_poisoned_checkpoint_with_its_state(tmp_path, srt_e
     assert poisoned.returncode == 0, poisoned.stderr[-3000:]
     dropped = _records(srt_env)["late"]
     assert dropped > 1_000 and max(_watermarks(ws)) > FUTURE_MS - 10_000
+    assert list(_dead_letters(ws)) == [BAD]
 
     job = [str(EXAMPLES / "upi_per_minute.py"), *ws.sets()]
     dry = srt(["checkpoint", "rewind", *job, "--dry-run", "--json"], srt_env)
@@ -176,7 +179,7 @@ def test_rewind_brings_back_a_poisoned_checkpoint_with_its_state(tmp_path, srt_e
             in_table[ms] = in_table.get(ms, 0) + payments
     held = (
         records["late"] == 0
-        and FUTURE in dead
+        and sorted(dead) == sorted([FUTURE, NEGATIVE, BAD])
         and {k: v for k, v in table.items() if k not in stale} == oracle(good)
         and in_table == closed
         and max(_watermarks(ws)) <= _good_max(good) - DELAY_MS
@@ -191,7 +194,10 @@ def test_rewind_brings_back_a_poisoned_checkpoint_with_its_state(tmp_path, srt_e
     # The replay starts from the state of the batch before the poisoned one: it reads only the
     # records from there on, and none of them is late any more.
     assert records["late"] == 0 and records["input"] < len(lines)
-    assert FUTURE in dead and "ahead of the batch's processing time" in dead[FUTURE]
+    # Each dead letter once: the replay's new ones although the topic's mark for their
+    # partition lay past them (the bad record's), the bad record not twice.
+    assert sorted(dead) == sorted([FUTURE, NEGATIVE, BAD])
+    assert "ahead of the batch's processing time" in dead[FUTURE]
     assert max(_watermarks(ws)) <= _good_max(good) - DELAY_MS
     # Every window counts what the generator wrote, and the closed ones what `srt reconcile`
     # counts from the source; the year-2100 row the poisoned run wrote stays (documented).

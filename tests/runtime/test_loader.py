@@ -82,3 +82,41 @@ def test_the_issues_intervals_are_refused_in_seconds(tmp_path):
         StreamJob.from_config("j", {"checkpoint.dir": str(tmp_path), "checkpoint.interval_s": -1})
     with pytest.raises(ConfigError, match="savepoint.roots.*not absolute"):
         load_job_file(UPI, {"savepoint.roots": "rel/dir", "checkpoint.dir": str(tmp_path)})
+
+
+def test_event_time_keys_set_every_sources_policy_or_one_sources(tmp_path):
+    from datetime import UTC, datetime
+
+    base = {"checkpoint.dir": str(tmp_path)}
+    [node] = load_job_file(UPI, base).job.sources
+    policy = node.watermark.event_time_policy
+    assert policy.floor == datetime(1970, 1, 1, tzinfo=UTC)
+    assert policy.max_ahead_of_processing_time == timedelta(hours=1)
+    assert policy.max_ahead_of_watermark is None
+
+    [node] = load_job_file(
+        UPI,
+        {
+            **base,
+            "event_time.max_ahead_s": "60",
+            "event_time.floor": "off",
+            f"event_time.{node.name}.floor": "2020-01-01",
+            "event_time.max_ahead_of_watermark_s": "3600",
+        },
+    ).job.sources
+    policy = node.watermark.event_time_policy
+    assert policy.floor == datetime(2020, 1, 1, tzinfo=UTC)  # the source's key wins
+    assert policy.max_ahead_of_processing_time == timedelta(seconds=60)
+    assert policy.max_ahead_of_watermark == timedelta(hours=1)
+
+    [node] = load_job_file(UPI, {**base, "event_time.max_ahead_s": "off"}).job.sources
+    assert node.watermark.event_time_policy.max_ahead_of_processing_time is None
+    with pytest.raises(ConfigError, match="has no source 'nope'"):
+        load_job_file(UPI, {**base, "event_time.nope.floor": "2020-01-01"})
+    with pytest.raises(ConfigError, match="ISO-8601 instant"):
+        load_job_file(UPI, {**base, "event_time.floor": "yesterday"})
+    for bad in ("-1", "nan", "soon"):
+        with pytest.raises(ConfigError, match="event_time.max_ahead_s"):
+            load_job_file(UPI, {**base, "event_time.max_ahead_s": bad})
+    with pytest.raises(ConfigError, match="unknown config key"):
+        load_job_file(UPI, {**base, "event_time.upi-source.max_behind_s": "1"})

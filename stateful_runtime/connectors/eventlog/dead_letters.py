@@ -78,6 +78,28 @@ class EventLogDeadLetterSink:
         ]
         return writer.append(records, producer_id=self._producer(partition), sequence=end)
 
+    def published_offsets(self, partition: int | str, start: int, end: int) -> set[int]:
+        """Read from the topic's headers (every partition: the topic may have fewer)."""
+        log = EventLog(self.log_dir)
+        if self.topic not in {t.name for t in log.topics()}:
+            return set()
+        reader = log.reader(self.topic)
+        try:
+            out = set()
+            for p, stop in reader.end_offsets().items():
+                for r in reader.read(p, 0, stop):
+                    h = r.headers
+                    if (
+                        h.get("job") == self.job
+                        and h.get("source.topic") == self.source_topic
+                        and h.get("source.partition") == str(partition)
+                        and start <= int(h.get("source.offset", -1)) < end
+                    ):
+                        out.add(int(h["source.offset"]))
+            return out
+        finally:
+            reader.close()
+
     def summary(self) -> SinkSummary | None:
         return SinkSummary(f"dead letters: {self.records():,} in topic {self.topic}", [])
 

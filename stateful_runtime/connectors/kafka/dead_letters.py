@@ -68,6 +68,57 @@ class KafkaDeadLetterSink:
     def write_split(self, writer: _DeadLetterTxn, table: pa.Table, key: str | int, end: int) -> int:
         return writer.write_split(table, str(key), end)
 
+    def published_offsets(self, partition: int | str, start: int, end: int) -> set[int]:
+        """Read from the topic's headers, committed records only, every partition."""
+        from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+        topic, p = str(partition).rsplit(":", 1)
+        consumer = Consumer(
+            quiet(
+                {
+                    **self.config,
+                    "group.id": "srt-dead-letter-replay",
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                    "enable.partition.eof": True,
+                }
+            )
+        )
+        try:
+            meta = consumer.list_topics(self.topic, timeout=METADATA_TIMEOUT_S)
+            parts = list(meta.topics[self.topic].partitions) if self.topic in meta.topics else []
+            todo = set()
+            for dp in parts:
+                low, high = consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, dp), timeout=METADATA_TIMEOUT_S
+                )
+                if high > low:
+                    todo.add(dp)
+            consumer.assign([TopicPartition(self.topic, dp, 0) for dp in todo])
+            out: set[int] = set()
+            while todo:
+                for m in consumer.consume(1000, METADATA_TIMEOUT_S):
+                    err = m.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            todo.discard(m.partition())
+                            continue
+                        raise RuntimeError(f"reading dead-letter topic {self.topic}: {err}")
+                    h = {
+                        str(kv[0]): kv[1].decode() if isinstance(kv[1], bytes) else str(kv[1])
+                        for kv in list(m.headers() or [])
+                    }
+                    if (
+                        h.get("job") == self.job
+                        and h.get("source.topic") == topic
+                        and h.get("source.partition") == p
+                        and start <= int(h.get("source.offset") or -1) < end
+                    ):
+                        out.add(int(h["source.offset"]))
+            return out
+        finally:
+            consumer.close()
+
     def records(self) -> int:
         """Dead letters published so far (from the control topic's marker, then counted)."""
         if self._count is None:

@@ -179,3 +179,52 @@ def test_splits_read_exactly_their_committed_records_around_transaction_markers(
                 assert all(lo <= o < hi for o in batch.column("_offset").to_pylist())
                 ids += batch.column("id").to_pylist()
         assert ids == committed, cut
+
+
+def test_implausible_event_times_are_dead_letters_of_the_kafka_source(spark, kafka, tmp_path):
+    """Issue 23 on Kafka: a year-2100 and a pre-1970 event time are refused by the read tasks
+    with the bound in the reason (judged by the batch's logged processing time), the good
+    records pass, and the refused ones are staged for the dead-letter topic."""
+    import pyarrow.ipc as ipc
+
+    from stateful_runtime.connectors.dead_letters import staged
+
+    topic = "implausible"
+    kafka.create_topic(topic, 2)
+    future, negative = _rec(100, 4_102_444_800_000), _rec(101, -1000)
+    kafka.produce(
+        topic,
+        [(None, _rec(i, BASE + i * 1000), i % 2) for i in range(40)]
+        + [(None, future, 0), (None, negative, 1)],
+    )
+    wm = WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5)).with_timestamp_field(
+        "ts_ms"
+    )
+    ck, stage = tmp_path / "ck", tmp_path / "stage"
+    rows: list = []
+    q = (
+        KafkaSource(kafka.bootstrap, topic, SCHEMA)
+        .read_stream(spark, str(stage), watermark=wm, query_checkpoint=str(ck))
+        .writeStream.foreachBatch(
+            lambda d, _: rows.extend(d.select("id", "_error", "_raw").collect())
+        )
+        .option("checkpointLocation", str(ck))
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination(120)
+    assert q.exception() is None
+    errors = {bytes(r["_raw"]): r["_error"] for r in rows if r["_error"] is not None}
+    assert sorted(errors) == sorted([future, negative])
+    assert "2100-01-01T00:00:00Z (4102444800000 ms) is 73." in errors[future]
+    assert "ahead of the batch's processing time" in errors[future]
+    assert errors[negative] == (
+        "event time 'ts_ms' 1969-12-31T23:59:59Z (-1000 ms) is before the floor "
+        "1970-01-01T00:00:00Z"
+    )
+    assert sorted(r["id"] for r in rows if r["_error"] is None) == list(range(40))
+    dead = []
+    for *_, path in staged(str(stage)):
+        with ipc.open_file(str(path)) as f:
+            dead += f.read_all().column("_raw").to_pylist()
+    assert sorted(dead) == sorted([future, negative])
