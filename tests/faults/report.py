@@ -357,8 +357,10 @@ pre-1970 record among 20,000 payments: both in the dead-letter topic with their 
 logged watermark beyond the good records', 0 late, the table equal to the oracle; a checkpoint
 made with the policy off (over 1,000 payments dropped as late): after `srt checkpoint rewind`
 and a run, 0 late, the replay reading only the batches from the poisoned one on (the state
-kept), the year-2100 record in the dead-letter topic, every window equal to the oracle and the
-closed ones to `srt reconcile`. `tests/connectors/test_event_time.py` (Hypothesis: 200 bounds
+kept), each dead letter in the topic once — the year-2100 and the pre-1970 record although
+the topic's mark for their partition lay past them (a malformed record published later), the
+malformed one not twice (without the rewind's note the two were missing) — every window equal
+to the oracle and the closed ones to `srt reconcile`. `tests/connectors/test_event_time.py` (Hypothesis: 200 bounds
 and event-time lists per run: any time outside a bound refused with it, any inside kept, the
 fast and per-record paths agreeing record for record; seconds, timestamp strings and doubles
 judged alike; a batch planned two days ago judged by its logged processing time, not the
