@@ -43,7 +43,8 @@ if [ "$extras" = dev ]; then
   # rather than downgrading a Dagster or Spark dependency (NOTES.md, "Airflow beside Dagster").
   constraints=$(mktemp)
   trap 'rm -f "$constraints"' EXIT
-  .venv/bin/python -m pip freeze --exclude-editable > "$constraints"
+  # (a package installed from a direct URL cannot be a constraint: left out)
+  .venv/bin/python -m pip freeze --exclude-editable | grep -v ' @ ' > "$constraints" || true
   if ! PYTHONWARNINGS=ignore::UserWarning .venv/bin/python -m pip install -q -e ".[airflow]" \
       -c "$constraints"; then
     echo "bootstrap: apache-airflow does not install beside the versions the dev extras" \

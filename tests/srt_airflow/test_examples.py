@@ -3,11 +3,21 @@ and without loading Spark or a job file (the provider reaches the runtime throug
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.srt_airflow.helpers import DAGS, AirflowHome
 
 pytestmark = pytest.mark.airflow
+
+
+@pytest.fixture(scope="module")
+def airflow(tmp_path_factory: pytest.TempPathFactory, srt_home: Path) -> AirflowHome:
+    """Airflow's configuration in a tmp directory (parsing needs no metadata database)."""
+    root = tmp_path_factory.mktemp("airflow-parse")
+    return AirflowHome(root=root, srt_home=srt_home, work=root)
+
 
 EXPECTED = {
     "upi_per_minute_start",
@@ -33,8 +43,8 @@ print(json.dumps({
 """
 
 
-def test_the_example_dags_import_with_no_errors_fast_and_without_spark(airflow_home: AirflowHome):
-    parsed = airflow_home.python(_PARSE % str(DAGS))
+def test_the_example_dags_import_with_no_errors_fast_and_without_spark(airflow: AirflowHome):
+    parsed = airflow.python(_PARSE % str(DAGS))
     assert parsed["errors"] == {}
     assert set(parsed["dags"]) == EXPECTED
     assert parsed["heavy"] == [], "DAG parsing loaded the engine, Spark or a job file"
@@ -47,10 +57,10 @@ def test_the_example_dags_import_with_no_errors_fast_and_without_spark(airflow_h
     assert all(s < 5 for s in parsed["seconds"].values()), parsed["seconds"]
 
 
-def test_airflow_lists_the_provider_and_its_connection_type(airflow_home: AirflowHome):
+def test_airflow_lists_the_provider_and_its_connection_type(airflow: AirflowHome):
     """Registered through the ``apache_airflow_provider`` entry point (pyproject.toml), with
     provider.yaml's fields valid against Airflow's own schema."""
-    found = airflow_home.python(
+    found = airflow.python(
         "import json, importlib.resources as r, jsonschema\n"
         "from airflow.providers_manager import ProvidersManager\n"
         "from srt_airflow import get_provider_info\n"

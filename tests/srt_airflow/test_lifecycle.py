@@ -129,7 +129,8 @@ def test_airflow_starts_the_upi_job_savepoints_it_runs_a_dag_on_its_commits_and_
     assert stopped.last_savepoint is not None
 
     # Stopping a stopped job succeeds and says so; a sensor on a stopped job fails at once,
-    # saying why (it would never commit batch 1000000).
+    # saying why (it would never commit batch 1000000); a launch under the wrong name is
+    # refused with the runtime's reason.
     out = airflow_home.airflow(
         "dags",
         "test",
@@ -141,5 +142,8 @@ def test_airflow_starts_the_upi_job_savepoints_it_runs_a_dag_on_its_commits_and_
     assert airflow_home.task_states("srt_checks_stopped") == {
         "stop_again": "success",
         "never": "failed",
+        "wrong_job": "failed",
     }
-    assert "is not running (STOPPED)" in out.stdout + out.stderr
+    said = out.stdout + out.stderr
+    assert "is not running (STOPPED)" in said
+    assert "builds job 'upi-per-minute', not 'not-upi'" in said

@@ -1,7 +1,8 @@
 """DAGs the Airflow lifecycle test runs beside the examples (``airflow dags test -f``): every
 sensor on the running UPI job, a savepoint awaited by a sensor, a rescale from a
-savepoint; and, once the job is stopped, a stop of a job that is not running and a sensor that
-fails because the job can no longer get where it waits."""
+savepoint; and, once the job is stopped, a stop of a job that is not running, a sensor that
+fails because the job can no longer get where it waits, and a launch of a file under another
+job's name."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from airflow.sdk import DAG
 
 from srt_airflow.operators.srt import (
+    SrtLaunchJobOperator,
     SrtRescaleJobOperator,
     SrtSavepointOperator,
     SrtStopJobOperator,
@@ -53,4 +55,6 @@ with DAG(dag_id="srt_checks_running", schedule=None, start_date=datetime(2026, 1
 
 with DAG(dag_id="srt_checks_stopped", schedule=None, start_date=datetime(2026, 1, 1)):
     SrtStopJobOperator(task_id="stop_again", job=JOB)
+    # A user's mistake: the file builds upi-per-minute, not this job; refused before anything.
+    SrtLaunchJobOperator(task_id="wrong_job", job="not-upi", job_file=JOB_FILE, config=CONFIG)
     SrtCommittedSensor(task_id="never", job=JOB, batch=1_000_000, timeout=300)
