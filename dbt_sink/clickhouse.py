@@ -105,12 +105,14 @@ def ch_type(t: pa.DataType, version: tuple[int, ...]) -> str:
     ):
         if check(t):
             return name
+    if pa.types.is_decimal(t):  # a wide sum's decimal(38,0) among them; as DESCRIBE spells it
+        return f"Decimal({t.precision}, {t.scale})"
     if pa.types.is_timestamp(t):
         # Stored in UTC either way; 18.16 has DateTime only (seconds).
         return "DateTime64(6, 'UTC')" if version >= DATETIME64_SINCE else "DateTime('UTC')"
     raise SinkError(
         f"ClickHouse sink: no column type for Arrow type {t}; cast the column in "
-        f"the job (string, integer, float, boolean, timestamp, date)"
+        f"the job (string, integer, float, decimal, boolean, timestamp, date)"
     )
 
 

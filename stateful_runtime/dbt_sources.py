@@ -182,9 +182,12 @@ def sql_type(spark_type: str, kind: str) -> str | None:
     """The column type warehouse ``kind`` stores for Spark type ``spark_type`` (None: unknown,
     the column is described without a type)."""
     if spark_type.startswith("decimal"):
-        return (
-            spark_type.upper() if kind != "clickhouse" else spark_type.replace("decimal", "Decimal")
-        )
+        # As each sink creates it: PostgreSQL's numeric is unconstrained (holds any sum).
+        if kind == "postgres":
+            return "numeric"
+        if kind == "clickhouse":
+            return spark_type.replace("decimal", "Decimal").replace(",", ", ")
+        return spark_type.upper()
     return _SQL_TYPES.get(kind, _SQL_TYPES["duckdb"]).get(spark_type)
 
 

@@ -59,6 +59,7 @@ from stateful_runtime.streams import (
     SinkNode,
     SourceNode,
     WindowNode,
+    record_schema,
 )
 from stateful_runtime.windows import (
     EventTimeSessionWindows,
@@ -246,6 +247,18 @@ def _state_signature(desc: object) -> str:
     return f"{desc.kind}<{types}>{clock}"  # type: ignore[attr-defined]
 
 
+def native_aggregates(node: NativeWindowNode) -> str:
+    """A native window's aggregates as its state signature: each with the type its state
+    keeps where that is not the input's (``sum(amount) in decimal(38,0)``), so a checkpoint
+    whose state holds another type is refused by name, not by Spark's state schema check."""
+    types = {f.name: f.dataType for f in record_schema(node.parent).fields}
+    out = []
+    for k, a in node.aggregates.items():
+        acc = a.accumulator(types.get(a.field or ""))
+        out.append(f"{k}={a.describe()}" + (f" in {acc}" if acc else ""))
+    return ", ".join(out)
+
+
 def state_layout(node: NativeWindowNode | ProcessNode) -> dict:
     """Kind, key fields and named states of one stateful operator."""
     keys = list(node.parent.keys)
@@ -254,10 +267,7 @@ def state_layout(node: NativeWindowNode | ProcessNode) -> dict:
         return {
             "kind": "native-window",
             "keys": keys,
-            "states": {
-                "window": f"{node.assigner.describe()}: "
-                + ", ".join(f"{k}={a.describe()}" for k, a in node.aggregates.items())
-            },
+            "states": {"window": f"{node.assigner.describe()}: " + native_aggregates(node)},
         }
     fn = node.function
     kind = "window" if isinstance(fn, WindowOperator) else "process"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import time
@@ -30,6 +31,47 @@ from stateful_runtime.exceptions import (
     SavepointError,
 )
 from stateful_runtime.names import contained
+
+# A native window's state signature names the type a sum accumulates in when it is not the
+# input's (planner.native_aggregates): " in decimal(38,0)" since integral sums were widened.
+_ACCUMULATOR = re.compile(r" in decimal\(\d+,\d+\)")
+WIDENED_SUMS = (
+    " (this runtime sums integral fields in decimal(38,0), which cannot overflow; the "
+    "checkpoint's native-window state holds the bigint sums of an earlier version, and Spark "
+    "cannot convert a state's schema. To keep this state, write those sums as "
+    "Sum(field, wide=False), the old bigint sum, which fails the batch on overflow; to take "
+    "the wider sum, stop the old job once its windows closed and start this code on a new "
+    "checkpoint.dir)"
+)
+
+
+def widened(saved_sig: str, new_sig: str) -> bool:
+    """Whether a native window's state signature changed only by sums widened to decimal."""
+    return saved_sig != new_sig and _ACCUMULATOR.sub("", new_sig) == saved_sig
+
+
+def widened_sums(saved: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str]]:
+    """The native-window states of checkpoint fingerprint ``saved`` that ``new`` reads with
+    wider sums, as (query, what changed and the ways on): Spark's state schema check would
+    refuse them after the first batch, so a restart refuses them first, by name."""
+    out = []
+    for qname, sq in (saved or {}).get("queries", {}).items():
+        nq = new.get("queries", {}).get(qname) or {}
+        for op, so in sq.get("operators", {}).items():
+            no = nq.get("operators", {}).get(op) or {}
+            if so.get("kind") != "native-window" or no.get("kind") != "native-window":
+                continue
+            for s, sig in so.get("states", {}).items():
+                now_sig = no.get("states", {}).get(s)
+                if isinstance(sig, str) and isinstance(now_sig, str) and widened(sig, now_sig):
+                    out.append(
+                        (
+                            qname,
+                            f"query {qname}, operator {op}: state {s!r} was {sig}, is now "
+                            f"{now_sig}" + WIDENED_SUMS,
+                        )
+                    )
+    return out
 
 
 def compatibility(saved: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -71,7 +113,10 @@ def compatibility(saved: dict[str, Any], new: dict[str, Any]) -> tuple[list[str]
                         f"{where}: state {s!r} ({sig}) is no longer declared"
                     )
                 elif now_sig != sig:
-                    bad.append(f"{where}: state {s!r} was {sig}, is now {now_sig}")
+                    bad.append(
+                        f"{where}: state {s!r} was {sig}, is now {now_sig}"
+                        + (WIDENED_SUMS if widened(sig, now_sig) else "")
+                    )
             if so["kind"] == "native-window":
                 bad += [
                     f"{where}: new state {s!r} ({sig}) changes Spark's state schema"

@@ -198,7 +198,10 @@ def _window_aggregate(df: DataFrame, node: NativeWindowNode) -> DataFrame:
     assigner = node.assigner
     df = _count_late(df, assigner)
     keys = list(node.parent.keys)
-    aggs = [agg.column().alias(out) for out, agg in node.aggregates.items()]
+    types = {f.name: f.dataType for f in df.schema.fields}
+    aggs = [
+        agg.column(types.get(agg.field or "")).alias(out) for out, agg in node.aggregates.items()
+    ]
     if isinstance(assigner, EventTimeSessionWindows):
         window = F.session_window(EVENT_TIME, spark_interval(assigner.gap))
     elif isinstance(assigner, SlidingEventTimeWindows):

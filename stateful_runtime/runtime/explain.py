@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING
 from stateful_runtime.exceptions import TopicNotFoundError
 from stateful_runtime.operators.keyed import describe_states
 from stateful_runtime.operators.window import WindowOperator
-from stateful_runtime.planner import NativeWindowNode, Plan, PlannedNode, QueryPath, QueryPlan
+from stateful_runtime.planner import (
+    NativeWindowNode,
+    Plan,
+    PlannedNode,
+    QueryPath,
+    QueryPlan,
+    native_aggregates,
+)
 from stateful_runtime.streams import FilterNode, KeyByNode, MapNode, ProcessNode
 
 if TYPE_CHECKING:
@@ -109,7 +116,7 @@ def _node_step(node: PlannedNode, parallelism: int) -> str:
             f"key_by {', '.join(node.keys)} (hash-partitioned into {parallelism} state partitions)"
         )
     if isinstance(node, NativeWindowNode):
-        aggs = ", ".join(f"{k}={a.describe()}" for k, a in node.aggregates.items())
+        aggs = native_aggregates(node)
         return (
             f"window {node.name}: {node.assigner.describe()} by "
             f"{', '.join(node.parent.keys)} → {aggs}"

@@ -38,6 +38,7 @@ from stateful_runtime.contract import (
 )
 from stateful_runtime.exceptions import (
     ConfigError,
+    IncompatibleSavepointError,
     JobError,
     JobLockedError,
     SinkDataLostError,
@@ -355,6 +356,8 @@ class JobRunner:
             self._fresh_checkpoint()
         if self.from_savepoint or self.restore_from:
             self._restore()
+        else:
+            self._check_state_types()
         layout.claim(self.checkpoint_dir, self.job.name, self._query_names, self.fingerprint)
         # Damage confined to the newest batch falls back to the one before; other damage refuses.
         self.recovery = recovery.recover(
@@ -577,6 +580,25 @@ class JobRunner:
         if self.checkpoint_lock is not None:
             self.checkpoint_lock.release(tidy=tidy)
             self.checkpoint_lock = None
+
+    def _check_state_types(self) -> None:
+        """Refuse, by name and with the ways on, to restart a checkpoint whose native-window
+        state holds sums this code keeps in a wider type (Spark fails such a restart on its
+        first batch with a state schema error that names neither)."""
+        if not self.layout.marker.exists():
+            return
+        saved = layout.owner(self.checkpoint_dir).get("fingerprint") or {}
+        changed = [
+            what
+            for query, what in restore.widened_sums(saved, self.fingerprint)
+            if self.layout.query(query).last_committed() is not None
+        ]
+        if changed:
+            raise IncompatibleSavepointError(
+                str(self.checkpoint_dir),
+                changed,
+                "Nothing was changed; the checkpoint is as the last run left it.",
+            )
 
     def _restore(self) -> None:
         """Lay a savepoint or the mirror out as the job's checkpoint (before it is claimed)."""

@@ -120,6 +120,34 @@ def test_a_window_that_now_runs_native_is_refused_with_what_to_do():
     assert "let the old job's windows close, then start this code on a new checkpoint" in bad
 
 
+def test_sums_widened_since_the_checkpoint_are_named_with_the_ways_on():
+    """A native window's state from before integral sums were widened to decimal(38,0) holds
+    bigint sums Spark cannot convert: the check names the change and both ways on, from the
+    planner's own signatures of the UPI job."""
+    from examples.upi_per_minute import DEFAULTS, build
+    from stateful_runtime.aggregates import Count, Sum
+    from stateful_runtime.checkpoints.manifest import fingerprint
+    from stateful_runtime.planner import chain, plan
+    from stateful_runtime.streams import WindowNode
+
+    def fp(wide: bool) -> dict:
+        job = build(dict(DEFAULTS))
+        (window,) = [n for n in chain(job.sinks[0]) if isinstance(n, WindowNode)]
+        window.contents.update({"payments": Count(), "amount_paise": Sum("amount_paise", wide)})
+        return fingerprint(job.name, plan(job).queries)
+
+    old, new = fp(False), fp(True)
+    (bad,), _ = restore.compatibility(old, new)
+    assert "sum(amount_paise) in decimal(38,0)" in bad and restore.WIDENED_SUMS in bad
+    assert "Sum(field, wide=False)" in bad and "new checkpoint.dir" in bad
+    assert [q for q, _ in restore.widened_sums(old, new)] == ["upi-counts"]
+    assert restore.widened_sums(new, new) == restore.widened_sums(old, old) == []
+    assert restore.compatibility(old, old) == restore.compatibility(new, new) == ([], [])
+    (sig,) = old["queries"]["upi-counts"]["operators"]["per-merchant-minute"]["states"].values()
+    assert sig.endswith("amount_paise=sum(amount_paise)")  # the old signature: no type named
+    assert not restore.widened(sig, sig.replace("sum(", "max("))  # another change is not one
+
+
 def test_manifest_is_create_only(tmp_path):
     store = open_store(tmp_path)
     store.put_bytes("a/_manifest.json", b"1", create_only=True)

@@ -77,6 +77,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from itertools import groupby
 from typing import Any
 
@@ -159,14 +160,23 @@ _JSON_TYPES = (
 )
 
 
-# Records the sinks write: compact JSON, values JSON cannot hold as their str(); one encoder for
-# every row (json.dumps with these options builds a new encoder per call).
-_RECORD_ENCODER = json.JSONEncoder(default=str, separators=(",", ":"))
+def _plain(value: Any) -> Any:
+    """What JSON holds of a value it has no type for: an integral decimal (a wide sum's
+    ``decimal(38,0)``) as the exact integer, a JSON number a reader takes whole (never a
+    float); anything else as its str()."""
+    if isinstance(value, Decimal) and value.is_finite() and int(value.as_tuple().exponent) >= 0:
+        return int(value)
+    return str(value)
+
+
+# Records the sinks write: compact JSON, values JSON cannot hold as _plain() gives them; one
+# encoder for every row (json.dumps with these options builds a new encoder per call).
+_RECORD_ENCODER = json.JSONEncoder(default=_plain, separators=(",", ":"))
 
 
 def encode_record(record: Mapping[str, Any]) -> bytes:
-    """A record as the sinks write it (``json.dumps(record, default=str, separators=(",",
-    ":"))``, byte for byte)."""
+    """A record as the sinks write it (``json.dumps(record, default=_plain, separators=(",",
+    ":"))``, byte for byte): an integral decimal is a JSON integer, exact at any size."""
     return _RECORD_ENCODER.encode(record).encode()
 
 
@@ -179,8 +189,9 @@ def encode_records(table: pa.Table) -> list[bytes]:
     """Every row of ``table`` as :func:`encode_record` writes it, byte for byte.
 
     Built a column at a time in Arrow (~0.3 µs a row against ~2 µs for the row encoder) when
-    every column's JSON text is exact there: strings that need no escape, integers, booleans,
-    nulls. Any other table (floats, timestamps, nested values, escapes) goes row by row.
+    every column's JSON text is exact there: strings that need no escape, integers and
+    integral decimals, booleans, nulls. Any other table (floats, timestamps, nested values,
+    escapes) goes row by row.
     """
     names = table.column_names
     texts = None if len(set(names)) != len(names) else [_json_texts(c) for c in table.columns]
@@ -204,8 +215,8 @@ def _json_texts(col: pa.ChunkedArray) -> pa.ChunkedArray | None:
         ):
             return None
         text = pc.binary_join_element_wise('"', col, '"', "")
-    elif pa.types.is_integer(t):
-        text = pc.cast(col, pa.string())
+    elif pa.types.is_integer(t) or (pa.types.is_decimal(t) and t.scale == 0):
+        text = pc.cast(col, pa.string())  # digits, as _plain's int of a decimal prints
     elif pa.types.is_boolean(t):
         text = pc.if_else(col, "true", "false")
     elif pa.types.is_null(t):
