@@ -414,7 +414,9 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
                     f"{VERSION_COLUMN}) ORDER BY ({keys}){window}"
                 )
             else:
-                for x in self.evolve([h for h in have if h.name != VERSION_COLUMN], want):
+                kept = [h for h in have if h.name != VERSION_COLUMN]
+                checked = self.limits_of({h.name: h.type for h in kept}, schema)
+                for x in self.evolve(kept, want, checked):
                     c.command(f"ALTER TABLE {self._table} ADD COLUMN {_q(x.name)} {x.type}")
                 if self.tokens:  # a table created by an older server: remember tokens now
                     c.command(
@@ -533,6 +535,9 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
 
         return self._run("set the table aside", step)
 
+    def column_type(self, f: pa.Field) -> str:
+        return ch_type(f.type, self.server_version or DATETIME64_SINCE)
+
     def _column_type(self, f: pa.Field) -> str:
         assert self.server_version is not None
         t = ch_type(f.type, self.server_version)
@@ -620,6 +625,7 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
     ) -> PartitionReport:
         if rows.num_rows == 0:
             return self.skipped(partition, 0, "empty")
+        rows = self.storable(rows, batch_id)
         versioned = rows.append_column(
             VERSION_COLUMN, pa.array([batch_id] * rows.num_rows, pa.uint64())
         )

@@ -11,6 +11,7 @@ import duckdb
 import pyarrow as pa
 
 from dbt_sink.base import WarehouseUpsertSink
+from dbt_sink.limits import Limit, limit_of, storable, takes
 from dbt_sink.partitioned import check_identifier
 from stateful_runtime.connectors.base import SinkSummary, WritePlacement
 from stateful_runtime.exceptions import SinkError
@@ -88,6 +89,8 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
             summary_sql,
         )
         self.database = database
+        # The existing table's columns' limits, read in each batch's transaction.
+        self._limits: dict[str, Limit] = {}
 
     @classmethod
     def from_config(
@@ -247,7 +250,14 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
                     f"new one"
                 )
             types = self._types(con, batch)
-            retyped = [f"{c} {t} -> {types[c]}" for c, t in existing if types[c] != t]
+            # A narrower column than the job's (BIGINT for a decimal(38,0) sum, made by an
+            # earlier version) is kept: each row is checked against it before the write.
+            self._limits = {c: lim for c, t in existing if (lim := limit_of(t)) is not None}
+            retyped = [
+                f"{c} {t} -> {types[c]}"
+                for c, t in existing
+                if types[c] != t and not takes(self._limits.get(c), batch.schema.field(c).type)
+            ]
             if retyped:
                 raise SinkError(
                     f"DuckDB table {self.table}: the job changes the type of {retyped}; "
@@ -297,6 +307,7 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
                 self._observe_on(con, self.job, self.sink_name).check_holds(
                     self.job, self.sink_name, self.expected_batch
                 )
+            self._limits = {}
             self._ensure_tables(con, batch)
             seen = con.execute(
                 f"SELECT 1 FROM {LEDGER_TABLE} WHERE {JOB} = ? AND {SINK} = ? AND {BATCH_ID} = ?",
@@ -306,6 +317,14 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
                 con.rollback()
                 return
             if batch.num_rows:
+                batch = storable(
+                    batch,
+                    self._limits,
+                    self.key_columns,
+                    table=f"DuckDB table {self.table} in {self.database}",
+                    batch_id=batch_id,
+                    widen=self._types(con, batch),
+                )
                 cols = ", ".join(_q(c) for c in batch.column_names)
                 keys = ", ".join(_q(k) for k in self.key_columns)
                 updates = ", ".join(

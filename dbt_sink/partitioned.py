@@ -17,13 +17,14 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pyarrow as pa
 
+from dbt_sink.limits import limit_of, storable, takes
 from stateful_runtime.connectors.base import (
     PartitionedSink,
     PartitionReport,
@@ -213,15 +214,19 @@ class PartitionedWarehouseSink(PartitionedSink):
     def transient(self, exc: BaseException) -> bool:
         return isinstance(exc, ConnectionError | TimeoutError | OSError)
 
-    def evolve(self, have: Sequence[Column], want: Sequence[Column]) -> list[Column]:
-        """Columns to add so the table takes ``want``; refuses a removed or retyped column."""
+    def evolve(
+        self, have: Sequence[Column], want: Sequence[Column], checked: Collection[str] = ()
+    ) -> list[Column]:
+        """Columns to add so the table takes ``want``; refuses a removed or retyped column,
+        but for those in ``checked``: narrower than the job's, each row is checked against
+        them before it is written (:mod:`dbt_sink.limits`)."""
         have_by = {c.name: c.type for c in have}
         want_by = {c.name: c.type for c in want}
         gone = [n for n in have_by if n not in want_by and not n.startswith("_srt")]
         retyped = [
             f"{n} {have_by[n]} -> {t}"
             for n, t in want_by.items()
-            if n in have_by and have_by[n] != t
+            if n in have_by and have_by[n] != t and n not in checked
         ]
         if gone or retyped:
             what = []
@@ -235,6 +240,33 @@ class PartitionedWarehouseSink(PartitionedSink):
                 f"TABLE, or copy it to a new table) or write to a new sink.table"
             )
         return [c for c in want if c.name not in have_by]
+
+    def limits_of(self, types: Mapping[str, str], schema: pa.Schema) -> set[str]:
+        """Keep the limits of the table's columns (``types``: name → the warehouse's full type)
+        for the executors' row check; the columns narrower than the job's ``schema`` that the
+        check lets the table keep."""
+        self._limits = {n: lim for n, t in types.items() if (lim := limit_of(t)) is not None}
+        return {
+            n
+            for n, lim in self._limits.items()
+            if n in schema.names and takes(lim, schema.field(n).type)
+        }
+
+    def storable(self, rows: pa.Table, batch_id: int) -> pa.Table:
+        """``rows`` if the table can take every value (else :func:`dbt_sink.limits.storable`'s
+        error naming each row that does not fit)."""
+        return storable(
+            rows,
+            getattr(self, "_limits", {}),
+            self.key_columns,
+            table=f"{self.system} table {self.table}",  # "PostgreSQL table t"
+            batch_id=batch_id,
+            widen={f.name: self.column_type(f) for f in rows.schema},
+        )
+
+    def column_type(self, f: pa.Field) -> str:
+        """The type the sink creates column ``f`` with."""
+        return str(f.type)
 
     def skipped(self, partition: int, rows: int, note: str) -> PartitionReport:
         return PartitionReport(partition, rows, 0, 0.0, note)

@@ -86,6 +86,16 @@ def pg_type(t: pa.DataType) -> str:
     )
 
 
+def _full_type(data_type: str, precision: int | None, scale: int | None, length: int | None) -> str:
+    """A column's type with its bounds, from information_schema (``numeric(38,0)``,
+    ``character varying(8)``; an unconstrained ``numeric`` has none)."""
+    if data_type == "numeric" and precision is not None:
+        return f"numeric({precision},{scale or 0})"
+    if data_type in ("character varying", "character") and length is not None:
+        return f"{data_type}({length})"
+    return data_type
+
+
 class PostgresUpsertSink(PartitionedWarehouseSink):
     """Upsert into a PostgreSQL table, exactly once, from the executors.
 
@@ -210,6 +220,9 @@ class PostgresUpsertSink(PartitionedWarehouseSink):
     def _table(self) -> str:
         return f"{_q(self.schema)}.{_q(self.table)}"
 
+    def column_type(self, f: pa.Field) -> str:
+        return pg_type(f.type)
+
     # -- driver ---------------------------------------------------------------------------
 
     def begin_batch(self, batch_id: int, schema: pa.Schema) -> bool:
@@ -223,14 +236,14 @@ class PostgresUpsertSink(PartitionedWarehouseSink):
                     self.job, self.sink_name, self.expected_batch
                 )
             self._ensure_ledger(con)
-            have = [
-                Column(n, t)
-                for n, t in con.execute(
-                    "SELECT column_name, data_type FROM information_schema.columns WHERE "
-                    "table_schema = %s AND table_name = %s ORDER BY ordinal_position",
-                    [self.schema, self.table],
-                ).fetchall()
-            ]
+            described = con.execute(
+                "SELECT column_name, data_type, numeric_precision, numeric_scale, "
+                "character_maximum_length FROM information_schema.columns WHERE "
+                "table_schema = %s AND table_name = %s ORDER BY ordinal_position",
+                [self.schema, self.table],
+            ).fetchall()
+            have = [Column(n, t) for n, t, *_ in described]
+            checked = self.limits_of({n: _full_type(*rest) for n, *rest in described}, schema)
             if not have:
                 cols = ", ".join(
                     f"{_q(c.name)} {c.type}{' NOT NULL' if c.name in self.key_columns else ''}"
@@ -241,7 +254,7 @@ class PostgresUpsertSink(PartitionedWarehouseSink):
                     f"CREATE TABLE IF NOT EXISTS {self._table} ({cols}, PRIMARY KEY ({keys}))"
                 )
             else:
-                for c in self.evolve(have, want):
+                for c in self.evolve(have, want, checked):
                     con.execute(
                         f"ALTER TABLE {self._table} ADD COLUMN IF NOT EXISTS {_q(c.name)} {c.type}"
                     )
@@ -418,6 +431,7 @@ class PostgresUpsertSink(PartitionedWarehouseSink):
     ) -> PartitionReport:
         if rows.num_rows == 0:
             return self.skipped(partition, 0, "empty")
+        rows = self.storable(rows, batch_id)
         ident = [self.job, self.sink_name, batch_id, partition, partitions]
         cols = ", ".join(_q(c) for c in rows.column_names)
         keys = ", ".join(_q(k) for k in self.key_columns)

@@ -48,6 +48,7 @@ from stateful_runtime.exceptions import (
 from stateful_runtime.operators.isolation import SKIPPED
 from stateful_runtime.planner import QueryPlan, chain, plan
 from stateful_runtime.runtime import (
+    failures,
     registry,
     sink_check,
     skips,
@@ -815,7 +816,14 @@ class JobRunner:
             if not run.query.isActive and run.query.exception() is not None:
                 # Spark appends the whole logical plan to the message; the cause is above it.
                 reason = str(run.query.exception()).split("=== Streaming Query ===")[0]
-                self.console.error(f"query {run.plan.name} failed: {reason.strip()}")
+                said = failures.explain(
+                    reason, run.plan, self.layout.query(run.plan.name), str(self.jobfile.path)
+                )
+                log = registry.job_file(self.job.name, ".log")
+                self.console.error(
+                    f"query {run.plan.name} failed: {(said or reason).strip()} (Spark's own "
+                    f"report: {log})"
+                )
                 if advice := skips.advice(reason, str(self.jobfile.path)):
                     self.console.error(advice)
                 if full := disk_full(run.checkpoint_dir):  # the cause, in one line

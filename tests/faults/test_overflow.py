@@ -199,3 +199,91 @@ def test_a_checkpoint_of_bigint_sums_is_refused_by_name_and_runs_on_with_wide_fa
         result="pass",
         detail="refused at start naming the state and both ways on; runs on with wide=False",
     )
+
+
+def _narrow_table(database: Path) -> None:
+    """upi_counts as an earlier version created it: amount_paise BIGINT."""
+    import duckdb
+
+    with duckdb.connect(str(database)) as con:
+        con.execute(
+            "CREATE TABLE upi_counts (merchant_id VARCHAR NOT NULL, window_start TIMESTAMP NOT "
+            "NULL, window_end TIMESTAMP, payments BIGINT, amount_paise BIGINT, PRIMARY KEY "
+            "(merchant_id, window_start))"
+        )
+
+
+@pytest.mark.parametrize("kind", ["duckdb", "postgres"])
+def test_a_sum_the_table_cannot_store_stops_naming_the_row_until_the_column_is_widened(
+    kind, upi: UpiWorkspace, srt_env, request, trials
+):
+    """A table of BIGINT sums (made by an earlier version) takes the decimal(38,0) sums that
+    fit; a batch with a sum past int64 stops the job, naming the table, the row's key, the
+    value, the column's type and the way on (no traceback, nothing truncated or wrapped);
+    once the column is widened the same command commits every window exactly."""
+    lines = _corpus()
+    append_lines(upi.log_dir, lines)
+    if kind == "duckdb":
+        _narrow_table(upi.database)
+        widen = "ALTER TABLE upi_counts ALTER amount_paise TYPE DECIMAL(38,0)"
+    else:
+        import psycopg
+
+        dsn = request.getfixturevalue("pg_dsn")
+        upi.extra.update({"sink.kind": "postgres", "sink.dsn": dsn})
+        with psycopg.connect(dsn, autocommit=True) as con:
+            con.execute(
+                "CREATE TABLE upi_counts (merchant_id text NOT NULL, window_start timestamp NOT "
+                "NULL, window_end timestamp, payments bigint, amount_paise bigint, PRIMARY KEY "
+                "(merchant_id, window_start))"
+            )
+        widen = "ALTER TABLE upi_counts ALTER amount_paise TYPE numeric"
+    stopped = srt(upi.run_args("--available-now"), srt_env)
+    assert stopped.returncode != 0
+    err = stopped.stderr
+    first = _oracle(lines)[FIRST][1]  # 2^64-2 and M1's other payments of that minute
+    assert "merchant_id='M1'" in err and f"{first} is outside the range of" in err, err
+    assert "widen amount_paise to" in err and "Traceback" not in err, err
+
+    if kind == "duckdb":
+        import duckdb
+
+        with duckdb.connect(str(upi.database)) as con:
+            con.execute(widen)
+    else:
+        with psycopg.connect(dsn, autocommit=True) as con:
+            con.execute(widen)
+    again = srt(upi.run_args("--available-now"), srt_env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    table = upi.table() if kind == "duckdb" else read_counts("postgres", dsn)
+    assert _exact(table) == _oracle(lines)
+    trials.record(
+        fault="poison record: a value the sink cannot store",
+        input=f"a sum past int64 into a BIGINT column, {kind}",
+        result="pass",
+        detail="stopped naming the row, the value and the column; exact once widened",
+    )
+
+
+def test_an_overflow_inside_spark_stops_naming_the_step_the_batch_and_the_ways_on(
+    upi: UpiWorkspace, srt_env, tmp_path: Path, trials
+):
+    """Where no record can be isolated (Spark's own bigint sum, ``wide=False``), the job
+    stops with the step, Spark's reason, the batch and its offsets, and the ways on: no JVM
+    stack, no traceback."""
+    narrow = tmp_path / "upi_bigint_sums.py"
+    narrow.write_text(JOB.format(examples=str(EXAMPLES), lateness="", wide=", wide=False"))
+    append_lines(upi.log_dir, _corpus())
+    stopped = srt(["run", str(narrow), *upi.sets(), "--available-now"], srt_env)
+    assert stopped.returncode != 0
+    err = stopped.stderr
+    assert "step 'per-merchant-minute'" in err and "ARITHMETIC_OVERFLOW" in err, err
+    assert "source 'upi-source', partition" in err and "--skip upi-source:" in err, err
+    assert "Sum(field) sums in decimal(38,0)" in err, err
+    assert "\tat org.apache" not in err and "Traceback" not in err, err
+    trials.record(
+        fault="poison record: an aggregate past int64",
+        input="Spark's bigint sum (wide=False) past int64",
+        result="pass",
+        detail="stopped naming the step, the batch's offsets and the ways on; no stack",
+    )
