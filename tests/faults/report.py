@@ -335,6 +335,34 @@ then a run that goes on, the decision in the ledger) and `tests/runtime/test_sin
 deleted — refused at start and before the next write, which writes nothing; the legitimate
 cases pass; accept and set-aside). On the previous runtime the refusals are not there: every
 one of these trials resumed with exit 0.
+## Poison records: aggregates past int64 and values a sink cannot store
+
+Tried on the UPI job: two valid payments with `amount_paise` = 9223372036854775807 made the
+native `SUM(BIGINT)` fail with `ARITHMETIC_OVERFLOW` on every run — nothing committed, the
+stream blocked, a JVM stack that named neither the record nor a way out; on the window
+operator the same sum failed converting to the `bigint` column. Now (`aggregates.py`,
+`planner.py`, `dbt_sink/limits.py`, `runtime/failures.py`): an integral `Sum` accumulates and
+is written as `decimal(38,0)` on both paths, an integral `Avg` sums exactly; every sink stores
+it (DuckDB `DECIMAL(38,0)`, PostgreSQL `numeric`, ClickHouse `Decimal(38, 0)`, Delta, JSON
+integers for Kafka and the event log); a checkpoint of the old bigint sums is refused at start
+by name with both ways on; a table whose column is narrower than the job's output is checked
+row by row before the write and a value it cannot hold stops the job naming the table, the
+row's key, the value and the column's type; an overflow inside Spark's own aggregation stops
+it naming the step, the batch's offsets and the ways on, Spark's stack in the log file only.
+Trials (`tests/faults/test_overflow.py`, real `srt run`, each failing on the previous main):
+the issue's corpus (two payments of 2^63-1 among 60 good ones, three of -2^63) into DuckDB,
+PostgreSQL, ClickHouse and Delta at once on the native path and into DuckDB on the window
+operator — every window's sum exact, compared as integers (M1's first minute
+18446744073709554204); a checkpoint of bigint sums restarted by the wide code — refused naming
+the state, the checkpoint untouched, and runs on with `wide=False`; DuckDB and PostgreSQL
+tables of `BIGINT` sums — the batch with the sum past int64 stops naming the row, and the
+same command commits every window exactly once the column is widened; a `wide=False` sum past
+int64 — one message with the step, `ARITHMETIC_OVERFLOW`, the batch's offsets per partition and
+`srt run --skip`, no stack. Properties (Hypothesis): any list of int64 values sums to Python's
+exact sum on the Python path and in Spark (`tests/test_aggregates.py`); any number or string
+against any column type is flagged exactly when it does not fit (`tests/dbt_sink/test_limits.py`,
+with real DuckDB, PostgreSQL and ClickHouse tables); any `decimal(38,0)` column is written to
+JSON as the exact integer (`tests/connectors/formats/test_json_properties.py`).
 
 ## Event time: implausible times and a poisoned watermark
 
