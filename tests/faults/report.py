@@ -335,6 +335,7 @@ then a run that goes on, the decision in the ledger) and `tests/runtime/test_sin
 deleted — refused at start and before the next write, which writes nothing; the legitimate
 cases pass; accept and set-aside). On the previous runtime the refusals are not there: every
 one of these trials resumed with exit 0.
+
 ## Poison records: aggregates past int64 and values a sink cannot store
 
 Tried on the UPI job: two valid payments with `amount_paise` = 9223372036854775807 made the
