@@ -110,3 +110,12 @@ def test_a_mapped_streams_table_has_the_maps_columns(tmp_path: Path):
         ("eur", "bigint"),
     ]
     assert {c["description"] for c in table["columns"]} == {"output field of map to-euro"}
+
+
+def test_a_wide_sum_is_described_as_each_warehouse_creates_it():
+    """An integral sum is decimal(38,0): dbt sources name the column type each sink creates
+    (PostgreSQL's unconstrained numeric; ClickHouse's spelling as DESCRIBE prints it)."""
+    assert dbt_sources.sql_type("decimal(38,0)", "duckdb") == "DECIMAL(38,0)"
+    assert dbt_sources.sql_type("decimal(38,0)", "postgres") == "numeric"
+    assert dbt_sources.sql_type("decimal(38,0)", "clickhouse") == "Decimal(38, 0)"
+    assert dbt_sources.sql_type("decimal(22,2)", "clickhouse") == "Decimal(22, 2)"
