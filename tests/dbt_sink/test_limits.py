@@ -195,6 +195,30 @@ def test_postgres_checks_each_row_against_a_narrower_column(pg_dsn):
     _trial(sink, read, create)
 
 
+@pytest.mark.parametrize("backend", ["server-18.16", "chdb"])
+def test_clickhouse_stores_a_wide_sum_exactly(backend, request, tmp_path):
+    """A table the sink creates holds a decimal(38,0) sum as Decimal(38, 0), digit for digit,
+    through the native client (server 18.16) and chdb's Arrow insert."""
+    from dbt_sink.clickhouse import ClickHouseUpsertSink
+
+    url = (
+        request.getfixturevalue("ch_url")
+        if backend == "server-18.16"
+        else f"chdb://{tmp_path / 'chdb'}?database=wide"
+    )
+    sink = ClickHouseUpsertSink(url, "wide_sums", ("merchant_id",))
+    sink.open("job", "q")
+    sums = [("M1", 2 * MAX), ("M2", -(10**37)), ("M3", 0)]
+    _written(sink, _sums(sums), 0)
+    c = sink._client()
+    try:
+        got = dict(c.query("SELECT merchant_id, amount_paise FROM wide_sums FINAL"))
+        (kind,) = [t for n, t, *_ in c.query("DESCRIBE TABLE wide_sums") if n == "amount_paise"]
+    finally:
+        c.close()
+    assert got == dict(sums) and "Decimal(38, 0)" in kind
+
+
 def test_clickhouse_checks_each_row_against_a_narrower_column(ch_url):
     from dbt_sink.clickhouse import VERSION_COLUMN, ClickHouseUpsertSink
 
