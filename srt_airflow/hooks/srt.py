@@ -59,10 +59,14 @@ def client_of(conn: Connection | None) -> SrtClient:
     extra = {k.removeprefix("extra__srt__"): v for k, v in extra.items()}
     env = extra.get("env") or {}
     if isinstance(env, str):
-        env = json.loads(env) if env.strip() else {}
+        try:
+            env = json.loads(env) if env.strip() else {}
+        except ValueError:
+            env = None
     if not isinstance(env, Mapping):
         raise SrtAirflowError(
-            "the srt connection's 'env' must be a JSON object of environment variables",
+            "the srt connection's 'env' must be a JSON object of environment variables, e.g. "
+            '{"SRT_S3_ENDPOINT_URL": "http://127.0.0.1:9000"}',
             kind=ErrorKind.CONFIG_ERROR,
         )
     secrets: dict[str, str] = {}
@@ -136,9 +140,12 @@ class SrtHook(BaseHook):
     def client(self) -> SrtClient:
         """The connection's :class:`SrtClient` (this machine's defaults for a missing
         ``srt_default``)."""
+        from airflow.sdk.exceptions import AirflowNotFoundException
+
         try:
             conn = self.get_connection(self.srt_conn_id)
-        except Exception:  # noqa: BLE001 - Airflow raises its own NotFound class per version
+        except AirflowNotFoundException:
+            # Only a missing srt_default means "this machine"; a broken one is an error.
             if self.srt_conn_id != self.default_conn_name:
                 raise
             conn = None

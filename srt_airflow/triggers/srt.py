@@ -37,12 +37,13 @@ async def _client(srt_conn_id: str) -> SrtClient:
     """The connection's client, read in the triggerer (``srt_default`` may be absent: this
     machine's defaults)."""
     from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
 
     from srt_airflow.hooks.srt import SrtHook, client_of
 
     try:
         conn = await BaseHook.aget_connection(srt_conn_id)
-    except Exception:  # noqa: BLE001 - Airflow raises its own NotFound class per version
+    except AirflowNotFoundException:
         if srt_conn_id != SrtHook.default_conn_name:
             raise
         conn = None

@@ -43,6 +43,8 @@ print(json.dumps({
     "legacy": client("legacy"),
     "default": client("srt_default"),
     "missing": client("no_such_conn"),
+    "broken": client("broken"),
+    "not_json": client("not_json"),
     "from_pg": config("warehouse_pg.password"),
     "no_field": config("warehouse_pg"),
     "no_host": config("warehouse_pg.host"),
@@ -72,6 +74,8 @@ def answers(tmp_path_factory: pytest.TempPathFactory, srt_home: Path) -> dict[st
         AIRFLOW_CONN_STREAMS=json.dumps(full),
         AIRFLOW_CONN_LEGACY=json.dumps(legacy),
         AIRFLOW_CONN_WAREHOUSE_PG=json.dumps(pg),
+        AIRFLOW_CONN_BROKEN=json.dumps({"conn_type": "srt", "extra": {"env": "[1, 2]"}}),
+        AIRFLOW_CONN_NOT_JSON=json.dumps({"conn_type": "srt", "extra": {"env": "A=1"}}),
         AIRFLOW_CONN_SRT_DEFAULT="",
         SRT_HOME=str(srt_home),
     )
@@ -101,6 +105,12 @@ def test_without_an_srt_default_connection_the_machines_registry_is_used(answers
 
 def test_a_named_connection_that_does_not_exist_fails(answers):
     assert "no_such_conn" in answers["missing"]["error"]
+
+
+def test_a_connection_with_a_wrong_env_says_what_to_give(answers):
+    for case in ("broken", "not_json"):
+        assert "'env' must be a JSON object" in answers[case]["error"]
+        assert "SRT_S3_ENDPOINT_URL" in answers[case]["error"]
 
 
 def test_config_from_connections_reads_other_connections_and_says_what_is_wrong(answers):
