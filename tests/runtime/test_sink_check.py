@@ -289,3 +289,21 @@ def test_set_aside_keeps_the_old_table_and_starts_the_ledger_over(warehouse):
     assert checked.expected_batch in (None, -1)  # Delta: the app transaction set to -1
     obs = sink.observe(JOB, "out")
     assert obs.last_batch in (None, -1) and not obs.rows
+
+
+def test_a_restore_rewinds_and_the_batches_after_it_are_written_again(warehouse):
+    sink, q, layout = three_batches(warehouse)
+    if warehouse.kind == "clickhouse":  # merges collapse M1/W1's versions 0 and 1 into 1
+        warehouse.sql(sink, "OPTIMIZE TABLE t FINAL")
+    # The savepoint is at batch 0; the table holds batches 1 and 2 of the run after it.
+    for b in (1, 2):
+        layout.query(q.name).commit(b).unlink()
+    (checked,) = sink_check.check(JOB, [q], layout, rewinds={q.name: 0})
+    assert checked.expected_batch == 0
+    sink.rewind(0)  # as the runner does after the check
+    sink.write_batch(batch([("M1", W1, 6), ("M1", W2, 3)]), 1)  # re-executed, other rows
+    sink.expected_batch = 1
+    committed(warehouse.tmp_path, q.name, 1)
+    (checked,) = sink_check.check(JOB, [q], layout, rewinds={})
+    assert checked.expected_batch == 1
+    sink.write_batch(batch([("M4", W2, 1)]), 2)
