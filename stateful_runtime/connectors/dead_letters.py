@@ -191,10 +191,14 @@ def _publish_replayed(
     """A replayed split's rejected records below the noted mark that the topic lacks, under
     the rewind's own mark (a re-publish of the split appends nothing)."""
     tagged = f"{key}@{replay['tag']}"
-    if end <= sink.published(writer, tagged):
+    mark = sink.published(writer, tagged)
+    if end <= mark:
         return 0
     offsets = table.column(OFFSET)
-    below = pc.and_(pc.greater_equal(offsets, replay["from"]), pc.less(offsets, replay["below"]))
+    # At or after the rewind's own mark: a range planned again after the rewind (a fallback, a
+    # restore) re-stages records already published under it.
+    first = max(int(replay["from"]), mark)
+    below = pc.and_(pc.greater_equal(offsets, first), pc.less(offsets, replay["below"]))
     fresh = pc.and_(below, pc.invert(pc.is_in(offsets, pa.array(replay["published"], pa.int64()))))
     new = table.filter(fresh)
     if not new.num_rows:

@@ -6,8 +6,11 @@ records per partition from its last committed offsets; each batch stages its spl
 Spark tasks do), commits, and publishes (as the runner does). Between batches it may be killed
 before committing (its staged splits stay behind), crash between publishing and deleting the
 staged files (they are staged again), or restart from an older batch (a fallback or a restore
-from an older savepoint), after which the same records are planned again with another cap.
-Whatever the sequence, the topic must hold every rejected record of the committed ranges once.
+from an older savepoint), after which the same records are planned again with another cap. A
+rewind (``srt checkpoint rewind``) restarts from an older batch under a stricter judgement: the
+replay rejects records the first run accepted (``Source.stricter``), also below the topic's
+mark. Whatever the sequence, the topic must hold every rejected record of the committed ranges
+once.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from stateful_runtime.connectors import dead_letters
 from stateful_runtime.connectors.base import ERROR, OFFSET, PARTITION, RAW
 
 # (op, argument): ("batch", cap), ("killed", cap), ("crash_after_publish", cap),
-# ("restore", how many committed batches back)
+# ("restore", how many committed batches back), ("rewind", how many committed batches back)
 Step = tuple[str, int]
 
 
@@ -34,6 +37,8 @@ class Source:
     length: int
     bad: dict[int, set[int]]  # partition -> rejected offsets
     key: Callable[[int], str | int] = str  # the staging key of a partition
+    # partition -> offsets accepted until a rewind, rejected by its replay and after
+    stricter: dict[int, set[int]] = field(default_factory=dict)
 
     def split(self, partition: int, start: int, end: int) -> pa.Table:
         """What a Spark task decodes from ``[start, end)``: rejected rows carry an error."""
@@ -56,6 +61,8 @@ class Job:
     committed: dict[str, int] = field(default_factory=dict)
     history: list[dict[str, int]] = field(default_factory=list)
     reached: dict[str, int] = field(default_factory=dict)  # the furthest committed offsets
+    rewinds: int = 0
+    rejected: set[tuple[int, int]] = field(default_factory=set)  # judged bad in a committed batch
 
     def _stage(self, cap: int) -> dict[str, int]:
         ends = {}
@@ -75,6 +82,10 @@ class Job:
         return ends
 
     def _commit(self, ends: dict[str, int]) -> None:
+        for p in range(self.source.partitions):
+            k = str(self.source.key(p))
+            start, end = self.committed.get(k, 0), ends.get(k, 0)
+            self.rejected |= {(p, o) for o in self.source.bad[p] if start <= o < end}
         self.committed = ends
         self.history.append(ends)
         for k, v in ends.items():
@@ -97,15 +108,30 @@ class Job:
             back = min(arg, len(self.history))
             self.history = self.history[:-back]
             self.committed = dict(self.history[-1]) if self.history else {}
+        elif op == "rewind" and self.history:
+            back = min(arg, len(self.history))
+            history = self.history[:-back]
+            committed = dict(history[-1]) if history else {}
+            starts = {
+                str(self.source.key(p)): committed.get(str(self.source.key(p)), 0)
+                for p in range(self.source.partitions)
+            }
+            self.rewinds += 1
+            dead_letters.note_replay(str(self.staging), starts, self.sink, f"rewind-{self.rewinds}")
+            self.history, self.committed = history, committed
+            for p in range(self.source.partitions):
+                start = starts[str(self.source.key(p))]
+                # From the replay's start on the stricter judgement holds; before it, nothing
+                # is read again.
+                stricter = self.source.stricter.get(p, set())
+                self.source.bad[p] |= {o for o in stricter if o >= start}
+                self.source.stricter[p] = {o for o in stricter if o < start}
         dead_letters.publish(str(self.staging), self.committed, self.sink)  # at every start
 
     def expected(self) -> list[tuple[int, int]]:
-        return sorted(
-            (p, o)
-            for p in range(self.source.partitions)
-            for o in self.source.bad[p]
-            if o < self.reached.get(str(self.source.key(p)), 0)
-        )
+        """Every record rejected by a committed batch (a record a rewind's replay rejects
+        counts once read again)."""
+        return sorted(self.rejected)
 
 
 def run(job: Job, steps: Sequence[Step], topic: Callable[[], list[tuple[int, int]]]) -> None:

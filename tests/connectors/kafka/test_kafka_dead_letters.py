@@ -22,6 +22,9 @@ PLANS = [
         ("killed", 2),
         ("batch", 40),
     ],
+    # a rewind's replay rejects records the first run accepted, below the topic's mark, then a
+    # restore plans the replayed range again
+    [("batch", 6), ("batch", 30), ("rewind", 2), ("batch", 4), ("restore", 1), ("batch", 40)],
 ]
 
 
@@ -41,6 +44,7 @@ def test_each_rejected_record_once_whatever_the_plans(kafka, tmp_path, plan):
         40,
         {0: {0, 4, 6, 13, 21, 33}, 1: {2, 9, 10, 27, 39}},
         key=lambda p: f"{source_topic}:{p}",
+        stricter={0: {1, 2, 35}, 1: {3, 11}} if plan == 2 else {},
     )
 
     def read() -> list[tuple[int, int]]:
