@@ -40,6 +40,8 @@ and each says what to do next, not only what went wrong::
     │                                 [stateful_runtime.runtime.control]
     ├── StorageError                  a savepoint/mirror location cannot be read or written
     │   └── AlreadyExistsError        a create-only write found the object there
+    ├── StateError                    keyed state in the Python worker cannot be opened: a
+    │                                 version's files missing, a partition stuck locked
     ├── SavepointError                missing, incomplete or corrupt savepoint
     │   ├── IncompatibleSavepointError  the new code cannot take the savepoint's state
     │   └── CorruptManifestError      a manifest that does not parse or match its format
@@ -358,6 +360,11 @@ class StorageError(StatefulRuntimeError):
 
 class AlreadyExistsError(StorageError):
     """A create-only write found the object already there."""
+
+
+class StateError(StatefulRuntimeError):
+    """Keyed state in the Python worker (``state.backend=rocksdb_local``) cannot be opened at
+    the version a batch needs; says what to do."""
 
 
 class SavepointError(StatefulRuntimeError):

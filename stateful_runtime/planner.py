@@ -175,6 +175,7 @@ class QueryPlan:
             to the source's dead-letter topic (every query has its own).
         errors: what a step does with a record it cannot process (the job's).
         parallelism: the job's state partitions (and a partitioned sink's default).
+        state_backend: where a process node keeps its state (``StreamJob.state_backend``).
     """
 
     name: str
@@ -188,6 +189,7 @@ class QueryPlan:
     parallelism: int
     step_dead_letters: StepDeadLetters | None = None
     errors: ErrorPolicy = field(default_factory=ErrorPolicy)
+    state_backend: str = "spark"
 
     @property
     def stateful_operators(self) -> list[str]:
@@ -373,6 +375,7 @@ def _query(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | None) -> Qu
         job.parallelism,
         steps,
         job.errors,
+        job.state_backend,
     )
 
 

@@ -13,8 +13,10 @@ backend, with Spark's ordering: elements see the current watermark; advancing th
 from __future__ import annotations
 
 import copy
+import tempfile
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from stateful_runtime.functions import KeyedProcessFunction, OutputTag, to_ms
@@ -22,6 +24,11 @@ from stateful_runtime.operators.backend import MemoryBackend
 from stateful_runtime.operators.keyed import KeyedOperator, _RefreshOnRead
 from stateful_runtime.operators.ttl import EventTtlValueCell
 from stateful_runtime.state import TimeDomain
+
+# The state backend a harness runs on unless given one: "memory" (dicts) or "rocksdb_local"
+# (the worker's RocksDB of ``state.backend=rocksdb_local``, in a temporary directory).
+BACKENDS = ("memory", "rocksdb_local")
+DEFAULT_BACKEND = "memory"
 
 
 def _ms(value: datetime | int) -> int:
@@ -47,6 +54,7 @@ class KeyedProcessHarness:
         fn: the function (deep-copied, as Spark does when it ships it to a worker).
         key_by: key field(s) of the records.
         timestamp_field: field holding epoch milliseconds (or pass ``timestamp=`` per element).
+        backend: ``"memory"`` or ``"rocksdb_local"`` (default :data:`DEFAULT_BACKEND`).
     """
 
     def __init__(
@@ -54,11 +62,27 @@ class KeyedProcessHarness:
         fn: KeyedProcessFunction,
         key_by: str | Sequence[str],
         timestamp_field: str | None = None,
+        *,
+        backend: str | None = None,
     ) -> None:
         self.keys = (key_by,) if isinstance(key_by, str) else tuple(key_by)
         self.timestamp_field = timestamp_field
         self.operator = KeyedOperator(copy.deepcopy(fn))
-        self.backend = MemoryBackend(clock=lambda: self.operator.processing_ms)
+        kind = backend or DEFAULT_BACKEND
+        if kind not in BACKENDS:
+            raise ValueError(f"backend={kind!r}: use one of {BACKENDS}")
+        self.backend: Any
+        if kind == "memory":
+            self.backend = MemoryBackend(clock=lambda: self.operator.processing_ms)
+        else:
+            from stateful_runtime.operators.keyed_store import KeyedStore
+            from stateful_runtime.operators.local_state import LocalBackend
+
+            self._dir = tempfile.TemporaryDirectory(prefix="srt-harness-")
+            store = KeyedStore(Path(self._dir.name) / "checkpoint", Path(self._dir.name) / "local")
+            store.open(0)
+            self.store = store
+            self.backend = LocalBackend(store, clock=lambda: self.operator.processing_ms)
         self.operator.set_time(0, 0)
         self.operator.open(self.backend)
         self.output: list[dict[str, Any]] = []
@@ -93,7 +117,15 @@ class KeyedProcessHarness:
 
     def _fire(self, upto: int) -> list[dict[str, Any]]:
         out = []
-        for ts, key in self.backend.due(upto):
+        if isinstance(self.backend, MemoryBackend):
+            for ts, key in self.backend.due(upto):
+                self.operator.fire(key, ts)
+                out += self._collect()
+            return out
+        from stateful_runtime.operators.keyed_store import MAX_PARALLELISM
+
+        for ts, _, key in self.backend.due(upto, range(MAX_PARALLELISM)):
+            self.backend.take(key, ts)
             self.operator.fire(key, ts)
             out += self._collect()
         return out
@@ -132,13 +164,24 @@ class KeyedProcessHarness:
         finally:
             self.operator.current_ms = saved_ms
 
+    def stored_states(self) -> set[tuple[str, tuple]]:
+        """(state name, key) of every state row the backend holds, expired or not (what a
+        cleanup really removed, not only hid)."""
+        if isinstance(self.backend, MemoryBackend):
+            return set(self.backend.data)
+        from stateful_runtime.operators.local_state import stored_states
+
+        return stored_states(self.store)
+
     def _cells(self) -> list[tuple[str, Any]]:
         return self.operator.cells  # populated by KeyedOperator.cell
 
     def timers(self, key: Any) -> list[int]:
         """Pending user and cleanup timers of ``key`` (epoch ms)."""
         key_t = key if isinstance(key, tuple) else (key,)
-        return sorted(self.backend.timers.get(key_t, ()))
+        if isinstance(self.backend, MemoryBackend):
+            return sorted(self.backend.timers.get(key_t, ()))
+        return self.backend.timers_of(key_t)
 
     def user_timers(self, key: Any) -> list[int]:
         return self.operator.user_timers(key if isinstance(key, tuple) else (key,))
@@ -153,6 +196,7 @@ def window_harness(
     allowed_lateness: Any = None,
     late_tag: OutputTag | None = None,
     trigger: Any = None,
+    backend: str | None = None,
 ) -> KeyedProcessHarness:
     """A harness around the window operator: ``contents`` is what ``aggregate``/``process``
     take (``{column: Aggregate}``, an AggregateFunction or a ProcessWindowFunction)."""
@@ -172,4 +216,4 @@ def window_harness(
         late_tag=late_tag,
         trigger=trigger,
     )
-    return KeyedProcessHarness(operator, keys, timestamp_field)
+    return KeyedProcessHarness(operator, keys, timestamp_field, backend=backend)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stateful_runtime.connectors.alignment import LATE_BEFORE
@@ -50,6 +51,10 @@ if TYPE_CHECKING:
 
 EVENT_TIME = "_event_time"
 SKIP_STEP = "skip"  # the step srt run --skip adds (dead letters name it)
+# Spark's conf for one watermark for every stateful operator of a query (before 3.5's
+# per-operator propagation), which a query with keyed state in the worker starts with.
+SINGLE_WATERMARK = ("spark.sql.streaming.statefulOperator.allowMultiple", "false")
+TAG_COLUMN = "_tag"  # operators/spark.py's TAG, without importing PySpark's state API here
 # Names of the observed metrics (Spark progress ``observedMetrics``) the job's accounting
 # reads: per source, records read and rejected; per window operator, records that came late.
 SOURCE_METRICS = "srt_source"
@@ -82,7 +87,11 @@ def build(
         elif isinstance(node, NativeWindowNode):
             df = _window_aggregate(df, node)
         elif isinstance(node, ProcessNode):
-            df = _process(df, node, query)
+            if query.state_backend == "rocksdb_local":
+                df = _process_local(df, node, query, checkpoint)
+            else:
+                _refuse_other_backend(checkpoint, node, "spark")
+                df = _process(df, node, query)
         else:
             assert isinstance(node, KeyByNode)  # keys are read by the stateful node after it
     if not query.stateful_operators:
@@ -252,6 +261,103 @@ def _process(df: DataFrame, node: ProcessNode, query: QueryPlan) -> DataFrame:
         late = [t.name for t in fn.side_outputs] + [LATE_MARK]
         out = out.observe(
             LATE_METRICS, F.sum(F.when(F.col(TAG).isin(late), 1).otherwise(0)).alias("late")
+        )
+    return out
+
+
+def _refuse_other_backend(checkpoint: str | None, node: ProcessNode, backend: str) -> None:
+    """A checkpoint whose operator state the other backend wrote is refused: started on it,
+    the operator would begin with empty state."""
+    from stateful_runtime.checkpoints.layout import QueryLayout
+    from stateful_runtime.operators.arrow_keyed import KEYED_DIR
+
+    if checkpoint is None or QueryLayout(checkpoint).last_committed() is None:
+        return
+    local = (Path(checkpoint) / KEYED_DIR / node.name).is_dir()
+    if local == (backend == "rocksdb_local"):
+        return
+    other = "rocksdb_local" if backend == "spark" else "spark"
+    raise PlanError(
+        f"operator {node.name!r}: the checkpoint {checkpoint} holds its state as written by "
+        f"state.backend={other}, and this run uses state.backend={backend}; run with "
+        f"--set state.backend={other}, or start from a new checkpoint directory (moving state "
+        f"between backends is not supported yet)"
+    )
+
+
+def _process_local(
+    df: DataFrame, node: ProcessNode, query: QueryPlan, checkpoint: str | None
+) -> DataFrame:
+    """A process node with its state in the Python worker (``state.backend=rocksdb_local``):
+    repartition by key group, then :class:`~stateful_runtime.operators.arrow_keyed.
+    ArrowKeyedOperator` over whole Arrow batches (see that module).
+
+    Spark runs a batch without new data only when a stateful operator of its own asks for
+    one (its watermark advanced), and ``mapInArrow`` is none. So the query carries a
+    deduplication that never sees a row (a filter no row passes, on the same shuffle: the
+    source is read once) and is unioned into the output: it makes Spark run a batch whenever
+    the watermark moved, in which the operator fires its due event-time timers. Behind the
+    shared shuffle Spark's per-operator watermark propagation cannot see the source's
+    watermark, so such a query runs with one global watermark
+    (:data:`SINGLE_WATERMARK`, set by the runner while it starts the query)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from stateful_runtime.connectors.formats.json import to_struct
+    from stateful_runtime.operators.arrow_keyed import (
+        KEY_GROUP,
+        ROUTE,
+        ArrowKeyedOperator,
+        route_values,
+    )
+    from stateful_runtime.operators.keyed_store import MAX_PARALLELISM
+    from stateful_runtime.operators.spark import TS, output_struct
+    from stateful_runtime.state import TimeDomain
+
+    fn = node.function
+    if fn.time_domain is TimeDomain.PROCESSING_TIME:
+        raise PlanError(
+            f"operator {node.name!r} runs in processing time, whose timers need batches without "
+            f"input, which state.backend=rocksdb_local does not start yet; run it with "
+            f"state.backend=spark"
+        )
+    _refuse_other_backend(checkpoint, node, "rocksdb_local")
+    parallelism = query.parallelism
+    keys = list(node.parent.keys)
+    fields = [c for c in df.columns if c not in (EVENT_TIME, *ORIGIN_COLUMNS)]
+    out_struct = output_struct(to_struct(fn.output_schema))
+    df = df.withColumn(TS, F.unix_millis(EVENT_TIME))
+    df = df.withColumn(KEY_GROUP, F.pmod(F.hash(*keys), F.lit(MAX_PARALLELISM)))
+    routes = F.array(*[F.lit(v) for v in route_values(parallelism)])
+    owner = F.floor(F.col(KEY_GROUP) * parallelism / MAX_PARALLELISM).cast("int") + 1
+    df = df.withColumn(ROUTE, F.element_at(routes, owner))
+    shuffled = df.repartition(parallelism, ROUTE)
+    operator = ArrowKeyedOperator(
+        fn,
+        node.name,
+        keys,
+        fields,
+        TS,
+        to_arrow_schema(out_struct),
+        checkpoint,
+        parallelism,
+        _guard(query, node.name),
+    )
+    out = shuffled.mapInArrow(operator, out_struct)
+    # The condition reads every column, so the optimizer cannot prune the branch's input:
+    # both branches then share one shuffle (ReusedExchange), and the source is read once.
+    task = F.spark_partition_id()  # non-deterministic: the optimizer moves none of it
+    never = (task < 0) & (F.hash(task, *shuffled.columns) == 1)
+    ticks = (
+        shuffled.filter(never)
+        .dropDuplicatesWithinWatermark([KEY_GROUP])
+        .select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in out_struct.fields])
+    )
+    out = out.unionByName(ticks)
+    if isinstance(fn, WindowOperator):
+        late = [t.name for t in fn.side_outputs] + [LATE_MARK]
+        out = out.observe(
+            LATE_METRICS, F.sum(F.when(F.col(TAG_COLUMN).isin(late), 1).otherwise(0)).alias("late")
         )
     return out
 

@@ -58,7 +58,7 @@ from stateful_runtime.runtime import (
 )
 from stateful_runtime.runtime.batch_writes import BatchWriter
 from stateful_runtime.runtime.console import Console
-from stateful_runtime.runtime.dataframes import build
+from stateful_runtime.runtime.dataframes import SINGLE_WATERMARK, build
 from stateful_runtime.runtime.endpoint import ControlEndpoint
 from stateful_runtime.runtime.endpoint_handlers import RunnerHandlers
 from stateful_runtime.runtime.progress import (
@@ -723,9 +723,25 @@ class JobRunner:
     # ------------------------------------------------------------------------- start
 
     def _start_query(self, spark: SparkSession, q: QueryPlan) -> _Running:
-        from pyspark.sql.pandas.types import to_arrow_schema
 
         qdir = str(self.layout.query(q.name).root)
+        single = q.state_backend == "rocksdb_local" and q.process is not None
+        if single:  # taken by the query's own session when it starts, then set back
+            key, value = SINGLE_WATERMARK
+            before = spark.conf.get(key, None)
+            spark.conf.set(key, value)
+        try:
+            return self._start_built(spark, q, qdir)
+        finally:
+            if single:
+                if before is None:
+                    spark.conf.unset(key)
+                else:
+                    spark.conf.set(key, before)
+
+    def _start_built(self, spark: SparkSession, q: QueryPlan, qdir: str) -> _Running:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
         df = build(spark, q, qdir, skips=self.skips.get(q.source.name, set()))
         batch_writer = BatchWriter(q)
         batch_writer.check_schemas(to_arrow_schema(df.schema))

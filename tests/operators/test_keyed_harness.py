@@ -24,6 +24,9 @@ from stateful_runtime.functions import to_ms
 from stateful_runtime.operators.keyed import TIMERS_STATE
 from stateful_runtime.testing import KeyedProcessHarness
 
+# Every test runs on each state backend (tests/operators/conftest.py).
+pytestmark = pytest.mark.usefixtures("harness_backend")
+
 
 class Mean(AggregateFunction):
     def create_accumulator(self):
@@ -214,7 +217,7 @@ def test_event_time_ttl_expires_by_element_time_and_is_cleaned_by_the_watermark(
     h.process_watermark(25 * H)
     assert h.state("t2", "seen") is None and h.state("t2", "notes") is None
     assert h.timers("t2") == []  # ... and are gone once the state is cleaned
-    assert ("seen", ("t2",)) not in h.backend.data  # really removed, not just hidden
+    assert ("seen", ("t2",)) not in h.stored_states()  # really removed, not just hidden
 
 
 class TtlAndTimers(KeyedProcessFunction):
@@ -249,7 +252,7 @@ def test_a_user_timer_and_a_ttl_cleanup_at_one_instant_fire_once_and_each_acts()
     h.process_element({"id": "a"}, timestamp=0)
     assert h.user_timers("a") == [H] and h.timers("a") == [H]  # one timer, both kinds
     assert h.process_watermark(2 * H) == [{"id": "a", "fired": H, "seen": False}]
-    assert ("seen", ("a",)) not in h.backend.data and h.timers("a") == []
+    assert ("seen", ("a",)) not in h.stored_states() and h.timers("a") == []
 
 
 def test_functions_with_one_kind_of_timer_never_touch_the_timer_kind_map():
@@ -261,7 +264,7 @@ def test_functions_with_one_kind_of_timer_never_touch_the_timer_kind_map():
         h.process_element({key: "a"}, timestamp=10)
         assert h.timers("a")
         h.process_watermark(30 * H)
-        assert not any(name == TIMERS_STATE for name, _ in h.backend.data), type(fn).__name__
+        assert not any(name == TIMERS_STATE for name, _ in h.stored_states()), type(fn).__name__
 
 
 def test_event_time_ttl_refresh_on_read():

@@ -10,9 +10,11 @@ import json
 import random
 from collections import defaultdict
 
+import duckdb
 import pytest
 
 from stateful_runtime.connectors.eventlog import EventLog
+from stateful_runtime.ledger import BATCH_ID, LEDGER_TABLE
 from tests.helpers import append_lines
 from tests.operators.helpers import run, table
 
@@ -38,7 +40,27 @@ def log(tmp_path):
     return tmp_path / "log"
 
 
-def test_fraud_counter_resets_per_minute_across_a_restart(spark, tmp_path, log):
+def _crash_before_commit(query, db) -> None:
+    """As if the job died after its tasks wrote the state of its last data batch and before
+    anything committed it (Spark's commit log, the sink's ledger): the batch is replayed, and
+    its tasks must start from the version before it, not from the newer state they find (the
+    local copies are ahead: they are rebuilt from the checkpoint)."""
+    commits = sorted(int(p.name) for p in (query / "commits").iterdir() if p.name.isdigit())
+    last = commits[-1]  # the final batch, without data
+    assert (query / "keyed").is_dir()
+    for name in (str(last), f".{last}.crc"):
+        (query / "offsets" / name).unlink(missing_ok=True)
+    for batch in (last, last - 1):
+        for name in (str(batch), f".{batch}.crc"):
+            (query / "commits" / name).unlink(missing_ok=True)
+    con = duckdb.connect(str(db))
+    try:
+        con.execute(f"DELETE FROM {LEDGER_TABLE} WHERE {BATCH_ID} >= ?", [last - 1])
+    finally:
+        con.close()
+
+
+def test_fraud_counter_resets_per_minute_across_a_restart(spark, tmp_path, log, state_backend):
     rng = random.Random(3)
     lines, bursts = [], []
     # Bursts of 5-20 payments within 10 s, a burst per merchant every 3 minutes; merchants
@@ -61,11 +83,17 @@ def test_fraud_counter_resets_per_minute_across_a_restart(spark, tmp_path, log):
     append_lines(log, lines[:half])
     db = tmp_path / "w.duckdb"
     run(
-        "fraud_rate_limit.py", tmp_path, **{"sink.database": db, "source.max_records_per_batch": 30}
+        "fraud_rate_limit.py",
+        tmp_path,
+        **{"sink.database": db, "source.max_records_per_batch": 30, "state.backend": state_backend},
     )
+    if state_backend == "rocksdb_local":
+        _crash_before_commit(tmp_path / "ck" / "fraud_rate_limit.py" / "fraud-counter", db)
     append_lines(log, lines[half:])
     run(
-        "fraud_rate_limit.py", tmp_path, **{"sink.database": db, "source.max_records_per_batch": 30}
+        "fraud_rate_limit.py",
+        tmp_path,
+        **{"sink.database": db, "source.max_records_per_batch": 30, "state.backend": state_backend},
     )
 
     # Oracle: per merchant, a counter that starts at its first payment (arrival order) and
@@ -92,7 +120,7 @@ def test_fraud_counter_resets_per_minute_across_a_restart(spark, tmp_path, log):
     assert got == expected and len(expected) > 10
 
 
-def test_deduplicator_with_event_time_ttl(spark, tmp_path, log):
+def test_deduplicator_with_event_time_ttl(spark, tmp_path, log, state_backend):
     rng = random.Random(5)
     lines = []
     for i in range(3_000):
@@ -100,9 +128,17 @@ def test_deduplicator_with_event_time_ttl(spark, tmp_path, log):
         txn = f"t{rng.randint(0, 400)}"  # ids repeat within and beyond 24 h
         lines.append(payment(i, f"M{i % 7}", ts, txn=txn))
     append_lines(log, lines[:1_500])
-    run("deduplicate_payments.py", tmp_path, **{"source.max_records_per_batch": 500})
+    run(
+        "deduplicate_payments.py",
+        tmp_path,
+        **{"source.max_records_per_batch": 500, "state.backend": state_backend},
+    )
     append_lines(log, lines[1_500:])
-    run("deduplicate_payments.py", tmp_path, **{"source.max_records_per_batch": 500})
+    run(
+        "deduplicate_payments.py",
+        tmp_path,
+        **{"source.max_records_per_batch": 500, "state.backend": state_backend},
+    )
 
     expected, stamped = [], {}
     for line in lines:
@@ -122,7 +158,7 @@ def test_deduplicator_with_event_time_ttl(spark, tmp_path, log):
     assert len(expected) < len(lines)
 
 
-def test_session_summaries_with_timer_moves(spark, tmp_path, log):
+def test_session_summaries_with_timer_moves(spark, tmp_path, log, state_backend):
     rng = random.Random(9)
     lines, i = [], 0
     clock = T0
@@ -136,11 +172,23 @@ def test_session_summaries_with_timer_moves(spark, tmp_path, log):
     append_lines(log, lines[: len(lines) // 2])
     db = tmp_path / "s.duckdb"
     run(
-        "session_summary.py", tmp_path, **{"sink.database": db, "source.max_records_per_batch": 100}
+        "session_summary.py",
+        tmp_path,
+        **{
+            "sink.database": db,
+            "source.max_records_per_batch": 100,
+            "state.backend": state_backend,
+        },
     )
     append_lines(log, lines[len(lines) // 2 :])
     run(
-        "session_summary.py", tmp_path, **{"sink.database": db, "source.max_records_per_batch": 100}
+        "session_summary.py",
+        tmp_path,
+        **{
+            "sink.database": db,
+            "source.max_records_per_batch": 100,
+            "state.backend": state_backend,
+        },
     )
 
     gap = 30 * M

@@ -22,6 +22,9 @@ from stateful_runtime.windows import (
     TumblingEventTimeWindows,
 )
 
+# Every test runs on each state backend (tests/operators/conftest.py).
+pytestmark = pytest.mark.usefixtures("harness_backend")
+
 AGGS = {"n": Count(), "s": Sum("v")}
 SCHEMA = StructType([StructField("k", StringType()), StructField("n", LongType())])
 S = 1_000

@@ -25,7 +25,7 @@ def ride(i: int, zone: int, ts: int, amount: float) -> bytes:
     ).encode()
 
 
-def test_taxi_zone_hourly_with_late_updates_and_late_side_output(spark, tmp_path):
+def test_taxi_zone_hourly_with_late_updates_and_late_side_output(spark, tmp_path, state_backend):
     log = tmp_path / "log"
     EventLog(log).create_topic("taxi-rides", 1)
     rng = random.Random(4)
@@ -40,7 +40,12 @@ def test_taxi_zone_hourly_with_late_updates_and_late_side_output(spark, tmp_path
     run(
         "taxi_zone_hourly.py",
         tmp_path,
-        **{"sink.database": db, "early_every": 50, "source.max_records_per_batch": 400},
+        **{
+            "sink.database": db,
+            "early_every": 50,
+            "source.max_records_per_batch": 400,
+            "state.backend": state_backend,
+        },
     )
     # The watermark now stands at ~3h04m55s: hour 2 closed < 10 min ago, hour 1 long ago.
     within = [(T0 + 2 * H + rng.randint(0, H - 1), rng.randint(1, 5), 7.0) for _ in range(30)]
@@ -54,7 +59,12 @@ def test_taxi_zone_hourly_with_late_updates_and_late_side_output(spark, tmp_path
         "taxi_zone_hourly.py",
         tmp_path,
         late=len(too_late),
-        **{"sink.database": db, "early_every": 50, "source.max_records_per_batch": 400},
+        **{
+            "sink.database": db,
+            "early_every": 50,
+            "source.max_records_per_batch": 400,
+            "state.backend": state_backend,
+        },
     )
 
     expected: dict = defaultdict(lambda: [0, 0.0])

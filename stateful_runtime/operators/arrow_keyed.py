@@ -1,0 +1,264 @@
+"""A keyed process function on whole Arrow batches, state in the worker's RocksDB
+(``state.backend=rocksdb_local``): what ``mapInArrow`` runs after the query repartitions by key
+group.
+
+The plan (:func:`stateful_runtime.runtime.dataframes._process`): the JVM computes each record's
+key group (``pmod(hash(key fields), 128)``) and a routing value that Spark's hash partitioner
+sends to the partition owning that group's range, repartitions, and calls
+:class:`ArrowKeyedOperator` once per partition and batch. The task then
+
+1. reads the batch id (Spark's ``streaming.sql.batchId`` task property) and the batch's
+   watermark and processing time from Spark's offset log (``offsets/<batch>``, written before
+   the batch's tasks run: the same values on every replay);
+2. opens the partition's :class:`~stateful_runtime.operators.keyed_store.KeyedStore` at the
+   version before the batch;
+3. fires the timers due at the batch's time, in time order (Flink's order: a key's due timers
+   act before its new elements), groups each Arrow batch by key in Arrow and runs the function
+   per key over its records, fires timers its elements registered that are already due, and
+   commits the batch's changes as the next version.
+
+Spark runs a batch without data only for its own stateful operators; the plan carries one that
+holds nothing (see :func:`stateful_runtime.runtime.dataframes._process`), so a watermark that
+advanced without new data still fires event-time timers, and an ``--available-now`` run ends
+with the timers due at its final watermark fired.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from stateful_runtime._process import freeze_worker_heap
+from stateful_runtime.checkpoints.layout import QueryLayout
+from stateful_runtime.exceptions import StateError
+from stateful_runtime.functions import KeyedProcessFunction
+from stateful_runtime.operators.isolation import StepGuard, origins
+from stateful_runtime.operators.keyed import KeyedOperator
+from stateful_runtime.operators.keyed_store import MAX_PARALLELISM, KeyedStore, key_groups
+from stateful_runtime.operators.local_state import LocalBackend
+from stateful_runtime.state import TimeDomain
+
+KEY_GROUP = "srt_key_group"
+ROUTE = "srt_route"
+TAG = "_tag"
+SIDE = "_side"
+BATCH_ID = "streaming.sql.batchId"
+KEYED_DIR = "keyed"
+# Output rows a task holds before handing a batch to Spark.
+FLUSH_ROWS = 10_000
+
+
+def store_dir(query_checkpoint: str | Path, operator: str, partition: int) -> Path:
+    """A state partition's directory in a query's checkpoint."""
+    return Path(query_checkpoint) / KEYED_DIR / operator / str(partition)
+
+
+# -- routing: key group -> Spark partition -------------------------------------------------------
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
+
+
+def spark_hash_int(value: int, seed: int = 42) -> int:
+    """Spark's ``hash(<int column>)`` (Murmur3_x86_32.hashInt), a signed 32-bit int."""
+    k1 = (value & 0xFFFFFFFF) * 0xCC9E2D51 & 0xFFFFFFFF
+    k1 = _rotl(k1, 15) * 0x1B873593 & 0xFFFFFFFF
+    h1 = seed ^ k1
+    h1 = (_rotl(h1, 13) * 5 + 0xE6546B64) & 0xFFFFFFFF
+    h1 ^= 4
+    h1 ^= h1 >> 16
+    h1 = h1 * 0x85EBCA6B & 0xFFFFFFFF
+    h1 ^= h1 >> 13
+    h1 = h1 * 0xC2B2AE35 & 0xFFFFFFFF
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 & 0x80000000 else h1
+
+
+def route_values(parallelism: int) -> list[int]:
+    """For each partition ``p``, an int that Spark's hash partitioner (``pmod(hash(v), n)``)
+    sends to ``p``: repartitioning by ``route_values[group * n // 128]`` gives each partition
+    exactly its contiguous key-group range."""
+    found: dict[int, int] = {}
+    v = 0
+    while len(found) < parallelism:
+        found.setdefault(spark_hash_int(v) % parallelism, v)
+        v += 1
+    return [found[p] for p in range(parallelism)]
+
+
+# -- the task ------------------------------------------------------------------------------------
+def _batch_time(query_checkpoint: str, batch: int) -> tuple[int, int]:
+    """The watermark and processing time (ms) of ``batch``, as Spark logged them."""
+    lines = QueryLayout(query_checkpoint).offsets(batch).read_text().splitlines()
+    meta = json.loads(lines[1])
+    return max(0, int(meta.get("batchWatermarkMs", 0))), int(meta.get("batchTimestampMs", 0))
+
+
+class ArrowKeyedOperator:
+    """The function ``mapInArrow`` calls with one partition's batches; pickled to workers.
+
+    Args:
+        fn: the keyed process function (or the window operator).
+        name: the operator's name (its state directory).
+        keys: key fields; ``fields``: the record's fields the function sees.
+        time_field: the column holding each record's event time (ms).
+        output: the Arrow schema of the output (main columns, ``_tag``, ``_side``).
+        checkpoint: the query's checkpoint directory (None: explain only, never run).
+        parallelism: the query's state partitions.
+        guard: how the task isolates an element or timer the function raises on (None: the
+            task fails).
+    """
+
+    def __init__(
+        self,
+        fn: KeyedProcessFunction,
+        name: str,
+        keys: Sequence[str],
+        fields: Sequence[str],
+        time_field: str,
+        output: pa.Schema,
+        checkpoint: str | None,
+        parallelism: int,
+        guard: StepGuard | None = None,
+    ) -> None:
+        self.fn, self.name, self.guard = fn, name, guard
+        self.keys, self.fields, self.time_field = list(keys), list(fields), time_field
+        self.output, self.checkpoint, self.parallelism = output, checkpoint, parallelism
+        self.main_columns = [f.name for f in output if f.name not in (TAG, SIDE)]
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        freeze_worker_heap()
+        task = TaskContext.get()
+        if self.checkpoint is None or task is None:
+            raise StateError(f"operator {self.name!r}: keyed state runs only in a streaming query")
+        raw_batch = task.getLocalProperty(BATCH_ID)
+        if raw_batch is None:
+            raise StateError(f"operator {self.name!r}: Spark gave the task no batch id")
+        yield from self.run(int(raw_batch), task.partitionId(), batches)
+
+    def run(
+        self, batch: int, partition: int, batches: Iterator[pa.RecordBatch]
+    ) -> Iterator[pa.RecordBatch]:
+        """Batch ``batch`` of partition ``partition`` (``__call__`` without Spark's task)."""
+        assert self.checkpoint is not None
+        watermark, now = _batch_time(self.checkpoint, batch)
+        groups = key_groups(partition, self.parallelism, MAX_PARALLELISM)
+        store = KeyedStore(store_dir(self.checkpoint, self.name, partition))
+        store.open(batch)
+        try:
+            op = KeyedOperator(copy.deepcopy(self.fn), copy.deepcopy(self.guard))
+            backend = LocalBackend(store, clock=lambda: op.processing_ms)
+            op.set_time(watermark, now)
+            op.open(backend)
+            # Due timers fire below for the whole partition before any element, so a key's
+            # turn need not list its own timers first.
+            op._fire_first = False
+            upto = watermark if op.domain is TimeDomain.EVENT_TIME else now
+            self.out: list[dict[str, Any]] = []
+            self.side: list[tuple[str, dict[str, Any]]] = []
+            yield from self._fire(op, backend, groups, upto)
+            for arrow in batches:
+                if arrow.num_rows:
+                    yield from self._process(op, backend, groups, arrow)
+            yield from self._fire(op, backend, groups, upto)
+            op.close()
+            yield from self._flush(force=True)
+            op.guard.stage()  # before the version commits: a retried task stages the same
+            store.commit()
+        finally:
+            store.close()
+
+    def _fire(
+        self, op: KeyedOperator, backend: LocalBackend, groups: range, upto: int
+    ) -> Iterator[pa.RecordBatch]:
+        # A timer may register another that is due already: fire until none is.
+        while True:
+            due = backend.due(upto, groups)
+            if not due:
+                return
+            for ts, group, key in due:
+                backend.group = group
+                backend.take(key, ts)
+                op.fire(key, ts)
+                self._collect(op)
+            yield from self._flush()
+
+    def _process(
+        self, op: KeyedOperator, backend: LocalBackend, groups: range, arrow: pa.RecordBatch
+    ) -> Iterator[pa.RecordBatch]:
+        n = arrow.num_rows
+        table = pa.Table.from_batches([arrow.select([*self.keys, KEY_GROUP])])
+        table = table.append_column("_srt_row", pa.array(np.arange(n, dtype=np.int64)))
+        grouped = table.group_by([*self.keys, KEY_GROUP], use_threads=False).aggregate(
+            [("_srt_row", "list")]
+        )
+        key_columns = [grouped.column(k).to_pylist() for k in self.keys]
+        key_groups_ = grouped.column(KEY_GROUP).to_pylist()
+        rows = grouped.column("_srt_row_list").to_pylist()
+        records = arrow.select(self.fields).to_pylist()
+        times = arrow.column(self.time_field).to_pylist()
+        parts, offsets = origins(arrow)
+        lo, hi = groups.start, groups.stop
+        for i, group in enumerate(key_groups_):
+            if not lo <= group < hi:
+                raise StateError(
+                    f"operator {self.name!r}: a record of key group {group} reached the task of "
+                    f"key groups {lo}..{hi - 1}; the query's partitioning changed under its "
+                    f"checkpoint (parallelism is fixed by the first run: rescale with srt "
+                    f"savepoint, then srt run --from-savepoint <id> --parallelism N)"
+                )
+            backend.group = group
+            key = tuple(column[i] for column in key_columns)
+            if parts is None or offsets is None:
+                op.process(key, [(times[r], records[r]) for r in rows[i]])
+            else:
+                op.process(key, _with_origin(op, rows[i], times, records, parts, offsets))
+            self._collect(op)
+            if len(self.out) + len(self.side) >= FLUSH_ROWS:
+                yield from self._flush()
+
+    def _collect(self, op: KeyedOperator) -> None:
+        main, side = op.drain()
+        if main:
+            self.out.extend(main)
+        if side:
+            self.side.extend(side)
+
+    def _flush(self, force: bool = False) -> Iterator[pa.RecordBatch]:
+        main, side = self.out, self.side
+        if not main and not side:
+            return
+        if not force and len(main) + len(side) < FLUSH_ROWS:
+            return
+        self.out, self.side = [], []
+        cols: dict[str, list[Any]] = {c: [r.get(c) for r in main] for c in self.main_columns}
+        cols[TAG] = [None] * len(main)
+        cols[SIDE] = [None] * len(main)
+        for tag, record in side:
+            for c in self.main_columns:
+                cols[c].append(None)
+            cols[TAG].append(tag)
+            cols[SIDE].append(json.dumps(record, default=str))
+        yield pa.RecordBatch.from_pydict(cols, schema=self.output)
+
+
+def _with_origin(
+    op: KeyedOperator,
+    rows: list[int],
+    times: list[Any],
+    records: list[dict[str, Any]],
+    parts: list[Any],
+    offsets: list[Any],
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """A key's elements, each handing the operator its source partition and offset as it goes
+    (the dead letter of an element the function raises on names them)."""
+    for r in rows:
+        op.origin = (parts[r], offsets[r])
+        yield times[r], records[r]

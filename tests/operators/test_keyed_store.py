@@ -1,0 +1,139 @@
+"""The worker's keyed store: versions bound to batches, incremental checkpoint files, local
+copies used, moved forward or rebuilt, key-group ranges, the partition lock."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from stateful_runtime.exceptions import StateError
+from stateful_runtime.operators import keyed_store
+from stateful_runtime.operators.keyed_store import MAX_PARALLELISM, KeyedStore, key_groups
+
+
+def _store(tmp_path, local="a") -> KeyedStore:
+    return KeyedStore(tmp_path / "ck", tmp_path / local)
+
+
+def _run(store: KeyedStore, version: int, writes: dict[bytes, bytes | None]) -> int:
+    store.open(version)
+    try:
+        for k, v in writes.items():
+            if v is None:
+                store.delete(k)
+            else:
+                store.put(k, v)
+        return store.commit()
+    finally:
+        store.close()
+
+
+def _contents(store: KeyedStore, version: int) -> dict[bytes, bytes]:
+    store.open(version)
+    try:
+        return dict(store.scan(b"", b"\xff\xff"))
+    finally:
+        store.close()
+
+
+def test_each_batch_is_a_version_and_a_replay_starts_from_the_one_before(tmp_path):
+    s = _store(tmp_path)
+    assert _run(s, 0, {b"\x00\x01a": b"1"}) == 1
+    assert _run(s, 1, {b"\x00\x01a": b"2", b"\x00\x02b": b"x"}) == 2
+    assert _run(s, 2, {b"\x00\x02b": None}) == 3
+    assert _contents(s, 3) == {b"\x00\x01a": b"2"} and not s.rebuilt  # the local copy
+    # Batch 1 replayed after a crash (its commit never written): from version 1, not 3.
+    assert _contents(s, 1) == {b"\x00\x01a": b"1"} and s.rebuilt
+    assert _run(s, 1, {b"\x00\x01a": b"9"}) == 2  # the re-run rewrites version 2 ...
+    assert _contents(s, 2) == {b"\x00\x01a": b"9"}  # ... whole: b is not in the re-run
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [
+        "1.delta",
+        "2.delta",
+        "3.delta",
+    ]
+
+
+def test_another_machine_rebuilds_from_the_checkpoint_and_a_behind_copy_moves_forward(tmp_path):
+    a, b = _store(tmp_path, "a"), _store(tmp_path, "b")
+    for v in range(5):
+        _run(a, v, {bytes([0, v]): str(v).encode()})
+    assert _contents(b, 5) == _contents(a, 5)  # a new copy: the deltas from version 0
+    _run(b, 5, {b"\x00\x09": b"b"})  # the partition ran on b once ...
+    got = _contents(a, 6)  # ... a is one delta behind: applied, no rebuild
+    assert got[b"\x00\x09"] == b"b" and not a.rebuilt
+
+
+def test_a_copy_left_half_written_or_of_an_attempt_since_replaced_is_rebuilt(tmp_path):
+    a = _store(tmp_path, "a")
+    _run(a, 0, {b"\x00\x01k": b"1"})
+    a.open(1)
+    a.put(b"\x00\x01k", b"torn")  # the task dies before its commit
+    a.close()
+    assert _contents(a, 1) == {b"\x00\x01k": b"1"} and a.rebuilt
+    # An attempt elsewhere rewrote version 2 after a's own attempt wrote it: a's copy is at
+    # version 2 by its marker, but not at the version 2 the checkpoint holds.
+    _run(a, 1, {b"\x00\x01k": b"mine"})
+    _run(_store(tmp_path, "b"), 1, {b"\x00\x01k": b"theirs"})
+    assert _contents(a, 2) == {b"\x00\x01k": b"theirs"} and a.rebuilt
+
+
+def test_snapshots_bound_a_rebuild_and_old_files_are_cleaned(tmp_path, monkeypatch):
+    monkeypatch.setattr(keyed_store, "SNAPSHOT_EVERY", 3)
+    monkeypatch.setattr(keyed_store, "RETAIN_VERSIONS", 4)
+    s = _store(tmp_path)
+    for v in range(12):
+        _run(s, v, {bytes([0, v % 4]): str(v).encode()})
+    names = sorted(
+        (p.name for p in (tmp_path / "ck").iterdir()), key=lambda n: int(n.split(".")[0])
+    )
+    # Versions from 12 - 4 = 8 on stay restorable: snapshot 6, deltas 7..12 (and snapshots 9, 12).
+    assert names == [
+        "6.snapshot", "7.delta", "8.delta", "9.delta", "9.snapshot", "10.delta", "11.delta",
+        "12.delta", "12.snapshot",
+    ]  # fmt: skip
+    expected = {bytes([0, k]): str(v).encode() for v in range(12) for k in [v % 4]}
+    assert _contents(_store(tmp_path, "fresh"), 12) == expected
+    assert _contents(_store(tmp_path, "fresh8"), 8) == {
+        bytes([0, k]): str(v).encode() for v in range(8) for k in [v % 4]
+    }
+
+
+def test_a_version_whose_files_are_gone_is_refused_with_what_to_do(tmp_path):
+    s = _store(tmp_path)
+    for v in range(3):
+        _run(s, v, {b"\x00\x00k": bytes([v])})
+    (tmp_path / "ck" / "2.delta").unlink()
+    with pytest.raises(StateError, match=r"version\(s\) \[2\] are missing.*savepoint"):
+        _contents(_store(tmp_path, "other"), 3)
+
+
+def test_two_attempts_of_one_partition_never_open_it_at_once(tmp_path, monkeypatch):
+    first, second = _store(tmp_path), _store(tmp_path)
+    first.open(0)
+    opened = threading.Event()
+    t = threading.Thread(target=lambda: (second.open(0), opened.set()))
+    t.start()
+    assert not opened.wait(0.3)  # blocked on the lock
+    first.put(b"\x00\x00k", b"v")
+    first.commit()
+    first.close()
+    t.join(10)
+    assert opened.is_set()
+    second.close()
+    monkeypatch.setattr(keyed_store, "LOCK_TIMEOUT_S", 0.1)
+    first.open(1)
+    try:
+        with pytest.raises(StateError, match="stayed locked"):
+            second.open(1)
+    finally:
+        first.close()
+
+
+@given(st.integers(1, MAX_PARALLELISM))
+def test_key_group_ranges_are_contiguous_disjoint_and_cover_every_group(n):
+    ranges = [key_groups(p, n) for p in range(n)]
+    assert [g for r in ranges for g in r] == list(range(MAX_PARALLELISM))
+    assert all(g * n // MAX_PARALLELISM == p for p, r in enumerate(ranges) for g in r)
