@@ -256,7 +256,8 @@ class DeltaUpsertSink(PartitionedWarehouseSink):
             if dt is None:
                 return True
             have = [Column(f.name, str(f.type)) for f in pa.schema(dt.schema())]
-            self.evolve(have, [Column(f.name, str(f.type)) for f in schema])
+            checked = self.limits_of({c.name: c.type for c in have}, schema)
+            self.evolve(have, [Column(f.name, str(f.type)) for f in schema], checked)
             done = dt.transaction_version(self.app_id)
             return done is None or done < batch_id
 
@@ -266,6 +267,8 @@ class DeltaUpsertSink(PartitionedWarehouseSink):
         self, rows: pa.Table, batch_id: int, partition: int, partitions: int
     ) -> PartitionReport:
         from deltalake import write_deltalake
+
+        rows = self.storable(rows, batch_id)  # a narrower column's rows checked, then cast
 
         def step() -> PartitionReport:
             t0 = time.perf_counter()

@@ -250,3 +250,25 @@ def test_clickhouse_checks_each_row_against_a_narrower_column(ch_url):
     # FixedString(2): a key of three bytes is named too (never cut to two).
     with pytest.raises(SinkError, match="a string of 3 bytes does not fit FixedString"):
         _written(sink, _sums([("M10", 1)]), 2)
+
+
+def test_delta_checks_each_row_against_a_narrower_column(tmp_path):
+    """A Delta table of int64 sums (an earlier version's) takes the decimal(38,0) sums that
+    fit, as int64, and a sum past int64 stops the batch by name."""
+    from deltalake import write_deltalake
+
+    from dbt_sink.delta import DeltaUpsertSink
+
+    path = str(tmp_path / "sums")
+    sink = DeltaUpsertSink(path, "sums", ("merchant_id",))
+    sink.open("job", "q")
+
+    def create():
+        schema = pa.schema([("merchant_id", pa.string()), ("amount_paise", pa.int64())])
+        write_deltalake(path, schema.empty_table(), mode="append", name="sums")
+
+    def read():
+        t = sink.read_arrow()
+        return dict(zip(*(t.column(c).to_pylist() for c in SUMS.names), strict=True))
+
+    _trial(sink, read, create)

@@ -362,8 +362,8 @@ int64 — one message with the step, `ARITHMETIC_OVERFLOW`, the batch's offsets 
 `srt run --skip`, no stack. Properties (Hypothesis): any list of int64 values sums to Python's
 exact sum on the Python path and in Spark (`tests/test_aggregates.py`); any number or string
 against any column type is flagged exactly when it does not fit (`tests/dbt_sink/test_limits.py`,
-with real DuckDB, PostgreSQL and ClickHouse tables); any `decimal(38,0)` column is written to
-JSON as the exact integer (`tests/connectors/formats/test_json_properties.py`).
+with real DuckDB, PostgreSQL, ClickHouse and Delta tables); any `decimal(38,0)` column is
+written to JSON as the exact integer (`tests/connectors/formats/test_json_properties.py`).
 
 ## Event time: implausible times and a poisoned watermark
 
