@@ -31,6 +31,11 @@ TABLE_ROWS = "table_rows"
 # NULL for a batch; an operator's decision (``srt sink accept``) says here what was accepted.
 NOTE = "note"
 
+# ClickHouse has no transactions: its ledger holds a row per partition and state, and a batch is
+# committed by the driver's row for partition -1 in state COMMITTED, whose time is in ``at``.
+CLICKHOUSE_COMMITTED_AT = "at"
+CLICKHOUSE_COMMITTED = "partition = -1 and state = 'COMMITTED'"
+
 
 @dataclass(frozen=True)
 class LedgerEntry:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Iterator
+from datetime import datetime
 
 import pyarrow as pa
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from dbt_sink.clickhouse import VERSION_COLUMN, ClickHouseUpsertSink
 from dbt_sink.partitioned import RetryPolicy
 from stateful_runtime.connectors.base import prepare_rows
+from stateful_runtime.dbt_sources import ledger_query
 from stateful_runtime.exceptions import ConfigError, SinkError
 from stateful_runtime.ledger import LEDGER_TABLE
 from tests.dbt_sink.helpers import KEY, W1, W2, batch
@@ -119,6 +121,16 @@ def test_rewind_deletes_later_versions_and_ledger(sink):
     assert sink.committed_batches() == [(0, 2)]
     sink.write_batch(batch([("M1", W1, 7)]), 1)  # re-executed: written, and it wins
     assert final(sink)[0] == ("M1", W1, 7)
+
+
+def test_dbt_freshness_query_reads_the_commit_time_of_this_ledger(sink):
+    # dbt's loaded_at_query for a ClickHouse table: ClickHouse's ledger keeps the commit time
+    # in a column of its own, and a batch's commit in one row among its partitions' rows.
+    sink.write_batch(batch([("M1", W1, 1)]), 0)
+    [(at,)] = query(sink, ledger_query("job", "q", kind="clickhouse"))
+    assert isinstance(at, datetime) and at.year >= 2026
+    [(other,)] = query(sink, ledger_query("job", "another query", kind="clickhouse"))
+    assert other in (None, datetime(1970, 1, 1))  # max() of nothing: NULL, or 18.16's zero
 
 
 def test_schema_evolution_and_names(sink):
