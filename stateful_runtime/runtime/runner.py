@@ -411,6 +411,7 @@ class JobRunner:
         self._listener = _wake_on_progress(self._wake)
         spark.streams.addListener(self._listener)
         registry.update(self.job.name, spark_app_id=spark.sparkContext.applicationId)
+        before = {q.name: self.layout.query(q.name).last_committed() for q in self.plan.queries}
         for note in restore.rescale(
             spark,
             self.checkpoint_dir,
@@ -420,6 +421,11 @@ class JobRunner:
             job=self.job.name,
         ):
             self.console.say(note)
+        for q in self.plan.queries:  # a rescale's batch of redistributed state: no sink's
+            query = self.layout.query(q.name)
+            after = query.last_committed()
+            if after is not None and after != before[q.name]:
+                sink_check.record_no_output(query, q, after)
         self._publish_dead_letters()  # left staged by a run that crashed after a commit
         self._sync_mirror()  # batches a crashed run committed but did not mirror
         for q in self.plan.queries:

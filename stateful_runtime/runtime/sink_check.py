@@ -46,9 +46,7 @@ def record_path(query: QueryLayout) -> Path:
     return query.sinks_record
 
 
-def read_record(query: QueryLayout) -> dict[str, dict[str, Any]] | None:
-    """The query's sinks as its checkpoint records them (None: nothing recorded: a new
-    checkpoint, or one written before the record existed)."""
+def _read(query: QueryLayout) -> dict[str, Any] | None:
     path = record_path(query)
     try:
         data = json.loads(path.read_text())
@@ -60,21 +58,65 @@ def read_record(query: QueryLayout) -> dict[str, dict[str, Any]] | None:
             f"was given. Restore the job from a savepoint, or delete the file (every sink is "
             f"then checked as if it had been there from the first batch)"
         ) from None
-    if not isinstance(data, dict) or data.get("format_version") != RECORD_FORMAT:
+    version = data.get("format_version") if isinstance(data, dict) else None
+    if version != RECORD_FORMAT:
         raise ConfigError(
-            f"{path} has format {data.get('format_version')!r}; this runtime "
-            f"reads format {RECORD_FORMAT}"
+            f"{path} has format {version!r}; this runtime reads format {RECORD_FORMAT}"
         )
+    return data
+
+
+def read_record(query: QueryLayout) -> dict[str, dict[str, Any]] | None:
+    """The query's sinks as its checkpoint records them (None: nothing recorded: a new
+    checkpoint, or one written before the record existed)."""
+    data = _read(query)
+    if data is None:
+        return None
     return {str(k): dict(v) for k, v in (data.get("sinks") or {}).items()}
 
 
-def write_record(query: QueryLayout, sinks: Mapping[str, Mapping[str, Any]]) -> None:
-    """Replace the query's record of its sinks (atomically)."""
+def write_record(
+    query: QueryLayout,
+    sinks: Mapping[str, Mapping[str, Any]],
+    no_output: Sequence[int] | None = None,
+) -> None:
+    """Replace the query's record of its sinks (atomically); the batches that went to no sink
+    (:func:`record_no_output`) are kept unless ``no_output`` is given."""
+    if no_output is None:
+        no_output = _no_output(query)
     path = record_path(query)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({"format_version": RECORD_FORMAT, "sinks": dict(sinks)}, indent=1))
+    doc: dict[str, Any] = {"format_version": RECORD_FORMAT, "sinks": dict(sinks)}
+    if no_output:
+        doc["no_output"] = sorted(set(no_output))
+    tmp.write_text(json.dumps(doc, indent=1))
     os.replace(tmp, path)
+
+
+def _no_output(query: QueryLayout) -> list[int]:
+    data = _read(query)
+    return [int(b) for b in (data or {}).get("no_output") or ()]
+
+
+def record_no_output(query: QueryLayout, q: QueryPlan, batch: int) -> None:
+    """Record that committed batch ``batch`` of query ``q`` went to no sink: Spark's checkpoint
+    repartition (a rescale) commits one batch holding the redistributed state and no input,
+    which no sink is given, so no ledger has it; the check then asks the sinks for the batch
+    before it. A checkpoint without a record counts every sink as there from batch 0."""
+    sinks = read_record(query)
+    if sinks is None:
+        sinks = {o.name: {"since": 0} for o in q.outputs}
+    write_record(query, sinks, [*_no_output(query), batch])
+
+
+def _held(query: QueryLayout, committed: int | None) -> int | None:
+    """The newest committed batch a sink was given: ``committed`` less the batches that went
+    to no sink at the end of the log."""
+    silent = set(_no_output(query))
+    while committed is not None and committed in silent:
+        committed = committed - 1 if committed > 0 else None
+    return committed
 
 
 @dataclass(frozen=True)
@@ -134,8 +176,9 @@ def check(
                 sinks[o.name] = {"since": since}
             since = int(sinks[o.name]["since"])
             rewind = rewinds.get(q.name)
-            if committed is not None and committed >= since:
-                observed.check_holds(job, o.name, committed)
+            held = _held(query, committed)
+            if held is not None and held >= since:
+                observed.check_holds(job, o.name, held)
             ahead = observed.last_batch
             if rewind is None and ahead is not None and ahead > last + 1:
                 # One batch ahead is a crash between the sink's commit and Spark's; more is

@@ -307,3 +307,24 @@ def test_a_restore_rewinds_and_the_batches_after_it_are_written_again(warehouse)
     (checked,) = sink_check.check(JOB, [q], layout, rewinds={})
     assert checked.expected_batch == 1
     sink.write_batch(batch([("M4", W2, 1)]), 2)
+
+
+def test_a_rescale_batch_is_no_sinks_and_a_later_start_passes(tmp_path, request):
+    # Spark's checkpoint repartition (a restore with another parallelism) commits one batch of
+    # redistributed state that no sink is given; a savepoint of it restored later must not be
+    # taken for a ledger that lost that batch.
+    wh = Warehouse("duckdb", request, tmp_path)
+    sink, q, layout = three_batches(wh)
+    committed(tmp_path, q.name, 3)  # the rescale's batch
+    assert refusal(q, layout).problem == "ledger_missing"
+    sink_check.record_no_output(layout.query(q.name), q, 3)
+    (checked,) = sink_check.check(JOB, [q], layout, rewinds={})
+    assert checked.expected_batch == 2
+    sink_check.write_record(layout.query(q.name), sink_check.read_record(layout.query(q.name)))
+    assert sink_check.check(JOB, [q], layout, rewinds={})  # the record keeps the batch
+    wh.truncate(sink)  # and a real loss is still caught
+    assert refusal(q, layout).problem == "rows_missing"
+    # A checkpoint without a record (written before it existed) gets every sink from batch 0.
+    sink_check.record_path(layout.query(q.name)).unlink()
+    sink_check.record_no_output(layout.query(q.name), q, 3)
+    assert sink_check.read_record(layout.query(q.name)) == {"out": {"since": 0}}
