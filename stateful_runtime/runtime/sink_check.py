@@ -34,6 +34,7 @@ from typing import Any
 
 from stateful_runtime.checkpoints.layout import CheckpointLayout, QueryLayout
 from stateful_runtime.exceptions import ConfigError, SinkDataLostError
+from stateful_runtime.masking import mask_value
 from stateful_runtime.planner import QueryPlan
 
 RECORD_FORMAT = 1
@@ -222,8 +223,10 @@ def ways_back(
     newest_savepoint: tuple[str, int | None] | None,
 ) -> list[str]:
     """The commands that bring the job back after ``error``, each with what it gives."""
+    # Secrets masked (the message goes to the registry and to Dagster): the user gives them
+    # as the job's own run did.
     sets = "".join(
-        f" --set {shlex.quote(f'{k}={v}')}"
+        f" --set {shlex.quote(f'{k}={mask_value(k, v)}')}"
         for k, v in config.items()
         if k in defaults and defaults[k] != v
     )

@@ -328,3 +328,20 @@ def test_a_rescale_batch_is_no_sinks_and_a_later_start_passes(tmp_path, request)
     sink_check.record_path(layout.query(q.name)).unlink()
     sink_check.record_no_output(layout.query(q.name), q, 3)
     assert sink_check.read_record(layout.query(q.name)) == {"out": {"since": 0}}
+
+
+def test_the_ways_back_name_the_jobs_flags_with_secrets_masked():
+    err = SinkDataLostError(JOB, "out", "t", "db", "rows_missing", "rows gone", committed_batch=2)
+    ways = sink_check.ways_back(
+        err,
+        "/jobs/job.py",
+        {"sink.dsn": "postgresql://srt:hunter2@h/db", "sink.table": "t", "x": 1},
+        {"sink.dsn": "", "sink.table": "t", "x": 1},
+        ("sp-7", 41),
+    )
+    assert len(ways) == 3 and not any("hunter2" in w for w in ways)
+    assert (
+        "srt run /jobs/job.py --set 'sink.dsn=postgresql://srt:***@h/db' --replay-sinks" in ways[0]
+    )
+    assert "--from-savepoint sp-7 --replay-sinks" in ways[1] and "batch 41" in ways[1]
+    assert "srt sink accept /jobs/job.py" in ways[2] and "--sink out" in ways[2]
