@@ -154,7 +154,7 @@ class ArrowKeyedOperator:
         store.open(batch)
         try:
             op = KeyedOperator(copy.deepcopy(self.fn), copy.deepcopy(self.guard))
-            backend = LocalBackend(store, clock=lambda: op.processing_ms)
+            backend = LocalBackend(store, clock=lambda: op.processing_ms, key_timers=False)
             op.set_time(watermark, now)
             op.open(backend)
             # Due timers fire below for the whole partition before any element, so a key's
