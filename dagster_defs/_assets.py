@@ -17,9 +17,10 @@ from dagster import (
     multi_asset,
 )
 
+from dagster_defs._health import health_check_specs
 from dagster_defs._launch import launch_config
 from dagster_defs._specs import SinkTableSpec, StreamingJobSpec
-from dagster_defs._stream_events import control_url
+from dagster_defs._stream_events import control_endpoint
 from dagster_defs._translator import StreamingJobTranslator, identifier
 
 
@@ -41,12 +42,16 @@ def job_asset(spec: StreamingJobSpec, translator: StreamingJobTranslator) -> Ass
     the live process), waits until it is RUNNING and has committed a micro-batch, and records
     pid, Spark application id, checkpoint, plan and log as metadata."""
 
+    key = translator.get_job_asset_key(spec)
+
     @multi_asset(
         name=f"{identifier(spec.name)}_run",
         specs=[translator.get_job_asset_spec(spec)],
+        check_specs=health_check_specs(key, spec),
         required_resource_keys={"streaming_runtime", *spec.resource_keys},
     )
     def _run(context: AssetExecutionContext) -> MaterializeResult:
+        from dagster_defs._sensor import health_checks
         from dagster_defs.errors import StatefulRuntimeError
         from stateful_runtime.masking import mask_config, mask_text
 
@@ -93,10 +98,12 @@ def job_asset(spec: StreamingJobSpec, translator: StreamingJobTranslator) -> Ass
         except StatefulRuntimeError as exc:
             raise _failure(exc, log_path) from exc
 
+        # What the launch was; what the process is now (state, last commit) the health
+        # checks say, re-judged by the health sensor every tick, so nothing here goes stale.
         metadata: dict[str, Any] = {
-            "pid": launch.pid,
+            "pid": MetadataValue.text(str(launch.pid)),
             "launched": launch.launched,
-            "state": None if status.entry_state is None else str(status.entry_state),
+            "run_id": status.run_id,
             "spark_app_id": status.spark_app_id,
             "spark_master": status.master,
             "checkpoint_dir": MetadataValue.path(str(status.checkpoint_dir)),
@@ -104,19 +111,24 @@ def job_asset(spec: StreamingJobSpec, translator: StreamingJobTranslator) -> Ass
             # What the process restored from (a savepoint, by the upgrade or rescale job).
             "restored_from": status.restored_from,
             "started_at": status.started_at,
-            "last_committed_batch": MetadataValue.json(dict(committed or {})),
+            "committed_at_launch": MetadataValue.json(dict(committed or {})),
             # Config, command and plan as shown anywhere: every secret masked.
             "config": MetadataValue.json(json.loads(json.dumps(mask_config(config), default=str))),
             "plan": _code(mask_text(launch.plan)),
         }
         if launch.command:
             metadata["command"] = mask_text(shlex.join(launch.command))
-        url = control_url(status)
-        if url:  # the job process's health (needs its bearer token: $SRT_HOME/jobs/JOB.token)
-            metadata["control endpoint"] = MetadataValue.url(url)
+        endpoint = control_endpoint(status)
+        if endpoint is not None:  # the job process's health (it wants its bearer token)
+            metadata["control endpoint"] = endpoint
         if launch.config_drift:
             metadata["config_drift"] = list(launch.config_drift)
-        return MaterializeResult(metadata=metadata)
+        try:
+            now_status = runtime.status(spec.name) or status
+        except StatefulRuntimeError:
+            now_status = status
+        checks = health_checks(spec, now_status, time.time())
+        return MaterializeResult(metadata=metadata, check_results=[c.result(key) for c in checks])
 
     return _run
 

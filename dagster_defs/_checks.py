@@ -15,12 +15,14 @@ from dagster import (
     AssetCheckExecutionContext,
     AssetCheckResult,
     AssetChecksDefinition,
+    AssetCheckSeverity,
     AssetCheckSpec,
     AssetKey,
     AutomationCondition,
     multi_asset_check,
 )
 
+from dagster_defs._health import FRESHNESS, freshness_spec, table_freshness
 from dagster_defs._specs import SinkTableSpec, StreamingJobSpec
 from dagster_defs._translator import StreamingJobTranslator, identifier
 
@@ -77,6 +79,8 @@ def check_specs(key: AssetKey, table: SinkTableSpec) -> list[AssetCheckSpec]:
                 "schema to the job.",
             )
         )
+    if table.expected_latency is not None:
+        specs.append(freshness_spec(key, table.expected_latency.total_seconds()))
     if table.reconcile is not None:
         specs.append(
             AssetCheckSpec(
@@ -186,6 +190,11 @@ def sink_checks(
         selected = {k.name for k in context.selected_asset_check_keys}
         warehouse = context.resources.warehouse
         runtime = context.resources.streaming_runtime
+        if FRESHNESS in selected and table.expected_latency is not None:
+            yield _freshness_result(key, runtime, spec, table)
+            selected.discard(FRESHNESS)
+            if not selected:
+                return
         side: Any = None
         try:
             # One read for every check: ClickHouse's with FINAL (one row per key), and the
@@ -228,6 +237,30 @@ def sink_checks(
             yield _reconcile_result(key, runtime, spec, table, side)
 
     return _checks
+
+
+def _freshness_result(
+    key: AssetKey, runtime: Any, spec: StreamingJobSpec, table: SinkTableSpec
+) -> AssetCheckResult:
+    """Freshness now, from the job's status (the health sensor reports it every tick too)."""
+    from dagster_defs.errors import StatefulRuntimeError
+
+    assert table.expected_latency is not None
+    try:
+        status = runtime.status(spec.name)
+    except StatefulRuntimeError as exc:
+        return AssetCheckResult(
+            asset_key=key, check_name=FRESHNESS, passed=False, description=f"no status: {exc}"
+        )
+    if status is None:
+        return AssetCheckResult(
+            asset_key=key,
+            check_name=FRESHNESS,
+            passed=False,
+            severity=AssetCheckSeverity.WARN,
+            description=f"job {spec.name} never ran here: materialise its asset",
+        )
+    return table_freshness(table.expected_latency.total_seconds(), table.query, status).result(key)
 
 
 def _reconcile_result(

@@ -22,6 +22,7 @@ runtime's own message.
 
 import shlex
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from dagster import (
@@ -95,9 +96,75 @@ def _savepoint_metadata(sp: "SavepointSummary") -> dict[str, Any]:
         "size_bytes": sp.size_bytes,
         "files": sp.files,
         "batches": MetadataValue.json(dict(sp.batches)),
-        "watermark_ms": MetadataValue.json(dict(sp.watermark_ms)),
+        "watermark": MetadataValue.json({q: _time(ms) for q, ms in sp.watermark_ms.items()}),
         "created_at": sp.created_at,
     }
+
+
+def _time(ms: int | None) -> str | None:
+    """An event-time watermark (epoch ms) as a UTC time; None before any."""
+    if ms is None or ms <= 0:
+        return None
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+
+def savepoint_list(savepoints: Sequence["SavepointSummary"]) -> MetadataValue:
+    """The job's savepoints as a table, newest first: what to pick for ``from_savepoint``
+    (upgrade, rescale) or ``srt run --from-savepoint``."""
+    from dagster import TableColumn, TableRecord, TableSchema
+
+    def one(q: Mapping[str, Any]) -> str:
+        return (
+            ", ".join(f"{k}: {v}" for k, v in q.items())
+            if len(q) > 1
+            else str(next(iter(q.values()), None))
+        )
+
+    return MetadataValue.table(
+        records=[
+            TableRecord(
+                {
+                    "id": sp.id,
+                    "taken": sp.created_at,
+                    "why": sp.kind,
+                    "batch": one(sp.batches),
+                    "watermark": one({q: _time(ms) for q, ms in sp.watermark_ms.items()}),
+                    "size (bytes)": sp.size_bytes,
+                    "location": sp.location,
+                }
+            )
+            for sp in reversed(savepoints)
+        ],
+        schema=TableSchema(
+            columns=[
+                TableColumn("id", "string"),
+                TableColumn("taken", "string"),
+                TableColumn("why", "string"),
+                TableColumn("batch", "string"),
+                TableColumn("watermark", "string"),
+                TableColumn("size (bytes)", "int"),
+                TableColumn("location", "string"),
+            ]
+        ),
+    )
+
+
+def _with_list(context: OpExecutionContext, spec: StreamingJobSpec) -> dict[str, Any]:
+    """The job's savepoints (after this one), for the observation; nothing if they cannot be
+    listed (the savepoint itself was taken)."""
+    from dagster_defs.errors import StatefulRuntimeError
+
+    target = context.op_config.get("target") or spec.savepoints.target
+    try:
+        found = context.resources.streaming_runtime.savepoints(
+            spec.name, target=target, env=_env(context)
+        )
+    except StatefulRuntimeError as exc:
+        context.log.warning(f"cannot list the savepoints of {spec.name}: {exc}")
+        return {}
+    return {"savepoints": savepoint_list(found)}
 
 
 def _take_savepoint(
@@ -214,7 +281,8 @@ def savepoint_job(
             for location in disposed:
                 context.log.info(f"retention: disposed of {location}")
             metadata["disposed"] = MetadataValue.json(disposed)
-            metadata["retention"] = f"keep {policy.keep}, max age {policy.max_age}"
+            metadata["retention"] = f"keep {policy.keep}, max age {_age(policy.max_age)}"
+        metadata.update(_with_list(context, spec))
         _observe(context, translator, spec, f"savepoint {sp.id} at {sp.location}", metadata)
 
     @job(
@@ -255,6 +323,7 @@ def stop_with_savepoint_job(
                 **_savepoint_metadata(sp),
                 "job_state": _state(after),
                 "action": "stop",
+                **_with_list(context, spec),
             },
         )
 
@@ -421,7 +490,7 @@ def savepoint_schedule(spec: StreamingJobSpec, target: JobDefinition) -> Schedul
         else DefaultScheduleStatus.STOPPED,
         required_resource_keys={"streaming_runtime"},
         description=f"Periodic savepoints of `{spec.name}` ({policy.cron}, {policy.timezone}), "
-        f"keeping {policy.keep or 'any number'} no older than {policy.max_age or 'any age'}; "
+        f"keeping {policy.keep or 'any number'} no older than {_age(policy.max_age)}; "
         f"skips while the job is not running.",
     )
     # As with the sensor: resources come as keyword arguments when called directly.
@@ -450,3 +519,14 @@ def savepoint_schedule(spec: StreamingJobSpec, target: JobDefinition) -> Schedul
         )
 
     return _tick
+
+
+def _age(age: timedelta | None) -> str:
+    """A retention age as a person writes it ("7 d", "36 h", "90 min"), not "7 days, 0:00:00"."""
+    if age is None:
+        return "any age"
+    seconds = age.total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g} {unit}"
+    return f"{seconds:g} s"

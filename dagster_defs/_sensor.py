@@ -22,6 +22,7 @@ Conditions and what the sensor does::
 """
 
 import json
+import shlex
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from dagster import (
+    AssetCheckEvaluation,
     AssetMaterialization,
     AssetObservation,
     DefaultSensorStatus,
@@ -41,6 +43,8 @@ from dagster import (
     sensor,
 )
 
+from dagster_defs import _health
+from dagster_defs._health import Verdict, table_freshness
 from dagster_defs._launch import launch_config
 from dagster_defs._specs import RestartPolicy, StreamingJobSpec
 from dagster_defs._stream_events import commit_events, plot_metadata
@@ -217,13 +221,15 @@ def decide(
 
 @dataclass
 class Cursor:
-    """Per job: epoch seconds of each restart the sensor made, and the pid it gave up on; per
-    sink table (``job/table``): the last batch reported as a materialisation, and the watermark
+    """Per job: epoch seconds of each restart the sensor made, the pid it gave up on, and the
+    crashes it saw within the restart window (:func:`dagster_defs._health.incident`); per sink
+    table (``job/table``): the last batch reported as a materialisation, and the watermark
     then."""
 
     restarts: dict[str, list[float]] = field(default_factory=dict)
     gave_up: dict[str, int | None] = field(default_factory=dict)
     reported: dict[str, dict[str, Any]] = field(default_factory=dict)
+    incidents: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @classmethod
     def load(cls, raw: str | None) -> "Cursor":
@@ -239,6 +245,7 @@ class Cursor:
             {k: [float(t) for t in v] for k, v in (data.get("restarts") or {}).items()},
             dict(data.get("gave_up") or {}),
             {k: dict(v) for k, v in (data.get("reported") or {}).items()},
+            {k: [dict(i) for i in v] for k, v in (data.get("incidents") or {}).items()},
         )
 
     def dump(self) -> str:
@@ -248,6 +255,7 @@ class Cursor:
                 "restarts": self.restarts,
                 "gave_up": self.gave_up,
                 "reported": self.reported,
+                "incidents": self.incidents,
             },
             sort_keys=True,
         )
@@ -255,7 +263,23 @@ class Cursor:
     def prune(self, job: str, *, now: float, window: timedelta) -> list[float]:
         kept = [t for t in self.restarts.get(job, []) if now - t < _seconds(window)]
         self.restarts[job] = kept
+        if job in self.incidents:
+            self.incidents[job] = [
+                i for i in self.incidents[job] if now - float(i.get("at") or 0) < _seconds(window)
+            ]
         return kept
+
+    def record(self, job: str, crash: dict[str, Any]) -> None:
+        """Keep a crash once: a crash of the same pid and condition seen again (backoff, gave
+        up) is the same crash."""
+        kept = self.incidents.setdefault(job, [])
+        if kept and (kept[-1].get("pid"), kept[-1].get("condition")) == (
+            crash.get("pid"),
+            crash.get("condition"),
+        ):
+            kept[-1].update({k: v for k, v in crash.items() if k != "at" and v is not None})
+            return
+        kept.append(crash)
 
 
 def _started_age(entry: Mapping[str, Any], now: float) -> float | None:
@@ -276,6 +300,40 @@ def _health_json(queries: Mapping[str, Mapping[str, Any]]) -> MetadataValue:
     return MetadataValue.json({q: dict(m) for q, m in sorted(queries.items())})
 
 
+@dataclass(frozen=True)
+class Report:
+    """What one tick says of one job: its observation's metadata, its health checks, and the
+    process the sensor relaunched it as (None: it did not)."""
+
+    metadata: dict[str, Any]
+    checks: list[Verdict]
+    relaunched: dict[str, Any] | None = None
+
+
+def health_checks(spec: StreamingJobSpec, status: "JobStatus", now: float) -> list[Verdict]:
+    """The job's health checks from a status alone (no restart history: a materialisation's
+    view of the process it launched or reused)."""
+    queries = {q: query_health(info, status.query_health(q)) for q, info in status.queries.items()}
+    state = None if status.entry_state is None else str(status.entry_state)
+    entry = {
+        "state": state,
+        "pid": status.pid,
+        "started_at": status.started_at,
+        "error": None if status.error is None else status.error.to_json()["error"],
+    }
+    if status.stopped_by:
+        entry["stopped_by"] = str(status.stopped_by)
+    verdict = assess(
+        entry,
+        alive=bool(status.alive),
+        queries=queries,
+        now=now,
+        started_age_s=_started_age(entry, now),
+        policy=spec.restart_policy,
+    )
+    return _health.verdicts(spec, status, verdict.condition.value, verdict.reason, queries, now=now)
+
+
 def check_job(
     context: SensorEvaluationContext,
     spec: StreamingJobSpec,
@@ -284,14 +342,32 @@ def check_job(
     status: "JobStatus | None" = None,
 ) -> dict[str, Any] | None:
     """Observe one job and apply its restart policy; the observation's metadata, or None if
-    the job never ran here. ``status``: the job's status if the caller has it."""
+    the job never ran here (:func:`observe` has the health checks too)."""
+    report = observe(context, spec, cursor, now, status)
+    return None if report is None else report.metadata
+
+
+def observe(
+    context: SensorEvaluationContext,
+    spec: StreamingJobSpec,
+    cursor: Cursor,
+    now: float,
+    status: "JobStatus | None" = None,
+) -> Report | None:
+    """Observe one job, apply its restart policy and judge its health checks; None if the job
+    never ran here. ``status``: the job's status if the caller has it."""
     runtime = context.resources.streaming_runtime
     status = status if status is not None else runtime.status(spec.name)
     if status is None:
         return None
     alive = bool(status.alive)
     state = None if status.entry_state is None else str(status.entry_state)
-    entry = {"state": state, "pid": status.pid, "started_at": status.started_at}
+    entry = {
+        "state": state,
+        "pid": status.pid,
+        "started_at": status.started_at,
+        "error": None if status.error is None else status.error.to_json()["error"],
+    }
     queries = {q: query_health(info, status.query_health(q)) for q, info in status.queries.items()}
     verdict = assess(
         entry,
@@ -318,26 +394,58 @@ def check_job(
     else:
         decision = decide(verdict.condition, restarts, now=now, policy=spec.restart_policy)
     metadata: dict[str, Any] = {
-        "state": entry.get("state"),
+        # What the job is now (DEAD for a RUNNING entry whose process is gone), not the
+        # entry's word for it.
+        "state": None if status.state is None else str(status.state),
         "condition": verdict.condition.value,
         "reason": verdict.reason,
-        "pid": pid,
+        "pid": None if pid is None else MetadataValue.text(str(pid)),  # a name, not a plot
         "alive": alive,
         "action": decision.action.value,
         "restarts_in_window": len(restarts),
         "health": _health_json(queries),
         **plot_metadata(status),
+        **_health.dead_letter_metadata(status),
     }
     if decision.reason:
         metadata["decision"] = decision.reason
+    crash = (
+        _health.incident(verdict.condition.value, verdict.reason, status, now)
+        if verdict.condition in RESTARTABLE or verdict.condition is Condition.UNKNOWN
+        else None
+    )
+    relaunched = None
     if decision.action is Action.GIVE_UP and spec.name not in cursor.gave_up:
         cursor.gave_up[spec.name] = pid
         context.log.error(f"{spec.name}: {verdict.reason}; {decision.reason}")
     elif decision.action is Action.RESTART:
-        metadata.update(_restart(context, spec, entry, alive, verdict))
+        restarted = _restart(context, spec, entry, alive, verdict)
+        metadata.update(restarted)
         cursor.restarts[spec.name] = [*restarts, now]
         metadata["restarts_in_window"] = len(restarts) + 1
-    return metadata
+        if crash is not None and "restarted_pid" in restarted:
+            crash["restarted_pid"] = restarted["restarted_pid"]
+            relaunched = restarted
+        elif crash is not None and "restart_error" in restarted:
+            crash["restart_error"] = restarted["restart_error"]
+    if crash is not None:
+        cursor.record(spec.name, crash)
+        context.log.error(
+            f"{spec.name} is {verdict.condition.value}: {verdict.reason}"
+            + (f"; failure: {status.failure}" if status.failure else "")
+            + (f"; {decision.reason}" if decision.reason else "")
+        )
+    checks = _health.verdicts(
+        spec,
+        status,
+        verdict.condition.value,
+        verdict.reason,
+        queries,
+        decision=decision.reason or None,
+        incidents=cursor.incidents.get(spec.name, []),
+        now=now,
+    )
+    return Report(metadata, checks, relaunched)
 
 
 def _restart(
@@ -348,6 +456,7 @@ def _restart(
     verdict: Assessment,
 ) -> dict[str, Any]:
     from dagster_defs.errors import StatefulRuntimeError
+    from stateful_runtime.masking import mask_text
 
     runtime = context.resources.streaming_runtime
     out: dict[str, Any] = {}
@@ -362,8 +471,6 @@ def _restart(
                 out["killed_with"] = str(ended.signal)
         launch = runtime.launch(spec.name, spec.job_file, launch_config(spec, context.resources))
     except StatefulRuntimeError as exc:
-        from stateful_runtime.masking import mask_text
-
         context.log.error(f"{spec.name}: relaunch failed: {mask_text(str(exc))}")
         out["restart_error"] = mask_text(str(exc))
         return out
@@ -376,9 +483,30 @@ def _restart(
             "restarted_pid": launch.pid,
             "previous_pid": entry.get("pid"),
             "log_path": str(launch.log_path),
+            "command": mask_text(shlex.join(launch.command or ())),
         }
     )
     return out
+
+
+def _relaunch_materialization(key: Any, report: Report) -> AssetMaterialization:
+    relaunched = report.relaunched or {}
+    return AssetMaterialization(
+        asset_key=key,
+        description=(
+            f"relaunched by the health sensor as pid {relaunched.get('restarted_pid')} "
+            f"({report.metadata['condition']}: {report.metadata['reason']})"
+        ),
+        metadata={
+            "pid": MetadataValue.text(str(relaunched.get("restarted_pid"))),
+            "launched": True,
+            "launched_by": "streaming_job_health sensor",
+            "previous_pid": MetadataValue.text(str(relaunched.get("previous_pid"))),
+            "cause": f"{report.metadata['condition']}: {report.metadata['reason']}",
+            "log_path": MetadataValue.path(str(relaunched.get("log_path"))),
+            "command": relaunched.get("command") or "",
+        },
+    )
 
 
 def health_sensor(
@@ -413,18 +541,32 @@ def health_sensor(
     def _health(context: SensorEvaluationContext, **_: Any) -> SensorResult | SkipReason:
         cursor = Cursor.load(context.cursor)
         now = time.time()
-        events: list[AssetObservation | AssetMaterialization] = []
+        events: list[AssetObservation | AssetMaterialization | AssetCheckEvaluation] = []
         for spec in specs:
             status = context.resources.streaming_runtime.status(spec.name)
-            metadata = check_job(context, spec, cursor, now, status=status)
-            if metadata is not None:
+            report = observe(context, spec, cursor, now, status=status)
+            if report is not None:
+                key = translator.get_job_asset_key(spec)
                 events.append(
                     AssetObservation(
-                        asset_key=translator.get_job_asset_key(spec),
-                        metadata=metadata,
-                        description=metadata["reason"],
+                        asset_key=key,
+                        metadata=report.metadata,
+                        description=report.metadata["reason"],
                     )
                 )
+                events.extend(v.evaluation(key) for v in report.checks)
+                if status is not None:
+                    events.extend(
+                        table_freshness(
+                            t.expected_latency.total_seconds(), t.query, status, now
+                        ).evaluation(translator.get_sink_asset_key(spec, t))
+                        for t in spec.sink_tables
+                        if t.expected_latency is not None
+                    )
+                if report.relaunched is not None:
+                    # The asset is the job's process: a relaunch is a new one (the Overview
+                    # shows its pid, not the dead one's).
+                    events.append(_relaunch_materialization(key, report))
             if status is not None and spec.sink_tables:
                 events.extend(
                     commit_events(

@@ -47,6 +47,10 @@ class RestartPolicy:
             An idle job, with nothing to process, is never stalled.
         start_timeout: a process still STARTING after this long is treated as stalled.
         stop_grace: how long a stalled job gets to stop on SIGTERM before SIGKILL.
+        max_lag_records: the job asset's ``lag`` check warns when more records than this wait
+            in the source (None: no bound). Never a reason to restart.
+        max_dead_letter_ratio: the ``dead_letters`` check warns when a larger share of the
+            run's input was rejected (None: no bound). Never a reason to restart.
     """
 
     max_restarts: int = 3
@@ -56,10 +60,18 @@ class RestartPolicy:
     max_checkpoint_age: timedelta = timedelta(minutes=5)
     start_timeout: timedelta = timedelta(minutes=5)
     stop_grace: timedelta = timedelta(seconds=30)
+    max_lag_records: int | None = 1_000_000
+    max_dead_letter_ratio: float | None = 0.01
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
             raise config_error(f"max_restarts must be >= 0, got {self.max_restarts}")
+        if self.max_dead_letter_ratio is not None and not 0 <= self.max_dead_letter_ratio <= 1:
+            raise config_error(
+                f"max_dead_letter_ratio must be in [0, 1] or None, got {self.max_dead_letter_ratio}"
+            )
+        if self.max_lag_records is not None and self.max_lag_records < 0:
+            raise config_error(f"max_lag_records must be >= 0 or None, got {self.max_lag_records}")
         for name in (
             "window",
             "initial_backoff",
@@ -169,10 +181,11 @@ class SinkTableSpec:
         description: asset description (default: one naming the job).
         expected_latency: how far behind its stream the table may be when all is well: the
             job's checkpoint interval plus its watermark delay (``srt dbt sources`` prints it
-            as ``meta.srt.expected_latency_s``). Gives the table a freshness policy (warn and
-            fail after a few times this, at least 1 and 2 minutes: the same windows as the
-            generated dbt source freshness), so a stalled stream turns the asset red. None: no
-            freshness policy.
+            as ``meta.srt.expected_latency_s``). Gives the table a ``freshness`` check (warn
+            and fail after a few times this, at least 1 and 2 minutes: the same windows as
+            the generated dbt source freshness) that fails only when the source holds records
+            the job has not committed for that long: a stuck stream turns the asset red, an
+            idle one says idle. None: no freshness check.
     """
 
     table: str

@@ -82,10 +82,24 @@ def plot_metadata(status: JobStatus) -> dict[str, MetadataValue]:
         for key, label in _RECORDS:
             values[label] = _number(getattr(health.records, key, None), int)
         out.update({f"{prefix}{label}": v for label, v in values.items() if v is not None})
-    url = control_url(status)
-    if url:
-        out["control endpoint"] = MetadataValue.url(url)
+    endpoint = control_endpoint(status)
+    if endpoint is not None:
+        out["control endpoint"] = endpoint
     return out
+
+
+def control_endpoint(status: JobStatus) -> MetadataValue | None:
+    """The control endpoint as text with how to call it: it wants the job's bearer token, so
+    a link opened in a browser only answered 401."""
+    url = control_url(status)
+    if not url or status.control is None:
+        return None
+    token = status.control.token_file
+    return MetadataValue.md(
+        f"`{url}` (bearer token in `{token}`):\n\n"
+        f'```\ncurl -H "Authorization: Bearer $(cat {token})" {url}\n```\n\n'
+        f"or `srt status {status.job} --json`"
+    )
 
 
 def _ledger(warehouse: Any, table: str, job: str, sink: str) -> list[Any]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import timedelta
 from typing import Any
 
 from dagster import AssetKey, AssetSpec, FreshnessPolicy
@@ -12,7 +11,7 @@ from dagster_defs._specs import SinkTableSpec, StreamingJobSpec
 
 # The sink-table key and the names derived from job and table names are the dbt sources', so
 # that the sources `srt dbt sources` generates point at these assets by construction.
-from stateful_runtime.dbt_sources import freshness, identifier, sink_asset_key
+from stateful_runtime.dbt_sources import identifier, sink_asset_key
 
 __all__ = ["StreamingJobTranslator", "identifier"]
 
@@ -51,8 +50,9 @@ class StreamingJobTranslator:
             f"health sensor reports the batches committed since its last tick (batch range, "
             f"rows written, watermark, windows closed), and its checks run then by automation. "
             f"Materialising it by hand records a snapshot (rows, last sink batch); it never "
-            f"writes the table. Stale (freshness) means no new batch: look at the job asset's "
-            f"health (lag, checkpoint age) and the health sensor's ticks."
+            f"writes the table. Its freshness check fails only when the source holds records "
+            f"the job has not committed (an idle source is fresh): then look at the job "
+            f"asset's health checks (running, checkpoint_age, lag)."
         )
 
     def get_job_metadata(self, job: StreamingJobSpec) -> Mapping[str, Any]:
@@ -70,15 +70,11 @@ class StreamingJobTranslator:
     def get_sink_freshness_policy(
         self, job: StreamingJobSpec, table: SinkTableSpec
     ) -> FreshnessPolicy | None:
-        """From the table's expected latency: warn and fail windows in whole minutes, as the
-        generated dbt source's freshness (``stateful_runtime.dbt_sources.freshness``)."""
-        if table.expected_latency is None:
-            return None
-        windows = freshness(table.expected_latency.total_seconds())
-        return FreshnessPolicy.time_window(
-            fail_window=timedelta(minutes=windows["error_after"]["count"]),
-            warn_window=timedelta(minutes=windows["warn_after"]["count"]),
-        )
+        """None: a time-window policy on the last materialisation turns an idle, healthy
+        stream stale (Dagster's freshness knows no idle). The table's ``freshness`` check
+        (:func:`dagster_defs._health.table_freshness`, from ``expected_latency``) is stale
+        only when the source holds records the job has not committed. Override to add one."""
+        return None
 
     def get_job_asset_spec(self, job: StreamingJobSpec) -> AssetSpec:
         return AssetSpec(

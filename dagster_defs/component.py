@@ -8,7 +8,7 @@ stop/savepoint/upgrade jobs and the health sensor are shared by them)::
     type: dagster_defs.component.StreamingJobsComponent
     attributes:
       warehouse: {kind: duckdb, path: srt-data/upi.duckdb}
-      sensor_interval: 30s
+      sensor_interval: 5s
       jobs:
         - name: upi-per-minute
           job_file: ../../examples/upi_per_minute.py     # relative to this defs.yaml
@@ -94,7 +94,7 @@ class SinkTableModel(dg.Model):
     description: str | None = Field(default=None, description="Asset description.")
     expected_latency: Duration | None = Field(
         default=None,
-        description="Checkpoint interval + watermark delay: gives the table a freshness policy.",
+        description="Checkpoint interval + watermark delay: gives the table a freshness check.",
     )
 
 
@@ -115,6 +115,12 @@ class RestartPolicyModel(dg.Model):
     max_checkpoint_age: Duration = Field(default="5m", description="Stalled after this.")
     start_timeout: Duration = Field(default="5m", description="STARTING for longer: stalled.")
     stop_grace: Duration = Field(default="30s", description="SIGTERM to SIGKILL grace.")
+    max_lag_records: int | None = Field(
+        default=1_000_000, description="The lag check warns above this (null: no bound)."
+    )
+    max_dead_letter_ratio: float | None = Field(
+        default=0.01, description="The dead_letters check warns above this share of input."
+    )
 
 
 class StreamingJobModel(dg.Model):
@@ -155,9 +161,9 @@ class StreamingJobsComponent(dg.Component, dg.Model, dg.Resolvable):
         description="Where sink tables live (default: DuckDB srt-data/warehouse.duckdb).",
     )
     srt_home: str | None = Field(default=None, description="Job registry ($SRT_HOME).")
-    sensor_interval: Duration = Field(default="30s", description="Health sensor interval.")
+    sensor_interval: Duration = Field(default="5s", description="Health sensor interval.")
     automation_interval: Duration | None = Field(
-        default="30s", description="Automation sensor interval (null: no automation sensor)."
+        default="5s", description="Automation sensor interval (null: no automation sensor)."
     )
 
     def specs(self, base: Path) -> list[StreamingJobSpec]:
@@ -185,6 +191,8 @@ class StreamingJobsComponent(dg.Component, dg.Model, dg.Resolvable):
                     ),
                     restart_policy=RestartPolicy(
                         max_restarts=rp.max_restarts,
+                        max_lag_records=rp.max_lag_records,
+                        max_dead_letter_ratio=rp.max_dead_letter_ratio,
                         **{
                             f: duration(getattr(rp, f), f"{job.name}: restart_policy.{f}")
                             for f in (

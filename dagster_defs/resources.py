@@ -293,6 +293,19 @@ class StreamingRuntime(ConfigurableResource):
             args += ["--target", target]
         return SavepointSummary.from_json(self.run_json(args, timeout=t + 300, env=env))
 
+    def savepoints(
+        self, job: str, *, target: str | None = None, env: Mapping[str, str] | None = None
+    ) -> list[SavepointSummary]:
+        """``srt savepoint list JOB [--target ROOT]``: the job's complete savepoints under
+        ``target`` (default: every root the registry knows), oldest first."""
+        from stateful_runtime.contract import SavepointSummary
+
+        args = ["savepoint", "list", job] + (["--target", target] if target else [])
+        found = self.run_json(args, timeout=120, env=env)
+        return sorted(
+            (SavepointSummary.from_json(s) for s in found), key=lambda s: (s.created_at, s.id)
+        )
+
     def prune_savepoints(
         self,
         job: str,

@@ -37,7 +37,7 @@ from dagster_defs.dbt import (
 EXAMPLES = Path(__file__).resolve().parent
 # How often the health sensor reports commits and restarts failed jobs, and the automation
 # sensor evaluates (the UI test sets a few seconds).
-SENSOR_INTERVAL = timedelta(seconds=float(os.environ.get("SRT_SENSOR_INTERVAL_S", "30")))
+SENSOR_INTERVAL = timedelta(seconds=float(os.environ.get("SRT_SENSOR_INTERVAL_S", "5")))
 
 UPI_COUNTS = SinkTableSpec(
     table="upi_counts",

@@ -334,6 +334,62 @@ class MirrorHealth:
 
 
 @dataclass(frozen=True)
+class DeadLetterSample:
+    """One rejected record as the job published it to its dead-letter topic.
+
+    Attributes:
+        reason: why it was rejected (the decoder's message).
+        source_partition: where it came from in the source.
+        source_offset: its offset there.
+        value: the record's bytes as text, cut at :data:`SAMPLE_CHARS` characters.
+    """
+
+    reason: str
+    source_partition: str
+    source_offset: int
+    value: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "reason": self.reason,
+            "source_partition": self.source_partition,
+            "source_offset": self.source_offset,
+            "value": self.value,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DeadLetterSample:
+        return cls(
+            str(data.get("reason")),
+            str(data.get("source_partition")),
+            int(data.get("source_offset") or 0),
+            str(data.get("value") or ""),
+        )
+
+
+# A dead letter's value as a health report carries it.
+SAMPLE_CHARS = 200
+
+
+@dataclass(frozen=True)
+class DeadLetterView:
+    """The dead letters a query's job published, as its health report shows them.
+
+    Attributes:
+        topic: the dead-letter topic (where ``srt log read`` or a Kafka consumer finds all).
+        in_topic: records the topic holds (every run's).
+        by_reason: records published this run per kind of reason (a reason's text up to its
+            first ``": "``: ``malformed JSON``, ``missing field 'amount_paise'``).
+        samples: the newest published this run, oldest first.
+    """
+
+    topic: str
+    in_topic: int = 0
+    by_reason: Mapping[str, int] = field(default_factory=dict)
+    samples: tuple[DeadLetterSample, ...] = ()
+
+
+@dataclass(frozen=True)
 class QueryHealth:
     """One query as the job process reports it (``srt status``'s ``health``, ``GET /health``).
 
@@ -347,12 +403,14 @@ class QueryHealth:
         checkpoint: the query's checkpoint (only its last committed batch and age are shown).
         records: where the source's records went, this run.
         mirror: the checkpoint mirror's last upload.
+        dead_letters: the query's dead letters (None: it owns no dead-letter topic).
     """
 
     batch: BatchHealth | None = None
     checkpoint: CheckpointFacts | None = None
     records: RecordCounts | None = None
     mirror: MirrorHealth | None = None
+    dead_letters: DeadLetterView | None = None
 
     @property
     def last_committed_batch(self) -> int | None:
@@ -390,6 +448,12 @@ class QueryHealth:
         if self.mirror is not None:
             out["mirror_batch"] = self.mirror.batch
             out["mirror_bytes_uploaded"] = self.mirror.bytes_uploaded
+        d = self.dead_letters
+        if d is not None:
+            out["dead_letter_topic"] = d.topic
+            out["dead_letters_in_topic"] = d.in_topic
+            out["dead_letter_reasons"] = dict(d.by_reason)
+            out["dead_letter_samples"] = [x.to_json() for x in d.samples]
         return out
 
     @classmethod
@@ -424,11 +488,20 @@ class QueryHealth:
             mirror = MirrorHealth(
                 _int(data.get("mirror_batch")), int(data.get("mirror_bytes_uploaded") or 0)
             )
+        dead = None
+        if "dead_letter_topic" in data:
+            dead = DeadLetterView(
+                str(data["dead_letter_topic"]),
+                int(data.get("dead_letters_in_topic") or 0),
+                {str(k): int(v) for k, v in (data.get("dead_letter_reasons") or {}).items()},
+                tuple(DeadLetterSample.from_json(x) for x in data.get("dead_letter_samples") or ()),
+            )
         return cls(
             batch=batch,
             checkpoint=checkpoint,
             records=None if records is None else RecordCounts.from_json(records),
             mirror=mirror,
+            dead_letters=dead,
         )
 
 
@@ -675,6 +748,8 @@ class JobStatus:
         health: each query's health, as last reported.
         ended_at: when the process ended, if it did.
         stopped_by: what asked a STOPPED job to stop (its control endpoint, or a signal).
+        failure: why a FAILED job process failed (the query's exception, or the error that
+            ended it), as it recorded it.
         last_savepoint: the last savepoint taken of it.
         log_path: the launched process's output (a launcher's entry, until the process
             registers).
@@ -685,6 +760,8 @@ class JobStatus:
         live: ``srt status``: alive and STARTING or RUNNING: the job runs.
         checked_at: ``srt status``: when the status was taken (epoch seconds).
         health_source: ``srt status``: where ``health`` comes from.
+        log_excerpt: ``srt status``: the last lines of the job's log (secrets masked) when the
+            process ended without being asked to (DEAD or FAILED): what it said before it died.
         extra: keys of the entry this version does not know (written by another), kept.
     """
 
@@ -710,6 +787,7 @@ class JobStatus:
     health: Mapping[str, QueryHealth] | None = None
     ended_at: str | None = None
     stopped_by: StopSignal | None = None
+    failure: str | None = None
     last_savepoint: SavepointRef | None = None
     log_path: str | None = None
     error: ErrorDocument | None = None
@@ -718,6 +796,7 @@ class JobStatus:
     live: bool | None = None
     checked_at: float | None = None
     health_source: HealthSource | None = None
+    log_excerpt: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -773,6 +852,7 @@ class JobStatus:
             else {q: h.to_json() for q, h in self.health.items()},
             "ended_at": self.ended_at,
             "stopped_by": self.stopped_by,
+            "failure": self.failure,
             "last_savepoint": None
             if self.last_savepoint is None
             else self.last_savepoint.to_json(),
@@ -788,6 +868,8 @@ class JobStatus:
                 checked_at=self.checked_at,
                 health_source=self.health_source,
             )
+            if self.log_excerpt is not None:
+                out["log_excerpt"] = self.log_excerpt
         out.update(self.extra)
         return out
 
@@ -825,6 +907,7 @@ class JobStatus:
             else {q: QueryHealth.from_json(h or {}) for q, h in health.items()},
             ended_at=_str(data.get("ended_at")),
             stopped_by=None if not data.get("stopped_by") else StopSignal(data["stopped_by"]),
+            failure=_str(data.get("failure")),
             last_savepoint=None if not last else SavepointRef.from_json(last),
             log_path=_str(data.get("log_path")),
             error=ErrorDocument.from_json({"error": data["error"]})
@@ -835,6 +918,7 @@ class JobStatus:
             live=None if data.get("live") is None else bool(data["live"]),
             checked_at=_float(data.get("checked_at")),
             health_source=None if source is None else HealthSource(source),
+            log_excerpt=_str(data.get("log_excerpt")),
             extra={k: v for k, v in data.items() if k not in _KNOWN},
         )
 
@@ -854,6 +938,7 @@ _KNOWN = frozenset(
         "health",
         "ended_at",
         "stopped_by",
+        "failure",
         "last_savepoint",
         "error",
         "log_path",
@@ -862,6 +947,7 @@ _KNOWN = frozenset(
         "live",
         "checked_at",
         "health_source",
+        "log_excerpt",
     }
 )
 

@@ -129,11 +129,25 @@ SAVEPOINT = {
 DOCUMENTS: list[tuple[Any, Mapping[str, Any]]] = [
     (JobStatus, LAUNCHED),
     (JobStatus, {**LAUNCHED, "state": "FAILED", "ended_at": "x", "queries": QUERIES}),
+    (JobStatus, {**REGISTERED, "state": "FAILED", "failure": "query q failed: boom"}),
+    (JobStatus, {**REGISTERED, "log_excerpt": "[upi] upi-counts batch 3 | rows 10"}),
     (JobStatus, REGISTERED),
     (JobStatus, {**REGISTERED, "written_by_another_version": [1, 2]}),
     (QueryHealth, {}),
     (QueryHealth, HEALTH),
     (QueryHealth, {"mirror_batch": None, "mirror_bytes_uploaded": 0}),
+    (
+        QueryHealth,
+        {
+            **HEALTH,
+            "dead_letter_topic": "upi-payments-dlq",
+            "dead_letters_in_topic": 7,
+            "dead_letter_reasons": {"malformed JSON": 2, "missing field 'amount_paise'": 1},
+            "dead_letter_samples": [
+                {"reason": "x", "source_partition": "1", "source_offset": 5, "value": "{no"}
+            ],
+        },
+    ),
     (QueryHealth, {"last_committed_batch": None, "checkpoint_age_s": None, "records": RECORDS}),
     (
         JobHealth,

@@ -60,6 +60,8 @@ from stateful_runtime.runtime.progress import checkpoint_facts, now_iso
 
 # Records decoded per read while counting a topic: bounds memory on a large topic.
 READ_CHUNK = 65_536
+# Lines of a dead or failed job's log that its status carries (what it said before it ended).
+EXCERPT_LINES = 40
 
 
 class UpgradeError(JobError):
@@ -100,7 +102,8 @@ def job_status(entry: Mapping[str, Any], now: float | None = None) -> JobStatus:
     process is gone), ``checked_at``, per query its :func:`~.progress.checkpoint_facts`, and
     ``health`` as the job process reports it now through its control endpoint
     (``health_source``: ``endpoint``) or, when it does not answer, as last written to the
-    registry."""
+    registry; for a process that ended without being asked to (DEAD, FAILED) the last lines
+    of its log (``log_excerpt``)."""
     now = time.time() if now is None else now
     status = JobStatus.from_json(entry)
     alive = registry.alive(dict(entry))
@@ -116,9 +119,16 @@ def job_status(entry: Mapping[str, Any], now: float | None = None) -> JobStatus:
             pass
         except endpoint.EndpointError:
             pass
+    state = JobState.DEAD if status.state is JobState.RUNNING and not alive else status.state
+    excerpt = None
+    if state in (JobState.DEAD, JobState.FAILED) or (
+        status.state is JobState.STARTING and not alive
+    ):
+        excerpt = log_excerpt(status.log_path or launcher.log_path(status.job))
     return replace(
         status,
-        state=JobState.DEAD if status.state is JobState.RUNNING and not alive else status.state,
+        state=state,
+        log_excerpt=excerpt,
         registered_state=status.state,
         alive=alive,
         live=live,
@@ -130,6 +140,12 @@ def job_status(entry: Mapping[str, Any], now: float | None = None) -> JobStatus:
             for q, info in status.queries.items()
         },
     )
+
+
+def log_excerpt(path: str | Path, lines: int = EXCERPT_LINES) -> str | None:
+    """The last ``lines`` lines of a job's log, secrets masked (None: no log, or empty)."""
+    text = launcher.tail(path).rstrip()
+    return masking.mask_text("\n".join(text.splitlines()[-lines:])) if text else None
 
 
 def statuses(job: str | None = None) -> list[JobStatus]:

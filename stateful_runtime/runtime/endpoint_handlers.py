@@ -33,6 +33,7 @@ class RunnerHandlers(Handlers):
                 h,
                 checkpoint=checkpoint_facts(run.checkpoint_dir).committed(),
                 records=h.records or run.records.counts(run.plan.source.name),
+                dead_letters=self.runner.dead_letter_view(run.plan.name),
             )
         return JobHealth(self.job, os.getpid(), self.runner.state, time.time(), queries)
 

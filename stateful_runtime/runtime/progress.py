@@ -15,13 +15,20 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stateful_runtime.checkpoints.layout import QueryLayout
-from stateful_runtime.contract import BatchHealth, CheckpointFacts, RecordCounts
+from stateful_runtime.contract import (
+    SAMPLE_CHARS,
+    BatchHealth,
+    CheckpointFacts,
+    DeadLetterSample,
+    DeadLetterView,
+    RecordCounts,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
@@ -112,19 +119,24 @@ def _offsets(value: Any) -> Any:
     return value
 
 
+def _lag(progress: Mapping[str, Any]) -> tuple[int | None, dict[str, int] | None]:
+    """Records in the source not yet read, in all and per partition (None: it does not say)."""
+    src = (progress.get("sources") or [{}])[0]
+    end, latest = (_offsets(src.get("endOffset")), _offsets(src.get("latestOffset")))
+    if not (isinstance(end, dict) and isinstance(latest, dict)):
+        return None, None
+    # Offsets are {"<partition>": next} (event log) or {"<topic>:<partition>": next} (Kafka).
+    by_partition = {p: max(0, int(latest[p]) - int(end.get(p, 0))) for p in latest}
+    return sum(by_partition.values()), by_partition
+
+
 def batch_health(
     progress: Mapping[str, Any], *, late_rows: int = 0, late_rows_this_run: int = 0
 ) -> BatchHealth:
     """One query's last batch from its Spark progress report (``late_rows``: the batch's
     records behind the watermark, counted by :class:`Records`)."""
     ops = progress.get("stateOperators") or []
-    src = (progress.get("sources") or [{}])[0]
-    lag, lag_by_partition = None, None
-    end, latest = (_offsets(src.get("endOffset")), _offsets(src.get("latestOffset")))
-    if isinstance(end, dict) and isinstance(latest, dict):
-        # Offsets are {"<partition>": next} (event log) or {"<topic>:<partition>": next} (Kafka).
-        lag_by_partition = {p: max(0, int(latest[p]) - int(end.get(p, 0))) for p in latest}
-        lag = sum(lag_by_partition.values())
+    lag, lag_by_partition = _lag(progress)
     return BatchHealth(
         last_batch=progress.get("batchId"),
         input_rows=progress.get("numInputRows"),
@@ -142,13 +154,123 @@ def batch_health(
     )
 
 
-def new_progress(query: StreamingQuery, printed: int) -> list[dict[str, Any]]:
-    """Progress reports of batches after ``printed``, oldest first. ``lastProgress`` answers
-    the usual poll (nothing new, or one batch) in one small call; the whole ``recentProgress``
-    (up to 100 reports, each a JSON document through py4j) only when batches were missed."""
+def ran(progress: Mapping[str, Any]) -> bool:
+    """True if the report is of a micro-batch that ran (and so committed).
+
+    Spark also reports an idle trigger, one that found no new input, every
+    ``spark.sql.streaming.noDataProgressEventInterval`` (10 s): that report carries the id of
+    the batch that has *not* run yet, no rows and no ``addBatch`` time. Taken for a commit, it
+    printed "rows 0" for that id and hid the real batch of the same id when it came (its rows,
+    dead letters and late records never counted, its rates never shown)."""
+    return "addBatch" in (progress.get("durationMs") or {})
+
+
+@dataclass(frozen=True)
+class NewProgress:
+    """What a query reported since the last poll: the batches that ran after the last one
+    read (oldest first), and the idle trigger's report if the newest report is one (what the
+    source holds now: lag with no batch to show it)."""
+
+    batches: list[dict[str, Any]]
+    idle: Mapping[str, Any] | None = None
+
+
+def new_progress(query: StreamingQuery, printed: int) -> NewProgress:
+    """Progress reports of batches after ``printed`` that ran, oldest first (idle triggers'
+    reports apart: :func:`ran`). ``lastProgress`` answers the usual poll (nothing new, or
+    one batch) in one small call; the whole ``recentProgress`` (up to 100 reports, each a JSON
+    document through py4j) only when batches may have been missed."""
     last = query.lastProgress
-    if last is None or last["batchId"] <= printed:
-        return []
+    if last is None:
+        return NewProgress([])
+    idle = None if ran(last) else last
+    if last["batchId"] <= printed:
+        return NewProgress([], idle)
     if last["batchId"] == printed + 1:
-        return [last]
-    return [p for p in query.recentProgress if p["batchId"] > printed]
+        # An idle report of the next batch means that batch has not run yet.
+        return NewProgress([] if idle else [last], idle)
+    return NewProgress([p for p in query.recentProgress if p["batchId"] > printed and ran(p)], idle)
+
+
+def idle_health(batch: BatchHealth | None, idle: Mapping[str, Any]) -> BatchHealth:
+    """The last batch's health with the source's lag as an idle trigger's report says it now
+    (a job with nothing to read says lag 0 without running a batch; before its first batch of
+    a run, the batch is unknown)."""
+    lag, by_partition = _lag(idle)
+    if batch is None:
+        return BatchHealth(
+            None, lag_records=lag, lag_by_partition=by_partition, updated_at=now_iso()
+        )
+    return replace(batch, lag_records=lag, lag_by_partition=by_partition, updated_at=now_iso())
+
+
+# Dead letters a health report shows, newest last.
+DEAD_LETTER_SAMPLES = 20
+
+
+def reason_kind(reason: str) -> str:
+    """A rejection's reason without its particulars (a position, a value): the text up to its
+    first ``": "`` (a step's: up to its second), so that reasons count together
+    (``malformed JSON``, ``step enrich: ValueError``)."""
+    parts = reason.split(": ", 2)
+    kind = ": ".join(parts[:2]) if reason.startswith("step ") and len(parts) > 1 else parts[0]
+    return kind[:120]
+
+
+class SampledDeadLetters:
+    """A query's dead-letter sink, remembering what this run published through it: the count
+    per kind of reason and the newest records (what Dagster shows; ``srt log read`` has all).
+
+    Every other method is the sink's own (it stays the one publisher's sink)."""
+
+    def __init__(self, sink: Any, topic: str) -> None:
+        from collections import Counter, deque
+
+        self.sink, self.topic = sink, topic
+        self.by_reason: Counter[str] = Counter()
+        self.samples: deque[DeadLetterSample] = deque(maxlen=DEAD_LETTER_SAMPLES)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sink, name)
+
+    def write_split(self, writer: Any, table: Any, partition: int | str, end: int) -> int:
+        from stateful_runtime.connectors.base import ERROR, OFFSET, PARTITION, RAW
+        from stateful_runtime.connectors.dead_letters import STEP
+        from stateful_runtime.masking import mask_text
+
+        done = int(self.sink.write_split(writer, table, partition, end))
+        for row in table.to_pylist():
+            reason = str(row.get(ERROR) or "")
+            if row.get(STEP):  # a step's reject (a user function raised on it)
+                reason = f"step {row[STEP]}: {reason}"
+            self.by_reason[reason_kind(reason)] += 1
+            raw = row.get(RAW) or b""
+            text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+            offset = row.get(OFFSET)
+            self.samples.append(
+                DeadLetterSample(
+                    reason,
+                    str(row.get(PARTITION)),
+                    -1 if offset is None else int(offset),
+                    mask_text(text[:SAMPLE_CHARS]),
+                )
+            )
+        return done
+
+    def view(self) -> DeadLetterView:
+        """What a health report carries of them."""
+        try:
+            in_topic = int(self.sink.records())
+        except Exception:  # noqa: BLE001 - a count for a report; the topic's system may be away
+            in_topic = 0
+        return DeadLetterView(self.topic, in_topic, dict(self.by_reason), tuple(self.samples))
+
+
+def merge_views(views: list[DeadLetterView]) -> DeadLetterView:
+    """Dead letters of one topic published through several sinks (a source's, its steps')."""
+    by_reason: dict[str, int] = {}
+    for v in views:
+        for reason, n in v.by_reason.items():
+            by_reason[reason] = by_reason.get(reason, 0) + n
+    samples = tuple(x for v in views for x in v.samples)[-DEAD_LETTER_SAMPLES:]
+    return DeadLetterView(views[0].topic, max(v.in_topic for v in views), by_reason, samples)

@@ -26,6 +26,7 @@ from stateful_runtime.checkpoints.layout import CheckpointLayout, CheckpointLock
 from stateful_runtime.checkpoints.mirror import CheckpointMirror, MirrorSync
 from stateful_runtime.checkpoints.verify import disk_full
 from stateful_runtime.contract import (
+    DeadLetterView,
     ErrorDocument,
     JobState,
     JobStatus,
@@ -45,6 +46,7 @@ from stateful_runtime.exceptions import (
     SinkError,
     StatefulRuntimeError,
 )
+from stateful_runtime.masking import mask_text
 from stateful_runtime.operators.isolation import SKIPPED
 from stateful_runtime.planner import QueryPlan, chain, plan
 from stateful_runtime.runtime import (
@@ -63,8 +65,11 @@ from stateful_runtime.runtime.endpoint import ControlEndpoint
 from stateful_runtime.runtime.endpoint_handlers import RunnerHandlers
 from stateful_runtime.runtime.progress import (
     Records,
+    SampledDeadLetters,
     batch_health,
     checkpoint_facts,
+    idle_health,
+    merge_views,
     new_progress,
     now_iso,
 )
@@ -84,6 +89,8 @@ MONITOR_INTERVAL_S = 0.5
 # On stop, how long to let a micro-batch in flight finish (Flink's stop drains too) before the
 # queries are interrupted; an interrupted batch is replayed on restart, so this is only tidiness.
 DRAIN_TIMEOUT_S = 60.0
+# A failure's message as the registry keeps it (Spark's can run to pages of plan).
+FAILURE_CHARS = 4000
 
 
 @dataclass(frozen=True)
@@ -112,10 +119,10 @@ def _wake_on_progress(wake: threading.Event) -> Any:
     """A Spark listener that sets ``wake`` when a query reports a batch or ends.
 
     It never reads the events: the runner reads each batch's progress itself, once
-    (:func:`_new_progress`). PySpark's own wrapper turns every event into Python objects before
-    a listener sees it, ~30 py4j round trips per progress report on Spark's listener thread,
-    which cost 7% of a core at 5 batches a second in a latency run; so Spark is handed this
-    listener itself, as the Java interface, and calls it with the Java event."""
+    (:func:`~.progress.new_progress`). PySpark's own wrapper turns every event into Python
+    objects before a listener sees it, ~30 py4j round trips per progress report on Spark's
+    listener thread, which cost 7% of a core at 5 batches a second in a latency run; so Spark
+    is handed this listener itself, as the Java interface, and calls it with the Java event."""
     from pyspark import SparkContext
     from pyspark.sql.streaming import StreamingQueryListener
 
@@ -166,6 +173,7 @@ class _Running:
     checkpoint_dir: str
     writer: BatchWriter | None = None
     printed: int = -1
+    idle_at: str | None = None  # the idle trigger's report last read (its timestamp)
     health: QueryHealth = field(default_factory=QueryHealth)
     records: Records = field(default_factory=Records)
 
@@ -225,6 +233,8 @@ class JobRunner:
         self.replay_sinks = replay_sinks
         # Set when a sink refused to write over a hole (raised once the run has ended).
         self.refusal: SinkDataLostError | None = None
+        self._failure: str | None = None  # why the run failed, for the registry
+        self._dead_letters: dict[str, SampledDeadLetters] = {}
         self.plan = plan(self.job)
         # Source records (source, partition, offset) an operator passes to the dead-letter
         # topic (``srt run --skip``), checked against the job's sources before anything runs.
@@ -317,6 +327,10 @@ class JobRunner:
                 code = 0
         except SinkError as exc:
             self.console.error(f"error: {exc}")
+            self._failure = f"{type(exc).__name__}: {exc}"
+        except BaseException as exc:
+            self._failure = self._failure or f"{type(exc).__name__}: {exc}"
+            raise
         finally:
             self._shutdown(state, signals)
             if own_signals:
@@ -785,10 +799,16 @@ class JobRunner:
     def _report(self) -> None:
         """Per newly committed batch: health, progress line, dead letters, mirror, listeners."""
         events = []
+        idle = False
         for run in self.runs:
-            for progress in new_progress(run.query, run.printed):
+            reported = new_progress(run.query, run.printed)
+            for progress in reported.batches:
                 run.printed = progress["batchId"]
                 events.append(self._committed(run, progress))
+            if not reported.batches and reported.idle is not None:
+                idle = self._idle(run, reported.idle) or idle
+        if idle and not events:
+            registry.update(self.job.name, health=self._health())
         if not events and not (self.mirror is not None and self.mirror.failed_syncs):
             return  # nothing committed since the last poll (and no mirror outage to retry)
         if events:
@@ -798,6 +818,15 @@ class JobRunner:
         for event in events:
             for listener in self.on_batch:
                 listener(replace(event, mirror=synced))
+
+    def _idle(self, run: _Running, report: Mapping[str, Any]) -> bool:
+        """An idle trigger's report, once: the source's lag now (0: caught up), with no batch
+        to show it. True if it was new."""
+        if report.get("timestamp") == run.idle_at:
+            return False
+        run.idle_at = report.get("timestamp")
+        run.health = replace(run.health, batch=idle_health(run.health.batch, report))
+        return True
 
     def _committed(self, run: _Running, progress: dict[str, Any]) -> BatchCommitted:
         """A query's committed batch: its health and progress line; what listeners hear."""
@@ -825,7 +854,12 @@ class JobRunner:
 
     def _health(self) -> dict[str, Any]:
         """Each query's health as the registry entry keeps it."""
-        return {r.plan.name: r.health.to_json() for r in self.runs}
+        return {
+            r.plan.name: replace(
+                r.health, dead_letters=self.dead_letter_view(r.plan.name)
+            ).to_json()
+            for r in self.runs
+        }
 
     def _failed(self) -> bool:
         """True (and the cause on stderr) if a query ended with an error."""
@@ -846,6 +880,7 @@ class JobRunner:
                     f"query {run.plan.name} failed: {(said or reason).strip()} (Spark's own "
                     f"report: {log})"
                 )
+                self._failure = f"query {run.plan.name} failed: {(said or reason).strip()}"
                 if advice := skips.advice(reason, str(self.jobfile.path)):
                     self.console.error(advice)
                 if full := disk_full(run.checkpoint_dir):  # the cause, in one line
@@ -886,18 +921,39 @@ class JobRunner:
         runs = {r.plan.name: r for r in self.runs}
         for q in self.plan.queries:
             if q.dead_letters is not None:
-                q.dead_letters.publish(self.layout.query(q.name))
+                # Through a sink that remembers what this run published (reasons, samples).
+                replace(q.dead_letters, sink=self._sampled(q.name, q.dead_letters.sink)).publish(
+                    self.layout.query(q.name)
+                )
             if q.step_dead_letters is None:
                 continue
             # A step's rejects are counted when they are published (once: the topic's mark):
             # input = output + dead letters (source's and steps') + late.
-            published = q.step_dead_letters.publish(self.layout.query(q.name))
+            steps = replace(
+                q.step_dead_letters,
+                sink=self._sampled(f"{q.name}@steps", q.step_dead_letters.sink),
+            )
+            published = steps.publish(self.layout.query(q.name))
             run = runs.get(q.name)
             if run is None:
                 self._published_early[q.name] = self._published_early.get(q.name, 0) + published
             elif published:
                 run.records.dead_letters += published
                 run.health = replace(run.health, records=run.records.counts(run.plan.source.name))
+
+    def _sampled(self, key: str, sink: Any) -> SampledDeadLetters:
+        """A dead-letter sink of a query (``QUERY``: its source's; ``QUERY@steps``: its
+        steps'), remembering what this run published through it."""
+        sampled = self._dead_letters.get(key)
+        if sampled is None:
+            sampled = self._dead_letters[key] = SampledDeadLetters(sink, getattr(sink, "topic", ""))
+        return sampled
+
+    def dead_letter_view(self, query: str) -> DeadLetterView | None:
+        """The query's dead letters as health reports show them, source's and steps' (one
+        topic); None: it owns none."""
+        views = [s.view() for k in (query, f"{query}@steps") if (s := self._dead_letters.get(k))]
+        return merge_views(views) if views else None
 
     def _sync_mirror(self) -> MirrorSync | None:
         if self.mirror is None:
@@ -950,6 +1006,10 @@ class JobRunner:
                 taken["stopped_by"] = self._stopped_by(signals)
             if self.refusal is not None:
                 taken["error"] = ErrorDocument.of(self.refusal).to_json()["error"]
+            failure = self._failure or (None if self.refusal is None else str(self.refusal))
+            if state is JobState.FAILED and failure:
+                # What Dagster's health check and alert show (`srt status`: ``failure``).
+                taken["failure"] = mask_text(failure[:FAILURE_CHARS])
             if self._owns_entry():
                 registry.update(
                     self.job.name, state=state, ended_at=now_iso(), health=self._health(), **taken

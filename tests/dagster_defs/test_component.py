@@ -33,9 +33,17 @@ def test_defs_yaml_example_loads_into_definitions():
             [spec] = component.specs(folder)
             graph = defs.resolve_asset_graph()
             assert graph.get(AssetKey("upi_counts")).parent_keys == {AssetKey("upi_per_minute")}
-            assert graph.get(AssetKey("upi_counts")).freshness_policy is not None
             checks = {k.name for k in graph.asset_check_keys}
-            assert checks == {"unique_key", "not_null", "value_ranges", "closed_windows_reconcile"}
+            assert checks == {
+                *(
+                    "unique_key",
+                    "not_null",
+                    "value_ranges",
+                    "closed_windows_reconcile",
+                    "freshness",
+                ),
+                *("running", "checkpoint_age", "lag", "no_crash_restart", "dead_letters"),
+            }
             assert {s.name for s in defs.sensors} == {  # type: ignore[union-attr]
                 "streaming_job_health",
                 "default_automation_condition_sensor",

@@ -93,21 +93,31 @@ def test_default_definitions_expose_the_upi_job():
     assert graph.get(AssetKey("upi_counts")).parent_keys == {AssetKey("upi_per_minute")}
     assert graph.get(AssetKey("merchant_day")).parent_keys == {AssetKey("upi_counts")}
     assert graph.get(AssetKey("merchant_day")).automation_condition is not None
-    assert graph.get(AssetKey("upi_counts")).freshness_policy is not None
+    # Freshness is a check that knows idle from stuck, not a time window on materialisations.
+    assert graph.get(AssetKey("upi_counts")).freshness_policy is None
     checks = {(k.asset_key.to_user_string(), k.name) for k in graph.asset_check_keys}
     assert {c for a, c in checks if a == "upi_counts"} == {
         "unique_key",
         "not_null",
         "value_ranges",
         "closed_windows_reconcile",
+        "freshness",
+    }
+    assert {c for a, c in checks if a == "upi_per_minute"} == {
+        "running",
+        "checkpoint_age",
+        "lag",
+        "no_crash_restart",
+        "dead_letters",
     }
     # dbt tests are asset checks of the model.
     assert ("merchant_day", "merchant_day_unique_key") in checks
     for key in graph.asset_check_keys:
-        if key.asset_key == AssetKey("upi_counts"):  # run when the stream's commits land
+        # Run when the stream's commits land (freshness: the health sensor, every tick).
+        if key.asset_key == AssetKey("upi_counts") and key.name != "freshness":
             assert graph.get(key).automation_condition is not None
     sensor = defs.resolve_sensor_def("streaming_job_health")
-    assert 30 <= sensor.minimum_interval_seconds <= 60
+    assert sensor.minimum_interval_seconds == 5  # a commit reaches Dagster within seconds
     automation = defs.resolve_sensor_def("default_automation_condition_sensor")
     assert automation.default_status.value == "RUNNING"
     stop = defs.resolve_job_def("stop_streaming_job")
@@ -204,3 +214,9 @@ def test_srt_processes_get_the_s3_resource_settings():
     assert s3_env(S3Resource()) == {}  # boto3's own configuration applies
     runtime = StreamingRuntime(home="/tmp/srt-home")
     assert runtime.env(env)["SRT_S3_ENDPOINT_URL"] == "http://127.0.0.1:9000"
+
+
+def test_schedule_description_says_retention_as_a_person_would():
+    defs = build_definitions([StreamingJobSpec("upi-per-minute", "examples/upi_per_minute.py")])
+    text = defs.resolve_schedule_def("upi_per_minute_savepoint_schedule").description or ""
+    assert "no older than 7 d;" in text and "days," not in text

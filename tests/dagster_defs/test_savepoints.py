@@ -113,7 +113,7 @@ def test_schedule_skips_a_job_that_is_not_running(sp_live: Live):
 
 def test_schedule_produces_a_savepoint_and_retention_deletes_older_ones(sp_live: Live):
     md = metadata(sp_live.materialize(JOB_KEY), JOB_KEY)
-    sp_live.pids.append(md["pid"])
+    sp_live.pids.append(int(md["pid"]))
 
     taken = []
     for _ in range(KEEP + 1):
@@ -138,6 +138,12 @@ def test_schedule_produces_a_savepoint_and_retention_deletes_older_ones(sp_live:
     assert not Path(first_loc).exists()
     left = [sp.id for sp in savepoints.list_savepoints(_root(sp_live), JOB)]
     assert left == [t[0] for t in taken[1:]]
+    # The job asset's list of its savepoints, newest first, the watermark as a time.
+    listed = _observation(result)["savepoints"].records
+    assert [r.data["id"] for r in listed] == left[::-1]
+    assert listed[0].data["why"] == "savepoint" and listed[0].data["size (bytes)"] > 0
+    assert listed[0].data["location"] == taken[-1][1]
+    assert listed[0].data["watermark"] is None or listed[0].data["watermark"].startswith("2026-")
     assert registry.read(JOB)["last_savepoint"]["id"] == taken[-1][0]
 
 

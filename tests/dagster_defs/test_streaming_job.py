@@ -8,6 +8,7 @@ and run in file order; the module fixture kills whatever is left of it at the en
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import time
@@ -16,7 +17,14 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from dagster import AssetKey, AssetMaterialization, AssetObservation, materialize
+from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckSeverity,
+    AssetKey,
+    AssetMaterialization,
+    AssetObservation,
+    materialize,
+)
 from upi_events import START_MS
 
 from dagster_defs import build_definitions
@@ -35,15 +43,29 @@ def _checks(result) -> dict:
     return {e.check_name: e for e in result.get_asset_check_evaluations()}
 
 
+def _evaluations(tick) -> dict[str, AssetCheckEvaluation]:
+    """The job asset's health checks as a sensor tick reported them."""
+    return {
+        e.check_name: e
+        for e in tick.asset_events
+        if isinstance(e, AssetCheckEvaluation) and e.asset_key == JOB_KEY
+    }
+
+
 def test_materialize_launches_the_job_detached_and_waits_for_a_commit(live: Live):
     result = live.materialize(JOB_KEY)
     md = metadata(result, JOB_KEY)
-    pid = md["pid"]
+    pid = int(md["pid"])
     live.pids.append(pid)
 
     assert md["launched"] is True
     assert registry.pid_alive(pid) and os.getpgid(pid) == pid  # its own session and group
-    assert md["state"] == "RUNNING"
+    # The process's state is its health checks' business (they do not go stale).
+    health = _checks(result)
+    assert set(health) == {"running", "checkpoint_age", "lag", "no_crash_restart", "dead_letters"}
+    assert all(c.passed for c in health.values()), {n: c.description for n, c in health.items()}
+    assert health["running"].metadata["state"].value == "RUNNING"
+    assert health["running"].metadata["pid"].value == str(pid)
     assert md["spark_app_id"].startswith("local-")
     assert md["checkpoint_dir"] == str(live.ws.checkpoint_dir)
     assert "path: native" in md["plan"]
@@ -52,13 +74,13 @@ def test_materialize_launches_the_job_detached_and_waits_for_a_commit(live: Live
     assert "running 1 query" in Path(md["log_path"]).read_text()
     assert md["config"]["sink.database"] == str(live.ws.database)
     # Materialisation returns once one of the job's queries committed a micro-batch.
-    assert any(b is not None for b in md["last_committed_batch"].values())
+    assert any(b is not None for b in md["committed_at_launch"].values())
 
 
 def test_second_materialization_reuses_the_live_process(live: Live):
     md = metadata(live.materialize(JOB_KEY), JOB_KEY)
     assert md["launched"] is False
-    assert md["pid"] == live.pids[0]
+    assert int(md["pid"]) == live.pids[0]
     assert registry.read(JOB)["state"] == "RUNNING"
 
 
@@ -78,8 +100,11 @@ def test_sink_table_snapshot_and_checks_pass_on_clean_data(live: Live):
     assert md["dagster/row_count"] > 0
     assert md["last_sink_batch"] >= 1
 
-    checks = _checks(result)
-    assert set(checks) == {"unique_key", "not_null", "value_ranges", "closed_windows_reconcile"}
+    checks = {n: c for n, c in _checks(result).items() if c.asset_key == TABLE_KEY}
+    assert set(checks) == {
+        *("unique_key", "not_null", "value_ranges", "closed_windows_reconcile"),
+        "freshness",  # the job has read all its input: idle, or committing it
+    }
     assert all(c.passed for c in checks.values()), {
         n: c.metadata for n, c in checks.items() if not c.passed
     }
@@ -95,7 +120,10 @@ def test_sensor_observes_health_and_restarts_a_killed_job(live: Live):
     [obs] = [e for e in first.asset_events if isinstance(e, AssetObservation)]
     md = {k: v.value for k, v in obs.metadata.items()}
     assert obs.asset_key == JOB_KEY
-    assert (md["condition"], md["action"], md["pid"]) == ("healthy", "none", live.pids[0])
+    assert (md["condition"], md["action"], md["pid"]) == ("healthy", "none", str(live.pids[0]))
+    health_checks = _evaluations(first)
+    assert all(c.passed for c in health_checks.values()), health_checks
+    assert health_checks["checkpoint_age"].description.startswith(("idle", "committing"))
     health = md["health"]["upi-counts"]
     for metric in (
         "last_committed_batch",
@@ -116,7 +144,11 @@ def test_sensor_observes_health_and_restarts_a_killed_job(live: Live):
     assert md["records input (this run)"] >= md["records output (this run)"] > 0
 
     # The sink table materialised as the stream committed: the ledger's batches, once.
-    [mat] = [e for e in first.asset_events if isinstance(e, AssetMaterialization)]
+    [mat] = [
+        e
+        for e in first.asset_events
+        if isinstance(e, AssetMaterialization) and e.asset_key == TABLE_KEY
+    ]
     m = {k: v.value for k, v in mat.metadata.items()}
     assert mat.asset_key == AssetKey(["upi_counts"])
     assert m["first batch"] == 0 and m["last batch"] >= 1
@@ -128,6 +160,7 @@ def test_sensor_observes_health_and_restarts_a_killed_job(live: Live):
         e
         for e in again.asset_events
         if isinstance(e, AssetMaterialization)
+        and e.asset_key == TABLE_KEY
         and e.metadata["first batch"].value <= m["last batch"]
     ]
 
@@ -144,6 +177,21 @@ def test_sensor_observes_health_and_restarts_a_killed_job(live: Live):
     assert (md["condition"], md["action"]) == ("dead", "restart")
     new = md["restarted_pid"]
     live.pids.append(new)
+    # The crash is red, with what the job said last, and the asset is the new process now.
+    crashed = _evaluations(second)
+    running = crashed["running"]
+    assert not running.passed and running.severity is AssetCheckSeverity.ERROR
+    assert running.description.startswith("DEAD: ") and f"pid {old} is gone" in running.description
+    assert "upi-counts batch" in running.metadata["log_excerpt"].value  # its last progress lines
+    assert not crashed["no_crash_restart"].passed
+    assert f"restarted as pid {new}" in crashed["no_crash_restart"].description
+    [relaunch] = [
+        e
+        for e in second.asset_events
+        if isinstance(e, AssetMaterialization) and e.asset_key == JOB_KEY
+    ]
+    assert relaunch.metadata["pid"].value == str(new)
+    assert relaunch.metadata["previous_pid"].value == str(old)
     assert new != old and registry.pid_alive(new)
     launcher.wait_running(JOB, new, timeout=240)
     assert launcher.wait_committed(JOB, new, since=killed_at, timeout=180)
@@ -157,8 +205,44 @@ def test_sensor_observes_health_and_restarts_a_killed_job(live: Live):
 
     third = live.tick(second.cursor)
     md = {k: v.value for k, v in third.asset_events[0].metadata.items()}
-    assert (md["condition"], md["action"], md["pid"]) == ("healthy", "none", new)
+    assert (md["condition"], md["action"], md["pid"]) == ("healthy", "none", str(new))
     assert md["restarts_in_window"] == 1
+    after = _evaluations(third)
+    assert after["running"].passed and after["checkpoint_age"].passed
+    # A restart stays red for the restart window, with the crash it came from.
+    assert not after["no_crash_restart"].passed
+    assert "upi-counts batch" in after["no_crash_restart"].metadata["log_excerpt"].value
+
+
+def _health() -> dict:
+    return (registry.read(JOB) or {}).get("health", {}).get("upi-counts", {})
+
+
+def test_live_metrics_count_every_batch_after_idle_reports(live: Live):
+    """Spark reports an idle trigger every 10 s with the id of the batch not yet run; taken for
+    a commit, it hid the next real batch: "rows 0" in the job's log, "records input" stuck,
+    rates 0. Input fed after the job went idle must be counted, row for row."""
+    idle = _health()
+    poll(
+        lambda: (
+            _health().get("updated_at") != idle.get("updated_at")
+            and _health().get("last_batch") == idle.get("last_batch")
+        ),
+        60,
+        "an idle trigger's report (lag, no batch)",
+    )
+    feed(live.ws, 600, seed=5, start_ms=START_MS + 170_000)  # one malformed line (the 499th)
+    poll(lambda: (_health().get("records") or {}).get("input") == 1_000, 120, "1000 records in")
+    md = {k: v.value for k, v in live.tick().asset_events[0].metadata.items()}
+    # This run (since the restart) read the 400 fed after the kill and these 600.
+    assert md["records input (this run)"] == 1_000
+    assert md["dead letters (this run)"] == 1
+    assert md["records output (this run)"] + md["late records (this run)"] == 999
+    # The job's own progress lines of this run say the same, batch by batch.
+    log = registry.home() / "jobs" / f"{JOB}.log"
+    run = log.read_text().rsplit("running 1 query", 1)[1]
+    rows = [int(n.replace(",", "")) for n in re.findall(r" batch \d+ \| rows ([\d,]+) \|", run)]
+    assert sum(rows) == 1_000, rows
 
 
 def test_stop_streaming_job_stops_it_cleanly(live: Live):
@@ -169,8 +253,13 @@ def test_stop_streaming_job_stops_it_cleanly(live: Live):
     assert registry.read(JOB)["state"] == "STOPPED"
     assert not registry.pid_alive(pid)
 
-    md = {k: v.value for k, v in live.tick().asset_events[0].metadata.items()}
+    tick = live.tick()
+    md = {k: v.value for k, v in tick.asset_events[0].metadata.items()}
     assert (md["condition"], md["action"]) == ("stopped", "none")  # stopped means stay stopped
+    # Stopped on purpose: neither failed nor green-running.
+    running = _evaluations(tick)["running"]
+    assert not running.passed and running.severity is AssetCheckSeverity.WARN
+    assert "STOPPED" in running.description and running.metadata["state"].value == "STOPPED"
 
 
 def test_checks_fail_on_a_corrupted_table(live: Live):

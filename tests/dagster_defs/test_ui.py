@@ -8,7 +8,11 @@ Python with Debian's /usr/bin/chromium):
    materialisations), its checks run by automation and pass;
 4. the dbt model builds by automation (the default automation condition sensor);
 5. the job asset's plots (rates, lag, checkpoint age, records) have points;
-6. the `stop_streaming_job` job, launched from its launchpad, stops the job.
+6. the job asset's health checks pass, the dead letters counted by reason;
+7. kill -9 of the job: its `running` check turns red (ERROR), the sensor restarts it, and
+   `no_crash_restart` stays red with what it was restarted from;
+8. the `stop_streaming_job` job, launched from its launchpad, stops the job, and its
+   `running` check warns (stopped on purpose, not failed).
 
 Each step saves a screenshot under tests/artifacts/ (gitignored). The UI is driven and
 photographed; what each step must show is also checked through Dagster's GraphQL API (the
@@ -314,6 +318,27 @@ def _checks(dev: DagsterDev, key: str) -> dict[str, str | None]:
     return {c["name"]: (c["executionForLatestMaterialization"] or {}).get("status") for c in checks}
 
 
+HEALTH_CHECKS = ("running", "checkpoint_age", "lag", "no_crash_restart", "dead_letters")
+
+
+def _evaluations(dev: DagsterDev, check: str, limit: int = 20) -> list[dict[str, Any]]:
+    """The job asset's health check's evaluations, newest first (the sensor's are runless)."""
+    query = """
+    query($key: AssetKeyInput!, $name: String!, $limit: Int!) {
+      assetCheckExecutions(assetKey: $key, checkName: $name, limit: $limit) {
+        timestamp status evaluation { success severity description }
+      }
+    }"""
+    variables = {"key": {"path": [JOB_ASSET]}, "name": check, "limit": limit}
+    found = dev.graphql(query, variables)["assetCheckExecutions"]
+    return [e for e in found if e.get("evaluation")]
+
+
+def _health(dev: DagsterDev) -> dict[str, dict[str, Any]]:
+    """Each health check's latest evaluation."""
+    return {c: e[0]["evaluation"] for c in HEALTH_CHECKS if (e := _evaluations(dev, c, 1))}
+
+
 def _runs(dev: DagsterDev) -> list[dict[str, Any]]:
     query = """{ runsOrError(limit: 50) { ... on Runs { results {
         runId status jobName tags { key value } assetSelection { path } } } } }"""
@@ -331,6 +356,10 @@ def _job_log(dev: DagsterDev) -> str:
 
 
 def _srt_state(dev: DagsterDev) -> str | None:
+    return (_srt_status(dev) or {}).get("state")
+
+
+def _srt_status(dev: DagsterDev) -> dict[str, Any] | None:
     out = subprocess.run(
         [str(VENV_BIN / "srt"), "status", JOB, "--json"],
         env=dev.env,
@@ -340,7 +369,7 @@ def _srt_state(dev: DagsterDev) -> str | None:
         timeout=120,
     )
     entries = json.loads(out.stdout or "[]")
-    return entries[0].get("state") if entries else None
+    return entries[0] if entries else None
 
 
 # ----------------------------------------------------------------------------- the flow
@@ -476,11 +505,13 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
         )
         page.goto(f"{dev.url}/assets/{SINK_ASSET}")
         expect(page.get_by_text("rows written").first).to_be_visible()
-        expect(page.get_by_text(re.compile(r"since last materialization")).first).to_be_visible()
         settle(page)
         shot(page, "04-sink-materialised-by-the-stream")
         page.goto(f"{dev.url}/assets/{SINK_ASSET}?view=checks")
         expect(page.get_by_text("Dead letters are counted apart").first).to_be_visible()
+        # Freshness is a check the sensor reports every tick: fresh while the job keeps up,
+        # however quiet the source.
+        expect(page.get_by_text("freshness").first).to_be_visible()
         shot(page, "05-sink-checks")
 
         # 4. The dbt model builds by automation after the table it reads.
@@ -515,7 +546,68 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
         page.wait_for_timeout(1000)  # charts animate in: for the photograph
         shot(page, "08-job-plots")
 
-        # 6. Stop the job from its Dagster job's launchpad.
+        # 6. The job's health is its asset checks, re-judged every sensor tick: all pass, and
+        #    the dead letters (every 499th event is malformed) are counted by reason.
+        health = dev.wait(
+            lambda: (
+                (h := _health(dev))
+                and all(h.get(c, {}).get("success") for c in HEALTH_CHECKS)
+                and h
+            ),
+            180,
+            "the job asset's health checks to pass",
+        )
+        assert "rejected" in health["dead_letters"]["description"], health
+        page.goto(f"{dev.url}/assets/{JOB_ASSET}?view=checks")
+        expect(page.get_by_text("no_crash_restart").first).to_be_visible()
+        page.get_by_text("dead_letters").first.click()
+        expect(page.get_by_text("malformed JSON").first).to_be_visible()
+        page.wait_for_timeout(1500)  # for the photograph
+        shot(page, "08a-job-health-dead-letters")
+
+        # 7. kill -9: the running check turns red with the log excerpt; the sensor restarts
+        #    the job and no_crash_restart stays red with what it was restarted from.
+        old = int((_srt_status(dev) or {})["pid"])
+        killed_at = time.time()
+        os.killpg(old, signal.SIGKILL)
+        red = dev.wait(
+            lambda: next(
+                (
+                    e
+                    for e in _evaluations(dev, "running")
+                    if e["timestamp"] >= killed_at
+                    and not e["evaluation"]["success"]
+                    and e["evaluation"]["severity"] == "ERROR"
+                ),
+                None,
+            ),
+            120,
+            "the running check to turn red",
+        )
+        assert red["evaluation"]["description"].startswith("DEAD"), red
+        page.goto(f"{dev.url}/assets/{JOB_ASSET}?view=checks")
+        page.get_by_text("no_crash_restart").first.click()
+        expect(page.get_by_text("restarted as pid").first).to_be_visible()
+        page.wait_for_timeout(1500)  # for the photograph
+        shot(page, "08b-job-killed-restarted")
+        dev.wait(
+            lambda: (
+                (st := _srt_status(dev)) and st.get("pid") != old and st.get("state") == "RUNNING"
+            ),
+            300,
+            "the relaunched job to be RUNNING",
+        )
+        restarted = dev.wait(
+            lambda: (h := _health(dev)) and h.get("running", {}).get("success") and h,
+            120,
+            "the running check to pass again",
+        )
+        assert not restarted["no_crash_restart"]["success"], restarted
+        page.goto(f"{dev.url}/assets/{JOB_ASSET}")
+        settle(page)
+        shot(page, "08c-job-overview-after-restart")
+
+        # 8. Stop the job from its Dagster job's launchpad.
         page.goto(f"{dev.url}/locations/definitions.py/jobs/stop_streaming_job/playground")
         page.get_by_role("button", name="Launch run").click()
         stop_run = dev.wait(
@@ -534,5 +626,22 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
         page.wait_for_load_state("networkidle")
         page.wait_for_timeout(1500)  # for the photograph
         shot(page, "10-job-stopped")
+        # Stopped on purpose: the running check warns (yellow), neither failed nor green.
+        warned = dev.wait(
+            lambda: (
+                (e := _health(dev).get("running"))
+                and not e["success"]
+                and e["severity"] == "WARN"
+                and e
+            ),
+            120,
+            "the running check to say stopped",
+        )
+        assert "STOPPED" in warned["description"], warned
+        page.goto(f"{dev.url}/assets/{JOB_ASSET}?view=checks")
+        page.get_by_text("running", exact=True).first.click()
+        expect(page.get_by_text("stopped on purpose").first).to_be_visible()
+        page.wait_for_timeout(1500)  # for the photograph
+        shot(page, "11-job-stopped-warns")
         browser.close()
     print("\n" + "\n".join(timings))

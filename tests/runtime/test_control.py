@@ -295,3 +295,31 @@ def test_stop_kill_and_an_upgrade_from_a_savepoint(cli: Cli, tmp_path: Path):
     killed = cli.ok("stop", JOB, "--kill", "--pid", str(done["pid"]), "--timeout", "60")
     assert killed["signal"] in ("SIGTERM", "SIGKILL")
     assert killed["status"]["alive"] is False
+
+
+def test_a_dead_or_failed_jobs_status_says_what_it_said_last(srt_home: Path, tmp_path: Path):
+    """A job that ended without being asked to carries its log's last lines (secrets masked)
+    and, when it recorded one, its failure: what Dagster's health check and alert show."""
+    from stateful_runtime.runtime import control, registry
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    log = tmp_path / "crashed.log"
+    lines = [f"[crashed] line {i}" for i in range(100)]
+    log.write_text("\n".join([*lines, "connecting to postgresql://app:hunter2@db/x"]) + "\n")
+    entry = {"job": "crashed", "state": "RUNNING", "pid": gone.pid, "log_path": str(log)}
+    registry.write("crashed", entry)
+    [dead] = control.statuses("crashed")
+    assert dead.state == "DEAD" and dead.log_excerpt is not None
+    excerpt = dead.log_excerpt.splitlines()
+    assert len(excerpt) == control.EXCERPT_LINES and excerpt[0] == lines[-39]
+    assert "hunter2" not in dead.log_excerpt and "postgresql://app:***@db/x" in excerpt[-1]
+
+    registry.write("crashed", {**entry, "state": "FAILED", "failure": "query q failed: boom"})
+    [failed] = control.statuses("crashed")
+    assert (failed.failure, failed.log_excerpt) == ("query q failed: boom", dead.log_excerpt)
+
+    registry.write("crashed", {**entry, "state": "STOPPED", "stopped_by": "endpoint"})
+    [stopped] = control.statuses("crashed")
+    assert stopped.log_excerpt is None  # stopped on purpose: nothing to explain
+    registry.job_file("crashed", ".json").unlink()

@@ -192,8 +192,8 @@ def job(tmp_path_factory: pytest.TempPathFactory, srt_env: dict[str, str]) -> It
 
 def test_secrets_are_nowhere_and_srt_home_is_private(job: Job):
     md = job.metadata
-    pid = md["pid"]
-    assert md["launched"] is True and md["state"] == "RUNNING"
+    pid = int(md["pid"])
+    assert md["launched"] is True and job.entry["state"] == "RUNNING"
     assert md["config"]["kafka.sasl.password"] == "***"
     assert md["config"]["sink.dsn"] == "postgresql://srt:***@127.0.0.1:1/nowhere"
     shown = {
@@ -256,7 +256,7 @@ def test_a_wrong_or_missing_token_gets_401_and_nothing_happens(job: Job):
             assert json.loads(raw)["error"]["type"] == "Unauthorized"
     [status] = job.srt("status", JOB)
     assert (status["registered_state"], status["alive"]) == ("RUNNING", True)
-    assert status["pid"] == job.metadata["pid"]
+    assert status["pid"] == int(job.metadata["pid"])
     assert job.srt("savepoint", "list", JOB) == []
     code, _ = job.request("GET", "/nothing")
     assert code == 404
@@ -274,7 +274,7 @@ def _metrics(text: str) -> dict[tuple[str, str], float]:
 
 def test_health_and_metrics_move_as_batches_commit(job: Job):
     before = job.ok("GET", "/health")
-    assert before["job"] == JOB and before["pid"] == job.metadata["pid"]
+    assert before["job"] == JOB and before["pid"] == int(job.metadata["pid"])
     assert before["state"] == "RUNNING"
     q = "upi-counts"
     first = before["queries"][q]
@@ -394,7 +394,7 @@ def test_malformed_requests_get_4xx_and_the_job_runs_on(job: Job, tmp_path: Path
 
 
 def test_srt_stop_goes_through_the_endpoint(job: Job):
-    pid = job.metadata["pid"]
+    pid = int(job.metadata["pid"])
     stopped = job.srt("stop", JOB, "--timeout", "300")
     assert (stopped["pid"], stopped["signal"]) == (pid, "endpoint")
     status = stopped["status"]

@@ -1,13 +1,21 @@
-"""A query's checkpoint facts and its health, from files and progress reports (no Spark)."""
+"""A query's checkpoint facts and its health, from files and progress reports; which reports
+are of committed batches, against a real streaming query."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 from stateful_runtime.contract import CheckpointFacts, QueryHealth
-from stateful_runtime.runtime.progress import Records, batch_health, checkpoint_facts
+from stateful_runtime.runtime.progress import (
+    Records,
+    batch_health,
+    checkpoint_facts,
+    idle_health,
+    new_progress,
+)
 
 NOW = 1_700_000_000.0
 
@@ -78,3 +86,148 @@ def test_records_and_batch_health_from_a_progress_report():
     assert health.lag_by_partition == {"0": 10, "1": 0} and health.lag_records == 10
     report = QueryHealth(batch=health, records=records.counts("payments"))
     assert QueryHealth.from_json(report.to_json()) == report
+
+    # An idle trigger's report later: the source caught up, and no batch ran to say so.
+    idle = {
+        "batchId": 8,
+        "sources": [{"endOffset": {"0": 100, "1": 10}, "latestOffset": {"0": 100, "1": 10}}],
+    }
+    now = idle_health(health, idle)
+    assert (now.last_batch, now.input_rows, now.lag_records) == (7, 100, 0)
+    first = idle_health(None, idle)  # before the run's first batch
+    assert (first.last_batch, first.lag_records) == (None, 0)
+    assert QueryHealth.from_json(QueryHealth(batch=first).to_json()).batch == first
+
+
+def test_idle_triggers_reports_are_not_batches_and_hide_none(spark, tmp_path: Path):
+    """Spark reports an idle trigger with the id of the batch that has not run yet. The
+    monitor's reading of reports (polled as the runner polls) must yield each committed batch
+    once, with its rows, and nothing else: it printed "rows 0" for every batch after the first
+    and lost the real batches' rows when idle reports were taken for commits."""
+    inbox, checkpoint = tmp_path / "in", tmp_path / "cp"
+    inbox.mkdir()
+    spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "50ms")
+    query = (
+        spark.readStream.schema("n INT")
+        .json(str(inbox))
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="0.1 seconds")
+        .start()
+    )
+    seen: list[dict] = []
+    printed = -1
+
+    def poll_until(rows: int) -> None:
+        nonlocal printed
+        deadline = time.monotonic() + 60
+        while sum(p["numInputRows"] for p in seen) < rows:
+            assert query.isActive, query.exception()
+            assert time.monotonic() < deadline, f"reports so far: {seen}"
+            for p in new_progress(query, printed).batches:
+                printed = p["batchId"]
+                seen.append(p)
+            time.sleep(0.02)
+
+    try:
+        written = 0
+        for i, rows in enumerate((5, 7, 11)):
+            (inbox / f"{i}.json").write_text("".join(f'{{"n": {n}}}\n' for n in range(rows)))
+            written += rows
+            poll_until(written)
+            idle_since = query.lastProgress["timestamp"]
+            # Idle triggers report (every 50 ms) before the next file comes.
+            deadline = time.monotonic() + 30
+            while query.lastProgress["timestamp"] == idle_since or query.lastProgress.get(
+                "numInputRows"
+            ):
+                assert time.monotonic() < deadline, "no idle report"
+                time.sleep(0.02)
+            idle = new_progress(query, printed)
+            assert idle.batches == [] and idle.idle is not None  # what the source holds now
+    finally:
+        query.stop()
+        spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")
+    committed = sorted(int(f.name) for f in (checkpoint / "commits").iterdir() if f.name.isdigit())
+    assert [p["batchId"] for p in seen] == committed
+    assert [p["numInputRows"] for p in seen] == [5, 7, 11]
+
+
+def test_dead_letters_published_are_counted_by_reason_and_sampled(tmp_path: Path):
+    """What the job publishes to its dead-letter topic, as its health shows it: counts per
+    kind of reason (particulars cut), the newest records (secrets masked), the topic's total."""
+    import pyarrow as pa
+
+    from stateful_runtime.connectors.base import ERROR, OFFSET, PARTITION, RAW
+    from stateful_runtime.connectors.eventlog import EventLog
+    from stateful_runtime.connectors.eventlog.dead_letters import EventLogDeadLetterSink
+    from stateful_runtime.contract import DeadLetterView
+    from stateful_runtime.runtime.progress import DEAD_LETTER_SAMPLES, SampledDeadLetters
+
+    EventLog(tmp_path).create_topic("pay", 2)
+    sink = SampledDeadLetters(
+        EventLogDeadLetterSink(str(tmp_path), "pay-dlq", source_topic="pay", job="j"), "pay-dlq"
+    )
+    reasons = [f"malformed JSON: Expecting value: line 1 column {i}" for i in range(30)]
+    rows = {
+        ERROR: [*reasons, "missing field 'amount'"],
+        RAW: [b"{no"] * 30 + [b'{"dsn": "postgresql://u:hunter2@h/db"}'],
+        PARTITION: [0] * 31,
+        OFFSET: list(range(31)),
+    }
+    with sink.writer() as writer:
+        assert sink.write_split(writer, pa.table(rows), 0, 31) == 31
+    view = sink.view()
+    assert view.by_reason == {"malformed JSON": 30, "missing field 'amount'": 1}
+    assert view.in_topic == 31 and view.topic == "pay-dlq"
+    assert len(view.samples) == DEAD_LETTER_SAMPLES and view.samples[-1].source_offset == 30
+    assert "hunter2" not in view.samples[-1].value
+    health = QueryHealth(dead_letters=view)
+    assert QueryHealth.from_json(health.to_json()).dead_letters == view
+    assert isinstance(view, DeadLetterView)
+
+
+def test_a_steps_rejects_count_under_the_step_and_merge_with_the_sources(tmp_path: Path):
+    import pyarrow as pa
+
+    from stateful_runtime.connectors.dead_letters import STEP_SCHEMA
+    from stateful_runtime.connectors.eventlog import EventLog
+    from stateful_runtime.connectors.eventlog.dead_letters import EventLogDeadLetterSink
+    from stateful_runtime.contract import DeadLetterView
+    from stateful_runtime.runtime.progress import SampledDeadLetters, merge_views
+
+    EventLog(tmp_path).create_topic("pay", 2)
+    sink = EventLogDeadLetterSink(str(tmp_path), "pay-dlq", source_topic="pay", job="j")
+    steps = SampledDeadLetters(sink, "pay-dlq")
+    rows = [
+        {
+            "_raw": b"{}",
+            "_error": "ValueError: bad amount",
+            "_partition": 1,
+            "_offset": 7,
+            "_step": "enrich",
+        },
+        {
+            "_raw": b"{}",
+            "_error": "KeyError: 'x'",
+            "_partition": None,
+            "_offset": None,
+            "_step": "enrich",
+        },
+    ]
+    with steps.writer() as writer:
+        steps.write_split(writer, pa.Table.from_pylist(rows[:1], schema=STEP_SCHEMA), 1, 8)
+    with steps.writer() as writer:  # a reject with no source origin (NO_ORIGIN's mark)
+        steps.write_split(writer, pa.Table.from_pylist(rows[1:], schema=STEP_SCHEMA), 0, 1)
+    view = steps.view()
+    assert view.by_reason == {"step enrich: ValueError": 1, "step enrich: KeyError": 1}
+    assert [s.source_offset for s in view.samples] == [7, -1]
+    assert view.in_topic == 2
+    source = DeadLetterView("pay-dlq", 3, {"malformed JSON": 1, "step enrich: KeyError": 1})
+    merged = merge_views([source, view])
+    assert merged.by_reason == {
+        "malformed JSON": 1,
+        "step enrich: KeyError": 2,
+        "step enrich: ValueError": 1,
+    }
+    assert merged.in_topic == 3 and len(merged.samples) == 2
