@@ -27,7 +27,7 @@ from dagster import (
 )
 from upi_events import START_MS
 
-from dagster_defs import build_definitions
+from dagster_defs import DuckDBWarehouse, build_definitions
 from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.runtime import launcher, registry
 from tests.dagster_defs.helpers import JOB, JOB_KEY, UPI_JOB, Live, feed, metadata
@@ -294,11 +294,14 @@ def test_a_job_that_cannot_start_fails_the_materialization_with_its_log(live: Li
         UPI_JOB,
         config={"source.log_dir": str(tmp_path / "no-log"), "checkpoint.dir": str(tmp_path)},
     )
-    defs = build_definitions([spec], resources=live.resources)
+    # A warehouse of its own: the module's table was corrupted above, and the sink check
+    # refuses a job whose table holds batches its (fresh) checkpoint never wrote.
+    resources = {**live.resources, "warehouse": DuckDBWarehouse(path=str(tmp_path / "w.duckdb"))}
+    defs = build_definitions([spec], resources=resources)
     result = materialize(
         defs.assets,
         selection=[JOB_KEY],
-        resources=live.resources,  # type: ignore[arg-type]
+        resources=resources,  # type: ignore[arg-type]
         raise_on_error=False,
     )
     assert not result.success
