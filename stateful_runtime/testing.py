@@ -8,6 +8,12 @@ backend, with Spark's ordering: elements see the current watermark; advancing th
     h.process_element({"merchant_id": "M1", "ts_ms": 1_000})
     h.process_watermark(61_000)
     assert h.state("M1", "count") is None
+
+A function that raises on an element (or a timer) is isolated as on the cluster: the key's
+state, timers and outputs stay as before that call, and the element is in
+:attr:`KeyedProcessHarness.dead_letters` with the reason; under ``errors=ErrorPolicy("fail")``
+(or past the policy's bound) the harness raises
+:class:`~stateful_runtime.exceptions.UserFunctionError` instead, as the job would stop.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from stateful_runtime.functions import KeyedProcessFunction, OutputTag, to_ms
+from stateful_runtime.job import ErrorPolicy
 from stateful_runtime.operators.backend import MemoryBackend
+from stateful_runtime.operators.isolation import StepGuard
 from stateful_runtime.operators.keyed import KeyedOperator, _RefreshOnRead
 from stateful_runtime.operators.ttl import EventTtlValueCell
 from stateful_runtime.state import TimeDomain
@@ -55,6 +63,8 @@ class KeyedProcessHarness:
         key_by: key field(s) of the records.
         timestamp_field: field holding epoch milliseconds (or pass ``timestamp=`` per element).
         backend: ``"memory"`` or ``"rocksdb_local"`` (default :data:`DEFAULT_BACKEND`).
+        errors: what the function's failures do (the job's ``errors.*``; default: isolated).
+        name: the step's name in dead letters and errors.
     """
 
     def __init__(
@@ -64,10 +74,13 @@ class KeyedProcessHarness:
         timestamp_field: str | None = None,
         *,
         backend: str | None = None,
+        errors: ErrorPolicy | None = None,
+        name: str | None = None,
     ) -> None:
         self.keys = (key_by,) if isinstance(key_by, str) else tuple(key_by)
         self.timestamp_field = timestamp_field
-        self.operator = KeyedOperator(copy.deepcopy(fn))
+        guard = StepGuard(name or type(fn).__name__, "harness", errors or ErrorPolicy(), None)
+        self.operator = KeyedOperator(copy.deepcopy(fn), guard)
         kind = backend or DEFAULT_BACKEND
         if kind not in BACKENDS:
             raise ValueError(f"backend={kind!r}: use one of {BACKENDS}")
@@ -145,6 +158,14 @@ class KeyedProcessHarness:
             return self._fire(self.operator.processing_ms)
         return []
 
+    @property
+    def dead_letters(self) -> list[tuple[dict[str, Any], str]]:
+        """The elements (and timers, as ``{"key", "timer"}``) the function raised on, with
+        the reason, in order: what the job dead-letters."""
+        import json
+
+        return [(json.loads(raw), reason) for raw, reason, _, _ in self.operator.guard.rejects.rows]
+
     def side_output(self, tag: OutputTag | str) -> list[dict[str, Any]]:
         return list(self.side.get(tag if isinstance(tag, str) else tag.name, []))
 
@@ -197,6 +218,7 @@ def window_harness(
     late_tag: OutputTag | None = None,
     trigger: Any = None,
     backend: str | None = None,
+    errors: ErrorPolicy | None = None,
 ) -> KeyedProcessHarness:
     """A harness around the window operator: ``contents`` is what ``aggregate``/``process``
     take (``{column: Aggregate}``, an AggregateFunction or a ProcessWindowFunction)."""
@@ -216,4 +238,4 @@ def window_harness(
         late_tag=late_tag,
         trigger=trigger,
     )
-    return KeyedProcessHarness(operator, keys, timestamp_field, backend=backend)
+    return KeyedProcessHarness(operator, keys, timestamp_field, backend=backend, errors=errors)

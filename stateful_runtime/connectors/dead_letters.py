@@ -225,6 +225,22 @@ class DeadLetters:
 # ----------------------------------------------------------------------------- steps
 
 BATCH_ID_PROPERTY = "streaming.sql.batchId"  # Spark sets it on every task of a micro-batch
+# Test hook: with committed step rejects due, the job process touches
+# $SRT_TEST_STEP_DLQ_HOOK/<point>-<batch> and blocks, at the point $SRT_TEST_STEP_DLQ_POINT
+# names ("before": between the batch's commit and the publication, the default; "after":
+# between the publication and removing the staged files), so a test can kill -9 it there.
+HOOK = "SRT_TEST_STEP_DLQ_HOOK"
+HOOK_POINT = "SRT_TEST_STEP_DLQ_POINT"
+
+
+def _hook(point: str, batch: int) -> None:
+    where = os.environ.get(HOOK)
+    if where and os.environ.get(HOOK_POINT, "before") == point:
+        import threading
+
+        Path(where).mkdir(parents=True, exist_ok=True)
+        (Path(where) / f"{point}-{batch}").touch()
+        threading.Event().wait(600)  # the test kills the job here
 
 
 def running_batch() -> tuple[int, int]:
@@ -334,6 +350,7 @@ def publish_steps(directory: str, query: QueryLayout, sink: DeadLetterSink) -> i
     due = [(b, f) for b, f in staged_steps(directory) if last is not None and b <= last]
     if not due:
         return 0
+    _hook("before", due[-1][0])
     done = 0
     with sink.writer() as writer:
         batches = sorted({b for b, _ in due})
@@ -343,6 +360,7 @@ def publish_steps(directory: str, query: QueryLayout, sink: DeadLetterSink) -> i
             end = _batch_offsets(query, batch) or {}
             start = (_batch_offsets(query, batch - 1) or {}) if batch > 0 else {}
             done += _publish_batch(writer, sink, table, batch, start, end)
+    _hook("after", due[-1][0])
     for _, f in due:
         f.unlink()
     return done

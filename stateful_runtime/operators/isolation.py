@@ -89,7 +89,8 @@ class StepGuard:
     ) -> None:
         """Isolate ``record`` (the step's ``position``-th of the task) for ``reason``, or
         raise :class:`~stateful_runtime.exceptions.UserFunctionError` where the policy or the
-        bound says the job must stop."""
+        bound on rejects in a row says the job must stop (the share of the task's records is
+        checked at its end: :meth:`stage`)."""
         where = origin(self.source, partition, offset)
         if self.errors.policy == FAIL:
             raise UserFunctionError(
@@ -113,24 +114,6 @@ class StepGuard:
                 ),
                 skippable=False,
             ) from cause
-        if (
-            self.rejected >= self.errors.min_rejects
-            and self.rejected > self.errors.max_fraction * max(self.seen, 1)
-        ):
-            raise UserFunctionError(
-                self.step,
-                record,
-                reason,
-                origin=where,
-                advice=(
-                    f"The step rejected {self.rejected} of {self.seen} records of one task "
-                    f"(errors.max_fraction={self.errors.max_fraction:g}): a function that fails "
-                    f"this often is a bug to fix, not bad data; nothing was dead-lettered for "
-                    f"this batch. Raise the bound with --set errors.max_fraction=F (1: none) if "
-                    f"these records are bad."
-                ),
-                skippable=False,
-            ) from cause
         self.rejects.add(record, reason, partition, offset)
 
     @property
@@ -139,7 +122,29 @@ class StepGuard:
         return list(self.rejects.rows)
 
     def stage(self) -> int:
-        """Stage the task's rejects (end of the task); how many."""
+        """End of the task: stop the job if the step rejected more than ``max_fraction`` of
+        the task's records (once it rejected ``min_rejects``), else stage the rejects; how
+        many. Checked here, over the whole task, not as rejects come: a keyed task meets a
+        key's elements together, and one bad key first is not a bad function."""
+        errors = self.errors
+        if self.rejected >= errors.min_rejects and self.rejected > errors.max_fraction * max(
+            self.seen, 1
+        ):
+            raw, reason, partition, offset = self.rejects.rows[-1]
+            raise UserFunctionError(
+                self.step,
+                raw.decode(errors="replace"),
+                reason,
+                origin=origin(self.source, partition, offset),
+                advice=(
+                    f"The step rejected {self.rejected} of the {self.seen} records of one task "
+                    f"(errors.max_fraction={errors.max_fraction:g}): a function that fails "
+                    f"this often is a bug to fix, not bad data; nothing was dead-lettered for "
+                    f"this batch. Raise the bound with --set errors.max_fraction=F (1: none) if "
+                    f"these records are bad."
+                ),
+                skippable=False,
+            )
         return self.rejects.stage()
 
 

@@ -83,7 +83,6 @@ class KeyedOperator:
         # sets it as it hands each element over; None in the harness).
         self.origin: tuple[int | None, int | None] = (None, None)
         self._txn = _Txn(self)
-        self._position = 0
         self.domain: TimeDomain = fn.time_domain
         self.side_tags = {t.name for t in fn.side_outputs}
         self.backend: StateBackend | None = None
@@ -294,23 +293,27 @@ class KeyedOperator:
         """One user call, atomic: ``method(arg, ctx)`` (``process_element`` of ``element``, or
         ``on_timer`` of timer ``ts``); its state writes, timers and outputs apply when it
         returns, and none of them when it raises (the element or timer is isolated)."""
-        txn = self._txn
-        txn.begin()
-        self._position += 1
-        self.guard.seen += 1
+        txn, main = self._txn, self.main
+        # _Txn.begin, inlined: this runs per element
+        txn.active, txn.side_at = True, len(self.side)
+        self.guard.seen += 1  # also the call's position in the task (rejects in a row)
+        emitted = len(main)
         try:
             out = method(arg, self._ctx)
-            produced = [] if out is None else list(out)  # a generator runs here
+            if out is not None:
+                main.extend(out)  # a generator runs here
         except ConfigError:
+            del main[emitted:]
             txn.rollback()
             raise  # the function's definition is wrong, not this record
         except Exception as exc:
+            del main[emitted:]
             txn.rollback()
             self._isolate(exc, element, ts)
             return
-        txn.commit()
-        if produced:
-            self.main.extend(produced)
+        txn.active = False
+        if txn.touched or txn.timers:
+            txn.commit()
 
     def _isolate(self, exc: Exception, element: dict[str, Any] | None, ts: int | None) -> None:
         key = self.current_key[0] if len(self.current_key) == 1 else self.current_key
@@ -323,7 +326,7 @@ class KeyedOperator:
             what = "on_timer"
             record = {"key": key, "timer": to_datetime(ts or 0).isoformat()}
         self.guard.reject(
-            self._position,
+            self.guard.seen,
             record,
             f"{what} raised {describe(exc)} (key {key!r}; the key's state is as before it)",
             partition,

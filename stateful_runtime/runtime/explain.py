@@ -77,6 +77,22 @@ def steps(query: QueryPlan) -> list[str]:
         f"event-time policy: {src.watermark.event_time_policy.describe()}",
     ]
     out += [_node_step(node, query.parallelism) for node in query.nodes]
+    if query.step_dead_letters is not None and any(
+        isinstance(n, MapNode | ProcessNode) for n in query.nodes
+    ):
+        errors = query.errors
+        out.append(
+            "a record a step's function raises on: "
+            + (
+                f"to the {query.step_dead_letters.sink.describe()} with the step and the "
+                f"reason (errors.policy={errors.policy}; the job stops past "
+                f"{errors.max_consecutive} in a row or {errors.max_fraction:g} of a task's "
+                f"records)"
+                if errors.policy == "dead_letter"
+                else "the job stops, naming it and the srt run --skip that passes it "
+                "(errors.policy=fail)"
+            )
+        )
     if query.path is QueryPath.NATIVE:
         out.append(
             "emit: every update of an open window (the sink upserts by key)"

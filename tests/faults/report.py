@@ -397,6 +397,44 @@ clock) and `tests/faults/test_input_classes.py` (a pre-1970 and a year-2100 reco
 letters). The year-2100 window row the poisoned run wrote stays in the sink table (a sink's
 rewind forgets batches, not rows; see docs/guarantees.md).
 
+## Poison records in steps: isolated, dead-lettered, or stopped with the way past
+
+Tried on main before this change: a `map` that raised for one record value, or a keyed
+process function that raised for one key, failed its task; Spark retried it, the micro-batch
+failed, and every restart replayed the same batch into the same exception — nothing after the
+record ever committed, and the message named the step and the record but no way past it. A
+process function that changed its state before it raised would have kept the half-applied
+change had anything caught the exception. Now (`stateful_runtime/operators/isolation.py`,
+`operators/keyed.py`, `operators/maps.py`, `connectors/dead_letters.py`, `runtime/skips.py`):
+every record carries its source partition and offset through the steps; a user call that
+raises (`map`, `flat_map`, `process_element`, `on_timer`, the window operator's reduce,
+aggregate and window functions), or whose output the step cannot hold, is isolated — its
+state writes, timers and outputs are held aside until it returns and dropped when it raises (a
+value read from state is the call's own copy), and the record goes to the source's
+dead-letter topic with the step (`step` header), the reason (step, exception type and message,
+the two innermost frames) and its origin, staged by the task per batch and partition and
+published by the job process after the batch commits, with a mark per step and source
+partition in the same write as the records. `errors.policy=fail`, or a step that rejects
+`errors.max_consecutive` (100) records in a row or more than `errors.max_fraction` (0.1) of a
+task's records, stops the job instead, naming the record's source, partition and offset and
+`srt run JOB_FILE --skip SOURCE:PARTITION:OFFSET`, which records the skip in the checkpoint and
+dead-letters that record ("skipped by operator") before any step sees it.
+
+| trial | runs | result |
+|---|---|---|
+| `map` raising on 5 of 300 records, process function raising on 3 of a merchant's elements after changing its value and map state (`tests/operators/test_isolation_job.py`) | 1 | every other record's output committed; the DLQ holds exactly the 8, each once, with step and reason; the merchant's total and id count are those of its good records; `input 300 = output 292 + dead letters 8 + late 0` |
+| kill -9 of the process group between the batch's commit and the publication | 1 | nothing published before the kill; after a restart each of the 9 once |
+| kill -9 between the publication and removing the staged files | 1 | each of the 9 once |
+| `errors.policy=fail`, two failing records, then `--skip` as the error says | 3 runs + 1 | each failed run named the record and the command; after the second skip the job finished: the 2 in the DLQ once (reason "skipped by operator"), the other 98 in the output; a further run published nothing again |
+| step dead letters against crashes and re-planned batches (`tests/connectors/test_dead_letters.py`, Hypothesis: batches, kills before the commit, crashes after publishing, restores to older batches with other caps) | 60 examples + 2 pinned | each rejected record of every committed range once; fails with the range filter or the mark removed |
+| a keyed call that raised vs. the same function never given those elements (`tests/operators/test_isolation.py`, Hypothesis: value, list, map and aggregating state changed in place, timers registered and deleted, main and side outputs) | 80 examples | state, timers and outputs equal; fails with the rollback or the copy on read removed |
+| the window operator's aggregate raising after changing its accumulator in place | 60 examples | window results = those of the good records; each failed record a dead letter |
+
+Limits: a failure inside Spark's own operators (a native aggregate, a sink's write) is not one
+user call and is not isolated (`--skip` passes a record once it is identified); what a user
+function does outside the runtime's API (a file, a service) is not undone; a timer that
+raised is consumed (its key's state stays; it does not fire again).
+
 ## What the suite does not cover
 
 * A crash of the Kafka-protocol broker itself: noida-db keeps its data in memory and saves it

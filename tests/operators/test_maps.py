@@ -163,7 +163,7 @@ def test_a_function_that_fails_for_every_record_stops_the_job():
 def test_a_function_that_fails_for_a_large_share_stops_the_job():
     rows = [("a", 3 if i % 4 == 0 else 1, i) for i in range(200)]  # every fourth fails
     op = operator(_raising, errors=ErrorPolicy(max_fraction=0.1))
-    with pytest.raises(UserFunctionError, match=r"rejected \d+ of 200 records.*max_fraction"):
-        op.apply(batch(rows))
+    with pytest.raises(UserFunctionError, match=r"rejected 50 of the 200 records.*max_fraction"):
+        list(op(iter([batch(rows)])))  # checked at the end of the task, before staging
     ok = operator(_raising, errors=ErrorPolicy(max_fraction=0.5))
-    assert ok.apply(batch(rows)).num_rows == 150
+    assert sum(b.num_rows for b in ok(iter([batch(rows)]))) == 150
