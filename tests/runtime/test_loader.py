@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -120,3 +121,39 @@ def test_event_time_keys_set_every_sources_policy_or_one_sources(tmp_path):
             load_job_file(UPI, {**base, "event_time.max_ahead_s": bad})
     with pytest.raises(ConfigError, match="unknown config key"):
         load_job_file(UPI, {**base, "event_time.upi-source.max_behind_s": "1"})
+
+
+ISOLATION = Path(__file__).parents[1] / "operators" / "isolation_job.py"
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    policy=st.sampled_from(["", "dead_letter", "fail", "ignore", "FAIL"]),
+    consecutive=st.one_of(st.just(""), _NUMBER_TEXT),
+    fraction=st.one_of(st.just(""), _NUMBER_TEXT),
+)
+def test_the_errors_keys_apply_to_every_job_file_or_say_what_to_give(
+    policy, consecutive, fraction, tmp_path
+):
+    """errors.* is accepted by every job file (built with from_config or not) and checked:
+    a policy of the two, a whole count of 1 or more, a share from 0 to 1."""
+    overrides = {
+        "checkpoint.dir": str(tmp_path),
+        "errors.policy": policy,
+        "errors.max_consecutive": consecutive,
+        "errors.max_fraction": fraction,
+    }
+    for job_file in (UPI, ISOLATION):
+        try:
+            errors = load_job_file(job_file, overrides).job.errors
+        except ConfigError as exc:
+            assert str(exc).startswith("errors."), str(exc)
+            assert "give" in str(exc)
+            continue
+        assert errors.policy == (policy or "dead_letter")
+        assert errors.max_consecutive >= 1
+        assert 0 <= errors.max_fraction <= 1
+        if consecutive:
+            assert errors.max_consecutive == int(consecutive)
