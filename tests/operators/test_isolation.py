@@ -108,13 +108,16 @@ element = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=80, deadline=None)
-@given(st.lists(st.tuples(element, st.integers(0, 3_000)), max_size=25))
-def test_a_failed_call_leaves_state_timers_and_outputs_as_if_it_never_came(feed):
+FEED = st.lists(st.tuples(element, st.integers(0, 3_000)), max_size=25)
+
+
+def _as_if_never_came(feed, backend: str) -> None:
     """The harness fed every element equals the harness fed only those that do not fail:
     state, timers, main and side outputs; the failures are its dead letters, in order."""
-    failing = KeyedProcessHarness(Everything(), "k", "ts", errors=NO_BOUND, name="everything")
-    clean = KeyedProcessHarness(Everything(), "k", "ts", errors=NO_BOUND)
+    failing = KeyedProcessHarness(
+        Everything(), "k", "ts", errors=NO_BOUND, name="everything", backend=backend
+    )
+    clean = KeyedProcessHarness(Everything(), "k", "ts", errors=NO_BOUND, backend=backend)
     watermark = 0
     for e, advance in feed:
         failing.process_element(e)
@@ -133,6 +136,19 @@ def test_a_failed_call_leaves_state_timers_and_outputs_as_if_it_never_came(feed)
         r.startswith("everything: process_element raised ValueError: cannot take")
         for _, r in elements
     )
+
+
+@settings(max_examples=80, deadline=None)
+@given(FEED)
+def test_a_failed_call_leaves_state_timers_and_outputs_as_if_it_never_came(feed):
+    _as_if_never_came(feed, "memory")
+
+
+@settings(max_examples=25, deadline=None)
+@given(FEED)
+def test_the_same_on_the_local_rocksdb_backend(feed):
+    """The isolation is the engine's, above the backend seam: the same on every backend."""
+    _as_if_never_came(feed, "rocksdb_local")
 
 
 def test_a_timer_that_raises_is_dead_lettered_and_changes_nothing():
