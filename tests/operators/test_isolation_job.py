@@ -168,7 +168,7 @@ def test_a_stopped_job_names_the_record_and_the_skip_command_passes_it_once(tmp_
             break
         output = (result.stderr + result.stdout).splitlines()
         found = [line for line in output if "--skip payments:" in line]
-        assert found, result.stderr[-3000:]
+        assert found, (result.returncode, result.stdout[-2000:], result.stderr[-3000:])
         named = found[-1].rsplit("--skip ", 1)[1].split()[0]
     assert result.returncode == 0, result.stderr[-3000:]
     again = srt(ws.run_args("--available-now"), srt_env)  # replays nothing, skips nothing twice
