@@ -122,6 +122,7 @@ class ErrorKind(StrEnum):
     ENDPOINT_ERROR = "EndpointError"
     UPGRADE_ERROR = "UpgradeError"
     STORAGE_ERROR = "StorageError"
+    STATE_ERROR = "StateError"
     ALREADY_EXISTS_ERROR = "AlreadyExistsError"
     SAVEPOINT_ERROR = "SavepointError"
     INCOMPATIBLE_SAVEPOINT_ERROR = "IncompatibleSavepointError"

@@ -52,6 +52,8 @@ def check_number(key: str, value: Any) -> Any:
         raise ConfigError(f"{key}={value!r}: give a finite number")
     if value < 0 and any(w in key for w in _COUNT_WORDS):
         raise ConfigError(f"{key}={value!r}: a count cannot be negative; give 0 or more")
+    if value < 1 and "max_records" in key:  # a batch of at most 0 records never moves on
+        raise ConfigError(f"{key}={value!r}: a batch must take at least 1 record; give 1 or more")
     return value
 
 

@@ -163,6 +163,13 @@ def ch_url(clickhouse: ClickHouseServer, request: pytest.FixtureRequest) -> str:
     return clickhouse.database("t_" + re.sub(r"\W", "_", request.node.name.lower())[:50])
 
 
+@pytest.fixture(scope="session")
+def chdb_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The directory of in-process ClickHouse (chdb): chdb opens one per process, for the
+    process's life, so every test of the session shares it (one database per test)."""
+    return tmp_path_factory.mktemp("chdb")
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, srt_env: dict[str, str]) -> Iterator[Cluster]:
     """A Spark standalone master and worker (platform/spark-cluster.sh), one per test module."""

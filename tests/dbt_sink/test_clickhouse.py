@@ -22,12 +22,6 @@ from tests.dbt_sink.helpers import KEY, W1, W2, batch
 from tests.helpers import utc_naive
 
 
-@pytest.fixture(scope="session")
-def chdb_dir(tmp_path_factory: pytest.TempPathFactory):
-    # chdb opens one directory per process, for the process's life: one for the session.
-    return tmp_path_factory.mktemp("chdb")
-
-
 @pytest.fixture(params=["server-18.16", "chdb-26.9"])
 def url(request: pytest.FixtureRequest, chdb_dir) -> Iterator[str]:
     if request.param == "server-18.16":

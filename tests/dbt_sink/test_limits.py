@@ -196,7 +196,7 @@ def test_postgres_checks_each_row_against_a_narrower_column(pg_dsn):
 
 
 @pytest.mark.parametrize("backend", ["server-18.16", "chdb"])
-def test_clickhouse_stores_a_wide_sum_exactly(backend, request, tmp_path):
+def test_clickhouse_stores_a_wide_sum_exactly(backend, request, chdb_dir):
     """A table the sink creates holds a decimal(38,0) sum as Decimal(38, 0), digit for digit,
     through the native client (server 18.16) and chdb's Arrow insert."""
     from dbt_sink.clickhouse import ClickHouseUpsertSink
@@ -204,7 +204,7 @@ def test_clickhouse_stores_a_wide_sum_exactly(backend, request, tmp_path):
     url = (
         request.getfixturevalue("ch_url")
         if backend == "server-18.16"
-        else f"chdb://{tmp_path / 'chdb'}?database=wide"
+        else f"chdb://{chdb_dir}?database=wide"
     )
     sink = ClickHouseUpsertSink(url, "wide_sums", ("merchant_id",))
     sink.open("job", "q")

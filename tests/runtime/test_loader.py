@@ -33,7 +33,7 @@ def test_job_file_overrides_are_typed_and_unknown_keys_rejected(tmp_path):
 
 
 _NUMBER_TEXT = st.one_of(
-    st.sampled_from(["nan", "NaN", "inf", "-inf", "Infinity", "-1", "-0.5", "1e400", "1e30"]),
+    st.sampled_from(["nan", "NaN", "inf", "-inf", "Infinity", "-1", "-0.5", "1e400", "1e30", "0"]),
     st.floats().map(repr),
     st.integers(min_value=-(10**20), max_value=10**20).map(str),
 )
