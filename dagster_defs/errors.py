@@ -16,7 +16,6 @@ Import this module only when an error is raised or caught: it imports
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -62,15 +61,10 @@ class SrtCommandError(StatefulRuntimeError):
 def from_process(
     what: str, command: Sequence[str], returncode: int, stderr: str
 ) -> SrtCommandError:
-    """The error a failed ``srt ... --json`` reported: its last stderr line is one JSON object
-    ``{"error": {"type", "message", ...fields}}``; anything else is a crash."""
-    for line in reversed(stderr.strip().splitlines()):
-        if not line.startswith('{"error"'):
-            continue
-        try:
-            error = ErrorDocument.from_json(json.loads(line))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            break
+    """The error a failed ``srt ... --json`` reported (:meth:`ErrorDocument.from_stderr`);
+    without one, a crash."""
+    error = ErrorDocument.from_stderr(stderr)
+    if error is not None:
         return SrtCommandError(
             error.message,
             kind=error.kind,

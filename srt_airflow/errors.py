@@ -11,7 +11,6 @@ A task that raises it fails with the runtime's message (secrets masked), which s
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -58,15 +57,10 @@ class SrtAirflowError(StatefulRuntimeError):
 def from_process(
     what: str, command: Sequence[str], returncode: int, stderr: str
 ) -> SrtAirflowError:
-    """The error a failed ``srt ... --json`` reported: its last stderr line is one JSON object
-    ``{"error": {"type", "message", ...fields}}``; anything else is a crash."""
-    for line in reversed(stderr.strip().splitlines()):
-        if not line.startswith('{"error"'):
-            continue
-        try:
-            error = ErrorDocument.from_json(json.loads(line))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            break
+    """The error a failed ``srt ... --json`` reported (:meth:`ErrorDocument.from_stderr`);
+    without one, a crash."""
+    error = ErrorDocument.from_stderr(stderr)
+    if error is not None:
         return SrtAirflowError(
             error.message,
             kind=error.kind,

@@ -197,6 +197,20 @@ class ErrorDocument:
         details = {k: v for k, v in error.items() if k not in ("type", "message")}
         return cls(str(error.get("type")), str(error.get("message")), details)
 
+    @classmethod
+    def from_stderr(cls, stderr: str) -> ErrorDocument | None:
+        """The error a failed ``srt ... --json`` reported: its last stderr line that is one
+        JSON object ``{"error": {"type", "message", ...fields}}``; None if it wrote none (a
+        crash)."""
+        for line in reversed(stderr.strip().splitlines()):
+            if not line.startswith('{"error"'):
+                continue
+            try:
+                return cls.from_json(json.loads(line))
+            except (ValueError, KeyError, TypeError, AttributeError):
+                return None
+        return None
+
 
 # ----------------------------------------------------------------------------- health
 

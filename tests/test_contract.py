@@ -344,3 +344,16 @@ def test_an_error_document_carries_the_errors_public_fields():
     }
     other = ErrorDocument.from_json({"error": {"type": "KeyError", "message": "x"}})
     assert other.kind is ErrorKind.OTHER and other.to_json()["error"]["type"] == "KeyError"
+
+
+def test_an_error_is_read_from_the_last_error_line_of_stderr_and_a_crash_is_none():
+    line = '{"error": {"type": "JobLockedError", "message": "held by pid 7", "pid": 7}}'
+    found = ErrorDocument.from_stderr(f'WARN something\n{{"error": 1}}\n{line}\nTraceback\n')
+    assert found is not None
+    assert (found.kind, found.message, found.details) == (
+        contract.ErrorKind.JOB_LOCKED_ERROR,
+        "held by pid 7",
+        {"pid": 7},
+    )
+    assert ErrorDocument.from_stderr("Traceback (most recent call last):\n  boom\n") is None
+    assert ErrorDocument.from_stderr('{"error": not json}') is None
