@@ -8,7 +8,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
-from dagster import AssetKey, materialize
+from dagster import AssetCheckSeverity, AssetKey, materialize
 
 from dagster_defs import StreamingRuntime, Warehouse, build_definitions
 from dagster_defs._launch import launch_config
@@ -91,7 +91,18 @@ def test_sink_asset_and_checks_on_every_warehouse(kind, written, srt_home):
     assert md["warehouse"] == kind and md["dagster/row_count"] > 0
     assert md["last_sink_batch"] is not None
     checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
-    assert set(checks) == {"unique_key", "not_null", "value_ranges", "closed_windows_reconcile"}
+    assert set(checks) == {
+        "unique_key",
+        "not_null",
+        "value_ranges",
+        "closed_windows_reconcile",
+        "freshness",
+    }
+    # The job ran --available-now to its end: the table cannot get fresher until it runs
+    # again, which freshness says as a warning (not the red of a stuck job).
+    fresh = checks.pop("freshness")
+    assert not fresh.passed and fresh.severity == AssetCheckSeverity.WARN
+    assert "no new batches reach the table" in (fresh.description or "")
     assert all(c.passed for c in checks.values()), {
         n: c.metadata for n, c in checks.items() if not c.passed
     }
