@@ -62,7 +62,10 @@ def work(airflow_home: AirflowHome, srt_env: dict[str, str]) -> Iterator[Path]:
     feed(log_dir, 2_000, seed=1, start_ms=START_MS)
     yield airflow_home.work
     airflow_home.stop_all()
-    srt(["stop", JOB, "--kill", "--timeout", "10"], srt_env)
+    srt(
+        ["stop", JOB, "--kill", "--timeout", "10"],
+        {**srt_env, "SRT_HOME": str(airflow_home.srt_home)},
+    )
 
 
 def test_airflow_starts_the_upi_job_savepoints_it_runs_a_dag_on_its_commits_and_stops_it(
