@@ -24,9 +24,6 @@ from stateful_runtime.exceptions import ConfigError, JobError, StatefulRuntimeEr
 
 __all__ = ["ConfigError", "JobError", "SrtCommandError", "StatefulRuntimeError", "from_process"]
 
-# Enough of a crashed command's stderr to show its traceback.
-STDERR_TAIL = 4000
-
 
 class SrtCommandError(StatefulRuntimeError):
     """An ``srt`` command failed; the message is the runtime's own.
@@ -61,21 +58,13 @@ class SrtCommandError(StatefulRuntimeError):
 def from_process(
     what: str, command: Sequence[str], returncode: int, stderr: str
 ) -> SrtCommandError:
-    """The error a failed ``srt ... --json`` reported (:meth:`ErrorDocument.from_stderr`);
-    without one, a crash."""
-    error = ErrorDocument.from_stderr(stderr)
-    if error is not None:
-        return SrtCommandError(
-            error.message,
-            kind=error.kind,
-            details=error.details,
-            command=command,
-            returncode=returncode,
-        )
-    tail = stderr.strip()[-STDERR_TAIL:] or f"exit status {returncode}, no output"
+    """The error a failed ``srt ... --json`` reported, else a crash
+    (:meth:`ErrorDocument.of_process`)."""
+    error = ErrorDocument.of_process(what, returncode, stderr)
     return SrtCommandError(
-        f"{what} failed (exit status {returncode}):\n{tail}",
-        kind=ErrorKind.PROCESS_ERROR,
+        error.message,
+        kind=error.kind,
+        details=error.details,
         command=command,
         returncode=returncode,
     )

@@ -20,9 +20,6 @@ from stateful_runtime.masking import mask_data, mask_text
 
 __all__ = ["SrtAirflowError", "StatefulRuntimeError", "from_process"]
 
-# Enough of a crashed command's stderr to show its traceback.
-STDERR_TAIL = 4000
-
 
 class SrtAirflowError(StatefulRuntimeError):
     """An ``srt`` command failed, or a job did not reach what a task waited for.
@@ -57,21 +54,13 @@ class SrtAirflowError(StatefulRuntimeError):
 def from_process(
     what: str, command: Sequence[str], returncode: int, stderr: str
 ) -> SrtAirflowError:
-    """The error a failed ``srt ... --json`` reported (:meth:`ErrorDocument.from_stderr`);
-    without one, a crash."""
-    error = ErrorDocument.from_stderr(stderr)
-    if error is not None:
-        return SrtAirflowError(
-            error.message,
-            kind=error.kind,
-            details=error.details,
-            command=command,
-            returncode=returncode,
-        )
-    tail = stderr.strip()[-STDERR_TAIL:] or f"exit status {returncode}, no output"
+    """The error a failed ``srt ... --json`` reported, else a crash
+    (:meth:`ErrorDocument.of_process`)."""
+    error = ErrorDocument.of_process(what, returncode, stderr)
     return SrtAirflowError(
-        f"{what} failed (exit status {returncode}):\n{tail}",
-        kind=ErrorKind.PROCESS_ERROR,
+        error.message,
+        kind=error.kind,
+        details=error.details,
         command=command,
         returncode=returncode,
     )

@@ -94,6 +94,10 @@ class StopSignal(StrEnum):
     NONE = "none"  # nothing was signalled (already gone, or not the job's process)
 
 
+# How much of a crashed srt command's stderr its error keeps.
+STDERR_TAIL = 4000
+
+
 class ErrorKind(StrEnum):
     """The type of a failure a program reads (:class:`ErrorDocument`): an error the runtime
     raises on purpose (its class name), or a refusal of the control endpoint, or what a client
@@ -210,6 +214,18 @@ class ErrorDocument:
             except (ValueError, KeyError, TypeError, AttributeError):
                 return None
         return None
+
+    @classmethod
+    def of_process(cls, what: str, returncode: int, stderr: str) -> ErrorDocument:
+        """What a failed ``srt ... --json`` command reported (:meth:`from_stderr`), else a
+        :attr:`ErrorKind.PROCESS_ERROR` holding its stderr's tail (a crash)."""
+        found = cls.from_stderr(stderr)
+        if found is not None:
+            return found
+        tail = stderr.strip()[-STDERR_TAIL:] or f"exit status {returncode}, no output"
+        return cls(
+            ErrorKind.PROCESS_ERROR.value, f"{what} failed (exit status {returncode}):\n{tail}"
+        )
 
 
 # ----------------------------------------------------------------------------- health

@@ -357,3 +357,8 @@ def test_an_error_is_read_from_the_last_error_line_of_stderr_and_a_crash_is_none
     )
     assert ErrorDocument.from_stderr("Traceback (most recent call last):\n  boom\n") is None
     assert ErrorDocument.from_stderr('{"error": not json}') is None
+    crash = ErrorDocument.of_process("srt status", 1, "x" * 5000 + "\nSegfault\n")
+    assert crash.kind is contract.ErrorKind.PROCESS_ERROR
+    assert crash.message.startswith("srt status failed (exit status 1):\n")
+    assert crash.message.endswith("Segfault") and len(crash.message) < 4100
+    assert "exit status 2, no output" in ErrorDocument.of_process("srt run", 2, "").message
