@@ -18,7 +18,7 @@ from dagster import (
 )
 
 from dagster_defs._health import health_check_specs
-from dagster_defs._launch import launch_config
+from dagster_defs._launch import launch_config, push_env
 from dagster_defs._specs import SinkTableSpec, StreamingJobSpec
 from dagster_defs._stream_events import control_endpoint
 from dagster_defs._translator import StreamingJobTranslator, identifier
@@ -62,7 +62,9 @@ def job_asset(spec: StreamingJobSpec, translator: StreamingJobTranslator) -> Ass
             since = time.time()
             # Plans the job file (it must build the job the spec names) and resumes the job's
             # checkpoint; starting from a savepoint is the upgrade and rescale jobs' business.
-            launch = runtime.launch(spec.name, spec.job_file, config)
+            launch = runtime.launch(
+                spec.name, spec.job_file, config, env=push_env(spec, translator, runtime)
+            )
             log_path = launch.log_path
             committed: Mapping[str, int | None] | None
             if launch.launched:

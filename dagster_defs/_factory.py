@@ -8,15 +8,20 @@ from typing import Any
 
 from dagster import (
     AssetSelection,
+    AssetSpec,
     AutomationConditionSensorDefinition,
     DefaultSensorStatus,
     Definitions,
 )
 
+from dagster_defs._alerts import crash_job
 from dagster_defs._assets import job_asset, sink_asset
 from dagster_defs._checks import sink_checks
+from dagster_defs._savepoint_list import savepoints_asset, savepoints_sensor
 from dagster_defs._savepoints import (
     rescale_job,
+    restore_job,
+    runtime_keys,
     savepoint_job,
     savepoint_schedule,
     stop_with_savepoint_job,
@@ -57,18 +62,23 @@ def build_definitions(
     automation_interval: timedelta | None = timedelta(seconds=5),
 ) -> Definitions:
     """Definitions for streaming jobs: per job an asset (materialising it runs the job) and a
-    periodic-savepoint schedule, per sink table a downstream asset with checks, one health
-    sensor, and the jobs ``stop_streaming_job``, ``savepoint_streaming_job``,
-    ``stop_with_savepoint``, ``upgrade_streaming_job`` and ``rescale_streaming_job``.
+    periodic-savepoint schedule, its savepoint list (an asset partitioned by savepoint) and a
+    job restoring it from one picked from that list (``<job>_from_savepoint``), per sink table
+    a downstream asset with checks, the health and savepoint-list sensors, and the jobs
+    ``stop_streaming_job``, ``savepoint_streaming_job``, ``stop_with_savepoint``,
+    ``upgrade_streaming_job``, ``rescale_streaming_job`` and ``streaming_job_crashed``
+    (launched by the health sensor on a crash, for run-failure alerts).
 
     Args:
         specs: the jobs.
         translator: maps jobs and tables to asset keys, groups and descriptions.
         resources: resources by key, over :func:`default_resources` (``streaming_runtime``,
             ``warehouse``, ``kafka``, ``s3``).
-        sensor_interval: minimum interval between health sensor ticks: how soon a commit
-            reaches Dagster as a sink-table materialisation and a crash as a failed check
-            (5 s: a tick is one ``srt status`` process, ~0.2 s of CPU, and reads the ledger).
+        sensor_interval: minimum interval between health sensor ticks: how soon a crash
+            reaches Dagster as a failed check and an alert run, and a commit as a sink-table
+            materialisation when jobs do not push their commits themselves
+            (``StreamingRuntime.dagster_url``) (5 s: a tick is one ``srt status`` process,
+            ~0.2 s of CPU, and reads the ledger).
         sensor_default_status: whether the health sensor runs without being switched on.
         automation_interval: evaluation interval of the automation sensor these definitions
             bring, ``default_automation_condition_sensor``, on by default: it runs the sink
@@ -103,10 +113,11 @@ def build_definitions(
     checks: list[Any] = []
     for spec in specs:
         assets.append(job_asset(spec, translator))
+        assets.append(savepoints_asset(spec, translator))
         for table in spec.sink_tables:
             assets.append(sink_asset(spec, table, translator))
             checks.append(sink_checks(spec, table, translator))
-    keys = [k for a in assets for k in a.keys]
+    keys = [k for a in assets for k in ([a.key] if isinstance(a, AssetSpec) else a.keys)]
     if len(set(keys)) != len(keys):
         raise config_error(
             f"asset keys repeat: {[k.to_user_string() for k in keys]}; override "
@@ -119,6 +130,8 @@ def build_definitions(
             stop_with_savepoint_job(specs, translator),
             upgrade_job(specs, translator),
             rescale_job(specs, translator),
+            crash_job,
+            *(restore_job(spec, translator) for spec in specs),
         ]
         if specs
         else []
@@ -130,7 +143,14 @@ def build_definitions(
                 translator,
                 minimum_interval=sensor_interval,
                 default_status=sensor_default_status,
-            )
+            ),
+            savepoints_sensor(
+                specs,
+                translator,
+                minimum_interval=sensor_interval,
+                default_status=sensor_default_status,
+                resource_keys=frozenset(runtime_keys(specs)),
+            ),
         ]
         if specs
         else []

@@ -6,7 +6,31 @@ from collections.abc import Mapping
 from typing import Any
 
 from dagster_defs._specs import StreamingJobSpec, config_error
-from dagster_defs.resources import DuckDBWarehouse
+from dagster_defs._translator import StreamingJobTranslator
+from dagster_defs.resources import DuckDBWarehouse, StreamingRuntime
+
+# What the job process reads to push its commits to Dagster
+# (stateful_runtime.runtime.dagster_push.URL_ENV / ASSETS_ENV).
+PUSH_URL_ENV = "SRT_DAGSTER_URL"
+PUSH_ASSETS_ENV = "SRT_DAGSTER_ASSETS"
+
+
+def push_env(
+    spec: StreamingJobSpec, translator: StreamingJobTranslator, runtime: StreamingRuntime
+) -> dict[str, str]:
+    """Environment of a launched job that makes it report each committed batch to Dagster's
+    webserver as a materialisation of its sink tables' assets (empty: no ``dagster_url``, or
+    no sink tables; an empty URL stops a job inheriting one from this process)."""
+    import json
+
+    if not runtime.dagster_url or not spec.sink_tables:
+        return {PUSH_URL_ENV: ""}
+    assets: dict[str, list[list[str]]] = {}
+    for table in spec.sink_tables:
+        assets.setdefault(table.query, []).append(
+            list(translator.get_sink_asset_key(spec, table).path)
+        )
+    return {PUSH_URL_ENV: runtime.dagster_url, PUSH_ASSETS_ENV: json.dumps(assets)}
 
 
 def launch_config(spec: StreamingJobSpec, resources: Any) -> dict[str, Any]:

@@ -42,7 +42,9 @@ from dagster import (
     schedule,
 )
 
-from dagster_defs._launch import launch_config
+from dagster_defs import _savepoint_list
+from dagster_defs._launch import launch_config, push_env
+from dagster_defs._savepoint_list import watermark_time
 from dagster_defs._specs import StreamingJobSpec
 from dagster_defs._translator import StreamingJobTranslator, identifier
 from dagster_defs.resources import s3_env
@@ -74,6 +76,20 @@ def _spec(specs: Sequence[StreamingJobSpec], name: str) -> StreamingJobSpec:
     raise Failure(description=f"no streaming job named {name!r} in these definitions ({known})")
 
 
+def runtime_keys(specs: Sequence[StreamingJobSpec]) -> set[str]:
+    """The resources a savepoint op needs: the runtime, and ``s3`` only where a job keeps
+    savepoints or checkpoints in S3 (else the launchpad would offer an S3 block nothing
+    uses; an ``s3://`` target given at launch then uses boto3's own settings)."""
+
+    def s3(value: Any) -> bool:
+        return isinstance(value, str) and value.startswith(("s3://", "s3a://"))
+
+    uses_s3 = any(
+        s3(spec.savepoints.target) or any(s3(v) for v in spec.config.values()) for spec in specs
+    )
+    return {"streaming_runtime", "s3"} if uses_s3 else {"streaming_runtime"}
+
+
 def _env(context: OpExecutionContext) -> dict[str, str]:
     return s3_env(getattr(context.resources, "s3", None))
 
@@ -96,64 +112,19 @@ def _savepoint_metadata(sp: "SavepointSummary") -> dict[str, Any]:
         "size_bytes": sp.size_bytes,
         "files": sp.files,
         "batches": MetadataValue.json(dict(sp.batches)),
-        "watermark": MetadataValue.json({q: _time(ms) for q, ms in sp.watermark_ms.items()}),
+        "watermark": MetadataValue.json(
+            {q: watermark_time(ms) for q, ms in sp.watermark_ms.items()}
+        ),
         "created_at": sp.created_at,
     }
 
 
-def _time(ms: int | None) -> str | None:
-    """An event-time watermark (epoch ms) as a UTC time; None before any."""
-    if ms is None or ms <= 0:
-        return None
-    from datetime import UTC, datetime
-
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
-
-
-def savepoint_list(savepoints: Sequence["SavepointSummary"]) -> MetadataValue:
-    """The job's savepoints as a table, newest first: what to pick for ``from_savepoint``
-    (upgrade, rescale) or ``srt run --from-savepoint``."""
-    from dagster import TableColumn, TableRecord, TableSchema
-
-    def one(q: Mapping[str, Any]) -> str:
-        return (
-            ", ".join(f"{k}: {v}" for k, v in q.items())
-            if len(q) > 1
-            else str(next(iter(q.values()), None))
-        )
-
-    return MetadataValue.table(
-        records=[
-            TableRecord(
-                {
-                    "id": sp.id,
-                    "taken": sp.created_at,
-                    "why": sp.kind,
-                    "batch": one(sp.batches),
-                    "watermark": one({q: _time(ms) for q, ms in sp.watermark_ms.items()}),
-                    "size (bytes)": sp.size_bytes,
-                    "location": sp.location,
-                }
-            )
-            for sp in reversed(savepoints)
-        ],
-        schema=TableSchema(
-            columns=[
-                TableColumn("id", "string"),
-                TableColumn("taken", "string"),
-                TableColumn("why", "string"),
-                TableColumn("batch", "string"),
-                TableColumn("watermark", "string"),
-                TableColumn("size (bytes)", "int"),
-                TableColumn("location", "string"),
-            ]
-        ),
-    )
-
-
-def _with_list(context: OpExecutionContext, spec: StreamingJobSpec) -> dict[str, Any]:
-    """The job's savepoints (after this one), for the observation; nothing if they cannot be
-    listed (the savepoint itself was taken)."""
+def _with_list(
+    context: OpExecutionContext, spec: StreamingJobSpec, translator: StreamingJobTranslator
+) -> dict[str, Any]:
+    """The job's savepoints (after this op), for its observation; the savepoint list asset
+    and its partitions (the restore job's picker) brought up to date at once. Nothing if
+    they cannot be listed (the op's own work is done)."""
     from dagster_defs.errors import StatefulRuntimeError
 
     target = context.op_config.get("target") or spec.savepoints.target
@@ -164,7 +135,12 @@ def _with_list(context: OpExecutionContext, spec: StreamingJobSpec) -> dict[str,
     except StatefulRuntimeError as exc:
         context.log.warning(f"cannot list the savepoints of {spec.name}: {exc}")
         return {}
-    return {"savepoints": savepoint_list(found)}
+    if target == spec.savepoints.target:  # the list the sensor keeps (not another root's)
+        change = _savepoint_list.changes(context.instance, spec, translator, found)
+        change.apply(context.instance)
+        for event in change.events:
+            context.log_event(event)
+    return {"savepoints": _savepoint_list.savepoint_table(found)}
 
 
 def _take_savepoint(
@@ -249,7 +225,7 @@ def savepoint_job(
             ),
             "timeout_s": _TIMEOUT,
         },
-        required_resource_keys={"streaming_runtime", "s3"},
+        required_resource_keys=runtime_keys(specs),
     )
     def _savepoint(context: OpExecutionContext) -> None:
         from dagster_defs.errors import StatefulRuntimeError
@@ -282,7 +258,7 @@ def savepoint_job(
                 context.log.info(f"retention: disposed of {location}")
             metadata["disposed"] = MetadataValue.json(disposed)
             metadata["retention"] = f"keep {policy.keep}, max age {_age(policy.max_age)}"
-        metadata.update(_with_list(context, spec))
+        metadata.update(_with_list(context, spec, translator))
         _observe(context, translator, spec, f"savepoint {sp.id} at {sp.location}", metadata)
 
     @job(
@@ -308,7 +284,7 @@ def stop_with_savepoint_job(
             "target": _TARGET,
             "timeout_s": _TIMEOUT,
         },
-        required_resource_keys={"streaming_runtime", "s3"},
+        required_resource_keys=runtime_keys(specs),
     )
     def _stop(context: OpExecutionContext) -> None:
         spec = _spec(specs, context.op_config["job"])
@@ -323,7 +299,7 @@ def stop_with_savepoint_job(
                 **_savepoint_metadata(sp),
                 "job_state": _state(after),
                 "action": "stop",
-                **_with_list(context, spec),
+                **_with_list(context, spec, translator),
             },
         )
 
@@ -337,6 +313,83 @@ def stop_with_savepoint_job(
     return _job
 
 
+def _upgrade(
+    context: OpExecutionContext,
+    spec: StreamingJobSpec,
+    translator: StreamingJobTranslator,
+    name: str,
+    *,
+    action: str,
+    from_savepoint: str | None,
+) -> None:
+    """``srt upgrade`` of ``spec``'s job file from its running state or ``from_savepoint``;
+    the runtime's error fails the run with what to do; the result observed on the job asset."""
+    from dagster_defs.errors import StatefulRuntimeError
+    from stateful_runtime.masking import mask_text
+
+    runtime = context.resources.streaming_runtime
+    # Without a parallelism the runtime keeps the job's current one (a rescale sticks).
+    n = context.op_config.get("parallelism")
+    if n is not None and n < 1:
+        raise Failure(description=f"parallelism must be >= 1, got {n}")
+    try:
+        config = launch_config(spec, context.resources)
+        # One runtime command: check the job file plans and takes the state, stop with a
+        # savepoint, relaunch from it, wait for RUNNING and a batch of its own.
+        done = runtime.upgrade(
+            spec.name,
+            spec.job_file,
+            config,
+            parallelism=n,
+            from_savepoint=from_savepoint,
+            target=context.op_config.get("target") or spec.savepoints.target,
+            stop_timeout=context.op_config.get("timeout_s"),
+            env={**_env(context), **push_env(spec, translator, runtime)},
+        )
+    except StatefulRuntimeError as exc:
+        details = getattr(exc, "details", {})
+        metadata: dict[str, Any] = {"error": _kind(exc)}
+        if details.get("stage"):
+            metadata["stage"] = details["stage"]
+        if details.get("savepoint_location"):
+            metadata["savepoint_location"] = details["savepoint_location"]
+        if details.get("stage") == "relaunch":
+            description = f"{exc}\n\nRun {name} with from_savepoint set to that savepoint."
+        else:
+            description = str(exc)
+        raise Failure(description=mask_text(description), metadata=metadata) from exc
+    context.log.info(
+        f"{action}: {spec.name} restarted from {done.restored_from} as pid {done.pid}: "
+        f"{mask_text(shlex.join(done.command))}"
+    )
+    if done.committed is False:
+        context.log.warning(
+            f"{spec.name} is RUNNING but committed no micro-batch within "
+            f"{runtime.commit_timeout_s:.0f} s: is there input in its source?"
+        )
+    metadata = {
+        "action": action,
+        "restored_from": _location_value(done.restored_from),
+        "pid": done.pid,
+        "job_file": spec.job_file,
+        "parallelism": done.parallelism,
+        "state_partitions": MetadataValue.json(dict(done.state_partitions)),
+        "last_committed_batch": MetadataValue.json(dict(done.last_committed)),
+        "command": mask_text(shlex.join(done.command)),
+        "log_path": MetadataValue.path(done.log_path),
+    }
+    if done.savepoint is not None:
+        metadata.update(_savepoint_metadata(done.savepoint))
+        metadata.update(_with_list(context, spec, translator))
+    _observe(
+        context,
+        translator,
+        spec,
+        f"{action}: restarted from {done.restored_from} as pid {done.pid}",
+        metadata,
+    )
+
+
 def _relaunch_op(
     specs: Sequence[StreamingJobSpec],
     translator: StreamingJobTranslator,
@@ -344,7 +397,7 @@ def _relaunch_op(
     *,
     rescale: bool,
 ):
-    resource_keys = {"streaming_runtime", "s3"}.union(*(s.resource_keys for s in specs))
+    resource_keys = runtime_keys(specs).union(*(s.resource_keys for s in specs))
     parallelism = Field(
         int,
         is_required=rescale,
@@ -370,70 +423,14 @@ def _relaunch_op(
         required_resource_keys=resource_keys,
     )
     def _relaunch(context: OpExecutionContext) -> None:
-        from dagster_defs.errors import StatefulRuntimeError
-        from stateful_runtime.masking import mask_text
-
         spec = _spec(specs, context.op_config["job"])
-        runtime = context.resources.streaming_runtime
-        # Without a parallelism the runtime keeps the job's current one (a rescale sticks).
-        n = context.op_config.get("parallelism")
-        if n is not None and n < 1:
-            raise Failure(description=f"parallelism must be >= 1, got {n}")
-        action = "rescale" if rescale else "upgrade"
-        try:
-            config = launch_config(spec, context.resources)
-            # One runtime command: check the job file plans and takes the state, stop with a
-            # savepoint, relaunch from it, wait for RUNNING and a batch of its own.
-            done = runtime.upgrade(
-                spec.name,
-                spec.job_file,
-                config,
-                parallelism=n,
-                from_savepoint=context.op_config.get("from_savepoint"),
-                target=context.op_config.get("target") or spec.savepoints.target,
-                stop_timeout=context.op_config.get("timeout_s"),
-                env=_env(context),
-            )
-        except StatefulRuntimeError as exc:
-            details = getattr(exc, "details", {})
-            metadata: dict[str, Any] = {"error": _kind(exc)}
-            if details.get("stage"):
-                metadata["stage"] = details["stage"]
-            if details.get("savepoint_location"):
-                metadata["savepoint_location"] = details["savepoint_location"]
-            if details.get("stage") == "relaunch":
-                description = f"{exc}\n\nRun {name} with from_savepoint set to that savepoint."
-            else:
-                description = str(exc)
-            raise Failure(description=mask_text(description), metadata=metadata) from exc
-        context.log.info(
-            f"{action}: {spec.name} restarted from {done.restored_from} as pid {done.pid}: "
-            f"{mask_text(shlex.join(done.command))}"
-        )
-        if done.committed is False:
-            context.log.warning(
-                f"{spec.name} is RUNNING but committed no micro-batch within "
-                f"{runtime.commit_timeout_s:.0f} s: is there input in its source?"
-            )
-        metadata = {
-            "action": action,
-            "restored_from": _location_value(done.restored_from),
-            "pid": done.pid,
-            "job_file": spec.job_file,
-            "parallelism": done.parallelism,
-            "state_partitions": MetadataValue.json(dict(done.state_partitions)),
-            "last_committed_batch": MetadataValue.json(dict(done.last_committed)),
-            "command": mask_text(shlex.join(done.command)),
-            "log_path": MetadataValue.path(done.log_path),
-        }
-        if done.savepoint is not None:
-            metadata.update(_savepoint_metadata(done.savepoint))
-        _observe(
+        _upgrade(
             context,
-            translator,
             spec,
-            f"{action}: restarted from {done.restored_from} as pid {done.pid}",
-            metadata,
+            translator,
+            name,
+            action="rescale" if rescale else "upgrade",
+            from_savepoint=context.op_config.get("from_savepoint"),
         )
 
     return _relaunch
@@ -473,6 +470,92 @@ def rescale_job(
         relaunch()
 
     return _job
+
+
+def restore_job(spec: StreamingJobSpec, translator: StreamingJobTranslator) -> JobDefinition:
+    """Run ``spec``'s job file (as deployed now: an upgrade if it changed) from a savepoint
+    picked from the job's savepoint list: the job's partitions are its savepoints
+    (:mod:`dagster_defs._savepoint_list`), so the launchpad's partition picker is the list.
+    The job must not be running; a savepoint not in its list (another job's, or gone) is
+    refused with the ones there are."""
+    name = _savepoint_list.restore_job_name(spec)
+
+    @op(
+        name=f"{name}_op",
+        config_schema={
+            "parallelism": Field(
+                int,
+                is_required=False,
+                description="State partitions (--parallelism; default: the job's current "
+                "parallelism): the savepoint's state is repartitioned.",
+            ),
+            "timeout_s": _TIMEOUT,
+        },
+        required_resource_keys=runtime_keys([spec]) | set(spec.resource_keys),
+    )
+    def _restore(context: OpExecutionContext) -> None:
+        from dagster_defs.errors import StatefulRuntimeError
+
+        picked = context.partition_key
+        runtime = context.resources.streaming_runtime
+        try:
+            ours = runtime.savepoints(spec.name, target=spec.savepoints.target, env=_env(context))
+        except StatefulRuntimeError as exc:
+            raise Failure(description=f"cannot list the savepoints of {spec.name}: {exc}") from exc
+        sp = next((s for s in ours if s.id == picked), None)
+        if sp is None:
+            raise Failure(description=_not_ours(context, spec, picked, ours))
+        status = runtime.status(spec.name)
+        if status is not None and status.entry_state == "RUNNING" and status.alive:
+            raise Failure(
+                description=f"{spec.name} is running (pid {status.pid}): starting it from "
+                f"savepoint {picked} (batch {_savepoint_list.row(sp)['batch']}) would rewind "
+                f"it. Stop it first (stop_with_savepoint keeps its current state as a savepoint "
+                f"too; stop_streaming_job keeps it in the checkpoint), then launch this again."
+            )
+        context.log.info(f"restoring {spec.name} from {sp.id} ({sp.kind}) at {sp.location}")
+        _upgrade(context, spec, translator, name, action="restore", from_savepoint=sp.location)
+
+    @job(
+        name=name,
+        partitions_def=_savepoint_list.partitions(spec),
+        description=f"Start `{spec.name}` from a savepoint picked from its list (the "
+        f"partition: `{_savepoint_list.asset_key(spec, translator).to_user_string()}`): its "
+        f"job file as deployed now (an upgrade if the code changed; `srt upgrade "
+        f"{spec.name} JOB_FILE --from-savepoint ID`). The job must be stopped.",
+        tags={"streaming_job": spec.name},
+    )
+    def _job() -> None:
+        _restore()
+
+    return _job
+
+
+def _not_ours(
+    context: OpExecutionContext,
+    spec: StreamingJobSpec,
+    picked: str,
+    ours: Sequence["SavepointSummary"],
+) -> str:
+    """Why ``picked`` is not a savepoint of ``spec``'s job: another job's (named), or gone."""
+    from dagster_defs.errors import StatefulRuntimeError
+
+    listed = ", ".join(s.id for s in reversed(ours)) or "none"
+    pick = f"pick one of {spec.name}'s savepoints ({listed})"
+    try:
+        every = context.resources.streaming_runtime.savepoints(None, env=_env(context))
+    except StatefulRuntimeError:
+        every = []
+    other = next((s for s in every if s.id == picked), None)
+    if other is not None and other.job != spec.name:
+        return (
+            f"savepoint {picked} holds the state of job {other.job!r}, not {spec.name!r}: "
+            f"a job starts only from its own savepoints; {pick}"
+        )
+    return (
+        f"savepoint {picked} is not among {spec.name}'s savepoints (disposed of, or under "
+        f"another savepoint root); {pick}"
+    )
 
 
 def savepoint_schedule(spec: StreamingJobSpec, target: JobDefinition) -> ScheduleDefinition:

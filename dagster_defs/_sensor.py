@@ -4,7 +4,10 @@ Each tick asks the runtime for each job's status (``srt status --json``: the reg
 checkpoints, files only: no Spark, no network), emits
 one AssetObservation per job with its health, and applies the job's :class:`RestartPolicy`.
 The restart history lives in the sensor cursor, so backoff and the restart limit survive
-daemon restarts. A job that was stopped (``STOPPED``) or finished is never restarted.
+daemon restarts. A job that was stopped (``STOPPED``) or finished is never restarted. A crash
+(dead, failed, refused, launch-failed, stalled) also launches one run of
+``streaming_job_crashed`` that fails with it (:mod:`dagster_defs._alerts`): what open-source
+run-failure alerts fire on.
 
 Conditions and what the sensor does::
 
@@ -36,6 +39,7 @@ from dagster import (
     AssetObservation,
     DefaultSensorStatus,
     MetadataValue,
+    RunRequest,
     SensorDefinition,
     SensorEvaluationContext,
     SensorResult,
@@ -44,10 +48,11 @@ from dagster import (
 )
 
 from dagster_defs import _health
+from dagster_defs._alerts import crash_job, crash_run_request
 from dagster_defs._health import Verdict, table_freshness
-from dagster_defs._launch import launch_config
+from dagster_defs._launch import launch_config, push_env
 from dagster_defs._specs import RestartPolicy, StreamingJobSpec
-from dagster_defs._stream_events import commit_events, plot_metadata
+from dagster_defs._stream_events import commit_events, plot_metadata, pushed_batches
 from dagster_defs._translator import StreamingJobTranslator
 from stateful_runtime.contract import ErrorKind
 
@@ -59,8 +64,11 @@ CURSOR_VERSION = 1
 HEALTH_FIELDS = (
     "last_batch",
     "batch_duration_ms",
+    "input_rows",
     "input_rows_per_s",
     "processed_rows_per_s",
+    "recent_input_rows_per_s",
+    "recent_processed_rows_per_s",
     "lag_records",
     "watermark",
     "state_rows",
@@ -86,6 +94,8 @@ class Condition(StrEnum):
 RESTARTABLE = frozenset(
     {Condition.DEAD, Condition.FAILED, Condition.LAUNCH_FAILED, Condition.STALLED}
 )
+# Crashes: kept as incidents (the no_crash_restart check) and alerted on as a failed run.
+ALERTED = RESTARTABLE | {Condition.REFUSED, Condition.UNKNOWN}
 
 
 class Action(StrEnum):
@@ -269,17 +279,18 @@ class Cursor:
             ]
         return kept
 
-    def record(self, job: str, crash: dict[str, Any]) -> None:
+    def record(self, job: str, crash: dict[str, Any]) -> bool:
         """Keep a crash once: a crash of the same pid and condition seen again (backoff, gave
-        up) is the same crash."""
+        up) is the same crash. True if it is new."""
         kept = self.incidents.setdefault(job, [])
         if kept and (kept[-1].get("pid"), kept[-1].get("condition")) == (
             crash.get("pid"),
             crash.get("condition"),
         ):
             kept[-1].update({k: v for k, v in crash.items() if k != "at" and v is not None})
-            return
+            return False
         kept.append(crash)
+        return True
 
 
 def _started_age(entry: Mapping[str, Any], now: float) -> float | None:
@@ -302,12 +313,14 @@ def _health_json(queries: Mapping[str, Mapping[str, Any]]) -> MetadataValue:
 
 @dataclass(frozen=True)
 class Report:
-    """What one tick says of one job: its observation's metadata, its health checks, and the
-    process the sensor relaunched it as (None: it did not)."""
+    """What one tick says of one job: its observation's metadata, its health checks, the
+    process the sensor relaunched it as (None: it did not), and a crash first seen this tick,
+    to alert on (:func:`dagster_defs._alerts.crash_run_request`)."""
 
     metadata: dict[str, Any]
     checks: list[Verdict]
     relaunched: dict[str, Any] | None = None
+    alert: dict[str, Any] | None = None
 
 
 def health_checks(spec: StreamingJobSpec, status: "JobStatus", now: float) -> list[Verdict]:
@@ -353,9 +366,11 @@ def observe(
     cursor: Cursor,
     now: float,
     status: "JobStatus | None" = None,
+    launch_env: Mapping[str, str] | None = None,
 ) -> Report | None:
     """Observe one job, apply its restart policy and judge its health checks; None if the job
-    never ran here. ``status``: the job's status if the caller has it."""
+    never ran here. ``status``: the job's status if the caller has it; ``launch_env``: the
+    environment of a relaunch (:func:`dagster_defs._launch.push_env`)."""
     runtime = context.resources.streaming_runtime
     status = status if status is not None else runtime.status(spec.name)
     if status is None:
@@ -411,7 +426,7 @@ def observe(
         metadata["decision"] = decision.reason
     crash = (
         _health.incident(verdict.condition.value, verdict.reason, status, now)
-        if verdict.condition in RESTARTABLE or verdict.condition is Condition.UNKNOWN
+        if verdict.condition in ALERTED
         else None
     )
     relaunched = None
@@ -419,7 +434,7 @@ def observe(
         cursor.gave_up[spec.name] = pid
         context.log.error(f"{spec.name}: {verdict.reason}; {decision.reason}")
     elif decision.action is Action.RESTART:
-        restarted = _restart(context, spec, entry, alive, verdict)
+        restarted = _restart(context, spec, entry, alive, verdict, launch_env)
         metadata.update(restarted)
         cursor.restarts[spec.name] = [*restarts, now]
         metadata["restarts_in_window"] = len(restarts) + 1
@@ -428,8 +443,14 @@ def observe(
             relaunched = restarted
         elif crash is not None and "restart_error" in restarted:
             crash["restart_error"] = restarted["restart_error"]
+    alert = None
     if crash is not None:
-        cursor.record(spec.name, crash)
+        if decision.reason:
+            crash["decision"] = decision.reason
+        if status.log_path:
+            crash["log_path"] = str(status.log_path)
+        if cursor.record(spec.name, crash):
+            alert = crash
         context.log.error(
             f"{spec.name} is {verdict.condition.value}: {verdict.reason}"
             + (f"; failure: {status.failure}" if status.failure else "")
@@ -445,7 +466,7 @@ def observe(
         incidents=cursor.incidents.get(spec.name, []),
         now=now,
     )
-    return Report(metadata, checks, relaunched)
+    return Report(metadata, checks, relaunched, alert)
 
 
 def _restart(
@@ -454,6 +475,7 @@ def _restart(
     entry: Mapping[str, Any],
     alive: bool,
     verdict: Assessment,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     from dagster_defs.errors import StatefulRuntimeError
     from stateful_runtime.masking import mask_text
@@ -469,7 +491,9 @@ def _restart(
             )
             if alive:
                 out["killed_with"] = str(ended.signal)
-        launch = runtime.launch(spec.name, spec.job_file, launch_config(spec, context.resources))
+        launch = runtime.launch(
+            spec.name, spec.job_file, launch_config(spec, context.resources), env=env
+        )
     except StatefulRuntimeError as exc:
         context.log.error(f"{spec.name}: relaunch failed: {mask_text(str(exc))}")
         out["restart_error"] = mask_text(str(exc))
@@ -527,13 +551,15 @@ def health_sensor(
         minimum_interval_seconds=int(minimum_interval.total_seconds()),
         default_status=default_status,
         required_resource_keys=resource_keys,
+        job=crash_job,
         description=(
             "Observes each streaming job's health (checkpoint age, batch duration, "
             "rates, lag, watermark, state size; plotted on the job asset), reports each "
             "sink table as materialised when its job has committed new micro-batches to it "
             "(runless materialisations: the table's checks and downstream dbt models run "
             "by automation), and relaunches dead or stalled jobs with backoff and a "
-            "restart limit."
+            "restart limit. A crash also launches one run of streaming_job_crashed, which "
+            "fails with it (exception, log excerpt, restart) so that run-failure alerts fire."
         ),
     )
     # Dagster passes decorator-declared resources as keyword arguments when a sensor is
@@ -542,9 +568,18 @@ def health_sensor(
         cursor = Cursor.load(context.cursor)
         now = time.time()
         events: list[AssetObservation | AssetMaterialization | AssetCheckEvaluation] = []
+        alerts: list[RunRequest] = []
         for spec in specs:
-            status = context.resources.streaming_runtime.status(spec.name)
-            report = observe(context, spec, cursor, now, status=status)
+            runtime = context.resources.streaming_runtime
+            status = runtime.status(spec.name)
+            report = observe(
+                context,
+                spec,
+                cursor,
+                now,
+                status=status,
+                launch_env=push_env(spec, translator, runtime),
+            )
             if report is not None:
                 key = translator.get_job_asset_key(spec)
                 events.append(
@@ -563,11 +598,26 @@ def health_sensor(
                         for t in spec.sink_tables
                         if t.expected_latency is not None
                     )
+                if report.alert is not None:
+                    alerts.append(
+                        crash_run_request(
+                            spec.name,
+                            report.alert,
+                            started_at=None if status is None else status.started_at,
+                        )
+                    )
                 if report.relaunched is not None:
                     # The asset is the job's process: a relaunch is a new one (the Overview
                     # shows its pid, not the dead one's).
                     events.append(_relaunch_materialization(key, report))
             if status is not None and spec.sink_tables:
+                # Jobs that push their commits (dagster_url) leave the sensor the batches
+                # they could not report.
+                pushed = (
+                    pushed_batches(context.instance, spec, translator)
+                    if runtime.dagster_url
+                    else None
+                )
                 events.extend(
                     commit_events(
                         context.resources.warehouse,
@@ -576,6 +626,8 @@ def health_sensor(
                         translator,
                         cursor.reported,
                         context.log,
+                        pushed=pushed,
+                        now=now,
                     )
                 )
         if not events:
@@ -584,6 +636,6 @@ def health_sensor(
                 "job asset to start one",
                 cursor=cursor.dump(),
             )
-        return SensorResult(asset_events=events, cursor=cursor.dump())
+        return SensorResult(asset_events=events, run_requests=alerts, cursor=cursor.dump())
 
     return _health

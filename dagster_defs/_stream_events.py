@@ -7,13 +7,14 @@ commits, and health as numbers Dagster plots.
   rows written, the job's watermark and the windows it closed since the previous report.
   Downstream automation (the table's checks, dbt models) and freshness policies react to these.
 * :func:`plot_metadata` — a job's health as float/int metadata with units in the labels
-  (rates, lag, checkpoint age, batch duration, state size, records in/out/dead letters/late),
+  (input and processing rates over the run's last batches, rows per batch, lag, checkpoint
+  age, batch duration, state size, records in/out/dead letters/late),
   which the asset page's **Plots** tab graphs over time.
 """
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -30,9 +31,12 @@ LEDGER_WINDOW = 10_000
 CONTROL_HOST = "127.0.0.1"
 
 # a last batch's health (contract.BatchHealth) → (label with unit, type)
+# The rates are over the run's last batches (contract.RATE_BATCHES; BatchHealth.recent_*):
+# Spark's own are of the last batch alone.
 _PLOTTED: tuple[tuple[str, str, type], ...] = (
-    ("input_rows_per_s", "input rate (records/s)", float),
-    ("processed_rows_per_s", "processing rate (records/s)", float),
+    ("recent_input_rows_per_s", "input rate (records/s, last batches)", float),
+    ("recent_processed_rows_per_s", "processing rate (records/s, last batches)", float),
+    ("input_rows", "rows in the last batch (records)", int),
     ("lag_records", "lag (records)", int),
     ("batch_duration_ms", "batch duration (ms)", int),
     ("state_rows", "state (rows)", int),
@@ -164,6 +168,65 @@ def _naive(iso: str) -> str:
     return t.isoformat()
 
 
+# A batch the job process has not reported this long after its commit is the sensor's to
+# report (the job gives up on a batch sooner: stateful_runtime.runtime.dagster_push).
+PUSH_GRACE_S = 30.0
+# Materialisations per table read to know which batches the job reported itself.
+PUSHED_WINDOW = 200
+
+
+def pushed_batches(
+    instance: Any, spec: StreamingJobSpec, translator: StreamingJobTranslator
+) -> dict[str, set[int]]:
+    """Per sink table, the batches the job process reported itself (its newest
+    materialisations ``reported by`` the job process: ``first batch`` … ``last batch``)."""
+    out: dict[str, set[int]] = {}
+    for table in spec.sink_tables:
+        covered: set[int] = set()
+        records = instance.fetch_materializations(
+            translator.get_sink_asset_key(spec, table), limit=PUSHED_WINDOW
+        ).records
+        for record in records:
+            mat = record.asset_materialization
+            md = {} if mat is None else mat.metadata
+            by = md.get("reported by")
+            if by is None or by.value != "job process":
+                continue
+            first, last = md.get("first batch"), md.get("last batch")
+            if first is not None and last is not None:
+                covered.update(range(int(first.value), int(last.value) + 1))
+        out[table.table] = covered
+    return out
+
+
+def _left_by_push(
+    entries: list[Any], covered: set[int], now: float | None
+) -> tuple[list[Any], int | None]:
+    """Of ledger entries (oldest first): those the job did not report and will not (older
+    than :data:`PUSH_GRACE_S`), and the newest batch up to which every entry is handled (the
+    cursor may move there), stopping at the first the job may still report."""
+    import time
+
+    now = time.time() if now is None else now
+    left: list[Any] = []
+    handled = None
+    for e in entries:
+        if e.batch_id in covered:
+            handled = e.batch_id
+            continue
+        at = e.committed_at
+        if at is None or now - _epoch(at) >= PUSH_GRACE_S:
+            left.append(e)
+            handled = e.batch_id
+            continue
+        break  # young and not reported yet: the job may still push it
+    return left, handled
+
+
+def _epoch(at: datetime) -> float:
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
+
+
 def commit_events(
     warehouse: Any,
     spec: StreamingJobSpec,
@@ -171,9 +234,16 @@ def commit_events(
     translator: StreamingJobTranslator,
     reported: MutableMapping[str, dict[str, Any]],
     log: Any = None,
+    *,
+    pushed: Mapping[str, set[int]] | None = None,
+    now: float | None = None,
 ) -> list[AssetMaterialization]:
     """Runless materialisations of the job's sink tables for batches committed since the last
-    report; ``reported`` (the sensor cursor's, keyed ``job/table``) is updated in place."""
+    report; ``reported`` (the sensor cursor's, keyed ``job/table``) is updated in place.
+
+    ``pushed``: the job reports its commits itself (:func:`pushed_batches`: per table, the
+    batches its materialisations cover); then only batches it left unreported for
+    :data:`PUSH_GRACE_S` are reported here, so each batch is reported once."""
     events = []
     for table in spec.sink_tables:
         key = f"{spec.name}/{table.table}"
@@ -195,9 +265,14 @@ def commit_events(
             # so watermark) the job has not reported yet waits for the next tick, or its
             # materialisation would carry the previous batch's watermark.
             new = [e for e in new if e.batch_id <= seen]
+        new.sort(key=lambda e: e.batch_id)
+        handled: int | None = None
+        if pushed is not None:
+            new, handled = _left_by_push(new, pushed.get(table.table, set()), now)
+            if handled is not None and not new:
+                reported[key] = {**before, "batch": handled}
         if not new:
             continue
-        new.sort(key=lambda e: e.batch_id)
         watermark = None if batch is None else batch.watermark
         if watermark and str(watermark).startswith("1970-01-01T00:00:00"):
             watermark = None  # Spark's "no watermark yet"
@@ -234,5 +309,8 @@ def commit_events(
                 tags={"srt/job": spec.name, "srt/batch": str(last.batch_id)},
             )
         )
-        reported[key] = {"batch": last.batch_id, "watermark": watermark or before.get("watermark")}
+        reported[key] = {
+            "batch": max(last.batch_id, -1 if handled is None else handled),
+            "watermark": watermark or before.get("watermark"),
+        }
     return events

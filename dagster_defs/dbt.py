@@ -9,8 +9,8 @@ graph: job → sink table → dbt models. This module adds what the streaming si
   by default: a model runs when the stream's table materialises, which the health sensor
   reports as the job commits; pass ``automation_condition=AutomationCondition.on_cron(...)``
   to batch them), in their own group;
-* :func:`prepare_manifest` — the manifest at definition load, without network (``dbt parse``,
-  only when missing or under ``dagster dev``).
+* :func:`prepare_manifest` — the manifest at definition load, without network (``dbt parse``
+  only when it is missing or older than a project file).
 
 Example (examples/definitions.py)::
 
@@ -64,7 +64,11 @@ class StreamingDbtTranslator(DagsterDbtTranslator):
         group_name: str | None = "analytics",
         settings: DagsterDbtTranslatorSettings | None = None,
     ) -> None:
-        super().__init__(settings=settings)
+        # dbt tests on sources (the sink tables) are asset checks of those tables; else each
+        # `dbt build` logs them as observations with a warning per test.
+        super().__init__(
+            settings=settings or DagsterDbtTranslatorSettings(enable_source_tests_as_checks=True)
+        )
         self._automation = automation_condition
         self._group = group_name
 
@@ -83,12 +87,45 @@ class StreamingDbtTranslator(DagsterDbtTranslator):
         project: DbtProject | None,
     ) -> AssetCheckSpec | None:
         spec = super().get_asset_check_spec(asset_spec, manifest, unique_id, project)
-        if spec is None or self._automation is None or spec.automation_condition is not None:
+        if spec is None:
+            return None
+        if not spec.description:
+            spec = spec._replace(description=describe_test(manifest, unique_id))
+        if self._automation is None or spec.automation_condition is not None:
             return spec
         return spec._replace(automation_condition=WITH_THE_MODEL)
 
     def get_group_name(self, dbt_resource_props: Mapping[str, Any]) -> str | None:
         return super().get_group_name(dbt_resource_props) or self._group
+
+
+# What a failure of dbt's generic tests means, and what to look at.
+_GENERIC = {
+    "not_null": "{col} of {model} has no nulls; a failure lists the rows with a null "
+    "(compiled SQL in the run's dbt logs).",
+    "unique": "{col} of {model} is unique; a failure counts the duplicated values: the same "
+    "key written twice.",
+    "accepted_values": "{col} of {model} takes only the accepted values.",
+    "relationships": "every {col} of {model} exists in the referenced table.",
+}
+
+
+def describe_test(manifest: Mapping[str, Any], unique_id: str) -> str:
+    """A dbt test's description: the one the project gives it (``description:``, or
+    ``meta.description``), else what a generic test checks, said of its column and model."""
+    node = manifest["nodes"].get(unique_id) or {}
+    given = node.get("description") or (node.get("meta") or {}).get("description")
+    if given:
+        return str(given)
+    test = node.get("test_metadata") or {}
+    kwargs = test.get("kwargs") or {}
+    parent = next(iter((node.get("depends_on") or {}).get("nodes") or []), "")
+    model = parent.rpartition(".")[2] or "the model"
+    col = f"`{kwargs['column_name']}`" if kwargs.get("column_name") else "the row"
+    template = _GENERIC.get(str(test.get("name")))
+    if template:
+        return template.format(col=col, model=model)
+    return f"dbt test {node.get('name', unique_id)} on {model}: passes when it returns no rows."
 
 
 def sink_database(warehouse: Any) -> Path:
@@ -129,12 +166,48 @@ class _Preparer(DagsterDbtProjectPreparer):
         self._invalidate_seeds_in_partial_parse(project)
 
 
+def stale_manifest(project: DbtProject) -> str | None:
+    """Why ``project``'s manifest must be parsed again: missing, or older than a file of the
+    project (a model, a YAML file, the project or profile file); None if it is current."""
+    manifest = project.manifest_path
+    if not manifest.exists():
+        return f"{manifest} is missing"
+    made = manifest.stat().st_mtime
+    root = Path(project.project_dir).resolve()
+    target = (root / project.target_path).resolve()  # relative to the project, or absolute
+    for path in root.rglob("*"):
+        if path.suffix in (".sql", ".yml", ".yaml", ".csv", ".py") and target not in path.parents:
+            if path.stat().st_mtime > made:
+                return f"{path.relative_to(root)} changed after {manifest.name} was made"
+    return None
+
+
 def prepare_manifest(project: DbtProject) -> None:
-    """Make ``project.manifest_path`` exist at definition load: under ``dagster dev``, parse
-    the project again (dagster-dbt's ``prepare_if_dev``: edits show on reload); elsewhere only
-    when the manifest is missing (a deployment should ship it: ``dagster-dbt project
-    prepare-and-package``). ``dbt parse`` needs no network for a project without packages."""
-    preparer = _Preparer()
-    preparer.prepare_if_dev(project)
+    """Make ``project.manifest_path`` current at definition load without parsing when it is:
+    ``dbt parse`` (no network for a project without packages) runs only when the manifest is
+    missing or older than a project file (an edit shows on ``dagster dev``'s reload).
+    ``platform/bootstrap.sh dev`` makes it once, so loading the definitions parses nothing
+    (dagster-dbt's ``prepare_if_dev`` parsed at every load under ``dagster dev``, in every
+    process that loads the code). A deployment ships the manifest (``dagster-dbt project
+    prepare-and-package``)."""
+    why = stale_manifest(project)
+    if why is None:
+        return
+    import logging
+
+    log = logging.getLogger(__name__)
+    log.info("dbt parse of %s: %s", project.project_dir, why)
     if not project.manifest_path.exists():
-        preparer.prepare(project)
+        _Preparer().prepare(project)
+        return
+    try:
+        _Preparer().prepare(project)
+    except Exception as exc:  # noqa: BLE001 - any failure: the manifest there still loads
+        # Another process holding the parse lock (dagster dev's processes load the code at
+        # once), or a project that does not parse: the manifest there is used as it is.
+        log.warning(
+            "dbt parse of %s failed (%s); using %s as it is",
+            project.project_dir,
+            exc,
+            project.manifest_path,
+        )

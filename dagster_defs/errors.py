@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stateful_runtime.contract import ErrorDocument, ErrorKind
+from stateful_runtime.contract import ErrorKind
 from stateful_runtime.exceptions import ConfigError, JobError, StatefulRuntimeError
 
-__all__ = ["ConfigError", "JobError", "SrtCommandError", "StatefulRuntimeError", "from_process"]
+__all__ = ["ConfigError", "JobError", "SrtCommandError", "StatefulRuntimeError"]
 
 
 class SrtCommandError(StatefulRuntimeError):
@@ -53,18 +53,3 @@ class SrtCommandError(StatefulRuntimeError):
         self.command = list(command)
         self.returncode = returncode
         super().__init__(message)
-
-
-def from_process(
-    what: str, command: Sequence[str], returncode: int, stderr: str
-) -> SrtCommandError:
-    """The error a failed ``srt ... --json`` reported, else a crash
-    (:meth:`ErrorDocument.of_process`)."""
-    error = ErrorDocument.of_process(what, returncode, stderr)
-    return SrtCommandError(
-        error.message,
-        kind=error.kind,
-        details=error.details,
-        command=command,
-        returncode=returncode,
-    )

@@ -9,10 +9,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -40,6 +37,7 @@ if TYPE_CHECKING:
         Wait,
         WindowCounts,
     )
+    from stateful_runtime.control_client import SrtClient
     from stateful_runtime.ledger import LedgerEntry
 
 
@@ -87,8 +85,30 @@ class StreamingRuntime(ConfigurableResource):
         default=120.0,
         description="How long `srt stop` waits for a job to stop cleanly.",
     )
+    dagster_url: str | None = Field(
+        default_factory=lambda: os.environ.get("SRT_DAGSTER_URL") or None,
+        description="URL of the Dagster webserver (e.g. http://127.0.0.1:3000; default "
+        "$SRT_DAGSTER_URL). Set: jobs launched from Dagster report each committed batch "
+        "to it at once as a materialisation of their sink tables (the external-asset REST "
+        "API), within seconds; the health sensor reports what they could not. Unset: the "
+        "sensor reports commits, once a tick.",
+    )
 
     # ------------------------------------------------------------------ plumbing
+
+    def client(self) -> SrtClient:
+        """The runtime's control-plane client for this registry and working directory; its
+        failures are :class:`~dagster_defs.errors.SrtCommandError`."""
+        from dagster_defs.errors import SrtCommandError
+        from stateful_runtime.control_client import SrtClient
+
+        return SrtClient(
+            home=self.home,
+            working_directory=self.working_directory,
+            master=self.master,
+            executable=self.srt_executable,
+            error=SrtCommandError,
+        )
 
     def resolve(self, path: str | os.PathLike[str]) -> Path:
         """``path`` made absolute against the working directory."""
@@ -98,66 +118,24 @@ class StreamingRuntime(ConfigurableResource):
         """Environment for ``srt`` processes: this one's, with this registry's SRT_HOME, plus
         ``extra`` (e.g. :func:`s3_env` of the run's S3 resource). This process's own
         environment is never changed."""
-        env = dict(os.environ)
-        env["SRT_HOME"] = self.home
-        env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        env.update(extra or {})
-        return env
+        return self.client().environment(extra=extra)
 
     def command(self, args: Sequence[str]) -> list[str]:
         """The full command line of ``srt ARGS`` against this registry."""
-        if self.srt_executable:
-            base = [self.srt_executable]
-        else:
-            script = Path(sys.executable).with_name("srt")
-            base = (
-                [str(script)] if script.exists() else [sys.executable, "-m", "stateful_runtime.cli"]
-            )
-        return [*base, "--home", self.home, *args]
+        return self.client().command(args)
 
     def run_json(
-        self, args: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None
+        self,
+        args: Sequence[str],
+        *,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+        config: Mapping[str, Any] | None = None,
     ) -> Any:
-        """Run ``srt ARGS --json`` and return the JSON document it printed; raise
+        """Run ``srt ARGS --json`` and return the JSON document it printed (``config``: a job
+        config whose secrets reach the process in its environment, never its argv); raise
         :class:`~dagster_defs.errors.SrtCommandError` with the runtime's error if it failed."""
-        command = self.command([*args, "--json"])
-        what = f"srt {' '.join(args[:2])}"
-        try:
-            out = subprocess.run(
-                command,
-                cwd=self.working_directory,
-                env=self.env(env),
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-            )
-        except subprocess.TimeoutExpired as exc:
-            from dagster_defs.errors import SrtCommandError
-            from stateful_runtime.contract import ErrorKind
-
-            raise SrtCommandError(
-                f"{what} did not finish within {timeout:.0f} s",
-                kind=ErrorKind.TIMEOUT,
-                command=command,
-            ) from exc
-        if out.returncode != 0:
-            from dagster_defs.errors import from_process
-
-            raise from_process(what, command, out.returncode, out.stderr)
-        try:
-            return json.loads(out.stdout)
-        except ValueError as exc:
-            from dagster_defs.errors import SrtCommandError
-            from stateful_runtime.contract import ErrorKind
-
-            raise SrtCommandError(
-                f"{what} printed no JSON: {out.stdout.strip()[-2000:]}",
-                kind=ErrorKind.PROCESS_ERROR,
-                command=command,
-                returncode=out.returncode,
-            ) from exc
+        return self.client().run_json(args, timeout=timeout, env=env, config=config)
 
     # ------------------------------------------------------------------ jobs
 
@@ -185,9 +163,9 @@ class StreamingRuntime(ConfigurableResource):
         from stateful_runtime.contract import Explain
 
         data = self.run_json(
-            ["explain", str(self.resolve(job_file)), "--no-spark", *_set_args(config)],
+            ["explain", str(self.resolve(job_file)), "--no-spark", *self.client().set_args(config)],
             timeout=120,
-            env=_secret_env(config),
+            config=config,
         )
         return Explain.from_json(data)
 
@@ -206,15 +184,20 @@ class StreamingRuntime(ConfigurableResource):
         parallelism. Returns at once; see :meth:`wait_running` and :meth:`wait_committed`."""
         from stateful_runtime.contract import Launch
 
-        args = ["launch", str(self.resolve(job_file)), "--job", job, *_set_args(config)]
+        args = [
+            "launch",
+            str(self.resolve(job_file)),
+            "--job",
+            job,
+            *self.client().set_args(config),
+        ]
         if self.master:
             args += ["--master", self.master]
         if from_savepoint:
             args += ["--from-savepoint", from_savepoint]
         if parallelism is not None:
             args += ["--parallelism", str(int(parallelism))]
-        env = {**(env or {}), **_secret_env(config)}
-        return Launch.from_json(self.run_json(args, timeout=300, env=env))
+        return Launch.from_json(self.run_json(args, timeout=300, env=env, config=config))
 
     def wait_running(self, job: str, pid: int, *, timeout: float | None = None) -> JobStatus:
         """Wait until process ``pid`` of the job has started its queries (RUNNING); raises
@@ -294,13 +277,14 @@ class StreamingRuntime(ConfigurableResource):
         return SavepointSummary.from_json(self.run_json(args, timeout=t + 300, env=env))
 
     def savepoints(
-        self, job: str, *, target: str | None = None, env: Mapping[str, str] | None = None
+        self, job: str | None, *, target: str | None = None, env: Mapping[str, str] | None = None
     ) -> list[SavepointSummary]:
-        """``srt savepoint list JOB [--target ROOT]``: the job's complete savepoints under
-        ``target`` (default: every root the registry knows), oldest first."""
+        """``srt savepoint list [JOB] [--target ROOT]``: the job's (None: every job's) complete
+        savepoints under ``target`` (default: every root the registry knows), oldest first."""
         from stateful_runtime.contract import SavepointSummary
 
-        args = ["savepoint", "list", job] + (["--target", target] if target else [])
+        args = ["savepoint", "list", *([job] if job else [])]
+        args += ["--target", target] if target else []
         found = self.run_json(args, timeout=120, env=env)
         return sorted(
             (SavepointSummary.from_json(s) for s in found), key=lambda s: (s.created_at, s.id)
@@ -353,7 +337,7 @@ class StreamingRuntime(ConfigurableResource):
             "upgrade",
             job,
             str(self.resolve(job_file)),
-            *_set_args(config),
+            *self.client().set_args(config),
             "--stop-timeout",
             str(st),
             "--timeout",
@@ -370,8 +354,7 @@ class StreamingRuntime(ConfigurableResource):
         if self.master:
             args += ["--master", self.master]
         budget = st + self.launch_timeout_s + self.commit_timeout_s + 600
-        env = {**(env or {}), **_secret_env(config)}
-        return Upgrade.from_json(self.run_json(args, timeout=budget, env=env))
+        return Upgrade.from_json(self.run_json(args, timeout=budget, env=env, config=config))
 
     def rescale(
         self, job: str, job_file: str, config: Mapping[str, Any], parallelism: int, **kwargs: Any
@@ -401,22 +384,6 @@ class StreamingRuntime(ConfigurableResource):
         if source:
             args += ["--source", source]
         return WindowCounts.from_json(self.run_json(args, timeout=1800))
-
-
-def _set_args(config: Mapping[str, Any]) -> list[str]:
-    """``--set KEY=VALUE`` arguments for the job config that holds no secret; the rest goes
-    through the environment (:func:`_secret_env`), never an ``srt`` process's argv."""
-    from stateful_runtime.masking import split_overrides
-
-    public, _ = split_overrides(config)
-    return [arg for k, v in public.items() for arg in ("--set", f"{k}={v}")]
-
-
-def _secret_env(config: Mapping[str, Any]) -> dict[str, str]:
-    """Environment carrying the job config's secret values to an ``srt`` process."""
-    from stateful_runtime.masking import child_env, split_overrides
-
-    return child_env(split_overrides(config)[1])
 
 
 def s3_env(s3: Any) -> dict[str, str]:

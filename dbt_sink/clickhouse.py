@@ -406,6 +406,7 @@ class ClickHouseUpsertSink(PartitionedWarehouseSink):
                 else ""
             )
             if not have:
+                self.limits_of({x.name: x.type for x in want}, schema)  # its time columns'
                 cols = ", ".join(f"{_q(x.name)} {x.type}" for x in want)
                 keys = ", ".join(_q(k) for k in self.key_columns)
                 c.command(

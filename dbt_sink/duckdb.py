@@ -11,7 +11,7 @@ import duckdb
 import pyarrow as pa
 
 from dbt_sink.base import WarehouseUpsertSink
-from dbt_sink.limits import Limit, limit_of, storable, takes
+from dbt_sink.limits import Limit, limit_of, reasons, storable, takes
 from dbt_sink.partitioned import check_identifier
 from stateful_runtime.connectors.base import SinkSummary, WritePlacement
 from stateful_runtime.exceptions import SinkError
@@ -89,8 +89,9 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
             summary_sql,
         )
         self.database = database
-        # The existing table's columns' limits, read in each batch's transaction.
-        self._limits: dict[str, Limit] = {}
+        # The existing table's columns' limits, read in each batch's transaction (None: not
+        # read yet in this process).
+        self._limits: dict[str, Limit] | None = None
 
     @classmethod
     def from_config(
@@ -233,13 +234,33 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
         finally:
             con.close()
 
+    def _columns(self, con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
+        """The table's columns and their types (none: no table)."""
+        return [
+            (str(n), str(t))
+            for n, t in con.execute(
+                "SELECT column_name, data_type FROM information_schema.columns WHERE "
+                "table_name = ? ORDER BY ordinal_position",
+                [self.table],
+            ).fetchall()
+        ]
+
+    def unstorable(self, rows: pa.Table) -> list[tuple[int, str]]:
+        """The rows the table's columns cannot hold, by the limits the last batch's
+        transaction read (the table's columns are read once when none has run yet)."""
+        if self._limits is None and not os.path.exists(self.database):
+            self._limits = {}  # no file (its first batch creates it): no narrower column
+        if self._limits is None:
+            con = self._connect()
+            try:
+                self._limits = {c: lim for c, t in self._columns(con) if (lim := limit_of(t))}
+            finally:
+                con.close()
+        return reasons(rows, self._limits, f"DuckDB table {self.table} in {self.database}")
+
     def _ensure_tables(self, con: duckdb.DuckDBPyConnection, batch: pa.Table) -> None:
         self._ensure_ledger(con)
-        existing = con.execute(
-            "SELECT column_name, data_type FROM information_schema.columns WHERE "
-            "table_name = ? ORDER BY ordinal_position",
-            [self.table],
-        ).fetchall()
+        existing = self._columns(con)
         if existing:
             have = [r[0] for r in existing]
             gone = [c for c in have if c not in batch.column_names]
@@ -252,11 +273,12 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
             types = self._types(con, batch)
             # A narrower column than the job's (BIGINT for a decimal(38,0) sum, made by an
             # earlier version) is kept: each row is checked against it before the write.
-            self._limits = {c: lim for c, t in existing if (lim := limit_of(t)) is not None}
+            limits = {c: lim for c, t in existing if (lim := limit_of(t)) is not None}
+            self._limits = limits
             retyped = [
                 f"{c} {t} -> {types[c]}"
                 for c, t in existing
-                if types[c] != t and not takes(self._limits.get(c), batch.schema.field(c).type)
+                if types[c] != t and not takes(limits.get(c), batch.schema.field(c).type)
             ]
             if retyped:
                 raise SinkError(
@@ -319,7 +341,7 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
             if batch.num_rows:
                 batch = storable(
                     batch,
-                    self._limits,
+                    self._limits or {},
                     self.key_columns,
                     table=f"DuckDB table {self.table} in {self.database}",
                     batch_id=batch_id,

@@ -9,13 +9,25 @@ decimal into an integer or decimal column, a string into a string of bounded len
 every row is checked before the write (:func:`unstorable`), and a value the column cannot hold
 is named (the sink, the column and its type, the value, the row's key), never truncated,
 rounded or wrapped by the warehouse, and never allowed to fail the whole batch on every replay.
+
+Some values no column of a warehouse's type can hold, whatever its width: a NUL character in
+a PostgreSQL string (``text``, ``varchar``), a time outside ClickHouse's ``DateTime`` (1970 to
+2106), ``DateTime64`` (1900 to 2299) or ``Date`` (1970 to 2149); the sink gives those columns a
+limit too (:func:`holds_no_nul`; :func:`limit_of` knows ClickHouse's time types).
+
+Where each sink row is one source record (a query without a stateful step), the runtime asks
+the sink for the rows it cannot store before the write (:func:`reasons`) and dead-letters them
+by the record's origin, and the rest of the batch is written; a row of a window (an
+aggregate of many records) cannot be pinned on one record, and stops the job by name
+(:func:`storable`).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, date, datetime
 from decimal import Decimal
 
 import pyarrow as pa
@@ -56,6 +68,17 @@ _BOUNDED_STRING = re.compile(
     re.IGNORECASE,
 )
 _CH_DIGITS = {"32": 9, "64": 18, "128": 38, "256": 76}
+# ClickHouse's time types and the range each holds (outside it the server wraps or clamps).
+_CH_DATETIME = re.compile(r"^datetime(?:\s*\(\s*'[^']*'\s*\))?$", re.IGNORECASE)
+_CH_DATETIME64 = re.compile(r"^datetime64\s*\(.*\)$", re.IGNORECASE)
+_CH_TIMES = {
+    "datetime": (datetime(1970, 1, 1, tzinfo=UTC), datetime(2106, 2, 7, 6, 28, 15, tzinfo=UTC)),
+    "datetime64": (
+        datetime(1900, 1, 1, tzinfo=UTC),
+        datetime(2299, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+    ),
+    "date": (datetime(1970, 1, 1, tzinfo=UTC), datetime(2149, 6, 6, tzinfo=UTC)),
+}
 
 
 @dataclass(frozen=True)
@@ -70,6 +93,8 @@ class Limit:
         in_bytes: ``length`` counts UTF-8 bytes (ClickHouse ``FixedString``), not characters.
         integer: an integer column (a checked decimal is written to it as an integer: not
             every client converts one).
+        earliest, latest: the inclusive range of a time column (UTC; None: not checked).
+        nul: a string column holds the NUL character (PostgreSQL's do not).
     """
 
     type: str
@@ -79,6 +104,9 @@ class Limit:
     length: int | None = None
     in_bytes: bool = False
     integer: bool = False
+    earliest: datetime | None = None
+    latest: datetime | None = None
+    nul: bool = True
 
     def why_not(self, value: object) -> str | None:
         """Why ``value`` does not fit (None: it does)."""
@@ -93,7 +121,28 @@ class Limit:
             if n > self.length:
                 unit = "bytes" if self.in_bytes else "characters"
                 return f"a string of {n} {unit} does not fit {self.type}"
+        if not self.nul and isinstance(value, str) and "\x00" in value:
+            return f"a string holding the NUL character does not fit {self.type}"
+        if self.earliest is not None and self.latest is not None and isinstance(value, date):
+            at = _utc(value)
+            if not self.earliest <= at <= self.latest:
+                return (
+                    f"{value.isoformat()} is outside the range of {self.type} "
+                    f"({self.earliest:%Y-%m-%d} to {self.latest:%Y-%m-%d})"
+                )
         return None
+
+
+def _utc(value: date) -> datetime:
+    """A date or time as an aware UTC time (a naive time is UTC, as the sinks store it)."""
+    if not isinstance(value, datetime):
+        return datetime(value.year, value.month, value.day, tzinfo=UTC)
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def holds_no_nul(limit: Limit | None, type_name: str) -> Limit:
+    """``limit`` (or none) of a PostgreSQL string column, which cannot hold a NUL character."""
+    return replace(limit, nul=False) if limit is not None else Limit(type_name, nul=False)
 
 
 def limit_of(type_name: str) -> Limit | None:
@@ -117,6 +166,11 @@ def limit_of(type_name: str) -> Limit | None:
         return Limit(type_name, -(10**precision) + 1, 10**precision - 1, scale)
     if m := _BOUNDED_STRING.match(inner):
         return Limit(type_name, length=int(m.group(1)), in_bytes=low.startswith("fixedstring"))
+    for pattern, kind in ((_CH_DATETIME, "datetime"), (_CH_DATETIME64, "datetime64")):
+        if pattern.match(inner) and inner[:1] == "D":  # ClickHouse spells it DateTime
+            return Limit(type_name, earliest=_CH_TIMES[kind][0], latest=_CH_TIMES[kind][1])
+    if inner == "Date":
+        return Limit(type_name, earliest=_CH_TIMES["date"][0], latest=_CH_TIMES["date"][1])
     return None
 
 
@@ -127,7 +181,7 @@ def _numeric(t: pa.DataType) -> bool:
 def takes(limit: Limit | None, t: pa.DataType) -> bool:
     """Whether a column of ``limit`` takes values of Arrow type ``t`` once each is checked:
     numbers of the same scale into a number column, strings into a bounded string."""
-    if limit is None:
+    if limit is None or limit.earliest is not None:
         return False
     if limit.low is not None:
         scale = t.scale if pa.types.is_decimal(t) else 0
@@ -138,7 +192,9 @@ def takes(limit: Limit | None, t: pa.DataType) -> bool:
 def _may_exceed(limit: Limit, t: pa.DataType) -> bool:
     """Whether some value of Arrow type ``t`` could be outside ``limit`` (else no row needs a
     look: the hot path of a table whose types are the job's)."""
-    if limit.length is not None:
+    if limit.length is not None or limit.earliest is not None:
+        return True
+    if not limit.nul and (pa.types.is_string(t) or pa.types.is_large_string(t)):
         return True
     if pa.types.is_integer(t) and limit.low is not None and limit.high is not None:
         info = (
@@ -183,9 +239,23 @@ def unstorable(batch: pa.Table, limits: Mapping[str, Limit]) -> list[Unstorable]
 
 def _suspects(col: pa.ChunkedArray, limit: Limit) -> Sequence[int]:
     """Rows that may not fit, found in Arrow (each is then judged in Python)."""
-    if limit.length is not None:
+    if limit.earliest is not None and limit.latest is not None:
+        t = col.type
+        if not (pa.types.is_timestamp(t) or pa.types.is_date(t)):
+            return []
+        if pa.types.is_date(t):
+            low, high = pa.scalar(limit.earliest.date(), t), pa.scalar(limit.latest.date(), t)
+        else:  # the bounds in the column's own zone (a naive column holds UTC wall times)
+            bound = (lambda d: d) if t.tz else (lambda d: d.replace(tzinfo=None))
+            low, high = pa.scalar(bound(limit.earliest), t), pa.scalar(bound(limit.latest), t)
+        mask = pc.or_(pc.less(col, low), pc.greater(col, high))
+    elif limit.length is None and not limit.nul:
+        mask = pc.match_substring(col, "\x00")
+    elif limit.length is not None:
         size = pc.binary_length(col) if limit.in_bytes else pc.utf8_length(col)
         mask = pc.greater(size, limit.length)
+        if not limit.nul:
+            mask = pc.or_(mask, pc.match_substring(col, "\x00"))
     else:
         assert limit.low is not None and limit.high is not None
         if pa.types.is_decimal(col.type):
@@ -198,6 +268,12 @@ def _suspects(col: pa.ChunkedArray, limit: Limit) -> Sequence[int]:
                 return []  # an int64 fits any wider integer column
         mask = pc.or_(pc.less(col, low), pc.greater(col, high))
     return [int(i) for i in pc.indices_nonzero(pc.fill_null(mask, False)).to_pylist()]
+
+
+def reasons(batch: pa.Table, limits: Mapping[str, Limit], table: str) -> list[tuple[int, str]]:
+    """The rows of ``batch`` that ``table`` (``"PostgreSQL table t"``) cannot store, each with
+    the reason a dead letter gives: (row, reason), in row order."""
+    return [(u.row, f"{table}: column {u.column}: {u.reason}") for u in unstorable(batch, limits)]
 
 
 def describe(row: Unstorable, batch: pa.Table, keys: Sequence[str]) -> str:

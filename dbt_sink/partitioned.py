@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from dbt_sink.limits import limit_of, storable, takes
+from dbt_sink.limits import limit_of, reasons, storable, takes
 from stateful_runtime.connectors.base import (
     PartitionedSink,
     PartitionReport,
@@ -251,6 +251,11 @@ class PartitionedWarehouseSink(PartitionedSink):
             for n, lim in self._limits.items()
             if n in schema.names and takes(lim, schema.field(n).type)
         }
+
+    def unstorable(self, rows: pa.Table) -> list[tuple[int, str]]:
+        """The rows the table cannot store, by the limits :meth:`begin_batch` read (on the
+        driver, shipped to the tasks with the sink)."""
+        return reasons(rows, getattr(self, "_limits", {}), f"{self.system} table {self.table}")
 
     def storable(self, rows: pa.Table, batch_id: int) -> pa.Table:
         """``rows`` if the table can take every value (else :func:`dbt_sink.limits.storable`'s

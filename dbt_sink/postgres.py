@@ -29,6 +29,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from dbt_sink.limits import holds_no_nul
 from dbt_sink.partitioned import (
     Column,
     PartitionedWarehouseSink,
@@ -222,6 +223,17 @@ class PostgresUpsertSink(PartitionedWarehouseSink):
 
     def column_type(self, f: pa.Field) -> str:
         return pg_type(f.type)
+
+    def limits_of(self, types: Mapping[str, str], schema: pa.Schema) -> set[str]:
+        """As the base's, and every string column checked for the NUL character, which no
+        PostgreSQL string holds (the server refuses the whole batch: "invalid byte sequence
+        for encoding UTF8: 0x00")."""
+        checked = super().limits_of(types, schema)
+        for f in schema:
+            if pa.types.is_string(f.type) or pa.types.is_large_string(f.type):
+                kind = types.get(f.name, "text")
+                self._limits[f.name] = holds_no_nul(self._limits.get(f.name), kind)
+        return checked
 
     # -- driver ---------------------------------------------------------------------------
 

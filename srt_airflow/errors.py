@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stateful_runtime.contract import ErrorDocument, ErrorKind
+from stateful_runtime.contract import ErrorKind
 from stateful_runtime.exceptions import StatefulRuntimeError
 from stateful_runtime.masking import mask_data, mask_text
 
@@ -55,12 +55,9 @@ def from_process(
     what: str, command: Sequence[str], returncode: int, stderr: str
 ) -> SrtAirflowError:
     """The error a failed ``srt ... --json`` reported, else a crash
-    (:meth:`ErrorDocument.of_process`)."""
-    error = ErrorDocument.of_process(what, returncode, stderr)
-    return SrtAirflowError(
-        error.message,
-        kind=error.kind,
-        details=error.details,
-        command=command,
-        returncode=returncode,
-    )
+    (:func:`stateful_runtime.control_client.failed`)."""
+    from stateful_runtime.control_client import failed
+
+    error = failed(SrtAirflowError, what, command, returncode, stderr)
+    assert isinstance(error, SrtAirflowError)
+    return error

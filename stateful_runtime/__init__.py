@@ -27,6 +27,7 @@ _EXPORTS = {
     "TimerService": "functions",
     "CheckpointConfig": "job",
     "StreamJob": "job",
+    "DataStream": "streams",
     "Sink": "connectors.base",
     "LogSink": "connectors.eventlog.sink",
     "KafkaSink": "connectors.kafka.sink",

@@ -324,6 +324,7 @@ def _launch_cmd(args: argparse.Namespace) -> int:
         master=args.master,
         from_savepoint=args.from_savepoint,
         parallelism=args.parallelism,
+        skip=args.skip,
     )
     if args.json:
         _json(out.to_json())
@@ -664,18 +665,33 @@ def _checkpoint_cmd(args: argparse.Namespace) -> int:
 
 
 def _state_cmd(args: argparse.Namespace) -> int:
-    from stateful_runtime.checkpoints.state_reader import checkpoint_of, inspect
+    from stateful_runtime.checkpoints.state_reader import (
+        checkpoint_of,
+        inspect,
+        needs_spark,
+        summary,
+    )
     from stateful_runtime.runtime.session import build_session
 
     with checkpoint_of(args.location, _roots(args)) as ckpt:
-        spark = build_session(1, args.master)
+        # Keyed state of the local backend is read from its files, without Spark.
+        spark = build_session(1, args.master) if needs_spark(ckpt, args.operator) else None
         rows = inspect(
             spark, ckpt, operator=args.operator, state=args.state, key=args.key, limit=args.limit
         )
+        totals = summary(ckpt) if not args.json else []
     if args.json:
         for r in rows:
             print(json.dumps(r, default=str))
         return 0
+    for t in totals:
+        if args.operator in (None, t["operator"]):
+            shown = ", ".join(f"{n} {s}" for s, n in sorted(t["rows"].items())) or "no rows"
+            print(
+                f"{t['query']}/{t['operator']} ({t['backend']}, batch {t['batch']}): "
+                f"{t['partitions']} partition{'s' * (t['partitions'] != 1)}, "
+                f"{t['key_groups']}, {shown}, {t['bytes']:,} bytes"
+            )
     if not rows:
         print("no state rows")
         return 0
@@ -803,6 +819,14 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--master", help="Spark master (default $SRT_SPARK_MASTER or local[*])")
     c.add_argument("--from-savepoint", metavar="ID|PATH")
     c.add_argument("--parallelism", type=_count(1))
+    c.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        metavar="SOURCE:PARTITION:OFFSET",
+        help="as srt run --skip: pass this source record to the dead-letter topic (given to "
+        "the launched process; a live process is reused as it runs)",
+    )
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_launch_cmd)
 

@@ -33,7 +33,7 @@ this version of the runtime writes.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -282,11 +282,14 @@ class RecordCounts:
     side output).
 
     Attributes:
-        source: the source's name.
+        source: the source's name (a union's: its inputs' names joined by ``+``).
         input: records read.
         output: records into the job's operators or sinks.
         dead_letters: records rejected to the dead-letter topic.
         late: records behind the watermark.
+        by_source: a union's counts per input (its sources' own dead letters; the records
+            the steps after the union rejected are in the totals only; late records per
+            input where the native window counts them, else in the totals only).
     """
 
     source: str
@@ -294,15 +297,19 @@ class RecordCounts:
     output: int = 0
     dead_letters: int = 0
     late: int = 0
+    by_source: tuple[RecordCounts, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "source": self.source,
             "input": self.input,
             "output": self.output,
             "dead_letters": self.dead_letters,
             "late": self.late,
         }
+        if self.by_source:
+            out["by_source"] = [s.to_json() for s in self.by_source]
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RecordCounts:
@@ -312,6 +319,7 @@ class RecordCounts:
             output=int(data.get("output") or 0),
             dead_letters=int(data.get("dead_letters") or 0),
             late=int(data.get("late") or 0),
+            by_source=tuple(cls.from_json(s) for s in data.get("by_source") or ()),
         )
 
 
@@ -334,6 +342,13 @@ class BatchHealth:
         late_rows_dropped: records of this batch behind the watermark (dropped, or to a late
             side output), counted one by one.
         late_rows_dropped_this_run: the same, every batch of this run.
+        recent: the last :data:`RATE_BATCHES` batches of this run that ran, oldest first:
+            what the two rates over time are computed from.
+        recent_input_rows_per_s: the input rate over time: the records the recent batches
+            read ÷ the wall time from the first one's trigger to the last one's commit
+            (idle time between them included).
+        recent_processed_rows_per_s: the processing rate over time: the records the recent
+            batches read ÷ the time they ran (the sum of their durations).
     """
 
     last_batch: int | None
@@ -349,6 +364,52 @@ class BatchHealth:
     updated_at: str | None = None
     late_rows_dropped: int = 0
     late_rows_dropped_this_run: int = 0
+    recent: tuple[RecentBatch, ...] = ()
+    recent_input_rows_per_s: float | None = None
+    recent_processed_rows_per_s: float | None = None
+
+
+# Batches the rates over time (BatchHealth.recent_*) are computed over.
+RATE_BATCHES = 10
+
+
+@dataclass(frozen=True)
+class RecentBatch:
+    """One batch that ran, as the rates over time count it.
+
+    Attributes:
+        batch: its id.
+        rows: records it read (Spark's ``numInputRows``).
+        started_ms: its trigger's start (epoch ms, Spark's ``timestamp``).
+        duration_ms: trigger to commit (Spark's ``triggerExecution``).
+    """
+
+    batch: int
+    rows: int
+    started_ms: int
+    duration_ms: int
+
+    def to_json(self) -> list[int]:
+        return [self.batch, self.rows, self.started_ms, self.duration_ms]
+
+    @classmethod
+    def from_json(cls, data: Sequence[Any]) -> RecentBatch:
+        batch, rows, started, duration = (int(x) for x in data)
+        return cls(batch, rows, started, duration)
+
+
+def recent_rates(recent: Sequence[RecentBatch]) -> tuple[float | None, float | None]:
+    """(input rate, processing rate) in records/s over ``recent`` (see :class:`BatchHealth`);
+    None where there is no time to divide by."""
+    if not recent:
+        return None, None
+    rows = sum(b.rows for b in recent)
+    wall_ms = recent[-1].started_ms + recent[-1].duration_ms - recent[0].started_ms
+    ran_ms = sum(b.duration_ms for b in recent)
+    return (
+        round(rows * 1000 / wall_ms, 3) if wall_ms > 0 else None,
+        round(rows * 1000 / ran_ms, 3) if ran_ms > 0 else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -473,6 +534,9 @@ class QueryHealth:
                 updated_at=b.updated_at,
                 late_rows_dropped=b.late_rows_dropped,
                 late_rows_dropped_this_run=b.late_rows_dropped_this_run,
+                recent_batches=[r.to_json() for r in b.recent],
+                recent_input_rows_per_s=b.recent_input_rows_per_s,
+                recent_processed_rows_per_s=b.recent_processed_rows_per_s,
             )
         if self.records is not None:
             out["records"] = self.records.to_json()
@@ -506,6 +570,9 @@ class QueryHealth:
                 updated_at=_str(data.get("updated_at")),
                 late_rows_dropped=int(data.get("late_rows_dropped") or 0),
                 late_rows_dropped_this_run=int(data.get("late_rows_dropped_this_run") or 0),
+                recent=tuple(RecentBatch.from_json(r) for r in data.get("recent_batches") or ()),
+                recent_input_rows_per_s=_float(data.get("recent_input_rows_per_s")),
+                recent_processed_rows_per_s=_float(data.get("recent_processed_rows_per_s")),
             )
         checkpoint = None
         if "last_committed_batch" in data or "checkpoint_age_s" in data:

@@ -342,7 +342,14 @@ def sources(
             if c.description:
                 col["description"] = c.description
             if c.name in t.key:
-                col["data_tests"] = ["not_null"]
+                col["data_tests"] = [
+                    {
+                        "not_null": {
+                            "description": f"{c.name} of {t.table} has no nulls (part of the "
+                            f"upsert key); a null means the job wrote a row it could not key"
+                        }
+                    }
+                ]
             columns.append(col)
         entry["columns"] = columns
         entry["data_tests"] = [
@@ -350,7 +357,8 @@ def sources(
                 "unique": {
                     "name": f"{identifier(t.table)}_unique_key",
                     "column_name": unique_key_expression(t.key, t.kind),
-                    "config": {"meta": {"description": f"one row per ({', '.join(t.key)})"}},
+                    "description": f"one row per ({', '.join(t.key)}): the job upserts by "
+                    f"that key, so a duplicate means rows written twice",
                 }
             }
         ]

@@ -135,6 +135,7 @@ class UserFunctionError(StatefulRuntimeError):
         skippable: bool = True,
     ) -> None:
         self.operator, self.record, self.origin = operator, repr(record)[:300], origin
+        self.skippable = skippable  # False: the bound on a step's rejects stopped the job
         where = f" (source record {origin})" if origin else ""
         skip = (
             f", or pass this record: srt run <job file> --skip {origin} (it goes to the "

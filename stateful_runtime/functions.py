@@ -51,10 +51,11 @@ from stateful_runtime.state import (
 )
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
 
 
 def to_datetime(ms: int) -> datetime:
-    return EPOCH + timedelta(milliseconds=ms)
+    return EPOCH + _MS * ms
 
 
 def to_ms(when: datetime | int) -> int:
@@ -63,7 +64,7 @@ def to_ms(when: datetime | int) -> int:
         return when
     if not isinstance(when, datetime) or when.tzinfo is None:
         raise ConfigError(f"expected a timezone-aware datetime, got {when!r}")
-    return (when - EPOCH) // timedelta(milliseconds=1)
+    return (when - EPOCH) // _MS
 
 
 @dataclass(frozen=True)

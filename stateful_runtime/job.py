@@ -7,6 +7,7 @@ A job file is a Python module with ``DEFAULTS`` (every configurable key and its 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -116,7 +117,7 @@ class ErrorPolicy:
     With ``dead_letter`` (the default) the record goes to the source's dead-letter topic with
     the step and the reason, and the rest of its batch commits. With ``fail`` the batch fails
     and the job stops, naming the record's source, partition and offset and the
-    ``srt checkpoint skip`` command that passes it. A step that rejects ``max_consecutive``
+    ``srt run --skip`` command that passes it. A step that rejects ``max_consecutive``
     records in a row, or more than ``max_fraction`` of a task's records in a batch (once it
     rejected ``min_rejects``), stops the job as ``fail`` does: a function that fails for every
     record is a bug to fix, not a stream of dead letters.
@@ -163,6 +164,91 @@ class ErrorPolicy:
         return cls(policy, consecutive, fraction, base.min_rejects)
 
 
+def _machine() -> tuple[int, int]:
+    """Physical memory (MiB) and cores of this machine."""
+    pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return pages // (1 << 20), os.cpu_count() or 1
+
+
+def _default_block_cache_mb() -> int:
+    """The seeds' production block cache (256 MiB; RocksDB's own 8 MiB is far too small), at
+    most an eighth of the memory per core: a local master runs a Python worker per core."""
+    memory_mb, cores = _machine()
+    return max(8, min(256, memory_mb // (8 * cores)))
+
+
+@dataclass(frozen=True)
+class RocksDBMemory:
+    """The memory of the RocksDB that keeps keyed state in each Python worker
+    (``state.backend=rocksdb_local``), in MiB: the block cache (one per worker, shared by the
+    stores it opens, index and filter blocks charged to it) and the memtables (each of
+    ``write_buffer_mb``, at most ``write_buffers`` before writes wait for a flush). A worker's
+    RocksDB holds at most :attr:`bound_mb`; state larger than that lives on disk.
+
+    Job-file keys: ``state.rocksdb.block_cache_mb``, ``state.rocksdb.write_buffer_mb``,
+    ``state.rocksdb.write_buffers``. Defaults (:meth:`default`): the seeds' figures (block cache
+    256 MiB, memtables 64 MiB × 2), smaller on a machine with less than 2 GiB a core.
+    """
+
+    block_cache_mb: int
+    write_buffer_mb: int = 64
+    write_buffers: int = 2
+
+    def __post_init__(self) -> None:
+        memory_mb, _ = _machine()
+        for key, value, least, what in (
+            (BLOCK_CACHE_KEY, self.block_cache_mb, 1, "MiB of block cache per Python worker"),
+            (WRITE_BUFFER_KEY, self.write_buffer_mb, 1, "MiB per memtable"),
+            (WRITE_BUFFERS_KEY, self.write_buffers, 2, "memtables: one fills while one flushes"),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ConfigError(
+                    f"{key}={value!r}: give a whole number of {least} or more ({what})"
+                )
+        if self.bound_mb > memory_mb:
+            raise ConfigError(
+                f"{BLOCK_CACHE_KEY}={self.block_cache_mb} with {WRITE_BUFFER_KEY}="
+                f"{self.write_buffer_mb} x {WRITE_BUFFERS_KEY}={self.write_buffers}: "
+                f"{self.bound_mb:,} MiB per Python worker, more than this machine's "
+                f"{memory_mb:,} MiB; give smaller values"
+            )
+
+    @property
+    def bound_mb(self) -> int:
+        """The most a worker's RocksDB holds in memory: block cache plus memtables (MiB)."""
+        return self.block_cache_mb + self.write_buffer_mb * self.write_buffers
+
+    @classmethod
+    def default(cls) -> RocksDBMemory:
+        cache = _default_block_cache_mb()
+        return cls(cache, min(64, max(4, cache // 4)), 2)
+
+    @classmethod
+    def from_config(
+        cls, config: Mapping[str, Any], base: RocksDBMemory | None = None
+    ) -> RocksDBMemory:
+        """The settings from the ``state.rocksdb.*`` keys set in ``config`` (others from
+        ``base``, else :meth:`default`)."""
+        base = base or cls.default()
+        return cls(
+            _number(BLOCK_CACHE_KEY, config, base.block_cache_mb, int),
+            _number(WRITE_BUFFER_KEY, config, base.write_buffer_mb, int),
+            _number(WRITE_BUFFERS_KEY, config, base.write_buffers, int),
+        )
+
+    def describe(self) -> str:
+        return (
+            f"block cache {self.block_cache_mb} MiB, memtables {self.write_buffer_mb} MiB x "
+            f"{self.write_buffers}: at most {self.bound_mb} MiB per Python worker"
+        )
+
+
+BLOCK_CACHE_KEY = "state.rocksdb.block_cache_mb"
+WRITE_BUFFER_KEY = "state.rocksdb.write_buffer_mb"
+WRITE_BUFFERS_KEY = "state.rocksdb.write_buffers"
+ROCKSDB_KEYS = (BLOCK_CACHE_KEY, WRITE_BUFFER_KEY, WRITE_BUFFERS_KEY)
+
+
 def _number(key: str, config: Mapping[str, Any], default: Any, kind: type) -> Any:
     raw = config.get(key)
     if raw is None or raw == "":
@@ -170,7 +256,8 @@ def _number(key: str, config: Mapping[str, Any], default: Any, kind: type) -> An
     try:
         value = kind(raw)
     except (TypeError, ValueError):
-        raise ConfigError(f"{key}={raw!r}: give a number, e.g. {key}={default}") from None
+        what = "a whole number" if kind is int else "a number"
+        raise ConfigError(f"{key}={raw!r}: give {what}, e.g. {key}={default}") from None
     if kind is int and isinstance(raw, float) and raw != value:
         raise ConfigError(f"{key}={raw!r}: give a whole number, e.g. {key}={default}")
     return value
@@ -191,6 +278,8 @@ class StreamJob:
             ``"spark"`` (Spark's state store behind transformWithStateInPandas, the default) or
             ``"rocksdb_local"`` (a RocksDB in the Python worker, fed whole Arrow batches; not
             yet covered by savepoints, see docs/configuration.md).
+        rocksdb: the memory of ``rocksdb_local``'s RocksDB in each Python worker
+            (:class:`RocksDBMemory`; job-file keys ``state.rocksdb.*``).
     """
 
     name: str
@@ -200,6 +289,7 @@ class StreamJob:
     sinks: list[SinkNode] = field(default_factory=list)
     sources: list[SourceNode] = field(default_factory=list)
     state_backend: str = "spark"
+    rocksdb: RocksDBMemory = field(default_factory=RocksDBMemory.default)
 
     def __post_init__(self) -> None:
         self.name = check_name("job", self.name)
@@ -228,6 +318,7 @@ class StreamJob:
             parallelism=config.get("parallelism", 4),
             errors=ErrorPolicy.from_config(config),
             state_backend=str(config.get("state.backend") or "spark"),
+            rocksdb=RocksDBMemory.from_config(config),
         )
 
     def from_source(self, source: Source, watermark: WatermarkStrategy, name: str) -> DataStream:
@@ -325,6 +416,7 @@ STATE_BACKENDS = ("spark", "rocksdb_local")
 # Keys every job file accepts with --set, whatever its DEFAULTS say ("" = not set).
 RUNTIME_KEYS: Mapping[str, Any] = {
     "state.backend": "",
+    **dict.fromkeys(ROCKSDB_KEYS, ""),
     "checkpoint.mirror": "",
     "savepoint.dir": "",
     "savepoint.roots": "",

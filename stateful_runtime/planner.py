@@ -47,7 +47,7 @@ from stateful_runtime.checkpoints.layout import CheckpointLayout
 from stateful_runtime.connectors.dead_letters import DeadLetters, StepDeadLetters
 from stateful_runtime.exceptions import PlanError
 from stateful_runtime.functions import OutputTag
-from stateful_runtime.job import ErrorPolicy
+from stateful_runtime.job import ErrorPolicy, RocksDBMemory
 from stateful_runtime.operators.keyed import describe_states
 from stateful_runtime.operators.window import WindowOperator
 from stateful_runtime.streams import (
@@ -58,6 +58,7 @@ from stateful_runtime.streams import (
     SideOutputNode,
     SinkNode,
     SourceNode,
+    UnionNode,
     WindowNode,
     record_schema,
 )
@@ -157,39 +158,78 @@ class QueryOutput:
 
 
 @dataclass(frozen=True)
+class QueryInput:
+    """One source a query reads, with the steps its records take before a union.
+
+    Attributes:
+        source: the source node.
+        nodes: filters and maps on this input before the union (empty without one).
+        dead_letters: the source's dead letters when this query owns them (the first query
+            reading the source), else None.
+        index: the source's place in Spark's offset log of the query (``offsets/N`` holds one
+            line per source, in the order of the inputs).
+    """
+
+    source: SourceNode
+    nodes: tuple[PlannedNode, ...] = ()
+    dead_letters: DeadLetters | None = None
+    index: int = 0
+
+
+@dataclass(frozen=True)
 class QueryPlan:
     """One Spark streaming query of a job, as data.
 
     Attributes:
         name: the query's name (and its checkpoint directory's).
-        source: the source node the query reads.
-        nodes: what runs between the source and the sinks, in order (windows lowered to
-            :class:`NativeWindowNode` or to the window operator's :class:`ProcessNode`).
+        inputs: the sources the query reads (more than one: a union), each with its steps
+            before the union and its dead letters.
+        nodes: what runs between the source (or the union of the inputs) and the sinks, in
+            order (windows lowered to :class:`NativeWindowNode` or to the window operator's
+            :class:`ProcessNode`).
         outputs: the query's sinks.
         path: how its stateful operator runs; ``reason``: why that path.
         output_mode: Spark's output mode (``update`` when an upsert sink takes every update
             of an open native window, else ``append``).
-        dead_letters: the source's dead letters when this query owns them (the first query
-            reading the source), else None.
         step_dead_letters: where the query's steps stage the records they reject, published
             to the source's dead-letter topic (every query has its own).
         errors: what a step does with a record it cannot process (the job's).
         parallelism: the job's state partitions (and a partitioned sink's default).
         state_backend: where a process node keeps its state (``StreamJob.state_backend``).
+        rocksdb: the memory of ``rocksdb_local``'s RocksDB in a worker (``StreamJob.rocksdb``).
     """
 
     name: str
-    source: SourceNode
+    inputs: tuple[QueryInput, ...]
     nodes: tuple[PlannedNode, ...]
     outputs: tuple[QueryOutput, ...]
     path: QueryPath
     reason: str
     output_mode: str
-    dead_letters: DeadLetters | None
     parallelism: int
     step_dead_letters: StepDeadLetters | None = None
     errors: ErrorPolicy = field(default_factory=ErrorPolicy)
     state_backend: str = "spark"
+    rocksdb: RocksDBMemory = field(default_factory=RocksDBMemory.default)
+
+    @property
+    def source(self) -> SourceNode:
+        """The (first) source the query reads."""
+        return self.inputs[0].source
+
+    @property
+    def dead_letters(self) -> DeadLetters | None:
+        """The (first) source's dead letters when this query owns them, else None."""
+        return self.inputs[0].dead_letters
+
+    @property
+    def source_names(self) -> list[str]:
+        return [i.source.name for i in self.inputs]
+
+    @property
+    def union(self) -> bool:
+        """The query reads more than one source (a union)."""
+        return len(self.inputs) > 1
 
     @property
     def stateful_operators(self) -> list[str]:
@@ -222,12 +262,12 @@ class Plan:
 
 
 def chain(node: Node) -> list[Node]:
-    """The nodes from the source down to ``node``."""
+    """The nodes from the source (or the union of several) down to ``node``."""
     out: list[Node] = []
     cur: Node | None = node
     while cur is not None:
         out.append(cur)
-        cur = getattr(cur, "parent", None)
+        cur = None if isinstance(cur, UnionNode) else getattr(cur, "parent", None)
     return out[::-1]
 
 
@@ -286,16 +326,30 @@ class _Pipeline:
     """What the planner gathers for one query before building it."""
 
     name: str
-    src: SourceNode
+    inputs: list[tuple[SourceNode, tuple[PlannedNode, ...]]]
     nodes: list[Node | NativeWindowNode]
     sinks: list[tuple[SinkNode, SideOutputNode | None]] = field(default_factory=list)
 
 
+def _inputs(first: PlannedNode, sink: str) -> list[tuple[SourceNode, tuple[PlannedNode, ...]]]:
+    """Each source a query reads, with the steps on it before the union (if any)."""
+    if not isinstance(first, UnionNode):
+        if not isinstance(first, SourceNode):
+            raise PlanError(f"sink {sink!r} is not connected to a source")
+        return [(first, ())]
+    out: list[tuple[SourceNode, tuple[PlannedNode, ...]]] = []
+    for start in first.inputs:
+        nodes: list[PlannedNode] = list(chain(start))
+        src = nodes[0]
+        if not isinstance(src, SourceNode):
+            raise PlanError(f"sink {sink!r} is not connected to a source")
+        out.append((src, tuple(nodes[1:])))
+    return out
+
+
 def _split(sink_node: SinkNode) -> tuple[str, _Pipeline, SideOutputNode | None]:
     nodes = [_lower(n) for n in chain(sink_node.parent)]
-    src = nodes[0]
-    if not isinstance(src, SourceNode):
-        raise PlanError(f"sink {sink_node.name!r} is not connected to a source")
+    inputs = _inputs(nodes[0], sink_node.name)
     side = nodes[-1] if isinstance(nodes[-1], SideOutputNode) else None
     body = nodes[1:-1] if side else nodes[1:]
     procs = [n for n in body if isinstance(n, ProcessNode)]
@@ -306,8 +360,8 @@ def _split(sink_node: SinkNode) -> tuple[str, _Pipeline, SideOutputNode | None]:
                 f"operator {proc.name!r}: only sink_to() and get_side_output() may follow a "
                 f"process function in this version; sink its output and read it back"
             )
-        return proc.name, _Pipeline(proc.name, src, body), side
-    return sink_node.name, _Pipeline(sink_node.name, src, body), None
+        return proc.name, _Pipeline(proc.name, inputs, body), side
+    return sink_node.name, _Pipeline(sink_node.name, inputs, body), None
 
 
 def _path(nodes: tuple[PlannedNode, ...]) -> tuple[QueryPath, str]:
@@ -338,9 +392,13 @@ def _path(nodes: tuple[PlannedNode, ...]) -> tuple[QueryPath, str]:
     return QueryPath.STATELESS, "no stateful operator: records pass straight to the sink"
 
 
-def _query(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | None) -> QueryPlan:
+def _query(job: StreamJob, p: _Pipeline, inputs: tuple[QueryInput, ...]) -> QueryPlan:
     nodes = tuple(p.nodes)
     path, reason = _path(nodes)
+    if any(isinstance(n, MapNode) for i in inputs for n in i.nodes) and reason.startswith(
+        "no stateful operator: records pass straight"
+    ):
+        reason = "no stateful operator: records pass through the map(s) to the sink"
     outputs = tuple(
         QueryOutput(
             sink_node.name,
@@ -361,21 +419,21 @@ def _query(job: StreamJob, p: _Pipeline, dead_letters: DeadLetters | None) -> Qu
             output_mode = "update"
     layout = CheckpointLayout(Path(job.checkpoint.dir).resolve())
     steps = StepDeadLetters(
-        str(layout.step_dead_letters(p.name)), p.src.source.dead_letter_sink(job.name)
+        str(layout.step_dead_letters(p.name)), inputs[0].source.source.dead_letter_sink(job.name)
     )
     return QueryPlan(
         p.name,
-        p.src,
+        inputs,
         nodes,
         outputs,
         path,
         reason,
         output_mode,
-        dead_letters,
         job.parallelism,
         steps,
         job.errors,
         job.state_backend,
+        job.rocksdb,
     )
 
 
@@ -388,14 +446,19 @@ def plan(job: StreamJob) -> Plan:
         pipelines.setdefault(name, pipeline).sinks.append((sink_node, side))
     queries = []
     owners: set[int] = set()
+    layout = CheckpointLayout(Path(job.checkpoint.dir).resolve())
     for p in pipelines.values():
-        # The first query reading a source owns its dead letters (one writer per topic).
-        dead_letters = None
-        if id(p.src) not in owners:
-            owners.add(id(p.src))
-            staging = CheckpointLayout(Path(job.checkpoint.dir).resolve()).dead_letters(p.src.name)
-            dead_letters = DeadLetters(str(staging), p.src.source.dead_letter_sink(job.name))
-        queries.append(_query(job, p, dead_letters))
+        inputs = []
+        for index, (src, before) in enumerate(p.inputs):
+            # The first query reading a source owns its dead letters (one writer per topic).
+            dead_letters = None
+            if id(src) not in owners:
+                owners.add(id(src))
+                dead_letters = DeadLetters(
+                    str(layout.dead_letters(src.name)), src.source.dead_letter_sink(job.name), index
+                )
+            inputs.append(QueryInput(src, before, dead_letters, index))
+        queries.append(_query(job, p, tuple(inputs)))
     names = [q.name for q in queries]
     if len(set(names)) != len(names):
         raise PlanError(f"query names collide: {names}; rename a sink, operator or source")

@@ -106,13 +106,36 @@ class SideOutputNode:
 
 
 @dataclass(frozen=True)
+class UnionNode:
+    """Flink's ``union``: the records of every input stream, one schema; each input keeps its
+    source's watermark strategy, and the union's watermark is the minimum of theirs."""
+
+    inputs: tuple[Node, ...]
+
+    @property
+    def parent(self) -> Node:
+        """The first input: what walks up a chain for the records' schema sees (every input
+        has the same)."""
+        return self.inputs[0]
+
+
+@dataclass(frozen=True)
 class SinkNode:
     parent: Node
     sink: Sink
     name: str
 
 
-Node = SourceNode | FilterNode | MapNode | KeyByNode | WindowNode | ProcessNode | SideOutputNode
+Node = (
+    SourceNode
+    | FilterNode
+    | MapNode
+    | UnionNode
+    | KeyByNode
+    | WindowNode
+    | ProcessNode
+    | SideOutputNode
+)
 
 
 @dataclass(frozen=True)
@@ -177,6 +200,57 @@ class DataStream:
         )
         node = MapNode(self.node, function, schema, flat, label)
         return DataStream(self.job, node)
+
+    def union(self, *others: DataStream) -> DataStream:
+        """Flink's ``union``: one stream of this stream's records and every other's, in no
+        particular order. The streams must have the same schema (field names, types and
+        order) and come from different sources of the same job (filters and maps may come
+        before the union; windows and process functions after it). Each input keeps its own
+        watermark strategy and event-time policy; the union's watermark is the minimum of the
+        inputs' watermarks, so a stream that lags holds it back (see docs/api.md on idle
+        inputs). Every input's records are accounted apart (per source)."""
+        if not others:
+            raise ConfigError("union takes at least one other DataStream")
+        inputs = [self, *others]
+        for other in inputs:
+            if not isinstance(other, DataStream):
+                raise ConfigError(f"union takes DataStreams, got {type(other).__name__}")
+            if other.job is not self.job:
+                raise ConfigError("union takes streams of the same StreamJob")
+            if isinstance(other.node, ProcessNode | WindowNode | SideOutputNode | KeyByNode):
+                raise ConfigError(
+                    "union applies to streams before any window or process function in this "
+                    "version (filters and maps may come first); sink the stream, read it back "
+                    "and union it there"
+                )
+        flat: list[Node] = []
+        for other in inputs:
+            flat.extend(other.node.inputs if isinstance(other.node, UnionNode) else [other.node])
+        seen: dict[str, int] = {}
+        for i, node in enumerate(flat):
+            name = _union_source(node).name
+            if name in seen:
+                what = (
+                    "a stream cannot be unioned with itself"
+                    if flat[seen[name]] is node
+                    else f"two inputs of the union read source {name!r}"
+                )
+                raise ConfigError(
+                    f"union: {what} (inputs {seen[name] + 1} and {i + 1}); each input must come "
+                    f"from a source of its own — to read a source twice, filter it once "
+                    f"with an OR of both conditions instead"
+                )
+            seen[name] = i
+        first = record_schema(flat[0])
+        for i, node in enumerate(flat[1:], start=2):
+            diff = schema_difference(first, record_schema(node))
+            if diff:
+                raise ConfigError(
+                    f"union: input {i} (source {_union_source(node).name!r}) has another "
+                    f"schema than input 1 (source {_union_source(flat[0]).name!r}): {diff}; "
+                    f"map one of them to the other's fields and types first"
+                )
+        return DataStream(self.job, UnionNode(tuple(flat)))
 
     def key_by(self, *fields: str) -> KeyedStream:
         """Partition the stream by one or more record fields; state is kept per key."""
@@ -360,6 +434,31 @@ class _Reduce(AggregateFunction):
 
     def get_result(self, accumulator: dict) -> dict:
         return {f: accumulator.get(f) for f in self.fields}
+
+
+def _union_source(node: Node) -> SourceNode:
+    while not isinstance(node, SourceNode):
+        node = node.parent  # type: ignore[union-attr]
+    return node
+
+
+def schema_difference(a: StructType, b: StructType) -> str:
+    """How ``b`` differs from ``a`` (field names, types, order), said for people ("" if not)."""
+    ta = {f.name: f.dataType.simpleString() for f in a.fields}
+    tb = {f.name: f.dataType.simpleString() for f in b.fields}
+    parts = []
+    only_a = [f"{n} {t}" for n, t in ta.items() if n not in tb]
+    only_b = [f"{n} {t}" for n, t in tb.items() if n not in ta]
+    if only_a:
+        parts.append(f"only input 1 has {', '.join(only_a)}")
+    if only_b:
+        parts.append(f"only the other has {', '.join(only_b)}")
+    types = [f"{n} is {ta[n]} vs {tb[n]}" for n in ta if n in tb and ta[n] != tb[n]]
+    if types:
+        parts.append("types differ: " + ", ".join(types))
+    if not parts and list(ta) != list(tb):
+        parts.append(f"field order differs: {list(ta)} vs {list(tb)}")
+    return "; ".join(parts)
 
 
 def record_schema(node: Node) -> StructType:

@@ -192,7 +192,7 @@ class KeyedProcessHarness:
             return set(self.backend.data)
         from stateful_runtime.operators.local_state import stored_states
 
-        return stored_states(self.store)
+        return stored_states(self.backend)
 
     def _cells(self) -> list[tuple[str, Any]]:
         return self.operator.cells  # populated by KeyedOperator.cell

@@ -35,7 +35,8 @@ def test_example_sources_are_what_srt_generates(srt_env, tmp_path: Path):
     columns = {c["name"]: c for c in table["columns"]}
     assert columns["payments"]["data_type"] == "BIGINT"
     assert columns["window_start"]["data_type"] == "TIMESTAMP"
-    assert columns["merchant_id"]["data_tests"] == ["not_null"]
+    [not_null] = columns["merchant_id"]["data_tests"]
+    assert "has no nulls" in not_null["not_null"]["description"]
     [unique] = table["data_tests"]
     assert "merchant_id" in unique["unique"]["column_name"]
 
@@ -46,6 +47,22 @@ def test_example_sources_are_what_srt_generates(srt_env, tmp_path: Path):
     assert again.returncode == 0, again.stderr
     assert "unchanged" in again.stdout
     assert copy.read_text() == SOURCES.read_text()
+
+
+def test_union_example_sources_are_what_srt_generates(srt_env, tmp_path: Path):
+    """A union's table: its columns name both sources, its latency the larger watermark bound."""
+    from tests.helpers import ROOT
+
+    committed = EXAMPLES / "dbt_upi_union" / "models" / "sources.yml"
+    copy = tmp_path / "sources.yml"
+    shutil.copy(committed, copy)
+    args = ["dbt", "sources", "examples/upi_union.py", "--database", "srt_sink", "-o", str(copy)]
+    again = srt(args, srt_env, cwd=ROOT)
+    assert again.returncode == 0, again.stderr
+    assert "unchanged" in again.stdout
+    text = committed.read_text()
+    assert "expected_latency_s: 32.0" in text  # checkpoint 2 s + the bank feed's 30 s bound
+    assert "key_by field merchant_id of source app-payments, bank-payments" in text
 
 
 def test_render_is_deterministic_and_freshness_is_read_from_the_sink_ledger():

@@ -12,6 +12,7 @@ from stateful_runtime import (
     TumblingEventTimeWindows,
     WatermarkStrategy,
 )
+from stateful_runtime.job import RocksDBMemory
 from stateful_runtime.planner import plan
 from stateful_runtime.runtime.explain import explain, steps
 from stateful_runtime.runtime.loader import load_job_file
@@ -76,3 +77,16 @@ def test_explain_without_the_topic(spark, tmp_path: Path):
     assert "Spark plan: not available until the source's topic exists" in text
     assert "srt log create upi-payments" in text
     assert not (tmp_path / "no-log").exists()  # explaining creates nothing
+
+
+def test_explain_names_the_state_backend_and_its_memory_settings(tmp_path):
+    job = windowed_job(tmp_path)
+    assert "state: state.backend=spark, Spark's RocksDB state store" in explain(plan(job))
+    job.state_backend = "rocksdb_local"
+    job.rocksdb = RocksDBMemory(block_cache_mb=32, write_buffer_mb=8, write_buffers=3)
+    text = explain(plan(job))
+    assert (
+        "state: state.backend=rocksdb_local, a RocksDB in each Python worker ("
+        "state.rocksdb.block_cache_mb=32, state.rocksdb.write_buffer_mb=8, "
+        "state.rocksdb.write_buffers=3: at most 56 MiB per worker)"
+    ) in text

@@ -14,6 +14,8 @@ Layout (:class:`CheckpointLayout` and :class:`QueryLayout`: no other module spel
         offsets/<batch>                 source offsets + watermark of each planned batch
         commits/<batch>                 written after the batch's sink write and state commit
         state/<operator>/<partition>/   RocksDB state (changelog checkpointing)
+        keyed/<operator>/<partition>/   keyed state of state.backend=rocksdb_local
+                                        (:mod:`~stateful_runtime.checkpoints.keyed`)
         metadata                        query id
         srt_sinks.json                  the sinks its batches went to, from which batch
                                         (runtime.sink_check; savepoints carry it)
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stateful_runtime.checkpoints import keyed
 from stateful_runtime.exceptions import (
     CheckpointOwnershipError,
     ConfigError,
@@ -341,6 +344,12 @@ class QueryLayout:
         """The state store: ``<operator>/<partition>/`` per stateful operator."""
         return self.root / _STATE
 
+    @property
+    def keyed(self) -> Path:
+        """The keyed state of ``state.backend=rocksdb_local``: ``<operator>/<partition>/``
+        per operator (:mod:`~stateful_runtime.checkpoints.keyed`)."""
+        return self.root / keyed.KEYED_DIR
+
     def offsets(self, batch: int) -> Path:
         """The offset log entry of ``batch``."""
         return self.offset_log / str(batch)
@@ -467,6 +476,15 @@ class QueryLayout:
                 files += _numbered_upto(op / meta, batch)
             for part in self.partitions(op, partitions):
                 files += _state_partition_files(part, batch + 1)
+        for op in keyed.operators(self.root):
+            for part in keyed.partitions(op, partitions):
+                needed, missing = keyed.needs(part, batch + 1)
+                if missing:
+                    raise ConfigError(
+                        f"keyed state partition {part} lacks the changes of versions "
+                        f"{missing[:5]}: the checkpoint is incomplete"
+                    )
+                files += needed
         return [self.relative(p) for p in files]
 
     def state_files_after(self, version: int) -> list[Path]:
@@ -474,7 +492,8 @@ class QueryLayout:
         their checksum files: what a restart at an earlier batch must not find (RocksDB would
         prefer a stale snapshot of a version the re-run writes again)."""
         out = []
-        for p in self.state.rglob("*") if self.state.is_dir() else []:
+        stores = [d for d in (self.state, self.keyed) if d.is_dir()]
+        for p in (p for d in stores for p in d.rglob("*")):
             v = state_version(p)
             if v is not None and p.is_file() and v > version:
                 out.append(p)
@@ -608,7 +627,7 @@ def partition_needs(part_dir: Path, version: int) -> tuple[list[Path], list[int]
         m = _STATE_FILE.match(p.name)
         if m and int(m.group(1)) <= version:
             by_kind[m.group(2)][int(m.group(1))] = p
-    snaps = by_kind["zip"] or by_kind["snapshot"]
+    snaps = by_kind["zip"]
     base = max(snaps) if snaps else 0
     out = [snaps[base]] if snaps else []
     if by_kind["zip"] and base:
@@ -616,7 +635,7 @@ def partition_needs(part_dir: Path, version: int) -> tuple[list[Path], list[int]
         out += [
             part_dir / "SSTs" / f["dfsSstFileName"] for f in json.loads(meta).get("sstFiles", [])
         ]
-    deltas = by_kind["changelog"] or by_kind["delta"]
+    deltas = by_kind["changelog"]
     out += [deltas[v] for v in sorted(deltas) if v > base]
     missing = [v for v in range(base + 1, version + 1) if v not in deltas]
     out += [

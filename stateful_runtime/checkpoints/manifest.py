@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stateful_runtime.checkpoints import keyed
+from stateful_runtime.checkpoints.keyed import KEYED_DIR
 from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.checkpoints.storage import Store
 from stateful_runtime.exceptions import ConfigError, SavepointError, StorageError
@@ -52,10 +54,14 @@ def utc(ts: float | None = None) -> str:
 
 
 def fingerprint(job_name: str, queries: Iterable[Any]) -> dict[str, Any]:
-    """What a restore must agree with: the job and, per query, its stateful operators."""
+    """What a restore must agree with: the job and, per query, its stateful operators and the
+    sources it reads (Spark's offset log holds one line per source, by position)."""
     return {
         "job": job_name,
-        "queries": {q.name: {"path": q.path, "operators": q.state_layout} for q in queries},
+        "queries": {
+            q.name: {"path": q.path, "operators": q.state_layout, "sources": q.source_names}
+            for q in queries
+        },
     }
 
 
@@ -265,13 +271,15 @@ def derived(files: Iterable[dict[str, Any]], logs: Path) -> dict[str, dict[str, 
     for q, rels in paths.items():
         query = QueryLayout(logs / q)
         batch = query.last_committed()
-        state = [r.split("/") for r in rels if r.startswith("state/")]
+        state = [r.split("/") for r in rels if r.startswith(("state/", f"{KEYED_DIR}/"))]
         partitions: dict[str, list[int]] = {}
         for parts in state:
             if len(parts) > 3 and parts[2].isdigit():
-                partitions.setdefault(parts[1], [])
-                if int(parts[2]) not in partitions[parts[1]]:
-                    partitions[parts[1]].append(int(parts[2]))
+                # Spark's operators by number, keyed operators as keyed/<name>
+                op = parts[1] if parts[0] == "state" else f"{parts[0]}/{parts[1]}"
+                partitions.setdefault(op, [])
+                if int(parts[2]) not in partitions[op]:
+                    partitions[op].append(int(parts[2]))
         entry: dict[str, Any] = {"batch": batch, "stateful": bool(state)}
         entry["partition_dirs"] = {op: sorted(ps) for op, ps in partitions.items()}
         if batch is not None and query.offsets(batch).is_file():
@@ -321,10 +329,12 @@ def _fingerprint_shape(fp: Any) -> list[Mismatch]:
     return out
 
 
-def check(sp: Savepoint) -> list[Mismatch]:
+def check(sp: Savepoint, *, keyed_files: bool = False) -> list[Mismatch]:
     """Every field of ``sp``'s manifest checked against the files it describes (their logs
     read from its store, their checksums verified) and against its own checksum; an empty list
-    when the manifest is true. The state files themselves are verified when a restore copies
+    when the manifest is true. With ``keyed_files`` (``srt savepoint check``), the keyed state
+    files of ``state.backend=rocksdb_local`` are read too: their checksums, and each a whole
+    Arrow file of its version. The state files themselves are verified when a restore copies
     them (:func:`~stateful_runtime.checkpoints.restore.materialize`)."""
     m = json.loads(json.dumps(sp.manifest))  # as stored (a fresh one holds str subclasses)
     out: list[Mismatch] = []
@@ -349,7 +359,8 @@ def check(sp: Savepoint) -> list[Mismatch]:
                     )
                 )
                 continue
-            if not rel.startswith(_LOGS):
+            is_keyed = keyed_files and rel.startswith(f"{KEYED_DIR}/")
+            if not rel.startswith(_LOGS) and not is_keyed:
                 continue  # verified (sha256) as a restore copies it
             local = contained(tmp, f["path"], where=f"savepoint {sp.location}")
             try:
@@ -367,6 +378,8 @@ def check(sp: Savepoint) -> list[Mismatch]:
                     )
                 )
                 local.unlink()
+            elif is_keyed and (bad := keyed.problem(local)) is not None:
+                out.append(Mismatch(f"files[{f['path']}]", "a keyed state file", bad))
         truth = derived(m["files"], Path(tmp))
     if sp.id:
         # A savepoint directory holds its files and nothing else (a mirror location holds

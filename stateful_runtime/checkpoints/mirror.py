@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stateful_runtime.checkpoints import layout
+from stateful_runtime.checkpoints import keyed, layout
 from stateful_runtime.checkpoints.layout import CheckpointLayout
 from stateful_runtime.checkpoints.manifest import (
     Savepoint,
@@ -74,6 +74,10 @@ class CheckpointMirror:
         # manifest, read at the first sync, so a restarted job does not upload its state again).
         self.known: dict[str, dict[str, Any]] = {}
         self._loaded = False
+        # Keyed state files (state.backend=rocksdb_local) keep their name when a batch runs
+        # again after a fallback at start, often at the same size: one known from an earlier
+        # run's manifest is compared by checksum, once per run, not by size.
+        self._seen: set[str] = set()
         self.synced: dict[str, int] = {}
         self.failed_syncs = 0  # in a row; 0 while the location answers
         self.warn = warn or (lambda text: print(text, file=sys.stderr, flush=True))
@@ -128,12 +132,17 @@ class CheckpointMirror:
                 entry = self.known.get(key)
                 # Offsets/commits/changelogs are new names every batch; a file with a known
                 # name is immutable in Spark's checkpoint except the query metadata.
+                if entry is not None and key not in self._seen:
+                    self._seen.add(key)
+                    if rel.startswith(f"{keyed.KEYED_DIR}/"):
+                        entry = entry if sha256_file(path) == entry["sha256"] else None
                 if entry is None or entry["size"] != path.stat().st_size:
                     entry = {"path": key, "size": path.stat().st_size, "sha256": sha256_file(path)}
                     self.store.put_file(path, key)
                     uploaded += 1
                     uploaded_bytes += entry["size"]
                     self.known[key] = entry
+                    self._seen.add(key)
                 entries.append(entry)
         manifest = new_manifest("mirror", "", owner, queries, entries)
         self.store.put_bytes(

@@ -11,11 +11,11 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from stateful_runtime.checkpoints import layout, manifest
+from stateful_runtime.checkpoints import keyed, layout, manifest
 from stateful_runtime.checkpoints.layout import CheckpointLayout, CheckpointLock, QueryLayout
 from stateful_runtime.checkpoints.manifest import (
     FORMAT_VERSION,
@@ -74,6 +74,27 @@ def widened_sums(saved: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, 
     return out
 
 
+def changed_sources(saved: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str]]:
+    """(query, what changed) for each query of both fingerprints whose sources differ (a union's
+    inputs added, removed or reordered; a fingerprint written before sources were in it is not
+    compared): Spark keeps a query's offsets one line per source, by position, and cannot
+    continue them."""
+    out = []
+    new_queries = new.get("queries", {})
+    for qname, sq in saved.get("queries", {}).items():
+        was, now = sq.get("sources"), (new_queries.get(qname) or {}).get("sources")
+        if was is not None and now is not None and list(was) != list(now):
+            what = (
+                f"query {qname}: read sources {', '.join(was)}, now reads {', '.join(now)} — "
+                f"its checkpoint holds the offsets of each source by position, so a union's "
+                f"inputs cannot be added, removed or reordered; keep the inputs as they were, "
+                f"or run the changed union as a query of its own (another sink name) from its "
+                f"sources"
+            )
+            out.append((qname, what))
+    return out
+
+
 def compatibility(saved: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], list[str]]:
     """(incompatible changes, state the new job no longer declares) between two fingerprints."""
     bad: list[str] = []
@@ -81,6 +102,7 @@ def compatibility(saved: dict[str, Any], new: dict[str, Any]) -> tuple[list[str]
     if saved.get("job") != new.get("job"):
         bad.append(f"the savepoint is of job {saved.get('job')!r}, this job is {new.get('job')!r}")
         return bad, dropped
+    bad += [what for _, what in changed_sources(saved, new)]
     new_queries = new.get("queries", {})
     for qname, sq in saved.get("queries", {}).items():
         nq = new_queries.get(qname)
@@ -145,6 +167,67 @@ def check_compatible(
             where, dropped, "Pass --allow-non-restored-state to start without that state."
         )
     return dropped
+
+
+def local_operators(paths: Iterable[str]) -> set[tuple[str, str]]:
+    """(query, operator) of each operator holding state of the local backend, from the files of
+    a savepoint (relative to it: ``<query>/keyed/<operator>/...``)."""
+    parts = (p.split("/") for p in paths)
+    return {(p[0], p[2]) for p in parts if len(p) > 3 and p[1] == keyed.KEYED_DIR}
+
+
+def backend_changes(
+    saved: dict[str, Any], local: set[tuple[str, str]], backends: Mapping[str, str]
+) -> list[tuple[str, str]]:
+    """(the backend that wrote it, a description) per keyed operator of fingerprint ``saved``
+    whose state was written by another ``state.backend`` than ``backends`` (query → the new
+    job's) names; ``local``: (query, operator) of those holding the local backend's state."""
+    out = []
+    for q, spec in (saved or {}).get("queries", {}).items():
+        new = backends.get(q)
+        for op, o in spec.get("operators", {}).items():
+            if new is None or o.get("kind") not in ("process", "window"):
+                continue  # a native window's state is Spark's whatever the backend
+            was = "rocksdb_local" if (q, op) in local else "spark"
+            if was != new:
+                out.append(
+                    (
+                        was,
+                        f"query {q}, operator {op}: its state was written by "
+                        f"state.backend={was}, this run uses state.backend={new}",
+                    )
+                )
+    return out
+
+
+def check_backends(
+    saved: dict[str, Any],
+    local: set[tuple[str, str]],
+    backends: Mapping[str, str],
+    where: str,
+    job_file: str,
+) -> None:
+    """Refuse (:class:`IncompatibleSavepointError`) state of ``where`` written by another
+    backend than the new job's, with the command that moves the job
+    (:func:`migration_hint`)."""
+    changed = backend_changes(saved, local, backends)
+    if changed:
+        was = changed[0][0]
+        new = "spark" if was == "rocksdb_local" else "rocksdb_local"
+        raise IncompatibleSavepointError(
+            where, [what for _, what in changed], migration_hint(was, new, job_file)
+        )
+
+
+def migration_hint(saved: str, new: str, job_file: str) -> str:
+    """The ways on for state written by another backend: run on the backend that wrote it, or
+    move the job by replaying its sources (the one migration there is)."""
+    return (
+        f"Run it with --set state.backend={saved}, the backend that wrote it. To move the job to "
+        f"state.backend={new}, replay its sources into fresh sink tables (they are set aside, "
+        f"not deleted; the sources must still hold every record the state was built from): "
+        f"`srt run {job_file} --set state.backend={new} --replay-sinks`"
+    )
 
 
 def materialize(
@@ -233,8 +316,14 @@ def restore(
     *,
     allow_non_restored: bool = False,
     lock: CheckpointLock | None = None,
+    state_backends: Mapping[str, str] | None = None,
+    job_file: str = "JOB_FILE",
 ) -> dict[str, Any]:
     """Lay ``sp`` out as the job's checkpoint at ``checkpoint_dir``.
+
+    Keyed state written by another ``state.backend`` than ``state_backends`` (query → the new
+    job's) is refused before anything moves, with the command that moves the job
+    (:func:`migration_hint`).
 
     An existing checkpoint there is moved aside (never deleted) to
     ``<checkpoint_dir>.before-restore-<time>``, only if it is one
@@ -252,6 +341,13 @@ def restore(
         raise ManifestMismatchError(sp.location, mismatches)
     dropped = check_compatible(
         sp.manifest.get("fingerprint") or {}, new_fingerprint, allow_non_restored, sp.location
+    )
+    check_backends(
+        sp.manifest.get("fingerprint") or {},
+        local_operators(f["path"] for f in sp.manifest["files"]),
+        state_backends or {},
+        sp.location,
+        job_file,
     )
     ckpt = Path(checkpoint_dir).resolve()
     # What is there is moved aside whole: only a checkpoint of this runtime, nothing else.
@@ -324,6 +420,8 @@ def restore_job(
     restore_from: str | None = None,
     allow_non_restored: bool = False,
     lock: CheckpointLock | None = None,
+    state_backends: Mapping[str, str] | None = None,
+    job_file: str = "JOB_FILE",
 ) -> tuple[Savepoint, dict[str, Any]]:
     """Restore a job's checkpoint from a savepoint (by id under ``savepoint_roots`` or by
     location) or from the newest snapshot of the checkpoint mirror at ``restore_from``."""
@@ -345,7 +443,15 @@ def restore_job(
         sp = mirror.latest(restore_from)
     else:
         raise ConfigError("restore_job needs a savepoint or a mirror location")
-    return sp, restore(sp, ckpt, new_fingerprint, allow_non_restored=allow_non_restored, lock=lock)
+    return sp, restore(
+        sp,
+        ckpt,
+        new_fingerprint,
+        allow_non_restored=allow_non_restored,
+        lock=lock,
+        state_backends=state_backends,
+        job_file=job_file,
+    )
 
 
 def rescale(
@@ -361,7 +467,12 @@ def rescale(
 
     Spark fixes the count in a checkpoint's offset log; only a restore may change it (Flink's
     rule: rescale through a savepoint). Spark's checkpoint repartition writes one extra batch
-    holding the redistributed state and no input.
+    holding the redistributed state and no input. Keyed state (``keyed/``, of
+    ``state.backend=rocksdb_local``) is redistributed by key-group range into that batch's
+    version (:func:`~stateful_runtime.checkpoints.keyed.rescale`: staged before, published
+    once Spark committed the batch); its partitioning is
+    the plan's, not Spark's, so a query holding it cannot ignore a new parallelism and is
+    refused instead.
     """
     notes = []
     for q in queries:
@@ -370,16 +481,31 @@ def rescale(
         current = None if batch is None else query.state_partitions(batch)
         if batch is None or current is None or current == parallelism:
             continue
+        how = (
+            f"rescale through a savepoint: `srt savepoint create {job} --stop`, then `srt run "
+            f"... --from-savepoint ID --parallelism {parallelism}`"
+        )
+        if not restored and keyed.operators(query.root):
+            raise ConfigError(
+                f"query {q} holds keyed state in {current} partitions (state.backend="
+                f"rocksdb_local), and this run asks for {parallelism}: give --parallelism "
+                f"{current} to continue, or {how}"
+            )
         if not restored:
             notes.append(
                 f"note: query {q} keeps its {current} state partitions (parallelism "
-                f"{parallelism} ignored); rescale through a savepoint: `srt savepoint create "
-                f"{job} --stop`, then `srt run ... --from-savepoint ID --parallelism "
-                f"{parallelism}`"
+                f"{parallelism} ignored); {how}"
             )
             continue
         # a planned batch is re-planned after the rescale
         query.offsets(batch + 1).unlink(missing_ok=True)
         notes.append(f"rescaling the state of {q} from {current} to {parallelism} partitions")
-        spark._streamingCheckpointManager.repartition(str(query.root), parallelism)
+        # The repartition's batch (batch + 1) leaves state version batch + 2.
+        staged = keyed.rescale(query.root, current, parallelism, batch + 1, batch + 2)
+        try:
+            spark._streamingCheckpointManager.repartition(str(query.root), parallelism)
+        except BaseException:
+            keyed.discard(staged)
+            raise
+        keyed.publish(staged)
     return notes

@@ -2,8 +2,16 @@
 
 Spark's state data source (``spark.read.format("statestore")``) reads one operator's state at
 one batch; this module finds the queries, operators and state names from the job's fingerprint,
-unpickles the values our keyed operators store, and filters by key. A savepoint is laid out in a
-temporary directory first (checksums verified), so S3 savepoints read the same way.
+unpickles the values our keyed operators store, and filters by key. An operator whose state
+lives in the worker's RocksDB (``state.backend=rocksdb_local``: ``keyed/<operator>/``) is read
+from its checkpoint files without Spark (:func:`~stateful_runtime.checkpoints.keyed.state_at`),
+rows tagged with their key group and size. A savepoint is laid out in a temporary directory
+first (checksums verified), so S3 savepoints read the same way.
+
+The local backend's rows (:mod:`stateful_runtime.operators.local_state` writes them; a test
+reads its rows back through :func:`parse_local_row`): ``<group> s <state name> \\0 <key>`` →
+the pickled value, ``<group> t <timestamp> <key>`` → a timer, ``<key>`` a pickled tuple of the
+key fields.
 """
 
 from __future__ import annotations
@@ -15,8 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stateful_runtime.checkpoints import layout, restore, savepoints
-from stateful_runtime.checkpoints.layout import CheckpointLayout
+from stateful_runtime.checkpoints import keyed, layout, restore, savepoints
+from stateful_runtime.checkpoints.layout import CheckpointLayout, QueryLayout
 from stateful_runtime.exceptions import ConfigError
 
 if TYPE_CHECKING:
@@ -24,6 +32,12 @@ if TYPE_CHECKING:
 
 # Our queries hold one stateful operator each, so Spark numbers it 0.
 OPERATOR_ID = 0
+# The local backend's row tags, its per-key timer set and the timestamps' offset (unsigned
+# big-endian: byte order is time order).
+_STATE_ROW, _TIMER_ROW = b"s", b"t"
+_TIMER_SET = "_srt_timers_of"
+_TS_OFFSET = 2**63
+TIMER_STATE = "timer"  # the state name timer rows are shown under
 
 
 @contextmanager
@@ -79,8 +93,112 @@ def _plain(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def parse_local_row(row: bytes) -> tuple[int, str, bytes] | tuple[int, int, bytes] | None:
+    """A local backend row's key as (key group, state name, key) or (key group, timer
+    timestamp, key); None for the backend's own rows (a key's timer set)."""
+    group, tag, rest = keyed.group_of(row), row[keyed.GROUP_BYTES : keyed.GROUP_BYTES + 1], row[3:]
+    if tag == _TIMER_ROW:
+        return group, int.from_bytes(rest[:8], "big") - _TS_OFFSET, rest[8:]
+    name, _, key = rest.partition(b"\x00")
+    if tag != _STATE_ROW or name.decode() == _TIMER_SET:
+        return None
+    return group, name.decode(), key
+
+
+def local_operator(query: QueryLayout, operator: str) -> Path | None:
+    """The keyed state directory of ``operator`` when it ran on the local backend."""
+    path = query.keyed / operator
+    return path if path.is_dir() else None
+
+
+def needs_spark(ckpt: Path, operator: str | None = None) -> bool:
+    """Whether inspecting ``ckpt`` reads state through Spark (an operator not on the local
+    backend)."""
+    fp = layout.owner(ckpt).get("fingerprint") or {}
+    return any(
+        local_operator(CheckpointLayout(ckpt).query(q), op) is None
+        for q, spec in fp.get("queries", {}).items()
+        for op in spec.get("operators", {})
+        if operator is None or op == operator
+    )
+
+
+def _local_rows(
+    query: QueryLayout,
+    directory: Path,
+    keys: list[str],
+    batch: int,
+    names: list[str | None],
+    key: str | None,
+) -> Iterator[dict[str, Any]]:
+    """Rows of one operator's local keyed state at committed ``batch``, partition by
+    partition in key order: each state row, then (with every state asked for) its timers."""
+    partitions = query.state_partitions(batch) or 0
+    wanted = {n for n in names if n is not None}
+    for part in keyed.partitions(directory, partitions):
+        for row, value in sorted(keyed.state_at(part, batch + 1).items()):
+            parsed = parse_local_row(row)
+            if parsed is None:
+                continue
+            group, what, key_bytes = parsed
+            timer = isinstance(what, int)
+            if wanted and (timer or what not in wanted):
+                continue
+            key_values = pickle.loads(key_bytes)
+            if key is not None and str(key_values[0]) != key:
+                continue
+            yield {
+                **dict(zip(keys, key_values, strict=False)),
+                "state": TIMER_STATE if timer else what,
+                "value": what if timer else _decode(value),
+                "partition": int(part.name),
+                "key_group": group,
+                "bytes": len(row) + len(value),
+            }
+
+
+def summary(ckpt: Path) -> list[dict[str, Any]]:
+    """Per operator on the local backend: its partitions, key groups, rows per state and
+    bytes at the last committed batch (what ``srt state inspect`` prints above the rows)."""
+    fp = layout.owner(ckpt).get("fingerprint") or {}
+    out = []
+    for qname, spec in fp.get("queries", {}).items():
+        query = CheckpointLayout(ckpt).query(qname)
+        batch = query.last_committed()
+        for op in spec.get("operators", {}):
+            directory = local_operator(query, op)
+            if directory is None or batch is None:
+                continue
+            n = query.state_partitions(batch) or 0
+            states: dict[str, int] = {}
+            groups: set[int] = set()
+            size = 0
+            for part in keyed.partitions(directory, n):
+                for row, value in keyed.state_at(part, batch + 1).items():
+                    parsed = parse_local_row(row)
+                    size += len(row) + len(value)
+                    if parsed is None:
+                        continue
+                    name = TIMER_STATE if isinstance(parsed[1], int) else str(parsed[1])
+                    states[name] = states.get(name, 0) + 1
+                    groups.add(parsed[0])
+            out.append(
+                {
+                    "query": qname,
+                    "operator": op,
+                    "backend": "rocksdb_local",
+                    "batch": batch,
+                    "partitions": n,
+                    "key_groups": f"{len(groups)} of {keyed.MAX_PARALLELISM} key groups hold state",
+                    "rows": states,
+                    "bytes": size,
+                }
+            )
+    return out
+
+
 def inspect(
-    spark: SparkSession,
+    spark: SparkSession | None,
     ckpt: Path,
     *,
     operator: str | None = None,
@@ -89,7 +207,8 @@ def inspect(
     limit: int = 1000,
 ) -> list[dict[str, Any]]:
     """State rows of ``ckpt`` at its last committed batch, each tagged with query, operator and
-    state name."""
+    state name. ``spark`` may be None when every operator read ran on the local backend
+    (:func:`needs_spark`)."""
     from pyspark.sql import functions as F
 
     owner = layout.owner(ckpt)
@@ -122,6 +241,14 @@ def inspect(
                     f"{', '.join(op_layout['states'])})"
                 )
             names = [state]
+        directory = local_operator(query, op)
+        if directory is not None:
+            for local in _local_rows(query, directory, op_layout["keys"], batch, names, key):
+                rows.append({"query": qname, "operator": op, "batch": batch, **local})
+                if len(rows) >= limit:
+                    return rows
+            continue
+        assert spark is not None, "needs_spark() said no Spark is needed"
         for name in names:
             reader = (
                 spark.read.format("statestore")

@@ -19,6 +19,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from stateful_runtime.checkpoints import keyed
 from stateful_runtime.checkpoints.layout import (
     QueryLayout,
     crc_sidecar,
@@ -157,6 +158,8 @@ def _state_problem(path: Path, data: bytes) -> str | None:
     problem = _crc_problem(path, data)
     if problem:
         return problem
+    if path.suffix in (keyed.DELTA, keyed.SNAPSHOT):
+        return keyed.problem(path)
     if path.suffix == ".changelog":
         return _lz4_problem(data)
     if path.suffix == ".zip":
@@ -209,7 +212,9 @@ def verify(
     ``pending`` (else Spark reads ``offsets/<batch - 1>`` as well); and per stateful operator
     and partition the files RocksDB loads for state version ``batch + 1`` (snapshot, its SST
     files, changelogs), each checked against its Hadoop ``.crc`` file, changelogs also for a
-    whole LZ4 stream and snapshots for a readable zip. Files of later batches are not read.
+    whole LZ4 stream and snapshots for a readable zip; and the keyed state files that rebuild
+    that version (``keyed/``: the snapshot and deltas, each a whole Arrow file). Files of later
+    batches are not read.
     """
     q = QueryLayout(query_dir)
     if batch is None:
@@ -259,6 +264,13 @@ def verify(
                 continue
             for v in missing:
                 out.append(Problem(f"{q.relative(part)}/{v}.changelog", "missing", "state", v))
+            for f in files:
+                _check(q, f, "state", state_version(f), out)
+    for op in keyed.operators(q.root):
+        for part in keyed.partitions(op, partitions):
+            files, missing = keyed.needs(part, batch + 1)
+            for v in missing:
+                out.append(Problem(f"{q.relative(part)}/{v}{keyed.DELTA}", "missing", "state", v))
             for f in files:
                 _check(q, f, "state", state_version(f), out)
     return out

@@ -206,6 +206,13 @@ class Sink(ABC):
     def close(self) -> None:
         """Release connections; called when the query stops."""
 
+    def unstorable(self, rows: pa.Table) -> list[tuple[int, str]]:
+        """The rows of ``rows`` (a batch about to be written) the target cannot store, each
+        with why: ``(row, reason)`` in row order. Asked before the write when each row is one
+        source record's (a query without a stateful step): those rows are dead-lettered and
+        the rest written. Default: none (the target stores any row of the stream's schema)."""
+        return []
+
     def rewind(self, batch_id: int) -> None:
         """Forget batches after ``batch_id``: they will be executed again (restore)."""
 

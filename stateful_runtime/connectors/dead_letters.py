@@ -208,17 +208,20 @@ def _publish_replayed(
 
 @dataclass(frozen=True)
 class DeadLetters:
-    """Where one source's rejected records are staged, and the sink they are published to."""
+    """Where one source's rejected records are staged, and the sink they are published to;
+    ``index``: the source's place in its query's offset log (a union reads several)."""
 
     staging: str
     sink: DeadLetterSink
+    index: int = 0
 
     def publish(self, query: QueryLayout) -> int:
         """Publish the staged splits that the last committed batch of ``query`` (the query
         that reads the source and stages its rejected records) covers."""
         committed = query.committed_offsets()
-        if committed and committed["sources"] and isinstance(committed["sources"][0], dict):
-            return publish(self.staging, committed["sources"][0], self.sink)
+        sources = (committed or {}).get("sources") or []
+        if len(sources) > self.index and isinstance(sources[self.index], dict):
+            return publish(self.staging, sources[self.index], self.sink)
         return 0
 
 

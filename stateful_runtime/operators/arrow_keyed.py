@@ -20,7 +20,9 @@ sends to the partition owning that group's range, repartitions, and calls
 Spark runs a batch without data only for its own stateful operators; the plan carries one that
 holds nothing (see :func:`stateful_runtime.runtime.dataframes._process`), so a watermark that
 advanced without new data still fires event-time timers, and an ``--available-now`` run ends
-with the timers due at its final watermark fired.
+with the timers due at its final watermark fired. A processing-time function's query also reads
+a source whose offset moves when one of its timers is due (:mod:`.ticks`): each task records
+its partition's earliest timer after its commit.
 """
 
 from __future__ import annotations
@@ -31,17 +33,20 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from stateful_runtime._process import freeze_worker_heap
+from stateful_runtime.checkpoints.keyed import KEYED_DIR
 from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.exceptions import StateError
 from stateful_runtime.functions import KeyedProcessFunction
+from stateful_runtime.job import RocksDBMemory
 from stateful_runtime.operators.isolation import StepGuard, origins
 from stateful_runtime.operators.keyed import KeyedOperator
 from stateful_runtime.operators.keyed_store import MAX_PARALLELISM, KeyedStore, key_groups
-from stateful_runtime.operators.local_state import LocalBackend
+from stateful_runtime.operators.local_state import LocalBackend, keep_values, warm_values
+from stateful_runtime.operators.ticks import write_next_timer
 from stateful_runtime.state import TimeDomain
 
 KEY_GROUP = "srt_key_group"
@@ -49,7 +54,6 @@ ROUTE = "srt_route"
 TAG = "_tag"
 SIDE = "_side"
 BATCH_ID = "streaming.sql.batchId"
-KEYED_DIR = "keyed"
 # Output rows a task holds before handing a batch to Spark.
 FLUSH_ROWS = 10_000
 
@@ -112,6 +116,7 @@ class ArrowKeyedOperator:
         parallelism: the query's state partitions.
         guard: how the task isolates an element or timer the function raises on (None: the
             task fails).
+        memory: the RocksDB's memory in the worker (default :meth:`RocksDBMemory.default`).
     """
 
     def __init__(
@@ -125,8 +130,10 @@ class ArrowKeyedOperator:
         checkpoint: str | None,
         parallelism: int,
         guard: StepGuard | None = None,
+        memory: RocksDBMemory | None = None,
     ) -> None:
         self.fn, self.name, self.guard = fn, name, guard
+        self.memory = memory or RocksDBMemory.default()
         self.keys, self.fields, self.time_field = list(keys), list(fields), time_field
         self.output, self.checkpoint, self.parallelism = output, checkpoint, parallelism
         self.main_columns = [f.name for f in output if f.name not in (TAG, SIDE)]
@@ -150,11 +157,16 @@ class ArrowKeyedOperator:
         assert self.checkpoint is not None
         watermark, now = _batch_time(self.checkpoint, batch)
         groups = key_groups(partition, self.parallelism, MAX_PARALLELISM)
-        store = KeyedStore(store_dir(self.checkpoint, self.name, partition))
+        store = KeyedStore(store_dir(self.checkpoint, self.name, partition), memory=self.memory)
         store.open(batch)
         try:
             op = KeyedOperator(copy.deepcopy(self.fn), copy.deepcopy(self.guard))
-            backend = LocalBackend(store, clock=lambda: op.processing_ms, key_timers=False)
+            backend = LocalBackend(
+                store,
+                clock=lambda: op.processing_ms,
+                key_timers=False,
+                values=warm_values(store),
+            )
             op.set_time(watermark, now)
             op.open(backend)
             # Due timers fire below for the whole partition before any element, so a key's
@@ -171,7 +183,10 @@ class ArrowKeyedOperator:
             op.close()
             yield from self._flush(force=True)
             op.guard.stage()  # before the version commits: a retried task stages the same
-            store.commit()
+            version = backend.commit()
+            keep_values(store, backend.values)
+            if op.domain is TimeDomain.PROCESSING_TIME:  # when the next batch must run
+                write_next_timer(store.checkpoint, version, backend.next_timer(groups))
         finally:
             store.close()
 
@@ -193,36 +208,45 @@ class ArrowKeyedOperator:
     def _process(
         self, op: KeyedOperator, backend: LocalBackend, groups: range, arrow: pa.RecordBatch
     ) -> Iterator[pa.RecordBatch]:
-        n = arrow.num_rows
-        table = pa.Table.from_batches([arrow.select([*self.keys, KEY_GROUP])])
-        table = table.append_column("_srt_row", pa.array(np.arange(n, dtype=np.int64)))
-        grouped = table.group_by([*self.keys, KEY_GROUP], use_threads=False).aggregate(
-            [("_srt_row", "list")]
+        # A stable sort by key group and key in Arrow: each key's records are one run, in
+        # the order they came (a key's turn reads its rows once), and the turns walk the
+        # store in key order.
+        lo, hi = groups.start, groups.stop
+        low, high = pc.min_max(arrow.column(KEY_GROUP)).values()
+        if not lo <= low.as_py() <= high.as_py() < hi:
+            raise StateError(
+                f"operator {self.name!r}: a record of key group "
+                f"{low.as_py() if low.as_py() < lo else high.as_py()} reached the task of "
+                f"key groups {lo}..{hi - 1}; the query's partitioning changed under its "
+                f"checkpoint (parallelism is fixed by the first run: rescale with srt "
+                f"savepoint, then srt run --from-savepoint <id> --parallelism N)"
+            )
+        order = pc.sort_indices(
+            arrow, sort_keys=[(KEY_GROUP, "ascending"), *((k, "ascending") for k in self.keys)]
         )
-        key_columns = [grouped.column(k).to_pylist() for k in self.keys]
-        key_groups_ = grouped.column(KEY_GROUP).to_pylist()
-        rows = grouped.column("_srt_row_list").to_pylist()
+        arrow = arrow.take(order)
+        n = arrow.num_rows
+        starts = _run_starts(arrow, [KEY_GROUP, *self.keys])
+        key_columns = [arrow.column(k).to_pylist() for k in self.keys]
+        group_column = arrow.column(KEY_GROUP).to_pylist()
         records = arrow.select(self.fields).to_pylist()
         times = arrow.column(self.time_field).to_pylist()
         parts, offsets = origins(arrow)
-        lo, hi = groups.start, groups.stop
-        for i, group in enumerate(key_groups_):
-            if not lo <= group < hi:
-                raise StateError(
-                    f"operator {self.name!r}: a record of key group {group} reached the task of "
-                    f"key groups {lo}..{hi - 1}; the query's partitioning changed under its "
-                    f"checkpoint (parallelism is fixed by the first run: rescale with srt "
-                    f"savepoint, then srt run --from-savepoint <id> --parallelism N)"
-                )
-            backend.group = group
-            key = tuple(column[i] for column in key_columns)
+        single = key_columns[0] if len(key_columns) == 1 else None
+        process = op.process
+        starts.append(n)
+        for j in range(len(starts) - 1):
+            s, e = starts[j], starts[j + 1]
+            backend.group = group_column[s]
+            key = (single[s],) if single is not None else tuple(c[s] for c in key_columns)
             if parts is None or offsets is None:
-                op.process(key, [(times[r], records[r]) for r in rows[i]])
+                process(key, zip(times[s:e], records[s:e], strict=True))
             else:
-                op.process(key, _with_origin(op, rows[i], times, records, parts, offsets))
-            self._collect(op)
-            if len(self.out) + len(self.side) >= FLUSH_ROWS:
+                process(key, _with_origin(op, range(s, e), times, records, parts, offsets))
+            if len(op.main) + len(op.side) >= FLUSH_ROWS:
+                self._collect(op)
                 yield from self._flush()
+        self._collect(op)
 
     def _collect(self, op: KeyedOperator) -> None:
         main, side = op.drain()
@@ -249,9 +273,26 @@ class ArrowKeyedOperator:
         yield pa.RecordBatch.from_pydict(cols, schema=self.output)
 
 
+def _run_starts(arrow: pa.RecordBatch, columns: list[str]) -> list[int]:
+    """Where each run of equal values of ``columns`` starts in ``arrow`` (nulls equal)."""
+    n = arrow.num_rows
+    if n == 0:
+        return []
+    change = None
+    for name in columns:
+        col = arrow.column(name)
+        a, b = col.slice(1), col.slice(0, n - 1)
+        differs = pc.fill_null(pc.not_equal(a, b), False)
+        if col.null_count:
+            differs = pc.or_(differs, pc.xor(pc.is_null(a), pc.is_null(b)))
+        change = differs if change is None else pc.or_(change, differs)
+    assert change is not None
+    return [0, *(pc.indices_nonzero(change).to_numpy() + 1).tolist()]
+
+
 def _with_origin(
     op: KeyedOperator,
-    rows: list[int],
+    rows: range,
     times: list[Any],
     records: list[dict[str, Any]],
     parts: list[Any],

@@ -121,11 +121,12 @@ class StepGuard:
         """What was rejected so far: (record as JSON, reason, source partition, offset)."""
         return list(self.rejects.rows)
 
-    def stage(self) -> int:
+    def stage(self, batch: int | None = None, partition: int | None = None) -> int:
         """End of the task: stop the job if the step rejected more than ``max_fraction`` of
         the task's records (once it rejected ``min_rejects``), else stage the rejects; how
         many. Checked here, over the whole task, not as rejects come: a keyed task meets a
-        key's elements together, and one bad key first is not a bad function."""
+        key's elements together, and one bad key first is not a bad function. ``batch`` and
+        ``partition`` name the staged file (default: the running task's)."""
         errors = self.errors
         if self.rejected >= errors.min_rejects and self.rejected > errors.max_fraction * max(
             self.seen, 1
@@ -145,7 +146,7 @@ class StepGuard:
                 ),
                 skippable=False,
             )
-        return self.rejects.stage()
+        return self.rejects.stage(batch, partition)
 
 
 def origins(batch: pa.RecordBatch) -> tuple[list | None, list | None]:

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
-from stateful_runtime.exceptions import ConfigError
+from stateful_runtime.exceptions import ConfigError, UserFunctionError
 from stateful_runtime.functions import (
     Context,
     KeyedProcessFunction,
@@ -302,10 +302,10 @@ class KeyedOperator:
             out = method(arg, self._ctx)
             if out is not None:
                 main.extend(out)  # a generator runs here
-        except ConfigError:
+        except (ConfigError, UserFunctionError):
             del main[emitted:]
             txn.rollback()
-            raise  # the function's definition is wrong, not this record
+            raise  # the function's definition is wrong (or a step's error bound tripped)
         except Exception as exc:
             del main[emitted:]
             txn.rollback()
@@ -575,9 +575,14 @@ class OperatorContext(Context):
     def __init__(self, operator: KeyedOperator) -> None:
         self.operator = operator
         self._timers = _OperatorTimers(operator)
+        self._ms: int | None = None
+        self._at = to_datetime(0)
 
     def timestamp(self) -> datetime:
-        return to_datetime(self.operator.current_ms)
+        ms = self.operator.current_ms
+        if ms != self._ms:  # a function often asks more than once per element
+            self._ms, self._at = ms, to_datetime(ms)
+        return self._at
 
     def get_current_key(self) -> Any:
         key = self.operator.current_key

@@ -22,8 +22,11 @@ at once). A marker row in the DB records its version and the token of the delta 
 the copy is used as it is when it is at the version asked for and the checkpoint's delta of that
 version carries the same token (another attempt may have rewritten it), moved forward by the
 checkpoint's deltas when it is behind, and rebuilt from the newest snapshot and the deltas after
-it otherwise (another executor, a new machine, a fallback to an earlier batch). A task marks the
-copy dirty before its first write, so a task killed half way leaves a copy that is rebuilt.
+it otherwise (another executor, a new machine, a fallback to an earlier batch). Writes reach
+the copy in RocksDB write batches (atomic; the WAL is off, so a killed process loses whole
+batches not yet flushed, never part of one): the first of a task marks the copy dirty, so a task
+killed half way leaves a copy that is rebuilt, and the commit's batch carries the new marker.
+Moving a copy forward writes each delta the same way, its marker after its rows.
 """
 
 from __future__ import annotations
@@ -41,11 +44,22 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
-from rocksdict import Options, Rdict, ReadOptions, WriteOptions
+from rocksdict import (
+    BlockBasedOptions,
+    Cache,
+    Options,
+    Rdict,
+    ReadOptions,
+    WriteBatch,
+    WriteOptions,
+)
 
+from stateful_runtime.checkpoints import keyed as files
+from stateful_runtime.checkpoints.keyed import MAX_PARALLELISM, group_prefix, key_groups
 from stateful_runtime.exceptions import StateError
+from stateful_runtime.job import RocksDBMemory
 
-MAX_PARALLELISM = 128
+__all__ = ["MAX_PARALLELISM", "KeyedStore", "group_prefix", "key_groups", "local_root"]
 # A full snapshot every this many versions bounds a rebuild to that many deltas.
 SNAPSHOT_EVERY = 20
 # Versions kept restorable behind the newest (Spark's minBatchesToRetain is 100).
@@ -53,24 +67,13 @@ RETAIN_VERSIONS = 100
 LOCK_TIMEOUT_S = 600.0
 
 _MARKER = b"\xff\xffsrt-version"
-_DELTA = ".delta"
-_SNAPSHOT = ".snapshot"
-_SCHEMA = pa.schema([("k", pa.binary()), ("v", pa.binary())])
-_FORMAT = "srt-keyed-1"
+_DELTA = files.DELTA
+_SNAPSHOT = files.SNAPSHOT
+_SCHEMA = files.SCHEMA
+_DIRTY = json.dumps({"dirty": True}).encode()
+# Rows of a snapshot or delta applied to the local copy per write batch (bounds its memory).
+_APPLY_ROWS = 65_536
 # A local copy's key groups live in 0x0000..0x007f: the marker sorts after every one.
-_KG = 2
-
-
-def key_groups(partition: int, parallelism: int, max_parallelism: int = MAX_PARALLELISM) -> range:
-    """The key groups partition ``partition`` of ``parallelism`` owns (Flink's assignment:
-    ``group * parallelism // max_parallelism == partition``)."""
-    lo = -(-partition * max_parallelism // parallelism)
-    hi = -(-(partition + 1) * max_parallelism // parallelism)
-    return range(lo, hi)
-
-
-def group_prefix(group: int) -> bytes:
-    return group.to_bytes(_KG, "big")
 
 
 def local_root() -> Path:
@@ -81,12 +84,32 @@ def local_root() -> Path:
     return Path(base) / "srt-keyed"
 
 
-def _version_of(path: Path, suffix: str) -> int | None:
-    name = path.name
-    if not name.endswith(suffix) or name.startswith("."):
-        return None
-    stem = name[: -len(suffix)]
-    return int(stem) if stem.isdigit() else None
+# One block cache per worker process and size, shared by every store the worker opens (a
+# reused Python worker runs many tasks): the cache bounds the worker's reads, not each store's.
+_CACHES: dict[int, Cache] = {}
+
+
+def rocksdb_options(memory: RocksDBMemory) -> Options:
+    """RocksDB options bounded by ``memory``: the worker's shared block cache, holding index
+    and filter blocks too (else they grow with the state, outside any bound), and the
+    memtables' size and count."""
+    capacity = memory.block_cache_mb << 20
+    cache = _CACHES.get(capacity)
+    if cache is None:
+        cache = _CACHES[capacity] = Cache(capacity)
+    table = BlockBasedOptions()
+    table.set_block_cache(cache)
+    table.set_cache_index_and_filter_blocks(True)
+    table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+    # Most reads of a task are of keys the store has not got (every new key): a bloom filter
+    # answers those without reading a block of each file.
+    table.set_bloom_filter(10, False)
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.set_block_based_table_factory(table)
+    opts.set_write_buffer_size(memory.write_buffer_mb << 20)
+    opts.set_max_write_buffer_number(memory.write_buffers)
+    return opts
 
 
 class KeyedStore:
@@ -95,14 +118,22 @@ class KeyedStore:
     Args:
         checkpoint: the partition's directory in the checkpoint (``<query>/keyed/<op>/<p>``).
         local: the local copy's directory (default: under :func:`local_root`).
+        memory: the RocksDB's memory (default :meth:`RocksDBMemory.default`).
     """
 
-    def __init__(self, checkpoint: str | os.PathLike[str], local: Path | None = None) -> None:
+    def __init__(
+        self,
+        checkpoint: str | os.PathLike[str],
+        local: Path | None = None,
+        memory: RocksDBMemory | None = None,
+    ) -> None:
         self.checkpoint = Path(checkpoint)
+        self.memory = memory or RocksDBMemory.default()
         digest = hashlib.sha256(str(self.checkpoint.resolve()).encode()).hexdigest()[:20]
         self.local = local if local is not None else local_root() / digest
         self.db: Rdict | None = None
         self.version: int | None = None
+        self.token = ""  # the token of the version the local copy is at (see the marker)
         self.changes: dict[bytes, bytes | None] = {}
         self._lock_fd: int | None = None
         self._marked = False  # the copy is marked dirty (before the first write of a task)
@@ -148,9 +179,10 @@ class KeyedStore:
         self._lock_fd = fd
 
     def _open_db(self) -> Rdict:
-        opts = Options(raw_mode=True)
-        opts.create_if_missing(True)
-        return Rdict(str(self.local / "db"), options=opts)
+        opts = rocksdb_options(self.memory)
+        # Given only ``options``, rocksdict reopens an existing DB with its column family's
+        # options from the OPTIONS file: a new 8 MiB block cache of its own, not the worker's.
+        return Rdict(str(self.local / "db"), options=opts, column_families={"default": opts})
 
     def _marker(self) -> dict:
         assert self.db is not None
@@ -161,12 +193,7 @@ class KeyedStore:
         """The token of the checkpoint's delta of ``version`` ("" for version 0)."""
         if version == 0:
             return ""
-        path = self._file(version, _DELTA)
-        if not path.exists():
-            return None
-        with pa.OSFile(str(path)) as f:
-            meta = pa.ipc.open_file(f).schema.metadata or {}
-        return meta.get(b"token", b"").decode()
+        return files.token(self._file(version, _DELTA))
 
     def _usable(self, version: int) -> bool:
         """Whether the local copy is at ``version``, or only deltas behind it (applied)."""
@@ -179,16 +206,14 @@ class KeyedStore:
         for v in range(at + 1, version + 1):
             if not self._file(v, _DELTA).exists():
                 return False
-        if at < version:
-            for v in range(at + 1, version + 1):
-                self._apply(self._file(v, _DELTA))
-            self._set_marker(version)
+        self.token = marker.get("token", "")
+        for v in range(at + 1, version + 1):
+            self._apply(self._file(v, _DELTA), v)
         return True
 
-    def _set_marker(self, version: int) -> None:
-        assert self.db is not None
-        token = self._token(version) or ""
-        self.db.put(_MARKER, json.dumps({"version": version, "token": token}).encode(), self._wopts)
+    @staticmethod
+    def _marker_row(version: int, token: str) -> bytes:
+        return json.dumps({"version": version, "token": token}).encode()
 
     def _rebuild(self, version: int) -> None:
         assert self.db is not None
@@ -196,64 +221,80 @@ class KeyedStore:
         self.db = None
         Rdict.destroy(str(self.local / "db"))
         self.db = self._open_db()
-        base = 0
-        if version > 0:
-            snaps = [v for v in self._versions(_SNAPSHOT) if v <= version]
-            base = max(snaps, default=0)
-            missing = [
-                v for v in range(base + 1, version + 1) if not self._file(v, _DELTA).exists()
-            ]
-            if missing:
-                raise StateError(
-                    f"state partition {self.checkpoint} cannot be rebuilt at version {version}: "
-                    f"{'no snapshot and ' if not base else ''}the changes of version(s) "
-                    f"{missing[:5]} are missing; restore the job from a savepoint "
-                    f"(srt savepoint list, then srt run --from-savepoint <id>)"
-                )
-            if base:
-                self._apply(self._file(base, _SNAPSHOT))
-            for v in range(base + 1, version + 1):
-                self._apply(self._file(v, _DELTA))
-        self._set_marker(version)
+        self.token = ""
+        if version == 0:
+            self.db.write(self._batch({_MARKER: self._marker_row(0, "")}), self._wopts)
+            return
+        # Dirty until the last file is applied: a copy without a marker would read as version 0.
+        self.db.write(self._batch({_MARKER: _DIRTY}), self._wopts)
+        snaps = [v for v in self._versions(_SNAPSHOT) if v <= version]
+        base = max(snaps, default=0)
+        missing = [v for v in range(base + 1, version + 1) if not self._file(v, _DELTA).exists()]
+        if missing:
+            raise StateError(
+                f"state partition {self.checkpoint} cannot be rebuilt at version {version}: "
+                f"{'no snapshot and ' if not base else ''}the changes of version(s) "
+                f"{missing[:5]} are missing; restore the job from a savepoint "
+                f"(srt savepoint list, then srt run --from-savepoint <id>)"
+            )
+        if base:
+            self._apply(self._file(base, _SNAPSHOT), base)
+        for v in range(base + 1, version + 1):
+            self._apply(self._file(v, _DELTA), v)
 
-    def _apply(self, path: Path) -> None:
+    def _apply(self, path: Path, version: int) -> None:
+        """Apply a delta or snapshot file to the local copy, which is then at ``version``: in
+        write batches of at most :data:`_APPLY_ROWS` rows, the first marking the copy dirty,
+        the marker of the version written last (a file's rows are its version's final values:
+        applying it again over a copy killed half way gives the same copy)."""
         assert self.db is not None
-        db, wopts = self.db, self._wopts
-        with pa.memory_map(str(path)) as source:
-            reader = pa.ipc.open_file(source)
-            for i in range(reader.num_record_batches):
-                batch = reader.get_batch(i)
-                for k, v in zip(
-                    batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True
-                ):
-                    if v is None:
-                        db.delete(k, wopts)
-                    else:
-                        db.put(k, v, wopts)
+        token = files.token(path) or ""
+        first = True
+        for keys, values in files.rows(path):
+            for lo in range(0, len(keys), _APPLY_ROWS):
+                rows = dict(
+                    zip(keys[lo : lo + _APPLY_ROWS], values[lo : lo + _APPLY_ROWS], strict=True)
+                )
+                if first:
+                    rows[_MARKER] = _DIRTY
+                    first = False
+                self.db.write(self._batch(rows), self._wopts)
+        self.db.write(self._batch({_MARKER: self._marker_row(version, token)}), self._wopts)
+        self.token = token
+
+    @staticmethod
+    def _batch(rows: dict[bytes, bytes | None]) -> WriteBatch:
+        wb = WriteBatch(raw_mode=True)
+        for k, v in rows.items():
+            if v is None:
+                wb.delete(k)
+            else:
+                wb.put(k, v)
+        return wb
 
     # -- reading and writing ----------------------------------------------------------------
     def get(self, key: bytes) -> bytes | None:
         assert self.db is not None
         return self.db.get(key)
 
-    def _mark(self) -> None:
+    def write(self, rows: dict[bytes, bytes | None]) -> None:
+        """Write ``rows`` (None deletes) to the local copy in one write batch; they are part
+        of this task's version. The first write of a task marks the copy dirty in the same
+        batch (a task killed before its commit leaves a copy that is rebuilt)."""
         assert self.db is not None
-        self.db.put(_MARKER, json.dumps({"dirty": True}).encode(), self._wopts)
-        self._marked = True
+        if not rows:
+            return
+        self.changes.update(rows)
+        if not self._marked:
+            rows = {**rows, _MARKER: _DIRTY}
+            self._marked = True
+        self.db.write(self._batch(rows), self._wopts)
 
     def put(self, key: bytes, value: bytes) -> None:
-        assert self.db is not None
-        if not self._marked:
-            self._mark()
-        self.db.put(key, value, self._wopts)
-        self.changes[key] = value
+        self.write({key: value})
 
     def delete(self, key: bytes) -> None:
-        assert self.db is not None
-        if not self._marked:
-            self._mark()
-        self.db.delete(key, self._wopts)
-        self.changes[key] = None
+        self.write({key: None})
 
     def scan(self, start: bytes, stop: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Rows with ``start <= key < stop``, in key order."""
@@ -267,14 +308,17 @@ class KeyedStore:
             it.next()
 
     # -- committing -------------------------------------------------------------------------
-    def commit(self) -> int:
-        """Write this task's changes as the next version in the checkpoint, then mark the local
-        copy as at it; a snapshot every :data:`SNAPSHOT_EVERY` versions. Returns the version."""
+    def commit(self, rows: dict[bytes, bytes | None] | None = None) -> int:
+        """Write this task's changes (and ``rows``, not yet written) as the next version in
+        the checkpoint, then ``rows`` and the marker of the version to the local copy in one
+        write batch; a snapshot every :data:`SNAPSHOT_EVERY` versions. Returns the version."""
         assert self.db is not None and self.version is not None
         version = self.version + 1
         token = uuid.uuid4().hex
         self.checkpoint.mkdir(parents=True, exist_ok=True)
-        keys = sorted(self.changes)
+        rows = rows or {}
+        self.changes.update(rows)
+        # In the order written (a delta's keys are distinct; applying needs no order).
         self._write(
             version,
             _DELTA,
@@ -282,18 +326,19 @@ class KeyedStore:
             [
                 pa.record_batch(
                     [
-                        pa.array(keys, pa.binary()),
-                        pa.array([self.changes[k] for k in keys], pa.binary()),
+                        pa.array(list(self.changes), pa.binary()),
+                        pa.array(list(self.changes.values()), pa.binary()),
                     ],
                     schema=_SCHEMA,
                 )
             ],
         )
+        self.db.write(self._batch({**rows, _MARKER: self._marker_row(version, token)}), self._wopts)
+        self._marked = False
         if version % SNAPSHOT_EVERY == 0:
             self._write(version, _SNAPSHOT, token, self._dump())
             self._clean(version)
-        self.db.put(_MARKER, json.dumps({"version": version, "token": token}).encode(), self._wopts)
-        self.version, self.changes = version, {}
+        self.version, self.token, self.changes = version, token, {}
         return version
 
     def _dump(self) -> Iterator[pa.RecordBatch]:
@@ -312,19 +357,7 @@ class KeyedStore:
         )
 
     def _write(self, version: int, suffix: str, token: str, batches) -> None:  # noqa: ANN001
-        final = self._file(version, suffix)
-        tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
-        schema = _SCHEMA.with_metadata({"format": _FORMAT, "version": str(version), "token": token})
-        try:
-            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-                for batch in batches:
-                    writer.write_batch(batch)
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        files.write(self.checkpoint, version, suffix, token, batches)
 
     def _clean(self, version: int) -> None:
         """Drop what no version from ``version - RETAIN_VERSIONS`` on needs (Spark's
@@ -360,10 +393,7 @@ class KeyedStore:
 
     # -- files ------------------------------------------------------------------------------
     def _file(self, version: int, suffix: str) -> Path:
-        return self.checkpoint / f"{version}{suffix}"
+        return files.file(self.checkpoint, version, suffix)
 
     def _versions(self, suffix: str) -> list[int]:
-        if not self.checkpoint.is_dir():
-            return []
-        found = (_version_of(p, suffix) for p in self.checkpoint.iterdir())
-        return sorted(v for v in found if v is not None)
+        return files.versions(self.checkpoint, suffix)

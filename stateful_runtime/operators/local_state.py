@@ -10,11 +10,12 @@ Rows, each key starting with the key group (two bytes):
   key group, which the task walks for due timers;
 * ``<group> s _srt_timers_of \\0 <key>`` → the key's timestamps (``list_timers`` without a scan).
 
-Keys are pickled tuples of the key fields' Python values. A key's rows are read on its first
-access in a key's turn, cached for the turn and written back once at its end (Spark's path does
-the same against the JVM; here a read is a local RocksDB get, ~1 µs). Processing-time TTL is
-stored beside the value (``(value, expires)``) and checked against the batch's processing time,
-as the in-memory backend does.
+Keys are pickled tuples of the key fields' Python values. A row is read from the store at most
+once a task (decoded into :attr:`LocalBackend.values`; a worker's next task of the same
+partition starts from them when the store is at the version this worker committed) and what
+the task changed is written in one write batch before it looks for due timers and with its
+commit, not per key. Processing-time TTL is stored beside the value (``(value, expires)``) and
+checked against the batch's processing time, as the in-memory backend does.
 """
 
 from __future__ import annotations
@@ -28,13 +29,31 @@ from stateful_runtime.operators.backend import MapCell, StateBackend, ValueCell
 from stateful_runtime.operators.keyed_store import MAX_PARALLELISM, KeyedStore, group_prefix
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
+_dumps, _loads = pickle.dumps, pickle.loads
 _MISSING = object()
 _TIMER_SET = "_srt_timers_of"
+_EMPTY_DICT = pickle.dumps({}, _PICKLE)
+# Stored values a function cannot change in place (kept decoded between key turns).
+_IMMUTABLE = frozenset({int, float, str, bytes, bool, type(None)})
+
+
+class _Encoded:
+    """A stored value kept as its pickle (see :meth:`LocalBackend.end_key`)."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+
+
 _TS_OFFSET = 2**63  # timestamps as unsigned big-endian: byte order is time order
 
 
 def encode_ts(ts: int) -> bytes:
     return (ts + _TS_OFFSET).to_bytes(8, "big")
+
+
+_PREFIXES = [group_prefix(g) for g in range(MAX_PARALLELISM)]
 
 
 def harness_group(key_bytes: bytes) -> int:
@@ -44,20 +63,39 @@ def harness_group(key_bytes: bytes) -> int:
 
 
 class _Cell:
+    """A state of the current key: its row is ``<group> s <name> \\0 <key>``, its stored value
+    in the backend's :attr:`LocalBackend.values` (read through from the store once)."""
+
+    __slots__ = ("b", "ttl", "tag", "row", "turn", "is_map")
+
     def __init__(self, backend: LocalBackend, name: str, ttl_ms: int | None) -> None:
         self.b, self.ttl = backend, ttl_ms
         self.tag = b"s" + name.encode() + b"\x00"
-        self.cached: Any = _MISSING
-        self.dirty = False
-
-    def _row(self) -> bytes:
-        return self.b.prefix + self.tag + self.b.key_bytes
+        self.row = b""
+        self.turn = -1  # the key turn ``row`` was made in
+        self.is_map = False
 
     def _stored(self) -> Any:
-        if self.cached is _MISSING:
-            raw = self.b.store.get(self._row())
-            self.cached = None if raw is None else pickle.loads(raw)
-        return self.cached
+        b = self.b
+        if self.turn != b.turn:
+            self.row = b.prefix + self.tag + b.key_bytes
+            self.turn = b.turn
+        value = b.values.get(self.row, _MISSING)
+        if value is _MISSING:
+            raw = b.store.get(self.row)
+            value = b.values[self.row] = None if raw is None else _loads(raw)
+        elif type(value) is _Encoded:
+            value = b.values[self.row] = _loads(value.raw)
+        return value
+
+    def _set(self, stored: Any) -> None:
+        b = self.b
+        if self.turn != b.turn:
+            self.row = b.prefix + self.tag + b.key_bytes
+            self.turn = b.turn
+        b.values[self.row] = stored
+        b.dirty[self.row] = self.is_map
+        b.turn_rows.append(self.row)
 
     def _live(self, stored: Any) -> Any:
         if stored is None or self.ttl is None:
@@ -68,48 +106,51 @@ class _Cell:
     def _stamp(self, value: Any) -> Any:
         return value if self.ttl is None else (value, self.b.clock() + self.ttl)
 
-    def reset(self) -> None:
-        self.cached, self.dirty = _MISSING, False
-
-    def flush(self) -> None:
-        if self.dirty:
-            if self.cached is None:
-                self.b.store.delete(self._row())
-            else:
-                self.b.store.put(self._row(), pickle.dumps(self.cached, _PICKLE))
-        self.cached, self.dirty = _MISSING, False
-
 
 class _LocalValue(_Cell, ValueCell):
+    __slots__ = ()
+
     def get(self) -> Any:
-        return self._live(self._stored())
+        stored = self._stored()
+        if stored is None or self.ttl is None:
+            return stored
+        return self._live(stored)
 
     def put(self, value: Any) -> None:
-        self.cached, self.dirty = self._stamp(value), True
+        self._set(value if self.ttl is None else self._stamp(value))
 
     def clear(self) -> None:
-        self.cached, self.dirty = None, True
+        self._set(None)
 
 
 class _LocalMap(_Cell, MapCell):
-    """A key's map as one dict ``entry key → value`` (or ``(value, expires)`` with TTL)."""
+    """A key's map as one dict ``entry key → value`` (or ``(value, expires)`` with TTL); an
+    empty map is no row."""
+
+    __slots__ = ()
+
+    def __init__(self, backend: LocalBackend, name: str, ttl_ms: int | None) -> None:
+        super().__init__(backend, name, ttl_ms)
+        self.is_map = True
 
     def _map(self) -> dict[Any, Any]:
         stored = self._stored()
         if stored is None:
-            stored = self.cached = {}
+            stored = self.b.values[self.row] = {}
         return stored
 
     def get_entry(self, key: Any) -> Any:
         return self._live(self._map().get(key))
 
     def put_entry(self, key: Any, value: Any) -> None:
-        self._map()[key] = self._stamp(value)
-        self.dirty = True
+        m = self._map()
+        m[key] = self._stamp(value)
+        self._set(m)
 
     def remove_entry(self, key: Any) -> None:
-        if self._map().pop(key, _MISSING) is not _MISSING:
-            self.dirty = True
+        m = self._map()
+        if m.pop(key, _MISSING) is not _MISSING:
+            self._set(m)
 
     def entries(self) -> Iterator[tuple[Any, Any]]:
         for k, stored in list(self._map().items()):
@@ -118,16 +159,16 @@ class _LocalMap(_Cell, MapCell):
                 yield k, value
 
     def clear(self) -> None:
-        self.cached, self.dirty = {}, True
-
-    def flush(self) -> None:
-        if self.dirty and not self.cached:
-            self.cached = None  # an empty map is no row
-        super().flush()
+        self._set({})
 
 
 class LocalBackend(StateBackend):
     """State and timers of one task's partition in its :class:`KeyedStore`.
+
+    A state's stored value is read from the store at most once (:attr:`values`, decoded) and
+    written back in one write batch when the task next looks at its timers or commits
+    (:meth:`flush`, :meth:`pending`), not per key: a key's turn costs dictionary operations,
+    and the store sees one batch of what changed.
 
     Args:
         store: the partition's store, opened at the batch's version.
@@ -135,23 +176,40 @@ class LocalBackend(StateBackend):
         key_timers: keep each key's timestamps in a row of its own, so that a key's timers
             are listed without a scan (the test harness lists them; a task fires due timers
             from the index and never lists a key's, so it skips the row's read and write).
+        values: decoded stored values (row → value, None for no row) known to be the store's
+            at the version it is opened at (a worker's values of its previous batch, see
+            :mod:`stateful_runtime.operators.arrow_keyed`); they are read instead of the store.
     """
 
     def __init__(
-        self, store: KeyedStore, clock: Callable[[], int], *, key_timers: bool = True
+        self,
+        store: KeyedStore,
+        clock: Callable[[], int],
+        *,
+        key_timers: bool = True,
+        values: dict[bytes, Any] | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
         self.key_timers = key_timers
+        self.values: dict[bytes, Any] = {} if values is None else values
+        # Rows written since the last flush: state rows (row → whether a map: an empty map is
+        # no row) and rows written as they are (the timer index).
+        self.dirty: dict[bytes, bool] = {}
+        self.raw: dict[bytes, bytes | None] = {}
+        self.turn_rows: list[bytes] = []  # rows written in this key's turn
         self.cells: list[_Cell] = []
         self.group: int | None = None  # set by the driver from the JVM's key group column
         self.prefix = b""
         self.key: tuple = ()
         self.key_bytes = b""
+        self.turn = 0
+        self._timer_cell = _LocalValue(self, _TIMER_SET, None)
         self._timer_set: set[int] | None = None
-        self._timers_dirty = False
-        self._added: set[int] = set()
-        self._deleted: set[int] = set()
+        self._timer_turn = -1
+        # No timer at or before this time is in the store (a due() found none; a timer
+        # registered since at or before it resets it): the task's last look needs no scan.
+        self._none_due_upto: int | None = None
 
     # -- cells ------------------------------------------------------------------------------
     def value_cell(self, name: str, processing_ttl_ms: int | None) -> ValueCell:
@@ -167,96 +225,130 @@ class LocalBackend(StateBackend):
     # -- a key's turn -----------------------------------------------------------------------
     def begin_key(self, key: tuple) -> None:
         self.key = key
-        self.key_bytes = pickle.dumps(key, _PICKLE)
-        group = self.group if self.group is not None else harness_group(self.key_bytes)
-        self.prefix = group_prefix(group)
-        for cell in self.cells:
-            cell.reset()
-        self._timer_set = None
+        self.key_bytes = kb = _dumps(key, _PICKLE)
+        group = self.group if self.group is not None else harness_group(kb)
+        self.prefix = _PREFIXES[group]
+        self.turn += 1
 
     def end_key(self) -> None:
-        for cell in self.cells:
-            cell.flush()
-        if self._timers_dirty:
-            store, base = self.store, self.prefix + b"t"
-            for ts in self._deleted:
-                store.delete(base + encode_ts(ts) + self.key_bytes)
-            for ts in self._added:
-                store.put(base + encode_ts(ts) + self.key_bytes, b"")
-            row = self.prefix + b"s" + _TIMER_SET.encode() + b"\x00" + self.key_bytes
-            if not self.key_timers:
-                pass
-            elif self._timer_set:
-                store.put(row, pickle.dumps(sorted(self._timer_set), _PICKLE))
+        """A value written in the turn that the function could still change in place (it
+        holds what it wrote) is kept encoded: a later read decodes a copy of its own, as a
+        read from the store would."""
+        rows = self.turn_rows
+        if rows:
+            values = self.values
+            for row in rows:
+                value = values[row]
+                kind = type(value)
+                if kind in _IMMUTABLE or (
+                    kind is tuple and all(type(v) in _IMMUTABLE for v in value)
+                ):
+                    continue
+                if kind is not _Encoded:
+                    values[row] = _Encoded(_dumps(value, _PICKLE))
+            rows.clear()
+
+    # -- writing back -----------------------------------------------------------------------
+    def pending(self) -> dict[bytes, bytes | None]:
+        """The rows written since the last flush, encoded, and forget them as pending."""
+        rows = self.raw
+        values = self.values
+        for row, is_map in self.dirty.items():
+            value = values[row]
+            if value is None or (is_map and not value):
+                rows[row] = None
+            elif type(value) is _Encoded:
+                rows[row] = None if is_map and value.raw == _EMPTY_DICT else value.raw
             else:
-                store.delete(row)
-            self._added.clear()
-            self._deleted.clear()
-            self._timers_dirty = False
-        self._timer_set = None
+                rows[row] = _dumps(value, _PICKLE)
+        self.dirty, self.raw = {}, {}
+        return rows
+
+    def flush(self) -> None:
+        """Write what changed since the last flush to the store (one write batch)."""
+        if self.dirty or self.raw:
+            self.store.write(self.pending())
+
+    def commit(self) -> int:
+        """The task's changes as the store's next version (see :meth:`KeyedStore.commit`)."""
+        return self.store.commit(self.pending())
 
     # -- timers -----------------------------------------------------------------------------
+    def _index_row(self, ts: int) -> bytes:
+        return self.prefix + b"t" + encode_ts(ts) + self.key_bytes
+
     def _timers(self) -> set[int]:
-        if self._timer_set is None:
-            raw = self.store.get(
-                self.prefix + b"s" + _TIMER_SET.encode() + b"\x00" + self.key_bytes
-            )
-            self._timer_set = set(pickle.loads(raw)) if raw else set()
+        if self._timer_turn != self.turn:
+            stored = self._timer_cell.get()
+            self._timer_set = set(stored) if stored else set()
+            self._timer_turn = self.turn
+        assert self._timer_set is not None
         return self._timer_set
 
+    def _save_timers(self, timers: set[int]) -> None:
+        self._timer_cell.put(sorted(timers) if timers else None)
+
     def register_timer(self, ts: int) -> None:
-        if not self.key_timers:  # the index row is written (again) at the key's end
-            self._added.add(ts)
-            self._deleted.discard(ts)
-            self._timers_dirty = True
+        none_upto = self._none_due_upto
+        if none_upto is not None and ts <= none_upto:
+            self._none_due_upto = None
+        if not self.key_timers:  # the index row is written (again)
+            self.raw[self._index_row(ts)] = b""
             return
         timers = self._timers()
         if ts not in timers:
             timers.add(ts)
-            if ts in self._deleted:
-                self._deleted.discard(ts)
-            else:
-                self._added.add(ts)
-            self._timers_dirty = True
+            self._save_timers(timers)
+            self.raw[self._index_row(ts)] = b""
 
     def delete_timer(self, ts: int) -> None:
         if not self.key_timers:  # whether it exists or not, its index row goes
-            self._deleted.add(ts)
-            self._added.discard(ts)
-            self._timers_dirty = True
+            self.raw[self._index_row(ts)] = None
             return
         timers = self._timers()
         if ts in timers:
             timers.discard(ts)
-            if ts in self._added:
-                self._added.discard(ts)
-            else:
-                self._deleted.add(ts)
-            self._timers_dirty = True
+            self._save_timers(timers)
+            self.raw[self._index_row(ts)] = None
 
     def list_timers(self) -> Iterable[int]:
         if not self.key_timers:  # a scan of the key's group (no task lists a key's timers)
+            self.flush()
             base = self.prefix + b"t"
-            stored = {
+            return sorted(
                 int.from_bytes(row[3:11], "big") - _TS_OFFSET
                 for row, _ in self.store.scan(base, base + b"\xff" * 9)
                 if row[11:] == self.key_bytes
-            }
-            return sorted((stored - self._deleted) | self._added)
+            )
         return sorted(self._timers())
 
     def due(self, upto: int, groups: Iterable[int]) -> list[tuple[int, int, tuple]]:
         """Timers at or before ``upto`` in ``groups``, in time order (then group, then key):
         ``(ts, group, key)``, not yet removed (:meth:`take` removes one as it fires)."""
+        if self._none_due_upto is not None and upto <= self._none_due_upto:
+            return []
+        self.flush()
         out = []
         stop = encode_ts(upto + 1) if upto < _TS_OFFSET - 1 else b"\xff" * 9
         for g in groups:
-            base = group_prefix(g) + b"t"
+            base = _PREFIXES[g] + b"t"
             for row, _ in self.store.scan(base, base + stop):
                 ts = int.from_bytes(row[3:11], "big") - _TS_OFFSET
                 out.append((ts, g, row[11:]))
+        if not out:
+            self._none_due_upto = upto
         out.sort()
-        return [(ts, g, pickle.loads(kb)) for ts, g, kb in out]
+        return [(ts, g, _loads(kb)) for ts, g, kb in out]
+
+    def next_timer(self, groups: Iterable[int]) -> int | None:
+        """The earliest timer in ``groups`` (None: none)."""
+        first = []
+        for g in groups:
+            base = group_prefix(g) + b"t"
+            for row, _ in self.store.scan(base, base + b"\xff" * 9):
+                first.append(int.from_bytes(row[3:11], "big") - _TS_OFFSET)
+                break
+        return min(first, default=None)
 
     def take(self, key: tuple, ts: int) -> None:
         """Remove ``key``'s timer ``ts`` (before it fires, as Spark does; the driver has set
@@ -268,20 +360,49 @@ class LocalBackend(StateBackend):
     def timers_of(self, key: tuple) -> list[int]:
         """Every timer of ``key`` (user and TTL cleanup; the harness shows them)."""
         self.begin_key(key)
-        try:
-            return sorted(self._timers())
-        finally:
-            self._timer_set = None
+        return sorted(self._timers())
 
 
-def stored_states(store: KeyedStore) -> set[tuple[str, tuple]]:
-    """(state name, key) of every state row in ``store`` (the timer index and the keys' timer
-    sets aside: the test harness asks what a cleanup removed)."""
+def stored_states(backend: LocalBackend) -> set[tuple[str, tuple]]:
+    """(state name, key) of every state row in ``backend``'s store (the timer index and the
+    keys' timer sets aside: the test harness asks what a cleanup removed)."""
+    backend.flush()
     out = set()
-    for row, _ in store.scan(b"", b"\xff\xff"):
+    for row, _ in backend.store.scan(b"", b"\xff\xff"):
         if row[2:3] != b"s":
             continue
         name, _, key = row[3:].partition(b"\x00")
         if name.decode() != _TIMER_SET:
             out.add((name.decode(), pickle.loads(key)))
     return out
+
+
+# -- a worker's values between batches -----------------------------------------------------------
+# A Python worker runs many tasks (Spark reuses workers), often of the same partition batch
+# after batch. The decoded values a task ended with are kept for the next task of that
+# partition in this process, valid only when the store opens at exactly the version this
+# process committed, with its token: another attempt of the batch (a retry here or elsewhere),
+# a batch of the partition run by another worker, a replay from an earlier version all change
+# the version or its token, and the values are dropped.
+WARM_ROWS = 400_000  # decoded rows kept per worker process, all partitions together
+_warm: dict[str, tuple[int, str, dict[bytes, Any]]] = {}
+
+
+def warm_values(store: KeyedStore) -> dict[bytes, Any] | None:
+    """The values this process committed ``store``'s current version with, if it did."""
+    entry = _warm.pop(str(store.checkpoint), None)
+    if entry is None:
+        return None
+    version, token, values = entry
+    return values if (version, token) == (store.version, store.token) else None
+
+
+def keep_values(store: KeyedStore, values: dict[bytes, Any]) -> None:
+    """Keep ``values`` (the task's, after ``store`` committed) for the partition's next task
+    in this process, within :data:`WARM_ROWS`."""
+    if len(values) > WARM_ROWS:
+        return
+    while _warm and sum(len(v) for _, _, v in _warm.values()) + len(values) > WARM_ROWS:
+        _warm.pop(next(iter(_warm)))
+    assert store.version is not None
+    _warm[str(store.checkpoint)] = (store.version, store.token, values)

@@ -10,6 +10,12 @@ firing, processing time of last firing]. Timers: ``end - 1`` fires the window (F
 max timestamp); ``end - 1 + allowed lateness`` purges it. An element whose window was purged
 already (``end - 1 + lateness <= watermark``) is late: it goes to the late side output if there
 is one, else it is counted in the map state ``late_dropped``.
+
+A window function that raises when its window fires (a timer) cannot be helped by a replay:
+the same contents raise again. The window's contents are dead-lettered (one record: the key,
+the window's bounds, and its elements or accumulator) with the step and the exception, and
+its state is cleared, so nothing is lost and the state stays bounded; under
+``errors.policy=fail`` the job stops instead, the window's state as it was.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any
 from pyspark.sql.types import StructType
 
 from stateful_runtime.aggregates import Aggregate
+from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.functions import (
     KeyedProcessFunction,
     OutputTag,
@@ -29,6 +36,8 @@ from stateful_runtime.functions import (
     TimeWindow,
     to_datetime,
 )
+from stateful_runtime.job import FAIL
+from stateful_runtime.operators.isolation import describe
 from stateful_runtime.operators.keyed import OperatorContext
 from stateful_runtime.state import AggregateFunction, MapStateDescriptor, ValueStateDescriptor
 from stateful_runtime.windows import (
@@ -278,10 +287,49 @@ class WindowOperator(KeyedProcessFunction):
             end = stored[0]
             if end - 1 == t:
                 stored[2] = 0
-                yield from self._emit(ctx, start, end, stored[1])
+                try:
+                    rows = list(self._emit(ctx, start, end, stored[1]))
+                except ConfigError:
+                    raise  # the function's definition is wrong, not this window
+                except Exception as exc:
+                    if ctx.operator.guard.errors.policy == FAIL:
+                        raise  # the engine stops the job, the window's state as it was
+                    self._reject_window(ctx, start, end, stored[1], exc)
+                    self.windows.remove(start)
+                    continue
+                yield from rows
                 if not self.lateness:
                     self.windows.remove(start)
                 else:
                     self.windows.put(start, stored)
             elif self.lateness and end - 1 + self.lateness <= t:
                 self.windows.remove(start)
+
+    def _reject_window(
+        self, ctx: OperatorContext, start: int, end: int, contents: Any, exc: Exception
+    ) -> None:
+        """The window function raised firing window [start, end) of the current key: its
+        contents (the elements of a process window function; the accumulator of an aggregate)
+        are dead-lettered as one record with the window's key and bounds, and its state is
+        cleared by the caller. Kept, a window that cannot fire would never be emitted nor
+        released (Flink's operator would fail the job on every restart instead)."""
+        op = ctx.operator
+        key = op.current_key[0] if len(op.current_key) == 1 else op.current_key
+        bounds = [_naive_utc(start), _naive_utc(end)]  # None: the global window's
+        record: dict[str, Any] = {
+            "key": key,
+            "window_start": bounds[0].isoformat() if bounds[0] else None,
+            "window_end": bounds[1].isoformat() if bounds[1] else None,
+        }
+        if self.window_function is not None:
+            record["elements"] = list(contents)
+        else:
+            record["accumulator"] = contents
+        op.guard.reject(
+            op.guard.seen,
+            record,
+            f"on_timer: the window function raised {describe(exc)} firing the window "
+            f"[{record['window_start']}, {record['window_end']}) of key {key!r}; the window's "
+            f"contents are this record and its state was cleared",
+            cause=exc,
+        )

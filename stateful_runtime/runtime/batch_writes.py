@@ -15,6 +15,17 @@ or side output) and writes them where the sink asks (:meth:`Sink.write_placement
 
 Spark commits the batch (offsets + state) only after this returns, so a batch that fails here
 is replayed with the same id and rows; the sinks' ledgers make that replay change nothing.
+
+A query without a stateful step writes one row per source record, and its rows come with the
+record's origin (source partition and offset): a row the sink's table cannot store
+(:meth:`Sink.unstorable`: a string longer than its ``varchar(n)``, a sum past a ``BIGINT``
+column, a NUL in a PostgreSQL string...) is isolated as a step's failed record is
+(:func:`isolate`): dead-lettered with the sink as the step, staged before the sink's write
+(so a replay of the batch stages the same file) and published once the batch commits, while
+the rest of the batch is written; or, under ``errors.policy=fail``, the job stops naming the
+record and the ``srt run --skip`` that passes it. A row of a window or a process function
+stands for many records or none, so there the sink's table stops the job by name
+(:func:`dbt_sink.limits.storable`).
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -33,9 +45,16 @@ from stateful_runtime.connectors.base import (
     SEQUENCE,
     PartitionedSink,
     PartitionReport,
+    Sink,
     prepare_rows,
 )
-from stateful_runtime.exceptions import SinkDataLostError
+from stateful_runtime.exceptions import SinkDataLostError, SinkError, UserFunctionError
+from stateful_runtime.operators.isolation import (
+    ORIGIN_COLUMNS,
+    ORIGIN_OFFSET,
+    ORIGIN_PARTITION,
+    StepGuard,
+)
 from stateful_runtime.planner import QueryOutput, QueryPlan
 
 if TYPE_CHECKING:
@@ -114,9 +133,18 @@ class BatchWriter:
     def check_schemas(self, output: pa.Schema) -> None:
         """Each sink's check of the rows it will get, given the query's output schema (before
         any batch runs)."""
-        empty = output.empty_table()
+        empty = _without_origin(output.empty_table())
         for out in self.query.outputs:
             out.sink.check_schema(self.rows[out.name](empty).schema)
+
+    def guard(self, out: QueryOutput) -> StepGuard | None:
+        """A fresh guard for ``out``'s rows of one batch (None: a query with a stateful step,
+        whose rows carry no single record's origin)."""
+        if self.query.stateful_operators:
+            return None
+        from stateful_runtime.runtime.dataframes import step_guard
+
+        return step_guard(self.query, out.name)
 
     def write(self, df: DataFrame, batch_id: int) -> SinkWrite:
         """Write micro-batch ``batch_id`` (the query's output ``df``) to every sink, each
@@ -130,17 +158,19 @@ class BatchWriter:
             for out in self.query.outputs:
                 select = self.rows[out.name]
                 try:
+                    guard = self.guard(out)
                     if out.sink.write_placement().where == "executors":
                         assert isinstance(out.sink, PartitionedSink)
                         partitions = out.sink.partitions or self.query.parallelism
-                        n, t = _write_on_executors(df, out.sink, select, batch_id, partitions)
+                        n, t = _write_on_executors(
+                            df, out.sink, select, batch_id, partitions, guard
+                        )
                     else:
                         if batch is None:
                             batch = df.toArrow()
                         t0 = time.perf_counter()
-                        selected = select(batch)
-                        out.sink.write_batch(selected, batch_id)
-                        n, t = selected.num_rows, (time.perf_counter() - t0) * 1000
+                        n = _write_on_driver(out.sink, select(batch), batch_id, guard)
+                        t = (time.perf_counter() - t0) * 1000
                 except SinkDataLostError as exc:
                     self.refused = exc
                     raise
@@ -155,8 +185,72 @@ class BatchWriter:
         return SinkWrite(rows, ms)
 
 
+def _without_origin(rows: pa.Table) -> pa.Table:
+    present = [c for c in ORIGIN_COLUMNS if c in rows.column_names]
+    return rows.drop_columns(present) if present else rows
+
+
+def isolate(
+    sink: Sink, rows: pa.Table, guard: StepGuard | None, batch_id: int, partition: int
+) -> pa.Table:
+    """``rows`` for ``sink`` without the origin columns, less those its table cannot store
+    (:meth:`Sink.unstorable`): each dead-lettered by ``guard`` with the sink as the step, the
+    reason and the record's origin, staged now (before the sink writes: a replay of the batch
+    stages the same file), or the job stopped as the error policy says. Rows without origin
+    columns (a query with a stateful step) are the sink's as they are."""
+    data = _without_origin(rows)
+    if guard is None or ORIGIN_PARTITION not in rows.column_names or not rows.num_rows:
+        return data
+    bad = sink.unstorable(data)
+    if not bad:
+        return data
+    parts = rows.column(ORIGIN_PARTITION).to_pylist()
+    offs = rows.column(ORIGIN_OFFSET).to_pylist()
+    fields = [c for c in data.column_names if c != SEQUENCE]
+    guard.seen += data.num_rows
+    try:
+        for i, why in bad:
+            record = data.slice(i, 1).select(fields).to_pylist()[0]
+            guard.reject(i, record, why, parts[i], offs[i])
+        guard.stage(batch_id, partition)
+    except UserFunctionError as exc:
+        if exc.skippable:
+            raise  # errors.policy=fail: the record, its origin and the --skip command
+        raise SinkError(
+            f"sink {guard.step!r}: {len(bad)} of the {data.num_rows} rows of batch {batch_id} "
+            f"hold a value the table cannot store (the first: {bad[0][1]}). So many are a "
+            f"table narrower than the job's data rather than bad records, so none was "
+            f"dead-lettered and the batch was not committed (it is replayed when the job runs "
+            f"again): widen the column (ALTER TABLE) or write to a new sink.table; if these "
+            f"records are bad, raise the bound with --set errors.max_fraction=F or "
+            f"errors.max_consecutive=N"
+        ) from exc
+    keep = np.ones(data.num_rows, dtype=bool)
+    keep[[i for i, _ in bad]] = False
+    return data.filter(pa.array(keep))
+
+
+def _write_on_driver(sink: Sink, rows: pa.Table, batch_id: int, guard: StepGuard | None) -> int:
+    """The driver path: the batch's rows (collected) to ``sink``; a partitioned sink runs its
+    protocol as one partition, its rows checked once it has read its table's columns."""
+    if not isinstance(sink, PartitionedSink):
+        rows = isolate(sink, rows, guard, batch_id, 0)
+        sink.write_batch(rows, batch_id)
+        return rows.num_rows
+    if not sink.begin_batch(batch_id, _without_origin(rows.slice(0, 0)).schema):
+        return 0  # already in the ledger: a replay (its rejects were staged the first time)
+    rows = prepare_rows(isolate(sink, rows, guard, batch_id, 0), sink.key_columns)
+    sink.commit_batch(batch_id, [sink.write_partition(rows, batch_id, 0, 1)])
+    return rows.num_rows
+
+
 def _write_on_executors(
-    df: DataFrame, sink: PartitionedSink, select: Rows, batch_id: int, partitions: int
+    df: DataFrame,
+    sink: PartitionedSink,
+    select: Rows,
+    batch_id: int,
+    partitions: int,
+    guard: StepGuard | None = None,
 ) -> tuple[int, float]:
     """The driver half of the executor path: begin, one task per output partition
     (repartitioned by the sink's key, each row numbered in batch order so the in-batch winner
@@ -164,9 +258,10 @@ def _write_on_executors(
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
-    schema = select(to_arrow_schema(df.schema).empty_table()).schema
+    arrow = to_arrow_schema(df.schema, timezone="UTC")  # the session time zone (a timestamp)
+    schema = select(arrow.empty_table()).schema
     t0 = time.perf_counter()
-    if not sink.begin_batch(batch_id, schema):
+    if not sink.begin_batch(batch_id, _without_origin(schema.empty_table()).schema):
         # Already in the sink's ledger: a replay after a crash between the sink's commit and
         # Spark's. Nothing is written, but the batch still runs (the noop sink evaluates every
         # partition), so its stateful operators commit this batch's state: skipped, the state
@@ -176,7 +271,7 @@ def _write_on_executors(
         return 0, (time.perf_counter() - t0) * 1000
     begin_ms = (time.perf_counter() - t0) * 1000
     rows = df
-    if schema != to_arrow_schema(df.schema):
+    if schema != arrow:
 
         def cut(batches):  # the sink's rows of each upstream partition (side outputs...)
             for b in batches:
@@ -187,7 +282,7 @@ def _write_on_executors(
         partitions, *[F.col(k) for k in sink.key_columns]
     )
     task = PartitionWriteTask(
-        sink, batch_id, partitions, schema.append(pa.field(SEQUENCE, pa.int64(), False))
+        sink, batch_id, partitions, schema.append(pa.field(SEQUENCE, pa.int64(), False)), guard
     )
     reports = reports_from_rows(rows.mapInArrow(task, from_arrow_schema(REPORT_SCHEMA)).collect())
     t1 = time.perf_counter()
@@ -199,13 +294,20 @@ def _write_on_executors(
 
 class PartitionWriteTask:
     """The executor half: the function ``mapInArrow`` runs per output partition — gather the
-    partition, :func:`~stateful_runtime.connectors.base.prepare_rows`,
-    ``sink.write_partition``, yield one report row. Picklable (the sink is, after ``open``)."""
+    partition, :func:`isolate` the rows its table cannot store (a query without a stateful
+    step), :func:`~stateful_runtime.connectors.base.prepare_rows`, ``sink.write_partition``,
+    yield one report row. Picklable (the sink is, after ``open``)."""
 
     def __init__(
-        self, sink: PartitionedSink, batch_id: int, partitions: int, schema: pa.Schema
+        self,
+        sink: PartitionedSink,
+        batch_id: int,
+        partitions: int,
+        schema: pa.Schema,
+        guard: StepGuard | None = None,
     ) -> None:
         self.sink, self.batch_id, self.partitions, self.schema = sink, batch_id, partitions, schema
+        self.guard = guard
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -214,6 +316,7 @@ class PartitionWriteTask:
         ctx = TaskContext.get()
         partition = ctx.partitionId() if ctx is not None else 0
         table = pa.Table.from_batches(list(batches), schema=self.schema)
+        table = isolate(self.sink, table, self.guard, self.batch_id, partition)
         rows = prepare_rows(table, self.sink.key_columns)
         report = self.sink.write_partition(rows, self.batch_id, partition, self.partitions)
         yield pa.RecordBatch.from_pylist(

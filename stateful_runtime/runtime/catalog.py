@@ -19,15 +19,23 @@ from stateful_runtime.streams import (
     ProcessNode,
     SideOutputNode,
     SourceNode,
+    UnionNode,
     WindowNode,
     record_schema,
 )
 
 
-def _source(node: Node) -> SourceNode:
-    while not isinstance(node, SourceNode):
+def _sources(node: Node) -> list[SourceNode]:
+    """The sources whose records reach ``node`` (a union's: each input's)."""
+    while not isinstance(node, SourceNode | UnionNode):
         node = node.parent  # type: ignore[union-attr]
-    return node
+    if isinstance(node, UnionNode):
+        return [s for i in node.inputs for s in _sources(i)]
+    return [node]
+
+
+def _source_names(node: Node) -> str:
+    return ", ".join(s.name for s in _sources(node))
 
 
 def _window(node: Node) -> WindowNode | None:
@@ -53,10 +61,10 @@ def _columns(node: Node) -> list[dict[str, str]]:
     """Output columns of the stream a sink writes, each with a description."""
     from stateful_runtime.connectors.formats.json import to_struct
 
-    src = _source(node)
+    src = _source_names(node)
     if isinstance(node, WindowNode):
         keys = node.parent.keys
-        described: dict[str, str] = {k: f"key_by field {k} of source {src.name}" for k in keys}
+        described: dict[str, str] = {k: f"key_by field {k} of source {src}" for k in keys}
         size = getattr(node.assigner, "size", None)
         span = f"{_span(size)} " if size is not None else ""
         described["window_start"] = (
@@ -104,7 +112,7 @@ def _columns(node: Node) -> list[dict[str, str]]:
     what = (
         f"output field of {made_by.kind} {made_by.name}"
         if isinstance(made_by, MapNode)
-        else f"field of source {src.name}"
+        else f"field of source {src}"
     )
     return [
         {"name": f.name, "type": _type_name(f.dataType), "description": what}
@@ -135,7 +143,9 @@ def sink_tables(job_file: str | Path, overrides: Mapping[str, str] | None = None
         if not isinstance(table, str) or not key:
             continue
         node = sink_node.parent
-        src = _source(node)
+        # A union's watermark is its inputs' smallest: the largest bound decides the delay.
+        srcs = _sources(node)
+        delays = [getattr(s.watermark, "max_out_of_orderness", None) for s in srcs]
         window = _window(node)
         tables.append(
             {
@@ -144,8 +154,10 @@ def sink_tables(job_file: str | Path, overrides: Mapping[str, str] | None = None
                 "kind": sink.kind,
                 "key": list(key),
                 "columns": _columns(node),
-                "source": src.name,
-                "watermark_delay_s": _seconds(getattr(src.watermark, "max_out_of_orderness", None)),
+                "source": ", ".join(s.name for s in srcs),
+                "watermark_delay_s": _seconds(
+                    max((d for d in delays if d is not None), default=None)
+                ),
                 "window_s": _seconds(getattr(window.assigner, "size", None)) if window else None,
             }
         )

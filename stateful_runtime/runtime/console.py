@@ -89,10 +89,11 @@ class Console:
         self.out.flush()
 
     def records(self, query: str, r: RecordCounts) -> None:
-        print(
-            f"\nrecords of {query} from source {r.source} (this run): "
-            f"input {r.input:,} = output {r.output:,} + dead letters "
-            f"{r.dead_letters:,} + late {r.late:,}",
-            file=self.out,
-            flush=True,
-        )
+        for one in (*r.by_source, r):  # a union's inputs, then the query's totals
+            print(
+                f"\nrecords of {query} from source {one.source} (this run): "
+                f"input {one.input:,} = output {one.output:,} + dead letters "
+                f"{one.dead_letters:,} + late {one.late:,}",
+                file=self.out,
+                flush=True,
+            )

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -213,13 +213,19 @@ def launch(
     master: str | None = None,
     from_savepoint: str | None = None,
     parallelism: int | None = None,
+    skip: Sequence[str] = (),
 ) -> Launch:
     """Plan the job file, then reuse the job's live process or start ``srt run`` detached
     (:func:`launcher.ensure_running`). Returns pid, whether it launched, the command, log path,
-    the plan, the config keys a reused process runs differently, and the job's status."""
+    the plan, the config keys a reused process runs differently, and the job's status.
+    ``skip``: source records (``SOURCE:PARTITION:OFFSET``) the launched run passes to the
+    dead-letter topic (``srt run --skip``); each is checked against the plan first."""
+    from stateful_runtime.runtime import skips
     from stateful_runtime.runtime.explain import explain
 
     jf, planned = _load(job_file, overrides, job)
+    for given in skip:  # a wrong one refused here, not in the detached process's log
+        skips.parse(given, [src.name for src in jf.job.sources])
     result = launcher.ensure_running(
         jf.job.name,
         jf.path,
@@ -227,6 +233,7 @@ def launch(
         master=master,
         from_savepoint=from_savepoint,
         parallelism=parallelism,
+        extra_args=[arg for given in skip for arg in ("--skip", given)],
     )
     drift = [] if result.launched else config_drift(result.entry, str(jf.path), overrides)
     return Launch(
@@ -305,7 +312,7 @@ def check_state(
     """Would the job file's code take the state of ``savepoint`` (id, directory or URL), or by
     default of the job's current checkpoint? Decided on the planner's fingerprint, no Spark.
     Raises :class:`IncompatibleSavepointError` listing every difference."""
-    from stateful_runtime.checkpoints import manifest, restore, savepoints
+    from stateful_runtime.checkpoints import keyed, manifest, restore, savepoints
     from stateful_runtime.checkpoints.manifest import fingerprint
     from stateful_runtime.runtime.runner import savepoint_root
 
@@ -313,12 +320,22 @@ def check_state(
     new = fingerprint(jf.job.name, planned.queries)
     if savepoint:
         sp = savepoints.resolve(savepoint, [savepoint_root(jf.job)])
-        if mismatches := manifest.check(sp):
+        if mismatches := manifest.check(sp, keyed_files=True):
             raise manifest.ManifestMismatchError(sp.location, mismatches)
         saved, where = sp.manifest.get("fingerprint") or {}, sp.location
+        local = restore.local_operators(f["path"] for f in sp.manifest["files"])
     else:
-        saved = layout.owner(jf.job.checkpoint.dir).get("fingerprint") or {}
-        where = str(jf.job.checkpoint.dir)
+        ckpt = layout.CheckpointLayout(jf.job.checkpoint.dir)
+        saved = layout.owner(ckpt.root).get("fingerprint") or {}
+        where = str(ckpt.root)
+        local = {
+            (q, op.name)
+            for q in saved.get("queries", {})
+            for op in keyed.operators(ckpt.query(q).root)
+        }
+    restore.check_backends(
+        saved, local, {q.name: q.state_backend for q in planned.queries}, where, str(jf.path)
+    )
     dropped = restore.check_compatible(saved, new, allow_non_restored_state, where)
     return StateCheck(jf.job.name, str(jf.path), where, True, tuple(dropped))
 
@@ -512,6 +529,7 @@ def window_counts(
     """
     from stateful_runtime.connectors.eventlog import EventLog
     from stateful_runtime.connectors.eventlog.source import LogSource
+    from stateful_runtime.planner import plan
     from stateful_runtime.runtime.loader import load_job_file
 
     if window_ms <= 0:
@@ -534,22 +552,31 @@ def window_counts(
             f"batch {batch} of query {query!r} is not in its checkpoint {qdir}: {exc}"
         ) from exc
     assert offsets is not None
-    if len(offsets["sources"]) != 1 or not isinstance(offsets["sources"][0], dict):
-        raise JobError(
-            f"query {query!r} reads {len(offsets['sources'])} sources; window counts handle one"
-        )
-    watermark = int(offsets["watermark_ms"] or 0)
-    ends = {str(k): int(v) for k, v in offsets["sources"][0].items()}
-
     loaded = load_job_file(
         entry["job_file"], {k: str(v) for k, v in (entry.get("config") or {}).items()}
     ).job
+    # A union's query reads several sources, each on its own line of the offset log: the
+    # counts are of one of them (its good records, its dead letters).
+    planned = next((q for q in plan(loaded).queries if q.name == query), None)
+    inputs = planned.source_names if planned is not None else []
     nodes = [n for n in loaded.sources if source in (None, n.name)]
+    if len(inputs) > 1:
+        nodes = [n for n in nodes if n.name in inputs]
     if len(nodes) != 1:
+        names = inputs if len(inputs) > 1 else [n.name for n in loaded.sources]
         raise ConfigError(
-            f"job {job!r} has sources {[n.name for n in loaded.sources]}; name one of them"
+            f"query {query!r} of job {job!r} reads sources {names}; name one of them "
+            f"(--source): each is counted on its own"
         )
     node = nodes[0]
+    index = inputs.index(node.name) if node.name in inputs else 0
+    if len(offsets["sources"]) <= index or not isinstance(offsets["sources"][index], dict):
+        raise JobError(
+            f"batch {batch} of query {query!r} holds no offsets of source {node.name!r} "
+            f"(line {index + 1} of its offset log)"
+        )
+    watermark = int(offsets["watermark_ms"] or 0)
+    ends = {str(k): int(v) for k, v in offsets["sources"][index].items()}
     src = node.source
     if not isinstance(src, LogSource):
         raise ConfigError(
@@ -576,7 +603,7 @@ def window_counts(
             reader,
             src,
             (ts_field, unit),
-            _batch_spans(QueryLayout(qdir), int(batch), node.watermark),
+            _batch_spans(QueryLayout(qdir), int(batch), node.watermark, index),
             window_ms,
             watermark,
             windows,
@@ -608,10 +635,13 @@ def window_counts(
     )
 
 
-def _batch_spans(query: QueryLayout, batch: int, watermark: Any) -> list[tuple[dict, Any]]:
-    """Per batch up to ``batch``, in order: its end offsets and the event-time bounds its read
-    tasks applied (from its logged processing time and watermark). Offsets before the oldest
-    batch Spark still logs are judged with that batch's bounds."""
+def _batch_spans(
+    query: QueryLayout, batch: int, watermark: Any, index: int = 0
+) -> list[tuple[dict, Any]]:
+    """Per batch up to ``batch``, in order: the end offsets of the query's ``index``-th source
+    and the event-time bounds its read tasks applied (from its logged processing time and
+    watermark). Offsets before the oldest batch Spark still logs are judged with that batch's
+    bounds."""
     from stateful_runtime.connectors import event_time
 
     opts = {"event_time_field": watermark.timestamp_field, **event_time.options(watermark, None)}
@@ -621,10 +651,11 @@ def _batch_spans(query: QueryLayout, batch: int, watermark: Any) -> list[tuple[d
             break
         entry = query.committed_offsets(b)
         assert entry is not None
-        if not entry["sources"] or not isinstance(entry["sources"][0], dict):
+        lines = entry["sources"]
+        if len(lines) <= index or not isinstance(lines[index], dict):
             continue
         ts, wm = query.batch_times(b)
-        ends = {str(k): int(v) for k, v in entry["sources"][0].items()}
+        ends = {str(k): int(v) for k, v in lines[index].items()}
         spans.append((ends, event_time.bounds(opts, ts, wm)))
     return spans
 
@@ -721,8 +752,9 @@ def rewind_checkpoint(
             tag = "rewind-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
             for r in rewound:
                 q = next(q for q in queries if q.name == r.query)
-                if q.dead_letters is not None:
-                    _note_replay(CheckpointLayout(ckpt).query(r.query), r, q.dead_letters, tag)
+                for i in q.inputs:  # each source the query owns the dead letters of
+                    if i.dead_letters is not None:
+                        _note_replay(CheckpointLayout(ckpt).query(r.query), r, i.dead_letters, tag)
             rewound, quarantine = recovery.rewind(ckpt, bounds, from_batch=from_batch, query=query)
     finally:
         lock.release()
@@ -740,10 +772,12 @@ def _note_replay(query: QueryLayout, rewound: Any, dead_letters: Any, tag: str) 
     publisher (:func:`stateful_runtime.connectors.dead_letters.note_replay`)."""
     from stateful_runtime.connectors.dead_letters import note_replay
 
+    at = dead_letters.index  # the source's line of the offset log (a union reads several)
     rerun = query.committed_offsets(rewound.rerun_batch)
-    keys = rerun["sources"][0] if rerun and rerun["sources"] else {}
+    keys = rerun["sources"][at] if rerun and len(rerun["sources"]) > at else {}
     before = query.committed_offsets(rewound.restart_after) if rewound.restart_after >= 0 else None
-    starts = dict(before["sources"][0]) if before and before["sources"] else {}
+    starts = before["sources"][at] if before and len(before["sources"]) > at else {}
+    starts = starts if isinstance(starts, dict) else {}
     if isinstance(keys, dict):
         note_replay(
             dead_letters.staging,

@@ -11,14 +11,15 @@ function (or the window operator) on ``transformWithStateInPandas``.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import json
+from collections.abc import Collection, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stateful_runtime.connectors.alignment import LATE_BEFORE
 from stateful_runtime.connectors.base import ERROR, OFFSET, PARTITION, RAW
-from stateful_runtime.exceptions import PlanError
+from stateful_runtime.exceptions import ConfigError, PlanError
 from stateful_runtime.operators.isolation import (
     ORIGIN_COLUMNS,
     ORIGIN_OFFSET,
@@ -54,39 +55,102 @@ SKIP_STEP = "skip"  # the step srt run --skip adds (dead letters name it)
 # Spark's conf for one watermark for every stateful operator of a query (before 3.5's
 # per-operator propagation), which a query with keyed state in the worker starts with.
 SINGLE_WATERMARK = ("spark.sql.streaming.statefulOperator.allowMultiple", "false")
+
+
+def refuse_speculation(setting: str) -> None:
+    """``spark.speculation=true`` is refused for keyed state in the worker: a speculative copy
+    of a task runs the same state partition's batch beside the first, on another executor with
+    a copy of its own; the checkpoint keeps the version written last while Spark keeps the
+    output of the copy that finished first (they differ for a function that reads the clock or
+    draws random numbers), and both stage their dead letters."""
+    if setting.strip().lower() == "true":
+        raise ConfigError(
+            "spark.speculation=true runs a second copy of a slow task, and with "
+            "state.backend=rocksdb_local the two would both write the batch's state: set "
+            "spark.speculation=false for this job, or run it with state.backend=spark"
+        )
+
+
 TAG_COLUMN = "_tag"  # operators/spark.py's TAG, without importing PySpark's state API here
 # Names of the observed metrics (Spark progress ``observedMetrics``) the job's accounting
 # reads: per source, records read and rejected; per window operator, records that came late.
 SOURCE_METRICS = "srt_source"
 LATE_METRICS = "srt_late"
+# A union's records carry the index of their input (its place in the offset log) until the
+# stateful operator, so a native window counts each input's late records apart.
+UNION_INPUT = "srt_union_input"
 
 
 def build(
     spark: SparkSession,
     query: QueryPlan,
     checkpoint: str | None = None,
-    skips: Collection[tuple[int, int]] = (),
+    skips: Mapping[str, Collection[tuple[int, int]]] | Collection[tuple[int, int]] = (),
 ) -> DataFrame:
     """The query's streaming DataFrame; ``checkpoint`` (the query's checkpoint directory) lets
     a native window count late records exactly (:func:`_count_late`); ``skips``: the source
-    records (partition, offset) ``srt run --skip`` passes to the dead-letter topic."""
-    df = read_source(
-        spark,
-        query.source,
-        query.dead_letters.staging if query.dead_letters is not None else None,
-        late_watermark_of=checkpoint if query.path is QueryPath.NATIVE else None,
-        query_checkpoint=checkpoint,
-    )
-    if skips:
-        df = _skip(df, query, skips)
-    for node in query.nodes:
+    records (partition, offset) ``srt run --skip`` passes to the dead-letter topic, per source
+    name (or, for a query of one source, that source's)."""
+    if not isinstance(skips, Mapping):
+        skips = {query.source.name: skips}
+    frames = []
+    for i in query.inputs:
+        df = read_source(
+            spark,
+            i.source,
+            i.dead_letters.staging if i.dead_letters is not None else None,
+            late_watermark_of=checkpoint if query.path is QueryPath.NATIVE else None,
+            query_checkpoint=checkpoint,
+            metrics=source_metrics(query, i.source.name),
+        )
+        if skips.get(i.source.name):
+            df = _skip(df, query, skips[i.source.name], i.source.name)
+        if query.union:
+            from pyspark.sql import functions as F
+
+            # A record's partition and offset name it only with its source, and a query's
+            # step rejects are published against its first source's offsets: in a union they
+            # go out without them (by batch), never under another source's name.
+            df = df.withColumns(
+                {
+                    ORIGIN_PARTITION: F.lit(None).cast("int"),
+                    ORIGIN_OFFSET: F.lit(None).cast("long"),
+                    UNION_INPUT: F.lit(i.index),
+                }
+            )
+        df = _steps(df, i.nodes, query, checkpoint)
+        frames.append(df)
+    # Flink's union: Spark keeps each input's watermark and takes their minimum
+    # (spark.sql.streaming.multipleWatermarkPolicy=min, its default).
+    df = frames[0]
+    for other in frames[1:]:
+        df = df.unionByName(other)
+    df = _steps(df, query.nodes, query, checkpoint)
+    if query.stateful_operators:
+        return df.drop(*ORIGIN_COLUMNS, UNION_INPUT)
+    # Each output row is one source record's: the origin columns go on to the sinks' writer,
+    # which dead-letters by them a row its sink cannot store (runtime/batch_writes.py).
+    return df.drop(EVENT_TIME, UNION_INPUT)
+
+
+def source_metrics(query: QueryPlan, source: str) -> str:
+    """The name of the observed metric counting one source's records in ``query``'s batches."""
+    return f"{SOURCE_METRICS}:{source}" if query.union else SOURCE_METRICS
+
+
+def _steps(
+    df: DataFrame, nodes: Sequence[object], query: QueryPlan, checkpoint: str | None
+) -> DataFrame:
+    """``nodes`` on ``df``: one input's steps before a union, or the query's after it."""
+    for node in nodes:
         if isinstance(node, FilterNode):
             df = df.filter(node.condition)
         elif isinstance(node, MapNode):
             df = _map(df, node, query)
         elif isinstance(node, NativeWindowNode):
-            df = _window_aggregate(df, node)
+            df = _window_aggregate(df, node, query)
         elif isinstance(node, ProcessNode):
+            df = df.drop(UNION_INPUT)
             if query.state_backend == "rocksdb_local":
                 df = _process_local(df, node, query, checkpoint)
             else:
@@ -94,29 +158,30 @@ def build(
                 df = _process(df, node, query)
         else:
             assert isinstance(node, KeyByNode)  # keys are read by the stateful node after it
-    if not query.stateful_operators:
-        df = df.drop(EVENT_TIME)
-    return df.drop(*ORIGIN_COLUMNS)
+    return df
 
 
-def _guard(query: QueryPlan, step: str) -> StepGuard:
+def step_guard(query: QueryPlan, step: str, source: str | None = None) -> StepGuard:
     """The guard a task of ``step`` isolates records with (shipped to the tasks)."""
     steps = query.step_dead_letters
     return StepGuard(
         step,
-        query.source.name,
+        source or query.source.name,
         query.errors,
         steps.rejects(step) if steps is not None else None,
     )
 
 
-def _skip(df: DataFrame, query: QueryPlan, skips: Collection[tuple[int, int]]) -> DataFrame:
+def _skip(
+    df: DataFrame, query: QueryPlan, skips: Collection[tuple[int, int]], source: str
+) -> DataFrame:
     """The records ``srt run --skip`` named, out of the stream and into the dead-letter
     topic, before any step sees them."""
     from stateful_runtime.operators.isolation import SkipOperator
 
     fields = [c for c in df.columns if c not in (EVENT_TIME, *ORIGIN_COLUMNS)]
-    return df.mapInArrow(SkipOperator(skips, fields, _guard(query, SKIP_STEP)), df.schema)
+    guard = step_guard(query, SKIP_STEP, source)
+    return df.mapInArrow(SkipOperator(skips, fields, guard), df.schema)
 
 
 def _event_time_column(src: SourceNode):  # -> Column
@@ -138,6 +203,7 @@ def read_source(
     staging: str | None = None,
     late_watermark_of: str | None = None,
     query_checkpoint: str | None = None,
+    metrics: str = SOURCE_METRICS,
 ) -> DataFrame:
     from pyspark.sql import functions as F
 
@@ -151,7 +217,7 @@ def read_source(
     # Per-batch accounting of the source (in Spark's progress as observed metrics): every
     # record read, and those rejected (dead letters); late ones are counted downstream.
     df = df.observe(
-        SOURCE_METRICS,
+        metrics,
         F.count(F.lit(1)).alias("input"),
         F.sum(F.when(F.col(ERROR).isNotNull(), 1).otherwise(0)).alias("dead_letters"),
     )
@@ -186,7 +252,7 @@ def _last_window_end(assigner: NativeAssigner):  # -> Column
     return ts - F.pmod(ts, _micros(step)) + _micros(assigner.size)  # epoch-aligned, as Spark
 
 
-def _count_late(df: DataFrame, assigner: NativeAssigner) -> DataFrame:
+def _count_late(df: DataFrame, assigner: NativeAssigner, query: QueryPlan) -> DataFrame:
     """Count, record by record, what Spark's late filter will drop from the window aggregation:
     records whose last window ends at or before their batch's late-event watermark (the
     source's :data:`~stateful_runtime.connectors.alignment.LATE_BEFORE` column). Spark's own
@@ -196,16 +262,22 @@ def _count_late(df: DataFrame, assigner: NativeAssigner) -> DataFrame:
     if LATE_BEFORE not in df.columns:
         return df
     late = _last_window_end(assigner) <= F.col(LATE_BEFORE) * 1000
-    return df.observe(LATE_METRICS, F.sum(F.when(late, 1).otherwise(0)).alias("late")).drop(
-        LATE_BEFORE
-    )
+    counts = [F.sum(F.when(late, 1).otherwise(0)).alias("late")]
+    if query.union:  # each input's late records apart: ``late:<source>``
+        counts += [
+            F.sum(F.when(late & (F.col(UNION_INPUT) == i.index), 1).otherwise(0)).alias(
+                f"late:{i.source.name}"
+            )
+            for i in query.inputs
+        ]
+    return df.observe(LATE_METRICS, *counts).drop(LATE_BEFORE)
 
 
-def _window_aggregate(df: DataFrame, node: NativeWindowNode) -> DataFrame:
+def _window_aggregate(df: DataFrame, node: NativeWindowNode, query: QueryPlan) -> DataFrame:
     from pyspark.sql import functions as F
 
     assigner = node.assigner
-    df = _count_late(df, assigner)
+    df = _count_late(df, assigner, query)
     keys = list(node.parent.keys)
     types = {f.name: f.dataType for f in df.schema.fields}
     aggs = [
@@ -253,7 +325,7 @@ def _process(df: DataFrame, node: ProcessNode, query: QueryPlan) -> DataFrame:
     mode = "EventTime" if fn.time_domain is TimeDomain.EVENT_TIME else "ProcessingTime"
     out = transform_with_state(
         df.groupBy(*node.parent.keys),
-        SparkKeyedProcessor(fn, fields, main.fieldNames(), _guard(query, node.name)),
+        SparkKeyedProcessor(fn, fields, main.fieldNames(), step_guard(query, node.name)),
         output_struct(main),
         mode,
     )
@@ -276,12 +348,13 @@ def _refuse_other_backend(checkpoint: str | None, node: ProcessNode, backend: st
     local = (Path(checkpoint) / KEYED_DIR / node.name).is_dir()
     if local == (backend == "rocksdb_local"):
         return
+    from stateful_runtime.checkpoints.restore import migration_hint
+
     other = "rocksdb_local" if backend == "spark" else "spark"
     raise PlanError(
         f"operator {node.name!r}: the checkpoint {checkpoint} holds its state as written by "
-        f"state.backend={other}, and this run uses state.backend={backend}; run with "
-        f"--set state.backend={other}, or start from a new checkpoint directory (moving state "
-        f"between backends is not supported yet)"
+        f"state.backend={other}, and this run uses state.backend={backend}. "
+        + migration_hint(other, backend, "JOB_FILE")
     )
 
 
@@ -315,12 +388,6 @@ def _process_local(
     from stateful_runtime.state import TimeDomain
 
     fn = node.function
-    if fn.time_domain is TimeDomain.PROCESSING_TIME:
-        raise PlanError(
-            f"operator {node.name!r} runs in processing time, whose timers need batches without "
-            f"input, which state.backend=rocksdb_local does not start yet; run it with "
-            f"state.backend=spark"
-        )
     _refuse_other_backend(checkpoint, node, "rocksdb_local")
     parallelism = query.parallelism
     keys = list(node.parent.keys)
@@ -341,7 +408,8 @@ def _process_local(
         to_arrow_schema(out_struct),
         checkpoint,
         parallelism,
-        _guard(query, node.name),
+        step_guard(query, node.name),
+        query.rocksdb,
     )
     out = shuffled.mapInArrow(operator, out_struct)
     # The condition reads every column, so the optimizer cannot prune the branch's input:
@@ -354,12 +422,34 @@ def _process_local(
         .select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in out_struct.fields])
     )
     out = out.unionByName(ticks)
+    if fn.time_domain is TimeDomain.PROCESSING_TIME and checkpoint is not None:
+        out = out.unionByName(
+            _timer_ticks(df.sparkSession, checkpoint, node.name, parallelism, out)
+        )
     if isinstance(fn, WindowOperator):
         late = [t.name for t in fn.side_outputs] + [LATE_MARK]
         out = out.observe(
             LATE_METRICS, F.sum(F.when(F.col(TAG_COLUMN).isin(late), 1).otherwise(0)).alias("late")
         )
     return out
+
+
+def _timer_ticks(
+    spark: SparkSession, checkpoint: str, operator: str, parallelism: int, like: DataFrame
+) -> DataFrame:
+    """No rows, from a source whose offset moves when a processing-time timer of
+    ``operator`` is due (:mod:`stateful_runtime.operators.ticks`): Spark runs that batch."""
+    from pyspark.sql import functions as F
+
+    from stateful_runtime.connectors.base import read_stream
+    from stateful_runtime.operators.arrow_keyed import store_dir
+    from stateful_runtime.operators.ticks import TickDataSource
+
+    dirs = [str(store_dir(checkpoint, operator, p)) for p in range(parallelism)]
+    ticks = read_stream(
+        spark, TickDataSource, {"checkpoint": checkpoint, "partitions": json.dumps(dirs)}
+    )
+    return ticks.select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in like.schema.fields])
 
 
 def _map(df: DataFrame, node: MapNode, query: QueryPlan) -> DataFrame:
@@ -383,8 +473,9 @@ def _map(df: DataFrame, node: MapNode, query: QueryPlan) -> DataFrame:
         node.function,
         node.flat,
         fields,
-        to_arrow_schema(node.output_schema),
+        # Spark's session time zone is UTC (runtime/session.py): a datetime output is UTC.
+        to_arrow_schema(node.output_schema, timezone="UTC"),
         [f.name for f in carried],
-        _guard(query, node.name),
+        step_guard(query, node.name),
     )
     return df.mapInArrow(operator, StructType([*node.output_schema.fields, *carried]))

@@ -32,7 +32,7 @@ class RunnerHandlers(Handlers):
             queries[run.plan.name] = replace(
                 h,
                 checkpoint=checkpoint_facts(run.checkpoint_dir).committed(),
-                records=h.records or run.records.counts(run.plan.source.name),
+                records=h.records or run.records.counts(run.plan.source_names),
                 dead_letters=self.runner.dead_letter_view(run.plan.name),
             )
         return JobHealth(self.job, os.getpid(), self.runner.state, time.time(), queries)

@@ -12,6 +12,7 @@ import io
 from typing import TYPE_CHECKING
 
 from stateful_runtime.exceptions import TopicNotFoundError
+from stateful_runtime.job import RocksDBMemory
 from stateful_runtime.operators.keyed import describe_states
 from stateful_runtime.operators.window import WindowOperator
 from stateful_runtime.planner import (
@@ -35,7 +36,7 @@ def explain(plan: Plan, spark: SparkSession | None = None) -> str:
         f"job {job.name}: {len(plan.queries)} streaming queries, parallelism "
         f"{job.parallelism}, checkpoint every {job.checkpoint.interval} in "
         f"{job.checkpoint.dir}",
-        "state: Spark RocksDB state store, changelog checkpointing on",
+        state_line(job.state_backend, job.rocksdb),
     ]
     for q in plan.queries:
         lines.append("")
@@ -45,6 +46,20 @@ def explain(plan: Plan, spark: SparkSession | None = None) -> str:
         if spark is not None:
             lines += _spark_plan(spark, q)
     return "\n".join(lines)
+
+
+def state_line(backend: str, memory: RocksDBMemory) -> str:
+    """Where keyed state lives (``state.backend``) and, in the worker, its memory settings."""
+    if backend == "rocksdb_local":
+        return (
+            f"state: state.backend=rocksdb_local, a RocksDB in each Python worker ("
+            f"state.rocksdb.block_cache_mb={memory.block_cache_mb}, "
+            f"state.rocksdb.write_buffer_mb={memory.write_buffer_mb}, "
+            f"state.rocksdb.write_buffers={memory.write_buffers}: at most {memory.bound_mb} MiB "
+            f"per worker), versioned with each batch under <checkpoint>/<query>/keyed/; native "
+            f"windows in Spark's RocksDB state store"
+        )
+    return "state: state.backend=spark, Spark's RocksDB state store (changelog checkpointing on)"
 
 
 def _spark_plan(spark: SparkSession, query: QueryPlan) -> list[str]:
@@ -63,19 +78,32 @@ def _spark_plan(spark: SparkSession, query: QueryPlan) -> list[str]:
 
 def steps(query: QueryPlan) -> list[str]:
     """What the query does, one line per step, in order."""
-    src, dead_letters = query.source, query.dead_letters
-    where = (
-        f"staged per split and published to the {dead_letters.sink.describe()} once the "
-        f"batch commits"
-        if dead_letters
-        else "handled by the query that owns the source"
-    )
-    out = [
-        f"source {src.name}: {src.source.describe()}",
-        f"decode; records that fail are {where}",
-        f"watermark: {src.watermark.describe()}",
-        f"event-time policy: {src.watermark.event_time_policy.describe()}",
-    ]
+    out: list[str] = []
+    for i in query.inputs:
+        src, dead_letters = i.source, i.dead_letters
+        where = (
+            f"staged per split and published to the {dead_letters.sink.describe()} once the "
+            f"batch commits"
+            if dead_letters
+            else "handled by the query that owns the source"
+        )
+        lead = f"input {i.index + 1}: " if query.union else ""
+        out += [
+            f"{lead}source {src.name}: {src.source.describe()}",
+            f"decode; records that fail are {where}",
+            f"watermark: {src.watermark.describe()}",
+            f"event-time policy: {src.watermark.event_time_policy.describe()}",
+        ]
+        out += [_node_step(node, query.parallelism) for node in i.nodes]
+    if query.union:
+        names = ", ".join(query.source_names)
+        out.append(
+            f"union of {names}: the watermark is the minimum of the inputs' watermarks (each "
+            f"input's own: largest event time it read minus its bound; Spark's "
+            f"multipleWatermarkPolicy=min), so the input that lags holds it back, and an input "
+            f"that has read nothing yet holds it at the epoch; each input's offsets are "
+            f"checkpointed in the same offsets/N, its records counted apart"
+        )
     out += [_node_step(node, query.parallelism) for node in query.nodes]
     if query.step_dead_letters is not None and any(
         isinstance(n, MapNode | ProcessNode) for n in query.nodes

@@ -16,8 +16,10 @@ from typing import Any
 
 from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.job import (
+    ROCKSDB_KEYS,
     RUNTIME_KEYS,
     ErrorPolicy,
+    RocksDBMemory,
     StreamJob,
     check_number,
     is_event_time_key,
@@ -108,4 +110,6 @@ def load_job_file(path: str | Path, overrides: Mapping[str, str] | None = None) 
     if any(config.get(k) not in (None, "") for k in RUNTIME_KEYS if k.startswith("errors.")):
         # a job built without from_config still takes the errors.* keys --set gives
         job.errors = ErrorPolicy.from_config(config, job.errors)
+    if any(config.get(k) not in (None, "") for k in ROCKSDB_KEYS):  # the same for state.rocksdb.*
+        job.rocksdb = RocksDBMemory.from_config(config, job.rocksdb)
     return JobFile(path.resolve(), defaults, config, job)

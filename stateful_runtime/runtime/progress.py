@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,7 +27,9 @@ from stateful_runtime.contract import (
     CheckpointFacts,
     DeadLetterSample,
     DeadLetterView,
+    RecentBatch,
     RecordCounts,
+    recent_rates,
 )
 
 if TYPE_CHECKING:
@@ -72,33 +74,54 @@ class Records:
     ``output`` (into the job's operators or sinks) + ``dead_letters`` (rejected, to the
     dead-letter topic) + ``late`` (behind the watermark: dropped and counted, or to a late side
     output). ``input`` and ``dead_letters`` are counted where the source's frame is read,
-    ``late`` where the window drops them (Spark's native window, or the window operator)."""
+    ``late`` where the window drops them (Spark's native window, or the window operator).
+
+    A union's query counts each input apart too (``by_source``, from the observed metric
+    ``srt_source:<source>`` and the native window's ``late:<source>``); the totals hold them
+    all, and the records its steps rejected."""
 
     input: int = 0
     dead_letters: int = 0
     late: int = 0
+    by_source: dict[str, Records] = field(default_factory=dict)
 
     @property
     def output(self) -> int:
         return self.input - self.dead_letters - self.late
 
-    def add(self, progress: Mapping[str, Any]) -> int:
-        """Count one batch's progress report in; returns the batch's late records."""
+    def add(self, progress: Mapping[str, Any], sources: Sequence[str] = ()) -> int:
+        """Count one batch's progress report in (``sources``: a union's inputs, by name);
+        returns the batch's late records."""
         # Named where the query's DataFrame observes them; imported here, as that module
         # imports Spark and ``srt status`` reads checkpoint facts from this one without it.
         from stateful_runtime.runtime.dataframes import LATE_METRICS, SOURCE_METRICS
 
         observed = progress.get("observedMetrics") or {}
+        lates = _metrics(observed.get(LATE_METRICS))
+        for name in sources if len(sources) > 1 else ():
+            one = self.by_source.setdefault(name, Records())
+            counted = _metrics(observed.get(f"{SOURCE_METRICS}:{name}"))
+            one.input += int(counted.get("input") or 0)
+            one.dead_letters += int(counted.get("dead_letters") or 0)
+            one.late += int(lates.get(f"late:{name}") or 0)
+            self.input += int(counted.get("input") or 0)
+            self.dead_letters += int(counted.get("dead_letters") or 0)
         source = _metrics(observed.get(SOURCE_METRICS))
         self.input += int(source.get("input") or 0)
         self.dead_letters += int(source.get("dead_letters") or 0)
-        late = int(_metrics(observed.get(LATE_METRICS)).get("late") or 0)
+        late = int(lates.get("late") or 0)
         self.late += late
         return late
 
-    def counts(self, source: str) -> RecordCounts:
-        """The counts so far, as health reports them."""
-        return RecordCounts(source, self.input, self.output, self.dead_letters, self.late)
+    def counts(self, source: str | Sequence[str]) -> RecordCounts:
+        """The counts so far, as health reports them (a union's: each input's too)."""
+        names = [source] if isinstance(source, str) else list(source)
+        by_source = tuple(
+            self.by_source.get(n, Records()).counts(n) for n in names if len(names) > 1
+        )
+        return RecordCounts(
+            "+".join(names), self.input, self.output, self.dead_letters, self.late, by_source
+        )
 
 
 def _metrics(row: Any) -> Mapping[str, Any]:
@@ -121,22 +144,47 @@ def _offsets(value: Any) -> Any:
 
 def _lag(progress: Mapping[str, Any]) -> tuple[int | None, dict[str, int] | None]:
     """Records in the source not yet read, in all and per partition (None: it does not say)."""
-    src = (progress.get("sources") or [{}])[0]
-    end, latest = (_offsets(src.get("endOffset")), _offsets(src.get("latestOffset")))
-    if not (isinstance(end, dict) and isinstance(latest, dict)):
-        return None, None
-    # Offsets are {"<partition>": next} (event log) or {"<topic>:<partition>": next} (Kafka).
-    by_partition = {p: max(0, int(latest[p]) - int(end.get(p, 0))) for p in latest}
+    sources = progress.get("sources") or [{}]
+    by_partition: dict[str, int] = {}
+    for i, src in enumerate(sources):
+        end, latest = (_offsets(src.get("endOffset")), _offsets(src.get("latestOffset")))
+        if not (isinstance(end, dict) and isinstance(latest, dict)):
+            return None, None
+        # Offsets are {"<partition>": next} (event log) or {"<topic>:<partition>": next}
+        # (Kafka); a union's inputs are told apart by their place: "<input>/<partition>".
+        lead = f"{i + 1}/" if len(sources) > 1 else ""
+        for p in latest:
+            by_partition[lead + p] = max(0, int(latest[p]) - int(end.get(p, 0)))
     return sum(by_partition.values()), by_partition
 
 
+def recent_batch(progress: Mapping[str, Any]) -> RecentBatch | None:
+    """A batch that ran, as the rates over time count it (None: its report lacks the time)."""
+    try:
+        started = datetime.fromisoformat(str(progress["timestamp"]).replace("Z", "+00:00"))
+        return RecentBatch(
+            int(progress["batchId"]),
+            int(progress.get("numInputRows") or 0),
+            round(started.timestamp() * 1000),
+            int((progress.get("durationMs") or {})["triggerExecution"]),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def batch_health(
-    progress: Mapping[str, Any], *, late_rows: int = 0, late_rows_this_run: int = 0
+    progress: Mapping[str, Any],
+    *,
+    late_rows: int = 0,
+    late_rows_this_run: int = 0,
+    recent: tuple[RecentBatch, ...] = (),
 ) -> BatchHealth:
     """One query's last batch from its Spark progress report (``late_rows``: the batch's
-    records behind the watermark, counted by :class:`Records`)."""
+    records behind the watermark, counted by :class:`Records`; ``recent``: the run's last
+    batches, this one included, for the rates over time)."""
     ops = progress.get("stateOperators") or []
     lag, lag_by_partition = _lag(progress)
+    input_rate, processed_rate = recent_rates(recent)
     return BatchHealth(
         last_batch=progress.get("batchId"),
         input_rows=progress.get("numInputRows"),
@@ -151,6 +199,9 @@ def batch_health(
         updated_at=now_iso(),
         late_rows_dropped=late_rows,
         late_rows_dropped_this_run=late_rows_this_run,
+        recent=recent,
+        recent_input_rows_per_s=input_rate,
+        recent_processed_rows_per_s=processed_rate,
     )
 
 

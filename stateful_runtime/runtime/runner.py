@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,6 +27,7 @@ from stateful_runtime.checkpoints.layout import CheckpointLayout, CheckpointLock
 from stateful_runtime.checkpoints.mirror import CheckpointMirror, MirrorSync
 from stateful_runtime.checkpoints.verify import disk_full
 from stateful_runtime.contract import (
+    RATE_BATCHES,
     DeadLetterView,
     ErrorDocument,
     JobState,
@@ -33,6 +35,7 @@ from stateful_runtime.contract import (
     MirrorHealth,
     QueryHealth,
     QueryStatus,
+    RecentBatch,
     SavepointSummary,
     StopReport,
     StopSignal,
@@ -50,6 +53,7 @@ from stateful_runtime.masking import mask_text
 from stateful_runtime.operators.isolation import SKIPPED
 from stateful_runtime.planner import QueryPlan, chain, plan
 from stateful_runtime.runtime import (
+    dagster_push,
     failures,
     registry,
     sink_check,
@@ -60,7 +64,7 @@ from stateful_runtime.runtime import (
 )
 from stateful_runtime.runtime.batch_writes import BatchWriter
 from stateful_runtime.runtime.console import Console
-from stateful_runtime.runtime.dataframes import SINGLE_WATERMARK, build
+from stateful_runtime.runtime.dataframes import SINGLE_WATERMARK, build, refuse_speculation
 from stateful_runtime.runtime.endpoint import ControlEndpoint
 from stateful_runtime.runtime.endpoint_handlers import RunnerHandlers
 from stateful_runtime.runtime.progress import (
@@ -72,6 +76,7 @@ from stateful_runtime.runtime.progress import (
     merge_views,
     new_progress,
     now_iso,
+    recent_batch,
 )
 from stateful_runtime.runtime.session import build_session, default_master
 from stateful_runtime.state import TimeDomain
@@ -176,11 +181,24 @@ class _Running:
     idle_at: str | None = None  # the idle trigger's report last read (its timestamp)
     health: QueryHealth = field(default_factory=QueryHealth)
     records: Records = field(default_factory=Records)
+    # The run's last batches that ran: the rates over time (contract.BatchHealth.recent).
+    recent: deque[RecentBatch] = field(default_factory=lambda: deque(maxlen=RATE_BATCHES))
 
 
 def savepoint_root(job: Any) -> str:
     """Where the job's savepoints go unless a command names a target."""
     return job.checkpoint.savepoint_dir or str(registry.home() / "savepoints")
+
+
+def _offset_lines(q: QueryPlan) -> int:
+    """The lines of source offsets Spark logs per batch of ``q``: one per input, except that a
+    process function on ``state.backend=rocksdb_local`` reads each input twice in its plan (the
+    branch that makes Spark run batches without data shares the shuffle, not the source
+    relation) and, in processing time, also reads its timer ticks."""
+    fn = q.process.function if q.process is not None else None
+    if q.state_backend != "rocksdb_local" or fn is None:
+        return len(q.inputs)
+    return 2 * len(q.inputs) + (fn.time_domain is TimeDomain.PROCESSING_TIME)
 
 
 class JobRunner:
@@ -261,6 +279,9 @@ class JobRunner:
         self.runs: list[_Running] = []
         self.state = JobState.STARTING
         self.on_batch = list(on_batch)
+        # Launched by Dagster with a webserver to report to: each commit is pushed at once.
+        if (push := dagster_push.from_env(self.job.name, self.console.say)) is not None:
+            self.on_batch.append(push)
         self._timings: dict[tuple[str, int], tuple[float, int]] = {}
         self._stop = threading.Event()
         # Set by Spark's listener on every progress report and query end, and by a stop: the
@@ -367,13 +388,24 @@ class JobRunner:
             raise
 
     def _prepare_locked(self) -> None:
+        # The records passed so far, read before a restore or --replay-sinks puts another
+        # checkpoint in this one's place: carried into it (a record skipped once is not met
+        # again, whatever batch replays it).
+        passed = skips.load(self.layout.skips)
         if self.replay_sinks and not self.from_savepoint:
             self._fresh_checkpoint()
+        saved = None
         if self.from_savepoint or self.restore_from:
             self._restore()
         else:
             self._check_state_types()
+            if self.layout.marker.exists():
+                saved = layout.owner(self.checkpoint_dir).get("fingerprint")
+        self._check_inputs(saved)
         layout.claim(self.checkpoint_dir, self.job.name, self._query_names, self.fingerprint)
+        # Recorded before anything below can fail the run: a --skip given once is kept, whatever
+        # happens to this run (a refusal, a crash, a kill before the record's batch commits).
+        self.skips = skips.record(self.layout.skips, [*skips.listed(passed), *self.skip])
         # Damage confined to the newest batch falls back to the one before; other damage refuses.
         self.recovery = recovery.recover(
             self.checkpoint_dir,
@@ -394,7 +426,6 @@ class JobRunner:
             self.mirror = CheckpointMirror(self.checkpoint_dir, self.job.checkpoint.mirror)
         for src in self.job.sources:
             src.source.check()
-        self.skips = skips.record(self.layout.skips, self.skip)
         for source, partition, offset in self.skip:
             self.console.say(
                 f"skipping record {source}:{partition}:{offset}: it goes to the dead-letter "
@@ -471,7 +502,9 @@ class JobRunner:
                 return self._failed()
             if not any(run.query.isActive for run in self.runs):
                 self._report()
-                return False
+                # Asked again: a query that failed after the check above, before this one, is
+                # inactive now and its error is set (Spark sets it before it ends the query).
+                return self._failed()
             self._wake.wait(MONITOR_INTERVAL_S)
 
     def stop(self) -> None:
@@ -621,6 +654,42 @@ class JobRunner:
                 "Nothing was changed; the checkpoint is as the last run left it.",
             )
 
+    def _check_inputs(self, saved: dict | None = None) -> None:
+        """Refuse, by name, a query whose checkpoint holds the offsets of other sources than it
+        reads now (a union's inputs added, removed or reordered): Spark keeps one line of
+        offsets per source, by position, and would stop on its first batch with an assertion
+        that names neither. ``saved``: the fingerprint the checkpoint was claimed with."""
+        named = {
+            query: what
+            for query, what in restore.changed_sources(saved or {}, self.fingerprint)
+            if self.layout.query(query).last_committed() is not None
+        }
+        changed = list(named.values())
+        for q in self.plan.queries:
+            try:
+                committed = self.layout.query(q.name).committed_offsets()
+            except (OSError, ValueError, IndexError):
+                # A damaged offset log entry (UnicodeDecodeError is a ValueError) is damage
+                # recovery's to name or fall back from, below; the fingerprint above still
+                # compares the inputs.
+                continue
+            if committed is None or q.name in named:
+                continue
+            lines = len(committed["sources"])
+            if lines != _offset_lines(q):
+                changed.append(
+                    f"query {q.name}: its checkpoint holds the offsets of {lines} source(s), "
+                    f"the job reads {len(q.inputs)} ({', '.join(q.source_names)}) — a union's "
+                    f"inputs cannot be added or removed on a checkpoint; keep them as they "
+                    f"were, or run the changed union as a query of its own (another sink name)"
+                )
+        if changed:
+            raise IncompatibleSavepointError(
+                str(self.checkpoint_dir),
+                changed,
+                "Nothing was changed; the checkpoint is as the last run left it.",
+            )
+
     def _restore(self) -> None:
         """Lay a savepoint or the mirror out as the job's checkpoint (before it is claimed)."""
         sp, self.restored = restore.restore_job(
@@ -632,6 +701,8 @@ class JobRunner:
             restore_from=self.restore_from,
             allow_non_restored=self.allow_non_restored_state,
             lock=self.checkpoint_lock,
+            state_backends={q.name: q.state_backend for q in self.plan.queries},
+            job_file=str(self.jobfile.path),
         )
         what = "savepoint" if self.from_savepoint else "checkpoint mirror"
         self.console.say(
@@ -746,7 +817,10 @@ class JobRunner:
 
         qdir = str(self.layout.query(q.name).root)
         single = q.state_backend == "rocksdb_local" and q.process is not None
-        if single:  # taken by the query's own session when it starts, then set back
+        if single:
+            refuse_speculation(
+                spark.sparkContext.getConf().get("spark.speculation", "false")
+            )  # taken by the query's own session when it starts, then set back
             key, value = SINGLE_WATERMARK
             before = spark.conf.get(key, None)
             spark.conf.set(key, value)
@@ -762,9 +836,9 @@ class JobRunner:
     def _start_built(self, spark: SparkSession, q: QueryPlan, qdir: str) -> _Running:
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        df = build(spark, q, qdir, skips=self.skips.get(q.source.name, set()))
+        df = build(spark, q, qdir, skips=self.skips)
         batch_writer = BatchWriter(q)
-        batch_writer.check_schemas(to_arrow_schema(df.schema))
+        batch_writer.check_schemas(to_arrow_schema(df.schema, timezone="UTC"))
         self._open_sinks(q)
         writer = (
             df.writeStream.queryName(f"{self.job.name}.{q.name}")
@@ -832,11 +906,18 @@ class JobRunner:
         """A query's committed batch: its health and progress line; what listeners hear."""
         # Late records counted one by one (Spark's numRowsDroppedByWatermark counts groups
         # after the partial aggregation): dropped, or to a late side output.
-        late = run.records.add(progress)
+        late = run.records.add(progress, run.plan.source_names)
+        if (ran_batch := recent_batch(progress)) is not None:
+            run.recent.append(ran_batch)
         run.health = QueryHealth(
-            batch=batch_health(progress, late_rows=late, late_rows_this_run=run.records.late),
+            batch=batch_health(
+                progress,
+                late_rows=late,
+                late_rows_this_run=run.records.late,
+                recent=tuple(run.recent),
+            ),
             checkpoint=checkpoint_facts(run.checkpoint_dir).committed(),
-            records=run.records.counts(run.plan.source.name),
+            records=run.records.counts(run.plan.source_names),
         )
         assert run.health.batch is not None
         self.console.batch(run.plan, run.health.batch)
@@ -920,9 +1001,12 @@ class JobRunner:
         process is their one publisher (:mod:`stateful_runtime.connectors.dead_letters`)."""
         runs = {r.plan.name: r for r in self.runs}
         for q in self.plan.queries:
-            if q.dead_letters is not None:
+            for i in q.inputs:
+                if i.dead_letters is None:
+                    continue
                 # Through a sink that remembers what this run published (reasons, samples).
-                replace(q.dead_letters, sink=self._sampled(q.name, q.dead_letters.sink)).publish(
+                key = q.name if i.index == 0 else f"{q.name}:{i.source.name}"
+                replace(i.dead_letters, sink=self._sampled(key, i.dead_letters.sink)).publish(
                     self.layout.query(q.name)
                 )
             if q.step_dead_letters is None:
@@ -939,7 +1023,7 @@ class JobRunner:
                 self._published_early[q.name] = self._published_early.get(q.name, 0) + published
             elif published:
                 run.records.dead_letters += published
-                run.health = replace(run.health, records=run.records.counts(run.plan.source.name))
+                run.health = replace(run.health, records=run.records.counts(run.plan.source_names))
 
     def _sampled(self, key: str, sink: Any) -> SampledDeadLetters:
         """A dead-letter sink of a query (``QUERY``: its source's; ``QUERY@steps``: its
@@ -1061,4 +1145,4 @@ class JobRunner:
             if q.dead_letters is not None:
                 self.console.sink_summary(q.dead_letters.sink)
         for run in self.runs:
-            self.console.records(run.plan.name, run.records.counts(run.plan.source.name))
+            self.console.records(run.plan.name, run.records.counts(run.plan.source_names))

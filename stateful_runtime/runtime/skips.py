@@ -3,11 +3,13 @@
 A record that stops the job (a step cannot process it and cannot isolate it: the job's
 ``errors.policy`` is ``fail``, or the step's error bound tripped, or the failure is inside
 Spark's own operators) is named in the job's error by its source, partition and offset. The
-skip is recorded in the checkpoint directory (``_dead_letters/skips.json``, kept across runs:
-a batch replayed later, after a restore, skips it again) and applied by a step right after the
-source (:class:`~stateful_runtime.operators.isolation.SkipOperator`): the record goes to the
-source's dead-letter topic with reason "skipped by operator", exactly once (the step
-dead-letter protocol), and counts as a dead letter in the job's accounting.
+skip is recorded in the checkpoint directory (``_dead_letters/skips.json``) as soon as the
+run has taken the directory, before anything can fail the run, and kept by every later run,
+a restore or ``--replay-sinks`` (the runner carries the record into the new directory): a
+batch replayed later, planned with whatever boundaries, skips it again. It is applied by a
+step right after the source (:class:`~stateful_runtime.operators.isolation.SkipOperator`):
+the record goes to the source's dead-letter topic with reason "skipped by operator", exactly
+once (the step dead-letter protocol), and counts as a dead letter in the job's accounting.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from stateful_runtime.exceptions import ConfigError
@@ -60,18 +62,27 @@ def load(path: Path) -> dict[str, set[tuple[int, int]]]:
     return out
 
 
+def listed(skips: Mapping[str, Iterable[tuple[int, int]]]) -> list[Skip]:
+    """``skips`` per source as one sorted list of ``(source, partition, offset)``."""
+    return sorted((s, p, o) for s, pairs in skips.items() for p, o in pairs)
+
+
 def record(path: Path, new: Iterable[Skip]) -> dict[str, set[tuple[int, int]]]:
-    """Add ``new`` to the skips recorded at ``path`` (atomically); every skip, per source."""
+    """Add ``new`` to the skips recorded at ``path`` (atomically, and only if one is not there
+    yet); every skip, per source."""
     skips = load(path)
-    new = list(new)
-    if not new:
-        return skips
+    before = listed(skips)
     for source, partition, offset in new:
         skips.setdefault(source, set()).add((partition, offset))
-    listed = sorted([s, p, o] for s, pairs in skips.items() for p, o in pairs)
+    after = listed(skips)
+    if after == before:
+        return skips
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(listed))
+    with tmp.open("w") as out:
+        json.dump([list(s) for s in after], out)
+        out.flush()
+        os.fsync(out.fileno())
     os.replace(tmp, path)
     return skips
 

@@ -12,6 +12,12 @@ Two kinds of lines reach ``srt run``'s terminal without being the job's:
   incubator modules: jdk.incubator.vector`` (Spark's launcher adds that module to every JVM it
   starts). Spark's own log lines are log4j's, which a job process sends to its log file
   (:func:`stateful_runtime.runtime.session.build_session`'s ``log_file``).
+* Spark's Python source runner (``pyspark.sql.streaming.python_streaming_source_runner``, one
+  process per Python streaming source, its stderr copied to the JVM's) dies with a traceback
+  when a stop closes its socket before it is killed: an ``EOFError`` at its read of the next
+  call, and the ``BrokenPipeError`` of its reply. Its own failures reach the job through the
+  socket (a query's error); an unhandled traceback through its ``<module>`` frame is the
+  process dying, which is Spark's business, not the job's (:class:`RunnerTracebacks`).
 
 :func:`divert` puts a pipe on file descriptors 1 and 2 *before* the JVM starts (so the JVM and
 every worker inherit them): a thread per descriptor copies each line to the original one,
@@ -23,6 +29,8 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
+import select
 import sys
 import threading
 from collections.abc import Callable
@@ -44,7 +52,77 @@ JVM_MARKER = b"WARNING: "
 # so run before it) has ended the JVM by then, and the pipes are at their end.
 DRAIN_S = 2.0
 
+# A traceback's first line, and the lines that chain one to the next.
+TRACEBACK = b"Traceback (most recent call last):"
+CHAINED = (
+    b"During handling of the above exception, another exception occurred:",
+    b"The above exception was the direct cause of the following exception:",
+)
+# A frame of Spark's source runner, and one of the runpy module that runs it (``python -m``).
+RUNNER_FRAME = re.compile(
+    rb'^  File ".*[/\\]pyspark[/\\]sql[/\\]streaming[/\\]python_streaming_source_runner\.py",'
+    rb" line \d+, in (\S+)"
+)
+RUNPY_FRAME = b'  File "<frozen runpy>"'
+# How long a traceback that may be the source runner's is held for the rest of it, when the
+# pipe goes quiet; then it reaches the terminal.
+HOLD_S = 2.0
+
 _installed: list[threading.Thread] = []
+
+
+class RunnerTracebacks:
+    """Picks the Spark source runner's dying tracebacks out of a stream of stderr lines.
+
+    A traceback is held from its first line while it may be the runner's: its first frame is
+    the runner's or runpy's, until a line that does not continue it (or :data:`HOLD_S` of
+    quiet). It is set aside whole, chained parts included, if a frame of the runner's
+    ``<module>`` shows it unhandled; any other traceback, one the runner sent to the JVM (quoted
+    in a query's error) included, is shown, in order. :meth:`feed` returns each
+    line it lets go with whether it goes aside."""
+
+    def __init__(self) -> None:
+        self.held: list[bytes] = []
+        self.candidate = False  # the first frame says: maybe the runner's
+        self.dying = False  # a frame of the runner's <module>: the runner's, unhandled
+        self.ended = False  # after an exception line: a chained part may follow
+
+    def feed(self, line: bytes) -> list[tuple[bytes, bool]]:
+        text = line.rstrip()
+        if not self.held:
+            if text == TRACEBACK:
+                self.held.append(line)
+                return []
+            return [(line, False)]
+        if self.ended:
+            if not text or text in CHAINED or text == TRACEBACK:
+                self.held.append(line)
+                self.ended = text != TRACEBACK and self.ended
+                return []
+            return self.release() + self.feed(line)
+        self.held.append(line)
+        if line.startswith(b" "):
+            if line.startswith(b"  File "):
+                frame = RUNNER_FRAME.match(text)
+                if len(self.held) == 2:  # the first frame
+                    self.candidate = bool(frame) or line.startswith(RUNPY_FRAME)
+                self.dying = self.dying or bool(frame and frame.group(1) == b"<module>")
+            return [] if self.candidate else self.release()
+        if not text or text in CHAINED or text == TRACEBACK:
+            return []
+        # The exception line: a traceback that cannot be the runner's is shown now; one that may
+        # be waits for what follows (a chained part, perhaps through the runner's <module>).
+        if not self.candidate:
+            return self.release()
+        self.ended = True
+        return []
+
+    def release(self) -> list[tuple[bytes, bool]]:
+        """Everything held, aside if it is the runner's dying traceback."""
+        out = [(held, self.dying) for held in self.held]
+        self.held = []
+        self.candidate = self.dying = self.ended = False
+        return out
 
 
 def is_worker_line(line: bytes) -> bool:
@@ -56,10 +134,16 @@ def is_jvm_line(line: bytes) -> bool:
 
 
 def _copy(
-    read_fd: int, terminal: int, log: IO[bytes], aside: Callable[[bytes], bool], blank: bool
+    read_fd: int,
+    terminal: int,
+    log: IO[bytes],
+    aside: Callable[[bytes], bool],
+    blank: bool,
+    tracebacks: RunnerTracebacks | None = None,
 ) -> None:
     """Copy lines from ``read_fd`` to ``terminal``, those ``aside`` picks to ``log`` (with
-    ``blank``: and the blank lines right after one)."""
+    ``blank``: and the blank lines right after one), and the source runner's dying tracebacks
+    that ``tracebacks`` picks."""
     buffered = b""
     after = False
     reader = [True]  # False once whoever read the terminal went away (`srt run ... | head`)
@@ -73,26 +157,48 @@ def _copy(
             except OSError:
                 reader[0] = False
 
+    def put(line: bytes, picked: bool) -> None:
+        nonlocal after
+        if picked or aside(line) or (blank and after and not line.strip()):
+            after = bool(line.strip()) or after
+            log.write(line + b"\n")
+            log.flush()
+            return
+        after = False
+        show(line + b"\n")
+
+    def lines(line: bytes) -> list[tuple[bytes, bool]]:
+        return tracebacks.feed(line) if tracebacks is not None else [(line, False)]
+
     with os.fdopen(read_fd, "rb", buffering=0) as pipe, log:
         while True:
+            if tracebacks is not None and tracebacks.held:
+                ready, _, _ = select.select([read_fd], [], [], HOLD_S)
+                if not ready:  # quiet: what is held was not the runner's end after all
+                    for line, picked in tracebacks.release():
+                        put(line, picked)
+                    continue
             chunk = pipe.read(65536)
             if not chunk:
                 break
             buffered += chunk
-            *lines, buffered = buffered.split(b"\n")
-            for line in lines:
-                if aside(line) or (blank and after and not line.strip()):
-                    after = bool(line.strip()) or after
-                    log.write(line + b"\n")
-                    log.flush()
-                    continue
-                after = False
-                show(line + b"\n")
+            *complete, buffered = buffered.split(b"\n")
+            for line in complete:
+                for out, picked in lines(line):
+                    put(out, picked)
+        for line, picked in tracebacks.release() if tracebacks is not None else []:
+            put(line, picked)
         if buffered:
             show(buffered)
 
 
-def _divert(fd: int, log_path: Path, aside: Callable[[bytes], bool], blank: bool) -> None:
+def _divert(
+    fd: int,
+    log_path: Path,
+    aside: Callable[[bytes], bool],
+    blank: bool,
+    tracebacks: RunnerTracebacks | None = None,
+) -> None:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = private_file(log_path)  # created (0600) before any other writer of it starts
     stream = sys.stdout if fd == 1 else sys.stderr
@@ -103,7 +209,7 @@ def _divert(fd: int, log_path: Path, aside: Callable[[bytes], bool], blank: bool
     os.close(write_fd)
     thread = threading.Thread(
         target=_copy,
-        args=(read_fd, terminal, log, aside, blank),
+        args=(read_fd, terminal, log, aside, blank, tracebacks),
         name=f"srt-spark-output-{fd}",
         daemon=True,
     )
@@ -123,10 +229,11 @@ def _divert(fd: int, log_path: Path, aside: Callable[[bytes], bool], blank: bool
 
 def divert(workers_log: str | Path, jvm_log: str | Path) -> None:
     """From now on, this process's and its children's stdout lines from Spark's Python workers
-    go to ``workers_log``, and the JVM's own warnings on stderr to ``jvm_log`` (both appended);
+    go to ``workers_log``, and the JVM's own warnings and the source runner's dying tracebacks on
+    stderr to ``jvm_log`` (both appended);
     everything else still reaches the original stdout and stderr. Call it before the
     SparkSession (the JVM) starts; a second call does nothing."""
     if _installed:
         return
     _divert(1, Path(workers_log), is_worker_line, blank=True)
-    _divert(2, Path(jvm_log), is_jvm_line, blank=False)
+    _divert(2, Path(jvm_log), is_jvm_line, blank=False, tracebacks=RunnerTracebacks())

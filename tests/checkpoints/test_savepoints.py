@@ -105,6 +105,19 @@ def test_compatibility_lists_every_difference():
     ]
     assert dropped == ["query q, operator op: state 'b' (map<str, int>) is no longer declared"]
     assert restore.compatibility(saved, saved) == ([], [])
+    # A union's inputs: added, removed or reordered are refused by name; a fingerprint written
+    # before sources were in it is not compared.
+    union = {"job": "j", "queries": {"q": {"operators": {}, "sources": ["a", "b"]}}}
+    for now in (["b", "a"], ["a"], ["a", "b", "c"]):
+        changed = {"job": "j", "queries": {"q": {"operators": {}, "sources": now}}}
+        (what,), _ = restore.compatibility(union, changed)
+        assert what.startswith(f"query q: read sources a, b, now reads {', '.join(now)}")
+        assert "a union's inputs cannot be added, removed or reordered" in what
+    assert restore.compatibility(union, union) == ([], [])
+    assert restore.compatibility({"job": "j", "queries": {"q": {"operators": {}}}}, union) == (
+        [],
+        [],
+    )
     other_job = restore.compatibility(saved, {**saved, "job": "x"})[0]
     assert other_job == ["the savepoint is of job 'j', this job is 'x'"]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -20,10 +21,14 @@ import duckdb
 import pytest
 from upi_events import events, oracle
 
-from stateful_runtime.checkpoints import savepoints
+from stateful_runtime.checkpoints import manifest, savepoints
+from stateful_runtime.checkpoints.keyed import key_groups
 from stateful_runtime.checkpoints.layout import QueryLayout
-from stateful_runtime.checkpoints.state_reader import checkpoint_of, inspect
+from stateful_runtime.checkpoints.manifest import sha256_file
+from stateful_runtime.checkpoints.mirror import latest as mirror_latest
+from stateful_runtime.checkpoints.state_reader import checkpoint_of, inspect, needs_spark, summary
 from stateful_runtime.exceptions import IncompatibleSavepointError
+from stateful_runtime.runtime.control import check_state
 from stateful_runtime.runtime.loader import load_job_file
 from stateful_runtime.runtime.runner import JobRunner
 from tests.helpers import EXAMPLES, append_lines, kill_group, srt, srt_background, wait_for
@@ -278,6 +283,22 @@ def test_incompatible_savepoints_are_refused_with_the_differences(spark, upi, tm
     _, out = run_job(renamed, other, from_savepoint=sp.location, allow_non_restored_state=True)
     assert "not restored (--allow-non-restored-state)" in out
 
+    # State of the Spark backend into the local one: refused before anything is laid out,
+    # with the command that moves the job; that command rebuilds it from the source.
+    local = {**sets, "checkpoint.dir": tmp_path / "ck-local", "state.backend": "rocksdb_local"}
+    with pytest.raises(IncompatibleSavepointError) as err:
+        run_job(v1, local, from_savepoint=sp.location)
+    assert err.value.differences == [
+        "query counter, operator counter: its state was written by state.backend=spark, this "
+        "run uses state.backend=rocksdb_local"
+    ]
+    command = f"srt run {v1} --set state.backend=rocksdb_local --replay-sinks"
+    assert command in str(err.value) and not (tmp_path / "ck-local").exists()
+    _, out = run_job(v1, {**local, "checkpoint.dir": tmp_path / "ck"}, replay_sinks=True)
+    assert "the checkpoint that was there is kept in" in out
+    assert {m: n for m, (n,) in counts(sets["sink.database"]).items()} == want
+    assert (tmp_path / "ck" / "counter" / "keyed" / "counter").is_dir()
+
     # A corrupt file is caught by its checksum before anything is restored.
     victim = next(f for f in sp.manifest["files"] if "/state/" in f["path"])
     path = Path(sp.location) / victim["path"]
@@ -327,3 +348,120 @@ def test_s3_savepoint_crash_mid_upload_is_never_listed_and_mirror_restores_an_em
     _, out = run_job(EXAMPLES / "upi_per_minute.py", sets, restore_from=mirror)
     assert "restored checkpoint mirror" in out
     assert upi.table() == oracle(THIRDS[0] + THIRDS[1])
+
+
+def _newest_deltas(query: QueryLayout) -> list[Path]:
+    version = query.last_committed() + 1
+    return sorted((query.keyed / "counter").glob(f"*/{version}.delta"))
+
+
+def test_keyed_state_of_the_local_backend_through_savepoint_rescale_damage_and_mirror(
+    upi, tmp_path, srt_env
+):
+    """One job on state.backend=rocksdb_local through everything built on state: a savepoint
+    (its keyed files checksummed, `check` clean, inspected without Spark), a restore rescaling
+    2 → 3, a truncated delta at start (falls back a batch), a mirror restore onto an empty
+    disk, and a rescale 3 → 1: the counts equal the oracle's after every step."""
+    job = counter_job(tmp_path / "counter.py")
+    lines = LINES[:16_000]
+    parts = [lines[i : i + 4_000] for i in range(0, 16_000, 4_000)]
+    roots, mirror = tmp_path / "savepoints", tmp_path / "mirror"
+    db = tmp_path / "c.duckdb"
+
+    def sets(ckpt: str, parallelism: int) -> dict:
+        return {
+            "source.log_dir": upi.log_dir,
+            "sink.database": db,
+            "checkpoint.dir": tmp_path / ckpt,
+            "savepoint.dir": roots,
+            "state.backend": "rocksdb_local",
+            "parallelism": parallelism,
+            **({"checkpoint.mirror": mirror} if ckpt == "ck3" else {}),
+        }
+
+    def expected(n: int) -> dict:
+        return {m: (c,) for m, c in expected_counts(sum(parts[:n], [])).items()}
+
+    append_lines(upi.log_dir, parts[0])
+    run_job(job, sets("ck2", 2))
+    query = QueryLayout(tmp_path / "ck2" / "counter")
+    assert counts(db) == expected(1) and _newest_deltas(query)
+
+    sp1 = savepoints.create(tmp_path / "ck2", roots)
+    keyed_files = [f for f in sp1.manifest["files"] if "/keyed/counter/" in f["path"]]
+    assert {f["path"].split("/")[3] for f in keyed_files} == {"0", "1"}
+    assert all(len(f["sha256"]) == 64 for f in keyed_files)
+    assert manifest.check(sp1) == []
+    # Inspect reads the local backend's files, without Spark.
+    with checkpoint_of(sp1.id, [str(roots)]) as ck:
+        assert not needs_spark(ck)
+        rows = inspect(None, ck, operator="counter", state="count")
+        assert {r["merchant_id"]: r["value"] for r in rows} == expected_counts(parts[0])
+        assert all(r["key_group"] in key_groups(r["partition"], 2) for r in rows)
+        (total,) = summary(ck)
+    assert total["rows"] == {"count": len(rows)} and total["partitions"] == 2
+
+    # Rescale 2 -> 3 through the savepoint.
+    append_lines(upi.log_dir, parts[1])
+    _, out = run_job(job, sets("ck3", 3), from_savepoint=sp1.id)
+    assert "rescaling the state of counter from 2 to 3 partitions" in out
+    assert counts(db) == expected(2)
+    query = QueryLayout(tmp_path / "ck3" / "counter")
+    assert {p.parent.name for p in _newest_deltas(query)} == {"0", "1", "2"}
+
+    # A truncated delta of the newest version: the start falls back one batch.
+    victim = _newest_deltas(query)[1]
+    victim.write_bytes(victim.read_bytes()[:64])
+    append_lines(upi.log_dir, parts[2])
+    _, out = run_job(job, sets("ck3", 3))
+    assert "keyed/counter/1/" in out and "not a readable Arrow file" in out, out
+    assert any((tmp_path / "ck3" / "_quarantine").rglob(victim.name))
+    assert counts(db) == expected(3)
+
+    # The mirror carries keyed/ (the re-run's delta, not the one mirrored before the damage:
+    # same name, same size), and an empty disk continues from it exactly once.
+    mirrored = mirror_latest(str(mirror))
+    assert any("/keyed/counter/2/" in f["path"] for f in mirrored.manifest["files"])
+    rel = f"counter/{query.relative(victim)}"
+    assert {f["path"]: f["sha256"] for f in mirrored.manifest["files"]}[rel] == sha256_file(victim)
+    append_lines(upi.log_dir, parts[3])
+    run_job(job, sets("ck-empty", 3), restore_from=str(mirror))
+    assert counts(db) == expected(4)
+
+    # Rescale 3 -> 1 from a savepoint of the checkpoint before the last part.
+    sp2 = savepoints.create(tmp_path / "ck3", roots)
+    _, out = run_job(job, sets("ck1", 1), from_savepoint=sp2.id)
+    assert "rescaling the state of counter from 3 to 1 partitions" in out
+    assert counts(db) == expected(4)
+    with checkpoint_of(str(tmp_path / "ck1"), []) as ck:
+        rows = inspect(None, ck, state="count")
+    assert {r["merchant_id"]: r["value"] for r in rows} == expected_counts(lines)
+    assert {r["partition"] for r in rows} == {0}
+    # The command line: the operator's line, then its rows (no Spark started).
+    shown = srt(["state", "inspect", str(tmp_path / "ck1"), "--key", "M007"], srt_env)
+    assert shown.returncode == 0, shown.stderr
+    head, *table = shown.stdout.splitlines()
+    assert head.startswith("counter/counter (rocksdb_local, batch ")
+    groups = len({r["key_group"] for r in rows})
+    assert f"1 partition, {groups} of 128 key groups hold state, 30 count" in head, head
+    assert "key_group" in table[0] and len(table) == 2
+    assert f" {expected_counts(lines)['M007']} " in table[1]
+
+    # `srt savepoint check` (control.check_state) reads the keyed files: a delta damaged in
+    # place (same size: the manifest's sizes agree) is named; the other backend is refused.
+    overrides = {k: str(v) for k, v in sets("ck-check", 1).items()}
+    assert check_state(job, overrides, sp2.location).compatible
+    with pytest.raises(IncompatibleSavepointError, match="--set state.backend=spark --replay"):
+        check_state(job, {**overrides, "state.backend": "spark"}, sp2.location)
+    in_place = {**overrides, "checkpoint.dir": str(tmp_path / "ck1")}  # the job's checkpoint
+    assert check_state(job, in_place).compatible
+    with pytest.raises(IncompatibleSavepointError, match="written by state.backend=rocksdb_local"):
+        check_state(job, {**in_place, "state.backend": "spark"})
+    entry = next(f for f in sp2.manifest["files"] if f["path"].endswith(".delta"))
+    damaged = Path(sp2.location) / entry["path"]
+    data = bytearray(damaged.read_bytes())
+    data[8:40] = bytes(32)
+    damaged.write_bytes(bytes(data))
+    assert manifest.check(sp2) == []  # sizes only: a restore verifies checksums as it copies
+    with pytest.raises(manifest.ManifestMismatchError, match=re.escape(entry["path"])):
+        check_state(job, overrides, sp2.location)

@@ -5,8 +5,11 @@ conftest.py)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import signal
+import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -94,10 +97,16 @@ def metadata(result, key: AssetKey) -> dict[str, Any]:
 
 @contextmanager
 def live_job(
-    root: Path, srt_home: str, *, config: dict[str, Any] | None = None, **spec: Any
+    root: Path,
+    srt_home: str,
+    *,
+    config: dict[str, Any] | None = None,
+    dagster_url: str | None = None,
+    **spec: Any,
 ) -> Iterator[Live]:
     """Definitions for a UPI job on a fresh 2-partition log under ``root`` with 6000 events
-    (not launched yet); every process of the job is killed on exit."""
+    (not launched yet); every process of the job is killed on exit. ``dagster_url``: the
+    webserver the job reports its commits to."""
     ws = UpiWorkspace(root, partitions=2)
     EventLog(ws.log_dir).create_topic("upi-payments", ws.partitions)
     feed(ws, 6_000, seed=3)
@@ -118,6 +127,7 @@ def live_job(
             working_directory=str(ROOT),
             launch_timeout_s=240,
             commit_timeout_s=180,
+            dagster_url=dagster_url,
         ),
         "warehouse": DuckDBWarehouse(path=str(ws.database)),
     }
@@ -129,3 +139,58 @@ def live_job(
         entry = registry.read(JOB) or {}
         for pid in {*state.pids, entry.get("pid")} - {None}:
             launcher.signal_group(int(pid), signal.SIGKILL)  # type: ignore[arg-type]
+
+
+@dataclass
+class Webserver:
+    """A ``dagster-webserver`` process on 127.0.0.1 and its instance's home."""
+
+    url: str
+    home: Path
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def serving(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/server_info", timeout=2) as answer:
+                return answer.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+
+
+def start_webserver(root: Path, port: int) -> Webserver:
+    """``dagster-webserver`` over an empty code location, its instance in ``root/home``: what
+    a job's pushed commits reach (the external-asset REST API needs no asset definitions)."""
+    home = root / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    defs = root / "empty_defs.py"
+    defs.write_text("from dagster import Definitions\n\ndefs = Definitions()\n")
+    log = root / "webserver.log"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dagster_webserver",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-f",
+            str(defs),
+        ],
+        env={**os.environ, "DAGSTER_HOME": str(home)},
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    return Webserver(f"http://127.0.0.1:{port}", home, proc, log)

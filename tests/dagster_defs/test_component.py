@@ -46,7 +46,11 @@ def test_defs_yaml_example_loads_into_definitions():
             }
             assert {s.name for s in defs.sensors} == {  # type: ignore[union-attr]
                 "streaming_job_health",
+                "streaming_job_savepoints",
                 "default_automation_condition_sensor",
+            }
+            assert graph.get(AssetKey("upi_per_minute_savepoints")).parent_keys == {
+                AssetKey("upi_per_minute")
             }
             assert "stop_streaming_job" in {j.name for j in defs.jobs}  # type: ignore[union-attr]
             assert defs.resolve_schedule_def("upi_per_minute_savepoint_schedule")

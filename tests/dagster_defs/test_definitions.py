@@ -85,6 +85,7 @@ def test_default_definitions_expose_the_upi_job():
 
     assert {k.to_user_string() for k in defs.resolve_all_asset_keys()} == {
         "upi_per_minute",
+        "upi_per_minute_savepoints",
         "upi_counts",
         "merchant_day",
     }
@@ -102,6 +103,10 @@ def test_default_definitions_expose_the_upi_job():
         "value_ranges",
         "closed_windows_reconcile",
         "freshness",
+        # dbt's tests of its source (the table), run with the dbt model
+        "upi_counts_unique_key",
+        "source_not_null_upi_per_minute_upi_counts_merchant_id",
+        "source_not_null_upi_per_minute_upi_counts_window_start",
     }
     assert {c for a, c in checks if a == "upi_per_minute"} == {
         "running",
@@ -112,6 +117,20 @@ def test_default_definitions_expose_the_upi_job():
     }
     # dbt tests are asset checks of the model.
     assert ("merchant_day", "merchant_day_unique_key") in checks
+    # Every check says what it checks; the dbt model's columns carry their types.
+    undescribed = [
+        k.to_user_string() for k in graph.asset_check_keys if not graph.get(k).description
+    ]
+    assert not undescribed, undescribed
+    columns = graph.get(AssetKey("merchant_day")).metadata["dagster/column_schema"].columns
+    assert {c.name: c.type for c in columns} == {
+        "merchant_id": "varchar",
+        "day": "date",
+        "payments": "hugeint",
+        "amount_paise": "decimal(38,0)",
+        "active_minutes": "bigint",
+        "last_window_end": "timestamp",
+    }
     for key in graph.asset_check_keys:
         # Run when the stream's commits land (freshness: the health sensor, every tick).
         if key.asset_key == AssetKey("upi_counts") and key.name != "freshness":
@@ -128,7 +147,19 @@ def test_default_definitions_expose_the_upi_job():
         "stop_with_savepoint",
         "upgrade_streaming_job",
         "rescale_streaming_job",
+        "streaming_job_crashed",  # launched by the health sensor on a crash (alerts)
+        "upi_per_minute_from_savepoint",
     }
+    # Restore picks its savepoint as a partition of the job's savepoint list.
+    restore = defs.resolve_job_def("upi_per_minute_from_savepoint")
+    assert restore.partitions_def.name == "upi_per_minute_savepoints"  # type: ignore[union-attr]
+    assert graph.get(AssetKey("upi_per_minute_savepoints")).partitions_def == (
+        restore.partitions_def
+    )
+    # No job uses S3 here: the savepoint jobs' launchpads offer no s3 block.
+    for name in ("savepoint_streaming_job", "upgrade_streaming_job", "stop_with_savepoint"):
+        [node] = defs.resolve_job_def(name).graph.node_dict.values()
+        assert "s3" not in node.definition.required_resource_keys, name
     schedule = defs.resolve_schedule_def("upi_per_minute_savepoint_schedule")
     assert schedule.job_name == "savepoint_streaming_job"
     assert (schedule.cron_schedule, schedule.default_status.value) == ("0 * * * *", "STOPPED")

@@ -1,14 +1,18 @@
 """Savepoints from Dagster against a real ``srt run`` process: the periodic schedule takes a
 savepoint and prunes older ones, rescale and upgrade relaunch the job from a stop-with-savepoint,
-and errors (not running, incompatible new code) fail the run with the runtime's message.
+errors (not running, incompatible new code) fail the run with the runtime's message, and the
+savepoint list (partitions of the savepoint asset, on a real Dagster instance) offers the
+savepoints a restore starts from.
 
 The tests share one job and run in file order (a Spark launch costs ~6 s idle, far more on a
-busy machine): launch, periodic savepoints, rescale 2 -> 3, upgrade, stop, failed upgrades.
+busy machine): launch, periodic savepoints, rescale 2 -> 3, upgrade, stop, failed upgrades,
+the list and a restore from it.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
@@ -16,10 +20,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dagster import build_schedule_context
+from dagster import (
+    AddDynamicPartitionsRequest,
+    AssetKey,
+    AssetMaterialization,
+    AssetObservation,
+    DagsterInstance,
+    build_schedule_context,
+    build_sensor_context,
+    instance_for_test,
+)
 from upi_events import START_MS
 
-from dagster_defs import SavepointPolicy, build_definitions
+from dagster_defs import SavepointPolicy, StreamingJobTranslator, _savepoint_list, build_definitions
 from dagster_defs._savepoints import (
     RESCALE_JOB,
     SAVEPOINT_JOB,
@@ -28,6 +41,7 @@ from dagster_defs._savepoints import (
 )
 from stateful_runtime.checkpoints import savepoints
 from stateful_runtime.checkpoints.layout import QueryLayout
+from stateful_runtime.checkpoints.manifest import seal
 from stateful_runtime.runtime import registry
 from tests.dagster_defs.helpers import JOB, JOB_KEY, Live, feed, live_job, metadata
 from tests.helpers import EXAMPLES, poll
@@ -68,9 +82,13 @@ def _run(live: Live, name: str, config: dict[str, Any] | None = None, defs=None,
 
 
 def _observation(result) -> dict[str, Any]:
-    [event] = [e for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
-    obs = event.event_specific_data.asset_observation
-    assert obs.asset_key == JOB_KEY
+    """The job asset's observation (the savepoint list's own events aside)."""
+    [obs] = [
+        e.event_specific_data.asset_observation
+        for e in result.all_events
+        if e.event_type_value == "ASSET_OBSERVATION"
+        and e.event_specific_data.asset_observation.asset_key == JOB_KEY
+    ]
     return {k: v.value for k, v in obs.metadata.items()}
 
 
@@ -105,7 +123,9 @@ def test_schedule_skips_a_job_that_is_not_running(sp_live: Live):
     assert schedule.cron_schedule == "0 * * * *"  # hourly by default
     assert schedule.default_status.value == "STOPPED"  # opt in, as periodic savepoints are
     entry = registry.read(JOB)
-    assert entry is None or entry["state"] != "RUNNING"  # another module's job, long gone
+    # Another module's job, long gone: its fixture SIGKILLs the job, so the entry may still
+    # say RUNNING with a dead pid (as after any kill -9); the schedule must see through that.
+    assert not (entry and registry.running(entry))
     tick = _tick(sp_live)
     assert not tick.run_requests
     assert "not running" in tick.skip_message or "never run" in tick.skip_message
@@ -240,3 +260,103 @@ def test_stop_with_savepoint_then_failed_upgrades_say_why(sp_live: Live, tmp_pat
     assert "cannot be restored into this job" in message and "nothing was started" in message
     assert "keyed by" in message and "txn_id" in message
     assert registry.read(JOB)["state"] == "STOPPED"
+
+
+def _list_tick(live: Live, instance: DagsterInstance):
+    """A tick of the savepoint-list sensor, its partition requests applied as the daemon does."""
+    sensor = live.defs.resolve_sensor_def(_savepoint_list.SENSOR)
+    result = sensor(build_sensor_context(instance=instance, resources=live.resources))
+    for request in result.dynamic_partitions_requests or []:
+        if isinstance(request, AddDynamicPartitionsRequest):
+            instance.add_dynamic_partitions(request.partitions_def_name, request.partition_keys)
+        else:
+            for key in request.partition_keys:
+                instance.delete_dynamic_partition(request.partitions_def_name, key)
+    return result
+
+
+def test_savepoint_list_is_current_and_a_restore_starts_from_the_picked_one(sp_live: Live):
+    """The job is stopped (the test above). Savepoints taken by srt itself and by Dagster's
+    op are listed (partitions of the savepoint asset, each with its batch and watermark as a
+    time); the restore job starts the job from the one picked as its partition."""
+    runtime = sp_live.resources["streaming_runtime"]
+    partitions = _savepoint_list.partitions(sp_live.spec).name
+    list_key = _savepoint_list.asset_key(sp_live.spec, StreamingJobTranslator())
+    restore = _savepoint_list.restore_job_name(sp_live.spec)
+    with instance_for_test() as instance:
+        stopped = registry.read(JOB)["last_savepoint"]
+        first = _list_tick(sp_live, instance)
+        listed = instance.get_dynamic_partitions(partitions)
+        assert set(listed) == {sp.id for sp in runtime.savepoints(JOB)} and stopped["id"] in listed
+        [table] = [e for e in first.asset_events if isinstance(e, AssetObservation)]
+        rows = table.metadata["savepoints"].value.records
+        assert [r.data["id"] for r in rows] == sorted(listed, reverse=True)
+        assert all(r.data["watermark"].startswith("2026-") for r in rows), rows
+        assert (
+            _list_tick(sp_live, instance).skip_reason.skip_message
+            == "the savepoint lists are current"
+        )
+
+        # Restore from the stop's savepoint, picked as the partition: RUNNING from its batch.
+        result = sp_live.defs.resolve_job_def(restore).execute_in_process(
+            partition_key=stopped["id"], resources=sp_live.resources, instance=instance
+        )
+        _ok(result)
+        obs = _observation(result)
+        entry = registry.read(JOB)
+        sp_live.pids.append(entry["pid"])
+        assert obs["action"] == "restore" and entry["state"] == "RUNNING"
+        assert entry["restored_from"] == obs["restored_from"] == stopped["location"]
+        at = json.loads(Path(stopped["location"], "_manifest.json").read_text())
+        restored = at["queries"]["upi-counts"]["batch"]
+        assert obs["last_committed_batch"]["upi-counts"] >= restored
+
+        # Newer input, then a savepoint by srt (outside Dagster) of a later batch: the next
+        # tick lists it with its own batch and watermark.
+        feed(sp_live.ws, 400, seed=9, start_ms=START_MS + 200_000)
+        later = _commits_after(sp_live, restored, "a commit after the restore")
+        outside = runtime.savepoint(JOB)
+        assert outside.batches["upi-counts"] >= later > restored
+        second = _list_tick(sp_live, instance)
+        [made] = [e for e in second.asset_events if isinstance(e, AssetMaterialization)]
+        assert made.asset_key == list_key and made.partition == outside.id
+        assert made.metadata["batch"].value == str(outside.batches["upi-counts"])
+        assert made.metadata["watermark"].value.startswith("2026-")
+        assert outside.id in instance.get_dynamic_partitions(partitions)
+
+        # A running job is not rewound; another job's savepoint is refused by name.
+        message = _failure(
+            sp_live.defs.resolve_job_def(restore).execute_in_process(
+                partition_key=stopped["id"],
+                resources=sp_live.resources,
+                instance=instance,
+                raise_on_error=False,
+            )
+        )
+        assert "is running" in message and "Stop it first" in message
+        other = Path(stopped["location"]).with_name("other-job-20260101T000000-beef")
+        shutil.copytree(stopped["location"], other)
+        manifest = json.loads((other / "_manifest.json").read_text())
+        # A savepoint of another job: the same files, its (sealed) manifest naming that job.
+        (other / "_manifest.json").write_text(json.dumps(seal({**manifest, "job": "other-job"})))
+        instance.add_dynamic_partitions(partitions, [other.name])  # as a user could by hand
+        message = _failure(
+            sp_live.defs.resolve_job_def(restore).execute_in_process(
+                partition_key=other.name,
+                resources=sp_live.resources,
+                instance=instance,
+                raise_on_error=False,
+            )
+        )
+        assert "holds the state of job 'other-job', not 'upi-per-minute'" in message, message
+        assert stopped["id"] in message  # the ones to pick from
+        assert registry.pid_alive(entry["pid"]) and registry.read(JOB)["pid"] == entry["pid"]
+
+        # The table the restored job went on writing matches the source (the oracle: good
+        # events per closed window).
+        checks = {
+            e.check_name: e
+            for e in sp_live.materialize(AssetKey(["upi_counts"])).get_asset_check_evaluations()
+        }
+        rec = {k: v.value for k, v in checks["closed_windows_reconcile"].metadata.items()}
+        assert checks["closed_windows_reconcile"].passed and rec["difference"] == 0, rec

@@ -23,12 +23,14 @@ from dagster import (
     AssetKey,
     AssetMaterialization,
     AssetObservation,
+    DagsterInstance,
     materialize,
 )
 from upi_events import START_MS
 
 from dagster_defs import DuckDBWarehouse, build_definitions
 from stateful_runtime.checkpoints.layout import QueryLayout
+from stateful_runtime.contract import RATE_BATCHES
 from stateful_runtime.runtime import launcher, registry
 from tests.dagster_defs.helpers import JOB, JOB_KEY, UPI_JOB, Live, feed, metadata
 from tests.helpers import poll
@@ -193,6 +195,19 @@ def test_sensor_observes_health_and_restarts_a_killed_job(live: Live):
     assert relaunch.metadata["pid"].value == str(new)
     assert relaunch.metadata["previous_pid"].value == str(old)
     assert new != old and registry.pid_alive(new)
+    # And it is a failed run, which run-failure alerts fire on: the crash, its log, the restart.
+    [alert] = second.run_requests
+    failed = live.defs.resolve_job_def(alert.job_name).execute_in_process(
+        run_config=alert.run_config,
+        instance=DagsterInstance.ephemeral(),
+        tags=alert.tags,
+        raise_on_error=False,
+    )
+    assert not failed.success
+    [step] = [e for e in failed.all_events if e.event_type_value == "STEP_FAILURE"]
+    text = step.step_failure_data.error.message
+    assert f"{JOB} is DEAD: registry says RUNNING but pid {old} is gone" in text
+    assert f"restarted it as pid {new}" in text and "upi-counts batch" in text
     launcher.wait_running(JOB, new, timeout=240)
     assert launcher.wait_committed(JOB, new, since=killed_at, timeout=180)
     # The table's query resumes from its checkpoint and commits the new input.
@@ -207,6 +222,7 @@ def test_sensor_observes_health_and_restarts_a_killed_job(live: Live):
     md = {k: v.value for k, v in third.asset_events[0].metadata.items()}
     assert (md["condition"], md["action"], md["pid"]) == ("healthy", "none", str(new))
     assert md["restarts_in_window"] == 1
+    assert third.run_requests == []  # one alert per crash
     after = _evaluations(third)
     assert after["running"].passed and after["checkpoint_age"].passed
     # A restart stays red for the restart window, with the crash it came from.
@@ -222,15 +238,19 @@ def test_live_metrics_count_every_batch_after_idle_reports(live: Live):
     """Spark reports an idle trigger every 10 s with the id of the batch not yet run; taken for
     a commit, it hid the next real batch: "rows 0" in the job's log, "records input" stuck,
     rates 0. Input fed after the job went idle must be counted, row for row."""
-    idle = _health()
-    poll(
-        lambda: (
-            _health().get("updated_at") != idle.get("updated_at")
-            and _health().get("last_batch") == idle.get("last_batch")
-        ),
-        60,
-        "an idle trigger's report (lag, no batch)",
-    )
+    # The restarted job may still be committing what was fed before: an idle trigger's report
+    # is a new report naming the batch the one seen before it named (a batch's report names a
+    # new one). Spark sends one every 10 s once the job has caught up.
+    seen = [_health()]
+
+    def idle_report() -> bool:
+        now, before = _health(), seen[0]
+        seen[0] = now
+        return now.get("updated_at") != before.get("updated_at") and now.get(
+            "last_batch"
+        ) == before.get("last_batch")
+
+    poll(idle_report, 180, "an idle trigger's report (lag, no batch)")
     feed(live.ws, 600, seed=5, start_ms=START_MS + 170_000)  # one malformed line (the 499th)
     poll(lambda: (_health().get("records") or {}).get("input") == 1_000, 120, "1000 records in")
     md = {k: v.value for k, v in live.tick().asset_events[0].metadata.items()}
@@ -244,6 +264,56 @@ def test_live_metrics_count_every_batch_after_idle_reports(live: Live):
     rows = [int(n.replace(",", "")) for n in re.findall(r" batch \d+ \| rows ([\d,]+) \|", run)]
     assert sum(rows) == 1_000, rows
 
+    # Rates over time: over the run's last batches (RATE_BATCHES), each batch as the job's own
+    # progress line says it (rows, duration); input rate = their records ÷ the wall time from
+    # the first one's trigger to the last one's commit, processing rate = their records ÷ the
+    # time they ran.
+    # Spark runs a batch without data when the watermark moves (rows 0): read the health
+    # and the sensor's plot of it between two batches.
+    def settled() -> tuple[dict, dict] | None:
+        health = _health()
+        plotted = {k: v.value for k, v in live.tick().asset_events[0].metadata.items()}
+        return (health, plotted) if _health().get("last_batch") == health["last_batch"] else None
+
+    health, plotted = poll(settled, 120, "a health report and a tick between two batches")
+    run = log.read_text().rsplit("running 1 query", 1)[1]
+    lines = {
+        int(b): (int(r.replace(",", "")), int(ms.replace(",", "")))
+        for b, r, ms in re.findall(
+            r" batch (\d+) \| rows ([\d,]+) \| [\d,-]+ rows/s \| ([\d,]+) ms", run
+        )
+    }
+    recent = health["recent_batches"]
+    assert recent and len(recent) == min(len(lines), RATE_BATCHES)
+    assert [b for b, *_ in recent] == sorted(lines)[-len(recent) :]
+    for batch, rows_in, _, duration in recent:
+        assert lines[batch] == (rows_in, duration)
+    read = sum(r[1] for r in recent)
+    wall_ms = recent[-1][2] + recent[-1][3] - recent[0][2]
+    assert health["recent_input_rows_per_s"] == round(read * 1000 / wall_ms, 3)
+    assert health["recent_processed_rows_per_s"] == round(
+        read * 1000 / sum(r[3] for r in recent), 3
+    )
+    assert health["recent_processed_rows_per_s"] > 0
+    # Dagster plots exactly these, and the last batch's rows.
+    assert plotted["input rate (records/s, last batches)"] == health["recent_input_rows_per_s"]
+    assert (
+        plotted["processing rate (records/s, last batches)"]
+        == health["recent_processed_rows_per_s"]
+    )
+    assert plotted["rows in the last batch (records)"] == health["input_rows"] == recent[-1][1]
+    # The other plotted numbers are the job's own: its health report and its log line.
+    last = re.findall(
+        rf" batch {health['last_batch']} \| .*? \| state ([\d,]+) rows .*? \| lag (\d+)", run
+    )
+    [(state, lag)] = last
+    assert plotted["state (rows)"] == health["state_rows"] == int(state.replace(",", ""))
+    assert plotted["lag (records)"] == health["lag_records"] == int(lag) == 0
+    assert plotted["state size (bytes)"] == health["state_bytes"]
+    assert plotted["dead letters (this run)"] == health["records"]["dead_letters"] == 1
+    assert plotted["last committed batch"] == health["last_committed_batch"]
+    assert 0 <= plotted["checkpoint age (s)"]
+
 
 def test_stop_streaming_job_stops_it_cleanly(live: Live):
     pid = registry.read(JOB)["pid"]
@@ -256,6 +326,7 @@ def test_stop_streaming_job_stops_it_cleanly(live: Live):
     tick = live.tick()
     md = {k: v.value for k, v in tick.asset_events[0].metadata.items()}
     assert (md["condition"], md["action"]) == ("stopped", "none")  # stopped means stay stopped
+    assert tick.run_requests == []  # a stop on purpose alerts no one
     # Stopped on purpose: neither failed nor green-running.
     running = _evaluations(tick)["running"]
     assert not running.passed and running.severity is AssetCheckSeverity.WARN

@@ -10,9 +10,14 @@ Python with Debian's /usr/bin/chromium):
 5. the job asset's plots (rates, lag, checkpoint age, records) have points;
 6. the job asset's health checks pass, the dead letters counted by reason;
 7. kill -9 of the job: its `running` check turns red (ERROR), the sensor restarts it, and
-   `no_crash_restart` stays red with what it was restarted from;
+   `no_crash_restart` stays red with what it was restarted from; the daemon launches one run
+   of `streaming_job_crashed`, which fails with the condition and the restart (the failed run
+   that run-failure sensors alert on);
 8. the `stop_streaming_job` job, launched from its launchpad, stops the job, and its
-   `running` check warns (stopped on purpose, not failed).
+   `running` check warns (stopped on purpose, not failed); no second alert run;
+9. a savepoint from `savepoint_streaming_job`'s launchpad and one by `srt savepoint create`:
+   the job's savepoint list (partitions of `upi_per_minute_savepoints`) shows both with their
+   watermark as a time, and the restore job's launchpad offers them as its partitions.
 
 Each step saves a screenshot under tests/artifacts/ (gitignored). The UI is driven and
 photographed; what each step must show is also checked through Dagster's GraphQL API (the
@@ -345,6 +350,62 @@ def _runs(dev: DagsterDev) -> list[dict[str, Any]]:
     return dev.graphql(query)["runsOrError"]["results"]
 
 
+CRASH_JOB = "streaming_job_crashed"
+
+
+def _crash_runs(dev: DagsterDev) -> list[dict[str, Any]]:
+    """The alert runs (``streaming_job_crashed``), newest first, with their step failures'
+    messages (what a run-failure sensor reads)."""
+    query = """
+    query($job: String!) {
+      runsOrError(filter: {pipelineName: $job}) { ... on Runs { results {
+        runId status tags { key value }
+        eventConnection { events { __typename
+          ... on ExecutionStepFailureEvent { error { message } } } }
+      } } }
+    }"""
+    runs = dev.graphql(query, {"job": CRASH_JOB})["runsOrError"]["results"]
+    for run in runs:
+        run["failures"] = [
+            e["error"]["message"]
+            for e in run.pop("eventConnection")["events"]
+            if e["__typename"] == "ExecutionStepFailureEvent"
+        ]
+    return runs
+
+
+SAVEPOINTS_ASSET = "upi_per_minute_savepoints"
+
+
+def _savepoint_partitions(dev: DagsterDev) -> list[str]:
+    """The savepoint list's partitions (savepoint ids) as the UI reads them."""
+    query = """
+    query($key: AssetKeyInput!) {
+      assetNodeOrError(assetKey: $key) {
+        ... on AssetNode { partitionKeysByDimension { partitionKeys } }
+      }
+    }"""
+    node = dev.graphql(query, {"key": {"path": [SAVEPOINTS_ASSET]}})["assetNodeOrError"]
+    return [k for d in node.get("partitionKeysByDimension") or [] for k in d["partitionKeys"]]
+
+
+def _sp_materializations(dev: DagsterDev) -> list[dict[str, Any]]:
+    query = """
+    query($key: AssetKeyInput!) {
+      assetOrError(assetKey: $key) {
+        ... on Asset { assetMaterializations(limit: 20) {
+          partition metadataEntries { label ... on TextMetadataEntry { text } } } }
+      }
+    }"""
+    found = dev.graphql(query, {"key": {"path": [SAVEPOINTS_ASSET]}})["assetOrError"]
+    return found.get("assetMaterializations") or []
+
+
+def _label(event: dict[str, Any], label: str) -> Any:
+    return next((e.get("text") for e in event["metadataEntries"] if e["label"] == label), None)
+
+
+LOADING = re.compile(r"^Loading|fetching statuses")
 WORKER_TIMEOUT = "Timed out while waiting for the Python worker to connect back"
 
 
@@ -381,7 +442,22 @@ def settle(page: Any) -> None:
     from playwright.sync_api import expect
 
     expect(page.get_by_text("Code location").first).to_be_visible()
-    page.wait_for_timeout(1500)  # for the photograph only; conditions are checked above
+    quiet(page)
+
+
+def quiet(page: Any) -> None:
+    """Before a photograph: poll until the page has made no request for 500 ms (Playwright's
+    networkidle: charts and lists have their data), for at most 10 s (the UI polls some
+    queries on a timer). What a step must show is checked apart, not by the picture."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    from playwright.sync_api import expect
+
+    try:
+        page.wait_for_load_state("networkidle", timeout=10_000)
+        # Asset nodes and tables fill in after their own queries.
+        expect(page.get_by_text(LOADING)).to_have_count(0, timeout=10_000)
+    except (PlaywrightTimeout, AssertionError):
+        pass
 
 
 @pytest.mark.slow
@@ -414,10 +490,15 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
         lineage = (
             f"{dev.url}/assets/{MODEL_ASSET}?view=lineage&lineageScope=upstream&lineageDepth=5"
         )
+        page.goto(f"{dev.url}/asset-groups")  # the global lineage: the default view
+        for group in ("streaming", "analytics"):
+            expect(page.get_by_text(group).first).to_be_visible()
+        quiet(page)
+        shot(page, "00-global-lineage")
         page.goto(lineage)
         for name in (JOB_ASSET, SINK_ASSET, MODEL_ASSET):
             expect(page.get_by_text(name).first).to_be_visible()
-        page.wait_for_timeout(1500)  # let zoom-to-fit finish: a photograph, not a condition
+        quiet(page)
         shot(page, "01-lineage")
 
         # 2. Materialize the job asset: the run launches `srt run` and succeeds once it commits.
@@ -529,21 +610,25 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
             "the dbt tests (asset checks of the model)",
         )
         assert all(s == "SUCCEEDED" for s in model_checks.values()), model_checks
+        # dbt's tests of its source are the table's checks, reported as such by the dbt run.
+        source_checks = _checks(dev, SINK_ASSET)
+        assert source_checks.get("upi_counts_unique_key") == "SUCCEEDED", source_checks
+        assert "instead of an `AssetCheckResult`" not in dev.log.read_text(errors="replace")
         page.goto(f"{dev.url}/assets/{MODEL_ASSET}?view=checks")
         expect(page.get_by_text("merchant_day_unique_key").first).to_be_visible()
         expect(page.get_by_text("Succeeded").first).to_be_visible()
-        page.wait_for_timeout(1500)  # for the photograph
+        quiet(page)
         shot(page, "06-dbt-model-tests-by-automation")
         page.goto(lineage)
         expect(page.get_by_text(MODEL_ASSET).first).to_be_visible()
-        page.wait_for_timeout(1500)  # zoom-to-fit, for the photograph
+        quiet(page)
         shot(page, "07-lineage-materialised")
 
         # 5. The job asset's plots: health observations over time, with units in the labels.
         page.goto(f"{dev.url}/assets/{JOB_ASSET}")
         page.get_by_role("button", name=re.compile(r"Plots$")).first.click()
         expect(page.get_by_text("lag (records)").first).to_be_visible()
-        page.wait_for_timeout(1000)  # charts animate in: for the photograph
+        quiet(page)
         shot(page, "08-job-plots")
 
         # 6. The job's health is its asset checks, re-judged every sensor tick: all pass, and
@@ -562,7 +647,7 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
         expect(page.get_by_text("no_crash_restart").first).to_be_visible()
         page.get_by_text("dead_letters").first.click()
         expect(page.get_by_text("malformed JSON").first).to_be_visible()
-        page.wait_for_timeout(1500)  # for the photograph
+        quiet(page)
         shot(page, "08a-job-health-dead-letters")
 
         # 7. kill -9: the running check turns red with the log excerpt; the sensor restarts
@@ -588,7 +673,7 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
         page.goto(f"{dev.url}/assets/{JOB_ASSET}?view=checks")
         page.get_by_text("no_crash_restart").first.click()
         expect(page.get_by_text("restarted as pid").first).to_be_visible()
-        page.wait_for_timeout(1500)  # for the photograph
+        quiet(page)
         shot(page, "08b-job-killed-restarted")
         dev.wait(
             lambda: (
@@ -606,6 +691,44 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
         page.goto(f"{dev.url}/assets/{JOB_ASSET}")
         settle(page)
         shot(page, "08c-job-overview-after-restart")
+        # The alert: the daemon launched one run of streaming_job_crashed for this crash, and
+        # it failed with the condition and the restart (what run-failure sensors fire on).
+        alert = dev.wait(
+            lambda: next(
+                (r for r in _crash_runs(dev) if r["status"] == "FAILURE" and r["failures"]),
+                None,
+            ),
+            240,
+            "a failed streaming_job_crashed run",
+        )
+        tags = {t["key"]: t["value"] for t in alert["tags"]}
+        assert tags.get("srt/job") == JOB and tags.get("srt/pid") == str(old), tags
+        assert tags.get("dagster/sensor_name") == "streaming_job_health", tags
+        [failure] = alert["failures"]
+        new_pid = (_srt_status(dev) or {})["pid"]
+        assert "is DEAD: " in failure, failure
+        assert f"restarted it as pid {new_pid}." in failure, failure
+        assert len(_crash_runs(dev)) == 1, _crash_runs(dev)
+        page.goto(f"{dev.url}/runs?q[]=job:{CRASH_JOB}")
+        expect(page.get_by_text("Failure").first).to_be_visible()
+        quiet(page)
+        shot(page, "08d-alert-run-failed")
+        page.goto(f"{dev.url}/runs/{alert['runId']}")
+        expect(page.get_by_text(f"restarted it as pid {new_pid}").first).to_be_visible()
+        expect(page.get_by_text("is DEAD").first).to_be_visible()
+        quiet(page)
+        shot(page, "08e-alert-run-failure-message")
+        # The whole text (condition, restart, the end of the job's log) in the row's dialog.
+        page.get_by_role("button", name="View full message").last.click()
+        dialog = page.get_by_role("dialog")
+        expect(dialog).to_contain_text(f"restarted it as pid {new_pid}")
+        expect(dialog).to_contain_text("The end of its log")
+        # Poll until the dialog's fade-in is over (Blueprint's overlay transition classes).
+        fading = "[class*='overlay-enter-active'], [class*='overlay-appear-active']"
+        expect(page.locator(fading)).to_have_count(0)
+        quiet(page)
+        shot(page, "08f-alert-run-full-message")
+        page.keyboard.press("Escape")
 
         # 8. Stop the job from its Dagster job's launchpad.
         page.goto(f"{dev.url}/locations/definitions.py/jobs/stop_streaming_job/playground")
@@ -624,7 +747,7 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
         page.goto(f"{dev.url}/assets/{JOB_ASSET}?view=events")
         expect(page.get_by_text("Observed").first).to_be_visible()
         page.wait_for_load_state("networkidle")
-        page.wait_for_timeout(1500)  # for the photograph
+        quiet(page)
         shot(page, "10-job-stopped")
         # Stopped on purpose: the running check warns (yellow), neither failed nor green.
         warned = dev.wait(
@@ -638,10 +761,79 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
             "the running check to say stopped",
         )
         assert "STOPPED" in warned["description"], warned
+        # A stop on purpose is no crash: the tick that judged it launched no alert run.
+        assert [r["runId"] for r in _crash_runs(dev)] == [alert["runId"]], _crash_runs(dev)
         page.goto(f"{dev.url}/assets/{JOB_ASSET}?view=checks")
         page.get_by_text("running", exact=True).first.click()
         expect(page.get_by_text("stopped on purpose").first).to_be_visible()
-        page.wait_for_timeout(1500)  # for the photograph
+        quiet(page)
         shot(page, "11-job-stopped-warns")
+
+        # 9. Savepoints: one from savepoint_streaming_job's launchpad (no S3 block: nothing
+        #    here uses S3), one by `srt savepoint create` outside Dagster; the savepoint list
+        #    shows both with their watermark as a time, and the restore job offers them.
+        page.goto(f"{dev.url}/locations/definitions.py/jobs/savepoint_streaming_job/playground")
+        # The config editor's pre-filled YAML names no `s3` resource (the schema panel beside
+        # it lists every resource of the code location, s3 among them).
+        editor = page.locator(".CodeMirror, .cm-editor").first
+        expect(editor).to_contain_text("streaming_runtime")
+        assert "s3:" not in editor.inner_text(), editor.inner_text()
+        shot(page, "12-savepoint-launchpad")
+        page.get_by_role("button", name="Launch run").click()
+        sp_run = dev.wait(
+            lambda: next(
+                (r for r in _runs(dev) if r["jobName"] == "savepoint_streaming_job"), None
+            ),
+            60,
+            "the savepoint run to start",
+        )
+        dev.wait(
+            lambda: run_status(sp_run["runId"]) == "SUCCESS", 300, "the savepoint run to succeed"
+        )
+        outside = subprocess.run(
+            [str(VENV_BIN / "srt"), "savepoint", "create", JOB, "--json"],
+            env=dev.env,
+            cwd=dev.workdir,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
+        ids = {json.loads(outside.stdout)["id"]}
+        listed = dev.wait(
+            lambda: (p := _savepoint_partitions(dev)) and len(p) == 2 and ids <= set(p) and p,
+            120,
+            "both savepoints in the savepoint list",
+        )
+        marks = dev.wait(
+            lambda: (
+                (w := {m["partition"]: _label(m, "watermark") for m in _sp_materializations(dev)})
+                and set(listed) <= set(w)
+                and w
+            ),
+            60,
+            "each savepoint's materialisation",
+        )
+        assert all(str(marks[i]).startswith("20") for i in listed), marks  # a time, not epoch
+        # The list's page: each id is in it (a middle-truncated label: its full text sits in
+        # a hidden measuring element).
+        page.goto(f"{dev.url}/assets/{SAVEPOINTS_ASSET}?view=partitions")
+        for sid in listed:
+            expect(page.get_by_text(sid).first).to_be_attached()
+        quiet(page)
+        shot(page, "13-savepoint-list")
+        page.goto(f"{dev.url}/assets/{SAVEPOINTS_ASSET}?view=events")
+        expect(page.get_by_text(listed[-1]).first).to_be_attached()
+        quiet(page)
+        shot(page, "14-savepoint-events")
+        # The restore job's launchpad: its partitions are the savepoints.
+        page.goto(
+            f"{dev.url}/locations/definitions.py/jobs/upi_per_minute_from_savepoint/playground"
+        )
+        expect(page.get_by_text(re.compile(r"partition", re.I)).first).to_be_attached()
+        quiet(page)
+        shot(page, "15-restore-picker")
         browser.close()
+    # Many ticks of the sensor over the stopped job later: still the one alert run.
+    assert [r["runId"] for r in _crash_runs(dev)] == [alert["runId"]], _crash_runs(dev)
     print("\n" + "\n".join(timings))

@@ -3,6 +3,7 @@ the rows of a table whose types are the job's are not looked at."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from decimal import Decimal
 
 import pyarrow as pa
@@ -10,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dbt_sink.limits import limit_of, storable, takes, unstorable
+from dbt_sink.limits import holds_no_nul, limit_of, reasons, storable, takes, unstorable
 from stateful_runtime.exceptions import SinkError
 
 WIDE = pa.decimal128(38, 0)
@@ -272,3 +273,36 @@ def test_delta_checks_each_row_against_a_narrower_column(tmp_path):
         return dict(zip(*(t.column(c).to_pylist() for c in SUMS.names), strict=True))
 
     _trial(sink, read, create)
+
+
+def test_a_time_before_1970_is_named_for_clickhouse_datetime():
+    """ClickHouse's DateTime range, at its edges (the server would wrap the value)."""
+    t = pa.timestamp("us")
+    edge = [
+        datetime(1969, 12, 31, 23, 59, 59),
+        datetime(1970, 1, 1),
+        datetime(2106, 2, 7, 6, 28, 15),
+        datetime(2106, 2, 7, 6, 28, 16),
+    ]
+    limit = limit_of("Nullable(DateTime('UTC'))")
+    assert limit is not None
+    found = reasons(pa.table({"at": pa.array(edge, t)}), {"at": limit}, "ClickHouse table x")
+    assert [i for i, _ in found] == [0, 3]
+    assert "1969-12-31T23:59:59 is outside the range of" in found[0][1]
+    aware = pa.array([e.replace(tzinfo=UTC) for e in edge], pa.timestamp("us", tz="UTC"))
+    assert [i for i, _ in reasons(pa.table({"at": aware}), {"at": limit}, "x")] == [0, 3]
+
+
+@given(
+    st.lists(st.text(max_size=12) | st.none(), max_size=30), st.sampled_from(["text", "varchar(8)"])
+)
+@settings(max_examples=200, deadline=None)
+def test_a_postgresql_string_with_a_nul_is_found_and_only_it(values, column):
+    limit = holds_no_nul(limit_of(column), column)
+    found = reasons(pa.table({"v": pa.array(values, pa.string())}), {"v": limit}, "t")
+    width = limit.length
+    assert [i for i, _ in found] == [
+        i
+        for i, v in enumerate(values)
+        if v is not None and ("\x00" in v or (width is not None and len(v) > width))
+    ]

@@ -19,6 +19,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from tests.helpers import read_topic
+
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts" / "faults"
 TOPIC = "upi-payments"
@@ -341,13 +343,8 @@ def bad_lines(lines: Iterable[bytes]) -> list[bytes]:
 
 
 def dead_letters(log_dir: Path, topic: str = f"{TOPIC}-dlq") -> list[bytes]:
-    from stateful_runtime.connectors.eventlog import EventLog
-
-    log = EventLog(log_dir)
-    if topic not in {t.name for t in log.topics()}:
-        return []
-    reader = log.reader(topic)
-    return sorted(r.value for p, e in reader.end_offsets().items() for r in reader.read(p, 0, e))
+    """The dead letters' values, sorted ([] if the topic was never made)."""
+    return sorted(r.value for r in read_topic(log_dir, topic))
 
 
 class Feeder:

@@ -40,6 +40,7 @@ from tests.faults.harness import (
     batch_offsets,
     compare,
     damage,
+    dead_letters,
     duckdb_counts,
     log_lines,
     sink_batch,
@@ -148,16 +149,6 @@ def _bad(lines: list[bytes]) -> list[bytes]:
     )
 
 
-def _dead_letters(log_dir: Path) -> list[bytes]:
-    from stateful_runtime.connectors.eventlog import EventLog
-
-    log = EventLog(log_dir)
-    if f"{TOPIC}-dlq" not in {t.name for t in log.topics()}:
-        return []
-    reader = log.reader(f"{TOPIC}-dlq")
-    return sorted(r.value for p, e in reader.end_offsets().items() for r in reader.read(p, 0, e))
-
-
 def _check(ws: Any) -> tuple[int, int, int, str]:
     """The table against the oracle of what the sink's ledger claims, and the dead letters
     against the bad records of the committed input: (ledger batch, lost, duplicated, detail)."""
@@ -194,7 +185,7 @@ def _check(ws: Any) -> tuple[int, int, int, str]:
     ]:
         for k, v in json.loads(f.read_text().splitlines()[2]).items():
             read[k] = max(read.get(k, 0), int(v))
-    extra = Counter(_dead_letters(ws.log_dir)) - Counter(_bad(log_lines(ws.log_dir, read)))
+    extra = Counter(dead_letters(ws.log_dir)) - Counter(_bad(log_lines(ws.log_dir, read)))
     if extra:
         detail += f" {sum(extra.values())} dead letter(s) beyond the committed input's bad records"
     return b, cmp.lost, cmp.duplicated, detail.strip()
@@ -337,7 +328,7 @@ def run_kill_trials(
     quarantined = len(list((ws.checkpoint_dir / "_quarantine").glob("*")))
     torn_count = sum(1 for t in out.trials if t.damage)
     cmp = compare(ws.table(), upi_oracle(lines))
-    dead = _dead_letters(ws.log_dir)
+    dead = dead_letters(ws.log_dir)
     problems = []
     if final.returncode != 0:
         problems.append(f"drain exited {final.returncode}: {final.stderr[-2000:]}")

@@ -365,6 +365,44 @@ against any column type is flagged exactly when it does not fit (`tests/dbt_sink
 with real DuckDB, PostgreSQL, ClickHouse and Delta tables); any `decimal(38,0)` column is
 written to JSON as the exact integer (`tests/connectors/formats/test_json_properties.py`).
 
+A value the sink cannot store in a query whose sink rows are source records (source, filters,
+maps, sink) stopped the job too, naming the table and key but not the record, because the
+records' origin was dropped before the sink. Now (`runtime/dataframes.py`,
+`runtime/batch_writes.py`, `dbt_sink/limits.py`) such a query keeps each row's source
+partition and offset to the sink's writer, which asks the sink for the rows its table cannot
+store before the write (a narrower column; a NUL in a PostgreSQL string; a time outside
+ClickHouse's `DateTime`, `DateTime64` or `Date`) and dead-letters them as a step's failed
+records are — the sink as the step, the reason (table, column, value, type), the origin;
+staged before the sink's transaction, published after the batch commits — while the rest of
+the batch is written; `errors.policy=fail` stops naming the record and `srt run --skip`.
+Trials (`tests/faults/test_sink_values.py`, real `srt run`): 60 payments copied by a `map`
+into DuckDB, PostgreSQL, ClickHouse 18.16 and Delta (a run each), each table made narrower by hand
+(`INTEGER`/`Int32`/`int32` amounts, `varchar(8)`, `FixedString(8)`, `DateTime`), with an
+amount of 2^40, a 12-character note, a note holding a NUL, a payment time in 1960 and a row
+failing two columns: each warehouse's dead letters are exactly the rows its table cannot take
+(2, 4, 4 and 2), each once with its origin, every other row in its table, a second run adding
+nothing; under `errors.policy=fail` the job stopped naming the record and its `--skip`, which
+then passed it once. Properties: a NUL string and a time at ClickHouse's edges are flagged
+exactly (`tests/dbt_sink/test_limits.py`). A window's row still stops the job by name: it
+stands for many records, none of which alone is to blame.
+
+A record too large for the Kafka sink's topic failed its batch on every replay: librdkafka
+refuses one past the producer's `message.max.bytes` locally, the broker one past the topic's
+`max.message.bytes`; and a topic whose `max.message.bytes` is below librdkafka's `batch.size`
+refused every batch of records that each fit, batched together. Now (`connectors/kafka/sink.py`)
+each record's size is computed as Kafka counts it (key, value, headers, framing at its largest,
+plus the record batch's header against the topic's limit, read once with DescribeConfigs) and a
+too-large record is one the sink cannot store: dead-lettered from a stateless query, a window's
+row stops the job naming the topic, key, size, limit and setting; the producers' `batch.size`
+stays within the topic's limit; a refusal not foreseen is a named `SinkError`. Trials: 30
+payments copied by a `map` into a Kafka topic of `max.message.bytes` 4000, one with a
+5,000-character note (`tests/faults/test_sink_values.py`, real `srt run`) — that one
+dead-lettered with its origin, its size and the limit, the other 29 in the topic
+(read_committed), a second run adding nothing. Properties (Hypothesis, real broker,
+`tests/connectors/kafka/test_kafka_sink.py`): librdkafka refuses a record past
+`message.max.bytes` exactly when the computed size says so (keys, UTF-8 header names, values at
+the line); every record the count puts within the topic's limit is appended by the broker.
+
 ## Event time: implausible times and a poisoned watermark
 
 Tried on the UPI job: one event stamped in the year 2100 moved the watermark to 2099; 8,003 of
@@ -417,8 +455,9 @@ published by the job process after the batch commits, with a mark per step and s
 partition in the same write as the records. `errors.policy=fail`, or a step that rejects
 `errors.max_consecutive` (100) records in a row or more than `errors.max_fraction` (0.1) of a
 task's records, stops the job instead, naming the record's source, partition and offset and
-`srt run JOB_FILE --skip SOURCE:PARTITION:OFFSET`, which records the skip in the checkpoint and
-dead-letters that record ("skipped by operator") before any step sees it.
+`srt run JOB_FILE --skip SOURCE:PARTITION:OFFSET`, which records the skip in the checkpoint (as
+soon as the run takes it, carried over by a restore) and dead-letters that record ("skipped by
+operator") before any step sees it.
 
 | trial | runs | result |
 |---|---|---|
@@ -426,14 +465,19 @@ dead-letters that record ("skipped by operator") before any step sees it.
 | kill -9 of the process group between the batch's commit and the publication | 1 | nothing published before the kill; after a restart each of the 9 once |
 | kill -9 between the publication and removing the staged files | 1 | each of the 9 once |
 | `errors.policy=fail`, two failing records, then `--skip` as the error says | 3 runs + 1 | each failed run named the record and the command; after the second skip the job finished: the 2 in the DLQ once (reason "skipped by operator"), the other 98 in the output; a further run published nothing again |
+| a query failing between the monitor's look for a failed query and its look for an active one (`tests/runtime/test_runner.py`: the first look answered as a moment before the end, on a real query failing under `errors.policy=fail`) | 1 | exit 1 naming the record and its `--skip`, nothing committed. Before: exit 0 with the batch uncommitted (at load ~50 the skip loop above so ended early once in 9 runs, and its next run met the record) |
+| `--skip` against the runs that follow (`tests/runtime/test_skips.py`, Hypothesis: runs giving skips, writers killed before their rename; `tests/runtime/test_runner.py`: a start refused after it took the checkpoint, then `--replay-sinks`; a real run with `--skip`, its savepoint, a restore) | 60 examples + 2 | every skip given stays recorded, rewritten only when one is new; the refused start kept its skip, the fresh checkpoint holds both, the restored one the run's. Before: a start refused by recovery, a sink or a source check had not recorded it; a restore or `--replay-sinks` left the skips in the old directory |
 | step dead letters against crashes and re-planned batches (`tests/connectors/test_dead_letters.py`, Hypothesis: batches, kills before the commit, crashes after publishing, restores to older batches with other caps) | 60 examples + 2 pinned | each rejected record of every committed range once; fails with the range filter or the mark removed |
 | a keyed call that raised vs. the same function never given those elements (`tests/operators/test_isolation.py`, Hypothesis: value, list, map and aggregating state changed in place, timers registered and deleted, main and side outputs) | 80 examples | state, timers and outputs equal; fails with the rollback or the copy on read removed |
 | the window operator's aggregate raising after changing its accumulator in place | 60 examples | window results = those of the good records; each failed record a dead letter |
+| a process window function raising when its window fires (`tests/operators/test_window_harness.py`, Hypothesis over elements and poison values, memory and RocksDB harness backends; an aggregate's `get_result` raising; `errors.policy=fail`) | 25 examples per backend + 2 | every element in exactly one emitted window or one dead letter (key, bounds, elements or accumulator, step, exception); no window state left; under `fail` the job stops with the window kept |
+| the same on Spark, `state.backend=spark` and `rocksdb_local` (`tests/operators/test_window_spark.py`) | 2 runs per backend | 200 payments, the windows holding a 13 dead-lettered whole with step `list-window`, every other closed window emitted, each payment in exactly one; a second run emits and dead-letters nothing again |
 
 Limits: a failure inside Spark's own operators (a native aggregate, a sink's write) is not one
 user call and is not isolated (`--skip` passes a record once it is identified); what a user
-function does outside the runtime's API (a file, a service) is not undone; a timer that
-raised is consumed (its key's state stays; it does not fire again).
+function does outside the runtime's API (a file, a service) is not undone; a user timer that
+raised is consumed (its key's state stays; it does not fire again); a window whose function
+raised when it fired is dead-lettered whole and released.
 
 ## What the suite does not cover
 

@@ -3,8 +3,8 @@ UPI job runs to commits and stops; its table is truncated, dropped, its ledger d
 DuckDB file deleted. Each time `srt run` refuses (exit 2, `SinkDataLostError` naming what
 happened and the commands back; the registry records it for Dagster), and after the way back
 (`srt run --replay-sinks`: a fresh table from the source's retained records) the table equals
-the oracle. DuckDB, and PostgreSQL for a server warehouse; every warehouse's refusals are in
-tests/runtime/test_sink_check.py.
+the oracle; the other way on (`srt sink accept`) goes on over the hole. DuckDB, and PostgreSQL
+for a server warehouse; every warehouse's refusals are in tests/runtime/test_sink_check.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import duckdb
 import pytest
-from upi_events import events, oracle
+from upi_events import START_MS, events, oracle
 
 from tests.faults.harness import TrialLog
 from tests.helpers import UpiWorkspace, append_lines, srt
@@ -24,6 +24,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
 JOB = "upi-per-minute"
 LINES = list(events(6_000, merchants=12, rate_per_s=50, disorder_ms=3_000, seed=23))
+# After the loss is accepted: later payments (LINES span 120 s of event time).
+LATER = list(
+    events(
+        3_000, merchants=12, rate_per_s=50, disorder_ms=3_000, seed=24, start_ms=START_MS + 130_000
+    )
+)
 
 
 def _duck(ws: UpiWorkspace, sql: str) -> None:
@@ -69,7 +75,7 @@ DUCKDB_CHANGES: dict[str, tuple[Callable[[UpiWorkspace], None], str]] = {
 }
 
 
-def test_duckdb_table_changed_while_stopped_is_refused_then_replayed(
+def test_duckdb_table_changed_while_stopped_is_refused_then_replayed_or_accepted(
     upi: UpiWorkspace, srt_env: dict[str, str], trials: TrialLog
 ):
     append_lines(upi.log_dir, LINES)
@@ -112,6 +118,29 @@ def test_duckdb_table_changed_while_stopped_is_refused_then_replayed(
         duplicated=0,
     )
 
+    # The other way on, on the same table: accept the loss and go on over the hole.
+    _duck(upi, "DELETE FROM upi_counts")
+    _refused(upi, srt_env, "rows_missing")
+    sets = upi.run_args()[2:]
+    accepted = srt(["sink", "accept", upi.run_args()[1], *sets, "--json"], srt_env)
+    assert accepted.returncode == 0, accepted.stderr[-2000:]
+    (line,) = json.loads(accepted.stdout)["accepted"]
+    assert "rows_missing" in line
+    append_lines(upi.log_dir, LATER)
+    again = srt(upi.run_args("--available-now"), srt_env)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
+    con = duckdb.connect(str(upi.database), read_only=True)
+    try:
+        notes = con.execute("SELECT note FROM srt_sink_ledger WHERE note IS NOT NULL").fetchall()
+    finally:
+        con.close()
+    assert len(notes) == 1 and "accepted by" in notes[0][0]
+    # The hole stays (the operator's decision): only windows the later events touched.
+    table, everything = upi.table(), oracle(LINES + LATER)
+    assert table and len(table) < len(everything)
+    assert all(everything[k][0] >= v[0] for k, v in table.items())
+    assert any(k not in table for k in expected)  # windows of the lost rows stay lost
+
 
 def test_postgres_table_truncated_is_refused_then_replayed(
     upi: UpiWorkspace, srt_env: dict[str, str], pg_dsn: str, trials: TrialLog
@@ -139,32 +168,6 @@ def test_postgres_table_truncated_is_refused_then_replayed(
         lost=0,
         duplicated=0,
     )
-
-
-def test_accept_goes_on_over_the_hole(upi: UpiWorkspace, srt_env: dict[str, str]):
-    append_lines(upi.log_dir, LINES[:3000])
-    first = srt(upi.run_args("--available-now"), srt_env)
-    assert first.returncode == 0, first.stderr[-3000:]
-    _duck(upi, "DELETE FROM upi_counts")
-    _refused(upi, srt_env, "rows_missing")
-    sets = upi.run_args()[2:]
-    accepted = srt(["sink", "accept", upi.run_args()[1], *sets, "--json"], srt_env)
-    assert accepted.returncode == 0, accepted.stderr[-2000:]
-    (line,) = json.loads(accepted.stdout)["accepted"]
-    assert "rows_missing" in line
-    append_lines(upi.log_dir, LINES[3000:])
-    again = srt(upi.run_args("--available-now"), srt_env)
-    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
-    con = duckdb.connect(str(upi.database), read_only=True)
-    try:
-        notes = con.execute("SELECT note FROM srt_sink_ledger WHERE note IS NOT NULL").fetchall()
-    finally:
-        con.close()
-    assert len(notes) == 1 and "accepted by" in notes[0][0]
-    # The hole stays (the operator's decision): only windows the later events touched.
-    table, expected = upi.table(), oracle(LINES)
-    assert table and len(table) < len(expected)
-    assert all(expected[k][0] >= v[0] for k, v in table.items())
 
 
 def test_restore_over_a_later_table_passes_and_replay_from_a_savepoint(

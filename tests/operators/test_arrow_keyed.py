@@ -5,6 +5,7 @@ replayed batch, the key-group routing."""
 from __future__ import annotations
 
 import json
+import pickle
 from collections import Counter
 
 import pyarrow as pa
@@ -22,8 +23,14 @@ from stateful_runtime.operators.arrow_keyed import (
     ArrowKeyedOperator,
     route_values,
     spark_hash_int,
+    store_dir,
 )
-from stateful_runtime.operators.keyed_store import MAX_PARALLELISM, key_groups
+from stateful_runtime.operators.keyed_store import (
+    MAX_PARALLELISM,
+    KeyedStore,
+    group_prefix,
+    key_groups,
+)
 
 TS = "srt_event_ms"
 OUTPUT = pa.schema(
@@ -93,6 +100,26 @@ def test_batches_count_fire_at_the_watermark_and_a_replay_starts_from_the_batch_
     assert sorted(p.name for p in (query / "keyed" / "count" / "0").iterdir()) == [
         "1.delta", "2.delta", "3.delta",
     ]  # fmt: skip
+
+
+def test_a_worker_keeps_its_values_only_for_the_version_it_committed(tmp_path):
+    """The values a worker's task ended with serve its next task of the partition only when
+    the store opens at the version that task committed: here another executor re-ran batch 0
+    after it (a retry whose commit Spark kept), so the next batch starts from that state."""
+    query = tmp_path / "q"
+    op = _operator(query)
+    _offsets(query, 0, 0)
+    assert _rows(op.run(0, 0, iter([_records([("a", 100)], 5)]))) == [("a", 1, None)]
+    other = KeyedStore(store_dir(query, "count", 0), tmp_path / "elsewhere")
+    other.open(0)
+    row = group_prefix(5) + b"s" + b"count\x00" + pickle.dumps(("a",), pickle.HIGHEST_PROTOCOL)
+    other.put(row, pickle.dumps(5, pickle.HIGHEST_PROTOCOL))
+    other.commit()
+    other.close()
+    _offsets(query, 1, 0)
+    assert _rows(op.run(1, 0, iter([_records([("a", 200)], 5)]))) == [("a", 6, None)]
+    _offsets(query, 2, 0)  # and this worker's own version 2 is used as it is
+    assert _rows(op.run(2, 0, iter([_records([("a", 300)], 5)]))) == [("a", 7, None)]
 
 
 def test_a_record_outside_the_tasks_key_groups_is_refused(tmp_path):

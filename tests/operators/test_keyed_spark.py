@@ -60,6 +60,10 @@ def _crash_before_commit(query, db) -> None:
         con.close()
 
 
+# One state backend per test, both through Spark in this file (the harness tests run every
+# operator on both): the crash before Spark's commit is the Python worker's store's case (its
+# versions against Spark's commit log); TTL and timer moves run on Spark's state store.
+@pytest.mark.parametrize("state_backend", ["rocksdb_local"])
 def test_fraud_counter_resets_per_minute_across_a_restart(spark, tmp_path, log, state_backend):
     rng = random.Random(3)
     lines, bursts = [], []
@@ -120,6 +124,7 @@ def test_fraud_counter_resets_per_minute_across_a_restart(spark, tmp_path, log, 
     assert got == expected and len(expected) > 10
 
 
+@pytest.mark.parametrize("state_backend", ["spark"])
 def test_deduplicator_with_event_time_ttl(spark, tmp_path, log, state_backend):
     rng = random.Random(5)
     lines = []
@@ -158,6 +163,7 @@ def test_deduplicator_with_event_time_ttl(spark, tmp_path, log, state_backend):
     assert len(expected) < len(lines)
 
 
+@pytest.mark.parametrize("state_backend", ["spark"])
 def test_session_summaries_with_timer_moves(spark, tmp_path, log, state_backend):
     rng = random.Random(9)
     lines, i = [], 0

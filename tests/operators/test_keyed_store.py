@@ -137,3 +137,46 @@ def test_key_group_ranges_are_contiguous_disjoint_and_cover_every_group(n):
     ranges = [key_groups(p, n) for p in range(n)]
     assert [g for r in ranges for g in r] == list(range(MAX_PARALLELISM))
     assert all(g * n // MAX_PARALLELISM == p for p, r in enumerate(ranges) for g in r)
+
+
+def test_the_rocksdb_memory_settings_bound_the_cache_and_memtables(tmp_path):
+    """The store's RocksDB takes the job's memory settings: memtable size and count as given,
+    and a block cache shared by the worker's stores that stays within its capacity while
+    state several times its size is read back (index and filter blocks included)."""
+    from stateful_runtime.job import RocksDBMemory
+
+    memory = RocksDBMemory(block_cache_mb=1, write_buffer_mb=2, write_buffers=3)
+    store = KeyedStore(tmp_path / "ck", tmp_path / "local", memory)
+    value = bytes(range(256)) * 4  # 1 KiB, incompressible enough
+    keys = [keyed_store.group_prefix(g % 128) + b"k%07d" % g for g in range(12_000)]
+    _run(store, 0, dict.fromkeys(keys, value))  # ~12 MiB: flushed through several memtables
+    options = next((tmp_path / "local" / "db").glob("OPTIONS-*")).read_text()
+    assert "write_buffer_size=2097152" in options
+    assert "max_write_buffer_number=3" in options
+    assert "cache_index_and_filter_blocks=true" in options
+    store.open(1)
+    try:
+        assert sum(1 for _ in store.scan(b"", b"\xff\xff")) == len(keys)
+        for k in keys[::7]:
+            assert store.get(k) == value
+    finally:
+        store.close()
+    cache = keyed_store._CACHES[1 << 20]
+    assert 0 < cache.get_usage() <= 1 << 20
+    # A second store of the worker shares the same cache (one bound per worker).
+    other = KeyedStore(tmp_path / "ck2", tmp_path / "local2", memory)
+    other.open(0)
+    other.close()
+    assert keyed_store._CACHES[1 << 20] is cache
+    # Reopened with other settings (a new run of the job), the DB takes them: its reads fill
+    # the new cache, not one RocksDB made from the OPTIONS file on disk.
+    changed = KeyedStore(tmp_path / "ck", tmp_path / "local", RocksDBMemory(3, 1, 2))
+    changed.open(1)
+    try:
+        for k in keys[::5]:
+            assert changed.get(k) == value
+    finally:
+        changed.close()
+    assert 0 < keyed_store._CACHES[3 << 20].get_usage() <= 3 << 20
+    newest = max((tmp_path / "local" / "db").glob("OPTIONS-*"), key=lambda p: p.stat().st_mtime)
+    assert "write_buffer_size=1048576" in newest.read_text()

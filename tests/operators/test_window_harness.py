@@ -7,6 +7,8 @@ from collections import defaultdict
 from datetime import timedelta
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from stateful_runtime import AggregateFunction, Count, OutputTag, ProcessWindowFunction, Sum
@@ -225,3 +227,87 @@ def test_process_window_function_and_user_aggregate_function():
     h.process_watermark(10**12)
     expected = {k: s / n for k, (n, s) in sessions_oracle(evs, 5 * S).items()}
     assert {(r["k"], r["window_start"]): r["mean"] for r in h.output} == expected
+
+
+class Picky(ProcessWindowFunction):
+    """Emits each window's elements' values; raises for a window holding a 13."""
+
+    output_schema = {"k": str, "vs": str}
+
+    def process(self, key, window, elements):
+        values = sorted(e["v"] for e in elements)
+        if 13 in values:
+            raise ValueError("unlucky window")
+        yield {"k": key, "vs": " ".join(map(str, values))}
+
+
+class PickyMean(MeanFn):
+    def get_result(self, acc):
+        if acc[0] % 7 == 0:
+            raise ZeroDivisionError("a sum of sevens")
+        return super().get_result(acc)
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("ab"), st.sampled_from([1, 2, 13]), st.integers(0, 120_000)),
+        max_size=60,
+    )
+)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_a_window_whose_function_raises_on_firing_is_dead_lettered_whole_and_released(items):
+    """Nothing lost, state bounded: every element is either in a fired window's output or in
+    the dead letter of the window that raised (with its key, bounds, the step and the
+    exception), once; and after the watermark passed every window no window state is left."""
+    evs = [{"k": k, "v": v, "ts": ts} for k, v, ts in items]
+    h = window_harness(
+        TumblingEventTimeWindows.of(timedelta(seconds=30)), "k", Picky(), timestamp_field="ts"
+    )
+    h.process_elements(evs)
+    out = h.process_watermark(10**12)
+    emitted = sorted(int(v) for r in out for v in r["vs"].split())
+    letters = h.dead_letters
+    lettered = sorted(e["v"] for letter, _ in letters for e in letter["elements"])
+    assert sorted(emitted + lettered) == sorted(e["v"] for e in evs)
+    windows = defaultdict(list)
+    for e in evs:
+        windows[(e["k"], e["ts"] // 30_000)].append(e["v"])
+    bad = {w for w, vs in windows.items() if 13 in vs}
+    assert len(letters) == len(bad)
+    starts = {(k, key(k, n * 30_000)[1].isoformat()) for k, n in bad}
+    assert {(letter["key"], letter["window_start"]) for letter, _ in letters} == starts
+    for _, reason in letters:
+        assert "on_timer: the window function raised ValueError: unlucky" in reason
+        assert "its state was cleared" in reason
+    assert not any(h.state(k, "windows") for k in "ab")
+
+
+def test_an_aggregate_whose_result_raises_dead_letters_its_accumulator_or_stops_under_fail():
+    evs = [{"k": "a", "v": 7, "ts": 1_000}, {"k": "a", "v": 7, "ts": 2_000}]
+    evs += [{"k": "b", "v": 1, "ts": 1_000}]
+    h = window_harness(
+        TumblingEventTimeWindows.of(timedelta(seconds=30)), "k", PickyMean(), timestamp_field="ts"
+    )
+    h.process_elements(evs)
+    out = h.process_watermark(10**12)
+    assert [r["k"] for r in out] == ["b"]
+    [(letter, reason)] = h.dead_letters
+    assert letter["key"] == "a" and letter["accumulator"] == [14, 2]
+    assert letter["window_start"] == "1970-01-01T00:00:00" and "ZeroDivisionError" in reason
+    assert not h.state("a", "windows")
+
+    from stateful_runtime.exceptions import UserFunctionError
+    from stateful_runtime.job import ErrorPolicy
+
+    strict = window_harness(
+        TumblingEventTimeWindows.of(timedelta(seconds=30)),
+        "k",
+        PickyMean(),
+        timestamp_field="ts",
+        errors=ErrorPolicy("fail"),
+    )
+    strict.process_elements(evs)
+    with pytest.raises(UserFunctionError, match="a sum of sevens"):
+        strict.process_watermark(10**12)
+    assert strict.dead_letters == []
+    assert strict.state("a", "windows")  # kept as it was: the batch is replayed

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,9 @@ def ride(i: int, zone: int, ts: int, amount: float) -> bytes:
     ).encode()
 
 
+# The window operator on the Python worker's store here: the harness tests run it on both
+# backends, tests/faults/test_overflow.py through Spark on Spark's state store (the default).
+@pytest.mark.parametrize("state_backend", ["rocksdb_local"])
 def test_taxi_zone_hourly_with_late_updates_and_late_side_output(spark, tmp_path, state_backend):
     log = tmp_path / "log"
     EventLog(log).create_topic("taxi-rides", 1)
@@ -230,3 +234,64 @@ def test_sliding_and_session_windows_with_builtin_aggregates_run_native(spark, t
     sessions, sliding = closed([*first, *late_ones, ("clock", 0, clock2)], clock2 - 2_000)
     assert _windows_out(out, "sessions") == sessions
     assert _windows_out(out, "sliding") == sliding
+
+
+def test_a_window_that_raises_when_it_fires_is_dead_lettered_whole_once(
+    spark, tmp_path, state_backend
+):
+    """On Spark, each state backend: a window whose function raises when it fires goes to the
+    dead-letter topic as one record (key, bounds, its elements) with the step and the
+    exception; every other closed window is emitted; each record is in exactly one of them;
+    a second run emits and dead-letters nothing again (the window's state was cleared)."""
+    import io
+
+    from stateful_runtime.runtime.loader import load_job_file
+    from stateful_runtime.runtime.runner import JobRunner
+
+    log = tmp_path / "log"
+    EventLog(log).create_topic("payments", 2)
+    rng = random.Random(9)
+    records = []
+    for i in range(200):
+        amount = 13 if i % 37 == 3 else rng.randint(20, 90)
+        ts = T0 + i * 500
+        records.append(
+            {"txn_id": f"t{i}", "merchant_id": f"M{i % 3}", "amount": amount, "ts_ms": ts}
+        )
+    closer = {"txn_id": "last", "merchant_id": "M9", "amount": 1, "ts_ms": T0 + 10 * M}
+    append_lines(log, [json.dumps(r).encode() for r in [*records, closer]], topic="payments")
+
+    def go() -> None:
+        jf = load_job_file(
+            Path(__file__).with_name("window_failure_job.py"),
+            {
+                "source.log_dir": str(log),
+                "checkpoint.dir": str(tmp_path / "ck"),
+                "state.backend": state_backend,
+            },
+        )
+        out = io.StringIO()
+        assert JobRunner(jf, available_now=True, out=out).run() == 0, out.getvalue()
+
+    def topic(name: str) -> list:
+        reader = EventLog(log).reader(name)
+        try:
+            return [r for p, e in reader.end_offsets().items() for r in reader.read(p, 0, e)]
+        finally:
+            reader.close()
+
+    go()
+    windows = [json.loads(r.value) for r in topic("windows")]
+    letters = topic("payments-dlq")
+    emitted = [t for w in windows for t in w["txn_ids"].split()]
+    lettered = [e["txn_id"] for r in letters for e in json.loads(r.value)["elements"]]
+    assert sorted(emitted + lettered) == sorted(r["txn_id"] for r in records)
+    bad = {r["txn_id"] for r in records if r["amount"] == 13}
+    assert bad and bad <= set(lettered) and not bad & set(emitted)
+    for r in letters:
+        letter = json.loads(r.value)
+        assert r.headers["step"] == "list-window"
+        assert "on_timer: the window function raised ValueError: unlucky" in r.headers["error"]
+        assert letter["key"].startswith("M") and letter["window_start"] < letter["window_end"]
+    go()  # nothing fires twice, nothing dead-lettered twice
+    assert len(topic("windows")) == len(windows) and len(topic("payments-dlq")) == len(letters)

@@ -26,7 +26,7 @@ import pytest
 from upi_events import events, oracle
 
 from stateful_runtime import contract
-from tests.helpers import EXAMPLES, UpiWorkspace, append_lines, poll, srt
+from tests.helpers import EXAMPLES, UpiWorkspace, append_lines, poll, read_topic, srt
 
 pytestmark = pytest.mark.slow
 
@@ -323,3 +323,40 @@ def test_a_dead_or_failed_jobs_status_says_what_it_said_last(srt_home: Path, tmp
     [stopped] = control.statuses("crashed")
     assert stopped.log_excerpt is None  # stopped on purpose: nothing to explain
     registry.job_file("crashed", ".json").unlink()
+
+
+def test_launch_skip_is_given_to_the_launched_run_and_a_wrong_one_refused_first(
+    tmp_path: Path, srt_env: dict[str, str]
+):
+    """``srt launch --skip SOURCE:PARTITION:OFFSET`` is ``srt run --skip`` in the launched
+    process: the record goes to the dead-letter topic with step "skip" (once), the rest is
+    counted; a skip naming no source of the job is refused before anything starts."""
+    from stateful_runtime.connectors.eventlog import EventLog
+
+    ws = UpiWorkspace(tmp_path, partitions=1)
+    EventLog(ws.log_dir).create_topic("upi-payments", 1)
+    lines = list(events(400, merchants=4, rate_per_s=40, disorder_ms=1_000, seed=5))
+    append_lines(ws.log_dir, lines)
+    home = tmp_path / "home"
+    base = ["--home", str(home), "launch", str(UPI), *ws.sets(), "--json"]
+    wrong = srt([*base, "--skip", "payments:0:3"], srt_env)
+    assert wrong.returncode == 2, wrong.stderr[-3000:]
+    error = json.loads(wrong.stderr.strip().splitlines()[-1])["error"]
+    assert error["type"] == "ConfigError" and "its sources: upi-source" in error["message"]
+    assert not (home / "jobs" / f"{JOB}.json").exists()  # nothing was started
+
+    launched = srt([*base, "--skip", "upi-source:0:3"], srt_env)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    doc = json.loads(launched.stdout)
+    assert doc["command"][-2:] == ["--skip", "upi-source:0:3"]
+    try:
+
+        def skipped() -> list:
+            return read_topic(ws.log_dir, "upi-payments-dlq")
+
+        [letter] = poll(skipped, timeout=300, what="the skipped record in the dead-letter topic")
+        assert letter.headers["step"] == "skip" and str(letter.headers["source.offset"]) == "3"
+        assert json.loads(letter.value)["txn_id"] == json.loads(lines[3])["txn_id"]
+    finally:
+        stop = srt(["--home", str(home), "stop", JOB, "--timeout", "120"], srt_env)
+        assert stop.returncode == 0, stop.stderr[-3000:]

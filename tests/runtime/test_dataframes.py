@@ -6,9 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from stateful_runtime import KeyedProcessFunction, TimeDomain
 from stateful_runtime.exceptions import PlanError
-from stateful_runtime.runtime.dataframes import _process_local, _refuse_other_backend
+from stateful_runtime.runtime.dataframes import _refuse_other_backend
 
 
 def _committed(query) -> None:
@@ -34,11 +33,10 @@ def test_a_checkpoint_keeps_the_backend_it_started_with(tmp_path):
         _refuse_other_backend(None, node, backend)
 
 
-def test_processing_time_functions_are_refused_on_the_worker_backend():
-    class Ticker(KeyedProcessFunction):
-        time_domain = TimeDomain.PROCESSING_TIME
-        output_schema = {"k": str}
+def test_speculative_tasks_are_refused_for_keyed_state_in_the_worker():
+    from stateful_runtime.exceptions import ConfigError
+    from stateful_runtime.runtime.dataframes import refuse_speculation
 
-    node = SimpleNamespace(name="tick", function=Ticker())
-    with pytest.raises(PlanError, match="processing time.*state.backend=spark"):
-        _process_local(None, node, None, None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="set spark.speculation=false for this job"):
+        refuse_speculation(" True")
+    refuse_speculation("false")

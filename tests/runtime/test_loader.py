@@ -157,3 +157,54 @@ def test_the_errors_keys_apply_to_every_job_file_or_say_what_to_give(
         assert 0 <= errors.max_fraction <= 1
         if consecutive:
             assert errors.max_consecutive == int(consecutive)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    cache=st.one_of(st.just(""), _NUMBER_TEXT, st.sampled_from(["64", "1", "2.5", "lots"])),
+    buffer=st.one_of(st.just(""), _NUMBER_TEXT, st.sampled_from(["16", "1"])),
+    count=st.one_of(st.just(""), _NUMBER_TEXT, st.sampled_from(["2", "1", "4"])),
+)
+def test_the_rocksdb_memory_keys_apply_to_every_job_file_or_say_what_to_give(
+    cache, buffer, count, tmp_path
+):
+    """state.rocksdb.* is accepted by every job file (built with from_config or not) and
+    checked in MiB: whole numbers, a memtable count of 2 or more, within the machine; what is
+    not set keeps the machine-sized default."""
+    from stateful_runtime.job import RocksDBMemory
+
+    default = RocksDBMemory.default()
+    overrides = {
+        "checkpoint.dir": str(tmp_path),
+        "state.rocksdb.block_cache_mb": cache,
+        "state.rocksdb.write_buffer_mb": buffer,
+        "state.rocksdb.write_buffers": count,
+    }
+    for job_file in (UPI, ISOLATION):
+        try:
+            memory = load_job_file(job_file, overrides).job.rocksdb
+        except ConfigError as exc:
+            assert str(exc).startswith("state.rocksdb."), str(exc)
+            assert "give" in str(exc)
+            continue
+        assert memory.block_cache_mb == (int(cache) if cache else default.block_cache_mb)
+        assert memory.write_buffer_mb == (int(buffer) if buffer else default.write_buffer_mb)
+        assert memory.write_buffers == (int(count) if count else default.write_buffers)
+        assert memory.block_cache_mb >= 1 and memory.write_buffer_mb >= 1
+        assert memory.write_buffers >= 2
+
+
+def test_the_rocksdb_memory_refusals_speak_in_mib():
+    from stateful_runtime.job import RocksDBMemory
+
+    with pytest.raises(ConfigError, match=r"block_cache_mb=0: give a whole number of 1 or more"):
+        RocksDBMemory(0)
+    with pytest.raises(ConfigError, match=r"write_buffers=1: give a whole number of 2 or more"):
+        RocksDBMemory(64, 16, 1)
+    with pytest.raises(ConfigError, match=r"write_buffer_mb='2.5': give a whole number"):
+        RocksDBMemory.from_config({"state.rocksdb.write_buffer_mb": "2.5"})
+    with pytest.raises(ConfigError, match=r"MiB per Python worker, more than this machine's"):
+        RocksDBMemory(10**9)
+    assert RocksDBMemory(64, 16, 3).bound_mb == 64 + 16 * 3

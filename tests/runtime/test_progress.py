@@ -8,13 +8,23 @@ import os
 import time
 from pathlib import Path
 
-from stateful_runtime.contract import CheckpointFacts, QueryHealth
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stateful_runtime.contract import (
+    CheckpointFacts,
+    QueryHealth,
+    RecentBatch,
+    RecordCounts,
+    recent_rates,
+)
 from stateful_runtime.runtime.progress import (
     Records,
     batch_health,
     checkpoint_facts,
     idle_health,
     new_progress,
+    recent_batch,
 )
 
 NOW = 1_700_000_000.0
@@ -63,6 +73,51 @@ def test_a_stateless_query_has_no_state_partitions_and_nothing_in_flight(tmp_pat
     assert facts.state_partitions is None
 
 
+_batches = st.lists(
+    st.tuples(
+        st.integers(0, 100_000),  # rows
+        st.integers(0, 60_000),  # idle time before the trigger (ms)
+        st.integers(1, 60_000),  # duration (ms)
+    ),
+    min_size=1,
+    max_size=10,
+)
+
+
+@settings(deadline=None)  # a busy machine's pauses are not the property
+@given(_batches)
+def test_rates_over_time_are_records_over_wall_time_and_over_time_run(shape):
+    """Input rate: records ÷ (first trigger → last commit); processing rate: records ÷ the
+    time the batches ran. Idle time lowers the first, never the second."""
+    recent, t = [], 1_700_000_000_000
+    for i, (rows, idle, duration) in enumerate(shape):
+        t += idle
+        progress = {
+            "batchId": i,
+            "numInputRows": rows,
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t / 1000))
+            + f".{t % 1000:03d}Z",
+            "durationMs": {"triggerExecution": duration, "addBatch": duration},
+        }
+        batch = recent_batch(progress)
+        assert batch == RecentBatch(i, rows, t, duration)
+        recent.append(batch)
+        t += duration
+    read = sum(r for r, _, _ in shape)
+    ran = sum(d for _, _, d in shape)
+    wall = t - recent[0].started_ms
+    input_rate, processed = recent_rates(recent)
+    assert input_rate == round(read * 1000 / wall, 3)
+    assert processed == round(read * 1000 / ran, 3)
+    assert input_rate <= processed + 0.001  # waiting between batches is not processing
+    health = batch_health(progress, recent=tuple(recent))
+    assert (health.recent_input_rows_per_s, health.recent_processed_rows_per_s) == (
+        input_rate,
+        processed,
+    )
+    assert QueryHealth.from_json(QueryHealth(batch=health).to_json()).batch == health
+
+
 def test_records_and_batch_health_from_a_progress_report():
     progress = {
         "batchId": 7,
@@ -97,6 +152,37 @@ def test_records_and_batch_health_from_a_progress_report():
     first = idle_health(None, idle)  # before the run's first batch
     assert (first.last_batch, first.lag_records) == (None, 0)
     assert QueryHealth.from_json(QueryHealth(batch=first).to_json()).batch == first
+
+
+def test_a_unions_records_are_counted_per_input_and_its_lag_over_every_input():
+    progress = {
+        "batchId": 3,
+        "sources": [
+            {"endOffset": {"0": 5}, "latestOffset": {"0": 9}},
+            {"endOffset": {"bank:0": 7}, "latestOffset": {"bank:0": 8}},
+        ],
+        "observedMetrics": {
+            "srt_source:app": {"input": 50, "dead_letters": 1},
+            "srt_source:bank": {"input": 20, "dead_letters": 2},
+            "srt_late": {"late": 4, "late:app": 0, "late:bank": 4},
+        },
+    }
+    records = Records()
+    assert records.add(progress, ["app", "bank"]) == 4
+    records.add(progress, ["app", "bank"])
+    counts = records.counts(["app", "bank"])
+    assert (counts.source, counts.input, counts.dead_letters, counts.late) == (
+        "app+bank",
+        140,
+        6,
+        8,
+    )
+    app, bank = counts.by_source
+    assert (app.source, app.input, app.output, app.dead_letters, app.late) == ("app", 100, 98, 2, 0)
+    assert (bank.input, bank.output, bank.dead_letters, bank.late) == (40, 28, 4, 8)
+    assert RecordCounts.from_json(counts.to_json()) == counts
+    health = batch_health(progress)
+    assert health.lag_by_partition == {"1/0": 4, "2/bank:0": 1} and health.lag_records == 5
 
 
 def test_idle_triggers_reports_are_not_batches_and_hide_none(spark, tmp_path: Path):

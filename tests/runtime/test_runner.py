@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stateful_runtime import CheckpointConfig, LogSource, StreamJob, WatermarkStrategy
-from stateful_runtime.exceptions import ConfigError
+from stateful_runtime.exceptions import ConfigError, TopicNotFoundError
 
 
 def test_processing_time_functions_refuse_available_now(tmp_path):
@@ -143,3 +143,134 @@ def test_a_running_job_refuses_a_second_run_and_its_kill_frees_the_checkpoint(up
         kill_group(first)  # kill -9: the kernel drops the lock with the process
     third = srt(upi.run_args("--available-now"), srt_env, timeout=300)
     assert third.returncode == 0, third.stderr[-3000:]
+
+
+# -- a query that fails is a failed run, whenever it fails ---------------------------------------
+
+
+@pytest.mark.slow
+def test_a_query_that_fails_right_after_the_monitor_looked_is_a_failed_run(tmp_path, capsys):
+    """The monitor asks whether a query failed, then whether any is still active: a query that
+    fails between the two questions is inactive at the second with its error set, and the run
+    is a failed one (exit 1, naming the record and its ``--skip``), not a finished one (exit 0
+    with the failed batch uncommitted: the next run met the record again). The interleaving is
+    made certain: the monitor's first look answers as it would have a moment before the end."""
+    import io
+    import json
+    from pathlib import Path
+
+    from stateful_runtime.connectors.eventlog import EventLog
+    from stateful_runtime.runtime.loader import load_job_file
+    from stateful_runtime.runtime.runner import JobRunner
+    from tests.helpers import append_lines, poll
+
+    log_dir = tmp_path / "log"
+    EventLog(log_dir).create_topic("payments", 1)
+    payments = [
+        {"txn_id": f"t{i}", "merchant_id": "M1", "amount": 13 if i == 3 else 20, "ts_ms": i}
+        for i in range(6)
+    ]
+    append_lines(log_dir, [json.dumps(p).encode() for p in payments], topic="payments")
+    job_file = Path(__file__).parents[1] / "operators" / "isolation_job.py"
+    values = {
+        "source.log_dir": str(log_dir),
+        "checkpoint.dir": str(tmp_path / "ck"),
+        "errors.policy": "fail",
+        "parallelism": "1",
+    }
+
+    class LookedJustBefore(JobRunner):
+        looked = False
+
+        def _failed(self) -> bool:
+            if not self.looked:  # the first look, taken while the query still ran
+                self.looked = True
+                poll(
+                    lambda: not any(r.query.isActive for r in self.runs),
+                    300,
+                    "the query to fail on amount 13",
+                )
+                return False
+            return super()._failed()
+
+    out = io.StringIO()
+    runner = LookedJustBefore(load_job_file(job_file, values), available_now=True, out=out)
+    assert runner.run() == 1, out.getvalue()
+    assert f"srt run {job_file} --skip payments:0:3" in capsys.readouterr().err
+    assert runner.layout.query(runner.plan.queries[0].name).last_committed() is None
+
+
+# -- a --skip given once is kept -----------------------------------------------------------------
+
+
+def test_a_skip_is_kept_by_a_refused_run_and_carried_into_a_fresh_checkpoint(tmp_path):
+    """``--skip`` is recorded in the checkpoint as soon as the run owns it, before anything can
+    fail the run: a run refused at its start keeps it, and ``--replay-sinks`` (a fresh
+    checkpoint in this one's place) carries it over, so the record is never met again."""
+    from stateful_runtime.connectors.eventlog.sink import LogSink
+    from stateful_runtime.runtime import registry, skips
+    from stateful_runtime.runtime.loader import JobFile
+    from stateful_runtime.runtime.runner import JobRunner
+
+    ck = tmp_path / "ck"
+
+    def runner(**options) -> JobRunner:
+        job = StreamJob("skip-kept", CheckpointConfig(str(ck)))
+        job.from_source(
+            LogSource(str(tmp_path / "log"), "payments", {"k": str, "ts": int}),
+            WatermarkStrategy.for_monotonous_timestamps().with_timestamp_field("ts"),
+            name="payments",
+        ).sink_to(LogSink(str(tmp_path / "log"), "out"))
+        return JobRunner(JobFile(tmp_path, {}, {}, job), available_now=True, **options)
+
+    # The source's topic does not exist yet: the start is refused after the skip was taken.
+    with pytest.raises(TopicNotFoundError, match="payments"):
+        runner(skip=["payments:0:7"]).prepare()
+    assert registry.read("skip-kept")["state"] == "FAILED"
+    assert skips.listed(skips.load(ck / "_dead_letters" / "skips.json")) == [("payments", 0, 7)]
+    with pytest.raises(TopicNotFoundError, match="payments"):
+        runner(skip=["payments:1:3"], replay_sinks=True).prepare()
+    assert [p.name for p in tmp_path.glob("ck.before-replay-*")]  # the old one, moved aside
+    assert skips.listed(skips.load(ck / "_dead_letters" / "skips.json")) == [
+        ("payments", 0, 7),
+        ("payments", 1, 3),
+    ]
+
+
+@pytest.mark.slow
+def test_a_restore_from_a_savepoint_carries_the_skips_into_the_restored_checkpoint(tmp_path):
+    """A savepoint holds no skips; the restore puts its checkpoint in this one's place and the
+    skips recorded here go with the job into it (the restored batches replay the record)."""
+    import io
+    import json
+    from pathlib import Path
+
+    from stateful_runtime.checkpoints import savepoints
+    from stateful_runtime.connectors.eventlog import EventLog
+    from stateful_runtime.runtime import registry, skips
+    from stateful_runtime.runtime.loader import load_job_file
+    from stateful_runtime.runtime.runner import JobRunner
+    from tests.helpers import append_lines
+
+    log_dir, ck = tmp_path / "log", tmp_path / "ck"
+    EventLog(log_dir).create_topic("payments", 1)
+    payments = [
+        {"txn_id": f"t{i}", "merchant_id": "M1", "amount": 20, "ts_ms": i} for i in range(4)
+    ]
+    append_lines(log_dir, [json.dumps(p).encode() for p in payments], topic="payments")
+    job_file = Path(__file__).parents[1] / "operators" / "isolation_job.py"
+    values = {"source.log_dir": str(log_dir), "checkpoint.dir": str(ck), "parallelism": "1"}
+    out = io.StringIO()
+    first = JobRunner(
+        load_job_file(job_file, values), available_now=True, out=out, skip=["payments:0:2"]
+    )
+    assert first.run() == 0, out.getvalue()
+    sp = savepoints.create(ck, tmp_path / "savepoints")
+    # The restored run is refused after it took the checkpoint: no source in its log directory.
+    elsewhere = {**values, "source.log_dir": str(tmp_path / "empty")}
+    restore = JobRunner(load_job_file(job_file, elsewhere), from_savepoint=sp.location, out=out)
+    with pytest.raises(TopicNotFoundError):
+        restore.prepare()
+    assert registry.read("isolation")["state"] == "FAILED"
+    assert restore.restored is not None and list(tmp_path.glob("ck.before-restore-*"))
+    assert skips.listed(skips.load(ck / "_dead_letters" / "skips.json")) == [("payments", 0, 2)]

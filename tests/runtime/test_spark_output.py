@@ -11,9 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from upi_events import events
 
-from stateful_runtime.runtime.spark_output import is_jvm_line, is_worker_line
+from stateful_runtime.runtime.spark_output import RunnerTracebacks, is_jvm_line, is_worker_line
 from tests.helpers import append_lines, srt
 
 SCRIPT = """
@@ -109,3 +111,91 @@ def test_a_closed_terminal_is_drained_not_blocking_and_not_failing(tmp_path: Pat
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 0, err
     assert err == "done\n", err
+
+
+RUNNER_SCRIPT = """
+import os, socket, subprocess, sys, tempfile
+from stateful_runtime.runtime import spark_output
+spark_output.divert(sys.argv[1], sys.argv[2])
+print("[job] stopping", file=sys.stderr, flush=True)
+# Spark's source runner as a stop leaves it: the executor's end of its socket closes before
+# the runner is killed (its stderr is the JVM's, which is the job's).
+path = os.path.join(tempfile.mkdtemp(), "s")
+server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+server.bind(path)
+server.listen(1)
+env = dict(os.environ, PYTHON_WORKER_FACTORY_SOCK_PATH=path)
+env.pop("PYTHON_WORKER_FACTORY_SECRET", None)
+runner = subprocess.Popen(
+    [sys.executable, "-m", "pyspark.sql.streaming.python_streaming_source_runner"], env=env
+)
+connection, _ = server.accept()
+connection.recv(4)  # the runner's pid
+connection.close()
+assert runner.wait() != 0
+# A failure the runner sent the JVM, quoted in a query's error, and the job's own traceback.
+print("[job] query q failed: PythonException:", file=sys.stderr)
+print(sys.argv[3], file=sys.stderr)
+try:
+    raise ValueError("the job's own")
+except ValueError:
+    import traceback
+    traceback.print_exc()
+print("[job] stopped", file=sys.stderr, flush=True)
+"""
+QUOTED = """Traceback (most recent call last):
+  File "/v/pyspark/sql/streaming/python_streaming_source_runner.py", line 272, in main
+    partitions_func(
+  File "/srt/connectors/eventlog.py", line 9, in partitions
+ValueError: a source's failure"""
+
+
+def test_the_source_runners_dying_traceback_goes_to_the_log_not_the_terminal(tmp_path: Path):
+    """A stop closes the socket of Spark's Python source runner before it is killed: it dies
+    with an EOFError and BrokenPipeErrors (the real runner's traceback here), which belong in
+    the job's log; a failure it reported (quoted in a query's error) and the job's own
+    traceback still reach the terminal, whole and in order."""
+    workers, jvm = tmp_path / "job.workers.log", tmp_path / "job.log"
+    out = subprocess.run(
+        [sys.executable, "-c", RUNNER_SCRIPT, str(workers), str(jvm), QUOTED],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    err = out.stderr.splitlines()
+    assert err[0] == "[job] stopping" and err[-1] == "[job] stopped", out.stderr
+    assert "\n".join(err[1:7]) == "[job] query q failed: PythonException:\n" + QUOTED
+    assert err[7] == "Traceback (most recent call last):" and err[-2].endswith("the job's own")
+    assert "EOFError" not in out.stderr and "BrokenPipeError" not in out.stderr
+    assert out.stderr.count("Traceback") == 2, out.stderr
+    logged = jvm.read_text()
+    assert "python_streaming_source_runner.py" in logged and "\nEOFError\n" in logged
+    assert logged.count("During handling of the above exception") == 2, logged
+    assert logged.rstrip().endswith("BrokenPipeError: [Errno 32] Broken pipe"), logged
+
+
+TRACEBACK_LINES = st.sampled_from(
+    [
+        "Traceback (most recent call last):",
+        '  File "<frozen runpy>", line 198, in _run_module_as_main',
+        '  File "/v/pyspark/sql/streaming/python_streaming_source_runner.py", line 265, in main',
+        '  File "/srt/job.py", line 3, in <module>',
+        "    func_id = read_int(infile)",
+        "             ^^^^^^^^^^^^^^^^",
+        "",
+        "During handling of the above exception, another exception occurred:",
+        "The above exception was the direct cause of the following exception:",
+        "EOFError",
+        "[job] upi-counts batch 3 | rows 1,000",
+    ]
+)
+
+
+@given(st.lists(st.one_of(TRACEBACK_LINES, st.text(max_size=30)), max_size=40))
+def test_only_the_runners_dying_tracebacks_are_picked(lines: list[str]):
+    """Without a frame of the runner's ``<module>``, every line comes out, in order, shown."""
+    picker = RunnerTracebacks()
+    raw = [line.replace("\n", " ").encode() for line in lines]
+    out = [o for line in raw for o in picker.feed(line)] + picker.release()
+    assert out == [(line, False) for line in raw]

@@ -81,9 +81,11 @@ from stateful_runtime.runtime.session import build_session
 spark = build_session(2, "local[2]", log_file=LOG)
 thread = warmup.start(spark, 2, ["stateful_runtime.connectors.eventlog.source"])
 # The job ends while the warm-up's tasks run (what a run with nothing to do does); then the
-# session stops, as `srt run` stops it.
-deadline = time.monotonic() + 120
-while not warmup._running_tasks(spark) and time.monotonic() < deadline:
+# session stops, as `srt run` stops it. The warm-up read's stage is active from the moment its
+# tasks are scheduled (Spark's status store counts running tasks only every 100 ms: short
+# tasks can start and end unseen).
+tracker = spark.sparkContext.statusTracker()
+while thread.is_alive() and not tracker.getActiveStageIds():
     time.sleep(0.01)
 print("summary", flush=True)
 if SETTLE:

@@ -141,6 +141,23 @@ def ensure_topic(
     return partitions
 
 
+def topic_max_message_bytes(config: Mapping[str, Any], topic: str) -> int | None:
+    """The topic's ``max.message.bytes`` (the largest record batch the broker appends to it),
+    read with DescribeConfigs; None when the broker does not answer it (then only the
+    producer's ``message.max.bytes`` is checked before a record is produced)."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
+    admin = AdminClient(quiet(config))
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    try:
+        entries = admin.describe_configs([resource])[resource].result(METADATA_TIMEOUT_S)
+        value = entries["max.message.bytes"].value
+        return int(value) if value not in (None, "") else None
+    except (KafkaException, KeyError, ValueError, TimeoutError):
+        return None
+
+
 class CommitMarkers:
     """Last committed batch per transactional producer, from the control topic.
 

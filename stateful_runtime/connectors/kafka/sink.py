@@ -15,6 +15,16 @@ Exactly-once (the default) is Flink's two-phase commit bound to Spark's batch co
 
 At-least-once (``delivery="at_least_once"``): an idempotent producer, flushed per batch; a batch
 replayed after a crash is written again.
+
+Record size: a record larger than the producer's ``message.max.bytes`` is refused by the client,
+one larger than the topic's ``max.message.bytes`` by the broker, and the batch holding it would
+fail on every replay. So each record's size is computed before the write as Kafka counts it
+(:func:`record_size`: key, value, headers and the record's and its batch's framing, counted at
+their largest) against both limits (the topic's read once at ``open``):
+:meth:`KafkaSink.unstorable` names the records over a limit (a query whose rows are source
+records dead-letters them), and ``write_batch`` stops the job naming the row, its size, the
+limit and the setting that raises it (a window's row). The producers' ``batch.size`` is kept
+within the topic's limit, so records that each fit are never batched past it.
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ from stateful_runtime.connectors.kafka.client import (
     ensure_topic,
     produce,
     quiet,
+    topic_max_message_bytes,
 )
 from stateful_runtime.exceptions import ConfigError, SinkError
 from stateful_runtime.masking import mask_config
@@ -49,11 +60,55 @@ AFTER_COMMIT_HOOK = "SRT_TEST_KAFKA_AFTER_COMMIT"
 BATCH_HEADER = "srt.batch"
 
 
+# librdkafka refuses a record locally when RECORD_OVERHEAD + key + value + headers exceeds the
+# producer's message.max.bytes (rd_kafka_msg_max_wire_size: the v2 record's length, attributes,
+# timestamp and offset deltas, key and value lengths and header count, each varint at its
+# largest). A broker checks a record batch against the topic's max.message.bytes, and a batch
+# adds its 61-byte header (base offset, length, epoch, magic, CRC, attributes, last offset
+# delta, timestamps, producer id and epoch, base sequence, record count).
+RECORD_OVERHEAD = 5 + 1 + 10 + 5 + 5 + 5 + 5
+BATCH_OVERHEAD = 61
+PRODUCER_LIMIT_DEFAULT = 1_000_000  # librdkafka's message.max.bytes
+# The batch header's value is the batch id: counted at its longest (an int64's digits).
+_LONGEST_BATCH_ID = 2**63 - 1
+
+
+def _varint_size(n: int) -> int:
+    """Bytes of ``n`` as a Kafka (zigzag) varint."""
+    z, size = (n << 1) ^ (n >> 63), 1
+    while z >= 0x80:
+        z >>= 7
+        size += 1
+    return size
+
+
+def headers_size(headers: Sequence[tuple[str, bytes]]) -> int:
+    """Bytes of ``headers`` in a v2 record (each: name length, name, value length, value)."""
+    total = 0
+    for name, value in headers:
+        n = len(name.encode())
+        total += _varint_size(n) + n + _varint_size(len(value)) + len(value)
+    return total
+
+
+def record_size(key: bytes | None, value: bytes, headers: int) -> int:
+    """A record's size as librdkafka checks it against ``message.max.bytes``: ``key`` and
+    ``value`` with ``headers`` bytes of headers (:func:`headers_size`) and the record's
+    framing at its largest. In a record batch on the broker it is :data:`BATCH_OVERHEAD` more."""
+    return RECORD_OVERHEAD + len(key or b"") + len(value) + headers
+
+
 def _partition_for(key: bytes | None, i: int, partitions: int) -> int:
     """librdkafka's "consistent" partitioner (CRC32 of the key); keyless rows round-robin."""
     if key is None:
         return i % partitions
     return zlib.crc32(key) % partitions
+
+
+_TOO_LARGE_WAY = (
+    "raise the producer's message.max.bytes (the job setting kafka.message.max.bytes) and the "
+    "topic's max.message.bytes, or make the job's records smaller"
+)
 
 
 def _fail(what: str, exc: BaseException, job: str, tid: str) -> SinkError:
@@ -67,8 +122,14 @@ def _fail(what: str, exc: BaseException, job: str, tid: str) -> SinkError:
             f"with the same transactional id. Keep one `srt run` per job (`srt status {job}`); "
             f"this instance stops without committing, nothing is lost"
         )
+    if code == KafkaError.MSG_SIZE_TOO_LARGE:
+        return SinkError(
+            f"Kafka sink producer {tid}: {what}: a record was refused as too large ({exc}). "
+            f"The batch was not committed and is replayed when the job runs again: "
+            f"{_TOO_LARGE_WAY}"
+        )
     return SinkError(
-        f"Kafka sink: {what} failed ({exc}); the batch was not committed and "
+        f"Kafka sink producer {tid}: {what} failed ({exc}); the batch was not committed and "
         f"will be re-executed on restart"
     )
 
@@ -126,6 +187,10 @@ class KafkaSink(Sink):
         self._parts = partitions
         self._markers = CommitMarkers(self.config, topic)
         self._job = ""
+        # The limits a record is checked against (the topic's read at ``open``).
+        self._producer_limit = int(self.config.get("message.max.bytes", PRODUCER_LIMIT_DEFAULT))
+        self._topic_limit: int | None = None
+        self._checked: tuple[pa.Table, list[tuple[int, bytes | None, bytes]]] | None = None
 
     @classmethod
     def from_config(
@@ -162,12 +227,13 @@ class KafkaSink(Sink):
         self._job = job
         try:
             self._parts = ensure_topic(self.config, self.topic, self.partitions)
+            self._topic_limit = topic_max_message_bytes(self.config, self.topic)
             if self.delivery == "at_least_once":
                 self._producers = [
                     Producer(
                         quiet(
                             {
-                                **self.config,
+                                **self._producer_config(),
                                 "enable.idempotence": True,
                                 "acks": "all",
                                 "linger.ms": 20,
@@ -183,7 +249,7 @@ class KafkaSink(Sink):
                 p = Producer(
                     quiet(
                         {
-                            **self.config,
+                            **self._producer_config(),
                             "transactional.id": tid,
                             "linger.ms": 20,
                             "transaction.timeout.ms": self.transaction_timeout_ms,
@@ -200,6 +266,79 @@ class KafkaSink(Sink):
                 f"({exc}); check the brokers and security settings"
             ) from None
         self._last = {tid: int(markers[tid]["batch"]) for tid in self._ids if tid in markers}
+
+    def _producer_config(self) -> dict[str, Any]:
+        """The client settings, with ``batch.size`` within the topic's ``max.message.bytes``:
+        librdkafka would otherwise put records that each fit into one batch the broker
+        refuses (as a whole, on every replay)."""
+        config = dict(self.config)
+        if self._topic_limit is not None:
+            size = int(config.get("batch.size", PRODUCER_LIMIT_DEFAULT))
+            config["batch.size"] = max(1, min(size, self._topic_limit))
+        return config
+
+    def _headers(self, batch_id: int) -> list[tuple[str, bytes]]:
+        return [(BATCH_HEADER, str(batch_id).encode()), ("srt.job", self._job.encode())]
+
+    def _too_large(self, key: bytes | None, value: bytes, headers: int) -> str | None:
+        """Why the record cannot be produced to the topic (None: it can): its size, the
+        limit and the setting that raises it."""
+        size = record_size(key, value, headers)
+        parts = f"key {len(key or b'')}, value {len(value)}, headers {headers}"
+        if size > self._producer_limit:
+            return (
+                f"Kafka topic {self.topic!r}: the record is {size} bytes as produced ({parts}, "
+                f"framing {RECORD_OVERHEAD}), over the producer's message.max.bytes of "
+                f"{self._producer_limit}: raise it with the job setting kafka.message.max.bytes "
+                f"(a key of the job file's DEFAULTS, then --set) and the topic's "
+                f"max.message.bytes with it"
+            )
+        if self._topic_limit is not None and size + BATCH_OVERHEAD > self._topic_limit:
+            return (
+                f"Kafka topic {self.topic!r}: the record is {size + BATCH_OVERHEAD} bytes in "
+                f"its record batch ({parts}, framing {RECORD_OVERHEAD + BATCH_OVERHEAD}), over "
+                f"the topic's max.message.bytes of {self._topic_limit}: raise it "
+                f"(kafka-configs.sh --alter --entity-type topics --entity-name {self.topic} "
+                f"--add-config max.message.bytes=N)"
+            )
+        return None
+
+    def unstorable(self, rows: pa.Table) -> list[tuple[int, str]]:
+        """The rows whose record is too large for the producer or the topic (headers counted
+        with the longest batch id), each with its size, the limit and the setting."""
+        headers = headers_size(self._headers(_LONGEST_BATCH_ID))
+        out = []
+        records = self._records(rows, 0)
+        self._checked = (rows, records)  # for write_batch, when it gets this very table
+        for i, (_, key, value) in enumerate(records):
+            why = self._too_large(key, value, headers)
+            if why is not None:
+                out.append((i, why))
+        return out
+
+    def _check_sizes(
+        self, records: list[tuple[int, bytes | None, bytes]], headers: int, batch_id: int
+    ) -> None:
+        """A :class:`SinkError` naming the records of batch ``batch_id`` too large to produce
+        (a window's row: it stands for many records), before any is written."""
+        bad = []
+        for i, (_, key, value) in enumerate(records):
+            why = self._too_large(key, value, headers)
+            if why is not None:
+                bad.append((i, key, why))
+        if not bad:
+            return
+        shown = "; ".join(
+            f"row {i}" + (f" (key {key.decode(errors='replace')})" if key else "") + f": {why}"
+            for i, key, why in bad[:3]
+        )
+        more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+        raise SinkError(
+            f"Kafka sink {self.topic!r}: {len(bad)} record(s) of batch {batch_id} are too large "
+            f"to produce: {shown}{more}. None of the batch was written and it was not "
+            f"committed: it is replayed when the job runs again (nothing written twice) and "
+            f"stops here again until the limit is raised or the job's rows are smaller"
+        )
 
     def rewind(self, batch_id: int) -> None:
         """A restore from a savepoint at ``batch_id``: batches after it run again and are
@@ -226,6 +365,11 @@ class KafkaSink(Sink):
         return dict(self._last)
 
     def _records(self, batch: pa.Table, batch_id: int) -> list[tuple[int, bytes | None, bytes]]:
+        """``batch``'s records: (partition, key, value). Encoded once when ``unstorable`` was
+        asked about this very table (it found nothing: the writer passes it on as it is)."""
+        checked, self._checked = self._checked, None
+        if checked is not None and checked[0] is batch:
+            return checked[1]
         values = encode_records(batch)
         keys: Sequence[bytes | None] = [None] * len(values)
         if self.key_columns:
@@ -240,7 +384,8 @@ class KafkaSink(Sink):
 
         assert self._producers, "KafkaSink.write_batch before open"
         records = self._records(batch, batch_id)
-        headers = [(BATCH_HEADER, str(batch_id).encode()), ("srt.job", self._job.encode())]
+        headers = self._headers(batch_id)
+        self._check_sizes(records, headers_size(headers), batch_id)
         if self.delivery == "at_least_once":
             self._write_at_least_once(records, headers)
             return
@@ -274,28 +419,36 @@ class KafkaSink(Sink):
             _after_commit_hook(batch_id)
 
     def _write_at_least_once(self, records: list, headers: list) -> None:
+        from confluent_kafka import KafkaError, KafkaException
+
         producer = self._producers[0]
-        errors: list[str] = []
+        errors: list[Any] = []
 
         def done(err: Any, msg: Any) -> None:
             if err is not None:
-                errors.append(str(err))
+                errors.append(err)
 
-        for part, key, value in records:
-            produce(
-                producer,
-                self.topic,
-                key=key,
-                value=value,
-                partition=part,
-                headers=headers,
-                on_delivery=done,
-            )
+        try:
+            for part, key, value in records:
+                produce(
+                    producer,
+                    self.topic,
+                    key=key,
+                    value=value,
+                    partition=part,
+                    headers=headers,
+                    on_delivery=done,
+                )
+        except KafkaException as exc:
+            producer.flush(METADATA_TIMEOUT_S)
+            raise _fail("produce", exc, self._job, "(at-least-once)") from None
         left = producer.flush(METADATA_TIMEOUT_S * 6)
         if left or errors:
+            large = any(e.code() == KafkaError.MSG_SIZE_TOO_LARGE for e in errors)
             raise SinkError(
-                f"Kafka sink {self.topic!r}: {left} records undelivered, errors "
-                f"{errors[:3]}; the batch will be re-executed on restart"
+                f"Kafka sink {self.topic!r}: {left + len(errors)} records undelivered, errors "
+                f"{[str(e) for e in errors[:3]]}; the batch will be re-executed on restart"
+                + (f": {_TOO_LARGE_WAY}" if large else "")
             )
 
     def close(self) -> None:

@@ -1,0 +1,146 @@
+"""Keyed state in the worker without Spark: the operator of ``state.backend=rocksdb_local``
+driven as Spark's tasks drive it, to see where a key's time goes.
+
+Runs :class:`~stateful_runtime.operators.arrow_keyed.ArrowKeyedOperator` over UPI payments
+(the benchmarks' generator) in Arrow batches, one state partition, batch after batch as one
+Python worker would (the store stays on disk between them; each batch opens it at its version
+and commits the next), and prints per workload the events per CPU second of the batches after
+the first and the CPU seconds of the slowest commit (CPU time of the process, RocksDB's threads
+included: steadier than wall time on a shared machine):
+
+* ``counter``: a ValueState count per merchant (``benchmarks/jobs/keyed_counter.py``);
+* ``dedup``: the first payment per ``txn_id``, event-time TTL one minute (every key new);
+* ``fraud``: the seeds' FraudCounter (two ValueStates and an event-time timer a minute after
+  a merchant's first payment), ``--merchants`` keys.
+
+    .venv/bin/python benchmarks/keyed_local.py --events 600000 --batch 100000
+    py-spy record -o /tmp/keyed.svg -- .venv/bin/python benchmarks/keyed_local.py -w dedup
+
+Not a measure of the job: no shuffle, no JVM, no Arrow crossing; a ceiling for the Python side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+import zlib
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "examples")]
+
+import pyarrow as pa  # noqa: E402
+
+from benchmarks.harness.data import parse, upi_events  # noqa: E402
+from stateful_runtime.connectors.formats.json import to_struct  # noqa: E402
+from stateful_runtime.operators.arrow_keyed import KEY_GROUP, ArrowKeyedOperator  # noqa: E402
+from stateful_runtime.operators.keyed_store import MAX_PARALLELISM  # noqa: E402
+from stateful_runtime.operators.spark import output_struct  # noqa: E402
+
+TS = "srt_event_ms"
+FIELDS = ["txn_id", "merchant_id", "amount_paise", "ts_ms"]
+
+
+def _functions(merchants: int) -> dict:
+    sys.path.insert(0, str(ROOT / "benchmarks" / "jobs"))
+    from dedup_ttl import Deduplicator
+    from fraud_rate_limit import FraudCounter
+    from keyed_counter import Counter
+
+    return {
+        "counter": (Counter(), "merchant_id", 1_000),
+        "dedup": (Deduplicator(timedelta(minutes=1)), "txn_id", 1_000),
+        "fraud": (FraudCounter(), "merchant_id", merchants),
+    }
+
+
+def _batches(events: int, batch: int, merchants: int, key: str) -> list[pa.RecordBatch]:
+    rows = parse(list(upi_events(events, 7, merchants=merchants)))
+    out = []
+    for lo in range(0, len(rows), batch):
+        part = rows[lo : lo + batch]
+        cols = {f: [r[f] for r in part] for f in FIELDS}
+        cols[TS] = cols["ts_ms"]
+        cols[KEY_GROUP] = [zlib.crc32(str(r[key]).encode()) % MAX_PARALLELISM for r in part]
+        out.append(
+            pa.record_batch(
+                {**{c: v for c, v in cols.items() if c != KEY_GROUP}},
+            ).append_column(KEY_GROUP, pa.array(cols[KEY_GROUP], pa.int32()))
+        )
+    return out
+
+
+def _offsets(query: Path, batch: int, watermark: int) -> None:
+    (query / "offsets").mkdir(parents=True, exist_ok=True)
+    meta = {"batchWatermarkMs": watermark, "batchTimestampMs": 0}
+    (query / "offsets" / str(batch)).write_text(f"v1\n{json.dumps(meta)}\n{{}}\n")
+
+
+def run(workload: str, events: int, batch: int, merchants: int) -> dict:
+    fn, key, keys = _functions(merchants)[workload]
+    batches = _batches(events, batch, keys, key)
+    work = Path(tempfile.mkdtemp(prefix="srt-keyed-local-"))
+    query = work / "q"
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    output = to_arrow_schema(output_struct(to_struct(fn.output_schema)))
+    op = ArrowKeyedOperator(fn, workload, [key], FIELDS, TS, output, str(query), parallelism=1)
+    import stateful_runtime.operators.keyed_store as ks
+
+    local = work / "local"
+    ks.local_root = lambda: local  # type: ignore[assignment]
+    watermark, rows, seconds, commits = 0, 0, 0.0, []
+    from stateful_runtime.operators import keyed_store
+
+    commit = keyed_store.KeyedStore.commit
+
+    def timed_commit(self, *args):  # noqa: ANN001, ANN002, ANN202
+        t = time.process_time()
+        try:
+            return commit(self, *args)
+        finally:
+            commits.append(time.process_time() - t)
+
+    keyed_store.KeyedStore.commit = timed_commit  # type: ignore[method-assign]
+    try:
+        for n, arrow in enumerate(batches):
+            _offsets(query, n, watermark)
+            t = time.process_time()
+            out = sum(b.num_rows for b in op.run(n, 0, iter([arrow])))
+            took = time.process_time() - t
+            if n:
+                rows, seconds = rows + arrow.num_rows, seconds + took
+            print(
+                f"  {workload} batch {n}: {arrow.num_rows} events {took:.2f} s "
+                f"({arrow.num_rows / took:,.0f}/s), out {out}, commit {commits[-1]:.3f} s",
+                flush=True,
+            )
+            watermark = max(watermark, max(arrow.column("ts_ms").to_pylist()) - 5_000)
+    finally:
+        keyed_store.KeyedStore.commit = commit  # type: ignore[method-assign]
+        shutil.rmtree(work, ignore_errors=True)
+    return {
+        "workload": workload,
+        "events_per_s": round(rows / seconds) if seconds else None,
+        "commit_s_max": round(max(commits[1:] or commits), 3),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("-w", "--workloads", default="counter,dedup,fraud")
+    p.add_argument("--events", type=int, default=300_000)
+    p.add_argument("--batch", type=int, default=100_000)
+    p.add_argument("--merchants", type=int, default=200_000, help="the fraud workload's keys")
+    a = p.parse_args()
+    for w in a.workloads.split(","):
+        print(json.dumps(run(w, a.events, a.batch, a.merchants)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

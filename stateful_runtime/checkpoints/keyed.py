@@ -1,0 +1,261 @@
+"""Keyed state files in a checkpoint (``state.backend=rocksdb_local``): the one reader and
+writer of their format, and what savepoints, the mirror, recovery, rescale and ``srt state
+inspect`` ask of them. The store that writes them in the Python worker is
+:class:`~stateful_runtime.operators.keyed_store.KeyedStore`.
+
+Layout under a query's checkpoint::
+
+    keyed/<operator>/<partition>/<V>.delta      what the batch before version V changed
+    keyed/<operator>/<partition>/<V>.snapshot   every row at version V
+
+Both are Arrow IPC files of ``(k: binary, v: binary)`` rows (``v`` null: a delete), their schema
+metadata naming the format, the version and the token of the task that wrote them. Version
+``N + 1`` is the state after batch ``N`` (Spark's numbering of its own store); the rows of
+version ``V`` are the newest snapshot at or below ``V`` with the deltas after it applied in
+order (:func:`state_at`).
+
+Key groups (Flink's max parallelism): every stored key starts with its key group (two bytes,
+big-endian), one of :data:`MAX_PARALLELISM`, fixed for the life of a checkpoint; partition ``p``
+of ``n`` owns the contiguous range :func:`key_groups`. A rescale (:func:`rescale`) selects each
+new partition's groups from the old partitions by that prefix and writes them as one snapshot:
+no key is rewritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import pyarrow as pa
+
+from stateful_runtime.exceptions import StateError
+
+MAX_PARALLELISM = 128
+KEYED_DIR = "keyed"
+DELTA = ".delta"
+SNAPSHOT = ".snapshot"
+SCHEMA = pa.schema([("k", pa.binary()), ("v", pa.binary())])
+FORMAT = "srt-keyed-1"
+# Bytes of the key group at the start of every stored key.
+GROUP_BYTES = 2
+_BATCH_ROWS = 65_536
+
+
+def key_groups(partition: int, parallelism: int, max_parallelism: int = MAX_PARALLELISM) -> range:
+    """The key groups partition ``partition`` of ``parallelism`` owns (Flink's assignment:
+    ``group * parallelism // max_parallelism == partition``)."""
+    lo = -(-partition * max_parallelism // parallelism)
+    hi = -(-(partition + 1) * max_parallelism // parallelism)
+    return range(lo, hi)
+
+
+def group_prefix(group: int) -> bytes:
+    """The first bytes of every stored key of key group ``group``."""
+    return group.to_bytes(GROUP_BYTES, "big")
+
+
+def group_of(key: bytes) -> int:
+    """The key group a stored key belongs to."""
+    return int.from_bytes(key[:GROUP_BYTES], "big")
+
+
+# -- files ---------------------------------------------------------------------------------------
+def version_of(path: Path, suffix: str) -> int | None:
+    """The version of a ``<V><suffix>`` file, or None for any other name."""
+    name = path.name
+    if not name.endswith(suffix) or name.startswith("."):
+        return None
+    stem = name[: -len(suffix)]
+    return int(stem) if stem.isdigit() else None
+
+
+def file(directory: Path, version: int, suffix: str) -> Path:
+    """The ``suffix`` file (:data:`DELTA` or :data:`SNAPSHOT`) of ``version`` in a partition's
+    directory."""
+    return directory / f"{version}{suffix}"
+
+
+def versions(directory: Path, suffix: str) -> list[int]:
+    """The versions of a partition's ``suffix`` files, oldest first."""
+    if not directory.is_dir():
+        return []
+    found = (version_of(p, suffix) for p in directory.iterdir())
+    return sorted(v for v in found if v is not None)
+
+
+def needs(directory: Path, version: int) -> tuple[list[Path], list[int]]:
+    """(the files that rebuild ``version`` of a partition: the newest snapshot at or below it,
+    then the deltas after it, in order; the versions whose delta is missing)."""
+    if version <= 0:
+        return [], []
+    base = max((v for v in versions(directory, SNAPSHOT) if v <= version), default=0)
+    deltas = set(versions(directory, DELTA))
+    files = [file(directory, base, SNAPSHOT)] if base else []
+    files += [file(directory, v, DELTA) for v in range(base + 1, version + 1) if v in deltas]
+    missing = [v for v in range(base + 1, version + 1) if v not in deltas]
+    return files, missing
+
+
+def write(
+    directory: Path, version: int, suffix: str, token: str, batches: Iterable[pa.RecordBatch]
+) -> Path:
+    """Write ``batches`` as the ``suffix`` file of ``version``: to a temporary name, synced,
+    then renamed (a retried writer replaces the file whole)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    final = file(directory, version, suffix)
+    tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
+    schema = SCHEMA.with_metadata({"format": FORMAT, "version": str(version), "token": token})
+    try:
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+            for batch in batches:
+                writer.write_batch(batch)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return final
+
+
+def token(path: Path) -> str | None:
+    """The token of the task that wrote ``path`` (None if there is no such file)."""
+    if not path.exists():
+        return None
+    with pa.OSFile(str(path)) as f:
+        meta = pa.ipc.open_file(f).schema.metadata or {}
+    return meta.get(b"token", b"").decode()
+
+
+def problem(path: Path) -> str | None:
+    """What makes a keyed state file unreadable (a truncated or foreign file), or None."""
+    try:
+        with pa.memory_map(str(path)) as source:
+            reader = pa.ipc.open_file(source)
+            if not reader.schema.equals(SCHEMA):
+                return f"not a keyed state file (columns {reader.schema.names})"
+            meta = reader.schema.metadata or {}
+            if meta.get(b"format") != FORMAT.encode():
+                return f"format {meta.get(b'format')!r}, not {FORMAT}"
+            if version_of(path, path.suffix) not in (None, int(meta.get(b"version", b"-1"))):
+                return f"holds version {meta.get(b'version', b'?').decode()}"
+            for i in range(reader.num_record_batches):
+                reader.get_batch(i).validate(full=True)
+    except (pa.ArrowInvalid, OSError, ValueError) as exc:
+        return f"not a readable Arrow file ({exc})"
+    return None
+
+
+def rows(path: Path) -> Iterator[tuple[list[bytes], list[bytes | None]]]:
+    """The rows of one file, a record batch at a time: (keys, values; None deletes)."""
+    try:
+        with pa.memory_map(str(path)) as source:
+            reader = pa.ipc.open_file(source)
+            for i in range(reader.num_record_batches):
+                batch = reader.get_batch(i)
+                yield batch.column(0).to_pylist(), batch.column(1).to_pylist()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise StateError(
+            f"keyed state file {path} cannot be read ({exc}); restore the job from a "
+            f"savepoint (srt savepoint list, then srt run --from-savepoint <id>)"
+        ) from None
+
+
+def state_at(
+    directory: Path, version: int, groups: Iterable[int] | None = None
+) -> dict[bytes, bytes]:
+    """Every row of a partition at ``version`` (of ``groups`` only, when given), rebuilt from
+    its checkpoint files. Raises :class:`StateError` when a file it needs is missing or
+    unreadable."""
+    files, missing = needs(directory, version)
+    if missing:
+        raise StateError(
+            f"keyed state {directory} cannot be rebuilt at version {version}: the changes of "
+            f"version(s) {missing[:5]} are missing; restore the job from a savepoint "
+            f"(srt savepoint list, then srt run --from-savepoint <id>)"
+        )
+    wanted = None if groups is None else {group_prefix(g) for g in groups}
+    out: dict[bytes, bytes] = {}
+    for path in files:
+        for keys, values in rows(path):
+            for k, v in zip(keys, values, strict=True):
+                if wanted is not None and k[:GROUP_BYTES] not in wanted:
+                    continue
+                if v is None:
+                    out.pop(k, None)
+                else:
+                    out[k] = v
+    return out
+
+
+def as_batches(items: dict[bytes, bytes]) -> Iterator[pa.RecordBatch]:
+    """Rows as record batches of :data:`SCHEMA`, in key order (one, empty, for no rows)."""
+    keys = sorted(items)
+    for start in range(0, max(1, len(keys)), _BATCH_ROWS):
+        chunk = keys[start : start + _BATCH_ROWS]
+        yield pa.record_batch(
+            [pa.array(chunk, pa.binary()), pa.array([items[k] for k in chunk], pa.binary())],
+            schema=SCHEMA,
+        )
+
+
+# -- a query's keyed state -----------------------------------------------------------------------
+def operators(query_root: Path) -> list[Path]:
+    """The keyed state directory of each operator of a query (``keyed/<operator>``), sorted."""
+    root = query_root / KEYED_DIR
+    return sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+
+
+def partitions(operator: Path, count: int) -> list[Path]:
+    """An operator's partition directories below ``count`` (a rescale to fewer partitions
+    leaves those above behind, unused)."""
+    return [operator / str(p) for p in range(count) if (operator / str(p)).is_dir()]
+
+
+_STAGED = ".rescale"
+
+
+def rescale(query_root: Path, old: int, new: int, version: int, into: int) -> list[Path]:
+    """Give every keyed operator of a query ``new`` partitions: partition ``p``'s key groups
+    (:func:`key_groups`) at ``version``, selected by prefix from the ``old`` partitions that held
+    them, become its snapshot of version ``into`` — staged, read by nobody until
+    :func:`publish` (after Spark committed its redistribution batch). Returns the staged
+    files."""
+    staged: list[Path] = []
+    stamp = uuid.uuid4().hex
+    try:
+        for op in operators(query_root):
+            for p in range(new):
+                mine = key_groups(p, new)
+                held: dict[bytes, bytes] = {}
+                for q in range(old):
+                    theirs = key_groups(q, old)
+                    overlap = range(max(mine.start, theirs.start), min(mine.stop, theirs.stop))
+                    if overlap:
+                        held.update(state_at(op / str(q), version, overlap))
+                staged.append(write(op / str(p) / _STAGED, into, SNAPSHOT, stamp, as_batches(held)))
+    except BaseException:
+        discard(staged)
+        raise
+    return staged
+
+
+def publish(staged: list[Path]) -> None:
+    """Put staged rescale snapshots in place. A start that finds only some in place (a crash
+    half way) sees the others' versions missing and falls back to the batch before the
+    rescale, moving these aside (their version is a later one)."""
+    for path in staged:
+        os.replace(path, path.parent.parent / path.name)
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()
+
+
+def discard(staged: list[Path]) -> None:
+    """Remove staged rescale snapshots (the rescale did not commit)."""
+    for path in staged:
+        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()

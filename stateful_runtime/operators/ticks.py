@@ -1,0 +1,107 @@
+"""Batches for the processing-time timers of keyed state in the worker
+(``state.backend=rocksdb_local``).
+
+Spark runs a micro-batch when a source offers new offsets, or when one of its own stateful
+operators asks for one; transformWithState in processing time asks at every trigger. The
+worker's operator (``mapInArrow``) is none of Spark's, so a query with a processing-time
+function also reads :class:`TickDataSource`: a source of no rows whose offset moves on at a
+trigger where one of the operator's processing-time timers is due. Spark then runs the batch
+in the trigger the Spark backend would fire the timer in, logging the tick in ``offsets/<N>``
+with the batch's time (``batchTimestampMs``, taken after the sources' offsets, so at or after
+the tick): a replayed batch fires the same timers.
+
+Where a timer is due. After a task commits version ``V`` of its state partition it writes the
+partition's earliest timer to :data:`NEXT_TIMER` (``{"version": V, "due": ms or null}``). At
+each trigger the tick's reader (on the driver) reads them for the version the newest commit
+made (``commits/<N>`` → ``N + 1``); a partition without one of that version (a batch that has
+not run there yet, a restore, a crash between a task and its commit) counts as due now, which
+runs one batch that writes it. The reader needs no memory of its own: the last tick is the
+batch's start offset, and every timer a batch leaves pending is after that batch's time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamReader,
+    InputPartition,
+    ReadLimit,
+)
+from pyspark.sql.types import LongType, StructField, StructType
+
+from stateful_runtime.checkpoints.layout import QueryLayout
+
+NAME = "srt_ticks"
+NEXT_TIMER = "next-timer.json"
+
+
+def write_next_timer(partition_dir: Path, version: int, due: int | None) -> None:
+    """Record the partition's earliest timer after version ``version`` (replaced whole)."""
+    final = partition_dir / NEXT_TIMER
+    tmp = final.with_name(f".{NEXT_TIMER}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp.write_text(json.dumps({"version": version, "due": due}))
+    os.replace(tmp, final)
+
+
+def earliest_due(query_checkpoint: str, partition_dirs: Sequence[Path], now: int) -> int | None:
+    """The earliest processing-time timer of the partitions as their newest committed
+    versions left them (``now`` for a partition that has not recorded that version), or None
+    when none is pending."""
+    committed = QueryLayout(query_checkpoint).last_committed()
+    version = 0 if committed is None else committed + 1
+    found: list[int] = []
+    for directory in partition_dirs:
+        try:
+            record = json.loads((directory / NEXT_TIMER).read_text())
+        except (OSError, ValueError):
+            record = {}
+        if record.get("version") != version:
+            found.append(now)
+        elif record.get("due") is not None:
+            found.append(int(record["due"]))
+    return min(found, default=None)
+
+
+class TickStreamReader(DataSourceStreamReader):
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.query = options["checkpoint"]
+        self.partition_dirs = [Path(p) for p in json.loads(options["partitions"])]
+
+    def initialOffset(self) -> dict:
+        return {"due": 0}
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        now = int(time.time() * 1000)
+        due = earliest_due(self.query, self.partition_dirs, now)
+        if due is not None and int(start.get("due", 0)) < due <= now:
+            return {"due": due}
+        return start
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        return []
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        return iter(())
+
+
+class TickDataSource(DataSource):
+    """Options: ``checkpoint`` (the query's checkpoint directory), ``partitions`` (a JSON list
+    of the operator's state partition directories)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> StructType:
+        return StructType([StructField("due", LongType())])
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return TickStreamReader(self.options)

@@ -1,0 +1,140 @@
+"""Keyed state files in a checkpoint: versions rebuilt from snapshot and deltas, a rescale by
+key-group ranges, damage named, and the checkpoint machinery (batch files, verify, files of
+later versions) seeing ``keyed/``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from stateful_runtime.checkpoints import keyed, verify
+from stateful_runtime.checkpoints.layout import QueryLayout
+from stateful_runtime.exceptions import StateError
+from stateful_runtime.operators.keyed_store import KeyedStore
+
+
+def _commit(directory, version: int, rows: dict[bytes, bytes | None]) -> None:
+    """Version ``version + 1`` of a partition, as a task of batch ``version`` writes it."""
+    store = KeyedStore(directory, directory.parent / f".local-{directory.name}")
+    store.open(version)
+    try:
+        for k, v in rows.items():
+            if v is None:
+                store.delete(k)
+            else:
+                store.put(k, v)
+        store.commit()
+    finally:
+        store.close()
+
+
+def _key(group: int, name: bytes) -> bytes:
+    return keyed.group_prefix(group) + b"s" + name
+
+
+def _query(tmp_path, batches: int, parallelism: int = 2):
+    """A query checkpoint with Spark's logs of ``batches`` committed batches and keyed state of
+    operator ``op`` written by each (every partition writes every version)."""
+    q = QueryLayout(tmp_path / "q")
+    conf = {"spark.sql.shuffle.partitions": str(parallelism)}
+    q.state.mkdir(parents=True)  # Spark's (the carrier's operator holds no rows here)
+    q.offset_log.mkdir(parents=True)
+    q.commit_log.mkdir(parents=True)
+    q.metadata.write_text(json.dumps({"id": "x"}))
+    for b in range(batches):
+        meta = {"batchWatermarkMs": 0, "batchTimestampMs": 0, "conf": conf}
+        q.offsets(b).write_text(f"v1\n{json.dumps(meta)}\n{{}}\n")
+        q.commit(b).write_text('v1\n{"nextBatchWatermarkMs":0}\n')
+        for p in range(parallelism):
+            group = keyed.key_groups(p, parallelism)[b % 3]
+            _commit(q.keyed / "op" / str(p), b, {_key(group, b"k%d" % b): b"%d" % b})
+    return q
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    rows=st.dictionaries(
+        st.tuples(st.integers(0, keyed.MAX_PARALLELISM - 1), st.binary(max_size=4)),
+        st.binary(max_size=6),
+        max_size=60,
+    ),
+    old=st.integers(1, 5),
+    new=st.integers(1, 5),
+)
+def test_a_rescale_gives_each_new_partition_exactly_its_key_groups(
+    tmp_path_factory, rows, old, new
+):
+    tmp = tmp_path_factory.mktemp("rescale")
+    op = tmp / "q" / keyed.KEYED_DIR / "op"
+    everything = {_key(g, k): v for (g, k), v in rows.items()}
+    for p in range(old):
+        mine = {
+            k: v for k, v in everything.items() if keyed.group_of(k) in keyed.key_groups(p, old)
+        }
+        _commit(op / str(p), 0, mine)
+        _commit(op / str(p), 1, {})  # version 2: nothing changed
+    staged = keyed.rescale(tmp / "q", old, new, 2, 3)
+    assert all(keyed.versions(op / str(p), keyed.SNAPSHOT) == [] for p in range(new))
+    keyed.publish(staged)
+    union: dict[bytes, bytes] = {}
+    for p in range(new):
+        got = keyed.state_at(op / str(p), 3)
+        assert {keyed.group_of(k) for k in got} <= set(keyed.key_groups(p, new))
+        union.update(got)
+        # A task of the next batch opens version 3 and finds the same rows.
+        store = KeyedStore(op / str(p), tmp / f".local-{p}")
+        store.open(3)
+        try:
+            assert dict(store.scan(b"", b"\xff\xff")) == got
+        finally:
+            store.close()
+    assert union == everything
+    # Versions up to the rescale's are untouched: a restore of an earlier batch reads them.
+    for p in range(min(old, new)):
+        assert keyed.state_at(op / str(p), 2) == {
+            k: v for k, v in everything.items() if keyed.group_of(k) in keyed.key_groups(p, old)
+        }
+
+
+def test_a_version_is_the_newest_snapshot_and_the_deltas_after_it(tmp_path):
+    part = tmp_path / "0"
+    _commit(part, 0, {b"\x00\x01a": b"1", b"\x00\x02b": b"2"})
+    _commit(part, 1, {b"\x00\x01a": None, b"\x00\x03c": b"3"})
+    keyed.write(part, 2, keyed.SNAPSHOT, "t", keyed.as_batches(keyed.state_at(part, 2)))
+    _commit(part, 2, {b"\x00\x03c": b"4"})
+    assert keyed.needs(part, 3) == ([part / "2.snapshot", part / "3.delta"], [])
+    assert keyed.needs(part, 1) == ([part / "1.delta"], [])
+    assert keyed.state_at(part, 1) == {b"\x00\x01a": b"1", b"\x00\x02b": b"2"}
+    assert keyed.state_at(part, 3) == {b"\x00\x02b": b"2", b"\x00\x03c": b"4"}
+    assert keyed.state_at(part, 3, groups=[3]) == {b"\x00\x03c": b"4"}
+    (part / "1.delta").unlink()
+    with pytest.raises(StateError, match=r"version\(s\) \[1\] are missing"):
+        keyed.state_at(part, 1)
+
+
+def test_batch_files_verify_and_later_versions_see_keyed_state(tmp_path):
+    q = _query(tmp_path, 3)
+    files = q.batch_files(2)
+    assert {f for f in files if f.startswith("keyed/")} == {
+        f"keyed/op/{p}/{v}.delta" for p in (0, 1) for v in (1, 2, 3)
+    }
+    assert verify.verify(q.root) == []
+    # A task of an uncommitted batch wrote version 4: files of later versions name it.
+    _commit(q.keyed / "op" / "0", 3, {_key(0, b"late"): b"x"})
+    assert q.keyed / "op" / "0" / "4.delta" in q.state_files_after(3)
+    assert "keyed/op/0/4.delta" not in q.batch_files(2)
+    # A truncated delta of the version a restart rebuilds is named, as is a missing one.
+    delta = q.keyed / "op" / "1" / "3.delta"
+    delta.write_bytes(delta.read_bytes()[:40])
+    (q.keyed / "op" / "0" / "2.delta").unlink()
+    problems = {p.path: p.problem for p in verify.verify(q.root)}
+    assert set(problems) == {"keyed/op/1/3.delta", "keyed/op/0/2.delta"}
+    assert "not a readable Arrow file" in problems["keyed/op/1/3.delta"]
+    assert problems["keyed/op/0/2.delta"] == "missing"
+    with pytest.raises(StateError, match="3.delta cannot be read"):
+        keyed.state_at(q.keyed / "op" / "1", 3)

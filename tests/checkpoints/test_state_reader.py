@@ -1,0 +1,41 @@
+"""``srt state inspect`` of the local backend reads the rows the worker's backend writes: each
+state row and timer parsed back to its key group, state name or timestamp and key."""
+
+from __future__ import annotations
+
+import pickle
+
+from stateful_runtime.checkpoints.state_reader import parse_local_row
+from stateful_runtime.operators.keyed_store import KeyedStore
+from stateful_runtime.operators.local_state import LocalBackend
+
+
+def test_rows_of_the_local_backend_parse_back_to_group_state_timer_and_key(tmp_path):
+    store = KeyedStore(tmp_path / "ck", tmp_path / "local")
+    store.open(0)
+    try:
+        backend = LocalBackend(store, clock=lambda: 0, key_timers=True)
+        count, seen = backend.value_cell("count", None), backend.map_cell("seen", None)
+        backend.group = 77
+        backend.begin_key(("M1", 3))
+        count.put(5)
+        seen.put_entry("x", 1)
+        backend.register_timer(-12)
+        backend.register_timer(1_700_000_000_000)
+        backend.end_key()
+        backend.flush()  # a task's rows reach RocksDB in one write batch, not per key
+        parsed = sorted(
+            (p[0], p[1], pickle.loads(p[2]), pickle.loads(v))
+            for row, v in store.scan(b"", b"\xff\xff")
+            if (p := parse_local_row(row)) is not None and isinstance(p[1], str)
+        )
+        timers = sorted(
+            (p[0], p[1], pickle.loads(p[2]))
+            for row, _ in store.scan(b"", b"\xff\xff")
+            if (p := parse_local_row(row)) is not None and isinstance(p[1], int)
+        )
+    finally:
+        store.close()
+    assert parsed == [(77, "count", ("M1", 3), 5), (77, "seen", ("M1", 3), {"x": 1})]
+    # The key's own timer set row is the backend's, not a state: left out.
+    assert timers == [(77, -12, ("M1", 3)), (77, 1_700_000_000_000, ("M1", 3))]
