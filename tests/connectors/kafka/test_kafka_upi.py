@@ -1,8 +1,9 @@
 """The UPI job from Kafka into the transactional Kafka sink, killed with kill -9: exact output.
 
 Events are produced to a 4-partition topic throughout; the job is killed (process group,
-SIGKILL) at 5 points: 4 random ones after a new committed batch, and one placed by the sink's
-test hook exactly between the Kafka transaction commit and Spark's ``commits/N``. A final
+SIGKILL) at 3 points: 2 random ones after a new committed batch (tests/faults kills the job at
+random points 20 times a run), and between them one placed by the sink's test hook exactly
+between the Kafka transaction commit and Spark's ``commits/N``. A final
 ``--available-now`` run drains the topic. A read_committed consumer of the output then sees
 each (window, batch) update once, and the last update per window equals the oracle.
 """
@@ -20,12 +21,12 @@ from upi_events import events, oracle
 
 from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.connectors.kafka.sink import AFTER_COMMIT_HOOK, BATCH_HEADER
-from tests.helpers import kill_group, srt, srt_background, wait_for, wait_for_commit
+from tests.helpers import kill_group, poll, srt, srt_background, wait_for, wait_for_commit
 
 pytestmark = pytest.mark.slow
 
-KILLS = 5
-HOOK_KILL = 2  # the run killed between the Kafka commit and Spark's batch commit
+KILLS = 3
+HOOK_KILL = 1  # the run killed between the Kafka commit and Spark's batch commit
 QUERY = "upi-counts"
 
 
@@ -121,13 +122,14 @@ def test_kafka_to_kafka_kill_dash_nine_read_committed_equals_oracle(upi, kafka, 
             if kill == HOOK_KILL:  # Kafka has batch N, Spark's checkpoint does not
                 hooked = int(next(hook_dir.glob("committed-*")).name.split("-")[1])
                 assert (QueryLayout(qdir).last_committed() or -1) < hooked
+        # the kills spanned the feed; a loaded machine feeds slower, so the count is waited for
+        poll(lambda: len(fed) >= 5_000, 120, "5,000 events fed")
     finally:
         stop.set()
         feeder.join()
 
     final = srt(upi.run_args("--available-now"), srt_env)
     assert final.returncode == 0, final.stdout[-2000:] + final.stderr[-3000:]
-    assert len(fed) > 5_000
     last, seen = _output(kafka, out_topic)
     assert len(seen) == len(set(seen)), "an update was written twice"
     assert last == oracle(fed)
