@@ -10,4 +10,4 @@ platform/bootstrap.sh dev
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 export SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON="$PWD/.venv/bin/python"
-exec .venv/bin/python -m pytest -ra "$@"
+exec .venv/bin/python -m pytest -ra --durations=25 "$@"
