@@ -20,6 +20,7 @@ _EXPORTS = {
     "StatefulRuntimeError": "exceptions",
     "Context": "functions",
     "KeyedProcessFunction": "functions",
+    "KeyedCoProcessFunction": "functions",
     "OutputTag": "functions",
     "ProcessWindowFunction": "functions",
     "TimeWindow": "functions",
@@ -82,6 +83,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from stateful_runtime.exceptions import StatefulRuntimeError
     from stateful_runtime.functions import (
         Context,
+        KeyedCoProcessFunction,
         KeyedProcessFunction,
         OutputTag,
         ProcessWindowFunction,

@@ -194,6 +194,122 @@ class KeyedProcessFunction:
         """Called when the task ends."""
 
 
+class KeyedCoProcessFunction:
+    """Flink's KeyedCoProcessFunction: the elements of two connected keyed streams
+    (``KeyedStream.connect(other).process(...)``) over one keyed state and one set of timers.
+
+    ``process_element1(value, ctx)`` is called for each element of the first stream,
+    ``process_element2(value, ctx)`` for each of the second, ``value`` being a ``dict`` of that
+    stream's fields; both see the state and timers of the element's key (the same key of both
+    streams shares them), and ``on_timer`` fires as a KeyedProcessFunction's. Everything else
+    (``open``, ``close``, ``output_schema``, ``side_outputs``, ``time_domain``, the contexts,
+    exactly once, isolation of an element a call raises on) is a KeyedProcessFunction's; see
+    the module docstring.
+    """
+
+    output_schema: ClassVar[Mapping[str, Any] | StructType] = {}
+    side_outputs: ClassVar[tuple[OutputTag, ...]] = ()
+    time_domain: ClassVar[TimeDomain] = TimeDomain.EVENT_TIME
+
+    def open(self, ctx: RuntimeContext) -> None:
+        """Declare state; called once per task before any element."""
+
+    def process_element1(self, value: dict[str, Any], ctx: Context) -> Iterator[dict[str, Any]]:
+        raise NotImplementedError
+
+    def process_element2(self, value: dict[str, Any], ctx: Context) -> Iterator[dict[str, Any]]:
+        raise NotImplementedError
+
+    def on_timer(self, timestamp: datetime, ctx: Context) -> Iterator[dict[str, Any]]:
+        return iter(())
+
+    def close(self) -> None:
+        """Called when the task ends."""
+
+
+# The column of a connected stream's records saying which input each came from (1 or 2). No
+# leading underscore: Spark's pandas state API renames such columns.
+CO_INPUT = "srt_co_input"
+
+
+@dataclass(frozen=True)
+class CoInput:
+    """One input of a connected stream as its co-process function sees it.
+
+    Attributes:
+        source: the name of the input's source (or sources, joined by ``+``), for messages
+            ("" in the test harness).
+        fields: the input's own fields (what ``process_element1``/``2`` get; None: every
+            field of the record, as the test harness gives it).
+        integers: those of its fields that hold integers (the Spark backend hands a column
+            with nulls to Python as floats; a connected stream's columns of the other input
+            are null in this input's rows).
+    """
+
+    source: str
+    fields: tuple[str, ...] | None
+    integers: frozenset[str] = frozenset()
+
+
+class CoProcess(KeyedProcessFunction):
+    """A :class:`KeyedCoProcessFunction` as the keyed process function the engine runs: the
+    two streams arrive as one, each record tagged with its input (:data:`CO_INPUT`) and
+    carrying the columns of both; this hands each element to ``process_element1`` or ``2``
+    with its own input's fields."""
+
+    def __init__(self, fn: KeyedCoProcessFunction, inputs: tuple[CoInput, CoInput]) -> None:
+        self.connected = fn
+        self.inputs = inputs
+        # The user's declarations, as the engine and the planner read them off the function.
+        self.output_schema = fn.output_schema  # type: ignore[misc]
+        self.side_outputs = fn.side_outputs  # type: ignore[misc]
+        self.time_domain = fn.time_domain  # type: ignore[misc]
+        self.current = 1
+
+    @property
+    def element_call(self) -> str:
+        """The call of the element in progress, as a dead letter's reason names it."""
+        source = self.inputs[self.current - 1].source
+        at = f": {source}" if source else ""
+        return f"process_element{self.current} (input {self.current}{at})"
+
+    def open(self, ctx: RuntimeContext) -> None:
+        self.connected.open(ctx)
+
+    def process_element(self, value: dict[str, Any], ctx: Context) -> Iterator[dict[str, Any]]:
+        side = int(value.pop(CO_INPUT))
+        self.current = side
+        spec = self.inputs[side - 1]
+        # The record becomes the input's own, in place: a dead letter holds what the call got.
+        if spec.fields is not None:
+            for name in [n for n in value if n not in spec.fields]:
+                del value[name]
+        for name in spec.integers:
+            v = value.get(name)
+            if isinstance(v, float):
+                value[name] = int(v)
+        fn = self.connected
+        return (fn.process_element1 if side == 1 else fn.process_element2)(value, ctx)
+
+    def on_timer(self, timestamp: datetime, ctx: Context) -> Iterator[dict[str, Any]]:
+        return self.connected.on_timer(timestamp, ctx)
+
+    def close(self) -> None:
+        self.connected.close()
+
+
+def function_name(fn: object) -> str:
+    """The user's function's class name (a co-process function's, not its adapter's)."""
+    return type(fn.connected if isinstance(fn, CoProcess) else fn).__name__
+
+
+def has_on_timer(fn: KeyedProcessFunction) -> bool:
+    """Whether the user's function sets its own ``on_timer`` (a co-process function's)."""
+    if isinstance(fn, CoProcess):
+        return type(fn.connected).on_timer is not KeyedCoProcessFunction.on_timer
+    return type(fn).on_timer is not KeyedProcessFunction.on_timer
+
+
 @dataclass(frozen=True)
 class TimeWindow:
     """A window's bounds in UTC (both None for the global window); ``end`` is exclusive."""

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 from stateful_runtime.checkpoints.layout import CheckpointLayout
 from stateful_runtime.connectors.dead_letters import DeadLetters, StepDeadLetters
 from stateful_runtime.exceptions import PlanError
-from stateful_runtime.functions import OutputTag
+from stateful_runtime.functions import CoProcess, OutputTag, function_name
 from stateful_runtime.job import ErrorPolicy, RocksDBMemory
 from stateful_runtime.operators.keyed import describe_states
 from stateful_runtime.operators.window import WindowOperator
@@ -312,11 +312,17 @@ def state_layout(node: NativeWindowNode | ProcessNode) -> dict:
             "states": {"window": f"{node.assigner.describe()}: " + native_aggregates(node)},
         }
     fn = node.function
-    kind = "window" if isinstance(fn, WindowOperator) else "process"
+    kind = (
+        "window"
+        if isinstance(fn, WindowOperator)
+        else "co-process"
+        if isinstance(fn, CoProcess)
+        else "process"
+    )
     return {
         "kind": kind,
         "keys": keys,
-        "function": type(fn).__name__,
+        "function": function_name(fn),
         "states": {d.name: _state_signature(d) for d in describe_states(fn)},
     }
 
@@ -379,6 +385,13 @@ def _path(nodes: tuple[PlannedNode, ...]) -> tuple[QueryPath, str]:
                 return QueryPath.WINDOW, (
                     "the window needs " + node.function.needs() + ": the runtime's window "
                     "operator on transformWithStateInPandas (state in RocksDB, timers in Spark)"
+                )
+            if isinstance(node.function, CoProcess):
+                return QueryPath.PROCESS, (
+                    "keyed co-process function: the two connected streams as one (each record "
+                    "tagged with its input and carrying both inputs' columns), keyed, each "
+                    "element handed to process_element1 or 2 by its input; shared state and "
+                    "timers as a keyed process function's"
                 )
             return QueryPath.PROCESS, (
                 "keyed process function: transformWithStateInPandas, named state in "

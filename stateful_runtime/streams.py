@@ -18,7 +18,16 @@ from stateful_runtime.aggregates import Aggregate, Count
 from stateful_runtime.connectors.base import Sink, Source
 from stateful_runtime.connectors.formats.json import to_struct
 from stateful_runtime.exceptions import ConfigError
-from stateful_runtime.functions import KeyedProcessFunction, OutputTag, ProcessWindowFunction
+from stateful_runtime.functions import (
+    CO_INPUT,
+    CoInput,
+    CoProcess,
+    KeyedCoProcessFunction,
+    KeyedProcessFunction,
+    OutputTag,
+    ProcessWindowFunction,
+    function_name,
+)
 from stateful_runtime.names import check_name
 from stateful_runtime.state import AggregateFunction
 from stateful_runtime.watermarks import WatermarkStrategy
@@ -120,6 +129,26 @@ class UnionNode:
 
 
 @dataclass(frozen=True)
+class CoInputNode:
+    """One input of connected streams (``KeyedStream.connect``) on its way into their union:
+    its records in the connected stream's columns (the fields of both inputs, the other's
+    null), tagged with the input (:data:`~stateful_runtime.functions.CO_INPUT`: 1 or 2).
+
+    Attributes:
+        parent: the input's stream (one source's, before the union).
+        input: 1 or 2.
+        output_schema: the connected stream's columns (without the tag).
+        columns: per output column, this input's field it takes (None: null); the second
+            input's key fields fill the first's key columns, which the key is read from.
+    """
+
+    parent: Node
+    input: int
+    output_schema: StructType
+    columns: tuple[tuple[str, str | None], ...]
+
+
+@dataclass(frozen=True)
 class SinkNode:
     parent: Node
     sink: Sink
@@ -131,6 +160,7 @@ Node = (
     | FilterNode
     | MapNode
     | UnionNode
+    | CoInputNode
     | KeyByNode
     | WindowNode
     | ProcessNode
@@ -226,21 +256,7 @@ class DataStream:
         flat: list[Node] = []
         for other in inputs:
             flat.extend(other.node.inputs if isinstance(other.node, UnionNode) else [other.node])
-        seen: dict[str, int] = {}
-        for i, node in enumerate(flat):
-            name = _union_source(node).name
-            if name in seen:
-                what = (
-                    "a stream cannot be unioned with itself"
-                    if flat[seen[name]] is node
-                    else f"two inputs of the union read source {name!r}"
-                )
-                raise ConfigError(
-                    f"union: {what} (inputs {seen[name] + 1} and {i + 1}); each input must come "
-                    f"from a source of its own — to read a source twice, filter it once "
-                    f"with an OR of both conditions instead"
-                )
-            seen[name] = i
+        _distinct_sources(flat, "union", "inputs of the union")
         first = record_schema(flat[0])
         for i, node in enumerate(flat[1:], start=2):
             diff = schema_difference(first, record_schema(node))
@@ -262,7 +278,7 @@ class DataStream:
         """The records the process function sent to ``ctx.output(tag, ...)``, or a window's
         late records (``side_output_late_data(tag)``)."""
         if isinstance(self.node, ProcessNode):
-            declared, who = self.node.function.side_outputs, type(self.node.function).__name__
+            declared, who = self.node.function.side_outputs, function_name(self.node.function)
         elif isinstance(self.node, WindowNode):
             declared, who = self.node.side_outputs, f"window {self.node.name!r}"
         else:
@@ -298,10 +314,120 @@ class KeyedStream:
             raise ConfigError(f"{type(function).__name__} must declare output_schema")
         return DataStream(self.job, ProcessNode(self.node, function, check_name("operator", name)))
 
+    def connect(self, other: KeyedStream) -> ConnectedStreams:
+        """Flink's ``connect``: this keyed stream and ``other`` as the two inputs of one
+        :class:`~stateful_runtime.functions.KeyedCoProcessFunction` (finish with
+        :meth:`ConnectedStreams.process`). The two may have different fields; their keys
+        must have as many fields, of the same types, and each input reads a source of its own
+        (filters, maps and unions may come before)."""
+        if not isinstance(other, KeyedStream):
+            raise ConfigError(
+                f"connect takes a KeyedStream (a stream after key_by), got {type(other).__name__}"
+            )
+        if other.job is not self.job:
+            raise ConfigError("connect takes streams of the same StreamJob")
+        return ConnectedStreams(self.job, self.node, other.node)
+
     def window(self, assigner: WindowAssigner) -> WindowedStream:
         if not isinstance(assigner, WindowAssigner):
             raise ConfigError(f"window takes a WindowAssigner, got {type(assigner).__name__}")
         return WindowedStream(self.job, self.node, assigner)
+
+
+@dataclass(frozen=True)
+class ConnectedStreams:
+    """Two keyed streams connected (``KeyedStream.connect``): one keyed state and one set of
+    timers over the elements of both, finished with :meth:`process`."""
+
+    job: StreamJob = field(repr=False)
+    first: KeyByNode
+    second: KeyByNode
+
+    def process(self, function: KeyedCoProcessFunction, *, name: str) -> DataStream:
+        """Run ``function.process_element1`` on every element of the first stream and
+        ``process_element2`` on every element of the second, over the state and timers of the
+        element's key. Planned as one query reading both inputs' sources, whose watermark is
+        the minimum of theirs (as a union's)."""
+        if not isinstance(function, KeyedCoProcessFunction):
+            raise ConfigError(
+                f"connect(...).process takes a KeyedCoProcessFunction, got "
+                f"{type(function).__name__}"
+            )
+        if not function.output_schema:
+            raise ConfigError(f"{type(function).__name__} must declare output_schema")
+        name = check_name("operator", name)
+        sides = (self.first, self.second)
+        flats: list[list[Node]] = []
+        for side in sides:
+            node = side.parent
+            flat = list(node.inputs) if isinstance(node, UnionNode) else [node]
+            if any(isinstance(n, ProcessNode | WindowNode | SideOutputNode) for n in flat):
+                raise ConfigError(
+                    "connect applies to streams before any window or process function in this "
+                    "version (filters, maps and unions may come first); sink the stream, read "
+                    "it back and connect it there"
+                )
+            flats.append(flat)
+        _distinct_sources([*flats[0], *flats[1]], "connect", "inputs of the connected streams")
+        schemas = [record_schema(side) for side in sides]
+        for side, schema in zip(sides, schemas, strict=True):
+            missing = [k for k in side.keys if k not in schema.fieldNames()]
+            if missing:
+                raise ConfigError(f"connect: key_by field(s) {missing} are not in its stream")
+        keys1, keys2 = self.first.keys, self.second.keys
+        types = [{f.name: f.dataType for f in schema.fields} for schema in schemas]
+        if len(keys1) != len(keys2) or any(
+            types[0][a] != types[1][b] for a, b in zip(keys1, keys2, strict=False)
+        ):
+            raise ConfigError(
+                f"connect: the two streams' keys must have as many fields, of the same types: "
+                f"{_typed(keys1, types[0])} vs {_typed(keys2, types[1])}"
+            )
+        clash = [
+            f"{n} is {t.simpleString()} vs {types[1][n].simpleString()}"
+            for n, t in types[0].items()
+            if n in types[1] and types[1][n] != t
+        ]
+        if clash:
+            raise ConfigError(
+                f"connect: a field of both streams has two types ({', '.join(clash)}); the "
+                f"connected stream carries one column per name: map one stream to rename it"
+            )
+        taken = [a for a, b in zip(keys1, keys2, strict=True) if a != b and a in types[1]]
+        if taken:
+            raise ConfigError(
+                f"connect: the second stream has field(s) {taken}, which are key fields of "
+                f"the first stream but not its own key; map the second stream to rename them"
+            )
+        fields = StructType(
+            [*schemas[0].fields, *[f for f in schemas[1].fields if f.name not in types[0]]]
+        )
+        if CO_INPUT in fields.fieldNames():
+            raise ConfigError(f"connect: field {CO_INPUT!r} is reserved by the runtime; rename it")
+        to_first = dict(zip(keys1, keys2, strict=True))
+        inputs: list[Node] = []
+        specs = []
+        for i, (flat, schema) in enumerate(zip(flats, schemas, strict=True), start=1):
+            own = schema.fieldNames()
+            columns = tuple(
+                (c, to_first[c] if i == 2 and c in to_first else c if c in own else None)
+                for c in fields.fieldNames()
+            )
+            inputs += [CoInputNode(n, i, fields, columns) for n in flat]
+            integers = frozenset(
+                f.name
+                for f in schema.fields
+                if f.dataType.typeName() in ("byte", "short", "integer", "long")
+            )
+            source = "+".join(_union_source(n).name for n in flat)
+            specs.append(CoInput(source, tuple(own), integers))
+        adapter = CoProcess(function, (specs[0], specs[1]))
+        keyed = KeyByNode(UnionNode(tuple(inputs)), keys1)
+        return DataStream(self.job, ProcessNode(keyed, adapter, name))
+
+
+def _typed(keys: tuple[str, ...], types: Mapping[str, Any]) -> str:
+    return "(" + ", ".join(f"{k} {types[k].simpleString()}" for k in keys) + ")"
 
 
 @dataclass(frozen=True)
@@ -436,6 +562,25 @@ class _Reduce(AggregateFunction):
         return {f: accumulator.get(f) for f in self.fields}
 
 
+def _distinct_sources(flat: list[Node], what: str, inputs: str) -> None:
+    """Each of ``flat`` (a union's or connected streams' inputs) reads a source of its own."""
+    seen: dict[str, int] = {}
+    for i, node in enumerate(flat):
+        name = _union_source(node).name
+        if name in seen:
+            which = (
+                f"a stream cannot be {what}ed with itself"
+                if flat[seen[name]] is node
+                else f"two {inputs} read source {name!r}"
+            )
+            raise ConfigError(
+                f"{what}: {which} (inputs {seen[name] + 1} and {i + 1}); each input must come "
+                f"from a source of its own — to read a source twice, filter it once "
+                f"with an OR of both conditions instead"
+            )
+        seen[name] = i
+
+
 def _union_source(node: Node) -> SourceNode:
     while not isinstance(node, SourceNode):
         node = node.parent  # type: ignore[union-attr]
@@ -464,9 +609,9 @@ def schema_difference(a: StructType, b: StructType) -> str:
 def record_schema(node: Node) -> StructType:
     """The fields of the records at ``node`` before a window or process function: the
     source's, or the last map's output."""
-    while not isinstance(node, SourceNode | MapNode):
+    while not isinstance(node, SourceNode | MapNode | CoInputNode):
         node = node.parent  # type: ignore[union-attr]
-    return node.output_schema if isinstance(node, MapNode) else node.source.schema
+    return node.source.schema if isinstance(node, SourceNode) else node.output_schema
 
 
 def window_output_schema(keyed: KeyByNode, aggregates: Mapping[str, Aggregate]) -> StructType:

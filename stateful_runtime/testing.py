@@ -25,7 +25,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from stateful_runtime.functions import KeyedProcessFunction, OutputTag, to_ms
+from stateful_runtime.functions import (
+    CO_INPUT,
+    CoInput,
+    CoProcess,
+    KeyedCoProcessFunction,
+    KeyedProcessFunction,
+    OutputTag,
+    to_ms,
+)
 from stateful_runtime.job import ErrorPolicy
 from stateful_runtime.operators.backend import MemoryBackend
 from stateful_runtime.operators.isolation import StepGuard
@@ -115,11 +123,16 @@ class KeyedProcessHarness:
         self, record: dict[str, Any], timestamp: datetime | int | None = None
     ) -> list[dict[str, Any]]:
         """Process one element; returns the main outputs it produced."""
+        return self._element(self._key(record), record, timestamp)
+
+    def _element(
+        self, key: tuple, value: dict[str, Any], timestamp: datetime | int | None
+    ) -> list[dict[str, Any]]:
         if timestamp is None:
             if self.timestamp_field is None:
                 raise ValueError("give timestamp= or construct the harness with timestamp_field")
-            timestamp = record[self.timestamp_field]
-        self.operator.process(self._key(record), [(_ms(timestamp), dict(record))])
+            timestamp = value[self.timestamp_field]
+        self.operator.process(key, [(_ms(timestamp), dict(value))])
         return self._collect()
 
     def process_elements(self, records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -206,6 +219,71 @@ class KeyedProcessHarness:
 
     def user_timers(self, key: Any) -> list[int]:
         return self.operator.user_timers(key if isinstance(key, tuple) else (key,))
+
+
+class KeyedCoProcessHarness(KeyedProcessHarness):
+    """Drive a :class:`~stateful_runtime.functions.KeyedCoProcessFunction` by hand: its two
+    inputs' elements with :meth:`process_element1` and :meth:`process_element2`, the rest
+    (watermark, processing time, state, timers, outputs, dead letters) as
+    :class:`KeyedProcessHarness`'s::
+
+        h = KeyedCoProcessHarness(MatchRefunds(), key_by="txn_id", timestamp_field="ts_ms")
+        h.process_element1({"txn_id": "t1", "amount_paise": 500, "ts_ms": 1_000})
+        h.process_element2({"txn_id": "t1", "refund_paise": 500, "ts_ms": 2_000})
+
+    Args:
+        fn: the function.
+        key_by: the first input's key field(s).
+        key_by2: the second input's (default: ``key_by``).
+        timestamp_field: field holding epoch milliseconds, in the records of both inputs (or
+            pass ``timestamp=`` per element).
+        backend, errors, name: as :class:`KeyedProcessHarness`'s.
+    """
+
+    def __init__(
+        self,
+        fn: KeyedCoProcessFunction,
+        key_by: str | Sequence[str],
+        timestamp_field: str | None = None,
+        *,
+        key_by2: str | Sequence[str] | None = None,
+        backend: str | None = None,
+        errors: ErrorPolicy | None = None,
+        name: str | None = None,
+    ) -> None:
+        if not isinstance(fn, KeyedCoProcessFunction):
+            raise TypeError(f"KeyedCoProcessHarness takes a KeyedCoProcessFunction, got {fn!r}")
+        inputs = (CoInput("", None), CoInput("", None))
+        super().__init__(
+            CoProcess(fn, inputs),
+            key_by,
+            timestamp_field,
+            backend=backend,
+            errors=errors,
+            name=name or type(fn).__name__,
+        )
+        keys2 = key_by if key_by2 is None else key_by2
+        self.keys2 = (keys2,) if isinstance(keys2, str) else tuple(keys2)
+        if len(self.keys2) != len(self.keys):
+            raise ValueError(f"key_by {self.keys} and key_by2 {self.keys2} differ in length")
+
+    def process_element(
+        self, record: dict[str, Any], timestamp: datetime | int | None = None
+    ) -> list[dict[str, Any]]:
+        raise TypeError("a co-process function takes process_element1 or process_element2")
+
+    def process_element1(
+        self, record: dict[str, Any], timestamp: datetime | int | None = None
+    ) -> list[dict[str, Any]]:
+        """Process one element of the first input; returns the main outputs it produced."""
+        return self._element(self._key(record), {**record, CO_INPUT: 1}, timestamp)
+
+    def process_element2(
+        self, record: dict[str, Any], timestamp: datetime | int | None = None
+    ) -> list[dict[str, Any]]:
+        """Process one element of the second input; returns the main outputs it produced."""
+        key = tuple(record[k] for k in self.keys2)
+        return self._element(key, {**record, CO_INPUT: 2}, timestamp)
 
 
 def window_harness(

@@ -36,6 +36,7 @@ from stateful_runtime.functions import (
     OutputTag,
     RuntimeContext,
     TimerService,
+    has_on_timer,
     to_datetime,
     to_ms,
 )
@@ -105,7 +106,7 @@ class KeyedOperator:
         # Declared whatever the function: checkpoints of every keyed operator hold it.
         self._timers = backend.map_cell(TIMERS_STATE, None)
         self.fn.open(_OperatorRuntimeContext(self))
-        user = type(self.fn).on_timer is not KeyedProcessFunction.on_timer
+        user = has_on_timer(self.fn)
         # Which kinds of timer fire here; only with both does a timestamp need its record.
         self._kinds = (_USER if user else 0) | (_TTL if self.ttl_cells else 0)
         # Only a user's on_timer acts visibly on a due timer ahead of a key's elements: TTL
@@ -319,7 +320,7 @@ class KeyedOperator:
         key = self.current_key[0] if len(self.current_key) == 1 else self.current_key
         if element is not None:
             partition, offset = self.origin
-            what = "process_element"
+            what = getattr(self.fn, "element_call", "process_element")
             record: object = element
         else:
             partition = offset = None

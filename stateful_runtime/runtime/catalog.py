@@ -13,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from stateful_runtime.functions import function_name
 from stateful_runtime.streams import (
     MapNode,
     Node,
@@ -87,7 +88,7 @@ def _columns(node: Node) -> list[dict[str, str]]:
             for f in schema.fields
         ]
     if isinstance(node, ProcessNode):
-        fn = type(node.function).__name__
+        fn = function_name(node.function)
         return [
             {
                 "name": f.name,

@@ -34,6 +34,7 @@ from stateful_runtime.planner import (
     QueryPlan,
 )
 from stateful_runtime.streams import (
+    CoInputNode,
     FilterNode,
     KeyByNode,
     MapNode,
@@ -147,6 +148,8 @@ def _steps(
             df = df.filter(node.condition)
         elif isinstance(node, MapNode):
             df = _map(df, node, query)
+        elif isinstance(node, CoInputNode):
+            df = _co_input(df, node)
         elif isinstance(node, NativeWindowNode):
             df = _window_aggregate(df, node, query)
         elif isinstance(node, ProcessNode):
@@ -159,6 +162,24 @@ def _steps(
         else:
             assert isinstance(node, KeyByNode)  # keys are read by the stateful node after it
     return df
+
+
+def _co_input(df: DataFrame, node: CoInputNode) -> DataFrame:
+    """One input of connected streams in the columns of both (the other's null), tagged with
+    the input; the runtime's columns (event time and its watermark, origin, union input) are
+    carried as they are."""
+    from pyspark.sql import functions as F
+
+    from stateful_runtime.functions import CO_INPUT
+
+    own = set(record_schema(node.parent).fieldNames())
+    types = {f.name: f.dataType for f in node.output_schema.fields}
+    cols = [
+        (F.col(src) if src is not None else F.lit(None)).cast(types[c]).alias(c)
+        for c, src in node.columns
+    ]
+    carried = [F.col(c) for c in df.columns if c not in own]
+    return df.select(*cols, F.lit(node.input).alias(CO_INPUT), *carried)
 
 
 def step_guard(query: QueryPlan, step: str, source: str | None = None) -> StepGuard:

@@ -12,6 +12,7 @@ import io
 from typing import TYPE_CHECKING
 
 from stateful_runtime.exceptions import TopicNotFoundError
+from stateful_runtime.functions import CoProcess
 from stateful_runtime.job import RocksDBMemory
 from stateful_runtime.operators.keyed import describe_states
 from stateful_runtime.operators.window import WindowOperator
@@ -23,7 +24,7 @@ from stateful_runtime.planner import (
     QueryPlan,
     native_aggregates,
 )
-from stateful_runtime.streams import FilterNode, KeyByNode, MapNode, ProcessNode
+from stateful_runtime.streams import CoInputNode, FilterNode, KeyByNode, MapNode, ProcessNode
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -155,6 +156,12 @@ def _node_step(node: PlannedNode, parallelism: int) -> str:
             f"{node.kind} {node.name}: {what} in Python "
             f"over whole Arrow batches → {', '.join(node.output_schema.fieldNames())}"
         )
+    if isinstance(node, CoInputNode):
+        own = [c for c, src in node.columns if src is not None]
+        return (
+            f"connect: input {node.input} of the connected streams (its records tagged "
+            f"{node.input}, for process_element{node.input}; columns {', '.join(own)})"
+        )
     if isinstance(node, KeyByNode):
         return (
             f"key_by {', '.join(node.keys)} (hash-partitioned into {parallelism} state partitions)"
@@ -181,4 +188,13 @@ def _node_step(node: PlannedNode, parallelism: int) -> str:
         )
         or "none"
     )
+    if isinstance(fn, CoProcess):
+        ins = "; ".join(
+            f"process_element{n} ← input {n} ({spec.source})"
+            for n, spec in enumerate(fn.inputs, start=1)
+        )
+        return (
+            f"co-process {node.name}: {type(fn.connected).__name__} in {fn.time_domain.value}: "
+            f"{ins}; shared state and timers by key (state: {states})"
+        )
     return f"process {node.name}: {type(fn).__name__} in {fn.time_domain.value} (state: {states})"
