@@ -97,3 +97,87 @@ def test_union_of_unions_is_flat_and_plans_one_query_reading_every_source(tmp_pa
     assert any("bounded out-of-orderness 0:00:30" in ln for ln in lines)
     (union,) = [ln for ln in lines if ln.startswith("union of a, b, c")]
     assert "minimum of the inputs' watermarks" in union
+
+
+class _Match:
+    """A co-process function class built per test (its state's type a parameter)."""
+
+    @staticmethod
+    def make(state_type: type):
+        from stateful_runtime import KeyedCoProcessFunction, ValueStateDescriptor
+
+        class Match(KeyedCoProcessFunction):
+            output_schema = {"k": str}
+
+            def open(self, ctx):
+                self.seen = ctx.get_state(ValueStateDescriptor("seen", state_type))
+
+        return Match()
+
+
+def test_connect_refuses_what_cannot_share_a_key_or_a_column_naming_it(tmp_path):
+    job, source = _union_job(tmp_path)
+    a = source("a", {"k": str, "amount": int, "ts": int})
+    b = source("b", {"id": str, "amount": float, "ts": int})
+    c = source("c", {"n": int, "ts": int})
+    d = source("d", {"k": str, "id": str, "ts": int})
+    fn = _Match.make(int)
+    with pytest.raises(ConfigError, match=r"amount is bigint vs double.*map one stream"):
+        a.key_by("k").connect(b.key_by("id")).process(fn, name="m")
+    with pytest.raises(ConfigError, match=r"as many fields, of the same types: \(k string\) vs"):
+        a.key_by("k").connect(c.key_by("n")).process(fn, name="m")
+    with pytest.raises(ConfigError, match=r"second stream has field\(s\) \['k'\]"):
+        a.key_by("k").connect(d.key_by("id")).process(fn, name="m")
+    with pytest.raises(ConfigError, match="cannot be connected with itself"):
+        a.key_by("k").connect(a.key_by("k")).process(fn, name="m")
+    with pytest.raises(ConfigError, match="takes a KeyedCoProcessFunction"):
+        a.key_by("k").connect(d.key_by("k")).process(object(), name="m")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="takes a KeyedStream"):
+        a.key_by("k").connect(d)  # type: ignore[arg-type]
+
+
+def _connected_plan(tmp_path, state_type: type):
+    from stateful_runtime.connectors.eventlog.sink import LogSink
+    from stateful_runtime.planner import plan
+
+    job, source = _union_job(tmp_path)
+    a = source("a", {"k": str, "amount": int, "ts": int})
+    b = source("b", {"id": str, "note": str, "ts": int})
+    c = source("c", {"id": str, "note": str, "ts": int})
+    out = a.key_by("k").connect(b.union(c).key_by("id")).process(_Match.make(state_type), name="m")
+    out.sink_to(LogSink(str(tmp_path / "log"), "out"), name="out")
+    return plan(job)
+
+
+def test_connected_streams_plan_one_query_whose_fingerprint_guards_their_state(tmp_path):
+    from stateful_runtime.checkpoints.manifest import fingerprint
+    from stateful_runtime.checkpoints.restore import compatibility
+    from stateful_runtime.functions import CO_INPUT
+    from stateful_runtime.streams import CoInputNode
+
+    p = _connected_plan(tmp_path, int)
+    [q] = p.queries
+    assert q.source_names == ["a", "b", "c"] and q.path == "process"
+    assert q.state_layout == {
+        "m": {
+            "kind": "co-process",
+            "keys": ["k"],
+            "function": "Match",
+            "states": {"seen": "value<int>"},
+        }
+    }
+    # The second input's records fill the first's key column and keep their own fields.
+    steps = [n for i in q.inputs for n in i.nodes]
+    assert all(isinstance(n, CoInputNode) for n in steps)
+    assert [n.input for n in steps] == [1, 2, 2]
+    assert dict(steps[1].columns) == {
+        "k": "id",
+        "amount": None,
+        "ts": "ts",
+        "id": "id",
+        "note": "note",
+    }
+    assert CO_INPUT not in dict(steps[1].columns)
+    saved = fingerprint("u", p.queries)
+    bad, _ = compatibility(saved, fingerprint("u", _connected_plan(tmp_path, str).queries))
+    assert bad == ["query m, operator m: state 'seen' was value<int>, is now value<str>"]
