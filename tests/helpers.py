@@ -141,6 +141,7 @@ class UpiWorkspace:
     root: Path
     partitions: int = 4
     extra: dict[str, str] = field(default_factory=dict)
+    job: Path = EXAMPLES / "upi_per_minute.py"  # or a job of the same input, query and table
 
     @property
     def log_dir(self) -> Path:
@@ -164,7 +165,7 @@ class UpiWorkspace:
         return [arg for k, v in values.items() for arg in ("--set", f"{k}={v}")]
 
     def run_args(self, *more: str) -> list[str]:
-        return ["run", str(EXAMPLES / "upi_per_minute.py"), *self.sets(), *more]
+        return ["run", str(self.job), *self.sets(), *more]
 
     def table(self) -> dict:
         """upi_counts as {(merchant_id, window_start): (payments, amount_paise)}."""

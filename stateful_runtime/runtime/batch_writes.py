@@ -256,9 +256,11 @@ def _write_on_executors(
     (repartitioned by the sink's key, each row numbered in batch order so the in-batch winner
     is stable), collect the small reports, commit after every partition succeeded."""
     from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+    from pyspark.sql.pandas.types import from_arrow_schema
 
-    arrow = to_arrow_schema(df.schema, timezone="UTC")  # the session time zone (a timestamp)
+    from stateful_runtime.runtime.session import arrow_schema
+
+    arrow = arrow_schema(df.schema)
     schema = select(arrow.empty_table()).schema
     t0 = time.perf_counter()
     if not sink.begin_batch(batch_id, _without_origin(schema.empty_table()).schema):

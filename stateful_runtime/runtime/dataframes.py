@@ -33,6 +33,7 @@ from stateful_runtime.planner import (
     QueryPath,
     QueryPlan,
 )
+from stateful_runtime.runtime.session import arrow_schema
 from stateful_runtime.streams import (
     CoInputNode,
     FilterNode,
@@ -395,7 +396,6 @@ def _process_local(
     watermark, so such a query runs with one global watermark
     (:data:`SINGLE_WATERMARK`, set by the runner while it starts the query)."""
     from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import to_arrow_schema
 
     from stateful_runtime.connectors.formats.json import to_struct
     from stateful_runtime.operators.arrow_keyed import (
@@ -426,7 +426,7 @@ def _process_local(
         keys,
         fields,
         TS,
-        to_arrow_schema(out_struct),
+        arrow_schema(out_struct),
         checkpoint,
         parallelism,
         step_guard(query, node.name),
@@ -477,7 +477,6 @@ def _map(df: DataFrame, node: MapNode, query: QueryPlan) -> DataFrame:
     """A stateless Python function over whole Arrow batches (Spark's ``mapInArrow``); the
     columns it does not see (event time, the late-data bound) are carried to its outputs with
     their metadata, the watermark's among them."""
-    from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import StructType
 
     from stateful_runtime.operators.maps import MapOperator
@@ -494,8 +493,7 @@ def _map(df: DataFrame, node: MapNode, query: QueryPlan) -> DataFrame:
         node.function,
         node.flat,
         fields,
-        # Spark's session time zone is UTC (runtime/session.py): a datetime output is UTC.
-        to_arrow_schema(node.output_schema, timezone="UTC"),
+        arrow_schema(node.output_schema),
         [f.name for f in carried],
         step_guard(query, node.name),
     )

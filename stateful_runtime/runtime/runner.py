@@ -78,7 +78,7 @@ from stateful_runtime.runtime.progress import (
     now_iso,
     recent_batch,
 )
-from stateful_runtime.runtime.session import build_session, default_master
+from stateful_runtime.runtime.session import arrow_schema, build_session, default_master
 from stateful_runtime.state import TimeDomain
 from stateful_runtime.streams import ProcessNode
 
@@ -834,11 +834,9 @@ class JobRunner:
                     spark.conf.set(key, before)
 
     def _start_built(self, spark: SparkSession, q: QueryPlan, qdir: str) -> _Running:
-        from pyspark.sql.pandas.types import to_arrow_schema
-
         df = build(spark, q, qdir, skips=self.skips)
         batch_writer = BatchWriter(q)
-        batch_writer.check_schemas(to_arrow_schema(df.schema, timezone="UTC"))
+        batch_writer.check_schemas(arrow_schema(df.schema))
         self._open_sinks(q)
         writer = (
             df.writeStream.queryName(f"{self.job.name}.{q.name}")

@@ -17,7 +17,9 @@ from stateful_runtime._process import process_dir
 from stateful_runtime.exceptions import ConfigError
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
 
 LOG4J = Path(__file__).with_name("log4j2.properties")
 # A job process's driver JVM logs Spark's warnings to the job's log file, not its terminal.
@@ -34,6 +36,7 @@ LOG_FILE_ENV = "SRT_SPARK_LOG"  # that file, for log4j2-job.properties
 # (:func:`seal_class_archive`). The JVM checks its own version and the class path against the
 # archive and ignores one that does not match; a truncated archive, though, crashes it (SIGBUS),
 # so only an archive whose size is the one recorded when it was sealed is used.
+SESSION_TIME_ZONE = "UTC"  # every job's; a datetime a function returns is read in it
 CLASS_ARCHIVE_ENV = "SRT_CLASS_ARCHIVE"  # another archive, or "off"
 CLASS_ARCHIVE_DUMP_ENV = "SRT_CLASS_ARCHIVE_DUMP"  # write one to this path at JVM exit
 
@@ -225,7 +228,7 @@ def spark_conf(parallelism: int, master: str, *, job_log: bool = False) -> dict[
         # RocksDB instances per stateful operator on a 2-core machine.
         "spark.sql.shuffle.partitions": str(parallelism),
         "spark.default.parallelism": str(parallelism),
-        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.session.timeZone": SESSION_TIME_ZONE,
         # Adaptive execution does not apply to streaming; leaving it on only logs a warning.
         "spark.sql.adaptive.enabled": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
@@ -257,6 +260,15 @@ def spark_conf(parallelism: int, master: str, *, job_log: bool = False) -> dict[
 # them one scratch directory named by its pid; the next session to start removes those of
 # processes that are gone, and a process that ends normally removes its own
 # (:func:`~stateful_runtime._process.process_dir`).
+def arrow_schema(struct: StructType) -> pa.Schema:
+    """Spark's Arrow schema of a struct, its timestamps in the session's time zone (UTC): the
+    one conversion every Arrow batch the runtime builds or checks goes through (PySpark's own
+    fails with a bare AssertionError on a timestamp field unless it is given a zone)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(struct, timezone=SESSION_TIME_ZONE)
+
+
 def _scratch_conf(master: str) -> dict[str, str]:
     """Settings that put a new local JVM's and its workers' temporary files in a scratch
     directory of this process (removed at its exit); none for a cluster, whose executors run

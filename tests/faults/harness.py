@@ -15,7 +15,7 @@ import subprocess
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +105,13 @@ def duckdb_counts(database: Path, table: str = "upi_counts") -> Counts:
         ).fetchall()
     finally:
         con.close()
-    return {(m, w): (p, a) for m, w, p, a in rows}
+    # A native window's start is a naive UTC timestamp, a process function's datetime an aware
+    # one (TIMESTAMP WITH TIME ZONE): the oracle's keys are naive UTC.
+    return {(m, _naive_utc(w)): (p, a) for m, w, p, a in rows}
+
+
+def _naive_utc(when: datetime) -> datetime:
+    return when if when.tzinfo is None else when.astimezone(UTC).replace(tzinfo=None)
 
 
 @dataclass

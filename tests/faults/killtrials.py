@@ -15,6 +15,7 @@ once.
 Seeded: the seed fixes the input, every kill point and every damage; a failure names it.
 
     python -m tests.faults.killtrials --trials 100 [--seed S]     (platform/fault-trials.sh)
+    python -m tests.faults.killtrials --trials 20 --backend rocksdb_local   (a process function)
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ FAULT = "kill -9 of the job's process group"
 TORN = "kill -9 + torn newest commits/N"
 ROT = "kill -9 + damaged newest commits/N written by an earlier run"
 INPUT = "UPI events: 30 merchants, disorder < bound, 1 bad record in 997"
+KEYED_JOB = Path(__file__).with_name("upi_keyed_job.py")
 
 
 @dataclass
@@ -63,6 +65,15 @@ class Config:
     parallelism: int = 2
     max_commits: int = 3  # k in 0..max_commits new committed batches before a kill
     torn_every: int = 5  # about one trial in this many tears the newest commit after its kill
+    # None: the UPI example (Spark's native window); a state backend: the same counts computed
+    # by a keyed process function on it (tests/faults/upi_keyed_job.py)
+    backend: str | None = None
+
+    def fault(self, name: str) -> str:
+        """A fault's name in the trial records, with the job variant it was tried on."""
+        if self.backend is None:
+            return name
+        return f"{name} (keyed process function, state.backend={self.backend})"
 
     @property
     def events(self) -> int:
@@ -230,6 +241,9 @@ def run_kill_trials(
             "source.max_records_per_batch": str(cfg.cap),
         }
     )
+    if cfg.backend is not None:
+        ws.job = KEYED_JOB
+        ws.extra["state.backend"] = cfg.backend
     EventLog(ws.log_dir).create_topic(TOPIC, cfg.partitions)
     lines = list(
         events(
@@ -298,6 +312,7 @@ def run_kill_trials(
             "FAIL" if detail else "pass",
             detail.strip(),
             duration_s=round(time.monotonic() - t0, 1),
+            fault=cfg.fault(FAULT),
         )
         # A torn commits/N is a crash while writing it, when the run just killed wrote it; when
         # an earlier run did (the kill came before this run committed, perhaps after a
@@ -308,7 +323,7 @@ def run_kill_trials(
             how = rng.choice(["truncate", "garbage", "empty"])
             target = qdir / "commits" / str(committed)
             trial.damage = damage(target, how, rng)
-            trial.fault = TORN if committed > before else ROT
+            trial.fault = cfg.fault(TORN if committed > before else ROT)
             named = [p.path for p in verify(qdir)]
             if named != [f"commits/{committed}"]:
                 trial.result, trial.detail = "FAIL", f"verify named {named}"
@@ -327,7 +342,7 @@ def run_kill_trials(
     )
     quarantined = len(list((ws.checkpoint_dir / "_quarantine").glob("*")))
     torn_count = sum(1 for t in out.trials if t.damage)
-    cmp = compare(ws.table(), upi_oracle(lines))
+    cmp = compare(duckdb_counts(ws.database), upi_oracle(lines))
     dead = dead_letters(ws.log_dir)
     problems = []
     if final.returncode != 0:
@@ -370,7 +385,7 @@ def _record(log: TrialLog, seed: int, cfg: Config) -> Callable[[Trial], None]:
 
 def record_final(log: TrialLog, out: Outcome, cfg: Config) -> None:
     log.record(
-        fault="drain after all kills (--available-now)",
+        fault=cfg.fault("drain after all kills (--available-now)"),
         input=INPUT,
         result="pass" if out.final_ok else "FAIL",
         seed=out.seed,
@@ -388,9 +403,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=None, help="default: a random one (printed)")
     p.add_argument("--cap", type=int, default=Config.cap, help="records per batch")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument(
+        "--backend",
+        choices=["spark", "rocksdb_local"],
+        help="count with a keyed process function on this state backend (default: the UPI "
+        "example's native window)",
+    )
     a = p.parse_args(argv)
     seed = a.seed if a.seed is not None else random.randrange(1 << 31)
-    cfg = Config(trials=a.trials, seed=seed, cap=a.cap)
+    cfg = Config(trials=a.trials, seed=seed, cap=a.cap, backend=a.backend)
     root = Path(tempfile.mkdtemp(prefix="srt-kill-trials-"))
     home = root / "home"
     env = {

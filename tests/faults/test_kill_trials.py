@@ -44,3 +44,24 @@ def test_after_two_fallbacks_each_window_must_hold_a_value_it_had_at_a_batch_end
     assert not check({**mixed, ("M1", 0): (5, 50)}, [at_ledger, later])  # counted twice
     assert not check({("M2", 0): (1, 5)}, [at_ledger, later])  # M1 lost
     assert not check({**mixed, ("M1", 0): (1, 10)}, [at_ledger, later])  # behind the ledger
+
+
+KEYED_TRIALS = int(os.environ.get("SRT_FAULT_KEYED_TRIALS", "6"))
+
+
+# The same trials with the counts kept by a keyed process function in the Python worker's
+# RocksDB (state.backend=rocksdb_local): its versioned keyed files must be as crash-safe as
+# Spark's state store. `python -m tests.faults.killtrials --backend rocksdb_local` runs more.
+@pytest.mark.timeout(1800)
+def test_kill_dash_nine_of_a_process_function_on_local_state_every_trial_equals_oracle(
+    tmp_path, job_env, trials
+):
+    seed = int(os.environ.get("SRT_FAULT_SEED") or random.randrange(1 << 31))
+    print(f"kill -9 trials (rocksdb_local): seed {seed} (replay: SRT_FAULT_SEED={seed})")
+    cfg = Config(trials=KEYED_TRIALS, seed=seed, backend="rocksdb_local")
+    out = run_kill_trials(tmp_path / "w", cfg, job_env, _record(trials, seed, cfg), say=print)
+    record_final(trials, out, cfg)
+    assert out.ok, (
+        f"seed {seed} — replay with SRT_FAULT_SEED={seed} pytest "
+        f"tests/faults/test_kill_trials.py -k local_state\n{out.table()}"
+    )

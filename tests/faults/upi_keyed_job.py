@@ -1,0 +1,87 @@
+"""The UPI per-minute counts computed by a keyed process function, for the fault trials on the
+state backends of process functions (``state.backend``: ``spark`` or ``rocksdb_local``).
+
+Same input, query, sink and table as ``examples/upi_per_minute.py``, so the trials' oracle and
+checks apply unchanged: per merchant, a MapState of minute → (payments, amount) updated by every
+payment, each update written (the DuckDB sink keeps a batch's last row per key), and an
+event-time timer at the minute's end that drops it from state.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from dbt_sink import DuckDBUpsertSink
+from stateful_runtime import (
+    KeyedProcessFunction,
+    LogSource,
+    MapStateDescriptor,
+    StreamJob,
+    WatermarkStrategy,
+)
+from stateful_runtime.functions import to_datetime, to_ms
+
+DEFAULTS = {
+    "source.log_dir": "srt-data/log",
+    "source.topic": "upi-payments",
+    "source.max_records_per_batch": 100_000,
+    "sink.database": "srt-data/upi.duckdb",
+    "checkpoint.dir": "srt-data/checkpoints/upi-keyed",
+    "checkpoint.interval_s": 2.0,
+    "parallelism": 4,
+}
+
+PAYMENT = {"txn_id": str, "merchant_id": str, "amount_paise": int, "ts_ms": int}
+MINUTE = 60_000
+
+
+class PerMinute(KeyedProcessFunction):
+    output_schema = {
+        "merchant_id": str,
+        "window_start": datetime,
+        "payments": int,
+        "amount_paise": int,
+    }
+
+    def open(self, ctx):
+        self.minutes = ctx.get_map_state(MapStateDescriptor("minutes", int, list))
+
+    def process_element(self, payment, ctx):
+        start = to_ms(ctx.timestamp()) // MINUTE * MINUTE
+        payments, amount = self.minutes.get(start) or (0, 0)
+        if not payments:
+            ctx.timer_service().register_event_time_timer(to_datetime(start + MINUTE))
+        payments, amount = payments + 1, amount + payment["amount_paise"]
+        self.minutes.put(start, [payments, amount])
+        yield {
+            "merchant_id": ctx.get_current_key(),
+            "window_start": to_datetime(start),
+            "payments": payments,
+            "amount_paise": amount,
+        }
+
+    def on_timer(self, timestamp, ctx):
+        self.minutes.remove(to_ms(timestamp) - MINUTE)
+        return ()
+
+
+def build(config: dict) -> StreamJob:
+    job = StreamJob.from_config("upi-per-minute", config)
+    payments = job.from_source(
+        LogSource.from_config(config, PAYMENT),
+        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5)).with_timestamp_field(
+            "ts_ms"
+        ),
+        name="upi-source",
+    )
+    (
+        payments.key_by("merchant_id")
+        .process(PerMinute(), name="upi-counts")
+        .sink_to(
+            DuckDBUpsertSink(
+                config["sink.database"], "upi_counts", key=("merchant_id", "window_start")
+            ),
+            name="upi-counts-duckdb",
+        )
+    )
+    return job
