@@ -21,6 +21,7 @@ _EXPORTS = {
     "Context": "functions",
     "KeyedProcessFunction": "functions",
     "KeyedCoProcessFunction": "functions",
+    "KeyedBroadcastProcessFunction": "functions",
     "OutputTag": "functions",
     "ProcessWindowFunction": "functions",
     "TimeWindow": "functions",
@@ -83,6 +84,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from stateful_runtime.exceptions import StatefulRuntimeError
     from stateful_runtime.functions import (
         Context,
+        KeyedBroadcastProcessFunction,
         KeyedCoProcessFunction,
         KeyedProcessFunction,
         OutputTag,

@@ -28,7 +28,7 @@ implements them, on Spark and in the test harness alike.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
@@ -39,12 +39,15 @@ from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.state import (
     AggregatingState,
     AggregatingStateDescriptor,
+    BroadcastState,
     ListState,
     ListStateDescriptor,
     MapState,
     MapStateDescriptor,
+    ReadOnlyBroadcastState,
     ReducingState,
     ReducingStateDescriptor,
+    StateDescriptor,
     TimeDomain,
     ValueState,
     ValueStateDescriptor,
@@ -257,8 +260,12 @@ class CoProcess(KeyedProcessFunction):
     carrying the columns of both; this hands each element to ``process_element1`` or ``2``
     with its own input's fields."""
 
-    def __init__(self, fn: KeyedCoProcessFunction, inputs: tuple[CoInput, CoInput]) -> None:
-        self.connected = fn
+    def __init__(
+        self,
+        fn: KeyedCoProcessFunction | KeyedBroadcastProcessFunction,
+        inputs: tuple[CoInput, CoInput],
+    ) -> None:
+        self.connected: Any = fn
         self.inputs = inputs
         # The user's declarations, as the engine and the planner read them off the function.
         self.output_schema = fn.output_schema  # type: ignore[misc]
@@ -276,11 +283,12 @@ class CoProcess(KeyedProcessFunction):
     def open(self, ctx: RuntimeContext) -> None:
         self.connected.open(ctx)
 
-    def process_element(self, value: dict[str, Any], ctx: Context) -> Iterator[dict[str, Any]]:
+    def _own_record(self, value: dict[str, Any]) -> int:
+        """Make ``value`` its input's own record, in place (a dead letter holds what the
+        call got); returns the input (1 or 2)."""
         side = int(value.pop(CO_INPUT))
         self.current = side
         spec = self.inputs[side - 1]
-        # The record becomes the input's own, in place: a dead letter holds what the call got.
         if spec.fields is not None:
             for name in [n for n in value if n not in spec.fields]:
                 del value[name]
@@ -288,6 +296,10 @@ class CoProcess(KeyedProcessFunction):
             v = value.get(name)
             if isinstance(v, float):
                 value[name] = int(v)
+        return side
+
+    def process_element(self, value: dict[str, Any], ctx: Context) -> Iterator[dict[str, Any]]:
+        side = self._own_record(value)
         fn = self.connected
         return (fn.process_element1 if side == 1 else fn.process_element2)(value, ctx)
 
@@ -298,13 +310,216 @@ class CoProcess(KeyedProcessFunction):
         self.connected.close()
 
 
+class ReadOnlyContext(Context):
+    """Given to a KeyedBroadcastProcessFunction's ``process_element`` and ``on_timer``: a
+    keyed context (the element's key, its state and timers) and the broadcast state,
+    read-only."""
+
+    @abstractmethod
+    def get_broadcast_state(self, descriptor: MapStateDescriptor) -> ReadOnlyBroadcastState:
+        """The broadcast state ``descriptor`` names (one given to ``broadcast``)."""
+
+
+class BroadcastContext(ABC):
+    """Given to ``process_broadcast_element``: no key; the broadcast state, writable."""
+
+    @abstractmethod
+    def timestamp(self) -> datetime:
+        """Event time of the broadcast element."""
+
+    @abstractmethod
+    def current_watermark(self) -> datetime:
+        """The event-time watermark of the current micro-batch."""
+
+    @abstractmethod
+    def current_processing_time(self) -> datetime:
+        """The wall-clock time the current micro-batch started."""
+
+    @abstractmethod
+    def output(self, tag: OutputTag, record: Mapping[str, Any]) -> None:
+        """Send ``record`` to side output ``tag``."""
+
+    @abstractmethod
+    def get_broadcast_state(self, descriptor: MapStateDescriptor) -> BroadcastState:
+        """The broadcast state ``descriptor`` names, to read and write."""
+
+    @abstractmethod
+    def apply_to_keyed_state(
+        self, descriptor: StateDescriptor, function: Callable[[Any, Any], None]
+    ) -> None:
+        """Call ``function(key, state)`` for every key of this parallel instance that holds
+        state ``descriptor`` (its handle, as ``open`` got it), once the broadcast element's
+        call has returned; each key's call is atomic, as an element's."""
+
+
+class KeyedBroadcastProcessFunction:
+    """Flink's KeyedBroadcastProcessFunction: a keyed stream connected with a broadcast stream
+    (``keyed.connect(stream.broadcast(descriptor, ...)).process(...)``).
+
+    * ``process_broadcast_element(value, ctx)`` is called on every parallel instance for every
+      element of the broadcast stream (a rule, a setting), with the broadcast state writable
+      (``ctx.get_broadcast_state(descriptor)``): every instance makes the same change, so
+      the update must depend on the element and the broadcast state only.
+    * ``process_element(value, ctx)`` is called for each element of the keyed stream, with
+      its key's state and timers and the broadcast state read-only.
+    * ``on_timer`` fires as a KeyedProcessFunction's (``ctx`` as ``process_element``'s).
+
+    A micro-batch's broadcast elements are processed before its keyed elements (in event-time
+    order), so a rule applies to the keyed elements of the batch it came in and after.
+    Everything else is a KeyedProcessFunction's (see the module docstring).
+    """
+
+    output_schema: ClassVar[Mapping[str, Any] | StructType] = {}
+    side_outputs: ClassVar[tuple[OutputTag, ...]] = ()
+    time_domain: ClassVar[TimeDomain] = TimeDomain.EVENT_TIME
+
+    def open(self, ctx: RuntimeContext) -> None:
+        """Declare keyed state; called once per task before any element."""
+
+    def process_element(
+        self, value: dict[str, Any], ctx: ReadOnlyContext
+    ) -> Iterator[dict[str, Any]]:
+        raise NotImplementedError
+
+    def process_broadcast_element(
+        self, value: dict[str, Any], ctx: BroadcastContext
+    ) -> Iterator[dict[str, Any]]:
+        raise NotImplementedError
+
+    def on_timer(self, timestamp: datetime, ctx: ReadOnlyContext) -> Iterator[dict[str, Any]]:
+        return iter(())
+
+    def close(self) -> None:
+        """Called when the task ends."""
+
+
+# The key a broadcast element is processed under: a tuple no keyed stream's key equals.
+BROADCAST_KEY = ("\x00srt-broadcast",)
+
+
+class _ReadOnly(ReadOnlyContext):
+    """The engine's context with the broadcast state, read-only."""
+
+    def __init__(self, ctx: Context, owner: BroadcastProcess) -> None:
+        self._ctx, self._owner = ctx, owner
+
+    def timestamp(self) -> datetime:
+        return self._ctx.timestamp()
+
+    def get_current_key(self) -> Any:
+        return self._ctx.get_current_key()
+
+    def timer_service(self) -> TimerService:
+        return self._ctx.timer_service()
+
+    def current_watermark(self) -> datetime:
+        return self._ctx.current_watermark()
+
+    def output(self, tag: OutputTag, record: Mapping[str, Any]) -> None:
+        self._ctx.output(tag, record)
+
+    def time_domain(self) -> TimeDomain:
+        return self._ctx.time_domain()
+
+    def get_broadcast_state(self, descriptor: MapStateDescriptor) -> ReadOnlyBroadcastState:
+        return ReadOnlyBroadcastState(self._owner.entries(descriptor, self._owner.broadcast))
+
+
+class _Broadcasting(BroadcastContext):
+    """The context of one broadcast element: writes go to ``work`` (copies), kept when the
+    call returns."""
+
+    def __init__(self, ctx: Context, owner: BroadcastProcess, work: dict[str, dict]) -> None:
+        self._ctx, self._owner, self.work = ctx, owner, work
+
+    def timestamp(self) -> datetime:
+        return self._ctx.timestamp()
+
+    def current_watermark(self) -> datetime:
+        return self._ctx.current_watermark()
+
+    def current_processing_time(self) -> datetime:
+        return self._ctx.timer_service().current_processing_time()
+
+    def output(self, tag: OutputTag, record: Mapping[str, Any]) -> None:
+        self._ctx.output(tag, record)
+
+    def get_broadcast_state(self, descriptor: MapStateDescriptor) -> BroadcastState:
+        return BroadcastState(self._owner.entries(descriptor, self.work))
+
+    def apply_to_keyed_state(
+        self, descriptor: StateDescriptor, function: Callable[[Any, Any], None]
+    ) -> None:
+        apply = getattr(self._ctx, "apply_to_keyed_state", None)
+        if apply is None:
+            raise ConfigError("apply_to_keyed_state needs the runtime's operator engine")
+        apply(descriptor, function)
+
+
+class BroadcastProcess(CoProcess):
+    """A :class:`KeyedBroadcastProcessFunction` as the keyed process function the engine
+    runs: the keyed stream's records tagged 1, the broadcast stream's tagged 2 (processed
+    under :data:`BROADCAST_KEY`); the broadcast state is :attr:`broadcast` (state name →
+    dict), the same on every instance. The runtime loads it before a task's elements and
+    stores the states named in :attr:`changed` with the task's commit."""
+
+    def __init__(
+        self,
+        fn: KeyedBroadcastProcessFunction,
+        inputs: tuple[CoInput, CoInput],
+        descriptors: tuple[MapStateDescriptor, ...],
+    ) -> None:
+        super().__init__(fn, inputs)
+        self.descriptors = {d.name: d for d in descriptors}
+        self.broadcast: dict[str, dict] = {d.name: {} for d in descriptors}
+        self.changed: set[str] = set()
+        self.applying: str | None = None
+
+    @property
+    def element_call(self) -> str:
+        if self.applying is not None:
+            return f"apply_to_keyed_state of state {self.applying!r}"
+        source = self.inputs[self.current - 1].source
+        at = f": {source}" if source else ""
+        call = "process_element" if self.current == 1 else "process_broadcast_element"
+        return f"{call} (input {self.current}{at})"
+
+    def entries(self, descriptor: MapStateDescriptor, states: dict[str, dict]) -> dict:
+        known = self.descriptors.get(getattr(descriptor, "name", None))  # type: ignore[arg-type]
+        if known is None or known != descriptor:
+            raise ConfigError(
+                f"{function_name(self)} asked for broadcast state {descriptor!r}; the broadcast "
+                f"stream declares {list(self.descriptors.values())} (pass it to broadcast())"
+            )
+        return states[known.name]
+
+    def process_element(self, value: dict[str, Any], ctx: Context) -> Iterator[dict[str, Any]]:
+        fn = self.connected
+        if self._own_record(value) == 1:
+            return fn.process_element(value, _ReadOnly(ctx, self))
+        # A broadcast element: its writes go to copies, kept only when the call returns.
+        work = {name: dict(entries) for name, entries in self.broadcast.items()}
+        out = list(fn.process_broadcast_element(value, _Broadcasting(ctx, self, work)) or ())
+        for name, entries in work.items():
+            if entries != self.broadcast[name]:
+                self.broadcast[name] = entries
+                self.changed.add(name)
+        return iter(out)
+
+    def on_timer(self, timestamp: datetime, ctx: Context) -> Iterator[dict[str, Any]]:
+        return self.connected.on_timer(timestamp, _ReadOnly(ctx, self))
+
+
 def function_name(fn: object) -> str:
     """The user's function's class name (a co-process function's, not its adapter's)."""
     return type(fn.connected if isinstance(fn, CoProcess) else fn).__name__
 
 
 def has_on_timer(fn: KeyedProcessFunction) -> bool:
-    """Whether the user's function sets its own ``on_timer`` (a co-process function's)."""
+    """Whether the user's function sets its own ``on_timer`` (a co-process or broadcast
+    process function's)."""
+    if isinstance(fn, BroadcastProcess):
+        return type(fn.connected).on_timer is not KeyedBroadcastProcessFunction.on_timer
     if isinstance(fn, CoProcess):
         return type(fn.connected).on_timer is not KeyedCoProcessFunction.on_timer
     return type(fn).on_timer is not KeyedProcessFunction.on_timer

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 from stateful_runtime.checkpoints.layout import CheckpointLayout
 from stateful_runtime.connectors.dead_letters import DeadLetters, StepDeadLetters
 from stateful_runtime.exceptions import PlanError
-from stateful_runtime.functions import CoProcess, OutputTag, function_name
+from stateful_runtime.functions import BroadcastProcess, CoProcess, OutputTag, function_name
 from stateful_runtime.job import ErrorPolicy, RocksDBMemory
 from stateful_runtime.operators.keyed import describe_states
 from stateful_runtime.operators.window import WindowOperator
@@ -315,16 +315,18 @@ def state_layout(node: NativeWindowNode | ProcessNode) -> dict:
     kind = (
         "window"
         if isinstance(fn, WindowOperator)
+        else "broadcast-process"
+        if isinstance(fn, BroadcastProcess)
         else "co-process"
         if isinstance(fn, CoProcess)
         else "process"
     )
-    return {
-        "kind": kind,
-        "keys": keys,
-        "function": function_name(fn),
-        "states": {d.name: _state_signature(d) for d in describe_states(fn)},
-    }
+    states = {d.name: _state_signature(d) for d in describe_states(fn)}
+    if isinstance(fn, BroadcastProcess):
+        states.update(
+            {name: "broadcast " + _state_signature(d) for name, d in fn.descriptors.items()}
+        )
+    return {"kind": kind, "keys": keys, "function": function_name(fn), "states": states}
 
 
 @dataclass
@@ -386,6 +388,13 @@ def _path(nodes: tuple[PlannedNode, ...]) -> tuple[QueryPath, str]:
                     "the window needs " + node.function.needs() + ": the runtime's window "
                     "operator on transformWithStateInPandas (state in RocksDB, timers in Spark)"
                 )
+            if isinstance(node.function, BroadcastProcess):
+                return QueryPath.PROCESS, (
+                    "keyed broadcast process function: the keyed stream and the broadcast "
+                    "stream as one, each broadcast element copied to every state partition "
+                    "and processed there before the batch's keyed elements; broadcast state "
+                    "in every key group of the worker's RocksDB (state.backend=rocksdb_local)"
+                )
             if isinstance(node.function, CoProcess):
                 return QueryPath.PROCESS, (
                     "keyed co-process function: the two connected streams as one (each record "
@@ -407,6 +416,18 @@ def _path(nodes: tuple[PlannedNode, ...]) -> tuple[QueryPath, str]:
 
 def _query(job: StreamJob, p: _Pipeline, inputs: tuple[QueryInput, ...]) -> QueryPlan:
     nodes = tuple(p.nodes)
+    for n in nodes:
+        if (
+            isinstance(n, ProcessNode)
+            and isinstance(n.function, BroadcastProcess)
+            and job.state_backend != "rocksdb_local"
+        ):
+            raise PlanError(
+                f"operator {n.name!r}: broadcast state is kept in the worker's RocksDB, so a "
+                f"KeyedBroadcastProcessFunction needs state.backend=rocksdb_local (this job "
+                f"has state.backend={job.state_backend}): set it in the job file's defaults "
+                f"or run with --set state.backend=rocksdb_local"
+            )
     path, reason = _path(nodes)
     if any(isinstance(n, MapNode) for i in inputs for n in i.nodes) and reason.startswith(
         "no stateful operator: records pass straight"

@@ -265,3 +265,44 @@ class AggregatingState(Generic[T, OUT]):
 
     def clear(self) -> None:
         self._cell.clear()
+
+
+class ReadOnlyBroadcastState(Generic[K, T]):
+    """A broadcast state as ``process_element`` and ``on_timer`` of a
+    KeyedBroadcastProcessFunction see it: the same map on every parallel instance, read-only
+    (Flink's ReadOnlyBroadcastState). Do not change a value in place."""
+
+    def __init__(self, entries: dict[K, T]) -> None:
+        self._entries = entries
+
+    def get(self, key: K) -> T | None:
+        return self._entries.get(key)
+
+    def contains(self, key: K) -> bool:
+        return key in self._entries
+
+    def items(self) -> Iterator[tuple[K, T]]:
+        return iter(list(self._entries.items()))
+
+    def keys(self) -> Iterator[K]:
+        return iter(list(self._entries))
+
+    def values(self) -> Iterator[T]:
+        return iter(list(self._entries.values()))
+
+    def is_empty(self) -> bool:
+        return not self._entries
+
+
+class BroadcastState(ReadOnlyBroadcastState[K, T]):
+    """A broadcast state as ``process_broadcast_element`` sees it: what it writes, every
+    parallel instance writes (each gets every broadcast element)."""
+
+    def put(self, key: K, value: T) -> None:
+        self._entries[key] = value
+
+    def remove(self, key: K) -> None:
+        self._entries.pop(key, None)
+
+    def clear(self) -> None:
+        self._entries.clear()

@@ -20,8 +20,10 @@ from stateful_runtime.connectors.formats.json import to_struct
 from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.functions import (
     CO_INPUT,
+    BroadcastProcess,
     CoInput,
     CoProcess,
+    KeyedBroadcastProcessFunction,
     KeyedCoProcessFunction,
     KeyedProcessFunction,
     OutputTag,
@@ -29,7 +31,7 @@ from stateful_runtime.functions import (
     function_name,
 )
 from stateful_runtime.names import check_name
-from stateful_runtime.state import AggregateFunction
+from stateful_runtime.state import AggregateFunction, MapStateDescriptor
 from stateful_runtime.watermarks import WatermarkStrategy
 from stateful_runtime.windows import (
     CountTrigger,
@@ -140,12 +142,21 @@ class CoInputNode:
         output_schema: the connected stream's columns (without the tag).
         columns: per output column, this input's field it takes (None: null); the second
             input's key fields fill the first's key columns, which the key is read from.
+        broadcast: the inputs are a keyed stream's (1) and a broadcast stream's (2).
     """
 
     parent: Node
     input: int
     output_schema: StructType
     columns: tuple[tuple[str, str | None], ...]
+    broadcast: bool = False
+
+    @property
+    def call(self) -> str:
+        """The function's method its records go to."""
+        if self.broadcast:
+            return "process_broadcast_element" if self.input == 2 else "process_element"
+        return f"process_element{self.input}"
 
 
 @dataclass(frozen=True)
@@ -268,6 +279,30 @@ class DataStream:
                 )
         return DataStream(self.job, UnionNode(tuple(flat)))
 
+    def broadcast(self, *descriptors: MapStateDescriptor) -> BroadcastStream:
+        """Flink's ``broadcast``: every element of this stream reaches every parallel instance
+        of the keyed operator it is connected to (``keyed.connect(broadcast_stream)``), which
+        keeps it in the broadcast states ``descriptors`` declare (map states, by name: the same
+        on every instance, in checkpoints and savepoints). Rules and settings that change
+        while the job runs, not a firehose: each element is processed once per state
+        partition."""
+        if not descriptors:
+            raise ConfigError("broadcast takes at least one MapStateDescriptor")
+        for d in descriptors:
+            if not isinstance(d, MapStateDescriptor):
+                raise ConfigError(f"broadcast takes MapStateDescriptors, got {d!r}")
+            if d.ttl is not None:
+                raise ConfigError(f"broadcast state {d.name!r}: a broadcast state has no TTL")
+        names = [d.name for d in descriptors]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"broadcast: state names repeat: {names}")
+        if isinstance(self.node, ProcessNode | WindowNode | SideOutputNode | KeyByNode):
+            raise ConfigError(
+                "broadcast applies to a stream before any window or process function in this "
+                "version; sink the stream, read it back and broadcast it there"
+            )
+        return BroadcastStream(self.job, self.node, tuple(descriptors))
+
     def key_by(self, *fields: str) -> KeyedStream:
         """Partition the stream by one or more record fields; state is kept per key."""
         if not fields:
@@ -314,18 +349,23 @@ class KeyedStream:
             raise ConfigError(f"{type(function).__name__} must declare output_schema")
         return DataStream(self.job, ProcessNode(self.node, function, check_name("operator", name)))
 
-    def connect(self, other: KeyedStream) -> ConnectedStreams:
+    def connect(self, other: KeyedStream | BroadcastStream) -> Any:
         """Flink's ``connect``: this keyed stream and ``other`` as the two inputs of one
-        :class:`~stateful_runtime.functions.KeyedCoProcessFunction` (finish with
-        :meth:`ConnectedStreams.process`). The two may have different fields; their keys
-        must have as many fields, of the same types, and each input reads a source of its own
-        (filters, maps and unions may come before)."""
-        if not isinstance(other, KeyedStream):
+        :class:`~stateful_runtime.functions.KeyedCoProcessFunction` (``other`` keyed: finish
+        with :meth:`ConnectedStreams.process`) or of one
+        :class:`~stateful_runtime.functions.KeyedBroadcastProcessFunction` (``other`` from
+        ``DataStream.broadcast``: :meth:`BroadcastConnectedStream.process`). The two may have
+        different fields; keyed, their keys must have as many fields, of the same types; each
+        input reads a source of its own (filters, maps and unions may come before)."""
+        if not isinstance(other, KeyedStream | BroadcastStream):
             raise ConfigError(
-                f"connect takes a KeyedStream (a stream after key_by), got {type(other).__name__}"
+                f"connect takes a KeyedStream (a stream after key_by) or a BroadcastStream "
+                f"(after broadcast), got {type(other).__name__}"
             )
         if other.job is not self.job:
             raise ConfigError("connect takes streams of the same StreamJob")
+        if isinstance(other, BroadcastStream):
+            return BroadcastConnectedStream(self.job, self.node, other)
         return ConnectedStreams(self.job, self.node, other.node)
 
     def window(self, assigner: WindowAssigner) -> WindowedStream:
@@ -348,82 +388,121 @@ class ConnectedStreams:
         ``process_element2`` on every element of the second, over the state and timers of the
         element's key. Planned as one query reading both inputs' sources, whose watermark is
         the minimum of theirs (as a union's)."""
-        if not isinstance(function, KeyedCoProcessFunction):
+        _check_function(function, KeyedCoProcessFunction, "connect(...).process")
+        inputs, specs = _connect(self.first, self.second.parent, self.second.keys)
+        adapter = CoProcess(function, specs)
+        keyed = KeyByNode(UnionNode(inputs), self.first.keys)
+        return DataStream(self.job, ProcessNode(keyed, adapter, check_name("operator", name)))
+
+
+@dataclass(frozen=True)
+class BroadcastStream:
+    """A stream whose every element reaches every parallel instance of the operator it is
+    connected to (``DataStream.broadcast``), with the broadcast states it declares."""
+
+    job: StreamJob = field(repr=False)
+    node: Node
+    descriptors: tuple[MapStateDescriptor, ...]
+
+
+@dataclass(frozen=True)
+class BroadcastConnectedStream:
+    """A keyed stream connected with a broadcast stream, finished with :meth:`process`."""
+
+    job: StreamJob = field(repr=False)
+    keyed: KeyByNode
+    broadcast: BroadcastStream
+
+    def process(self, function: KeyedBroadcastProcessFunction, *, name: str) -> DataStream:
+        """Run ``function.process_broadcast_element`` for every broadcast element on every
+        parallel instance and ``process_element`` for every keyed element (see
+        :class:`~stateful_runtime.functions.KeyedBroadcastProcessFunction`). Needs
+        ``state.backend=rocksdb_local``."""
+        _check_function(function, KeyedBroadcastProcessFunction, "connect(broadcast).process")
+        inputs, specs = _connect(self.keyed, self.broadcast.node, None)
+        adapter = BroadcastProcess(function, specs, self.broadcast.descriptors)
+        keyed = KeyByNode(UnionNode(inputs), self.keyed.keys)
+        return DataStream(self.job, ProcessNode(keyed, adapter, check_name("operator", name)))
+
+
+def _check_function(function: object, kind: type, method: str) -> None:
+    if not isinstance(function, kind):
+        raise ConfigError(f"{method} takes a {kind.__name__}, got {type(function).__name__}")
+    if not function.output_schema:  # type: ignore[attr-defined]
+        raise ConfigError(f"{type(function).__name__} must declare output_schema")
+
+
+def _connect(
+    first: KeyByNode, second: Node, keys2: tuple[str, ...] | None
+) -> tuple[tuple[Node, ...], tuple[CoInput, CoInput]]:
+    """The inputs of connected streams: the first keyed stream's and the second's (keyed by
+    ``keys2``, or None for a broadcast stream), each input in the columns of both and tagged
+    (:class:`CoInputNode`), and what the function's adapter needs to know of each."""
+    flats: list[list[Node]] = []
+    for node in (first.parent, second):
+        flat = list(node.inputs) if isinstance(node, UnionNode) else [node]
+        if any(isinstance(n, ProcessNode | WindowNode | SideOutputNode | KeyByNode) for n in flat):
             raise ConfigError(
-                f"connect(...).process takes a KeyedCoProcessFunction, got "
-                f"{type(function).__name__}"
+                "connect applies to streams before any window or process function in this "
+                "version (filters, maps and unions may come first); sink the stream, read "
+                "it back and connect it there"
             )
-        if not function.output_schema:
-            raise ConfigError(f"{type(function).__name__} must declare output_schema")
-        name = check_name("operator", name)
-        sides = (self.first, self.second)
-        flats: list[list[Node]] = []
-        for side in sides:
-            node = side.parent
-            flat = list(node.inputs) if isinstance(node, UnionNode) else [node]
-            if any(isinstance(n, ProcessNode | WindowNode | SideOutputNode) for n in flat):
-                raise ConfigError(
-                    "connect applies to streams before any window or process function in this "
-                    "version (filters, maps and unions may come first); sink the stream, read "
-                    "it back and connect it there"
-                )
-            flats.append(flat)
-        _distinct_sources([*flats[0], *flats[1]], "connect", "inputs of the connected streams")
-        schemas = [record_schema(side) for side in sides]
-        for side, schema in zip(sides, schemas, strict=True):
-            missing = [k for k in side.keys if k not in schema.fieldNames()]
-            if missing:
-                raise ConfigError(f"connect: key_by field(s) {missing} are not in its stream")
-        keys1, keys2 = self.first.keys, self.second.keys
-        types = [{f.name: f.dataType for f in schema.fields} for schema in schemas]
-        if len(keys1) != len(keys2) or any(
-            types[0][a] != types[1][b] for a, b in zip(keys1, keys2, strict=False)
-        ):
-            raise ConfigError(
-                f"connect: the two streams' keys must have as many fields, of the same types: "
-                f"{_typed(keys1, types[0])} vs {_typed(keys2, types[1])}"
-            )
-        clash = [
-            f"{n} is {t.simpleString()} vs {types[1][n].simpleString()}"
-            for n, t in types[0].items()
-            if n in types[1] and types[1][n] != t
-        ]
-        if clash:
-            raise ConfigError(
-                f"connect: a field of both streams has two types ({', '.join(clash)}); the "
-                f"connected stream carries one column per name: map one stream to rename it"
-            )
-        taken = [a for a, b in zip(keys1, keys2, strict=True) if a != b and a in types[1]]
-        if taken:
-            raise ConfigError(
-                f"connect: the second stream has field(s) {taken}, which are key fields of "
-                f"the first stream but not its own key; map the second stream to rename them"
-            )
-        fields = StructType(
-            [*schemas[0].fields, *[f for f in schemas[1].fields if f.name not in types[0]]]
+        flats.append(flat)
+    _distinct_sources([*flats[0], *flats[1]], "connect", "inputs of the connected streams")
+    schemas = [record_schema(first), record_schema(second)]
+    keys1 = first.keys
+    types = [{f.name: f.dataType for f in schema.fields} for schema in schemas]
+    for keys, t in ((keys1, types[0]), (keys2 or (), types[1])):
+        missing = [k for k in keys if k not in t]
+        if missing:
+            raise ConfigError(f"connect: key_by field(s) {missing} are not in its stream")
+    if keys2 is not None and (
+        len(keys1) != len(keys2)
+        or any(types[0][a] != types[1][b] for a, b in zip(keys1, keys2, strict=False))
+    ):
+        raise ConfigError(
+            f"connect: the two streams' keys must have as many fields, of the same types: "
+            f"{_typed(keys1, types[0])} vs {_typed(keys2, types[1])}"
         )
-        if CO_INPUT in fields.fieldNames():
-            raise ConfigError(f"connect: field {CO_INPUT!r} is reserved by the runtime; rename it")
-        to_first = dict(zip(keys1, keys2, strict=True))
-        inputs: list[Node] = []
-        specs = []
-        for i, (flat, schema) in enumerate(zip(flats, schemas, strict=True), start=1):
-            own = schema.fieldNames()
-            columns = tuple(
-                (c, to_first[c] if i == 2 and c in to_first else c if c in own else None)
-                for c in fields.fieldNames()
-            )
-            inputs += [CoInputNode(n, i, fields, columns) for n in flat]
-            integers = frozenset(
-                f.name
-                for f in schema.fields
-                if f.dataType.typeName() in ("byte", "short", "integer", "long")
-            )
-            source = "+".join(_union_source(n).name for n in flat)
-            specs.append(CoInput(source, tuple(own), integers))
-        adapter = CoProcess(function, (specs[0], specs[1]))
-        keyed = KeyByNode(UnionNode(tuple(inputs)), keys1)
-        return DataStream(self.job, ProcessNode(keyed, adapter, name))
+    clash = [
+        f"{n} is {t.simpleString()} vs {types[1][n].simpleString()}"
+        for n, t in types[0].items()
+        if n in types[1] and types[1][n] != t
+    ]
+    if clash:
+        raise ConfigError(
+            f"connect: a field of both streams has two types ({', '.join(clash)}); the "
+            f"connected stream carries one column per name: map one stream to rename it"
+        )
+    to_first = dict(zip(keys1, keys2, strict=True)) if keys2 is not None else {}
+    taken = [a for a, b in to_first.items() if a != b and a in types[1]]
+    if taken:
+        raise ConfigError(
+            f"connect: the second stream has field(s) {taken}, which are key fields of "
+            f"the first stream but not its own key; map the second stream to rename them"
+        )
+    fields = StructType(
+        [*schemas[0].fields, *[f for f in schemas[1].fields if f.name not in types[0]]]
+    )
+    if CO_INPUT in fields.fieldNames():
+        raise ConfigError(f"connect: field {CO_INPUT!r} is reserved by the runtime; rename it")
+    inputs: list[Node] = []
+    specs = []
+    for i, (flat, schema) in enumerate(zip(flats, schemas, strict=True), start=1):
+        own = schema.fieldNames()
+        columns = tuple(
+            (c, to_first[c] if i == 2 and c in to_first else c if c in own else None)
+            for c in fields.fieldNames()
+        )
+        inputs += [CoInputNode(n, i, fields, columns, keys2 is None) for n in flat]
+        integers = frozenset(
+            f.name
+            for f in schema.fields
+            if f.dataType.typeName() in ("byte", "short", "integer", "long")
+        )
+        source = "+".join(_union_source(n).name for n in flat)
+        specs.append(CoInput(source, tuple(own), integers))
+    return tuple(inputs), (specs[0], specs[1])
 
 
 def _typed(keys: tuple[str, ...], types: Mapping[str, Any]) -> str:

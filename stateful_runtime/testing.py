@@ -26,9 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from stateful_runtime.functions import (
+    BROADCAST_KEY,
     CO_INPUT,
+    BroadcastProcess,
     CoInput,
     CoProcess,
+    KeyedBroadcastProcessFunction,
     KeyedCoProcessFunction,
     KeyedProcessFunction,
     OutputTag,
@@ -284,6 +287,69 @@ class KeyedCoProcessHarness(KeyedProcessHarness):
         """Process one element of the second input; returns the main outputs it produced."""
         key = tuple(record[k] for k in self.keys2)
         return self._element(key, {**record, CO_INPUT: 2}, timestamp)
+
+
+class KeyedBroadcastProcessHarness(KeyedProcessHarness):
+    """Drive a :class:`~stateful_runtime.functions.KeyedBroadcastProcessFunction` by hand:
+    keyed elements with :meth:`process_element`, broadcast elements with
+    :meth:`process_broadcast_element` (one parallel instance: the cluster gives each the
+    same), the broadcast state with :meth:`broadcast_state`; the rest as
+    :class:`KeyedProcessHarness`'s::
+
+        h = KeyedBroadcastProcessHarness(RuleAlerts(), RULES, key_by="merchant_id",
+                                         timestamp_field="ts_ms")
+        h.process_broadcast_element({"rule_id": "big", "min_paise": 5_000_000, "ts_ms": 0})
+        h.process_element({"merchant_id": "M1", "amount_paise": 6_000_000, "ts_ms": 1_000})
+
+    Args:
+        fn: the function.
+        descriptors: the broadcast states (what ``DataStream.broadcast`` takes).
+        key_by, timestamp_field, backend, errors, name: as :class:`KeyedProcessHarness`'s.
+    """
+
+    def __init__(
+        self,
+        fn: KeyedBroadcastProcessFunction,
+        descriptors: Any,
+        key_by: str | Sequence[str],
+        timestamp_field: str | None = None,
+        *,
+        backend: str | None = None,
+        errors: ErrorPolicy | None = None,
+        name: str | None = None,
+    ) -> None:
+        if not isinstance(fn, KeyedBroadcastProcessFunction):
+            raise TypeError(
+                f"KeyedBroadcastProcessHarness takes a KeyedBroadcastProcessFunction, got {fn!r}"
+            )
+        states = tuple(descriptors) if isinstance(descriptors, list | tuple) else (descriptors,)
+        inputs = (CoInput("", None), CoInput("", None))
+        super().__init__(
+            BroadcastProcess(fn, inputs, states),
+            key_by,
+            timestamp_field,
+            backend=backend,
+            errors=errors,
+            name=name or type(fn).__name__,
+        )
+
+    def process_element(
+        self, record: dict[str, Any], timestamp: datetime | int | None = None
+    ) -> list[dict[str, Any]]:
+        """Process one keyed element; returns the main outputs it produced."""
+        return self._element(self._key(record), {**record, CO_INPUT: 1}, timestamp)
+
+    def process_broadcast_element(
+        self, record: dict[str, Any], timestamp: datetime | int | None = None
+    ) -> list[dict[str, Any]]:
+        """Process one broadcast element; returns the main outputs it produced."""
+        return self._element(BROADCAST_KEY, {**record, CO_INPUT: 2}, timestamp)
+
+    def broadcast_state(self, name: str) -> dict[Any, Any]:
+        """Broadcast state ``name``'s entries."""
+        fn = self.operator.fn
+        assert isinstance(fn, BroadcastProcess)
+        return dict(fn.broadcast[name])
 
 
 def window_harness(

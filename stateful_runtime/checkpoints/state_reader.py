@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 OPERATOR_ID = 0
 # The local backend's row tags, its per-key timer set and the timestamps' offset (unsigned
 # big-endian: byte order is time order).
-_STATE_ROW, _TIMER_ROW = b"s", b"t"
+_STATE_ROW, _TIMER_ROW, _BROADCAST_ROW = b"s", b"t", b"b"
 _TIMER_SET = "_srt_timers_of"
 _TS_OFFSET = 2**63
 TIMER_STATE = "timer"  # the state name timer rows are shown under
@@ -105,6 +105,14 @@ def parse_local_row(row: bytes) -> tuple[int, str, bytes] | tuple[int, int, byte
     return group, name.decode(), key
 
 
+def parse_broadcast_row(row: bytes) -> tuple[int, str] | None:
+    """A broadcast state's row as (key group, state name); None for any other row. Every key
+    group of a partition holds the same copy (``operators/arrow_keyed.py``)."""
+    if row[keyed.GROUP_BYTES : keyed.GROUP_BYTES + 1] != _BROADCAST_ROW:
+        return None
+    return keyed.group_of(row), row[keyed.GROUP_BYTES + 1 :].decode()
+
+
 def local_operator(query: QueryLayout, operator: str) -> Path | None:
     """The keyed state directory of ``operator`` when it ran on the local backend."""
     path = query.keyed / operator
@@ -136,7 +144,21 @@ def _local_rows(
     partitions = query.state_partitions(batch) or 0
     wanted = {n for n in names if n is not None}
     for part in keyed.partitions(directory, partitions):
+        first = keyed.key_groups(int(part.name), partitions).start
         for row, value in sorted(keyed.state_at(part, batch + 1).items()):
+            shared = parse_broadcast_row(row)
+            if shared is not None:  # one row per partition: its copy in its first group
+                group, name = shared
+                if group == first and key is None and (not wanted or name in wanted):
+                    yield {
+                        "state": name,
+                        "value": _decode(value),
+                        "broadcast": True,
+                        "partition": int(part.name),
+                        "key_group": group,
+                        "bytes": len(row) + len(value),
+                    }
+                continue
             parsed = parse_local_row(row)
             if parsed is None:
                 continue
@@ -174,9 +196,14 @@ def summary(ckpt: Path) -> list[dict[str, Any]]:
             groups: set[int] = set()
             size = 0
             for part in keyed.partitions(directory, n):
+                first = keyed.key_groups(int(part.name), n).start
                 for row, value in keyed.state_at(part, batch + 1).items():
                     parsed = parse_local_row(row)
                     size += len(row) + len(value)
+                    shared = parse_broadcast_row(row)
+                    if shared is not None and shared[0] == first:  # a partition's copy
+                        label = f"{shared[1]} (broadcast, per partition)"
+                        states[label] = states.get(label, 0) + 1
                     if parsed is None:
                         continue
                     name = TIMER_STATE if isinstance(parsed[1], int) else str(parsed[1])

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import json
+import pickle
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,11 +41,21 @@ from stateful_runtime._process import freeze_worker_heap
 from stateful_runtime.checkpoints.keyed import KEYED_DIR
 from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.exceptions import StateError
-from stateful_runtime.functions import KeyedProcessFunction
+from stateful_runtime.functions import (
+    BROADCAST_KEY,
+    CO_INPUT,
+    BroadcastProcess,
+    KeyedProcessFunction,
+)
 from stateful_runtime.job import RocksDBMemory
 from stateful_runtime.operators.isolation import StepGuard, origins
 from stateful_runtime.operators.keyed import KeyedOperator
-from stateful_runtime.operators.keyed_store import MAX_PARALLELISM, KeyedStore, key_groups
+from stateful_runtime.operators.keyed_store import (
+    MAX_PARALLELISM,
+    KeyedStore,
+    group_prefix,
+    key_groups,
+)
 from stateful_runtime.operators.local_state import LocalBackend, keep_values, warm_values
 from stateful_runtime.operators.ticks import write_next_timer
 from stateful_runtime.state import TimeDomain
@@ -167,8 +178,12 @@ class ArrowKeyedOperator:
                 key_timers=False,
                 values=warm_values(store),
             )
+            backend.groups = groups
             op.set_time(watermark, now)
             op.open(backend)
+            broadcast = op.fn if isinstance(op.fn, BroadcastProcess) else None
+            if broadcast is not None:
+                load_broadcast(store, groups, broadcast)
             # Due timers fire below for the whole partition before any element, so a key's
             # turn need not list its own timers first.
             op._fire_first = False
@@ -176,12 +191,24 @@ class ArrowKeyedOperator:
             self.out: list[dict[str, Any]] = []
             self.side: list[tuple[str, dict[str, Any]]] = []
             yield from self._fire(op, backend, groups, upto)
+            if broadcast is not None:
+                # The batch's broadcast elements first, in event-time order: a rule applies
+                # to the keyed elements of the batch it came in.
+                elements, keyed = self._split_broadcast(list(batches))
+                if elements:
+                    backend.group = groups.start
+                    op.process(BROADCAST_KEY, elements)
+                    self._collect(op)
+                    yield from self._flush()
+                batches = iter(keyed)
             for arrow in batches:
                 if arrow.num_rows:
                     yield from self._process(op, backend, groups, arrow)
             yield from self._fire(op, backend, groups, upto)
             op.close()
             yield from self._flush(force=True)
+            if broadcast is not None:
+                backend.raw.update(broadcast_rows(groups, broadcast))
             op.guard.stage()  # before the version commits: a retried task stages the same
             version = backend.commit()
             keep_values(store, backend.values)
@@ -189,6 +216,26 @@ class ArrowKeyedOperator:
                 write_next_timer(store.checkpoint, version, backend.next_timer(groups))
         finally:
             store.close()
+
+    def _split_broadcast(
+        self, batches: list[pa.RecordBatch]
+    ) -> tuple[list[tuple[int, dict[str, Any]]], list[pa.RecordBatch]]:
+        """The broadcast elements of the task's batches as (event time, record), in
+        event-time order, and the keyed input's batches."""
+        elements: list[tuple[int, dict[str, Any]]] = []
+        keyed = []
+        for arrow in batches:
+            if not arrow.num_rows:
+                continue
+            mine = pc.equal(arrow.column(CO_INPUT), 2)
+            copies = arrow.filter(mine)
+            if copies.num_rows:
+                times = copies.column(self.time_field).to_pylist()
+                records = copies.select(self.fields).to_pylist()
+                elements += zip(times, records, strict=True)
+            keyed.append(arrow.filter(pc.invert(mine)))
+        elements.sort(key=lambda e: e[0])
+        return elements, keyed
 
     def _fire(
         self, op: KeyedOperator, backend: LocalBackend, groups: range, upto: int
@@ -271,6 +318,35 @@ class ArrowKeyedOperator:
             cols[TAG].append(tag)
             cols[SIDE].append(json.dumps(record, default=str))
         yield pa.RecordBatch.from_pydict(cols, schema=self.output)
+
+
+# -- broadcast state ------------------------------------------------------------------------------
+# A broadcast state is one row per key group, ``<group> b <state name>`` → the pickled dict: every
+# key group of a partition holds the same copy, so a rescale (whole key-group ranges to new
+# partitions) gives every new partition its copy, and a savepoint holds it with the keyed state.
+_BROADCAST_ROW = b"b"
+
+
+def broadcast_row(group: int, name: str) -> bytes:
+    return group_prefix(group) + _BROADCAST_ROW + name.encode()
+
+
+def load_broadcast(store: KeyedStore, groups: range, fn: BroadcastProcess) -> None:
+    """``fn``'s broadcast states as the store holds them (its partition's first key group)."""
+    for name in fn.broadcast:
+        raw = store.get(broadcast_row(groups.start, name))
+        fn.broadcast[name] = pickle.loads(raw) if raw is not None else {}
+
+
+def broadcast_rows(groups: range, fn: BroadcastProcess) -> dict[bytes, bytes | None]:
+    """The rows of the broadcast states the task changed, in every key group it owns."""
+    rows: dict[bytes, bytes | None] = {}
+    for name in sorted(fn.changed):
+        entries = fn.broadcast[name]
+        value = pickle.dumps(entries, pickle.HIGHEST_PROTOCOL) if entries else None
+        for group in groups:
+            rows[broadcast_row(group, name)] = value
+    return rows
 
 
 def _run_starts(arrow: pa.RecordBatch, columns: list[str]) -> list[int]:

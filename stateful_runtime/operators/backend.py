@@ -66,6 +66,11 @@ class StateBackend(ABC):
     def end_key(self) -> None:
         """Done with the current key (write back anything cached)."""
 
+    def keys_with(self, name: str) -> list[tuple[int | None, tuple]]:
+        """(key group or None, key) of every key holding state ``name`` (``apply_to_keyed_
+        state``, on the backends that can list their keys)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot list the keys of a state")
+
 
 # --------------------------------------------------------------------------- in memory
 
@@ -147,6 +152,9 @@ class MemoryBackend(StateBackend):
 
     def begin_key(self, key: tuple) -> None:
         self.key = key
+
+    def keys_with(self, name: str) -> list[tuple[int | None, tuple]]:
+        return [(None, key) for n, key in sorted(self.data, key=repr) if n == name]
 
     def register_timer(self, ts: int) -> None:
         self.timers.setdefault(self.key, set()).add(ts)

@@ -97,6 +97,10 @@ class KeyedOperator:
         self.timer_domain = self.domain
         self.main: list[dict[str, Any]] = []
         self.side: list[tuple[str, dict[str, Any]]] = []
+        # The handles ``open`` got, by state name (``apply_to_keyed_state`` passes them on).
+        self.handles: dict[str, Any] = {}
+        # apply_to_keyed_state calls of the running call, run once it has returned.
+        self.deferred: list[tuple[StateDescriptor, Any]] = []
         self._ctx = OperatorContext(self)
 
     # ----------------------------------------------------------------------- lifecycle
@@ -164,6 +168,53 @@ class KeyedOperator:
             self.ttl_cells.append(cell)
         self.cells.append((desc.name, cell))
         return self._txn.wrap(cell)
+
+    def keep_handle(self, desc: StateDescriptor, handle: Any) -> Any:
+        self.handles[desc.name] = handle
+        return handle
+
+    def apply_to_keyed_state(self, desc: StateDescriptor, function: Any) -> None:
+        """Call ``function(key, handle)`` for every key holding state ``desc`` once the running
+        call has returned (a broadcast element's: Flink's ``applyToKeyedState``)."""
+        if self.descriptors.get(desc.name) != desc:
+            raise ConfigError(
+                f"apply_to_keyed_state: {type(self.fn).__name__} declares no keyed state "
+                f"{desc!r} in open()"
+            )
+        self.deferred.append((desc, function))
+
+    def _run_deferred(self) -> None:
+        """The apply_to_keyed_state calls of the call that just returned, each key's call
+        atomic and isolated as an element's; the current key is restored after."""
+        backend = self.backend
+        assert backend is not None
+        deferred, self.deferred = self.deferred, []
+        key, group = self.current_key, getattr(backend, "group", None)
+        fn = self.fn
+        backend.end_key()
+        try:
+            for desc, function in deferred:
+                handle = self.handles[desc.name]
+                fn.applying = desc.name  # type: ignore[attr-defined]
+                for at, each in backend.keys_with(desc.name):
+                    if at is not None:
+                        backend.group = at  # type: ignore[attr-defined]
+                    self.current_key = each
+                    backend.begin_key(each)
+                    shown = each[0] if len(each) == 1 else each
+                    self._call(
+                        lambda _arg, _ctx, f=function, k=shown, h=handle: f(k, h),
+                        None,
+                        {"key": shown, "state": desc.name},
+                        None,
+                    )
+                    backend.end_key()
+        finally:
+            fn.applying = None  # type: ignore[attr-defined]
+            if hasattr(backend, "group"):
+                backend.group = group  # type: ignore[attr-defined]
+            self.current_key = key
+            backend.begin_key(key)
 
     # ----------------------------------------------------------------------- timers
 
@@ -306,15 +357,19 @@ class KeyedOperator:
         except (ConfigError, UserFunctionError):
             del main[emitted:]
             txn.rollback()
+            self.deferred.clear()
             raise  # the function's definition is wrong (or a step's error bound tripped)
         except Exception as exc:
             del main[emitted:]
             txn.rollback()
+            self.deferred.clear()
             self._isolate(exc, element, ts)
             return
         txn.active = False
         if txn.touched or txn.timers:
             txn.commit()
+        if self.deferred:
+            self._run_deferred()
 
     def _isolate(self, exc: Exception, element: dict[str, Any] | None, ts: int | None) -> None:
         key = self.current_key[0] if len(self.current_key) == 1 else self.current_key
@@ -554,19 +609,23 @@ class _OperatorRuntimeContext(RuntimeContext):
         self._op = operator
 
     def get_state(self, descriptor: ValueStateDescriptor) -> ValueState:
-        return ValueState(self._op.cell(descriptor))
+        return self._op.keep_handle(descriptor, ValueState(self._op.cell(descriptor)))
 
     def get_list_state(self, descriptor: ListStateDescriptor) -> ListState:
-        return ListState(self._op.cell(descriptor))
+        return self._op.keep_handle(descriptor, ListState(self._op.cell(descriptor)))
 
     def get_map_state(self, descriptor: MapStateDescriptor) -> MapState:
-        return MapState(self._op.cell(descriptor))
+        return self._op.keep_handle(descriptor, MapState(self._op.cell(descriptor)))
 
     def get_reducing_state(self, descriptor: ReducingStateDescriptor) -> ReducingState:
-        return ReducingState(self._op.cell(descriptor), descriptor.reduce_function)
+        return self._op.keep_handle(
+            descriptor, ReducingState(self._op.cell(descriptor), descriptor.reduce_function)
+        )
 
     def get_aggregating_state(self, descriptor: AggregatingStateDescriptor) -> AggregatingState:
-        return AggregatingState(self._op.cell(descriptor), descriptor.aggregate_function)
+        return self._op.keep_handle(
+            descriptor, AggregatingState(self._op.cell(descriptor), descriptor.aggregate_function)
+        )
 
 
 class OperatorContext(Context):
@@ -600,6 +659,9 @@ class OperatorContext(Context):
 
     def time_domain(self) -> TimeDomain:
         return self.operator.timer_domain
+
+    def apply_to_keyed_state(self, descriptor: StateDescriptor, function: Any) -> None:
+        self.operator.apply_to_keyed_state(descriptor, function)
 
 
 class _RefreshOnRead(ValueCell):

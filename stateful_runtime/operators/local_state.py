@@ -200,6 +200,8 @@ class LocalBackend(StateBackend):
         self.turn_rows: list[bytes] = []  # rows written in this key's turn
         self.cells: list[_Cell] = []
         self.group: int | None = None  # set by the driver from the JVM's key group column
+        # The key groups of the task's partition (every group outside Spark: the harness).
+        self.groups: Iterable[int] = range(MAX_PARALLELISM)
         self.prefix = b""
         self.key: tuple = ()
         self.key_bytes = b""
@@ -272,6 +274,18 @@ class LocalBackend(StateBackend):
     def commit(self) -> int:
         """The task's changes as the store's next version (see :meth:`KeyedStore.commit`)."""
         return self.store.commit(self.pending())
+
+    def keys_with(self, name: str) -> list[tuple[int | None, tuple]]:
+        """Every key of the task's key groups (:attr:`groups`) holding state ``name``, in
+        store order, with its group (what the task wrote so far included)."""
+        self.flush()
+        tag = b"s" + name.encode() + b"\x00"
+        out: list[tuple[int | None, tuple]] = []
+        for group in self.groups:
+            start = _PREFIXES[group] + tag
+            for row, _ in self.store.scan(start, start[:-1] + b"\x01"):
+                out.append((group, _loads(row[len(start) :])))
+        return out
 
     # -- timers -----------------------------------------------------------------------------
     def _index_row(self, ts: int) -> bytes:

@@ -398,6 +398,7 @@ def _process_local(
     from pyspark.sql import functions as F
 
     from stateful_runtime.connectors.formats.json import to_struct
+    from stateful_runtime.functions import BroadcastProcess
     from stateful_runtime.operators.arrow_keyed import (
         KEY_GROUP,
         ROUTE,
@@ -416,6 +417,9 @@ def _process_local(
     out_struct = output_struct(to_struct(fn.output_schema))
     df = df.withColumn(TS, F.unix_millis(EVENT_TIME))
     df = df.withColumn(KEY_GROUP, F.pmod(F.hash(*keys), F.lit(MAX_PARALLELISM)))
+    if isinstance(fn, BroadcastProcess):
+        # Every broadcast element to every partition: a copy each, in its first key group.
+        df = _broadcast_copies(df, parallelism)
     routes = F.array(*[F.lit(v) for v in route_values(parallelism)])
     owner = F.floor(F.col(KEY_GROUP) * parallelism / MAX_PARALLELISM).cast("int") + 1
     df = df.withColumn(ROUTE, F.element_at(routes, owner))
@@ -453,6 +457,27 @@ def _process_local(
             LATE_METRICS, F.sum(F.when(F.col(TAG_COLUMN).isin(late), 1).otherwise(0)).alias("late")
         )
     return out
+
+
+def _broadcast_copies(df: DataFrame, parallelism: int) -> DataFrame:
+    """The broadcast input's records (tagged 2) once per state partition, each copy in the
+    partition's first key group (where the task looks for it); the keyed input's as they
+    are."""
+    from pyspark.sql import functions as F
+
+    from stateful_runtime.checkpoints.keyed import key_groups
+    from stateful_runtime.functions import CO_INPUT
+    from stateful_runtime.operators.arrow_keyed import KEY_GROUP
+
+    copy = "srt_broadcast_copy"
+    broadcast = F.col(CO_INPUT) == 2
+    firsts = F.array(*[F.lit(key_groups(p, parallelism).start) for p in range(parallelism)])
+    copies = F.when(broadcast, F.sequence(F.lit(1), F.lit(parallelism))).otherwise(
+        F.array(F.lit(0))
+    )
+    df = df.withColumn(copy, F.explode(copies))
+    group = F.when(broadcast, F.element_at(firsts, F.col(copy))).otherwise(F.col(KEY_GROUP))
+    return df.withColumn(KEY_GROUP, group).drop(copy)
 
 
 def _timer_ticks(

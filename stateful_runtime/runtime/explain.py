@@ -12,7 +12,7 @@ import io
 from typing import TYPE_CHECKING
 
 from stateful_runtime.exceptions import TopicNotFoundError
-from stateful_runtime.functions import CoProcess
+from stateful_runtime.functions import BroadcastProcess, CoProcess
 from stateful_runtime.job import RocksDBMemory
 from stateful_runtime.operators.keyed import describe_states
 from stateful_runtime.operators.window import WindowOperator
@@ -160,7 +160,7 @@ def _node_step(node: PlannedNode, parallelism: int) -> str:
         own = [c for c, src in node.columns if src is not None]
         return (
             f"connect: input {node.input} of the connected streams (its records tagged "
-            f"{node.input}, for process_element{node.input}; columns {', '.join(own)})"
+            f"{node.input}, for {node.call}; columns {', '.join(own)})"
         )
     if isinstance(node, KeyByNode):
         return (
@@ -188,6 +188,16 @@ def _node_step(node: PlannedNode, parallelism: int) -> str:
         )
         or "none"
     )
+    if isinstance(fn, BroadcastProcess):
+        keyed, broadcast = fn.inputs
+        names = ", ".join(fn.descriptors)
+        return (
+            f"broadcast process {node.name}: {type(fn.connected).__name__} in "
+            f"{fn.time_domain.value}: process_element ← input 1 ({keyed.source}); "
+            f"process_broadcast_element ← input 2 ({broadcast.source}, every element to each "
+            f"of the {parallelism} state partitions, before the batch's keyed elements); "
+            f"broadcast state: {names} (keyed state: {states})"
+        )
     if isinstance(fn, CoProcess):
         ins = "; ".join(
             f"process_element{n} ← input {n} ({spec.source})"

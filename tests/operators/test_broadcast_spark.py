@@ -1,0 +1,117 @@
+"""Broadcast state on Spark (``examples/fraud_rules.py``, ``state.backend=rocksdb_local``, two
+state partitions): rules from one topic reach the payers of every partition, a rule appended
+later changes the alerts from the batch it comes in, and the rules come back from the
+checkpoint after a restart; against an oracle computed from the inputs alone."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+
+import pytest
+
+from examples.fraud_rules import FraudRules  # noqa: F401  (the job under test)
+from stateful_runtime.checkpoints import keyed
+from stateful_runtime.checkpoints.layout import QueryLayout
+from stateful_runtime.checkpoints.state_reader import inspect
+from stateful_runtime.connectors.eventlog import EventLog
+from stateful_runtime.exceptions import PlanError
+from stateful_runtime.operators.arrow_keyed import broadcast_row
+from tests.helpers import append_lines
+from tests.operators.helpers import run, table
+
+pytestmark = pytest.mark.slow
+
+T0 = 1_767_225_600_000
+
+
+def payments(seed: int, start: int, n: int) -> list[dict]:
+    rng = random.Random(seed)
+    return [
+        {
+            "txn_id": f"t{start + i}",
+            "payer_id": f"P{rng.randint(0, 9)}",
+            "device_id": f"D{rng.randint(0, 3)}",
+            "amount_paise": rng.choice([1_000_000, 6_000_000, 12_000_000, 25_000_000]),
+            "ts_ms": T0 + (start + i) * 1_000,
+        }
+        for i in range(n)
+    ]
+
+
+def rule(rid: str, min_paise: int, new_only: bool, active: bool = True, ts: int = T0) -> dict:
+    return {
+        "rule_id": rid,
+        "min_paise": min_paise,
+        "new_device_only": new_only,
+        "active": active,
+        "ts_ms": ts,
+    }
+
+
+def alerts(rules: dict[str, dict], batch: list[dict], devices: dict[str, set]) -> set:
+    out = set()
+    for p in batch:
+        seen = devices.setdefault(p["payer_id"], set())
+        new = p["device_id"] not in seen
+        seen.add(p["device_id"])
+        for rid, r in rules.items():
+            if p["amount_paise"] > r["min_paise"] and (new or not r["new_device_only"]):
+                out.add((p["txn_id"], rid, new))
+    return out
+
+
+def test_rules_appended_later_change_the_alerts_and_survive_a_restart(spark, tmp_path):
+    log = tmp_path / "log"
+    for topic in ("upi-device-payments", "fraud-rules"):
+        EventLog(log).create_topic(topic, 1)
+    db = tmp_path / "fraud.duckdb"
+    settings = {"sink.database": db, "source.max_records_per_batch": 10, "parallelism": 2}
+    first_rules = [rule("big-new-device", 5_000_000, True), rule("huge", 20_000_000, False)]
+    later_rules = [
+        rule("huge", 0, False, active=False, ts=T0 + 100_000),  # withdrawn
+        rule("mid", 10_000_000, False, ts=T0 + 100_000),
+    ]
+    before, after = payments(1, 0, 30), payments(2, 30, 30)
+
+    append_lines(log, [json.dumps(r).encode() for r in first_rules], topic="fraud-rules")
+    append_lines(log, [json.dumps(p).encode() for p in before], topic="upi-device-payments")
+    run("fraud_rules.py", tmp_path, **settings)
+    append_lines(log, [json.dumps(r).encode() for r in later_rules], topic="fraud-rules")
+    append_lines(log, [json.dumps(p).encode() for p in after], topic="upi-device-payments")
+    run("fraud_rules.py", tmp_path, **settings)
+
+    devices: dict[str, set] = {}
+    rules = {r["rule_id"]: r for r in first_rules}
+    expected = alerts(rules, before, devices)
+    rules.pop("huge")
+    rules["mid"] = later_rules[1]
+    expected |= alerts(rules, after, devices)
+    got = set(table(db, "SELECT txn_id, rule_id, new_device FROM fraud_alerts"))
+    assert got == expected
+    # Both partitions' payers alerted, by rules of both runs (one of them from the checkpoint).
+    payers = {p["payer_id"] for p in before + after if any(t == p["txn_id"] for t, _, _ in got)}
+    assert len(payers) > 3
+    assert {rid for _, rid, _ in got} == {"big-new-device", "huge", "mid"}
+    late = {t for t, rid, _ in got if rid == "big-new-device" and int(t[1:]) >= 30}
+    assert late  # the second run's payments met the first run's rule: from the checkpoint
+
+    # srt state inspect shows each partition's copy of the rules.
+    checkpoint = tmp_path / "ck" / "fraud_rules.py"
+    shown = inspect(None, checkpoint, state="rules")
+    assert [(r["partition"], r["broadcast"]) for r in shown] == [(0, True), (1, True)]
+    assert all(r["value"] == rules for r in shown)
+    # A rescale (whole key-group ranges to new partitions) gives every new partition a copy.
+    query = checkpoint / "fraud-rules"
+    version = QueryLayout(query).last_committed() + 1
+    keyed.publish(keyed.rescale(query, 2, 3, version, version + 1))
+    for p in range(3):
+        state = keyed.state_at(query / keyed.KEYED_DIR / "fraud-rules" / str(p), version + 1)
+        first = broadcast_row(keyed.key_groups(p, 3).start, "rules")
+        assert pickle.loads(state[first]) == rules
+
+
+def test_broadcast_state_on_sparks_state_store_is_refused_naming_the_setting(spark, tmp_path):
+    with pytest.raises(PlanError, match="--set state.backend=rocksdb_local"):
+        run("fraud_rules.py", tmp_path, **{"state.backend": "spark"})
