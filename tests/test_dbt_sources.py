@@ -7,6 +7,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from dagster_defs import SinkTableSpec, StreamingJobSpec, StreamingJobTranslator
 from stateful_runtime import dbt_sources
 from stateful_runtime.ledger import LEDGER_TABLE
@@ -63,6 +65,20 @@ def test_union_example_sources_are_what_srt_generates(srt_env, tmp_path: Path):
     text = committed.read_text()
     assert "expected_latency_s: 32.0" in text  # checkpoint 2 s + the bank feed's 30 s bound
     assert "key_by field merchant_id of source app-payments, bank-payments" in text
+
+
+@pytest.mark.parametrize("example", ["payment_refunds", "fraud_rules"])
+def test_connected_examples_sources_are_what_srt_generates(srt_env, tmp_path: Path, example):
+    """The sink tables of a co-process and of a broadcast process function, as dbt sources."""
+    from tests.helpers import ROOT
+
+    committed = EXAMPLES / f"dbt_{example}" / "models" / "sources.yml"
+    copy = tmp_path / "sources.yml"
+    shutil.copy(committed, copy)
+    args = ["dbt", "sources", f"examples/{example}.py", "--database", "srt_sink", "-o", str(copy)]
+    again = srt(args, srt_env, cwd=ROOT)
+    assert again.returncode == 0, again.stderr
+    assert "unchanged" in again.stdout
 
 
 def test_render_is_deterministic_and_freshness_is_read_from_the_sink_ledger():
