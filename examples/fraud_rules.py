@@ -71,6 +71,10 @@ class FraudRules(KeyedBroadcastProcessFunction):
         self.devices = ctx.get_map_state(MapStateDescriptor("devices", str, int))
 
     def process_broadcast_element(self, rule, ctx: BroadcastContext):
+        if rule["active"] and (rule["min_paise"] is None or rule["min_paise"] < 0):
+            # Dead-lettered (once, naming the call and the rules topic); the rules stay as
+            # they were.
+            raise ValueError(f"rule {rule['rule_id']!r} has no threshold")
         rules = ctx.get_broadcast_state(RULES)
         if rule["active"]:
             rules.put(rule["rule_id"], rule)

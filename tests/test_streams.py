@@ -210,3 +210,12 @@ def test_broadcast_plans_the_rules_into_the_fingerprint_and_refuses_what_it_cann
     [q] = plan(job).queries
     assert q.state_layout["m"]["kind"] == "broadcast-process"
     assert q.state_layout["m"]["states"] == {"rules": "broadcast map<str, dict>"}
+
+
+def test_explain_names_each_input_the_call_its_records_go_to_and_the_shared_state(tmp_path):
+    from stateful_runtime.runtime.explain import explain
+
+    text = explain(_connected_plan(tmp_path, int))
+    assert "connect: input 2 of the connected streams (its records tagged 2, for " in text
+    assert "co-process m: Match in event_time: process_element1 ← input 1 (a); " in text
+    assert "process_element2 ← input 2 (b+c); shared state and timers by key" in text

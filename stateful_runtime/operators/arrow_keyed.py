@@ -197,7 +197,12 @@ class ArrowKeyedOperator:
                 elements, keyed = self._split_broadcast(list(batches))
                 if elements:
                     backend.group = groups.start
+                    mark = len(op.guard.rejects.rows)
                     op.process(BROADCAST_KEY, elements)
+                    if partition != 0:
+                        # Every partition raised on the same element: the first's task
+                        # dead-letters it, once.
+                        del op.guard.rejects.rows[mark:]
                     self._collect(op)
                     yield from self._flush()
                 batches = iter(keyed)

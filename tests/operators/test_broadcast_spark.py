@@ -18,7 +18,7 @@ from stateful_runtime.checkpoints.state_reader import inspect
 from stateful_runtime.connectors.eventlog import EventLog
 from stateful_runtime.exceptions import PlanError
 from stateful_runtime.operators.arrow_keyed import broadcast_row
-from tests.helpers import append_lines
+from tests.helpers import append_lines, read_topic
 from tests.operators.helpers import run, table
 
 pytestmark = pytest.mark.slow
@@ -72,6 +72,7 @@ def test_rules_appended_later_change_the_alerts_and_survive_a_restart(spark, tmp
     later_rules = [
         rule("huge", 0, False, active=False, ts=T0 + 100_000),  # withdrawn
         rule("mid", 10_000_000, False, ts=T0 + 100_000),
+        rule("broken", -1, False, ts=T0 + 100_000),  # the function raises on it
     ]
     before, after = payments(1, 0, 30), payments(2, 30, 30)
 
@@ -96,6 +97,14 @@ def test_rules_appended_later_change_the_alerts_and_survive_a_restart(spark, tmp
     assert {rid for _, rid, _ in got} == {"big-new-device", "huge", "mid"}
     late = {t for t, rid, _ in got if rid == "big-new-device" and int(t[1:]) >= 30}
     assert late  # the second run's payments met the first run's rule: from the checkpoint
+
+    # The rule the function raised on: dead-lettered once (every partition raised on it),
+    # naming the call and the broadcast input; the rules are as if it never came.
+    [letter] = read_topic(log, "upi-device-payments-dlq")
+    assert json.loads(letter.value) == later_rules[2]
+    assert letter.headers["error"].startswith(
+        "fraud-rules: process_broadcast_element (input 2: rules) raised ValueError: rule 'broken'"
+    )
 
     # srt state inspect shows each partition's copy of the rules.
     checkpoint = tmp_path / "ck" / "fraud_rules.py"
