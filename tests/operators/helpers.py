@@ -7,6 +7,7 @@ import io
 
 import duckdb
 
+from stateful_runtime.ledger import BATCH_ID, LEDGER_TABLE
 from stateful_runtime.runtime.loader import load_job_file
 from stateful_runtime.runtime.runner import JobRunner
 from tests.helpers import EXAMPLES
@@ -32,5 +33,25 @@ def table(db, sql):
     con = duckdb.connect(str(db), read_only=True)
     try:
         return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def crash_before_commit(query, db) -> None:
+    """As if the job died after its tasks wrote the state of its last data batch and before
+    anything committed it (Spark's commit log, the sink's ledger): the batch is replayed, and
+    its tasks must start from the version before it, not from the newer state they find (the
+    local copies are ahead: they are rebuilt from the checkpoint)."""
+    commits = sorted(int(p.name) for p in (query / "commits").iterdir() if p.name.isdigit())
+    last = commits[-1]  # the final batch, without data
+    assert (query / "keyed").is_dir()
+    for name in (str(last), f".{last}.crc"):
+        (query / "offsets" / name).unlink(missing_ok=True)
+    for batch in (last, last - 1):
+        for name in (str(batch), f".{batch}.crc"):
+            (query / "commits" / name).unlink(missing_ok=True)
+    con = duckdb.connect(str(db))
+    try:
+        con.execute(f"DELETE FROM {LEDGER_TABLE} WHERE {BATCH_ID} >= ?", [last - 1])
     finally:
         con.close()

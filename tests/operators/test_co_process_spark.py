@@ -13,7 +13,7 @@ import pytest
 
 from stateful_runtime.connectors.eventlog import EventLog
 from tests.helpers import append_lines, read_topic
-from tests.operators.helpers import run, table
+from tests.operators.helpers import crash_before_commit, run, table
 
 pytestmark = pytest.mark.slow
 
@@ -96,6 +96,8 @@ def test_refunds_matched_with_payments_across_a_restart(spark, tmp_path, state_b
         append_lines(log, all_lines[: len(all_lines) // 2], topic=topic)
     run("payment_refunds.py", tmp_path, **settings)
     first = table(db, "SELECT count(*) FROM refund_matches")[0][0]
+    if state_backend == "rocksdb_local":  # and the worker's store ahead of the commit
+        crash_before_commit(tmp_path / "ck" / "payment_refunds.py" / "match-refunds", db)
     for topic, all_lines in lines.items():
         append_lines(log, all_lines[len(all_lines) // 2 :], topic=topic)
     run("payment_refunds.py", tmp_path, **settings)

@@ -10,13 +10,11 @@ import json
 import random
 from collections import defaultdict
 
-import duckdb
 import pytest
 
 from stateful_runtime.connectors.eventlog import EventLog
-from stateful_runtime.ledger import BATCH_ID, LEDGER_TABLE
 from tests.helpers import append_lines
-from tests.operators.helpers import run, table
+from tests.operators.helpers import crash_before_commit, run, table
 
 pytestmark = pytest.mark.slow
 
@@ -38,26 +36,6 @@ def log(tmp_path):
     # depend on batch boundaries. See NOTES.md, "per-partition watermarks".
     EventLog(tmp_path / "log").create_topic("upi-payments", 1)
     return tmp_path / "log"
-
-
-def _crash_before_commit(query, db) -> None:
-    """As if the job died after its tasks wrote the state of its last data batch and before
-    anything committed it (Spark's commit log, the sink's ledger): the batch is replayed, and
-    its tasks must start from the version before it, not from the newer state they find (the
-    local copies are ahead: they are rebuilt from the checkpoint)."""
-    commits = sorted(int(p.name) for p in (query / "commits").iterdir() if p.name.isdigit())
-    last = commits[-1]  # the final batch, without data
-    assert (query / "keyed").is_dir()
-    for name in (str(last), f".{last}.crc"):
-        (query / "offsets" / name).unlink(missing_ok=True)
-    for batch in (last, last - 1):
-        for name in (str(batch), f".{batch}.crc"):
-            (query / "commits" / name).unlink(missing_ok=True)
-    con = duckdb.connect(str(db))
-    try:
-        con.execute(f"DELETE FROM {LEDGER_TABLE} WHERE {BATCH_ID} >= ?", [last - 1])
-    finally:
-        con.close()
 
 
 # One state backend per test, both through Spark in this file (the harness tests run every
@@ -92,7 +70,7 @@ def test_fraud_counter_resets_per_minute_across_a_restart(spark, tmp_path, log, 
         **{"sink.database": db, "source.max_records_per_batch": 30, "state.backend": state_backend},
     )
     if state_backend == "rocksdb_local":
-        _crash_before_commit(tmp_path / "ck" / "fraud_rate_limit.py" / "fraud-counter", db)
+        crash_before_commit(tmp_path / "ck" / "fraud_rate_limit.py" / "fraud-counter", db)
     append_lines(log, lines[half:])
     run(
         "fraud_rate_limit.py",
