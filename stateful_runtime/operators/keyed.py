@@ -31,11 +31,13 @@ from typing import Any
 
 from stateful_runtime.exceptions import ConfigError, UserFunctionError
 from stateful_runtime.functions import (
+    BROADCAST_KEY,
     Context,
     KeyedProcessFunction,
     OutputTag,
     RuntimeContext,
     TimerService,
+    function_name,
     has_on_timer,
     to_datetime,
     to_ms,
@@ -367,6 +369,13 @@ class KeyedOperator:
             return
         txn.active = False
         if txn.touched or txn.timers:
+            if self.current_key == BROADCAST_KEY:
+                txn.rollback()
+                raise ConfigError(
+                    f"{function_name(self.fn)}.process_broadcast_element wrote keyed state or "
+                    f"a timer; a broadcast element has no key: change every key's state with "
+                    f"ctx.apply_to_keyed_state(descriptor, function)"
+                )
             txn.commit()
         if self.deferred:
             self._run_deferred()

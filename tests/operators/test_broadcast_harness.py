@@ -114,3 +114,14 @@ def test_a_broadcast_state_not_given_to_broadcast_is_refused():
     h = KeyedBroadcastProcessHarness(Other(), Strict.LIMITS, key_by="k", timestamp_field="ts")
     with pytest.raises(ConfigError, match="pass it to broadcast"):
         h.process_element({"k": "a", "ts": 0})
+
+
+def test_keyed_state_written_by_a_broadcast_element_is_refused_naming_the_way():
+    class Keyed(Strict):
+        def process_broadcast_element(self, value, ctx):
+            self.count.update(1)
+            return ()
+
+    h = KeyedBroadcastProcessHarness(Keyed(), Strict.LIMITS, key_by="k", timestamp_field="ts")
+    with pytest.raises(ConfigError, match="ctx.apply_to_keyed_state"):
+        h.process_broadcast_element({"name": "max", "limit": 1, "ts": 0})
