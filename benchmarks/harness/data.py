@@ -1,6 +1,6 @@
 """Seeded event generators and the inputs every system reads.
 
-Two streams, each generated once per (stream, events, seed) and written as JSON lines; every
+Three streams, each generated once per (stream, events, seed) and written as JSON lines; every
 system reads exactly these bytes:
 
 * ``upi`` — UPI payments ``{"txn_id", "merchant_id", "amount_paise", "ts_ms"}``: 1,000
@@ -8,6 +8,9 @@ system reads exactly these bytes:
   jobs' 5 s bound), and 5% exact duplicates of a line from the last 400 (a client retry), so
   the deduplication workload has work to do. Nothing is ever late for a 5 s bound: a duplicate
   is at most 0.4 s + 4 s behind the newest event.
+* ``upi200k`` — the same payments over 200,000 merchants (the seeds' FraudCounter scale: a
+  merchant pays about once every 200 s of event time, so nearly every payment touches a key's
+  state for the first time in its minute).
 * ``bids`` — Nexmark-style bids ``{"auction", "bidder", "price", "channel", "url", "ts_ms"}``:
   10,000 bids per second of event time, up to 2 s early, on a 3 ms grid; a new block of
   auctions opens every 5 s and half the bids go to its 10 hot auctions; 100,000 bidders (a
@@ -32,7 +35,8 @@ START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 CHANNELS = ("Google", "Facebook", "Baidu", "Apple")
 OUT_OF_ORDERNESS_MS = 5_000  # every job's bounded out-of-orderness
 
-STREAM_KEYS = {"upi": "merchant_id", "bids": "bidder"}
+STREAM_KEYS = {"upi": "merchant_id", "upi200k": "merchant_id", "bids": "bidder"}
+FRAUD_MERCHANTS = 200_000
 
 
 def upi_events(
@@ -86,7 +90,11 @@ def bid_events(
         ).encode()
 
 
-GENERATORS = {"upi": upi_events, "bids": bid_events}
+def upi200k_events(n: int, seed: int) -> Iterator[bytes]:
+    return upi_events(n, seed, merchants=FRAUD_MERCHANTS)
+
+
+GENERATORS = {"upi": upi_events, "upi200k": upi200k_events, "bids": bid_events}
 
 
 def part_of(line: bytes, key: str, parts: int) -> int:

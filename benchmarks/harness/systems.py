@@ -190,6 +190,10 @@ class System:
         """None if the system can run here, else why not."""
         return None
 
+    def runs(self, w: Workload) -> bool:
+        """Whether the system has a version of workload ``w``."""
+        return True
+
     def run(
         self,
         w: Workload,
@@ -341,6 +345,9 @@ class FlinkSQL(System):
 
     def available(self):
         return None if venv_python("flink").exists() else "no Flink venv (run.py setup)"
+
+    def runs(self, w):
+        return w.flink
 
     def _run(self, w, inputs, rundir, res, options):
         ck = rundir / "checkpoints"

@@ -123,6 +123,8 @@ def run(
         expected = wl.oracle(parsed[wl.stream], inp.final_watermark_ms)
         for rep in range(1, reps + 1):
             for s in systems:
+                if not SYSTEMS[s].runs(wl):
+                    continue
                 rundir = work / "throughput" / w / s / f"rep{rep}"
                 shutil.rmtree(rundir, ignore_errors=True)
                 rundir.mkdir(parents=True)

@@ -48,7 +48,7 @@ from stateful_runtime.functions import (
     KeyedProcessFunction,
 )
 from stateful_runtime.job import RocksDBMemory
-from stateful_runtime.operators.isolation import StepGuard, origins
+from stateful_runtime.operators.isolation import ORIGIN_OFFSET, ORIGIN_PARTITION, StepGuard
 from stateful_runtime.operators.keyed import KeyedOperator
 from stateful_runtime.operators.keyed_store import (
     MAX_PARALLELISM,
@@ -283,18 +283,17 @@ class ArrowKeyedOperator:
         group_column = arrow.column(KEY_GROUP).to_pylist()
         records = arrow.select(self.fields).to_pylist()
         times = arrow.column(self.time_field).to_pylist()
-        parts, offsets = origins(arrow)
+        where = _Origins(arrow, records)
+        op.origin_of = where if where.parts is not None else None
         single = key_columns[0] if len(key_columns) == 1 else None
         process = op.process
         starts.append(n)
         for j in range(len(starts) - 1):
-            s, e = starts[j], starts[j + 1]
+            s = where.lo = starts[j]
+            e = where.hi = starts[j + 1]
             backend.group = group_column[s]
             key = (single[s],) if single is not None else tuple(c[s] for c in key_columns)
-            if parts is None or offsets is None:
-                process(key, zip(times[s:e], records[s:e], strict=True))
-            else:
-                process(key, _with_origin(op, range(s, e), times, records, parts, offsets))
+            process(key, zip(times[s:e], records[s:e], strict=True))
             if len(op.main) + len(op.side) >= FLUSH_ROWS:
                 self._collect(op)
                 yield from self._flush()
@@ -371,16 +370,23 @@ def _run_starts(arrow: pa.RecordBatch, columns: list[str]) -> list[int]:
     return [0, *(pc.indices_nonzero(change).to_numpy() + 1).tolist()]
 
 
-def _with_origin(
-    op: KeyedOperator,
-    rows: range,
-    times: list[Any],
-    records: list[dict[str, Any]],
-    parts: list[Any],
-    offsets: list[Any],
-) -> Iterator[tuple[int, dict[str, Any]]]:
-    """A key's elements, each handing the operator its source partition and offset as it goes
-    (the dead letter of an element the function raises on names them)."""
-    for r in rows:
-        op.origin = (parts[r], offsets[r])
-        yield times[r], records[r]
+class _Origins:
+    """The source partition and offset of an element of the current key's run (rows
+    ``lo..hi`` of the sorted batch), found by the element's identity when the function raised
+    on it: nothing is done per element (the dead letter names them)."""
+
+    __slots__ = ("hi", "lo", "offsets", "parts", "records")
+
+    def __init__(self, arrow: pa.RecordBatch, records: list[dict[str, Any]]) -> None:
+        names = arrow.schema.names
+        present = ORIGIN_PARTITION in names and ORIGIN_OFFSET in names
+        self.parts = arrow.column(ORIGIN_PARTITION) if present else None
+        self.offsets = arrow.column(ORIGIN_OFFSET) if present else None
+        self.records, self.lo, self.hi = records, 0, 0
+
+    def __call__(self, element: dict[str, Any]) -> tuple[int | None, int | None]:
+        assert self.parts is not None and self.offsets is not None
+        for r in range(self.lo, self.hi):
+            if self.records[r] is element:
+                return self.parts[r].as_py(), self.offsets[r].as_py()
+        return None, None

@@ -25,7 +25,7 @@ must be written back (``update``/``put``) to be kept.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -83,8 +83,10 @@ class KeyedOperator:
             guard if guard is not None else StepGuard(type(fn).__name__, "?", ErrorPolicy(), None)
         )
         # The source partition and offset of the element being processed (the Spark adapter
-        # sets it as it hands each element over; None in the harness).
+        # sets it as it hands each element over; None in the harness), or a lookup of an
+        # element's, asked only when one is isolated (the Arrow path: nothing per element).
         self.origin: tuple[int | None, int | None] = (None, None)
+        self.origin_of: Callable[[dict[str, Any]], tuple[int | None, int | None]] | None = None
         self._txn = _Txn(self)
         self.domain: TimeDomain = fn.time_domain
         self.side_tags = {t.name for t in fn.side_outputs}
@@ -383,7 +385,7 @@ class KeyedOperator:
     def _isolate(self, exc: Exception, element: dict[str, Any] | None, ts: int | None) -> None:
         key = self.current_key[0] if len(self.current_key) == 1 else self.current_key
         if element is not None:
-            partition, offset = self.origin
+            partition, offset = self.origin if self.origin_of is None else self.origin_of(element)
             what = getattr(self.fn, "element_call", "process_element")
             record: object = element
         else:

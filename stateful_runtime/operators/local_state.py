@@ -95,7 +95,8 @@ class _Cell:
             self.turn = b.turn
         b.values[self.row] = stored
         b.dirty[self.row] = self.is_map
-        b.turn_rows.append(self.row)
+        if type(stored) not in _IMMUTABLE:  # end_key keeps these as they are
+            b.turn_rows.append(self.row)
 
     def _live(self, stored: Any) -> Any:
         if stored is None or self.ttl is None:

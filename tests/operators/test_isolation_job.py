@@ -98,6 +98,19 @@ class Workspace:
         letters = self.dead_letters()
         expected = {p["txn_id"]: fails_in(p) for p in self.records if fails_in(p)}
         assert {t: step for t, (step, _) in letters.items()} == expected
+        # each names the partition and offset its record has in the source topic
+        where = {
+            json.loads(r.value)["txn_id"]: (str(r.partition), str(r.offset))
+            for r in self.topic("payments")
+        }
+        named = {
+            json.loads(r.value)["txn_id"]: (
+                r.headers["source.partition"],
+                r.headers["source.offset"],
+            )
+            for r in self.topic("payments-dlq")
+        }
+        assert named == {t: where[t] for t in expected}
         for step, error in letters.values():
             if step == "double":
                 assert error.startswith("double: the map function raised ValueError: unlucky")
@@ -106,10 +119,11 @@ class Workspace:
                 assert "the key's state is as before it" in error
 
 
+@pytest.mark.parametrize("backend", ["spark", "rocksdb_local"])
 def test_failed_records_are_dead_lettered_the_rest_commits_and_the_identity_holds(
-    tmp_path, srt_env
+    tmp_path, srt_env, backend
 ):
-    ws = Workspace(tmp_path, payments(1))
+    ws = Workspace(tmp_path, payments(1), "--set", f"state.backend={backend}")
     result = srt(ws.run_args("--available-now"), srt_env)
     assert result.returncode == 0, result.stderr[-3000:]
     ws.check_outputs()
