@@ -205,7 +205,7 @@ class LocalBackend(StateBackend):
         self.groups: Iterable[int] = range(MAX_PARALLELISM)
         self.prefix = b""
         self.key: tuple = ()
-        self.key_bytes = b""
+        self.key_bytes = _dumps((), _PICKLE)
         self.turn = 0
         self._timer_cell = _LocalValue(self, _TIMER_SET, None)
         self._timer_set: set[int] | None = None
@@ -227,9 +227,10 @@ class LocalBackend(StateBackend):
 
     # -- a key's turn -----------------------------------------------------------------------
     def begin_key(self, key: tuple) -> None:
-        self.key = key
-        self.key_bytes = kb = _dumps(key, _PICKLE)
-        group = self.group if self.group is not None else harness_group(kb)
+        if key is not self.key:  # a due timer's take and fire hand over the same tuple
+            self.key = key
+            self.key_bytes = _dumps(key, _PICKLE)
+        group = self.group if self.group is not None else harness_group(self.key_bytes)
         self.prefix = _PREFIXES[group]
         self.turn += 1
 

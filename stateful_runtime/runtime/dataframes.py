@@ -439,11 +439,13 @@ def _process_local(
     out = shuffled.mapInArrow(operator, out_struct)
     # The condition reads every column, so the optimizer cannot prune the branch's input:
     # both branches then share one shuffle (ReusedExchange), and the source is read once.
+    # Deduplicating by the route (the shuffle's own key and partition count) needs no exchange
+    # of its own: the branch runs in the operator's stage, not in a stage between.
     task = F.spark_partition_id()  # non-deterministic: the optimizer moves none of it
     never = (task < 0) & (F.hash(task, *shuffled.columns) == 1)
     ticks = (
         shuffled.filter(never)
-        .dropDuplicatesWithinWatermark([KEY_GROUP])
+        .dropDuplicatesWithinWatermark([ROUTE])
         .select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in out_struct.fields])
     )
     out = out.unionByName(ticks)
