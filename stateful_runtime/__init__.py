@@ -23,6 +23,9 @@ _EXPORTS = {
     "KeyedCoProcessFunction": "functions",
     "KeyedBroadcastProcessFunction": "functions",
     "OutputTag": "functions",
+    "ProcessJoinFunction": "joins",
+    "TemporalJoinFunction": "joins",
+    "JoinContext": "joins",
     "ProcessWindowFunction": "functions",
     "TimeWindow": "functions",
     "RuntimeContext": "functions",
@@ -94,6 +97,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         TimeWindow,
     )
     from stateful_runtime.job import CheckpointConfig, StreamJob
+    from stateful_runtime.joins import JoinContext, ProcessJoinFunction, TemporalJoinFunction
     from stateful_runtime.state import (
         AggregateFunction,
         AggregatingStateDescriptor,

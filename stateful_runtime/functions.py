@@ -511,8 +511,24 @@ class BroadcastProcess(CoProcess):
 
 
 def function_name(fn: object) -> str:
-    """The user's function's class name (a co-process function's, not its adapter's)."""
-    return type(fn.connected if isinstance(fn, CoProcess) else fn).__name__
+    """The user's function's class name (a co-process function's, not its adapter's; a
+    join's function, not the join's)."""
+    inner = fn.connected if isinstance(fn, CoProcess) else fn
+    return type(getattr(inner, "join_function", inner)).__name__
+
+
+# Side-output tag of the marker row a dropped late record leaves (counted as late by the job's
+# accounting, never written).
+LATE_MARK = "_srt_late"
+
+
+def drop_late(ctx: Context, tag: OutputTag | None, record: Mapping[str, Any]) -> None:
+    """A late record of a runtime operator (a window's, a join's): to its late side output
+    ``tag``, or dropped and counted. ``ctx`` is the engine's context."""
+    if tag is not None:
+        ctx.output(tag, record)
+    else:
+        ctx.operator.side.append((LATE_MARK, {}))  # type: ignore[attr-defined]
 
 
 def has_on_timer(fn: KeyedProcessFunction) -> bool:

@@ -48,6 +48,7 @@ from stateful_runtime.connectors.dead_letters import DeadLetters, StepDeadLetter
 from stateful_runtime.exceptions import PlanError
 from stateful_runtime.functions import BroadcastProcess, CoProcess, OutputTag, function_name
 from stateful_runtime.job import ErrorPolicy, RocksDBMemory
+from stateful_runtime.joins import JoinOperator
 from stateful_runtime.operators.keyed import describe_states
 from stateful_runtime.operators.window import WindowOperator
 from stateful_runtime.streams import (
@@ -317,6 +318,8 @@ def state_layout(node: NativeWindowNode | ProcessNode) -> dict:
         if isinstance(fn, WindowOperator)
         else "broadcast-process"
         if isinstance(fn, BroadcastProcess)
+        else fn.connected.kind.replace(" ", "-")
+        if isinstance(fn, CoProcess) and isinstance(fn.connected, JoinOperator)
         else "co-process"
         if isinstance(fn, CoProcess)
         else "process"
@@ -394,6 +397,14 @@ def _path(nodes: tuple[PlannedNode, ...]) -> tuple[QueryPath, str]:
                     "stream as one, each broadcast element copied to every state partition "
                     "and processed there before the batch's keyed elements; broadcast state "
                     "in every key group of the worker's RocksDB (state.backend=rocksdb_local)"
+                )
+            if isinstance(node.function, CoProcess) and isinstance(
+                node.function.connected, JoinOperator
+            ):
+                return QueryPath.PROCESS, (
+                    f"{node.function.connected.kind} on connected streams: the two inputs as "
+                    "one (tagged, keyed), each side buffered in keyed map state by event time "
+                    "and cleaned by event-time timers as the watermark passes"
                 )
             if isinstance(node.function, CoProcess):
                 return QueryPath.PROCESS, (

@@ -30,6 +30,12 @@ from stateful_runtime.functions import (
     ProcessWindowFunction,
     function_name,
 )
+from stateful_runtime.joins import (
+    IntervalJoinOperator,
+    ProcessJoinFunction,
+    TemporalJoinFunction,
+    TemporalJoinOperator,
+)
 from stateful_runtime.names import check_name
 from stateful_runtime.state import AggregateFunction, MapStateDescriptor
 from stateful_runtime.watermarks import WatermarkStrategy
@@ -368,6 +374,19 @@ class KeyedStream:
             return BroadcastConnectedStream(self.job, self.node, other)
         return ConnectedStreams(self.job, self.node, other.node)
 
+    def interval_join(self, other: KeyedStream) -> IntervalJoin:
+        """Flink's interval join of this keyed stream (left) with ``other`` (right), in event
+        time: finish with ``.between(lower, upper).process(ProcessJoinFunction, name=...)``.
+        The two are connected streams (see :meth:`connect` for what they may be)."""
+        return IntervalJoin(self.job, self.node, _keyed(other, self.job, "interval_join"))
+
+    def temporal_join(self, versions: KeyedStream) -> TemporalJoin:
+        """An event-time temporal join: each record of this keyed stream with the record of
+        ``versions`` (a changelog of upserts, keyed alike) valid at its event time; finish with
+        ``.process(TemporalJoinFunction, name=...)``. The two are connected streams (see
+        :meth:`connect`)."""
+        return TemporalJoin(self.job, self.node, _keyed(versions, self.job, "temporal_join"))
+
     def window(self, assigner: WindowAssigner) -> WindowedStream:
         if not isinstance(assigner, WindowAssigner):
             raise ConfigError(f"window takes a WindowAssigner, got {type(assigner).__name__}")
@@ -393,6 +412,96 @@ class ConnectedStreams:
         adapter = CoProcess(function, specs)
         keyed = KeyByNode(UnionNode(inputs), self.first.keys)
         return DataStream(self.job, ProcessNode(keyed, adapter, check_name("operator", name)))
+
+
+def _keyed(other: object, job: StreamJob, method: str) -> KeyByNode:
+    if not isinstance(other, KeyedStream):
+        raise ConfigError(
+            f"{method} takes a KeyedStream (a stream after key_by), got {type(other).__name__}"
+        )
+    if other.job is not job:
+        raise ConfigError(f"{method} takes streams of the same StreamJob")
+    return other.node
+
+
+@dataclass(frozen=True)
+class IntervalJoin:
+    """``left.interval_join(right)``: say the interval with :meth:`between`."""
+
+    job: StreamJob = field(repr=False)
+    left: KeyByNode
+    right: KeyByNode
+
+    def between(self, lower: timedelta, upper: timedelta) -> IntervalJoined:
+        """Join each left record ``l`` with each right record ``r`` of its key where
+        ``l.ts + lower <= r.ts <= l.ts + upper`` (both bounds included; negative bounds reach
+        back in time)."""
+        for bound in (lower, upper):
+            if not isinstance(bound, timedelta):
+                raise ConfigError(f"between takes two timedeltas, got {bound!r}")
+        if lower > upper:
+            raise ConfigError(
+                f"between: the lower bound ({lower}) is after the upper bound ({upper})"
+            )
+        return IntervalJoined(self.job, self.left, self.right, lower, upper)
+
+
+@dataclass(frozen=True)
+class IntervalJoined:
+    """An interval join with its bounds, finished with :meth:`process`."""
+
+    job: StreamJob = field(repr=False)
+    left: KeyByNode
+    right: KeyByNode
+    lower: timedelta
+    upper: timedelta
+    left_late: OutputTag | None = None
+    right_late: OutputTag | None = None
+
+    def side_output_left_late_data(self, tag: OutputTag) -> IntervalJoined:
+        """Send left records late on arrival to side output ``tag`` (else dropped, counted)."""
+        return replace(self, left_late=_tag(tag))
+
+    def side_output_right_late_data(self, tag: OutputTag) -> IntervalJoined:
+        """Send right records late on arrival to side output ``tag`` (else dropped, counted)."""
+        return replace(self, right_late=_tag(tag))
+
+    def process(self, function: ProcessJoinFunction, *, name: str) -> DataStream:
+        """Call ``function.process_element(left, right, ctx)`` for every matching pair (see
+        :mod:`stateful_runtime.joins`); ``name`` names the operator and its state."""
+        _check_function(function, ProcessJoinFunction, "interval_join(...).between(...).process")
+        join = IntervalJoinOperator(
+            function, self.lower, self.upper, self.left_late, self.right_late
+        )
+        return ConnectedStreams(self.job, self.left, self.right).process(join, name=name)
+
+
+@dataclass(frozen=True)
+class TemporalJoin:
+    """``stream.temporal_join(versions)``, finished with :meth:`process`."""
+
+    job: StreamJob = field(repr=False)
+    left: KeyByNode
+    versions: KeyByNode
+    late: OutputTag | None = None
+
+    def side_output_late_data(self, tag: OutputTag) -> TemporalJoin:
+        """Send records of the first input late on arrival to side output ``tag`` (else
+        dropped, counted). A late version is dropped and counted."""
+        return replace(self, late=_tag(tag))
+
+    def process(self, function: TemporalJoinFunction, *, name: str) -> DataStream:
+        """Call ``function.process_element(value, version, ctx)`` for every record of the
+        first input once the watermark passes it (see :mod:`stateful_runtime.joins`)."""
+        _check_function(function, TemporalJoinFunction, "temporal_join(...).process")
+        join = TemporalJoinOperator(function, self.late)
+        return ConnectedStreams(self.job, self.left, self.versions).process(join, name=name)
+
+
+def _tag(tag: object) -> OutputTag:
+    if not isinstance(tag, OutputTag):
+        raise ConfigError(f"a late side output takes an OutputTag, got {tag!r}")
+    return tag
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,14 @@ from __future__ import annotations
 import copy
 import tempfile
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from stateful_runtime.functions import (
     BROADCAST_KEY,
     CO_INPUT,
+    LATE_MARK,
     BroadcastProcess,
     CoInput,
     CoProcess,
@@ -38,6 +39,13 @@ from stateful_runtime.functions import (
     to_ms,
 )
 from stateful_runtime.job import ErrorPolicy
+from stateful_runtime.joins import (
+    IntervalJoinOperator,
+    JoinOperator,
+    ProcessJoinFunction,
+    TemporalJoinFunction,
+    TemporalJoinOperator,
+)
 from stateful_runtime.operators.backend import MemoryBackend
 from stateful_runtime.operators.isolation import StepGuard
 from stateful_runtime.operators.keyed import KeyedOperator, _RefreshOnRead
@@ -185,6 +193,11 @@ class KeyedProcessHarness:
     def side_output(self, tag: OutputTag | str) -> list[dict[str, Any]]:
         return list(self.side.get(tag if isinstance(tag, str) else tag.name, []))
 
+    @property
+    def late_dropped(self) -> int:
+        """How many late records a window or join dropped (what the job counts as late)."""
+        return len(self.side.get(LATE_MARK, []))
+
     def state(self, key: Any, name: str) -> Any:
         """The live value of state ``name`` for ``key`` (None if unset or expired)."""
         key_t = key if isinstance(key, tuple) else (key,)
@@ -256,6 +269,8 @@ class KeyedCoProcessHarness(KeyedProcessHarness):
     ) -> None:
         if not isinstance(fn, KeyedCoProcessFunction):
             raise TypeError(f"KeyedCoProcessHarness takes a KeyedCoProcessFunction, got {fn!r}")
+        if isinstance(fn, JoinOperator) and name is None:
+            name = type(fn.join_function).__name__
         inputs = (CoInput("", None), CoInput("", None))
         super().__init__(
             CoProcess(fn, inputs),
@@ -352,6 +367,48 @@ class KeyedBroadcastProcessHarness(KeyedProcessHarness):
         return dict(fn.broadcast[name])
 
 
+def interval_join_harness(
+    fn: ProcessJoinFunction,
+    lower: timedelta,
+    upper: timedelta,
+    key_by: str | Sequence[str],
+    timestamp_field: str | None = None,
+    *,
+    key_by2: str | Sequence[str] | None = None,
+    left_late: OutputTag | None = None,
+    right_late: OutputTag | None = None,
+    backend: str | None = None,
+    errors: ErrorPolicy | None = None,
+) -> KeyedCoProcessHarness:
+    """A harness around an interval join (what ``left.interval_join(right).between(lower,
+    upper).process(fn)`` runs): left records with ``process_element1``, right ones with
+    ``process_element2``; ``state(key, "left_buffer")`` / ``"right_buffer"`` show the
+    buffers, :attr:`~KeyedProcessHarness.late_dropped` the late records dropped."""
+    join = IntervalJoinOperator(fn, lower, upper, left_late, right_late)
+    return KeyedCoProcessHarness(
+        join, key_by, timestamp_field, key_by2=key_by2, backend=backend, errors=errors
+    )
+
+
+def temporal_join_harness(
+    fn: TemporalJoinFunction,
+    key_by: str | Sequence[str],
+    timestamp_field: str | None = None,
+    *,
+    key_by2: str | Sequence[str] | None = None,
+    late: OutputTag | None = None,
+    backend: str | None = None,
+    errors: ErrorPolicy | None = None,
+) -> KeyedCoProcessHarness:
+    """A harness around a temporal join (what ``stream.temporal_join(versions).process(fn)``
+    runs): the stream's records with ``process_element1``, versions with
+    ``process_element2``; ``state(key, "pending")`` / ``"versions"`` show its state."""
+    join = TemporalJoinOperator(fn, late)
+    return KeyedCoProcessHarness(
+        join, key_by, timestamp_field, key_by2=key_by2, backend=backend, errors=errors
+    )
+
+
 def window_harness(
     assigner: Any,
     key_by: str | Sequence[str],
@@ -366,8 +423,6 @@ def window_harness(
 ) -> KeyedProcessHarness:
     """A harness around the window operator: ``contents`` is what ``aggregate``/``process``
     take (``{column: Aggregate}``, an AggregateFunction or a ProcessWindowFunction)."""
-    from datetime import timedelta
-
     from pyspark.sql.types import StructType
 
     from stateful_runtime.operators.window import WindowOperator

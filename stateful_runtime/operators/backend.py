@@ -123,7 +123,10 @@ class _MemoryMap(MapCell):
         self._map(create=True)[key] = (value, expires)
 
     def remove_entry(self, key: Any) -> None:
-        self._map().pop(key, None)
+        entries = self._map()
+        entries.pop(key, None)
+        if not entries:  # an empty map holds no row (as in the stores)
+            self.b.data.pop((self.name, self.b.key), None)
 
     def entries(self) -> Iterator[tuple[Any, Any]]:
         for k, stored in list(self._map().items()):

@@ -30,6 +30,7 @@ from pyspark.sql.types import StructType
 from stateful_runtime.aggregates import Aggregate
 from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.functions import (
+    LATE_MARK,
     KeyedProcessFunction,
     OutputTag,
     ProcessWindowFunction,
@@ -62,10 +63,6 @@ def _naive_utc(ms: int) -> datetime | None:
     if ms <= GLOBAL_START or ms >= 2**62:
         return None
     return to_datetime(ms).astimezone(UTC).replace(tzinfo=None)
-
-
-# Side-output tag of the marker row a dropped late record leaves (counted, never written).
-LATE_MARK = "_srt_late"
 
 
 class WindowOperator(KeyedProcessFunction):

@@ -15,18 +15,20 @@ import json
 from collections.abc import Collection, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from stateful_runtime.connectors.alignment import LATE_BEFORE
 from stateful_runtime.connectors.base import ERROR, OFFSET, PARTITION, RAW
 from stateful_runtime.exceptions import ConfigError, PlanError
+from stateful_runtime.functions import LATE_MARK
+from stateful_runtime.joins import JoinOperator
 from stateful_runtime.operators.isolation import (
     ORIGIN_COLUMNS,
     ORIGIN_OFFSET,
     ORIGIN_PARTITION,
     StepGuard,
 )
-from stateful_runtime.operators.window import LATE_MARK, WindowOperator
+from stateful_runtime.operators.window import WindowOperator
 from stateful_runtime.planner import (
     NativeAssigner,
     NativeWindowNode,
@@ -351,12 +353,7 @@ def _process(df: DataFrame, node: ProcessNode, query: QueryPlan) -> DataFrame:
         output_struct(main),
         mode,
     )
-    if isinstance(fn, WindowOperator):  # late records: to the late side output, or dropped
-        late = [t.name for t in fn.side_outputs] + [LATE_MARK]
-        out = out.observe(
-            LATE_METRICS, F.sum(F.when(F.col(TAG).isin(late), 1).otherwise(0)).alias("late")
-        )
-    return out
+    return _observe_late(out, fn, TAG)
 
 
 def _refuse_other_backend(checkpoint: str | None, node: ProcessNode, backend: str) -> None:
@@ -453,12 +450,24 @@ def _process_local(
         out = out.unionByName(
             _timer_ticks(df.sparkSession, checkpoint, node.name, parallelism, out)
         )
+    return _observe_late(out, fn, TAG_COLUMN)
+
+
+def _observe_late(out: DataFrame, fn: Any, tag_column: str) -> DataFrame:
+    """A window's or join's late records (to a late side output, or dropped: a marker row)
+    counted as the batch's late records."""
+    from pyspark.sql import functions as F
+
     if isinstance(fn, WindowOperator):
-        late = [t.name for t in fn.side_outputs] + [LATE_MARK]
-        out = out.observe(
-            LATE_METRICS, F.sum(F.when(F.col(TAG_COLUMN).isin(late), 1).otherwise(0)).alias("late")
-        )
-    return out
+        tags = list(fn.side_outputs)
+    elif isinstance(getattr(fn, "connected", None), JoinOperator):
+        tags = list(fn.connected.late_tags)
+    else:
+        return out
+    late = [t.name for t in tags] + [LATE_MARK]
+    return out.observe(
+        LATE_METRICS, F.sum(F.when(F.col(tag_column).isin(late), 1).otherwise(0)).alias("late")
+    )
 
 
 def _broadcast_copies(df: DataFrame, parallelism: int) -> DataFrame:

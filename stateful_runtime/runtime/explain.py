@@ -12,8 +12,9 @@ import io
 from typing import TYPE_CHECKING
 
 from stateful_runtime.exceptions import TopicNotFoundError
-from stateful_runtime.functions import BroadcastProcess, CoProcess
+from stateful_runtime.functions import BroadcastProcess, CoProcess, function_name
 from stateful_runtime.job import RocksDBMemory
+from stateful_runtime.joins import JoinOperator
 from stateful_runtime.operators.keyed import describe_states
 from stateful_runtime.operators.window import WindowOperator
 from stateful_runtime.planner import (
@@ -197,6 +198,19 @@ def _node_step(node: PlannedNode, parallelism: int) -> str:
             f"process_broadcast_element ← input 2 ({broadcast.source}, every element to each "
             f"of the {parallelism} state partitions, before the batch's keyed elements); "
             f"broadcast state: {names} (keyed state: {states})"
+        )
+    if isinstance(fn, CoProcess) and isinstance(fn.connected, JoinOperator):
+        join = fn.connected
+        ins = "; ".join(
+            f"{role} ← input {n} ({spec.source})"
+            for n, (role, spec) in enumerate(zip(join.calls, fn.inputs, strict=True), start=1)
+        )
+        late = ", ".join(t.name for t in join.late_tags)
+        return (
+            f"{join.kind} {node.name}: {function_name(fn)} in event time: {ins}; "
+            f"{join.describe()}; late records "
+            + (f"→ side output {late}" if late else "dropped, counted as late")
+            + f" (state: {states})"
         )
     if isinstance(fn, CoProcess):
         ins = "; ".join(

@@ -1,0 +1,307 @@
+"""Joins of two keyed streams, in event time: Flink's interval join and an event-time
+temporal join against a versioned table built from a changelog stream of upserts.
+
+Both run on connected streams (``KeyedStream.connect``): each join is a
+:class:`~stateful_runtime.functions.KeyedCoProcessFunction` the runtime writes
+(:class:`IntervalJoinOperator`, :class:`TemporalJoinOperator`) around the user's join function,
+so state, timers, isolation, checkpoints, savepoints, both state backends, the fingerprint and
+the test harness are connect's. Each side is buffered in a keyed map state by event time and
+cleaned by event-time timers as the watermark (the minimum of both inputs') passes, so the state
+stays bounded on an endless stream. A record behind the watermark when it arrives is late: it
+goes to the join's late side output if one is set, else it is dropped and counted as late in
+the job's accounting (as a window's).
+
+* **Interval join** (``left.interval_join(right).between(lower, upper)``): each left record
+  ``l`` meets each right record ``r`` of its key with
+  ``l.ts + lower <= r.ts <= l.ts + upper``, whichever arrives first, once:
+  ``ProcessJoinFunction.process_element(left, right, ctx)`` is called for every such pair as
+  the second of the two arrives. A left record is kept until the watermark passes
+  ``l.ts + upper``, a right one until it passes ``r.ts - lower``.
+* **Temporal join** (``stream.temporal_join(versions)``): the second input is a changelog of
+  upserts (each record the new version of its key's row, valid from its event time); each
+  record of the first input is held until the watermark passes its time, then
+  ``TemporalJoinFunction.process_element(value, version, ctx)`` gets the version valid at that
+  time (the one with the greatest event time not after it; None if there is none). The output
+  depends on the inputs only, never on which topic was read first, so a replay gives the same.
+  A key keeps its newest version that no future record can be older than, and every newer one.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterator, Mapping
+from datetime import datetime, timedelta
+from typing import Any, ClassVar
+
+from pyspark.sql.types import StructType
+
+from stateful_runtime.exceptions import ConfigError
+from stateful_runtime.functions import (
+    Context,
+    KeyedCoProcessFunction,
+    OutputTag,
+    RuntimeContext,
+    drop_late,
+    to_datetime,
+    to_ms,
+)
+from stateful_runtime.state import MapStateDescriptor
+
+# The states of the joins (one map per input, by event time in ms): what srt explain and
+# srt state inspect name.
+LEFT_BUFFER = "left_buffer"
+RIGHT_BUFFER = "right_buffer"
+PENDING = "pending"
+VERSIONS = "versions"
+_MS = timedelta(milliseconds=1)
+
+
+class JoinContext:
+    """Given to a join function's ``process_element``: the times of what is joined, the
+    key, the watermark and side outputs."""
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+        self.left_ms = 0
+        self.right_ms: int | None = 0
+
+    def left_timestamp(self) -> datetime:
+        """Event time of the left (first input's) record."""
+        return to_datetime(self.left_ms)
+
+    def right_timestamp(self) -> datetime | None:
+        """Event time of the right record (of a temporal join: of the version; None without
+        one)."""
+        return None if self.right_ms is None else to_datetime(self.right_ms)
+
+    def timestamp(self) -> datetime:
+        """An interval join's output time: the later of the two (Flink's); a temporal
+        join's: the left record's."""
+        if self.right_ms is None:
+            return to_datetime(self.left_ms)
+        return to_datetime(max(self.left_ms, self.right_ms))
+
+    def get_current_key(self) -> Any:
+        return self._ctx.get_current_key()
+
+    def current_watermark(self) -> datetime:
+        return self._ctx.current_watermark()
+
+    def output(self, tag: OutputTag, record: Mapping[str, Any]) -> None:
+        """Send ``record`` to side output ``tag`` (one of the function's ``side_outputs``)."""
+        self._ctx.output(tag, record)
+
+
+class ProcessJoinFunction:
+    """Flink's ProcessJoinFunction: ``process_element(left, right, ctx)`` is called for every
+    pair an interval join matches and yields output records (dicts of ``output_schema``);
+    ``ctx`` is a :class:`JoinContext`. ``open()`` / ``close()`` run once per task (clients,
+    not state: the join keeps the state)."""
+
+    output_schema: ClassVar[Mapping[str, Any] | StructType] = {}
+    side_outputs: ClassVar[tuple[OutputTag, ...]] = ()
+
+    def open(self) -> None:
+        """Called once per task before any element."""
+
+    def process_element(
+        self, left: dict[str, Any], right: dict[str, Any], ctx: JoinContext
+    ) -> Iterator[dict[str, Any]]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Called when the task ends."""
+
+
+class TemporalJoinFunction:
+    """A temporal join's function: ``process_element(value, version, ctx)`` is called once
+    for every record of the first input, when the watermark has passed its time, with
+    ``version`` the second input's record (of the same key) valid at that time, or None when
+    there was none yet (yield nothing for an inner join). ``ctx`` is a :class:`JoinContext`
+    (``right_timestamp()``: the version's time)."""
+
+    output_schema: ClassVar[Mapping[str, Any] | StructType] = {}
+    side_outputs: ClassVar[tuple[OutputTag, ...]] = ()
+
+    def open(self) -> None:
+        """Called once per task before any element."""
+
+    def process_element(
+        self, value: dict[str, Any], version: dict[str, Any] | None, ctx: JoinContext
+    ) -> Iterator[dict[str, Any]]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Called when the task ends."""
+
+
+class JoinOperator(KeyedCoProcessFunction):
+    """A join as the co-process function the runtime runs: the user's function
+    (:attr:`join_function`), its side outputs and the join's late side outputs."""
+
+    kind: ClassVar[str] = "join"
+    calls: ClassVar[tuple[str, str]] = ("left", "right")
+
+    def __init__(
+        self, fn: ProcessJoinFunction | TemporalJoinFunction, late: tuple[OutputTag | None, ...]
+    ) -> None:
+        self.join_function = fn
+        self.late_tags = tuple(t for t in late if t is not None)
+        self.output_schema = fn.output_schema  # type: ignore[misc]
+        declared = tuple(fn.side_outputs)
+        clash = [t.name for t in self.late_tags if t in declared]
+        if clash:
+            raise ConfigError(
+                f"{type(fn).__name__}: side output(s) {clash} are both the function's and the "
+                f"join's late side output; give the late data a tag of its own"
+            )
+        self.side_outputs = declared + tuple(dict.fromkeys(self.late_tags))  # type: ignore[misc]
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.join_function.close()
+
+
+def _ts(ctx: Context) -> int:
+    return to_ms(ctx.timestamp())
+
+
+def _late(ctx: Context) -> bool:
+    return _ts(ctx) < to_ms(ctx.current_watermark())
+
+
+class IntervalJoinOperator(JoinOperator):
+    """``left.ts + lower <= right.ts <= left.ts + upper`` (bounds in ms)."""
+
+    kind = "interval join"
+
+    def __init__(
+        self,
+        fn: ProcessJoinFunction,
+        lower: timedelta,
+        upper: timedelta,
+        left_late: OutputTag | None = None,
+        right_late: OutputTag | None = None,
+    ) -> None:
+        super().__init__(fn, (left_late, right_late))
+        self.lower, self.upper = lower // _MS, upper // _MS
+        self.left_late, self.right_late = left_late, right_late
+
+    def describe(self) -> str:
+        lower, upper = timedelta(milliseconds=self.lower), timedelta(milliseconds=self.upper)
+        return (
+            f"left.ts + ({lower}) <= right.ts <= left.ts + ({upper}); each side buffered by "
+            f"event time ({LEFT_BUFFER}, {RIGHT_BUFFER}) until the watermark passes its "
+            f"interval"
+        )
+
+    def open(self, ctx: RuntimeContext) -> None:
+        self.left = ctx.get_map_state(MapStateDescriptor(LEFT_BUFFER, int, list))
+        self.right = ctx.get_map_state(MapStateDescriptor(RIGHT_BUFFER, int, list))
+        self.join_function.open()
+
+    def process_element1(self, value: dict[str, Any], ctx: Context) -> Iterator[dict[str, Any]]:
+        return iter(self._arrive(value, ctx, left=True))
+
+    def process_element2(self, value: dict[str, Any], ctx: Context) -> Iterator[dict[str, Any]]:
+        return iter(self._arrive(value, ctx, left=False))
+
+    def _arrive(self, value: dict[str, Any], ctx: Context, *, left: bool) -> list[dict[str, Any]]:
+        if _late(ctx):
+            drop_late(ctx, self.left_late if left else self.right_late, value)
+            return []
+        ts = _ts(ctx)
+        own, other = (self.left, self.right) if left else (self.right, self.left)
+        own.put(ts, [*(own.get(ts) or []), value])
+        # Kept while a record of the other side that is not late (at or after the
+        # watermark) can still match it.
+        last = ts + self.upper if left else ts - self.lower
+        ctx.timer_service().register_event_time_timer(to_datetime(last + 1))
+        lo, hi = (ts + self.lower, ts + self.upper) if left else (ts - self.upper, ts - self.lower)
+        out: list[dict[str, Any]] = []
+        join = JoinContext(ctx)
+        fn = self.join_function
+        for at, records in sorted(other.items()):
+            if lo <= at <= hi:
+                for record in records:
+                    if left:
+                        join.left_ms, join.right_ms = ts, at
+                        out.extend(fn.process_element(value, record, join) or ())
+                    else:
+                        join.left_ms, join.right_ms = at, ts
+                        out.extend(fn.process_element(record, value, join) or ())
+        return out
+
+    def on_timer(self, timestamp: datetime, ctx: Context) -> Iterator[dict[str, Any]]:
+        # One timer per (key, time): it is the end of the left records at t - upper - 1 and
+        # of the right ones at t + lower - 1.
+        t = to_ms(timestamp)
+        self.left.remove(t - self.upper - 1)
+        self.right.remove(t + self.lower - 1)
+        return iter(())
+
+
+class TemporalJoinOperator(JoinOperator):
+    """The first input's records held (:data:`PENDING`) until the watermark passes them, then
+    joined with the second input's version (:data:`VERSIONS`) valid at their time."""
+
+    kind = "temporal join"
+    calls = ("stream", "versions")
+
+    def __init__(self, fn: TemporalJoinFunction, late: OutputTag | None = None) -> None:
+        super().__init__(fn, (late,))
+        self.late = late
+
+    def describe(self) -> str:
+        return (
+            f"each record of input 1 held ({PENDING}) until the watermark passes its time, "
+            f"then joined with input 2's version valid at that time ({VERSIONS}: the versions "
+            f"a future record can still need)"
+        )
+
+    def open(self, ctx: RuntimeContext) -> None:
+        self.pending = ctx.get_map_state(MapStateDescriptor(PENDING, int, list))
+        self.versions = ctx.get_map_state(MapStateDescriptor(VERSIONS, int, dict))
+        self.join_function.open()
+
+    def process_element1(self, value: dict[str, Any], ctx: Context) -> Iterator[dict[str, Any]]:
+        if _late(ctx):
+            drop_late(ctx, self.late, value)
+            return iter(())
+        ts = _ts(ctx)
+        self.pending.put(ts, [*(self.pending.get(ts) or []), value])
+        ctx.timer_service().register_event_time_timer(to_datetime(ts + 1))
+        return iter(())
+
+    def process_element2(self, value: dict[str, Any], ctx: Context) -> Iterator[dict[str, Any]]:
+        if _late(ctx):  # it would change what records already joined saw
+            drop_late(ctx, None, value)
+            return iter(())
+        ts = _ts(ctx)
+        self.versions.put(ts, value)  # of one key and time, the last read wins
+        # Once the watermark passes it, the versions before it are no longer needed.
+        ctx.timer_service().register_event_time_timer(to_datetime(ts + 1))
+        return iter(())
+
+    def on_timer(self, timestamp: datetime, ctx: Context) -> Iterator[dict[str, Any]]:
+        t = to_ms(timestamp)
+        versions = sorted(self.versions.items())
+        times = [at for at, _ in versions]
+        out: list[dict[str, Any]] = []
+        join = JoinContext(ctx)
+        fn: Any = self.join_function
+        for at in sorted(k for k in self.pending.keys() if k < t):
+            i = bisect_right(times, at) - 1
+            version, join.right_ms = (versions[i][1], times[i]) if i >= 0 else (None, None)
+            join.left_ms = at
+            for record in self.pending.get(at) or []:
+                out.extend(fn.process_element(record, version, join) or ())
+            self.pending.remove(at)
+        # Every record still to come is at t or later (the pending ones and those not late):
+        # the newest version at or before t serves them all, the older ones none.
+        i = bisect_right(times, t) - 1
+        for at in times[: max(i, 0)]:
+            self.versions.remove(at)
+        return iter(out)
