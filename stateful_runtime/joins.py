@@ -190,9 +190,12 @@ class IntervalJoinOperator(JoinOperator):
         self.left_late, self.right_late = left_late, right_late
 
     def describe(self) -> str:
-        lower, upper = timedelta(milliseconds=self.lower), timedelta(milliseconds=self.upper)
+        def plus(ms: int) -> str:
+            return f"{'-' if ms < 0 else '+'} {timedelta(milliseconds=abs(ms))}"
+
         return (
-            f"left.ts + ({lower}) <= right.ts <= left.ts + ({upper}); each side buffered by "
+            f"left.ts {plus(self.lower)} <= right.ts <= left.ts {plus(self.upper)}; each side "
+            f"buffered by "
             f"event time ({LEFT_BUFFER}, {RIGHT_BUFFER}) until the watermark passes its "
             f"interval"
         )

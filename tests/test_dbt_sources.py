@@ -67,7 +67,7 @@ def test_union_example_sources_are_what_srt_generates(srt_env, tmp_path: Path):
     assert "key_by field merchant_id of source app-payments, bank-payments" in text
 
 
-@pytest.mark.parametrize("example", ["payment_refunds", "fraud_rules"])
+@pytest.mark.parametrize("example", ["payment_refunds", "fraud_rules", "merchant_tiers"])
 def test_connected_examples_sources_are_what_srt_generates(srt_env, tmp_path: Path, example):
     """The sink tables of a co-process and of a broadcast process function, as dbt sources."""
     from tests.helpers import ROOT

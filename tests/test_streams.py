@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from stateful_runtime import Count, TumblingEventTimeWindows
+from stateful_runtime import Count, OutputTag, TumblingEventTimeWindows
 from stateful_runtime.exceptions import ConfigError
 from tests.helpers import windowed_job
 
@@ -219,3 +219,64 @@ def test_explain_names_each_input_the_call_its_records_go_to_and_the_shared_stat
     assert "connect: input 2 of the connected streams (its records tagged 2, for " in text
     assert "co-process m: Match in event_time: process_element1 ← input 1 (a); " in text
     assert "process_element2 ← input 2 (b+c); shared state and timers by key" in text
+
+
+def test_joins_plan_as_connected_streams_whose_fingerprint_and_explain_name_the_join(tmp_path):
+    from stateful_runtime import ProcessJoinFunction, TemporalJoinFunction
+    from stateful_runtime.checkpoints.manifest import fingerprint
+    from stateful_runtime.checkpoints.restore import compatibility
+    from stateful_runtime.connectors.eventlog.sink import LogSink
+    from stateful_runtime.planner import plan
+    from stateful_runtime.runtime.explain import explain
+
+    class Pair(ProcessJoinFunction):
+        output_schema = {"k": str}
+
+    class AsOf(TemporalJoinFunction):
+        output_schema = {"k": str}
+
+    def joined(lower: timedelta):
+        job, source = _union_job(tmp_path)
+        a = source("a", {"k": str, "amount": int, "ts": int})
+        b = source("b", {"id": str, "note": str, "ts": int})
+        a2 = source("a2", {"k": str, "amount": int, "ts": int})
+        v = source("v", {"id": str, "tier": str, "ts": int})
+        late = OutputTag("late-a", {"k": str})
+        a.key_by("k").interval_join(b.key_by("id")).between(
+            lower, timedelta(minutes=5)
+        ).side_output_left_late_data(late).process(Pair(), name="pairs").sink_to(
+            LogSink(str(tmp_path / "log"), "o1"), name="o1"
+        )
+        a2.key_by("k").temporal_join(v.key_by("id")).process(AsOf(), name="as-of").sink_to(
+            LogSink(str(tmp_path / "log"), "o2"), name="o2"
+        )
+        return plan(job)
+
+    p = joined(timedelta(minutes=-1))
+    layouts = {name: layout for q in p.queries for name, layout in q.state_layout.items()}
+    assert layouts == {
+        "pairs": {
+            "kind": "interval-join",
+            "keys": ["k"],
+            "function": "Pair",
+            "states": {"left_buffer": "map<int, list>", "right_buffer": "map<int, list>"},
+        },
+        "as-of": {
+            "kind": "temporal-join",
+            "keys": ["k"],
+            "function": "AsOf",
+            "states": {"pending": "map<int, list>", "versions": "map<int, dict>"},
+        },
+    }
+    text = explain(p)
+    assert (
+        "interval join pairs: Pair in event time: left ← input 1 (a); right ← input 2 (b); "
+        "left.ts - 0:01:00 <= right.ts <= left.ts + 0:05:00"
+    ) in text
+    assert "late records → side output late-a (state: left_buffer:map, right_buffer:map)" in text
+    assert "temporal join as-of: AsOf in event time: stream ← input 1 (a2); versions ← " in text
+    assert "late records dropped, counted as late (state: pending:map, versions:map)" in text
+    same, _ = compatibility(
+        fingerprint("u", p.queries), fingerprint("u", joined(timedelta(0)).queries)
+    )
+    assert same == []

@@ -173,9 +173,10 @@ def test_temporal_join_gives_each_record_the_version_valid_at_its_time():
     h.process_element2(tier("M1", "mid", 4 * M))  # a version read after a later one
     assert h.process_watermark(6 * M) == [out("p0", "low", 0), out("p1", "mid", 4 * M)]
     # Versions a future record can need: mid (from 4) and high (from 10); low is gone.
-    assert h.state("M1", "versions") == {4 * M: tier("M1", "mid", 4 * M), 10 * M: tier(
-        "M1", "high", 10 * M
-    )}
+    assert h.state("M1", "versions") == {
+        4 * M: tier("M1", "mid", 4 * M),
+        10 * M: tier("M1", "high", 10 * M),
+    }
     assert h.state("M1", "pending") == {12 * M: [pay("p2", 12 * M)]}
     assert h.process_watermark(20 * M) == [out("p2", "high", 10 * M)]
     # Only the newest version stays (the table's row); nothing is pending.
