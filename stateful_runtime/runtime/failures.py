@@ -11,7 +11,11 @@ replay, and this names them:
   ``srt run --skip`` of the record that tips it;
 * **a runtime error raised in a Spark task** (a :class:`~stateful_runtime.exceptions.SinkError`
   from an executor's write, say a value the sink's table cannot store): its own message, which
-  says what to do, without the traceback around it.
+  says what to do, without the traceback around it;
+* **a Python worker that died in a task** (killed by the kernel's OOM killer or a signal, a
+  crash in native code) once more than a task's attempts allow (a local master retries a task
+  as a cluster does, ``session.LOCAL_TASK_ATTEMPTS``): nothing of the batch is committed, and
+  the way on is to give the workers memory and run the job again.
 """
 
 from __future__ import annotations
@@ -40,6 +44,10 @@ _RUNTIME_ERROR = re.compile(
 )
 
 
+_WORKER_DIED = re.compile(r"Python worker exited unexpectedly \(crashed\)")
+_ATTEMPTS = re.compile(r"failed (\d+) times")
+
+
 def explain(reason: str, query: QueryPlan, layout: QueryLayout, job_file: str) -> str | None:
     """What to print for query ``query``'s failure ``reason`` (Spark's text), or None when
     it is none of the kinds above (the reason is printed as it is)."""
@@ -47,7 +55,24 @@ def explain(reason: str, query: QueryPlan, layout: QueryLayout, job_file: str) -
         return _overflow(m.group(1), m.group(2).strip().rstrip("."), query, layout, job_file)
     if m := _RUNTIME_ERROR.search(reason):
         return f"{m.group(1)}: {' '.join(m.group(2).split())}"
+    if _WORKER_DIED.search(reason):
+        return _worker_died(reason, query, layout, job_file)
     return None
+
+
+def _worker_died(reason: str, query: QueryPlan, layout: QueryLayout, job_file: str) -> str:
+    batch, _ = _offsets(query, layout)
+    which = f"batch {batch}" if batch is not None else "the batch in flight"
+    attempts = _ATTEMPTS.search(reason)
+    times = f" {attempts.group(1)} times" if attempts else ""
+    return (
+        f"a Python worker running query {query.name!r} died{times} (killed: out of memory or "
+        f"a signal, or crashed; `dmesg` names the OOM killer): {which} is not committed and "
+        f"nothing of it reached a sink. Give the workers memory (fewer keys or records per "
+        f"batch: source.max_records_per_batch; the state backend's memory settings, "
+        f"srt explain {job_file}) and run the job again: srt run {job_file} resumes from "
+        f"{which}, exactly once"
+    )
 
 
 def _step(query: QueryPlan) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -199,6 +200,24 @@ def _class_archive_options() -> str:
     return f" -XX:SharedArchiveFile={archive} -Xshare:auto" if usable else ""
 
 
+# -- task retries on a local master ---------------------------------------------------------------
+# A cluster retries a failed task (spark.task.maxFailures, 4); a local master fails the query at
+# the first failure, so a Python worker killed mid-batch (the OOM killer, a crash) stopped the
+# job with Spark's stack trace. A local master given without its own count gets the cluster's:
+# the task runs again, from the batch's state version (tests/faults/test_python_worker_kill.py).
+LOCAL_TASK_ATTEMPTS = 4
+_LOCAL = re.compile(r"local(\[(?P<threads>[^,\]]+)\])?")
+
+
+def with_task_retries(master: str) -> str:
+    """``local`` / ``local[N]`` / ``local[*]`` with :data:`LOCAL_TASK_ATTEMPTS` attempts per
+    task; any other master (a count of its own, a cluster) as given."""
+    m = _LOCAL.fullmatch(master)
+    if m is None:
+        return master
+    return f"local[{m['threads'] or 1},{LOCAL_TASK_ATTEMPTS}]"
+
+
 def spark_conf(parallelism: int, master: str, *, job_log: bool = False) -> dict[str, str]:
     """Settings every job runs with (``--master`` and parallelism are the job's; ``job_log``:
     the driver logs to the file ``$SRT_SPARK_LOG`` names, and only errors to stderr)."""
@@ -206,7 +225,7 @@ def spark_conf(parallelism: int, master: str, *, job_log: bool = False) -> dict[
     driver_log = f"-Dlog4j2.configurationFile=file:{LOG4J_JOB if job_log else LOG4J}"
     jit = _jit_options(master)
     return {
-        "spark.master": master,
+        "spark.master": with_task_retries(master),
         "spark.app.name": "stateful-runtime",
         # Keyed state in RocksDB with incremental (changelog) checkpoints: each batch uploads
         # only the changelog of the keys it touched, not a full snapshot.

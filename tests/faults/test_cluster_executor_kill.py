@@ -4,7 +4,10 @@ The UPI job runs on the one-worker cluster (platform/spark-cluster.sh, as in
 tests/runtime/test_cluster.py): the driver is the `srt` process, the tasks run in an executor JVM
 the worker launched. Once a batch is in flight, the test kills that executor; the master has
 the worker launch another, Spark retries the lost tasks there (spark.task.maxFailures, 4 on a
-cluster), and the run ends with the table equal to the oracle and each dead letter once.
+cluster), and the run ends with the table equal to the oracle and each dead letter once. On the
+local RocksDB backend (the counts kept by a keyed process function, ``upi_keyed_job.py``) the
+lost executor's stores are gone with it: the new executor rebuilds each partition's state from
+the checkpoint's keyed files.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import pytest
 from upi_events import events, oracle
 
 from stateful_runtime.checkpoints.layout import QueryLayout
-from tests.faults.harness import QUERY, bad_lines, compare, dead_letters
+from tests.faults.harness import QUERY, bad_lines, compare, dead_letters, duckdb_counts
+from tests.faults.killtrials import KEYED_JOB
 from tests.helpers import Cluster, append_lines, srt_background, wait_for, wait_for_commit
 
 pytestmark = [pytest.mark.faults, pytest.mark.cluster]
@@ -43,17 +47,22 @@ def _executors(worker_dir: Path) -> list[int]:
     return out
 
 
+@pytest.mark.parametrize("backend", [None, "rocksdb_local"], ids=["native", "rocksdb_local"])
 def test_executor_killed_mid_batch_task_retried_result_equals_oracle(
     cluster: Cluster,
     upi,
     job_env,
     trials,
+    backend,
 ):
     lines = list(
         events(60_000, merchants=40, rate_per_s=500, disorder_ms=4_500, bad_every=997, seed=41)
     )
     append_lines(upi.log_dir, lines)
     upi.extra.update({"source.max_records_per_batch": "3000", "parallelism": "2"})
+    if backend is not None:
+        upi.job = KEYED_JOB
+        upi.extra["state.backend"] = backend
     qdir = upi.checkpoint_dir / QUERY
     log = upi.root / "run.log"
     proc = srt_background(
@@ -90,7 +99,7 @@ def test_executor_killed_mid_batch_task_retried_result_equals_oracle(
         if proc.poll() is None:
             proc.kill()
     out = log.read_text()
-    cmp = compare(upi.table(), oracle(lines))
+    cmp = compare(duckdb_counts(upi.database), oracle(lines))
     dead = dead_letters(upi.log_dir)
     why = []
     if code != 0:
@@ -100,7 +109,7 @@ def test_executor_killed_mid_batch_task_retried_result_equals_oracle(
     if dead != bad_lines(lines):
         why.append(f"{len(dead)} dead letters for {len(bad_lines(lines))} bad records")
     trials.record(
-        fault=FAULT,
+        fault=FAULT if backend is None else f"{FAULT} (keyed process function, {backend})",
         input=INPUT,
         result="FAIL" if why else "pass",
         detail="; ".join(why)

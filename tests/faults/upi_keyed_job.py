@@ -5,11 +5,18 @@ Same input, query, sink and table as ``examples/upi_per_minute.py``, so the tria
 checks apply unchanged: per merchant, a MapState of minute → (payments, amount) updated by every
 payment, each update written (the DuckDB sink keeps a batch's last row per key), and an
 event-time timer at the minute's end that drops it from state.
+
+``UPI_KEYED_PAUSE=<dir>:<txn_id>`` (tests only): the Python worker that meets that payment
+first writes ``<dir>/paused`` (its pid) and waits there, in the middle of its task, to be
+killed; a retried or replayed task passes on.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from datetime import datetime, timedelta
+from pathlib import Path
 
 from dbt_sink import DuckDBUpsertSink
 from stateful_runtime import (
@@ -33,6 +40,16 @@ DEFAULTS = {
 
 PAYMENT = {"txn_id": str, "merchant_id": str, "amount_paise": int, "ts_ms": int}
 MINUTE = 60_000
+PAUSE_ENV = "UPI_KEYED_PAUSE"
+
+
+def _pause_at(payment: dict) -> None:
+    where, _, txn = os.environ.get(PAUSE_ENV, "").partition(":")
+    if where and payment["txn_id"] == txn:
+        marker = Path(where) / "paused"
+        if not marker.exists():
+            marker.write_text(str(os.getpid()))
+            time.sleep(600)  # the test kills this process here
 
 
 class PerMinute(KeyedProcessFunction):
@@ -47,6 +64,7 @@ class PerMinute(KeyedProcessFunction):
         self.minutes = ctx.get_map_state(MapStateDescriptor("minutes", int, list))
 
     def process_element(self, payment, ctx):
+        _pause_at(payment)
         start = to_ms(ctx.timestamp()) // MINUTE * MINUTE
         payments, amount = self.minutes.get(start) or (0, 0)
         if not payments:

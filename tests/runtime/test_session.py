@@ -23,3 +23,15 @@ def test_the_session_leaves_the_processes_sigint_handler_as_it_was(spark):
     # PySpark's context sets one (cancel all jobs, raise KeyboardInterrupt) for shells.
     handler = signal.getsignal(signal.SIGINT)
     assert "SparkContext" not in getattr(handler, "__qualname__", "")
+
+
+def test_a_local_master_retries_a_failed_task_as_a_cluster_does():
+    from stateful_runtime.runtime.session import LOCAL_TASK_ATTEMPTS, spark_conf, with_task_retries
+
+    n = LOCAL_TASK_ATTEMPTS
+    assert with_task_retries("local") == f"local[1,{n}]"
+    assert with_task_retries("local[2]") == f"local[2,{n}]"
+    assert with_task_retries("local[*]") == f"local[*,{n}]"
+    assert with_task_retries("local[2,1]") == "local[2,1]"  # the user's own count
+    assert with_task_retries("spark://127.0.0.1:7077") == "spark://127.0.0.1:7077"
+    assert spark_conf(2, "local[2]")["spark.master"] == f"local[2,{n}]"
