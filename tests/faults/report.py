@@ -489,10 +489,11 @@ and dropped by an event-time timer, so the oracle and the checks above apply unc
 |---|---|---|
 | kill -9 of the job's process group at random points, torn newest `commits/N` included (`tests/faults/test_kill_trials.py -k local_state`, 6 a CI run; `python -m tests.faults.killtrials --backend rocksdb_local --trials N` for more) | 6 a run | every trial's table = the oracle of the records the sink's ledger claims; the drain = the oracle of the whole input, each dead letter once (the rows above, "keyed process function, state.backend=rocksdb_local") |
 | a Python worker killed (kill -9) in the middle of its task, after part of the batch's keys changed in its RocksDB and warm values (`tests/faults/test_python_worker_kill.py`) | 1 | Spark runs the task again and the run ends with exit 0: table = oracle, 8 dead letters for 8 bad records. Before: a local master failed the query at the first task failure (exit 1, Spark's stack trace); it now retries a task 4 times as a cluster does, and a worker that dies on every attempt is named with the way on (`runtime/failures.py`) |
+| an executor killed (kill -9) mid-batch on the standalone cluster (`tests/faults/test_cluster_executor_kill.py[rocksdb_local]`) | 1 | the new executor rebuilds each partition's store from the checkpoint's keyed files; table = oracle, each dead letter once |
 
 Not yet tried on this backend: the window operator's jobs under kill -9 (its output is a
-window's result when it fires, which the per-batch oracle above does not model), an executor
-lost on the standalone cluster, and damage to the keyed files themselves (refused or fallen
+window's result when it fires, which the per-batch oracle above does not model), and damage
+to the keyed files themselves (refused or fallen
 back by `srt run`'s check at start, as unit tests in `tests/checkpoints/test_keyed.py` show,
 without a Spark trial).
 
