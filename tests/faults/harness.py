@@ -353,6 +353,38 @@ def dead_letters(log_dir: Path, topic: str = f"{TOPIC}-dlq") -> list[bytes]:
     return sorted(r.value for r in read_topic(log_dir, topic))
 
 
+def record_run(
+    trials: TrialLog,
+    fault: str,
+    input: str,
+    ws: Any,
+    lines: list[bytes],
+    code: int,
+    passed: str,
+) -> list[str]:
+    """Record a run that must end exact (exit 0, the UPI table of workspace ``ws`` = the oracle
+    of ``lines``, each bad record one dead letter) as a trial: ``passed`` is its detail when
+    it does. Returns what went wrong ([]: nothing)."""
+    cmp = compare(duckdb_counts(ws.database), upi_oracle(lines))
+    dead = dead_letters(ws.log_dir)
+    why = []
+    if code != 0:
+        why.append(f"the job exited {code}: {(ws.root / 'run.log').read_text()[-1500:]}")
+    if not cmp.exact:
+        why.append(str(cmp))
+    if dead != bad_lines(lines):
+        why.append(f"{len(dead)} dead letters for {len(bad_lines(lines))} bad records")
+    trials.record(
+        fault=fault,
+        input=input,
+        result="FAIL" if why else "pass",
+        detail="; ".join(why) or passed,
+        lost=cmp.lost,
+        duplicated=cmp.duplicated,
+    )
+    return why
+
+
 class Feeder:
     """Appends UPI events to the event log from a thread of the test (the topic's one writer),
     ``chunk`` records every ``every_s``, until :meth:`stop`; ``fed`` is what was appended."""

@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
-from upi_events import events, oracle
+from upi_events import events
 
 from stateful_runtime.checkpoints.layout import QueryLayout
-from tests.faults.harness import QUERY, bad_lines, compare, dead_letters, duckdb_counts
+from tests.faults.harness import QUERY, record_run
 from tests.faults.killtrials import KEYED_JOB
 from tests.helpers import Cluster, append_lines, srt_background, wait_for, wait_for_commit
 
@@ -98,25 +98,14 @@ def test_executor_killed_mid_batch_task_retried_result_equals_oracle(
     finally:
         if proc.poll() is None:
             proc.kill()
-    out = log.read_text()
-    cmp = compare(duckdb_counts(upi.database), oracle(lines))
-    dead = dead_letters(upi.log_dir)
-    why = []
-    if code != 0:
-        why.append(f"the job exited {code}: {out[-800:]}")
-    if not cmp.exact:
-        why.append(str(cmp))
-    if dead != bad_lines(lines):
-        why.append(f"{len(dead)} dead letters for {len(bad_lines(lines))} bad records")
-    trials.record(
-        fault=FAULT if backend is None else f"{FAULT} (keyed process function, {backend})",
-        input=INPUT,
-        result="FAIL" if why else "pass",
-        detail="; ".join(why)
-        or f"killed executor pid(s) {victims} during batch "
-        f"{batch}; a new executor after {replaced_s} s; batches committed "
-        f"{QueryLayout(qdir).last_committed() + 1}",
-        lost=cmp.lost,
-        duplicated=cmp.duplicated,
+    why = record_run(
+        trials,
+        FAULT if backend is None else f"{FAULT} (keyed process function, {backend})",
+        INPUT,
+        upi,
+        lines,
+        code,
+        f"killed executor pid(s) {victims} during batch {batch}; a new executor after "
+        f"{replaced_s} s; batches committed {QueryLayout(qdir).last_committed() + 1}",
     )
     assert not why, why

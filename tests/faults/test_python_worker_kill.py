@@ -17,7 +17,7 @@ import os
 import pytest
 from upi_events import events
 
-from tests.faults.harness import bad_lines, compare, dead_letters, duckdb_counts, upi_oracle
+from tests.faults.harness import record_run
 from tests.faults.killtrials import KEYED_JOB
 from tests.faults.upi_keyed_job import PAUSE_ENV
 from tests.helpers import append_lines, poll, srt_background, wait_for
@@ -54,22 +54,6 @@ def test_python_worker_killed_mid_task_retried_from_the_batch_version(upi, job_e
     finally:
         if proc.poll() is None:
             proc.kill()
-    out = log.read_text()
-    cmp = compare(duckdb_counts(upi.database), upi_oracle(lines))
-    dead = dead_letters(upi.log_dir)
-    why = []
-    if code != 0:
-        why.append(f"the job exited {code}: {out[-1500:]}")
-    if not cmp.exact:
-        why.append(str(cmp))
-    if dead != bad_lines(lines):
-        why.append(f"{len(dead)} dead letters for {len(bad_lines(lines))} bad records")
-    trials.record(
-        fault=FAULT,
-        input=INPUT,
-        result="FAIL" if why else "pass",
-        detail="; ".join(why) or f"killed worker {pid} at payment {txn}; the task ran again",
-        lost=cmp.lost,
-        duplicated=cmp.duplicated,
-    )
+    passed = f"killed worker {pid} at payment {txn}; the task ran again"
+    why = record_run(trials, FAULT, INPUT, upi, lines, code, passed)
     assert not why, why
