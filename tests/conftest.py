@@ -48,11 +48,21 @@ def srt_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def srt_env(srt_home: Path) -> dict[str, str]:
-    """Environment for `srt` subprocesses: this venv first on PATH, Spark on loopback."""
+    """Environment for `srt` subprocesses: this venv first on PATH, Spark on loopback, and the
+    driver JVM's JIT at C1 only (``SRT_JVM_JIT=quick``, unless the environment chooses).
+
+    A test's job runs seconds on a few thousand events: C2, even at the default mode's raised
+    thresholds, compiles for its whole life on a core of the 2-core machine and never pays
+    back (a 3,000-event UPI run: 9.4-10.2 s of CPU in the default mode, 6.9-7.6 s with C1
+    only; NOTES.md). The default mode itself is tested in tests/runtime/test_start_up.py, on
+    the in-process session, which this does not change."""
+    from stateful_runtime.runtime.session import JIT_ENV
+
     env = dict(os.environ)
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
     env["SRT_HOME"] = str(srt_home)
     env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault(JIT_ENV, "quick")
     return env
 
 
