@@ -13,6 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests check what a function returns, never how fast: Hypothesis's default 200 ms
+# deadline per example (and its too-slow health check) failed them on a busy 2-core machine
+# (an example of tests/operators/test_arrow_keyed.py took 383 ms at load ~20, passed on replay).
+settings.register_profile("srt", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("srt")
 
 # Helpers modules are plain modules: without this, a failing assert inside one would say only
 # "AssertionError" (pytest rewrites the asserts of test files and conftest.py by itself).

@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from stateful_runtime.contract import (
@@ -84,7 +84,6 @@ _batches = st.lists(
 )
 
 
-@settings(deadline=None)  # a busy machine's pauses are not the property
 @given(_batches)
 def test_rates_over_time_are_records_over_wall_time_and_over_time_run(shape):
     """Input rate: records ÷ (first trigger → last commit); processing rate: records ÷ the
