@@ -24,6 +24,7 @@ _EXPORTS = {
     "KeyedBroadcastProcessFunction": "functions",
     "OutputTag": "functions",
     "ProcessJoinFunction": "joins",
+    "JoinFunction": "joins",
     "TemporalJoinFunction": "joins",
     "JoinContext": "joins",
     "ProcessWindowFunction": "functions",
@@ -97,7 +98,12 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         TimeWindow,
     )
     from stateful_runtime.job import CheckpointConfig, StreamJob
-    from stateful_runtime.joins import JoinContext, ProcessJoinFunction, TemporalJoinFunction
+    from stateful_runtime.joins import (
+        JoinContext,
+        JoinFunction,
+        ProcessJoinFunction,
+        TemporalJoinFunction,
+    )
     from stateful_runtime.state import (
         AggregateFunction,
         AggregatingStateDescriptor,

@@ -1,5 +1,5 @@
-"""Joins of two keyed streams, in event time: Flink's interval join and an event-time
-temporal join against a versioned table built from a changelog stream of upserts.
+"""Joins of two keyed streams, in event time: Flink's interval join and window join, and an
+event-time temporal join against a versioned table built from a changelog stream of upserts.
 
 Both run on connected streams (``KeyedStream.connect``): each join is a
 :class:`~stateful_runtime.functions.KeyedCoProcessFunction` the runtime writes
@@ -24,6 +24,10 @@ the job's accounting (as a window's).
   time (the one with the greatest event time not after it; None if there is none). The output
   depends on the inputs only, never on which topic was read first, so a replay gives the same.
   A key keeps its newest version that no future record can be older than, and every newer one.
+* **Window join** (``first.join(second).where(...).equal_to(...).window(assigner)
+  .apply(JoinFunction)``): each tumbling or sliding window's records of both inputs, per key,
+  kept until the watermark passes the window's end; then ``JoinFunction.join(first, second)``
+  for every pair, and the window is forgotten.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from stateful_runtime.functions import (
     to_ms,
 )
 from stateful_runtime.state import MapStateDescriptor
+from stateful_runtime.windows import SlidingEventTimeWindows, TumblingEventTimeWindows
 
 # The states of the joins (one map per input, by event time in ms): what srt explain and
 # srt state inspect name.
@@ -53,6 +58,7 @@ LEFT_BUFFER = "left_buffer"
 RIGHT_BUFFER = "right_buffer"
 PENDING = "pending"
 VERSIONS = "versions"
+WINDOWS = "windows"
 _MS = timedelta(milliseconds=1)
 
 
@@ -135,6 +141,23 @@ class TemporalJoinFunction:
         """Called when the task ends."""
 
 
+class JoinFunction:
+    """Flink's JoinFunction of a window join: ``join(first, second)`` returns the output record
+    (a dict of ``output_schema``) of one pair of records of one key in one window, or None for
+    none. ``open()`` / ``close()`` run once per task."""
+
+    output_schema: ClassVar[Mapping[str, Any] | StructType] = {}
+
+    def open(self) -> None:
+        """Called once per task before any element."""
+
+    def join(self, first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Called when the task ends."""
+
+
 class JoinOperator(KeyedCoProcessFunction):
     """A join as the co-process function the runtime runs: the user's function
     (:attr:`join_function`), its side outputs and the join's late side outputs."""
@@ -143,12 +166,14 @@ class JoinOperator(KeyedCoProcessFunction):
     calls: ClassVar[tuple[str, str]] = ("left", "right")
 
     def __init__(
-        self, fn: ProcessJoinFunction | TemporalJoinFunction, late: tuple[OutputTag | None, ...]
+        self,
+        fn: ProcessJoinFunction | TemporalJoinFunction | JoinFunction,
+        late: tuple[OutputTag | None, ...],
     ) -> None:
         self.join_function = fn
         self.late_tags = tuple(t for t in late if t is not None)
         self.output_schema = fn.output_schema  # type: ignore[misc]
-        declared = tuple(fn.side_outputs)
+        declared = tuple(getattr(fn, "side_outputs", ()))
         clash = [t.name for t in self.late_tags if t in declared]
         if clash:
             raise ConfigError(
@@ -225,7 +250,7 @@ class IntervalJoinOperator(JoinOperator):
         lo, hi = (ts + self.lower, ts + self.upper) if left else (ts - self.upper, ts - self.lower)
         out: list[dict[str, Any]] = []
         join = JoinContext(ctx)
-        fn = self.join_function
+        fn: Any = self.join_function
         for at, records in sorted(other.items()):
             if lo <= at <= hi:
                 for record in records:
@@ -308,3 +333,65 @@ class TemporalJoinOperator(JoinOperator):
         for at in times[: max(i, 0)]:
             self.versions.remove(at)
         return iter(out)
+
+
+class WindowJoinOperator(JoinOperator):
+    """Flink's window join: every pair of the two inputs' records of one key in one window
+    (tumbling or sliding, event time), when the window ends."""
+
+    kind = "window join"
+    calls = ("first", "second")
+
+    def __init__(
+        self, fn: JoinFunction, assigner: TumblingEventTimeWindows | SlidingEventTimeWindows
+    ) -> None:
+        super().__init__(fn, ())
+        self.assigner = assigner
+        self.size = assigner.size // _MS
+        self.slide = (
+            assigner.slide // _MS if isinstance(assigner, SlidingEventTimeWindows) else self.size
+        )
+
+    def describe(self) -> str:
+        return (
+            f"{self.assigner.describe()}: each window's records of both inputs kept "
+            f"({WINDOWS}) until the watermark passes its end, then every pair joined"
+        )
+
+    def open(self, ctx: RuntimeContext) -> None:
+        # window start -> [end, first input's records, second input's records]
+        self.windows = ctx.get_map_state(MapStateDescriptor(WINDOWS, int, list))
+        self.join_function.open()
+
+    def process_element1(self, value: dict[str, Any], ctx: Context) -> Iterator[dict[str, Any]]:
+        return self._add(value, ctx, 1)
+
+    def process_element2(self, value: dict[str, Any], ctx: Context) -> Iterator[dict[str, Any]]:
+        return self._add(value, ctx, 2)
+
+    def _add(self, value: dict[str, Any], ctx: Context, side: int) -> Iterator[dict[str, Any]]:
+        ts, watermark = _ts(ctx), to_ms(ctx.current_watermark())
+        last = ts - ts % self.slide
+        placed = False
+        for start in range(last, ts - self.size, -self.slide):
+            end = start + self.size
+            if end - 1 <= watermark:  # the window has fired (a window's lateness rule)
+                continue
+            stored = self.windows.get(start) or [end, [], []]
+            stored[side].append(value)
+            self.windows.put(start, stored)
+            ctx.timer_service().register_event_time_timer(to_datetime(end - 1))
+            placed = True
+        if not placed:
+            drop_late(ctx, None, value)
+        return iter(())
+
+    def on_timer(self, timestamp: datetime, ctx: Context) -> Iterator[dict[str, Any]]:
+        start = to_ms(timestamp) + 1 - self.size
+        stored = self.windows.get(start)
+        if stored is None:
+            return iter(())
+        self.windows.remove(start)
+        fn: Any = self.join_function
+        out = [fn.join(a, b) for a in stored[1] for b in stored[2]]
+        return iter([o for o in out if o is not None])

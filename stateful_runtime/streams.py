@@ -32,9 +32,11 @@ from stateful_runtime.functions import (
 )
 from stateful_runtime.joins import (
     IntervalJoinOperator,
+    JoinFunction,
     ProcessJoinFunction,
     TemporalJoinFunction,
     TemporalJoinOperator,
+    WindowJoinOperator,
 )
 from stateful_runtime.names import check_name
 from stateful_runtime.state import AggregateFunction, MapStateDescriptor
@@ -42,7 +44,9 @@ from stateful_runtime.watermarks import WatermarkStrategy
 from stateful_runtime.windows import (
     CountTrigger,
     GlobalWindows,
+    SlidingEventTimeWindows,
     Trigger,
+    TumblingEventTimeWindows,
     WindowAssigner,
 )
 
@@ -309,6 +313,17 @@ class DataStream:
             )
         return BroadcastStream(self.job, self.node, tuple(descriptors))
 
+    def join(self, other: DataStream) -> JoinedStreams:
+        """Flink's window join: ``.where(*fields).equal_to(*fields).window(assigner)
+        .apply(JoinFunction, name=...)`` joins every pair of this stream's and ``other``'s
+        records with equal keys in one window (tumbling or sliding, event time). The two are
+        connected streams (see :meth:`KeyedStream.connect`)."""
+        if not isinstance(other, DataStream):
+            raise ConfigError(f"join takes a DataStream, got {type(other).__name__}")
+        if other.job is not self.job:
+            raise ConfigError("join takes streams of the same StreamJob")
+        return JoinedStreams(self.job, self, other)
+
     def key_by(self, *fields: str) -> KeyedStream:
         """Partition the stream by one or more record fields; state is kept per key."""
         if not fields:
@@ -496,6 +511,57 @@ class TemporalJoin:
         _check_function(function, TemporalJoinFunction, "temporal_join(...).process")
         join = TemporalJoinOperator(function, self.late)
         return ConnectedStreams(self.job, self.left, self.versions).process(join, name=name)
+
+
+@dataclass(frozen=True)
+class JoinedStreams:
+    """``first.join(second)``: say the keys with ``where(...).equal_to(...)``, then the
+    window and the function."""
+
+    job: StreamJob = field(repr=False)
+    first: DataStream
+    second: DataStream
+    first_keys: tuple[str, ...] = ()
+    second_keys: tuple[str, ...] = ()
+    assigner: WindowAssigner | None = None
+
+    def where(self, *fields: str) -> JoinedStreams:
+        """The first stream's key field(s)."""
+        if not fields:
+            raise ConfigError("where needs at least one field")
+        return replace(self, first_keys=fields)
+
+    def equal_to(self, *fields: str) -> JoinedStreams:
+        """The second stream's key field(s), as many as ``where``'s, of the same types."""
+        if not self.first_keys:
+            raise ConfigError("join(...).where(...) comes before equal_to(...)")
+        if not fields:
+            raise ConfigError("equal_to needs at least one field")
+        return replace(self, second_keys=fields)
+
+    def window(self, assigner: WindowAssigner) -> JoinedStreams:
+        """Tumbling or sliding event-time windows (a session window join is not supported)."""
+        if not self.second_keys:
+            raise ConfigError("join(...).where(...).equal_to(...) comes before window(...)")
+        if not isinstance(assigner, TumblingEventTimeWindows | SlidingEventTimeWindows):
+            raise ConfigError(
+                f"a window join takes TumblingEventTimeWindows or SlidingEventTimeWindows, got "
+                f"{type(assigner).__name__}; for records near each other in time use "
+                f"interval_join"
+            )
+        return replace(self, assigner=assigner)
+
+    def apply(self, function: JoinFunction, *, name: str) -> DataStream:
+        """Call ``function.join(first, second)`` for every pair of one key in one window when
+        the watermark passes the window's end."""
+        if self.assigner is None:
+            raise ConfigError("join(...).where(...).equal_to(...).window(...) comes first")
+        _check_function(function, JoinFunction, "join(...).window(...).apply")
+        assert isinstance(self.assigner, TumblingEventTimeWindows | SlidingEventTimeWindows)
+        join = WindowJoinOperator(function, self.assigner)
+        first = self.first.key_by(*self.first_keys).node
+        second = self.second.key_by(*self.second_keys).node
+        return ConnectedStreams(self.job, first, second).process(join, name=name)
 
 
 def _tag(tag: object) -> OutputTag:

@@ -41,10 +41,12 @@ from stateful_runtime.functions import (
 from stateful_runtime.job import ErrorPolicy
 from stateful_runtime.joins import (
     IntervalJoinOperator,
+    JoinFunction,
     JoinOperator,
     ProcessJoinFunction,
     TemporalJoinFunction,
     TemporalJoinOperator,
+    WindowJoinOperator,
 )
 from stateful_runtime.operators.backend import MemoryBackend
 from stateful_runtime.operators.isolation import StepGuard
@@ -404,6 +406,26 @@ def temporal_join_harness(
     runs): the stream's records with ``process_element1``, versions with
     ``process_element2``; ``state(key, "pending")`` / ``"versions"`` show its state."""
     join = TemporalJoinOperator(fn, late)
+    return KeyedCoProcessHarness(
+        join, key_by, timestamp_field, key_by2=key_by2, backend=backend, errors=errors
+    )
+
+
+def window_join_harness(
+    fn: JoinFunction,
+    assigner: Any,
+    key_by: str | Sequence[str],
+    timestamp_field: str | None = None,
+    *,
+    key_by2: str | Sequence[str] | None = None,
+    backend: str | None = None,
+    errors: ErrorPolicy | None = None,
+) -> KeyedCoProcessHarness:
+    """A harness around a window join (what ``first.join(second).where(key_by)
+    .equal_to(key_by2).window(assigner).apply(fn)`` runs): the first stream's records with
+    ``process_element1``, the second's with ``process_element2``; ``state(key, "windows")``
+    shows the open windows."""
+    join = WindowJoinOperator(fn, assigner)
     return KeyedCoProcessHarness(
         join, key_by, timestamp_field, key_by2=key_by2, backend=backend, errors=errors
     )

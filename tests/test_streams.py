@@ -280,3 +280,46 @@ def test_joins_plan_as_connected_streams_whose_fingerprint_and_explain_name_the_
         fingerprint("u", p.queries), fingerprint("u", joined(timedelta(0)).queries)
     )
     assert same == []
+
+
+def test_window_join_plans_as_connected_streams_and_refuses_what_it_cannot_join(tmp_path):
+    from stateful_runtime import (
+        EventTimeSessionWindows,
+        JoinFunction,
+        SlidingEventTimeWindows,
+    )
+    from stateful_runtime.connectors.eventlog.sink import LogSink
+    from stateful_runtime.planner import plan
+    from stateful_runtime.runtime.explain import explain
+
+    class Pair(JoinFunction):
+        output_schema = {"k": str}
+
+    job, source = _union_job(tmp_path)
+    a = source("a", {"k": str, "amount": int, "ts": int})
+    b = source("b", {"id": str, "note": str, "ts": int})
+    with pytest.raises(ConfigError, match="where"):
+        a.join(b).equal_to("id")
+    with pytest.raises(ConfigError, match="use interval_join"):
+        a.join(b).where("k").equal_to("id").window(
+            EventTimeSessionWindows.with_gap(timedelta(minutes=1))
+        )
+    with pytest.raises(ConfigError, match="takes a JoinFunction"):
+        a.join(b).where("k").equal_to("id").window(
+            TumblingEventTimeWindows.of(timedelta(minutes=1))
+        ).apply(_Match.make(int), name="w")
+    windows = SlidingEventTimeWindows.of(timedelta(minutes=10), timedelta(minutes=5))
+    out = a.join(b).where("k").equal_to("id").window(windows).apply(Pair(), name="w")
+    out.sink_to(LogSink(str(tmp_path / "log"), "out"), name="out")
+    p = plan(job)
+    [q] = p.queries
+    assert q.state_layout["w"] == {
+        "kind": "window-join",
+        "keys": ["k"],
+        "function": "Pair",
+        "states": {"windows": "map<int, list>"},
+    }
+    assert (
+        "window join w: Pair in event time: first ← input 1 (a); second ← input 2 (b); "
+        "sliding event-time windows of 0:10:00 every 0:05:00: each window's records"
+    ) in explain(p)

@@ -9,9 +9,20 @@ from datetime import timedelta
 
 import pytest
 
-from stateful_runtime import OutputTag, ProcessJoinFunction, TemporalJoinFunction
+from stateful_runtime import (
+    JoinFunction,
+    OutputTag,
+    ProcessJoinFunction,
+    SlidingEventTimeWindows,
+    TemporalJoinFunction,
+    TumblingEventTimeWindows,
+)
 from stateful_runtime.functions import to_ms
-from stateful_runtime.testing import interval_join_harness, temporal_join_harness
+from stateful_runtime.testing import (
+    interval_join_harness,
+    temporal_join_harness,
+    window_join_harness,
+)
 
 # Every test runs on each state backend (tests/operators/conftest.py).
 pytestmark = pytest.mark.usefixtures("harness_backend")
@@ -208,3 +219,73 @@ def test_temporal_join_output_does_not_depend_on_which_input_is_read_first():
         results.append(h.process_watermark(60 * M))
     assert results[0] == results[1] == results[2]
     assert [o["tier"] for o in results[0]] == ["a"] * 3 + ["b"] * 3 + ["c"] * 3 + ["d"] * 3
+
+
+class PaymentRefund(JoinFunction):
+    output_schema = {"txn_id": str, "refund_id": str}
+
+    def join(self, payment, refund):
+        if refund["refund_id"] == "skip":
+            return None
+        return {"txn_id": payment["txn_id"], "refund_id": refund["refund_id"]}
+
+
+def test_window_join_pairs_each_windows_records_when_it_ends_then_forgets_them():
+    h = window_join_harness(
+        PaymentRefund(), TumblingEventTimeWindows.of(timedelta(minutes=10)), "txn_id", "ts_ms"
+    )
+    h.process_element2(refund("r1", "t1", 9 * M))  # before its payment, same window
+    h.process_element1(pay("t1", M))
+    h.process_element1(pay("t1", 2 * M) | {"amount_paise": 5})
+    h.process_element2(refund("r2", "t1", 11 * M))  # the next window: no payment there
+    h.process_element2(refund("skip", "t1", 3 * M))
+    assert h.process_watermark(10 * M - 2) == []
+    assert h.process_watermark(10 * M - 1) == [
+        {"txn_id": "t1", "refund_id": "r1"},
+        {"txn_id": "t1", "refund_id": "r1"},
+    ]
+    assert list(h.state("t1", "windows")) == [10 * M]
+    h.process_element1(pay("t1", 5 * M))  # its window has fired: late
+    assert h.late_dropped == 1
+    assert h.process_watermark(20 * M) == []
+    assert h.stored_states() == set()
+
+
+def test_sliding_window_join_pairs_in_every_window_both_share():
+    h = window_join_harness(
+        PaymentRefund(),
+        SlidingEventTimeWindows.of(timedelta(minutes=10), timedelta(minutes=5)),
+        "txn_id",
+        "ts_ms",
+    )
+    h.process_element1(pay("t1", 6 * M))  # windows [0, 10) and [5, 15)
+    h.process_element2(refund("r1", "t1", 8 * M))  # both
+    h.process_element2(refund("r2", "t1", 12 * M))  # [5, 15) and [10, 20)
+    assert [o["refund_id"] for o in h.process_watermark(30 * M)] == ["r1", "r1", "r2"]
+    assert h.stored_states() == set()
+
+
+def test_join_state_stays_flat_over_a_long_stream():
+    """1,500 payments, refunds and tier changes over 25 hours of event time, the watermark
+    following a minute behind: the state rows stop growing once the first intervals pass."""
+    pairs, tiers = interval(), temporal()
+    sizes: dict[str, list[int]] = {"interval": [], "temporal": []}
+    for i in range(1_500):
+        ts = i * M
+        merchant = f"M{i % 7}"
+        pairs.process_element1(pay(f"t{i}", ts))
+        pairs.process_element2(refund(f"r{i}", f"t{i - 3}", ts))
+        tiers.process_element1(pay(f"t{i}", ts, merchant=merchant))
+        tiers.process_element2(tier(merchant, f"v{i}", ts))
+        pairs.process_watermark(ts - M)
+        tiers.process_watermark(ts - M)
+        if i % 150 == 149:
+            sizes["interval"].append(len(pairs.stored_states()))
+            sizes["temporal"].append(len(tiers.stored_states()))
+    assert len(pairs.output) == 1_500 - 3  # every refund met its payment, 3 minutes before
+    assert len(tiers.output) == 1_500 - 2  # the last two wait for the watermark to pass them
+    # State rows (one per state and key): the payments of the last 31 minutes (32) and the
+    # refunds of the last minute (2), which records not yet late can still meet; each
+    # merchant's current tier (7) and the 2 payments the watermark has not passed.
+    assert sizes["interval"] == [32 + 2] * 10
+    assert sizes["temporal"] == [7 + 2] * 10
