@@ -16,7 +16,7 @@ import os
 from datetime import timedelta
 from pathlib import Path
 
-from dagster import Definitions
+from dagster import Definitions, in_process_executor
 from dagster_dbt import DbtProject, dbt_assets
 
 from dagster_defs import (
@@ -101,4 +101,8 @@ def upi_analytics(context):  # no annotation: this file has postponed annotation
 defs = Definitions.merge(
     streaming_definitions(),
     Definitions(assets=[upi_analytics], resources={"dbt": dbt_resource(UPI_DBT)}),
+    # A run's ops run in the run's own process: Dagster's default (multiprocess) starts one
+    # more process per op, which loads this code location again before the op can start
+    # (7-25 s a run on 2 busy cores; every op here is one `srt` or `dbt` call or a check).
+    Definitions(executor=in_process_executor),
 )
