@@ -522,6 +522,12 @@ def function_name(fn: object) -> str:
 LATE_MARK = "_srt_late"
 
 
+def reject_record(ctx: Context, record: dict[str, Any], exc: Exception, call: str) -> None:
+    """A record a runtime operator's user call raised on, isolated alone (dead-lettered, or
+    the job stopped by its error policy). ``ctx`` is the engine's context."""
+    ctx.operator.reject_record(record, exc, call)  # type: ignore[attr-defined]
+
+
 def drop_late(ctx: Context, tag: OutputTag | None, record: Mapping[str, Any]) -> None:
     """A late record of a runtime operator (a window's, a join's): to its late side output
     ``tag``, or dropped and counted. ``ctx`` is the engine's context."""

@@ -39,13 +39,14 @@ from typing import Any, ClassVar
 
 from pyspark.sql.types import StructType
 
-from stateful_runtime.exceptions import ConfigError
+from stateful_runtime.exceptions import ConfigError, UserFunctionError
 from stateful_runtime.functions import (
     Context,
     KeyedCoProcessFunction,
     OutputTag,
     RuntimeContext,
     drop_late,
+    reject_record,
     to_datetime,
     to_ms,
 )
@@ -325,7 +326,14 @@ class TemporalJoinOperator(JoinOperator):
             version, join.right_ms = (versions[i][1], times[i]) if i >= 0 else (None, None)
             join.left_ms = at
             for record in self.pending.get(at) or []:
-                out.extend(fn.process_element(record, version, join) or ())
+                # Each record apart: one that raises is dead-lettered alone, and the key's
+                # other records are joined (the timer's call does not fail for it).
+                try:
+                    out.extend(list(fn.process_element(record, version, join) or ()))
+                except (ConfigError, UserFunctionError):
+                    raise
+                except Exception as exc:
+                    reject_record(ctx, record, exc, f"{type(fn).__name__}.process_element")
             self.pending.remove(at)
         # Every record still to come is at t or later (the pending ones and those not late):
         # the newest version at or before t serves them all, the older ones none.

@@ -401,6 +401,20 @@ class KeyedOperator:
             exc,
         )
 
+    def reject_record(self, record: dict[str, Any], exc: Exception, call: str) -> None:
+        """Isolate one record a runtime operator handed to a user function inside its own
+        call (a temporal join's timer joins each held record apart): dead-lettered with the
+        reason, or the job stopped, as an element's call."""
+        key = self.current_key[0] if len(self.current_key) == 1 else self.current_key
+        self.guard.reject(
+            self.guard.seen,
+            record,
+            f"{call} raised {describe(exc)} (key {key!r}; the record is dropped from state)",
+            None,
+            None,
+            exc,
+        )
+
     def fire(self, key: tuple, ts: int) -> None:
         """A timer of ``key`` at ``ts`` fired (the backend has already removed it)."""
         backend = self.backend

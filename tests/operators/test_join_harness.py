@@ -289,3 +289,23 @@ def test_join_state_stays_flat_over_a_long_stream():
     # merchant's current tier (7) and the 2 payments the watermark has not passed.
     assert sizes["interval"] == [32 + 2] * 10
     assert sizes["temporal"] == [7 + 2] * 10
+
+
+class StrictTier(TierAsOf):
+    def process_element(self, payment, version, ctx):
+        if payment["amount_paise"] < 0:
+            raise ValueError("negative payment")
+        yield from super().process_element(payment, version, ctx)
+
+
+def test_temporal_join_record_that_raises_is_dead_lettered_alone():
+    h = temporal_join_harness(StrictTier(), "merchant_id", "ts_ms")
+    h.process_element2(tier("M1", "low", 0))
+    bad = pay("bad", 5 * M) | {"amount_paise": -1}
+    h.process_element1(bad)
+    h.process_element1(pay("p1", 5 * M))
+    assert h.process_watermark(10 * M) == [out("p1", "low", 0)]
+    [(record, reason)] = h.dead_letters
+    assert record == bad
+    assert "StrictTier.process_element raised ValueError: negative payment" in reason
+    assert h.state("M1", "pending") is None
