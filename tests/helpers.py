@@ -181,13 +181,15 @@ class UpiWorkspace:
         return {(m, w): (p, a) for m, w, p, a in rows}
 
 
-def append_lines(log_dir: Path, lines: Sequence[bytes], topic: str = "upi-payments") -> None:
-    """Append JSON lines keyed by merchant_id, as `srt log append --key-field` does."""
+def append_lines(
+    log_dir: Path, lines: Sequence[bytes], topic: str = "upi-payments", key: str = "merchant_id"
+) -> None:
+    """Append JSON lines keyed by field ``key``, as `srt log append --key-field` does."""
     from stateful_runtime.connectors.eventlog import EventLog
     from stateful_runtime.connectors.eventlog.ingest import _records
 
     with EventLog(log_dir).writer(topic) as writer:
-        writer.append(_records(lines, "merchant_id"))
+        writer.append(_records(lines, key))
 
 
 def read_topic(log_dir: Path, topic: str) -> list:
