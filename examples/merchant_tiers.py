@@ -13,7 +13,9 @@ its ``ts_ms``)::
 * ``tier-as-of``: each payment waits until the watermark (the minimum of the payments' and
   the tiers' topics) passes its time, then takes the tier valid at that time, so a tier
   change read late or early gives the same rows on every replay. A merchant with no tier yet
-  is ``unrated``. Only each merchant's current tier (and newer ones) stays in state.
+  is ``unrated``. Only each merchant's current tier (and newer ones) stays in state. A
+  payment of zero or fewer paise is a producer's bug: the function raises, and the payment
+  is dead-lettered (to ``upi-payments-dlq``), alone.
 * ``refunds-within-30m``: each refund is paired with its transaction's payment when it comes
   at most 30 minutes after it (either topic may be read first); both are dropped from state
   once the watermark passes their half hour. A refund with no payment in that time makes no
@@ -72,6 +74,8 @@ class TierAsOf(TemporalJoinFunction):
     }
 
     def process_element(self, payment, version, ctx):
+        if payment["amount_paise"] <= 0:  # a producer's bug: dead-lettered, the rest joined
+            raise ValueError(f"payment of {payment['amount_paise']} paise")
         since = ctx.right_timestamp()
         yield {
             **payment,

@@ -1,8 +1,9 @@
 """Both joins on Spark (``examples/merchant_tiers.py``): payments, refunds and a changelog of
 merchant tiers on three event-log topics; the temporal join and the interval join of one job
 against an oracle computed from the inputs alone, with a restart from the checkpoint in the
-middle of every topic (records held in the joins' state across it), and a refund and a tier
-version behind the watermark dropped and counted as late."""
+middle of every topic (records held in the joins' state across it), a refund and a tier
+version behind the watermark dropped and counted as late, and a payment the temporal join's
+function raises on dead-lettered alone."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from bisect import bisect_right
 import pytest
 
 from stateful_runtime.connectors.eventlog import EventLog
-from tests.helpers import append_lines
+from tests.helpers import append_lines, read_topic
 from tests.operators.helpers import run, table
 
 pytestmark = pytest.mark.slow
@@ -72,6 +73,9 @@ def inputs() -> dict[str, list[dict]]:
         {"refund_id": "late", "txn_id": "late", "refund_paise": 1, "ts_ms": T0 + M},
         {"merchant_id": "M1", "tier": "late", "ts_ms": T0 + 2 * M},
     ]
+    payments.append(
+        {"txn_id": "bad", "merchant_id": "M1", "amount_paise": -5, "ts_ms": T0 + 30 * M}
+    )
     payments.append({"txn_id": "end", "merchant_id": "M0", "amount_paise": 1, "ts_ms": END})
     refunds.append({"refund_id": "end", "txn_id": "none", "refund_paise": 1, "ts_ms": END})
     tiers.append({"merchant_id": "M9", "tier": "end", "ts_ms": END})
@@ -96,7 +100,7 @@ def oracle(data: dict[str, list[dict]]) -> tuple[dict, dict]:
         by_merchant.setdefault(t["merchant_id"], []).append((t["ts_ms"], t["tier"]))
     tiers = {}
     for p in data["upi-payments"]:
-        if p["txn_id"] == "end":
+        if p["txn_id"] in ("end", "bad"):
             continue
         versions = sorted(by_merchant.get(p["merchant_id"], []))
         i = bisect_right([at for at, _ in versions], p["ts_ms"]) - 1
@@ -140,4 +144,11 @@ def test_temporal_and_interval_join_against_an_oracle_across_a_restart(spark, tm
         for rid, txn, after in table(db, "SELECT refund_id, txn_id, after_s FROM refund_pairs")
     }
     assert got_pairs == pairs
+    # The payment the temporal join's function raised on: dead-lettered alone, once.
+    [letter] = read_topic(log, "upi-payments-dlq")
+    assert json.loads(letter.value) == next(p for p in data["upi-payments"] if p["txn_id"] == "bad")
+    assert letter.headers["step"] == "tier-as-of"
+    assert letter.headers["error"].startswith(
+        "tier-as-of: TierAsOf.process_element raised ValueError: payment of -5 paise"
+    )
     assert 0 < len(pairs) < len(data["upi-refunds"]) - 7  # some refunds came too late to pair
