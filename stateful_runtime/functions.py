@@ -278,6 +278,10 @@ class CoProcess(KeyedProcessFunction):
         """The call of the element in progress, as a dead letter's reason names it."""
         source = self.inputs[self.current - 1].source
         at = f": {source}" if source else ""
+        join = getattr(self.connected, "join_function", None)
+        if join is not None:  # a join's: its function, and the side the element came on
+            role = self.connected.calls[self.current - 1]
+            return f"{type(join).__name__} on a {role} record (input {self.current}{at})"
         return f"process_element{self.current} (input {self.current}{at})"
 
     def open(self, ctx: RuntimeContext) -> None:

@@ -401,5 +401,18 @@ class WindowJoinOperator(JoinOperator):
             return iter(())
         self.windows.remove(start)
         fn: Any = self.join_function
-        out = [fn.join(a, b) for a in stored[1] for b in stored[2]]
-        return iter([o for o in out if o is not None])
+        out = []
+        for a in stored[1]:
+            for b in stored[2]:
+                # Each pair apart: one that raises is dead-lettered alone (as the pair).
+                try:
+                    joined = fn.join(a, b)
+                except (ConfigError, UserFunctionError):
+                    raise
+                except Exception as exc:
+                    pair = {"first": a, "second": b}
+                    reject_record(ctx, pair, exc, f"{type(fn).__name__}.join")
+                    continue
+                if joined is not None:
+                    out.append(joined)
+        return iter(out)

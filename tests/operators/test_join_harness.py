@@ -127,8 +127,8 @@ def test_interval_join_function_that_raises_dead_letters_the_arriving_record_unb
     bad = refund("bad", "t1", M) | {"refund_paise": -1}
     assert h.process_element2(bad) == []
     [(record, reason)] = h.dead_letters
-    assert record == bad and "process_element2 (input 2) raised ValueError" in reason
-    assert reason.startswith("PairRefund: ")
+    assert record == bad
+    assert reason.startswith("PairRefund: PairRefund on a right record (input 2) raised ValueError")
     assert h.state("t1", "right_buffer") is None
 
 
@@ -309,3 +309,24 @@ def test_temporal_join_record_that_raises_is_dead_lettered_alone():
     assert record == bad
     assert "StrictTier.process_element raised ValueError: negative payment" in reason
     assert h.state("M1", "pending") is None
+
+
+class StrictPair(PaymentRefund):
+    def join(self, payment, refund):
+        if refund["refund_id"] == "bad":
+            raise ValueError("bad refund")
+        return super().join(payment, refund)
+
+
+def test_window_join_pair_that_raises_is_dead_lettered_alone():
+    h = window_join_harness(
+        StrictPair(), TumblingEventTimeWindows.of(timedelta(minutes=10)), "txn_id", "ts_ms"
+    )
+    h.process_element1(pay("t1", M))
+    h.process_element2(refund("bad", "t1", 2 * M))
+    h.process_element2(refund("r1", "t1", 3 * M))
+    assert h.process_watermark(10 * M) == [{"txn_id": "t1", "refund_id": "r1"}]
+    [(record, reason)] = h.dead_letters
+    assert record == {"first": pay("t1", M), "second": refund("bad", "t1", 2 * M)}
+    assert "StrictPair.join raised ValueError: bad refund" in reason
+    assert h.stored_states() == set()
