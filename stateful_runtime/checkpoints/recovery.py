@@ -198,6 +198,19 @@ def _newest_savepoint(root: str | None, job: str) -> tuple[str | None, str]:
     )
 
 
+def _unfinished_writes(query: QueryLayout) -> list[str]:
+    """Remove Spark's temporary files in the query's offset and commit logs (``.N.<id>.tmp``:
+    a write killed before its rename, never part of the log). Spark's readers skip them, but a
+    query whose first batch never committed is refused with one there (Spark 4.3 wants the
+    offset log of a batch-0 start empty: STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY)."""
+    removed = []
+    for log in (query.offset_log, query.commit_log):
+        for tmp in sorted(log.glob(".*.tmp")) if log.is_dir() else []:
+            tmp.unlink(missing_ok=True)
+            removed.append(query.relative(tmp))
+    return removed
+
+
 def _move(src: Path, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     os.replace(src, dest)
@@ -244,6 +257,12 @@ def recover(
         query = CheckpointLayout(ckpt).query(q)
         if not query.offset_log.is_dir():
             continue
+        if unfinished := _unfinished_writes(query):
+            rec.notes.append(
+                f"query {q}: removed {len(unfinished)} unfinished write(s) of its batch logs "
+                f"({', '.join(unfinished)}: the process stopped before renaming them into the "
+                f"log)"
+            )
         problems = verify.verify(query.root)
         if not problems:
             continue

@@ -65,3 +65,31 @@ def test_a_log_whose_watermarks_trail_their_batches_is_never_poisoned(tmp_path_f
     if at < len(batches):
         batches[at] = (batches[at][0], batches[at][0] + HOUR + 1)
         assert WatermarkBounds(HOUR, None).broken(_log(root, batches))[0] == at  # type: ignore[index]
+
+
+def test_an_unfinished_write_of_a_batch_log_is_removed_before_a_start(tmp_path):
+    """A kill while Spark wrote ``offsets/0`` leaves its temporary file, and Spark 4.3 refuses
+    to plan a query's first batch with one there (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY):
+    the start removes it, and the logs' real entries stay."""
+    from stateful_runtime.checkpoints.layout import CheckpointLayout, claim
+    from stateful_runtime.checkpoints.recovery import recover
+
+    ckpt = tmp_path / "ck"
+    claim(ckpt, "job", ["first", "second"])
+    first = CheckpointLayout(ckpt).query("first")
+    first.offset_log.mkdir(parents=True)
+    (first.offset_log / ".0.9777aba6.tmp").write_text("v1\n")
+    second = _log(ckpt / "second", [(0, 0), (1, 60_000)])
+    (second.offset_log / ".2.0f0f.tmp").write_text("v1\n")
+
+    rec = recover(ckpt, ["first", "second"])
+    assert not list(first.offset_log.iterdir())
+    assert sorted(p.name for p in second.offset_log.iterdir()) == ["0", "1"]
+    said = " ".join(rec.notes)
+    assert (
+        "query first: removed 1 unfinished write(s) of its batch logs (offsets/.0.9777aba6.tmp"
+        in said
+    )
+    assert (
+        "query second: removed 1 unfinished write(s) of its batch logs (offsets/.2.0f0f.tmp" in said
+    )

@@ -443,3 +443,51 @@ def caught_up(qdir: Path, ends: Mapping[str, int]) -> bool:
         return not any(ends.values())
     done = batch_offsets(qdir, c) or {}
     return all(done.get(p, 0) >= e for p, e in ends.items())
+
+
+IDLE_S = 20.0
+
+
+def kill_at_random_points(
+    args: list[str], env: dict[str, str], qdir: Path, kills: int, rng: random.Random, logs: Path
+) -> list[str]:
+    """Start ``srt ARGS`` and kill its process group ``kills`` times on one checkpoint: at a
+    random moment of start-up, or a random delay after a random number (1-3) of new batches
+    committed in query ``qdir``. Returns the kill points; fails if a run ended on its own."""
+    from stateful_runtime.checkpoints.layout import QueryLayout
+    from tests.helpers import kill_group, srt_background
+
+    def committed() -> int:
+        c = QueryLayout(qdir).last_committed()
+        return -1 if c is None else c
+
+    points = []
+    for i in range(kills):
+        before, k = committed(), rng.choice([0, 1, 2, 3])
+        log = logs / f"run-{i}.log"
+        proc = srt_background(args, env, log)
+        try:
+            t0 = time.monotonic()
+            if k == 0:
+                wait = rng.uniform(0, 15)
+                while time.monotonic() < t0 + wait and proc.poll() is None:
+                    time.sleep(0.05)
+                points.append(f"{wait:.1f} s after start")
+            else:
+                # A job that has read all its input commits no more: then the kill comes when
+                # it has been idle for IDLE_S (the last commit it made).
+                seen, since = committed(), time.monotonic()
+                while committed() < before + k and proc.poll() is None:
+                    assert time.monotonic() < t0 + 600, f"no commit {k} in 600 s"
+                    if committed() != seen:
+                        seen, since = committed(), time.monotonic()
+                    elif seen > before and time.monotonic() - since > IDLE_S:
+                        break
+                    time.sleep(0.05)
+                delay = rng.uniform(0, 1.5)
+                time.sleep(delay)  # the random point: not a synchronisation
+                points.append(f"{delay:.2f} s after commit {committed() - before}")
+            assert proc.poll() is None, log.read_text()[-2000:]
+        finally:
+            kill_group(proc)
+    return points

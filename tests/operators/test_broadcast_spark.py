@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import random
 
 import pytest
 
@@ -19,47 +18,10 @@ from stateful_runtime.connectors.eventlog import EventLog
 from stateful_runtime.exceptions import PlanError
 from stateful_runtime.operators.arrow_keyed import broadcast_row
 from tests.helpers import append_lines, read_topic
+from tests.operators.example_inputs import T0, fraud_alerts, fraud_rule, payer_payments
 from tests.operators.helpers import run, table
 
 pytestmark = pytest.mark.slow
-
-T0 = 1_767_225_600_000
-
-
-def payments(seed: int, start: int, n: int) -> list[dict]:
-    rng = random.Random(seed)
-    return [
-        {
-            "txn_id": f"t{start + i}",
-            "payer_id": f"P{rng.randint(0, 9)}",
-            "device_id": f"D{rng.randint(0, 3)}",
-            "amount_paise": rng.choice([1_000_000, 6_000_000, 12_000_000, 25_000_000]),
-            "ts_ms": T0 + (start + i) * 1_000,
-        }
-        for i in range(n)
-    ]
-
-
-def rule(rid: str, min_paise: int, new_only: bool, active: bool = True, ts: int = T0) -> dict:
-    return {
-        "rule_id": rid,
-        "min_paise": min_paise,
-        "new_device_only": new_only,
-        "active": active,
-        "ts_ms": ts,
-    }
-
-
-def alerts(rules: dict[str, dict], batch: list[dict], devices: dict[str, set]) -> set:
-    out = set()
-    for p in batch:
-        seen = devices.setdefault(p["payer_id"], set())
-        new = p["device_id"] not in seen
-        seen.add(p["device_id"])
-        for rid, r in rules.items():
-            if p["amount_paise"] > r["min_paise"] and (new or not r["new_device_only"]):
-                out.add((p["txn_id"], rid, new))
-    return out
 
 
 def test_rules_appended_later_change_the_alerts_and_survive_a_restart(spark, tmp_path):
@@ -68,13 +30,16 @@ def test_rules_appended_later_change_the_alerts_and_survive_a_restart(spark, tmp
         EventLog(log).create_topic(topic, 1)
     db = tmp_path / "fraud.duckdb"
     settings = {"sink.database": db, "source.max_records_per_batch": 10, "parallelism": 2}
-    first_rules = [rule("big-new-device", 5_000_000, True), rule("huge", 20_000_000, False)]
-    later_rules = [
-        rule("huge", 0, False, active=False, ts=T0 + 100_000),  # withdrawn
-        rule("mid", 10_000_000, False, ts=T0 + 100_000),
-        rule("broken", -1, False, ts=T0 + 100_000),  # the function raises on it
+    first_rules = [
+        fraud_rule("big-new-device", 5_000_000, True),
+        fraud_rule("huge", 20_000_000, False),
     ]
-    before, after = payments(1, 0, 30), payments(2, 30, 30)
+    later_rules = [
+        fraud_rule("huge", 0, False, active=False, ts=T0 + 100_000),  # withdrawn
+        fraud_rule("mid", 10_000_000, False, ts=T0 + 100_000),
+        fraud_rule("broken", -1, False, ts=T0 + 100_000),  # the function raises on it
+    ]
+    before, after = payer_payments(1, 0, 30), payer_payments(2, 30, 30)
 
     append_lines(log, [json.dumps(r).encode() for r in first_rules], topic="fraud-rules")
     append_lines(log, [json.dumps(p).encode() for p in before], topic="upi-device-payments")
@@ -85,10 +50,10 @@ def test_rules_appended_later_change_the_alerts_and_survive_a_restart(spark, tmp
 
     devices: dict[str, set] = {}
     rules = {r["rule_id"]: r for r in first_rules}
-    expected = alerts(rules, before, devices)
+    expected = fraud_alerts(rules, before, devices)
     rules.pop("huge")
     rules["mid"] = later_rules[1]
-    expected |= alerts(rules, after, devices)
+    expected |= fraud_alerts(rules, after, devices)
     got = set(table(db, "SELECT txn_id, rule_id, new_device FROM fraud_alerts"))
     assert got == expected
     # Both partitions' payers alerted, by rules of both runs (one of them from the checkpoint).

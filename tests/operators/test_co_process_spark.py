@@ -12,7 +12,8 @@ import pytest
 
 from stateful_runtime.connectors.eventlog import EventLog
 from tests.helpers import append_lines, read_topic
-from tests.operators.helpers import crash_before_commit, refund_inputs, refund_oracle, run, table
+from tests.operators.example_inputs import refund_inputs, refund_oracle
+from tests.operators.helpers import crash_before_commit, run, table
 
 pytestmark = pytest.mark.slow
 
