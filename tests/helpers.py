@@ -168,17 +168,10 @@ class UpiWorkspace:
         return ["run", str(self.job), *self.sets(), *more]
 
     def table(self) -> dict:
-        """upi_counts as {(merchant_id, window_start): (payments, amount_paise)}."""
-        import duckdb
+        """upi_counts as {(merchant_id, window_start UTC naive): (payments, amount_paise)}."""
+        from tests.faults.harness import duckdb_counts
 
-        con = duckdb.connect(str(self.database), read_only=True)
-        try:
-            rows = con.execute(
-                "SELECT merchant_id, window_start, payments, amount_paise FROM upi_counts"
-            ).fetchall()
-        finally:
-            con.close()
-        return {(m, w): (p, a) for m, w, p, a in rows}
+        return duckdb_counts(self.database)
 
 
 def append_lines(

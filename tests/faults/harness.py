@@ -365,7 +365,7 @@ def record_run(
     """Record a run that must end exact (exit 0, the UPI table of workspace ``ws`` = the oracle
     of ``lines``, each bad record one dead letter) as a trial: ``passed`` is its detail when
     it does. Returns what went wrong ([]: nothing)."""
-    cmp = compare(duckdb_counts(ws.database), upi_oracle(lines))
+    cmp = compare(ws.table(), upi_oracle(lines))
     dead = dead_letters(ws.log_dir)
     why = []
     if code != 0:

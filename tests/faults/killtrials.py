@@ -342,7 +342,7 @@ def run_kill_trials(
     )
     quarantined = len(list((ws.checkpoint_dir / "_quarantine").glob("*")))
     torn_count = sum(1 for t in out.trials if t.damage)
-    cmp = compare(duckdb_counts(ws.database), upi_oracle(lines))
+    cmp = compare(ws.table(), upi_oracle(lines))
     dead = dead_letters(ws.log_dir)
     problems = []
     if final.returncode != 0:
