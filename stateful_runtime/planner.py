@@ -23,11 +23,12 @@ alone decides how each runs (:func:`native_window_reason`). Paths:
   event-time windows with built-in aggregates, fired by the watermark) compiles to
   ``groupBy(window(...))`` or ``groupBy(session_window(...))`` running in the JVM on the RocksDB
   state store — the fast path.
-* ``process``: a keyed process function on ``transformWithStateInPandas`` (RocksDB state store,
-  timers in Spark, TTL per descriptor).
+* ``process``: a keyed process function, on ``transformWithStateInPandas`` (Spark's RocksDB state
+  store, timers in Spark, TTL per descriptor) or, with ``state.backend=rocksdb_local``, in the
+  Python worker on its own RocksDB over whole Arrow batches.
 * ``window``: any other window (a user aggregate or window function, global + count trigger,
   allowed lateness, late side output, early firing) on the runtime's window operator, itself a
-  keyed process function on ``transformWithStateInPandas``.
+  keyed process function on either backend.
 * ``stateless``: filters and maps straight to a sink.
 
 ``map`` / ``flat_map`` run on any path before its stateful operator, as Spark's ``mapInArrow``
@@ -375,8 +376,17 @@ def _split(sink_node: SinkNode) -> tuple[str, _Pipeline, SideOutputNode | None]:
     return sink_node.name, _Pipeline(sink_node.name, inputs, body), None
 
 
-def _path(nodes: tuple[PlannedNode, ...]) -> tuple[QueryPath, str]:
+_KEYED_STATE = {
+    "spark": "on transformWithStateInPandas, named state in Spark's RocksDB state store, timers "
+    "in Spark",
+    "rocksdb_local": "in the Python worker over whole Arrow batches (mapInArrow), named state "
+    "and timers in the worker's RocksDB, versioned with each batch (state.backend=rocksdb_local)",
+}
+
+
+def _path(nodes: tuple[PlannedNode, ...], backend: str) -> tuple[QueryPath, str]:
     """The path of a query's stateful operator (its last), and why."""
+    where = _KEYED_STATE.get(backend, f"on state.backend={backend}")
     for node in reversed(nodes):
         if isinstance(node, NativeWindowNode):
             return QueryPath.NATIVE, (
@@ -388,8 +398,8 @@ def _path(nodes: tuple[PlannedNode, ...]) -> tuple[QueryPath, str]:
         if isinstance(node, ProcessNode):
             if isinstance(node.function, WindowOperator):
                 return QueryPath.WINDOW, (
-                    "the window needs " + node.function.needs() + ": the runtime's window "
-                    "operator on transformWithStateInPandas (state in RocksDB, timers in Spark)"
+                    f"the window needs {node.function.needs()}: the runtime's window "
+                    f"operator, a keyed process function {where}"
                 )
             if isinstance(node.function, BroadcastProcess):
                 return QueryPath.PROCESS, (
@@ -411,12 +421,9 @@ def _path(nodes: tuple[PlannedNode, ...]) -> tuple[QueryPath, str]:
                     "keyed co-process function: the two connected streams as one (each record "
                     "tagged with its input and carrying both inputs' columns), keyed, each "
                     "element handed to process_element1 or 2 by its input; shared state and "
-                    "timers as a keyed process function's"
+                    f"timers as a keyed process function's, {where}"
                 )
-            return QueryPath.PROCESS, (
-                "keyed process function: transformWithStateInPandas, named state in "
-                "the RocksDB state store, timers in Spark"
-            )
+            return QueryPath.PROCESS, f"keyed process function {where}"
     if any(isinstance(n, MapNode) for n in nodes):
         return (
             QueryPath.STATELESS,
@@ -439,7 +446,7 @@ def _query(job: StreamJob, p: _Pipeline, inputs: tuple[QueryInput, ...]) -> Quer
                 f"has state.backend={job.state_backend}): set it in the job file's defaults "
                 f"or run with --set state.backend=rocksdb_local"
             )
-    path, reason = _path(nodes)
+    path, reason = _path(nodes, job.state_backend)
     if any(isinstance(n, MapNode) for i in inputs for n in i.nodes) and reason.startswith(
         "no stateful operator: records pass straight"
     ):

@@ -57,6 +57,10 @@ def test_reduce_runs_on_the_window_operator_with_the_source_fields(tmp_path):
     out.sink_to(LogSink(str(tmp_path / "log"), "out"))
     q = plan(job).queries[0]
     assert q.path == "window" and "reduce" in q.reason
+    assert "transformWithStateInPandas" in q.reason
+    job.state_backend = "rocksdb_local"  # the why names where the state lives
+    local = plan(job).queries[0]
+    assert "in the Python worker" in local.reason and "transformWithState" not in local.reason
     node = out.node
     h = window_harness(node.assigner, node.parent.keys, node.contents, timestamp_field="ts")
     for ts in (1, 2, 3, 11_000):

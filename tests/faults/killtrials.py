@@ -15,7 +15,7 @@ once.
 Seeded: the seed fixes the input, every kill point and every damage; a failure names it.
 
     python -m tests.faults.killtrials --trials 100 [--seed S]     (platform/fault-trials.sh)
-    python -m tests.faults.killtrials --trials 20 --backend rocksdb_local   (a process function)
+    python -m tests.faults.killtrials --trials 20 --backend rocksdb_local [--operator window]
 """
 
 from __future__ import annotations
@@ -66,14 +66,16 @@ class Config:
     max_commits: int = 3  # k in 0..max_commits new committed batches before a kill
     torn_every: int = 5  # about one trial in this many tears the newest commit after its kill
     # None: the UPI example (Spark's native window); a state backend: the same counts computed
-    # by a keyed process function on it (tests/faults/upi_keyed_job.py)
+    # on it by the runtime's `operator` (tests/faults/upi_keyed_job.py)
     backend: str | None = None
+    operator: str = "process"  # or "window"
 
     def fault(self, name: str) -> str:
         """A fault's name in the trial records, with the job variant it was tried on."""
         if self.backend is None:
             return name
-        return f"{name} (keyed process function, state.backend={self.backend})"
+        what = {"process": "keyed process function", "window": "window operator"}[self.operator]
+        return f"{name} ({what}, state.backend={self.backend})"
 
     @property
     def events(self) -> int:
@@ -244,6 +246,7 @@ def run_kill_trials(
     if cfg.backend is not None:
         ws.job = KEYED_JOB
         ws.extra["state.backend"] = cfg.backend
+        ws.extra["operator"] = cfg.operator
     EventLog(ws.log_dir).create_topic(TOPIC, cfg.partitions)
     lines = list(
         events(
@@ -406,12 +409,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--backend",
         choices=["spark", "rocksdb_local"],
-        help="count with a keyed process function on this state backend (default: the UPI "
+        help="count with the runtime's operator on this state backend (default: the UPI "
         "example's native window)",
     )
+    p.add_argument("--operator", choices=["process", "window"], default="process")
     a = p.parse_args(argv)
     seed = a.seed if a.seed is not None else random.randrange(1 << 31)
-    cfg = Config(trials=a.trials, seed=seed, cap=a.cap, backend=a.backend)
+    cfg = Config(trials=a.trials, seed=seed, cap=a.cap, backend=a.backend, operator=a.operator)
     root = Path(tempfile.mkdtemp(prefix="srt-kill-trials-"))
     home = root / "home"
     env = {

@@ -46,22 +46,27 @@ def test_after_two_fallbacks_each_window_must_hold_a_value_it_had_at_a_batch_end
     assert not check({**mixed, ("M1", 0): (1, 10)}, [at_ledger, later])  # behind the ledger
 
 
-KEYED_TRIALS = int(os.environ.get("SRT_FAULT_KEYED_TRIALS", "6"))
+KEYED_TRIALS = int(os.environ.get("SRT_FAULT_KEYED_TRIALS", "3"))
 
 
-# The same trials with the counts kept by a keyed process function in the Python worker's
+# The same trials with the counts kept by the runtime's keyed operators in the Python worker's
 # RocksDB (state.backend=rocksdb_local): its versioned keyed files must be as crash-safe as
-# Spark's state store. `python -m tests.faults.killtrials --backend rocksdb_local` runs more.
+# Spark's state store, for a process function's map state and timers and for the window
+# operator's windows and triggers. `python -m tests.faults.killtrials --backend rocksdb_local
+# [--operator window]` runs more.
 @pytest.mark.timeout(1800)
-def test_kill_dash_nine_of_a_process_function_on_local_state_every_trial_equals_oracle(
-    tmp_path, job_env, trials
+@pytest.mark.parametrize("operator", ["process", "window"])
+def test_kill_dash_nine_of_a_keyed_operator_on_local_state_every_trial_equals_oracle(
+    tmp_path, job_env, trials, operator
 ):
     seed = int(os.environ.get("SRT_FAULT_SEED") or random.randrange(1 << 31))
-    print(f"kill -9 trials (rocksdb_local): seed {seed} (replay: SRT_FAULT_SEED={seed})")
-    cfg = Config(trials=KEYED_TRIALS, seed=seed, backend="rocksdb_local")
+    print(
+        f"kill -9 trials (rocksdb_local, {operator}): seed {seed} (replay: SRT_FAULT_SEED={seed})"
+    )
+    cfg = Config(trials=KEYED_TRIALS, seed=seed, backend="rocksdb_local", operator=operator)
     out = run_kill_trials(tmp_path / "w", cfg, job_env, _record(trials, seed, cfg), say=print)
     record_final(trials, out, cfg)
     assert out.ok, (
         f"seed {seed} — replay with SRT_FAULT_SEED={seed} pytest "
-        f"tests/faults/test_kill_trials.py -k local_state\n{out.table()}"
+        f"tests/faults/test_kill_trials.py -k 'local_state and {operator}'\n{out.table()}"
     )

@@ -1,10 +1,15 @@
-"""The UPI per-minute counts computed by a keyed process function, for the fault trials on the
-state backends of process functions (``state.backend``: ``spark`` or ``rocksdb_local``).
+"""The UPI per-minute counts computed by the runtime's keyed operators, for the fault trials on
+the state backends of Python operators (``state.backend``: ``spark`` or ``rocksdb_local``).
 
 Same input, query, sink and table as ``examples/upi_per_minute.py``, so the trials' oracle and
-checks apply unchanged: per merchant, a MapState of minute → (payments, amount) updated by every
-payment, each update written (the DuckDB sink keeps a batch's last row per key), and an
-event-time timer at the minute's end that drops it from state.
+checks apply unchanged. ``operator`` picks the operator:
+
+* ``process``: a keyed process function; per merchant, a MapState of minute → (payments,
+  amount) updated by every payment, each update written (the DuckDB sink keeps a batch's last
+  row per key), and an event-time timer at the minute's end that drops it from state;
+* ``window``: the runtime's window operator (tumbling minutes, an AggregateFunction and a
+  trigger that fires on every element, none of which Spark's native aggregation runs), so the
+  table holds every window's count as of each batch's end, as the native path's update mode.
 
 ``UPI_KEYED_PAUSE=<dir>:<txn_id>`` (tests only): the Python worker that meets that payment
 first writes ``<dir>/paused`` (its pid) and waits there, in the middle of its task, to be
@@ -20,12 +25,16 @@ from pathlib import Path
 
 from dbt_sink import DuckDBUpsertSink
 from stateful_runtime import (
+    AggregateFunction,
+    EarlyFiring,
     KeyedProcessFunction,
     LogSource,
     MapStateDescriptor,
     StreamJob,
+    TumblingEventTimeWindows,
     WatermarkStrategy,
 )
+from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.functions import to_datetime, to_ms
 
 DEFAULTS = {
@@ -36,6 +45,7 @@ DEFAULTS = {
     "checkpoint.dir": "srt-data/checkpoints/upi-keyed",
     "checkpoint.interval_s": 2.0,
     "parallelism": 4,
+    "operator": "process",  # or "window"
 }
 
 PAYMENT = {"txn_id": str, "merchant_id": str, "amount_paise": int, "ts_ms": int}
@@ -83,6 +93,18 @@ class PerMinute(KeyedProcessFunction):
         return ()
 
 
+class CountAndSum(AggregateFunction):
+    def create_accumulator(self):
+        return (0, 0)
+
+    def add(self, payment, acc):
+        _pause_at(payment)
+        return (acc[0] + 1, acc[1] + payment["amount_paise"])
+
+    def get_result(self, acc):
+        return {"payments": acc[0], "amount_paise": acc[1]}
+
+
 def build(config: dict) -> StreamJob:
     job = StreamJob.from_config("upi-per-minute", config)
     payments = job.from_source(
@@ -92,10 +114,21 @@ def build(config: dict) -> StreamJob:
         ),
         name="upi-source",
     )
+    keyed = payments.key_by("merchant_id")
+    if config["operator"] == "process":
+        counts = keyed.process(PerMinute(), name="upi-counts")
+    elif config["operator"] == "window":
+        counts = (
+            keyed.window(TumblingEventTimeWindows.of(timedelta(minutes=1)))
+            .trigger(EarlyFiring.every(count=1))
+            .aggregate(
+                CountAndSum(), name="upi-counts", output={"payments": int, "amount_paise": int}
+            )
+        )
+    else:
+        raise ConfigError(f"operator: 'process' or 'window', got {config['operator']!r}")
     (
-        payments.key_by("merchant_id")
-        .process(PerMinute(), name="upi-counts")
-        .sink_to(
+        counts.sink_to(
             DuckDBUpsertSink(
                 config["sink.database"], "upi_counts", key=("merchant_id", "window_start")
             ),
