@@ -138,3 +138,32 @@ def test_batch_files_verify_and_later_versions_see_keyed_state(tmp_path):
     assert problems["keyed/op/0/2.delta"] == "missing"
     with pytest.raises(StateError, match="3.delta cannot be read"):
         keyed.state_at(q.keyed / "op" / "1", 3)
+
+
+def test_an_older_keyed_file_a_restart_needs_is_refused_and_a_newest_one_falls_back(tmp_path):
+    """`srt run`'s check at start (recovery.recover) treats keyed files as Spark's changelogs:
+    damage to the newest version moves the newest batch aside; damage to a version the batch
+    before needs as well refuses, naming the file, and moves nothing."""
+    from stateful_runtime.checkpoints import layout, recovery
+
+    layout.claim(tmp_path / "ck", "job", ["q"])
+    q = _query(tmp_path / "ck", 3)
+
+    def before() -> list[str]:
+        return sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+
+    older = q.keyed / "op" / "1" / "2.delta"  # version 2: what batch 1 left, batch 2's start
+    saved = older.read_bytes()
+    older.write_bytes(saved[:40])
+    tree = before()
+    with pytest.raises(recovery.CorruptCheckpointError, match="keyed/op/1/2.delta"):
+        recovery.recover(tmp_path / "ck", ["q"])
+    assert before() == tree
+    older.write_bytes(saved)
+
+    newest = q.keyed / "op" / "0" / "3.delta"
+    newest.write_bytes(b"")
+    rec = recovery.recover(tmp_path / "ck", ["q"])
+    assert q.last_committed() == 1 and rec.quarantine is not None
+    assert (rec.quarantine / "q" / "keyed" / "op" / "0" / "3.delta").exists()
+    assert verify.verify(q.root) == []

@@ -491,15 +491,13 @@ apply unchanged):
 |---|---|---|
 | kill -9 of the job's process group at random points, torn newest `commits/N` included (`tests/faults/test_kill_trials.py -k local_state`, 3 a CI run for each operator; `python -m tests.faults.killtrials --backend rocksdb_local [--operator window] --trials N` for more) | 3 + 3 a run | every trial's table = the oracle of the records the sink's ledger claims; the drain = the oracle of the whole input, each dead letter once (the rows above, "keyed process function, state.backend=rocksdb_local" and "window operator, state.backend=rocksdb_local") |
 | a Python worker killed (kill -9) in the middle of its task, after part of the batch's keys changed in its RocksDB and warm values (`tests/faults/test_python_worker_kill.py`) | 1 | Spark runs the task again and the run ends with exit 0: table = oracle, 8 dead letters for 8 bad records. Before: a local master failed the query at the first task failure (exit 1, Spark's stack trace); it now retries a task 4 times as a cluster does, and a worker that dies on every attempt is named with the way on (`runtime/failures.py`) |
+| a truncated keyed file of the newest version at start, in a real run (`tests/checkpoints/test_savepoints_spark.py`, the local-backend test); damaged and missing keyed files of the version a restart needs (`tests/checkpoints/test_keyed.py`) | 1 | `srt run`'s check names the file ("not a readable Arrow file", "missing"), moves the newest batch aside and re-runs it from the version before: counts = oracle; damage to an older version is refused through the same check as Spark's changelogs, naming the file and the newest savepoint |
 | an executor killed (kill -9) mid-batch on the standalone cluster (`tests/faults/test_cluster_executor_kill.py[rocksdb_local]`) | 1 | the new executor rebuilds each partition's store from the checkpoint's keyed files; table = oracle, each dead letter once |
 | kill -9 of jobs of several streams at random points (`tests/faults/test_connected_kill.py`): connected streams (`examples/payment_refunds.py`: state written by one input and read by the other, timers of both, a side output, a refund the function raises on), broadcast state (`examples/fraud_rules.py`: rules on every partition, a rule the function raises on), the temporal and interval joins (`examples/merchant_tiers.py`, three topics) | 2 kills per job a run | each drain = the oracle of its topics (matches and unmatched refunds; alerts; tiers as of each payment and refund pairs), each bad record one dead letter. Found on the way: a kill while Spark wrote a query's first `offsets/0` left its temporary file, and Spark 4.3 then refused every start (`STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY`); `srt run` now removes such unfinished writes of the batch logs first |
 
 A job whose input ended before a kill can end its next `--available-now` run with timers not
 fired (NOTES.md, "A finished input holds a restarted job's watermark"): the trials append each
-topic's last record only for the drain. Not yet tried on this backend: damage
-to the keyed files themselves (refused or fallen
-back by `srt run`'s check at start, as unit tests in `tests/checkpoints/test_keyed.py` show,
-without a Spark trial).
+topic's last record only for the drain.
 
 ## What the suite does not cover
 
