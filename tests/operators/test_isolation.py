@@ -114,10 +114,16 @@ FEED = st.lists(st.tuples(element, st.integers(0, 3_000)), max_size=25)
 def _as_if_never_came(feed, backend: str) -> None:
     """The harness fed every element equals the harness fed only those that do not fail:
     state, timers, main and side outputs; the failures are its dead letters, in order."""
-    failing = KeyedProcessHarness(
-        Everything(), "k", "ts", errors=NO_BOUND, name="everything", backend=backend
-    )
-    clean = KeyedProcessHarness(Everything(), "k", "ts", errors=NO_BOUND, backend=backend)
+    with (
+        KeyedProcessHarness(
+            Everything(), "k", "ts", errors=NO_BOUND, name="everything", backend=backend
+        ) as failing,
+        KeyedProcessHarness(Everything(), "k", "ts", errors=NO_BOUND, backend=backend) as clean,
+    ):
+        _compare(feed, failing, clean)
+
+
+def _compare(feed, failing: KeyedProcessHarness, clean: KeyedProcessHarness) -> None:
     watermark = 0
     for e, advance in feed:
         failing.process_element(e)
