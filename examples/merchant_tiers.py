@@ -1,6 +1,6 @@
 """Payments enriched with the merchant's risk tier as of the payment's time (a temporal join),
-and refunds paired with their payment within 30 minutes (an interval join): three topics, two
-joins, one job.
+refunds paired with their payment within 30 minutes (an interval join) and refunds made in
+their payment's clock hour (a window join): three topics, three joins, one job.
 
 Input: JSON lines on event-log topics ``upi-payments``, ``upi-refunds`` and
 ``merchant-tiers`` (a changelog of upserts: each line is the merchant's new tier, valid from
@@ -20,13 +20,17 @@ its ``ts_ms``)::
   at most 30 minutes after it (either topic may be read first); both are dropped from state
   once the watermark passes their half hour. A refund with no payment in that time makes no
   row.
+* ``refunds-same-hour``: each clock hour's payments and refunds of one transaction, paired
+  when the watermark passes the hour's end (a tumbling window join); both are dropped from
+  state then.
 
 Records behind the watermark when they arrive are dropped and counted as late
 (``srt status``).
 
 Output: DuckDB tables ``payment_tiers(txn_id, merchant_id, amount_paise, tier,
-tier_since_ms, ts_ms)`` upserted by txn_id and ``refund_pairs(refund_id, txn_id,
-merchant_id, payment_paise, refund_paise, after_s)`` upserted by refund_id.
+tier_since_ms, ts_ms)`` upserted by txn_id, ``refund_pairs(refund_id, txn_id, merchant_id,
+payment_paise, refund_paise, after_s)`` upserted by refund_id and ``same_hour_refunds(refund_id,
+txn_id, merchant_id, refund_paise)`` upserted by refund_id.
 
     srt run examples/merchant_tiers.py --available-now --set source.log_dir=/tmp/log
 """
@@ -37,10 +41,12 @@ from datetime import timedelta
 
 from dbt_sink import DuckDBUpsertSink
 from stateful_runtime import (
+    JoinFunction,
     LogSource,
     ProcessJoinFunction,
     StreamJob,
     TemporalJoinFunction,
+    TumblingEventTimeWindows,
     WatermarkStrategy,
 )
 from stateful_runtime.functions import to_ms
@@ -105,6 +111,18 @@ class PairRefund(ProcessJoinFunction):
         }
 
 
+class SameHour(JoinFunction):
+    output_schema = {"refund_id": str, "txn_id": str, "merchant_id": str, "refund_paise": int}
+
+    def join(self, payment, refund):
+        return {
+            "refund_id": refund["refund_id"],
+            "txn_id": payment["txn_id"],
+            "merchant_id": payment["merchant_id"],
+            "refund_paise": refund["refund_paise"],
+        }
+
+
 def build(config: dict) -> StreamJob:
     job = StreamJob.from_config("merchant-tiers", config)
     bound = WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5))
@@ -134,5 +152,16 @@ def build(config: dict) -> StreamJob:
         .between(timedelta(0), within)
         .process(PairRefund(), name="refunds-within-30m")
         .sink_to(DuckDBUpsertSink(database, "refund_pairs", key=("refund_id",)), name="refunds")
+    )
+    (
+        source("source.topic", PAYMENT, "hour-payments")
+        .join(source("refunds.topic", REFUND, "hour-refunds"))
+        .where("txn_id")
+        .equal_to("txn_id")
+        .window(TumblingEventTimeWindows.of(timedelta(hours=1)))
+        .apply(SameHour(), name="refunds-same-hour")
+        .sink_to(
+            DuckDBUpsertSink(database, "same_hour_refunds", key=("refund_id",)), name="same-hour"
+        )
     )
     return job

@@ -12,7 +12,8 @@ every topic, and its tables must equal the oracle computed from the inputs alone
 * broadcast state, ``examples/fraud_rules.py``: rules on every partition, payers' device sets in
   keyed state, a rule the function raises on;
 * joins, ``examples/merchant_tiers.py``: a temporal join holding payments until the tiers'
-  watermark passes them and an interval join buffering both sides, in one job.
+  watermark passes them, an interval join buffering both sides and a window join holding each
+  hour's records of both, in one job.
 
 Seeded: ``SRT_FAULT_SEED`` replays a run's kill points.
 """
@@ -38,6 +39,7 @@ from tests.operators.example_inputs import (
     payer_payments,
     refund_inputs,
     refund_oracle,
+    same_hour_oracle,
     tier_inputs,
     tier_oracle,
 )
@@ -209,7 +211,12 @@ def test_joins_killed_at_random_points_drain_to_the_oracle(tmp_path, job_env, tr
             rid: (txn, after)
             for rid, txn, after in table(db, "SELECT refund_id, txn_id, after_s FROM refund_pairs")
         }
-        why = _differ("tiers", got_tiers, tiers) + _differ("pairs", got_pairs, pairs)
+        same_hour = dict(table(db, "SELECT refund_id, txn_id FROM same_hour_refunds"))
+        why = (
+            _differ("tiers", got_tiers, tiers)
+            + _differ("pairs", got_pairs, pairs)
+            + _differ("same-hour refunds", same_hour, same_hour_oracle(data))
+        )
         letters = [d.get("txn_id") for d in _letters(log_dir, "upi-payments")]
         if letters != ["bad"]:
             why.append(f"dead letters {letters}, expected the bad payment once")
@@ -223,7 +230,7 @@ def test_joins_killed_at_random_points_drain_to_the_oracle(tmp_path, job_env, tr
         "tier-as-of",
         {topic: (records, keys[topic]) for topic, records in data.items()},
         check,
-        "temporal and interval joins",
+        "temporal, interval and window joins",
         "payments, refunds and merchant tiers on three topics (90 payments over 90 minutes)",
         # one partition a topic: the records five hours on, which move each topic's watermark
         # past the rest, are one a topic (a partition without them would hold it back)

@@ -8,6 +8,7 @@ from bisect import bisect_right
 
 M = 60_000
 T0 = 1_767_225_600_000
+H = 60 * M
 
 
 # -- payments and refunds (examples/payment_refunds.py) --------------------------------------
@@ -160,6 +161,17 @@ def tier_oracle(data: dict[str, list[dict]]) -> tuple[dict, dict]:
         if p is not None and 0 <= r["ts_ms"] - p["ts_ms"] <= 30 * M:
             pairs[r["refund_id"]] = (p["txn_id"], (r["ts_ms"] - p["ts_ms"]) // 1000)
     return tiers, pairs
+
+
+def same_hour_oracle(data: dict[str, list[dict]]) -> dict[str, str]:
+    """refund_id -> txn_id of the refunds made in their payment's clock hour (hours the watermark
+    passes: all but the last records')."""
+    paid = {p["txn_id"]: p for p in data["upi-payments"] if p["txn_id"] != "end"}
+    return {
+        r["refund_id"]: r["txn_id"]
+        for r in data["upi-refunds"]
+        if r["txn_id"] in paid and r["ts_ms"] // H == paid[r["txn_id"]]["ts_ms"] // H
+    }
 
 
 # -- payments by payer and device, fraud rules (examples/fraud_rules.py) ----------------------

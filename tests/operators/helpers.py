@@ -13,7 +13,9 @@ from stateful_runtime.runtime.runner import JobRunner
 from tests.helpers import EXAMPLES
 
 
-def run(job_file: str, tmp_path, late: int = 0, **overrides) -> str:
+def run(
+    job_file: str, tmp_path, late: int = 0, from_savepoint: str | None = None, **overrides
+) -> str:
     values = {
         "source.log_dir": str(tmp_path / "log"),
         "checkpoint.dir": str(tmp_path / "ck" / job_file),
@@ -22,7 +24,7 @@ def run(job_file: str, tmp_path, late: int = 0, **overrides) -> str:
     }
     jf = load_job_file(EXAMPLES / job_file, values)
     out = io.StringIO()
-    runner = JobRunner(jf, available_now=True, out=out)
+    runner = JobRunner(jf, available_now=True, out=out, from_savepoint=from_savepoint)
     assert runner.run() == 0, out.getvalue()
     # Records behind the watermark (dropped, or to a late side output), counted one by one.
     assert sum(r.records.late for r in runner.runs) == late, out.getvalue()

@@ -1,9 +1,9 @@
-"""Both joins on Spark (``examples/merchant_tiers.py``): payments, refunds and a changelog of
-merchant tiers on three event-log topics; the temporal join and the interval join of one job
-against an oracle computed from the inputs alone, with a restart from the checkpoint in the
-middle of every topic (records held in the joins' state across it), a refund and a tier
-version behind the watermark dropped and counted as late, and a payment the temporal join's
-function raises on dead-lettered alone."""
+"""The joins on Spark (``examples/merchant_tiers.py``), on each state backend: payments, refunds
+and a changelog of merchant tiers on three event-log topics; the temporal, interval and window
+joins of one job against an oracle computed from the inputs alone, with a savepoint in the
+middle of every topic restored at another parallelism (records held in the joins' state across
+it), a refund and a tier version behind the watermark dropped and counted as late, and a
+payment the temporal join's function raises on dead-lettered alone."""
 
 from __future__ import annotations
 
@@ -11,30 +11,46 @@ import json
 
 import pytest
 
+from stateful_runtime.checkpoints import savepoints
 from stateful_runtime.connectors.eventlog import EventLog
 from tests.helpers import append_lines, read_topic
-from tests.operators.example_inputs import TIER_TOPICS, tier_inputs, tier_oracle
+from tests.operators.example_inputs import (
+    TIER_TOPICS,
+    same_hour_oracle,
+    tier_inputs,
+    tier_oracle,
+)
 from tests.operators.helpers import run, table
 
 pytestmark = pytest.mark.slow
 
 
-def test_temporal_and_interval_join_against_an_oracle_across_a_restart(spark, tmp_path):
+def test_the_joins_against_an_oracle_across_a_rescaling_restore(spark, tmp_path, state_backend):
     log = tmp_path / "log"
     data = tier_inputs()
     for topic in TIER_TOPICS:
         EventLog(log).create_topic(topic, 1)
     db = tmp_path / "tiers.duckdb"
-    settings = {"sink.database": db, "source.max_records_per_batch": 25}
+    roots = tmp_path / "savepoints"
+    settings = {
+        "sink.database": db,
+        "source.max_records_per_batch": 25,
+        "state.backend": state_backend,
+        "savepoint.dir": roots,
+    }
     for topic in TIER_TOPICS:
         lines = [json.dumps(r).encode() for r in data[topic]]
         append_lines(log, lines[: len(lines) // 2], topic=topic)
     run("merchant_tiers.py", tmp_path, **settings)
     first = table(db, "SELECT count(*) FROM payment_tiers")[0][0]
+    sp = savepoints.create(tmp_path / "ck" / "merchant_tiers.py", roots)
     for topic in TIER_TOPICS:
         lines = [json.dumps(r).encode() for r in data[topic]]
         append_lines(log, lines[len(lines) // 2 :], topic=topic)
-    run("merchant_tiers.py", tmp_path, late=2, **settings)  # one per join
+    # The late refund is late for the interval join only: the hour it falls in is still open.
+    rescaled = {**settings, "parallelism": 3, "checkpoint.dir": tmp_path / "ck3"}
+    out = run("merchant_tiers.py", tmp_path, late=2, from_savepoint=sp.id, **rescaled)
+    assert "from 2 to 3 partitions" in out, out
 
     tiers, pairs = tier_oracle(data)
     got_tiers = {
@@ -49,6 +65,9 @@ def test_temporal_and_interval_join_against_an_oracle_across_a_restart(spark, tm
         for rid, txn, after in table(db, "SELECT refund_id, txn_id, after_s FROM refund_pairs")
     }
     assert got_pairs == pairs
+    same_hour = dict(table(db, "SELECT refund_id, txn_id FROM same_hour_refunds"))
+    assert same_hour == same_hour_oracle(data)
+    assert same_hour and set(same_hour) != set(pairs)  # an hour is not the half hour after
     # The payment the temporal join's function raised on: dead-lettered alone, once.
     [letter] = read_topic(log, "upi-payments-dlq")
     assert json.loads(letter.value) == next(p for p in data["upi-payments"] if p["txn_id"] == "bad")
