@@ -259,7 +259,7 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         tables = []
         for lo in range(partition.start, partition.end, ARROW_BATCH_ROWS):
             hi = min(partition.end, lo + ARROW_BATCH_ROWS)
-            values = reader.read_values(partition.partition, lo, hi)
+            values = reader.read_value_array(partition.partition, lo, hi)
             table = alignment.with_late_before(
                 decode_json(
                     values,
@@ -273,7 +273,7 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # numpy builds these columns ~100x faster than Python lists (0.15 us/record).
             tables.append(
                 table.append_column(
-                    PARTITION, pa.array(np.full(len(values), partition.partition, np.int32))
+                    PARTITION, pa.array(np.full(hi - lo, partition.partition, np.int32))
                 ).append_column(OFFSET, pa.array(np.arange(lo, hi, dtype=np.int64)))
             )
         if self.staging is not None and tables:

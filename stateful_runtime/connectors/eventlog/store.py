@@ -34,6 +34,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from stateful_runtime._process import process_dir
@@ -53,6 +56,8 @@ _PART = struct.Struct(">I")
 _REC = struct.Struct(">IQ")
 _OFF = struct.Struct(">Q")
 _HDR = struct.Struct(">qiI")  # timestamp_ms, key length (-1 = no key), headers length
+# Above this many distinct header lengths in one read, values are cut one by one in Python.
+_BULK_CUTS = 8
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,36 @@ def _decode(raw: bytes, partition: int, offset: int) -> Record:
     headers = json.loads(raw[pos : pos + hlen]) if hlen else {}
     pos += hlen
     return Record(raw[pos:], key, ts, headers, partition, offset)
+
+
+def _values_of(raws: list[bytes]) -> pa.Array | None:
+    """The values of stored records (:func:`_encode_raw`'s form) as one ``large_binary``
+    array, or None if a record is shorter than a header. The headers are cut in bulk: key and
+    headers lengths read with numpy, then one Arrow slice per distinct header length (one
+    when the records' keys have one length; 0.07 µs a record with the join the decoder does,
+    against 0.16 µs for a Python slice each and ``b"\\n".join``)."""
+    arr = pa.array(raws, pa.large_binary())
+    n = len(arr)
+    if not n:
+        return arr
+    offsets = np.frombuffer(arr.buffers()[1], np.int64, n + 1)
+    if int(np.diff(offsets).min()) < _HDR.size:
+        return None
+    data = np.frombuffer(arr.buffers()[2], np.uint8)
+    lengths = data[offsets[:-1, None] + np.arange(8, _HDR.size)]  # key, headers: 4 bytes each
+    klen = lengths[:, :4].copy().view(">i4")[:, 0]
+    hlen = lengths[:, 4:].copy().view(">u4")[:, 0]
+    skip = _HDR.size + np.maximum(klen, 0).astype(np.int64) + hlen.astype(np.int64)
+    cuts = np.unique(skip)
+    if len(cuts) > _BULK_CUTS:  # keys of many lengths: a slice each
+        return pa.array(
+            [raw[s:] for raw, s in zip(raws, skip.tolist(), strict=True)], pa.large_binary()
+        )
+    end = int(np.diff(offsets).max())
+    parts = [pc.binary_slice(arr, int(c), end) for c in cuts]
+    if len(parts) == 1:
+        return parts[0]
+    return pc.choose(pa.array(np.searchsorted(cuts, skip).astype(np.int8)), *parts)
 
 
 class EventLog:
@@ -504,15 +539,24 @@ class TopicReader:
             yield _decode(raw, partition, offset)
 
     def read_values(self, partition: int, start: int, end: int) -> list[bytes]:
-        """The values of ``[start, end)``: the hot path of the Spark source.
+        """The values of ``[start, end)`` as bytes (:meth:`read_value_array`'s, one by one)."""
+        return self.read_value_array(partition, start, end).to_pylist()  # type: ignore[no-any-return]
 
-        One bounded RocksDB iteration in Rust (~1.2 µs/record here, against ~3.2 µs stepping
-        an iterator from Python); a gap in the offsets shows up as a short count.
+    def read_value_array(self, partition: int, start: int, end: int) -> pa.Array:
+        """The values of ``[start, end)`` as one Arrow ``large_binary`` array: the hot path
+        of the Spark source.
+
+        One bounded RocksDB iteration in Rust (~0.3 µs/record here, against ~3.2 µs stepping
+        an iterator from Python), then the headers cut in bulk (:func:`_values_of`); a gap in
+        the offsets shows up as a short count.
         """
         if start >= end:
-            return []
+            return pa.array([], pa.large_binary())
         opts = ReadOptions()
         opts.set_iterate_upper_bound(b"r" + _REC.pack(partition, end))
+        # Read once: its blocks would only push others out (~9% faster; rocksdict's stub
+        # lacks the argument).
+        opts.fill_cache(False)  # type: ignore[call-arg]
         try:
             raws = list(self._db.values(from_key=b"r" + _REC.pack(partition, start), read_opt=opts))
         except Exception as exc:  # noqa: BLE001 - rocksdict raises bare exceptions
@@ -524,12 +568,16 @@ class TopicReader:
                 f"topic {self.info.name!r} partition {partition}: asked for offsets "
                 f"[{start}, {end}) but found {len(raws)} records; was the log directory replaced?"
             )
-        unpack, size = _HDR.unpack_from, _HDR.size
-        out = []
-        for raw in raws:
-            _, klen, hlen = unpack(raw)
-            out.append(raw[size + (klen if klen > 0 else 0) + hlen :])
-        return out
+        values = _values_of(raws)
+        if values is None:
+            short = next(i for i, raw in enumerate(raws) if len(raw) < _HDR.size)
+            raise CorruptLogError(
+                self.info.name,
+                str(self.info.path / "store"),
+                f"partition {partition} offset {start + short}: a record of "
+                f"{len(raws[short])} bytes, shorter than a record's header",
+            )
+        return values
 
     def close(self) -> None:
         self._db.close()

@@ -484,11 +484,56 @@ class _Plan:
         )
 
 
-def _slow(lines: Sequence[bytes], plan: _Plan) -> pa.Table:
+class _Span:
+    """Records ``lo..hi`` of one :func:`decode_json` call, held by Arrow: the records as one
+    ``large_binary`` array and, for the fast path, each followed by a newline in one buffer
+    (a chunk's input is a slice of it). No Python object exists per record unless the
+    per-record path asks for them (:meth:`lines`)."""
+
+    __slots__ = ("data", "ends", "hi", "lo", "values")
+
+    def __init__(
+        self, values: pa.Array, ends: np.ndarray, data: pa.Buffer, lo: int, hi: int
+    ) -> None:
+        self.values, self.ends, self.data, self.lo, self.hi = values, ends, data, lo, hi
+
+    @classmethod
+    def of(cls, values: pa.Array) -> _Span:
+        newline = pa.scalar(b"\n", pa.large_binary())
+        joined = pc.binary_join_element_wise(values, pa.scalar(b"", pa.large_binary()), newline)
+        n = len(joined)
+        ends = np.frombuffer(joined.buffers()[1], np.int64)[joined.offset : joined.offset + n + 1]
+        return cls(values, ends, joined.buffers()[2], 0, n)
+
+    def __len__(self) -> int:
+        return self.hi - self.lo
+
+    def __getitem__(self, part: slice) -> _Span:
+        lo, hi, _ = part.indices(self.hi - self.lo)
+        return _Span(self.values, self.ends, self.data, self.lo + lo, self.lo + max(lo, hi))
+
+    def joined(self) -> bytes:
+        """The records joined by ``\\n`` (``b"\\n".join(self.lines())``)."""
+        if self.lo == self.hi:
+            return b""
+        return self.data[int(self.ends[self.lo]) : int(self.ends[self.hi]) - 1].to_pybytes()
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.ends[self.lo : self.hi + 1]) - 1
+
+    def lines(self) -> list[bytes]:
+        return self.values[self.lo : self.hi].to_pylist()  # type: ignore[no-any-return]
+
+    def array(self) -> pa.Array:
+        """The records as a ``binary`` array (the ``_raw`` column's type)."""
+        return self.values[self.lo : self.hi].cast(pa.binary())
+
+
+def _slow(lines: _Span, plan: _Plan) -> pa.Table:
     names = plan.schema.names
     cols: dict[str, list[Any]] = {n: [] for n in names}
     errors: list[str | None] = []
-    for line in lines:
+    for line in lines.lines():
         obj, error = parse_record(line, names)
         row: dict[str, Any] = {}
         if obj is not None:
@@ -516,7 +561,7 @@ def _slow(lines: Sequence[bytes], plan: _Plan) -> pa.Table:
 # -- the fast path ----------------------------------------------------------------------------
 
 
-def _screen(buf: bytes, lines: Sequence[bytes]) -> list[bool] | None:
+def _screen(buf: bytes, lines: _Span) -> list[bool] | None:
     """None if every record may take the fast path, else a per-record "suspect" flag.
 
     Chunk-wide scans (numpy and memchr, ~40 ns/record in place); a chunk failing one is
@@ -536,7 +581,7 @@ def _screen(buf: bytes, lines: Sequence[bytes]) -> list[bool] | None:
         and (n == 1 or _separators(a, nl, opens) == seps)
     )
     plain = buf.find(b"\x00") < 0 and (buf.isascii() or _valid_utf8(buf)) and not _nonfinite(buf, a)
-    small = len(buf) <= MAX_RECORD_BYTES or max(map(len, lines)) <= MAX_RECORD_BYTES
+    small = len(buf) <= MAX_RECORD_BYTES or int(lines.lengths().max()) <= MAX_RECORD_BYTES
     # Each record starts with '{', so one record holds at most all opening brackets but the
     # other records' one each.
     brackets = int(np.count_nonzero(opens))
@@ -548,11 +593,11 @@ def _screen(buf: bytes, lines: Sequence[bytes]) -> list[bool] | None:
 
 
 def _locate(
-    a: np.ndarray, nl: np.ndarray, lines: Sequence[bytes], framed: bool, plain: bool, brackets: int
+    a: np.ndarray, nl: np.ndarray, lines: _Span, framed: bool, plain: bool, brackets: int
 ) -> list[bool]:
     """Which records of a chunk fail the screen; vectorised but for the rare byte checks."""
     n = len(lines)
-    lens = np.fromiter(map(len, lines), np.int64, n)
+    lens = lines.lengths()
     starts = np.zeros(n, np.int64)
     np.cumsum(lens[:-1] + 1, out=starts[1:])
     suspect = (lens == 0) | (lens > MAX_RECORD_BYTES)
@@ -571,7 +616,7 @@ def _locate(
         suspect |= counts > MAX_DEPTH
     out = suspect.tolist()
     if not plain:
-        for i, line in enumerate(lines):
+        for i, line in enumerate(lines.lines()):
             if not out[i] and (
                 b"\x00" in line
                 or b"NaN" in line
@@ -605,7 +650,7 @@ def _nonfinite(buf: bytes, a: np.ndarray) -> bool:
     return buf.find(b"I") >= 0 and bool(np.any((a[:-2] == 73) & (a[1:-1] == 110) & (a[2:] == 102)))
 
 
-def _fast(lines: Sequence[bytes], buf: bytes, plan: _Plan) -> pa.Table | None:
+def _fast(lines: _Span, buf: bytes, plan: _Plan) -> pa.Table | None:
     """Arrow's parse of screened records, or None if Arrow refuses or rows do not match."""
     try:
         table = pajson.read_json(
@@ -624,7 +669,7 @@ def _fast(lines: Sequence[bytes], buf: bytes, plan: _Plan) -> pa.Table | None:
     return _finish(table, pa.nulls(len(lines), pa.string()), lines, plan)
 
 
-def _finish(table: pa.Table, error: pa.Array, lines: Sequence[bytes], plan: _Plan) -> pa.Table:
+def _finish(table: pa.Table, error: pa.Array, lines: _Span, plan: _Plan) -> pa.Table:
     """Checks shared by both paths (required fields, event time); bad rows nulled, raw kept."""
     n = len(lines)
     if plan.time_field is not None:
@@ -643,7 +688,7 @@ def _finish(table: pa.Table, error: pa.Array, lines: Sequence[bytes], plan: _Pla
         raw = pa.nulls(n, pa.binary())
     else:
         bad = pc.is_valid(error)
-        raw = pc.if_else(bad, pa.array(lines, pa.binary()), pa.scalar(None, pa.binary()))
+        raw = pc.if_else(bad, lines.array(), pa.scalar(None, pa.binary()))
         table = pa.Table.from_arrays(
             [pc.if_else(bad, pa.scalar(None, c.type), c) for c in table.columns], schema=plan.schema
         )
@@ -732,18 +777,16 @@ def _check_time_strings(
 
 
 def _decode_chunk(
-    lines: Sequence[bytes],
+    lines: _Span,
     plan: _Plan,
     out: list[pa.Table],
-    buf: bytes | None = None,
     screened: bool = False,
 ) -> None:
     """Screen, then the fast path; a chunk Arrow refuses is halved until ~BISECT_MIN records
     (one bad record costs a Python parse of ~64 records, not of its whole chunk: ~6x slower)."""
     if not lines:
         return
-    if buf is None:
-        buf = b"\n".join(lines)
+    buf = lines.joined()
     if len(buf) > MAX_CHUNK_BYTES and len(lines) > 1:
         half = len(lines) // 2
         _decode_chunk(lines[:half], plan, out, screened=screened)
@@ -765,9 +808,7 @@ def _decode_chunk(
         _decode_chunk(lines[half:], plan, out, screened=True)
 
 
-def _decode_mixed(
-    lines: Sequence[bytes], suspects: list[bool], plan: _Plan, out: list[pa.Table]
-) -> None:
+def _decode_mixed(lines: _Span, suspects: list[bool], plan: _Plan, out: list[pa.Table]) -> None:
     """Suspect records to the judge, the runs between them to the fast path (in order)."""
     runs = [(bad, sum(1 for _ in group)) for bad, group in groupby(suspects)]
     if len(runs) > 2 * BISECT_MIN:  # suspects everywhere: small Arrow calls would cost more
@@ -784,7 +825,7 @@ def _decode_mixed(
 
 
 def decode_json(
-    lines: Sequence[bytes],
+    lines: Sequence[bytes] | pa.Array,
     schema: StructType,
     *,
     event_time: tuple[str, str] | None = None,
@@ -793,7 +834,8 @@ def decode_json(
     """Decode JSON records into the declared schema plus ``_error`` and ``_raw`` columns.
 
     Args:
-        lines: the records, one JSON object each (no trailing newline needed).
+        lines: the records, one JSON object each (no trailing newline needed), as bytes or
+            as an Arrow binary array (what the event log reads: no Python object per record).
         schema: the declared fields (see :func:`to_struct`).
         event_time: ``(field, unit)`` of the job's event time (``WatermarkStrategy``'s
             timestamp field and unit ``"ms"``, ``"s"`` or ``"timestamp"``): the field becomes
@@ -807,9 +849,14 @@ def decode_json(
         One row per record, in order; the module docstring's table says which are good.
     """
     plan = _Plan(schema, event_time, bounds)
+    values = lines if isinstance(lines, pa.Array) else pa.array(lines, pa.large_binary())
+    if values.type != pa.large_binary():
+        values = values.cast(pa.large_binary())
     parts: list[pa.Table] = []
-    for i in range(0, len(lines), CHUNK):
-        _decode_chunk(lines[i : i + CHUNK], plan, parts)
+    if len(values):
+        records = _Span.of(values)
+        for i in range(0, len(values), CHUNK):
+            _decode_chunk(records[i : i + CHUNK], plan, parts)
     if not parts:
         return plan.out.empty_table()
     return pa.concat_tables(parts)

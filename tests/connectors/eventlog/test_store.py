@@ -50,6 +50,27 @@ def test_create_append_read_by_offset_range(tmp_path):
         reader.read_values(p, 0, ends[p] + 1)
 
 
+@pytest.mark.parametrize("key_lengths", [[5], [None, 0, 3, 7], list(range(12))])
+def test_values_read_in_bulk_are_the_records_values_whatever_their_keys(tmp_path, key_lengths):
+    # One header length, a few (cut in bulk) and more than _BULK_CUTS (cut one by one).
+    log = EventLog(tmp_path)
+    log.create_topic("t", 1)
+    records = [
+        Record(
+            f'{{"n":{i}}}'.encode() * (i % 3),
+            None if (k := key_lengths[i % len(key_lengths)]) is None else b"k" * k,
+            headers={"h": "x" * (i % 4)} if i % 5 == 0 and len(key_lengths) > 1 else {},
+            partition=0,
+        )
+        for i in range(300)
+    ]
+    with log.writer("t") as w:
+        w.append(records)
+    reader = log.reader("t")
+    assert reader.read_values(0, 0, 300) == [r.value for r in records]
+    assert reader.read_value_array(0, 7, 9).to_pylist() == [r.value for r in records[7:9]]
+
+
 def test_partitioning_is_stable_across_processes(tmp_path):
     keys = [f"M{i:03d}".encode() for i in range(50)]
     here = [partition_for(k, b"", 7) for k in keys]
