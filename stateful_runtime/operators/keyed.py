@@ -14,7 +14,9 @@ Spark each state access is a round trip to the JVM, per key).
 Each call of a user function (``process_element``, ``on_timer``; the window operator's
 functions run inside these) is atomic: its state writes, timer changes and outputs are held
 aside (:class:`_Txn`, over the backend's cells: no backend knows of it) and applied when it
-returns. When it raises, none of them happened, and the element (or timer) is isolated by the
+returns (a plain value cell's writes are held by the cell until the key's turn ends, so a
+key's run of elements costs the backend one read and one write, not one per element). When
+it raises, none of them happened, and the element (or timer) is isolated by the
 task's :class:`~stateful_runtime.operators.isolation.StepGuard`: dead-lettered with the step and
 the reason, or the job stopped where the job's error policy says so. A value a function reads
 from state is its own copy (a mutable one is copied on read), so changing it in place and then
@@ -171,7 +173,15 @@ class KeyedOperator:
         if isinstance(cell, EventTtlValueCell | EventTtlMapCell):
             self.ttl_cells.append(cell)
         self.cells.append((desc.name, cell))
-        return self._txn.wrap(cell)
+        # Only a plain cell holds its writes until the key's turn ends: a TTL cell stamps
+        # each write with the element's time, and two handles of one state must see each
+        # other's writes at once.
+        wrapped = self._txn.wrap(cell, hold=ttl is None and known is None)
+        if known is not None:
+            for other in self._txn.cells.get(desc.name, ()):
+                other.holds = False
+        self._txn.cells.setdefault(desc.name, []).append(wrapped)
+        return wrapped
 
     def keep_handle(self, desc: StateDescriptor, handle: Any) -> Any:
         self.handles[desc.name] = handle
@@ -195,6 +205,7 @@ class KeyedOperator:
         deferred, self.deferred = self.deferred, []
         key, group = self.current_key, getattr(backend, "group", None)
         fn = self.fn
+        self._txn.flush()
         backend.end_key()
         try:
             for desc, function in deferred:
@@ -212,6 +223,7 @@ class KeyedOperator:
                         {"key": shown, "state": desc.name},
                         None,
                     )
+                    self._txn.flush()
                     backend.end_key()
         finally:
             fn.applying = None  # type: ignore[attr-defined]
@@ -343,6 +355,7 @@ class KeyedOperator:
                 self.current_ms = ts
                 self._call(fn.process_element, value, value, None)
         finally:
+            self._txn.flush()
             backend.end_key()
 
     def _call(self, method: Any, arg: Any, element: dict[str, Any] | None, ts: int | None) -> None:
@@ -424,6 +437,7 @@ class KeyedOperator:
         try:
             self._fire_current(ts)
         finally:
+            self._txn.flush()
             backend.end_key()
 
 
@@ -444,6 +458,8 @@ class _Txn:
     """One user call's state writes, timer changes and outputs, held aside until it returns.
 
     Outside a call (``open``, the runtime's own bookkeeping) the wrapped cells write through.
+    A committed write of a plain value cell stays in the cell (``held``) until :meth:`flush`,
+    which the operator calls before it leaves the key's turn (``end_key``).
     """
 
     def __init__(self, operator: KeyedOperator) -> None:
@@ -452,13 +468,22 @@ class _Txn:
         self.touched: list[_TxnValue | _TxnMap] = []
         self.timers: list[tuple[int, bool]] = []
         self.side_at = 0
+        self.held: list[_TxnValue] = []
+        self.cells: dict[str, list[Any]] = {}  # the wrapped cells by state name
 
-    def wrap(self, cell: Any) -> Any:
+    def wrap(self, cell: Any, hold: bool = False) -> Any:
         return (
             _TxnMap(cell, self)
             if isinstance(cell, MapCell) or hasattr(cell, "entries")
-            else _TxnValue(cell, self)
+            else _TxnValue(cell, self, hold)
         )
+
+    def flush(self) -> None:
+        """Write the values committed calls of the current key left held into the backend."""
+        if self.held:
+            for cell in self.held:
+                cell.write_back()
+            self.held.clear()
 
     def begin(self) -> None:
         self.active = True
@@ -495,21 +520,28 @@ class _Txn:
 
 
 class _TxnValue(ValueCell):
-    """A value cell as one user call sees it: reads its own writes, writes on commit."""
+    """A value cell as one user call sees it: reads its own writes, writes on commit. With
+    ``holds``, a commit keeps the value here (``held``: what the backend gets at the key's
+    turn's end, :meth:`_Txn.flush`) and later calls read it from here."""
 
-    __slots__ = ("inner", "txn", "pending")
+    __slots__ = ("held", "holds", "inner", "pending", "txn")
 
-    def __init__(self, inner: ValueCell, txn: _Txn) -> None:
+    def __init__(self, inner: ValueCell, txn: _Txn, holds: bool = False) -> None:
         self.inner, self.txn, self.pending = inner, txn, _UNSET
+        self.held: Any = _UNSET
+        self.holds = holds
 
     def get(self) -> Any:
         pending = self.pending
         if pending is _UNSET:
-            return _own(self.inner.get()) if self.txn.active else self.inner.get()
+            held = self.held
+            value = self.inner.get() if held is _UNSET else None if held is _CLEARED else held
+            return _own(value) if self.txn.active else value
         return None if pending is _CLEARED else pending
 
     def put(self, value: Any) -> None:
         if not self.txn.active:
+            self.held = _UNSET
             self.inner.put(value)
             return
         if self.pending is _UNSET:
@@ -518,6 +550,7 @@ class _TxnValue(ValueCell):
 
     def clear(self) -> None:
         if not self.txn.active:
+            self.held = _UNSET
             self.inner.clear()
             return
         if self.pending is _UNSET:
@@ -526,10 +559,23 @@ class _TxnValue(ValueCell):
 
     def apply(self) -> None:
         pending, self.pending = self.pending, _UNSET
-        if pending is _CLEARED:
+        if pending is _UNSET:
+            return
+        if self.holds:
+            if self.held is _UNSET:
+                self.txn.held.append(self)
+            self.held = pending
+        elif pending is _CLEARED:
             self.inner.clear()
-        elif pending is not _UNSET:
+        else:
             self.inner.put(pending)
+
+    def write_back(self) -> None:
+        held, self.held = self.held, _UNSET
+        if held is _CLEARED:
+            self.inner.clear()
+        elif held is not _UNSET:
+            self.inner.put(held)
 
     def discard(self) -> None:
         self.pending = _UNSET
