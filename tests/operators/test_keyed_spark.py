@@ -45,10 +45,11 @@ def log(tmp_path):
 def test_fraud_counter_resets_per_minute_across_a_restart(spark, tmp_path, log, state_backend):
     rng = random.Random(3)
     lines, bursts = [], []
-    # Bursts of 5-20 payments within 10 s, a burst per merchant every 3 minutes; merchants
-    # interleave so the watermark keeps moving. Timers fire at micro-batch granularity, so
-    # batches are capped (30 records span at most ~60 s of event time) below the spacing.
-    for minute in range(0, 60, 3):
+    # Bursts of 5-20 payments within 10 s, a burst per merchant every 3 minutes for half an
+    # hour; merchants interleave so the watermark keeps moving. Timers fire at micro-batch
+    # granularity, so batches are capped (30 records span at most ~60 s of event time) below
+    # the spacing: ~55 batches, each a Spark micro-batch.
+    for minute in range(0, 30, 3):
         for m in range(6):
             n = rng.randint(5, 20)
             start = T0 + minute * M + m * 5_000
@@ -56,7 +57,7 @@ def test_fraud_counter_resets_per_minute_across_a_restart(spark, tmp_path, log, 
             bursts.append((f"M{m}", stamps))
     # Filler payments every 2 s from one-off merchants keep event time moving between rounds,
     # so every capped batch spans well under the 3-minute spacing.
-    filler = [(T0 + k * 2_000, f"F{k}") for k in range(60 * 30)]
+    filler = [(T0 + k * 2_000, f"F{k}") for k in range(30 * 30)]
     events = sorted([(ts, merchant) for merchant, stamps in bursts for ts in stamps] + filler)
     # Arrival order = time order with a little disorder inside the 5 s bound.
     events.sort(key=lambda e: e[0] + rng.randint(0, 3_000))
