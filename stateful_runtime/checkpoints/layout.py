@@ -66,6 +66,9 @@ _EVENT_TIME = ".event-time"
 _OFFSETS, _COMMITS, _STATE = "offsets", "commits", "state"
 _METADATA, _SOURCES = "metadata", "sources"
 _SINKS = "srt_sinks.json"
+# Each input's watermark after a batch, written before Spark commits it
+# (runtime/input_watermarks.py).
+_INPUT_WATERMARKS = "input-watermarks"
 # Spark's metadata directory (of a stateful operator, of a state partition) and schema files.
 _META_DIR, _STATE_SCHEMA = "_metadata", "_stateSchema"
 
@@ -330,6 +333,16 @@ class QueryLayout:
         return self.root / _SINKS
 
     @property
+    def input_watermarks(self) -> Path:
+        """``<N>``: each input's watermark after batch N (JSON), written before ``commits/N``."""
+        return self.root / _INPUT_WATERMARKS
+
+    def input_watermarks_upto(self, batch: int) -> Path | None:
+        """The newest file of :attr:`input_watermarks` of a batch at or before ``batch``."""
+        found = [n for n in _numbered(self.input_watermarks) if n <= batch]
+        return self.input_watermarks / str(max(found)) if found else None
+
+    @property
     def offset_log(self) -> Path:
         """Spark's offset log: ``<batch>`` per planned batch."""
         return self.root / _OFFSETS
@@ -465,6 +478,9 @@ class QueryLayout:
                 files += [self.offsets(b), self.commit(b)]
         if pending and self.offsets(batch + 1).exists():
             files.append(self.offsets(batch + 1))
+        watermarks = self.input_watermarks_upto(batch)
+        if watermarks is not None:
+            files.append(watermarks)
         files += [
             p
             for p in (self.root / _SOURCES).rglob("*")

@@ -35,6 +35,7 @@ from stateful_runtime.planner import (
     QueryPath,
     QueryPlan,
 )
+from stateful_runtime.runtime.input_watermarks import EVENT_TIME_MAX, resumes
 from stateful_runtime.runtime.session import arrow_schema
 from stateful_runtime.streams import (
     CoInputNode,
@@ -130,11 +131,26 @@ def build(
     for other in frames[1:]:
         df = df.unionByName(other)
     df = _steps(df, query.nodes, query, checkpoint)
+    if checkpoint is not None and resumes(query):
+        df = df.unionByName(_resume_batch(spark, checkpoint, df))
     if query.stateful_operators:
         return df.drop(*ORIGIN_COLUMNS, UNION_INPUT)
     # Each output row is one source record's: the origin columns go on to the sinks' writer,
     # which dead-letters by them a row its sink cannot store (runtime/batch_writes.py).
     return df.drop(EVENT_TIME, UNION_INPUT)
+
+
+def _resume_batch(spark: SparkSession, checkpoint: str, like: DataFrame) -> DataFrame:
+    """A source of no rows that makes Spark run a batch at the start of a run after a
+    committed one (:mod:`stateful_runtime.runtime.input_watermarks`), in ``like``'s columns;
+    read last, so the inputs keep their lines of the offset log."""
+    from pyspark.sql import functions as F
+
+    from stateful_runtime.connectors.base import read_stream
+    from stateful_runtime.runtime.input_watermarks import ResumeDataSource
+
+    resume = read_stream(spark, ResumeDataSource, {"checkpoint": checkpoint})
+    return resume.select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in like.schema.fields])
 
 
 def source_metrics(query: QueryPlan, source: str) -> str:
@@ -240,10 +256,15 @@ def read_source(
     )
     # Per-batch accounting of the source (in Spark's progress as observed metrics): every
     # record read, and those rejected (dead letters); late ones are counted downstream.
+    # The largest event time of its good records: each input's watermark kept across
+    # restarts (runtime/input_watermarks.py).
     df = df.observe(
         metrics,
         F.count(F.lit(1)).alias("input"),
         F.sum(F.when(F.col(ERROR).isNotNull(), 1).otherwise(0)).alias("dead_letters"),
+        F.max(F.when(F.col(ERROR).isNull(), F.unix_millis(_event_time_column(src)))).alias(
+            EVENT_TIME_MAX
+        ),
     )
     # Each record keeps its source partition and offset (:data:`ORIGIN_COLUMNS`): a step
     # that cannot process it names it, in its dead letter or in the message that stops the job.

@@ -151,10 +151,12 @@ def _lag(progress: Mapping[str, Any]) -> tuple[int | None, dict[str, int] | None
         if not (isinstance(end, dict) and isinstance(latest, dict)):
             return None, None
         # Offsets are {"<partition>": next} (event log) or {"<topic>:<partition>": next}
-        # (Kafka); a union's inputs are told apart by their place: "<input>/<partition>".
+        # (Kafka); a union's inputs are told apart by their place: "<input>/<partition>". The
+        # runtime's own sources (timer ticks, a run's first batch) have no partitions.
         lead = f"{i + 1}/" if len(sources) > 1 else ""
         for p in latest:
-            by_partition[lead + p] = max(0, int(latest[p]) - int(end.get(p, 0)))
+            if p.rpartition(":")[2].isdigit():
+                by_partition[lead + p] = max(0, int(latest[p]) - int(end.get(p, 0)))
     return sum(by_partition.values()), by_partition
 
 

@@ -64,9 +64,15 @@ from stateful_runtime.runtime import (
 )
 from stateful_runtime.runtime.batch_writes import BatchWriter
 from stateful_runtime.runtime.console import Console
-from stateful_runtime.runtime.dataframes import SINGLE_WATERMARK, build, refuse_speculation
+from stateful_runtime.runtime.dataframes import (
+    SINGLE_WATERMARK,
+    build,
+    refuse_speculation,
+    source_metrics,
+)
 from stateful_runtime.runtime.endpoint import ControlEndpoint
 from stateful_runtime.runtime.endpoint_handlers import RunnerHandlers
+from stateful_runtime.runtime.input_watermarks import InputWatermarks, resumes
 from stateful_runtime.runtime.progress import (
     Records,
     SampledDeadLetters,
@@ -160,10 +166,14 @@ def _wake_on_progress(wake: threading.Event) -> Any:
 
 
 def _foreach_batch(
-    writer: BatchWriter, timings: dict[tuple[str, int], tuple[float, int]]
+    writer: BatchWriter,
+    timings: dict[tuple[str, int], tuple[float, int]],
+    watermarks: InputWatermarks | None = None,
 ) -> Callable[[DataFrame, int], None]:
     def write(df: DataFrame, batch_id: int) -> None:
         done = writer.write(df, batch_id)
+        if watermarks is not None:  # before Spark commits the batch
+            watermarks.after_batch(batch_id)
         timings[(writer.query.name, batch_id)] = (done.ms, done.rows)
 
     return write
@@ -194,11 +204,14 @@ def _offset_lines(q: QueryPlan) -> int:
     """The lines of source offsets Spark logs per batch of ``q``: one per input, except that a
     process function on ``state.backend=rocksdb_local`` reads each input twice in its plan (the
     branch that makes Spark run batches without data shares the shuffle, not the source
-    relation) and, in processing time, also reads its timer ticks."""
+    relation) and, in processing time, also reads its timer ticks; a query of several inputs
+    with a stateful step also reads the source that starts a run's batches
+    (:mod:`stateful_runtime.runtime.input_watermarks`)."""
     fn = q.process.function if q.process is not None else None
+    resume = int(resumes(q))
     if q.state_backend != "rocksdb_local" or fn is None:
-        return len(q.inputs)
-    return 2 * len(q.inputs) + (fn.time_domain is TimeDomain.PROCESSING_TIME)
+        return len(q.inputs) + resume
+    return 2 * len(q.inputs) + (fn.time_domain is TimeDomain.PROCESSING_TIME) + resume
 
 
 class JobRunner:
@@ -676,7 +689,13 @@ class JobRunner:
             if committed is None or q.name in named:
                 continue
             lines = len(committed["sources"])
-            if lines != _offset_lines(q):
+            if resumes(q) and lines == _offset_lines(q) - 1:
+                changed.append(
+                    f"query {q.name}: its checkpoint was written before srt kept each input's "
+                    f"watermark with the batch (one source line fewer): run the job on a new "
+                    f"checkpoint directory (its inputs are read again from their start)"
+                )
+            elif lines != _offset_lines(q):
                 changed.append(
                     f"query {q.name}: its checkpoint holds the offsets of {lines} source(s), "
                     f"the job reads {len(q.inputs)} ({', '.join(q.source_names)}) — a union's "
@@ -838,11 +857,16 @@ class JobRunner:
         batch_writer = BatchWriter(q)
         batch_writer.check_schemas(arrow_schema(df.schema))
         self._open_sinks(q)
+        name = f"{self.job.name}.{q.name}"
+        watermarks = None
+        if resumes(q):
+            metrics = {n: source_metrics(q, n) for n in q.source_names}
+            watermarks = InputWatermarks(spark, q, name, qdir, metrics)
         writer = (
-            df.writeStream.queryName(f"{self.job.name}.{q.name}")
+            df.writeStream.queryName(name)
             .outputMode(q.output_mode)
             .option("checkpointLocation", qdir)
-            .foreachBatch(_foreach_batch(batch_writer, self._timings))
+            .foreachBatch(_foreach_batch(batch_writer, self._timings, watermarks))
         )
         if self.available_now:
             writer = writer.trigger(availableNow=True)

@@ -133,6 +133,14 @@ def test_the_files_a_restart_at_a_batch_reads(ckpt):
     assert q.batch_files(1, pending=False) == [*logs, *state]  # not the batch planned after it
     assert q.operators() == [q.state / "0"]
     assert q.partitions(q.state / "0", 2) == [q.state / "0" / "0", q.state / "0" / "1"]
+    # Each input's watermarks: the newest file at or before the batch (a batch after it, or
+    # one planned and not committed, may have written its own).
+    q.input_watermarks.mkdir()
+    for b in (0, 2):
+        (q.input_watermarks / str(b)).write_text("{}")
+    assert q.batch_files(1, pending=False) == [*logs, "input-watermarks/0", *state]
+    assert q.input_watermarks_upto(2) == q.input_watermarks / "2"
+    assert ckpt.query("elsewhere").input_watermarks_upto(5) is None
 
 
 def test_state_files_after_a_version_carry_their_checksum_files(ckpt):

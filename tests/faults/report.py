@@ -495,9 +495,11 @@ apply unchanged):
 | an executor killed (kill -9) mid-batch on the standalone cluster (`tests/faults/test_cluster_executor_kill.py[rocksdb_local]`) | 1 | the new executor rebuilds each partition's store from the checkpoint's keyed files; table = oracle, each dead letter once |
 | kill -9 of jobs of several streams at random points (`tests/faults/test_connected_kill.py`): connected streams (`examples/payment_refunds.py`: state written by one input and read by the other, timers of both, a side output, a refund the function raises on), broadcast state (`examples/fraud_rules.py`: rules on every partition, a rule the function raises on), the temporal and interval joins (`examples/merchant_tiers.py`, three topics) | 2 kills per job a run | each drain = the oracle of its topics (matches and unmatched refunds; alerts; tiers as of each payment and refund pairs), each bad record one dead letter. Found on the way: a kill while Spark wrote a query's first `offsets/0` left its temporary file, and Spark 4.3 then refused every start (`STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY`); `srt run` now removes such unfinished writes of the batch logs first |
 
-A job whose input ended before a kill can end its next `--available-now` run with timers not
-fired (NOTES.md, "A finished input holds a restarted job's watermark"): the trials append each
-topic's last record only for the drain.
+Every topic is written before the first run, so a kill may come after an input, or all of
+them, was read to its end, and the drain may have nothing new to read: it must still fire what
+each input's watermark passed before the kills (kept with every batch since these trials found
+a drain ending with 61 payments held in the temporal join: NOTES.md, "Each input's watermark
+across restarts").
 
 ## What the suite does not cover
 
