@@ -1,6 +1,6 @@
 """Seeded event generators and the inputs every system reads.
 
-Three streams, each generated once per (stream, events, seed) and written as JSON lines; every
+Streams, each generated once per (stream, events, seed) and written as JSON lines; every
 system reads exactly these bytes:
 
 * ``upi`` — UPI payments ``{"txn_id", "merchant_id", "amount_paise", "ts_ms"}``: 1,000
@@ -15,6 +15,22 @@ system reads exactly these bytes:
   10,000 bids per second of event time, up to 2 s early, on a 3 ms grid; a new block of
   auctions opens every 5 s and half the bids go to its 10 hot auctions; 100,000 bidders (a
   bidder bids every ~10 s, so 10 s sessions both continue and end); 4 channels.
+* ``jpay`` — the joins' payments (same fields as ``upi``, no duplicates): 1,000 merchants, 10
+  payments per second of event time (a 30-minute interval holds 18,000 of them, so a run of
+  200,000 crosses the interval a dozen times and the joins' state reaches its plateau), up to
+  4 s early.
+* ``jrefunds`` — refunds ``{"refund_id", "txn_id", "refund_paise", "ts_ms"}`` of ``jpay``'s
+  payments (generated from the same events and seed): one payment in ten is refunded, at a time
+  from 1 minute before it (never matched) to 40 minutes after it (past 30: not matched), up to
+  4 s out of order; ``events`` counts the payments, the stream has about a tenth as many lines.
+* ``jtiers`` — the merchants' risk tiers as a changelog of upserts
+  ``{"merchant_id", "tier", "ts_ms"}``: every merchant's first tier 10 s before the first
+  payment, then one change a second of event time (a merchant's about every 17 minutes) up to
+  the last payment, up to 4 s out of order; about a tenth of ``jpay``'s lines. No two versions
+  of a merchant share a time (where systems may pick either).
+
+A two-input workload (``Workload.second``) reads ``jpay`` and one of the others, generated from
+the same ``events`` and seed.
 
 Inputs per system (``Inputs``): the whole stream as one file, the same lines split into
 ``parts`` files by a hash of the key (each file spans the whole event time, like a Kafka
@@ -35,8 +51,24 @@ START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 CHANNELS = ("Google", "Facebook", "Baidu", "Apple")
 OUT_OF_ORDERNESS_MS = 5_000  # every job's bounded out-of-orderness
 
-STREAM_KEYS = {"upi": "merchant_id", "upi200k": "merchant_id", "bids": "bidder"}
+STREAM_KEYS = {
+    "upi": "merchant_id",
+    "upi200k": "merchant_id",
+    "bids": "bidder",
+    "jpay": "merchant_id",
+    "jrefunds": "txn_id",
+    "jtiers": "merchant_id",
+}
+# The join streams' topics have one partition. Spark keeps one watermark per source, the
+# maximum over its partitions, and a micro-batch splits its records between the partitions by
+# count, so at 10 events a second two partitions drift tens of seconds apart in event time and
+# records behind the other partition's newest become late (5 tier versions of 3,000 in a first
+# run). Flink's file source keeps a watermark per split (file) and reads the two files.
+ONE_PARTITION = {"jpay", "jrefunds", "jtiers"}
 FRAUD_MERCHANTS = 200_000
+JOIN_MERCHANTS = 1_000
+JOIN_STEP_MS = 100  # jpay: 10 payments per second of event time
+TIERS = ("low", "mid", "high")
 
 
 def upi_events(
@@ -94,7 +126,82 @@ def upi200k_events(n: int, seed: int) -> Iterator[bytes]:
     return upi_events(n, seed, merchants=FRAUD_MERCHANTS)
 
 
-GENERATORS = {"upi": upi_events, "upi200k": upi200k_events, "bids": bid_events}
+def _join_payments(n: int, seed: int) -> Iterator[tuple[str, str, int, int]]:
+    """(txn_id, merchant_id, amount_paise, ts_ms) of ``jpay``, in order of arrival (the i-th
+    arrives at ``START_MS + i * JOIN_STEP_MS``)."""
+    rng = random.Random(seed)
+    for i in range(n):
+        yield (
+            f"p{seed}-{i}",
+            f"M{rng.randint(1, JOIN_MERCHANTS):04d}",
+            rng.randint(100, 500_000),
+            START_MS + i * JOIN_STEP_MS - rng.randint(0, 4_000),
+        )
+
+
+def _disordered(rows: list[tuple[int, bytes]], rng: random.Random) -> list[tuple[int, bytes]]:
+    """(arrival, line) of lines by event time, each arriving up to 4 s after its time (never
+    more than 4 s behind the newest line before it: nothing is late for the 5 s bound)."""
+    return sorted((ts + rng.randint(0, 3_999), line) for ts, line in rows)
+
+
+def jpay_events(n: int, seed: int) -> Iterator[bytes]:
+    for txn, merchant, amount, ts in _join_payments(n, seed):
+        yield (
+            f'{{"txn_id":"{txn}","merchant_id":"{merchant}","amount_paise":{amount},"ts_ms":{ts}}}'
+        ).encode()
+
+
+def jrefunds_arrivals(n: int, seed: int) -> list[tuple[int, bytes]]:
+    """(arrival ms, line) of ``jrefunds``, in order of arrival."""
+    rng = random.Random(seed + 1)
+    end = START_MS + n * JOIN_STEP_MS
+    rows = []
+    for txn, _, amount, ts in _join_payments(n, seed):
+        if rng.random() >= 0.1:
+            continue
+        at = ts + rng.randint(-60_000, 40 * 60_000)
+        if at <= end:
+            line = (
+                f'{{"refund_id":"r-{txn}","txn_id":"{txn}",'
+                f'"refund_paise":{rng.randint(1, amount)},"ts_ms":{at}}}'
+            ).encode()
+            rows.append((at, line))
+    return _disordered(rows, rng)
+
+
+def jtiers_arrivals(n: int, seed: int) -> list[tuple[int, bytes]]:
+    """(arrival ms, line) of ``jtiers``, in order of arrival."""
+    rng = random.Random(seed + 2)
+
+    def line(merchant: int, ts: int) -> tuple[int, bytes]:
+        tier = TIERS[rng.randrange(len(TIERS))]
+        return ts, f'{{"merchant_id":"M{merchant:04d}","tier":"{tier}","ts_ms":{ts}}}'.encode()
+
+    rows = [line(m, START_MS - 10_000 + m) for m in range(1, JOIN_MERCHANTS + 1)]
+    rows += [
+        line(rng.randint(1, JOIN_MERCHANTS), START_MS + j * 1_000 + 500)
+        for j in range(n * JOIN_STEP_MS // 1_000 + 1)
+    ]
+    return _disordered(rows, rng)
+
+
+def jrefunds_events(n: int, seed: int) -> Iterator[bytes]:
+    return (line for _, line in jrefunds_arrivals(n, seed))
+
+
+def jtiers_events(n: int, seed: int) -> Iterator[bytes]:
+    return (line for _, line in jtiers_arrivals(n, seed))
+
+
+GENERATORS = {
+    "upi": upi_events,
+    "upi200k": upi200k_events,
+    "bids": bid_events,
+    "jpay": jpay_events,
+    "jrefunds": jrefunds_events,
+    "jtiers": jtiers_events,
+}
 
 
 def part_of(line: bytes, key: str, parts: int) -> int:
@@ -105,7 +212,8 @@ def part_of(line: bytes, key: str, parts: int) -> int:
 
 @dataclass(frozen=True)
 class Inputs:
-    """One generated stream, laid out for every system."""
+    """One generated stream, laid out for every system; a two-input workload's first stream
+    carries its second as ``second``."""
 
     stream: str
     events: int
@@ -115,10 +223,19 @@ class Inputs:
     log_dir: Path  # embedded event log holding topic ``stream``
     topic: str
     max_ts_ms: int
+    records: int  # lines in the stream (``events`` for the streams of one input)
+    second: Inputs | None = None
 
     @property
     def final_watermark_ms(self) -> int:
-        return self.max_ts_ms - OUT_OF_ORDERNESS_MS
+        """The last watermark: of both inputs, the minimum (Flink's and Spark's rule)."""
+        ends = [self.max_ts_ms] + ([self.second.max_ts_ms] if self.second else [])
+        return min(ends) - OUT_OF_ORDERNESS_MS
+
+    @property
+    def total_records(self) -> int:
+        """Input records a run reads: both inputs' of a two-input workload."""
+        return self.records + (self.second.records if self.second else 0)
 
     def lines(self) -> list[bytes]:
         return self.lines_path.read_bytes().splitlines()
@@ -131,6 +248,8 @@ def prepare(
     from stateful_runtime.connectors.eventlog import EventLog
     from stateful_runtime.connectors.eventlog.ingest import APPEND_BATCH, _records
 
+    if stream in ONE_PARTITION:
+        partitions = 1
     d = root / f"{stream}-{events}-s{seed}-p{parts}-t{partitions}"
     meta = d / "inputs.json"
     key = STREAM_KEYS[stream]
@@ -145,6 +264,7 @@ def prepare(
             Path(m["log_dir"]),
             stream,
             m["max_ts_ms"],
+            m["records"],
         )
     d.mkdir(parents=True, exist_ok=True)
     lines = list(GENERATORS[stream](events, seed))
@@ -174,10 +294,13 @@ def prepare(
                 "parts": [str(p) for p in part_paths],
                 "log_dir": str(log_dir),
                 "max_ts_ms": max_ts,
+                "records": len(lines),
             }
         )
     )
-    return Inputs(stream, events, seed, lines_path, tuple(part_paths), log_dir, stream, max_ts)
+    return Inputs(
+        stream, events, seed, lines_path, tuple(part_paths), log_dir, stream, max_ts, len(lines)
+    )
 
 
 def parse(lines: Sequence[bytes]) -> list[dict]:

@@ -204,7 +204,7 @@ class System:
         expected,
         options: dict[str, Any],
     ) -> RunResult:
-        res = RunResult(self.name, w.name, rep, inputs.events)
+        res = RunResult(self.name, w.name, rep, inputs.total_records)
         try:
             self._run(w, inputs, rundir, res, options)
             rows = self.outputs(rundir, res)
@@ -253,6 +253,15 @@ class StreamingRuntime(System):
             "parallelism": str(options["parallelism"]),
             **self.extra_sets,
         }
+        if inputs.second is not None:
+            # The second input's batches cover (a little more than) the same event time as the
+            # first's.
+            share = 1.2 * inputs.second.records / inputs.records
+            sets |= {
+                "second.log_dir": str(inputs.second.log_dir),
+                "second.topic": inputs.second.topic,
+                "second.max_records_per_batch": str(max(1, int(options["batch_size"] * share))),
+            }
         cmd = [
             str(PROJECT_PYTHON),
             str(BENCH / "harness" / "srt_child.py"),
@@ -368,6 +377,8 @@ class FlinkSQL(System):
             "--parallelism",
             str(options["parallelism"]),
         ]
+        if inputs.second is not None:
+            cmd += ["--input2", str(inputs.second.part_paths[0].parent.resolve())]
 
         def first_checkpoint() -> bool:
             return any(ck.glob("*/chk-*/_metadata"))
@@ -402,6 +413,9 @@ class FlinkDataStream(FlinkSQL):
     label = "Flink 2.3 Python DataStream"
     script = "flink_datastream.py"
 
+    def runs(self, w):
+        return w.flink and w.flink_ds
+
 
 class Bytewax(System):
     name = "bytewax"
@@ -410,6 +424,9 @@ class Bytewax(System):
 
     def available(self):
         return None if venv_python("bytewax").exists() else "no bytewax venv (run.py setup)"
+
+    def runs(self, w):
+        return w.bytewax
 
     def _run(self, w, inputs, rundir, res, options):
         py = str(venv_python("bytewax"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +99,10 @@ def run(
     skipped = {s: SYSTEMS[s].available() for s in systems}
     section["unavailable"] = {s: why for s, why in skipped.items() if why}
     systems = [s for s in systems if not skipped[s]]
-    streams = sorted({WORKLOADS[w].stream for w in workloads})
+    streams = sorted(
+        {WORKLOADS[w].stream for w in workloads}
+        | {WORKLOADS[w].second for w in workloads if WORKLOADS[w].second}
+    )
     inputs: dict[str, data.Inputs] = {}
     parsed: dict[str, list[dict]] = {}
     for stream in streams:
@@ -114,13 +118,21 @@ def run(
         parsed[stream] = data.parse(inputs[stream].lines())
         progress.done()
     section["inputs"] = {
-        s: {"events": i.events, "max_ts_ms": i.max_ts_ms, "bytes": i.lines_path.stat().st_size}
+        s: {
+            "events": i.records,
+            "max_ts_ms": i.max_ts_ms,
+            "bytes": i.lines_path.stat().st_size,
+        }
         for s, i in inputs.items()
     }
     for w in workloads:
         wl = WORKLOADS[w]
         inp = inputs[wl.stream]
-        expected = wl.oracle(parsed[wl.stream], inp.final_watermark_ms)
+        given: Any = parsed[wl.stream]
+        if wl.second:
+            inp = replace(inp, second=inputs[wl.second])
+            given = (given, parsed[wl.second])
+        expected = wl.oracle(given, inp.final_watermark_ms)
         for rep in range(1, reps + 1):
             for s in systems:
                 if not SYSTEMS[s].runs(wl):

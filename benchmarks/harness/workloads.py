@@ -12,6 +12,7 @@ input; the later windows are not compared (they are not wrong, just not final ev
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ DEDUP_TTL_MS = 60_000
 # 1,000, which no merchant reaches (see oracle_fraud).
 FRAUD_THRESHOLD = 1_000
 FRAUD_SPAN_MS = 60_000
+REFUND_WITHIN_MS = 30 * MINUTE
 
 Rows = Iterable[dict[str, Any]]
 
@@ -160,6 +162,51 @@ def oracle_fraud(events: list[dict], wm: int) -> Counter:
     return out
 
 
+def oracle_interval(inputs: tuple[list[dict], list[dict]], wm: int) -> Counter:
+    """Each refund with its payment when it comes 0 to 30 minutes (inclusive) after it. An
+    interval join emits a pair as the second of the two arrives: every pair, whatever the
+    last watermark."""
+    payments, refunds = inputs
+    by_txn = {p["txn_id"]: p for p in payments}
+    out: Counter = Counter()
+    for r in refunds:
+        p = by_txn.get(r["txn_id"])
+        if p is not None and 0 <= r["ts_ms"] - p["ts_ms"] <= REFUND_WITHIN_MS:
+            after_s = (r["ts_ms"] - p["ts_ms"]) // 1000
+            out[
+                (
+                    r["refund_id"],
+                    p["txn_id"],
+                    p["merchant_id"],
+                    p["amount_paise"],
+                    r["refund_paise"],
+                    after_s,
+                )
+            ] += 1
+    return out
+
+
+def oracle_temporal(inputs: tuple[list[dict], list[dict]], wm: int) -> Counter:
+    """Each payment with its merchant's tier as of its time (the version with the greatest
+    time not after it; ``unrated`` without one). A temporal join emits a payment once the
+    watermark passes it: compared are those the last watermark passed, with 1 s to spare."""
+    payments, tiers = inputs
+    versions: dict[str, list[tuple[int, str]]] = defaultdict(list)
+    for t in tiers:
+        versions[t["merchant_id"]].append((t["ts_ms"], t["tier"]))
+    for v in versions.values():
+        v.sort()
+    out: Counter = Counter()
+    for p in payments:
+        if not _closed(p["ts_ms"], wm):
+            continue
+        v = versions.get(p["merchant_id"], [])
+        i = bisect_right(v, (p["ts_ms"], "\uffff")) - 1
+        tier, since = v[i][::-1] if i >= 0 else ("unrated", None)
+        out[(p["txn_id"], p["merchant_id"], p["amount_paise"], tier, since, p["ts_ms"])] += 1
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # output rows (the common field names) -> Counter of the same tuples
 
@@ -227,6 +274,38 @@ def norm_fraud(rows: Rows, wm: int) -> Counter:
     return Counter((r["merchant_id"], int(r["window_start_ms"]), int(r["payments"])) for r in rows)
 
 
+def norm_interval(rows: Rows, wm: int) -> Counter:
+    return Counter(
+        (
+            r["refund_id"],
+            r["txn_id"],
+            r["merchant_id"],
+            int(r["payment_paise"]),
+            int(r["refund_paise"]),
+            int(r["after_s"]),
+        )
+        for r in rows
+    )
+
+
+def norm_temporal(rows: Rows, wm: int) -> Counter:
+    out: Counter = Counter()
+    for r in rows:
+        if _closed(int(r["ts_ms"]), wm):
+            since = r.get("tier_since_ms")
+            out[
+                (
+                    r["txn_id"],
+                    r["merchant_id"],
+                    int(r["amount_paise"]),
+                    r["tier"],
+                    None if since is None else int(since),
+                    int(r["ts_ms"]),
+                )
+            ] += 1
+    return out
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str
@@ -236,9 +315,13 @@ class Workload:
     srt_path: str  # the path the planner should pick: native / process / window / stateless
     python_operator: bool  # counts toward the Python operator path target
     what: str  # one line: what it computes (BENCHMARKS.md)
-    oracle: Callable[[list[dict], int], Counter]
+    # the events (of a two-input workload: both inputs' as a pair) and the last watermark
+    oracle: Callable[[Any, int], Counter]
     normalise: Callable[[Rows, int], Counter]
     flink: bool = True  # the Flink peers have a version (benchmarks/peers/flink_*.py)
+    second: str | None = None  # a two-input workload's second stream (harness.data)
+    flink_ds: bool = True  # the PyFlink DataStream peer has a version
+    bytewax: bool = True  # the bytewax peer has a version
 
 
 WORKLOADS: dict[str, Workload] = {
@@ -347,6 +430,36 @@ WORKLOADS: dict[str, Workload] = {
             oracle_fraud,
             norm_fraud,
             flink=False,
+        ),
+        Workload(
+            "interval",
+            "Interval join, payments and refunds",
+            "jpay",
+            "interval_join.py",
+            "process",
+            True,
+            "each refund with its payment (by txn_id) when it comes 0 to 30 minutes after it "
+            "(10 payments a second of event time, one in ten refunded)",
+            oracle_interval,
+            norm_interval,
+            second="jrefunds",
+            flink_ds=False,
+            bytewax=False,
+        ),
+        Workload(
+            "temporal",
+            "Temporal join, merchant tier as of payment time",
+            "jpay",
+            "temporal_join.py",
+            "process",
+            True,
+            "each payment with its merchant's risk tier valid at the payment's time, from a "
+            "changelog of upserts (1,000 merchants, one tier change a second)",
+            oracle_temporal,
+            norm_temporal,
+            second="jtiers",
+            flink_ds=False,
+            bytewax=False,
         ),
     )
 }

@@ -27,7 +27,15 @@ SOURCES = {
     "bids": (
         "auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, ts_ms BIGINT"
     ),
+    "jrefunds": "refund_id STRING, txn_id STRING, refund_paise BIGINT, ts_ms BIGINT",
+    "jtiers": "merchant_id STRING, tier STRING, ts_ms BIGINT",
 }
+# A versioned table (FOR SYSTEM_TIME AS OF): a primary key and an event-time attribute.
+PRIMARY_KEYS = {"jtiers": "merchant_id"}
+SOURCES["jpay"] = SOURCES["upi"]
+
+# two-input workload -> its second stream (table src2, from --input2)
+SECOND = {"interval": "jrefunds", "temporal": "jtiers"}
 
 # workload -> (stream, sink columns, query)
 QUERIES = {
@@ -103,6 +111,35 @@ QUERIES = {
           SELECT *, ROW_NUMBER() OVER (PARTITION BY txn_id ORDER BY pt ASC) AS rn FROM src)
         WHERE rn = 1""",
     ),
+    # Interval join: each refund with its payment 0 to 30 minutes (inclusive) before it.
+    "interval": (
+        "jpay",
+        (
+            "refund_id STRING, txn_id STRING, merchant_id STRING, payment_paise BIGINT, "
+            "refund_paise BIGINT, after_s BIGINT"
+        ),
+        """
+        SELECT r.refund_id, p.txn_id, p.merchant_id, p.amount_paise AS payment_paise,
+               r.refund_paise,
+               CAST((r.ts_ms - p.ts_ms - MOD(r.ts_ms - p.ts_ms, 1000)) / 1000 AS BIGINT)
+                 AS after_s
+        FROM src p, src2 r
+        WHERE p.txn_id = r.txn_id
+          AND r.rt BETWEEN p.rt AND p.rt + INTERVAL '30' MINUTE""",
+    ),
+    # Event-time temporal join against the versioned tiers table.
+    "temporal": (
+        "jpay",
+        (
+            "txn_id STRING, merchant_id STRING, amount_paise BIGINT, tier STRING, "
+            "tier_since_ms BIGINT, ts_ms BIGINT"
+        ),
+        """
+        SELECT p.txn_id, p.merchant_id, p.amount_paise, COALESCE(t.tier, 'unrated') AS tier,
+               t.ts_ms AS tier_since_ms, p.ts_ms
+        FROM src p
+        LEFT JOIN src2 FOR SYSTEM_TIME AS OF p.rt AS t ON p.merchant_id = t.merchant_id""",
+    ),
 }
 
 
@@ -110,6 +147,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workload", required=True, choices=sorted(QUERIES))
     ap.add_argument("--input", required=True, help="absolute path: a file or a directory")
+    ap.add_argument("--input2", help="a two-input workload's second input (table src2)")
     ap.add_argument("--output", required=True)
     ap.add_argument("--checkpoints", required=True)
     ap.add_argument("--result", required=True)
@@ -140,12 +178,21 @@ def main() -> None:
         EnvironmentSettings.new_instance().in_streaming_mode().with_configuration(conf).build()
     )
     stream, sink_cols, query = QUERIES[a.workload]
-    env.execute_sql(f"""
-        CREATE TABLE src ({SOURCES[stream]},
-          rt AS TO_TIMESTAMP_LTZ(ts_ms, 3),
-          pt AS PROCTIME(),
-          WATERMARK FOR rt AS rt - INTERVAL '5' SECOND
-        ) WITH ('connector' = 'filesystem', 'path' = 'file://{a.input}', 'format' = 'json')""")
+    tables = [("src", stream, a.input)]
+    if a.workload in SECOND:
+        tables.append(("src2", SECOND[a.workload], a.input2))
+    for table, source, path in tables:
+        key = (
+            f",\n PRIMARY KEY ({PRIMARY_KEYS[source]}) NOT ENFORCED"
+            if source in PRIMARY_KEYS
+            else ""
+        )
+        env.execute_sql(f"""
+            CREATE TABLE {table} ({SOURCES[source]},
+              rt AS TO_TIMESTAMP_LTZ(ts_ms, 3),
+              pt AS PROCTIME(),
+              WATERMARK FOR rt AS rt - INTERVAL '5' SECOND{key}
+            ) WITH ('connector' = 'filesystem', 'path' = 'file://{path}', 'format' = 'json')""")
     env.execute_sql(f"""
         CREATE TABLE sink ({sink_cols})
         WITH ('connector' = 'filesystem', 'path' = 'file://{a.output}', 'format' = 'json')""")
