@@ -252,9 +252,9 @@ class IntervalJoinOperator(JoinOperator):
         out: list[dict[str, Any]] = []
         join = JoinContext(ctx)
         fn: Any = self.join_function
-        for at, records in sorted(other.items()):
+        for at in sorted(other.keys()):
             if lo <= at <= hi:
-                for record in records:
+                for record in other.get(at) or ():
                     if left:
                         join.left_ms, join.right_ms = ts, at
                         out.extend(fn.process_element(value, record, join) or ())
@@ -315,15 +315,22 @@ class TemporalJoinOperator(JoinOperator):
         return iter(())
 
     def on_timer(self, timestamp: datetime, ctx: Context) -> Iterator[dict[str, Any]]:
+        # Times first (no copy of the records), then only the entries needed: a key's timers
+        # fire one after another in a batch, and most find nothing left to join.
         t = to_ms(timestamp)
-        versions = sorted(self.versions.items())
-        times = [at for at, _ in versions]
+        times = sorted(self.versions.keys())
         out: list[dict[str, Any]] = []
         join = JoinContext(ctx)
         fn: Any = self.join_function
+        read: dict[int, Any] = {}
         for at in sorted(k for k in self.pending.keys() if k < t):
             i = bisect_right(times, at) - 1
-            version, join.right_ms = (versions[i][1], times[i]) if i >= 0 else (None, None)
+            version, join.right_ms = None, None
+            if i >= 0:
+                join.right_ms = times[i]
+                if times[i] not in read:
+                    read[times[i]] = self.versions.get(times[i])
+                version = read[times[i]]
             join.left_ms = at
             for record in self.pending.get(at) or []:
                 # Each record apart: one that raises is dead-lettered alone, and the key's

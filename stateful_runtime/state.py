@@ -220,13 +220,13 @@ class MapState(Generic[K, T]):
         return iter(list(self._cell.entries()))
 
     def keys(self) -> Iterator[K]:
-        return (k for k, _ in self.items())
+        return iter(list(self._cell.entry_keys()))
 
     def values(self) -> Iterator[T]:
         return (v for _, v in self.items())
 
     def is_empty(self) -> bool:
-        return not any(True for _ in self._cell.entries())
+        return not any(True for _ in self._cell.entry_keys())
 
     def clear(self) -> None:
         self._cell.clear()

@@ -38,6 +38,10 @@ class MapCell(ABC):
     @abstractmethod
     def entries(self) -> Iterator[tuple[Any, Any]]: ...
 
+    def entry_keys(self) -> Iterator[Any]:
+        """The keys of the live entries (a cell that copies values on read skips the copy)."""
+        return (k for k, _ in self.entries())
+
     @abstractmethod
     def clear(self) -> None: ...
 

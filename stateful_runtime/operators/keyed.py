@@ -630,6 +630,18 @@ class _TxnMap(MapCell):
         pending = self.pending
         return iter([(k, v if k in pending else _own(v)) for k, v in merged.items()])
 
+    def entry_keys(self) -> Iterator[Any]:
+        # Keys only: no copy of the values (a join lists a buffer's times on every call).
+        if not self.txn.active:
+            return self.inner.entry_keys()
+        keys = {} if self.cleared else dict.fromkeys(self.inner.entry_keys())
+        for key, value in self.pending.items():
+            if value is _CLEARED:
+                keys.pop(key, None)
+            else:
+                keys[key] = None
+        return iter(list(keys))
+
     def clear(self) -> None:
         if not self.txn.active:
             self.inner.clear()

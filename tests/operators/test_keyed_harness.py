@@ -325,3 +325,39 @@ def test_mismatched_time_domains_and_undeclared_side_outputs_are_errors():
 
     with pytest.raises(ConfigError, match="not in its side_outputs"):
         KeyedProcessHarness(Undeclared(), key_by="k").process_element({"k": "a"}, timestamp=0)
+
+
+class MapKeys(KeyedProcessFunction):
+    """Lists a map's keys in the call that changes it: the stored ones, its own puts, not its
+    removals (what a join reads its buffers' times with)."""
+
+    output_schema = {"keys": str, "empty": bool, "items": str}
+
+    def open(self, ctx):
+        self.m = ctx.get_map_state(MapStateDescriptor("m", int, list))
+
+    def process_element(self, value, ctx):
+        if value["op"] == "put":
+            self.m.put(value["at"], [value["at"]])
+        else:
+            self.m.remove(value["at"])
+        yield {
+            "keys": ",".join(str(k) for k in sorted(self.m.keys())),
+            "empty": self.m.is_empty(),
+            "items": ",".join(f"{k}:{v}" for k, v in sorted(self.m.items())),
+        }
+
+
+def test_map_keys_in_a_call_see_its_own_puts_and_removals():
+    h = KeyedProcessHarness(MapKeys(), "k")
+    rows = [
+        h.process_element({"k": "a", "op": op, "at": at}, timestamp=1)
+        for op, at in [("put", 2), ("put", 1), ("remove", 2), ("remove", 1), ("put", 3)]
+    ]
+    assert [(r["keys"], r["empty"], r["items"]) for [r] in rows] == [
+        ("2", False, "2:[2]"),
+        ("1,2", False, "1:[1],2:[2]"),
+        ("1", False, "1:[1]"),
+        ("", True, ""),
+        ("3", False, "3:[3]"),
+    ]
