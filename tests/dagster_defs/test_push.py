@@ -13,14 +13,18 @@ import pytest
 from dagster import AssetKey, AssetMaterialization, DagsterInstance, build_sensor_context
 from upi_events import START_MS
 
-from dagster_defs._stream_events import PUSH_GRACE_S
-from stateful_runtime.runtime import registry
+from dagster_defs import _stream_events
+from stateful_runtime.runtime import dagster_push, registry
 from tests.dagster_defs.helpers import JOB, JOB_KEY, Webserver, feed, live_job
 from tests.helpers import poll
 
 pytestmark = pytest.mark.slow
 
 TABLE_KEY = AssetKey(["upi_counts"])
+# The health sensor's grace (30 s) shortened for this test, which waits it out once: still
+# longer than the job's own tries at a batch (its push window and one request's timeout), so
+# a batch the job may yet report is never the sensor's.
+GRACE_S = dagster_push.PUSH_WINDOW_S + dagster_push.REQUEST_TIMEOUT_S + 2
 
 
 def _pushed(instance: DagsterInstance) -> list[dict]:
@@ -37,8 +41,10 @@ def _pushed(instance: DagsterInstance) -> list[dict]:
 
 
 def test_commits_are_pushed_once_each_and_dagster_down_holds_up_nothing(
-    tmp_path: Path, srt_env: dict[str, str], webserver: Webserver
+    tmp_path: Path, srt_env: dict[str, str], webserver: Webserver, monkeypatch
 ):
+    assert GRACE_S < _stream_events.PUSH_GRACE_S
+    monkeypatch.setattr(_stream_events, "PUSH_GRACE_S", GRACE_S)
     with live_job(tmp_path, srt_env["SRT_HOME"], dagster_url=webserver.url) as live:
         live.materialize(JOB_KEY)  # launched with SRT_DAGSTER_URL and its tables' keys
         live.pids.append(int(registry.read(JOB)["pid"]))
@@ -84,9 +90,9 @@ def test_commits_are_pushed_once_each_and_dagster_down_holds_up_nothing(
         down = {b: r for b, r in ledger().items() if b > reported}
         poll(
             lambda: (
-                time.time() - newest > PUSH_GRACE_S
+                time.time() - newest > GRACE_S
                 and all(
-                    time.time() - e.committed_at.replace(tzinfo=UTC).timestamp() > PUSH_GRACE_S
+                    time.time() - e.committed_at.replace(tzinfo=UTC).timestamp() > GRACE_S
                     for e in warehouse.committed_batches(JOB, "upi-counts")
                     if e.batch_id in down and e.committed_at is not None
                 )
