@@ -485,20 +485,29 @@ class _Plan:
 
 
 class _Span:
-    """Records ``lo..hi`` of one :func:`decode_json` call, held by Arrow: the records as one
-    ``large_binary`` array and, for the fast path, each followed by a newline in one buffer
-    (a chunk's input is a slice of it). No Python object exists per record unless the
-    per-record path asks for them (:meth:`lines`)."""
+    """Records ``lo..hi`` of one :func:`decode_json` call. Given as an Arrow binary array (the
+    event log's read), they stay in Arrow: each followed by a newline in one buffer Arrow
+    builds, a chunk's fast-path input a slice of it, and no Python object per record unless
+    the per-record path asks for them (:meth:`lines`). Given as Python bytes (Kafka's
+    messages), a chunk is joined as it comes (converting them to Arrow first costs more)."""
 
     __slots__ = ("data", "ends", "hi", "lo", "values")
 
     def __init__(
-        self, values: pa.Array, ends: np.ndarray, data: pa.Buffer, lo: int, hi: int
+        self,
+        values: Sequence[bytes] | pa.Array,
+        ends: np.ndarray | None,
+        data: pa.Buffer | None,
+        lo: int,
+        hi: int,
     ) -> None:
         self.values, self.ends, self.data, self.lo, self.hi = values, ends, data, lo, hi
 
     @classmethod
-    def of(cls, values: pa.Array) -> _Span:
+    def of(cls, lines: Sequence[bytes] | pa.Array) -> _Span:
+        if not isinstance(lines, pa.Array):
+            return cls(lines, None, None, 0, len(lines))
+        values = lines if lines.type == pa.large_binary() else lines.cast(pa.large_binary())
         newline = pa.scalar(b"\n", pa.large_binary())
         joined = pc.binary_join_element_wise(values, pa.scalar(b"", pa.large_binary()), newline)
         n = len(joined)
@@ -516,17 +525,25 @@ class _Span:
         """The records joined by ``\\n`` (``b"\\n".join(self.lines())``)."""
         if self.lo == self.hi:
             return b""
+        if self.ends is None or self.data is None:
+            return b"\n".join(self.values[self.lo : self.hi])  # type: ignore[arg-type]
         return self.data[int(self.ends[self.lo]) : int(self.ends[self.hi]) - 1].to_pybytes()
 
     def lengths(self) -> np.ndarray:
+        if self.ends is None:
+            return np.fromiter(map(len, self.lines()), np.int64, self.hi - self.lo)
         return np.diff(self.ends[self.lo : self.hi + 1]) - 1
 
     def lines(self) -> list[bytes]:
-        return self.values[self.lo : self.hi].to_pylist()  # type: ignore[no-any-return]
+        part = self.values[self.lo : self.hi]
+        return part.to_pylist() if isinstance(part, pa.Array) else list(part)
 
     def array(self) -> pa.Array:
         """The records as a ``binary`` array (the ``_raw`` column's type)."""
-        return self.values[self.lo : self.hi].cast(pa.binary())
+        part = self.values[self.lo : self.hi]
+        if isinstance(part, pa.Array):
+            return part.cast(pa.binary())
+        return pa.array(part, pa.binary())
 
 
 def _slow(lines: _Span, plan: _Plan) -> pa.Table:
@@ -849,13 +866,10 @@ def decode_json(
         One row per record, in order; the module docstring's table says which are good.
     """
     plan = _Plan(schema, event_time, bounds)
-    values = lines if isinstance(lines, pa.Array) else pa.array(lines, pa.large_binary())
-    if values.type != pa.large_binary():
-        values = values.cast(pa.large_binary())
     parts: list[pa.Table] = []
-    if len(values):
-        records = _Span.of(values)
-        for i in range(0, len(values), CHUNK):
+    if len(lines):
+        records = _Span.of(lines)
+        for i in range(0, len(lines), CHUNK):
             _decode_chunk(records[i : i + CHUNK], plan, parts)
     if not parts:
         return plan.out.empty_table()

@@ -29,6 +29,7 @@ ROWS = 65_536
 def _load(path: str):
     spec = importlib.util.spec_from_file_location("decoder_under_test", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while it loads
     spec.loader.exec_module(module)
     return module
 

@@ -13,6 +13,7 @@ import json
 import math
 from typing import Optional
 
+import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -219,7 +220,11 @@ def check(lines: list[bytes], rows: list[dict], alone: list[dict]) -> None:
 
 
 def decode_rows(lines: list[bytes], event_time=None) -> list[dict]:
-    return decode_json(lines, SCHEMA, event_time=event_time).to_pylist()
+    rows = decode_json(lines, SCHEMA, event_time=event_time).to_pylist()
+    # The event log hands its records over as one Arrow array: the same rows.
+    as_array = decode_json(pa.array(lines, pa.binary()), SCHEMA, event_time=event_time)
+    assert as_array.to_pylist() == rows
+    return rows
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
