@@ -532,13 +532,18 @@ def reject_record(ctx: Context, record: dict[str, Any], exc: Exception, call: st
     ctx.operator.reject_record(record, exc, call)  # type: ignore[attr-defined]
 
 
-def drop_late(ctx: Context, tag: OutputTag | None, record: Mapping[str, Any]) -> None:
+def drop_late(
+    ctx: Context, tag: OutputTag | None, record: Mapping[str, Any], input: int | None = None
+) -> None:
     """A late record of a runtime operator (a window's, a join's): to its late side output
-    ``tag``, or dropped and counted. ``ctx`` is the engine's context."""
+    ``tag``, or dropped and counted (the mark names the record's ``input`` of connected
+    streams, 1 or 2, so that each source's late records are counted apart). ``ctx`` is the
+    engine's context."""
     if tag is not None:
         ctx.output(tag, record)
     else:
-        ctx.operator.side.append((LATE_MARK, {}))  # type: ignore[attr-defined]
+        mark = {} if input is None else {"input": input}
+        ctx.operator.side.append((LATE_MARK, mark))  # type: ignore[attr-defined]
 
 
 def has_on_timer(fn: KeyedProcessFunction) -> bool:

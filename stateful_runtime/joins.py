@@ -173,6 +173,12 @@ class JoinOperator(KeyedCoProcessFunction):
     ) -> None:
         self.join_function = fn
         self.late_tags = tuple(t for t in late if t is not None)
+        # Each late side output's input (1 or 2), when it is one input's only.
+        self.late_inputs = {
+            t.name: k + 1
+            for k, t in enumerate(late)
+            if t is not None and self.late_tags.count(t) == 1
+        }
         self.output_schema = fn.output_schema  # type: ignore[misc]
         declared = tuple(getattr(fn, "side_outputs", ()))
         clash = [t.name for t in self.late_tags if t in declared]
@@ -239,7 +245,7 @@ class IntervalJoinOperator(JoinOperator):
 
     def _arrive(self, value: dict[str, Any], ctx: Context, *, left: bool) -> list[dict[str, Any]]:
         if _late(ctx):
-            drop_late(ctx, self.left_late if left else self.right_late, value)
+            drop_late(ctx, self.left_late if left else self.right_late, value, 1 if left else 2)
             return []
         ts = _ts(ctx)
         own, other = (self.left, self.right) if left else (self.right, self.left)
@@ -297,7 +303,7 @@ class TemporalJoinOperator(JoinOperator):
 
     def process_element1(self, value: dict[str, Any], ctx: Context) -> Iterator[dict[str, Any]]:
         if _late(ctx):
-            drop_late(ctx, self.late, value)
+            drop_late(ctx, self.late, value, 1)
             return iter(())
         ts = _ts(ctx)
         self.pending.put(ts, [*(self.pending.get(ts) or []), value])
@@ -306,7 +312,7 @@ class TemporalJoinOperator(JoinOperator):
 
     def process_element2(self, value: dict[str, Any], ctx: Context) -> Iterator[dict[str, Any]]:
         if _late(ctx):  # it would change what records already joined saw
-            drop_late(ctx, None, value)
+            drop_late(ctx, None, value, 2)
             return iter(())
         ts = _ts(ctx)
         self.versions.put(ts, value)  # of one key and time, the last read wins
@@ -398,7 +404,7 @@ class WindowJoinOperator(JoinOperator):
             ctx.timer_service().register_event_time_timer(to_datetime(end - 1))
             placed = True
         if not placed:
-            drop_late(ctx, None, value)
+            drop_late(ctx, None, value, side)
         return iter(())
 
     def on_timer(self, timestamp: datetime, ctx: Context) -> Iterator[dict[str, Any]]:

@@ -77,6 +77,7 @@ def refuse_speculation(setting: str) -> None:
 
 
 TAG_COLUMN = "_tag"  # operators/spark.py's TAG, without importing PySpark's state API here
+SIDE_COLUMN = "_side"  # and its SIDE
 # Names of the observed metrics (Spark progress ``observedMetrics``) the job's accounting
 # reads: per source, records read and rejected; per window operator, records that came late.
 SOURCE_METRICS = "srt_source"
@@ -374,7 +375,7 @@ def _process(df: DataFrame, node: ProcessNode, query: QueryPlan) -> DataFrame:
         output_struct(main),
         mode,
     )
-    return _observe_late(out, fn, TAG)
+    return _observe_late(out, fn, TAG, query)
 
 
 def _refuse_other_backend(checkpoint: str | None, node: ProcessNode, backend: str) -> None:
@@ -471,24 +472,41 @@ def _process_local(
         out = out.unionByName(
             _timer_ticks(df.sparkSession, checkpoint, node.name, parallelism, out)
         )
-    return _observe_late(out, fn, TAG_COLUMN)
+    return _observe_late(out, fn, TAG_COLUMN, query)
 
 
-def _observe_late(out: DataFrame, fn: Any, tag_column: str) -> DataFrame:
+def _observe_late(out: DataFrame, fn: Any, tag_column: str, query: QueryPlan) -> DataFrame:
     """A window's or join's late records (to a late side output, or dropped: a marker row)
-    counted as the batch's late records."""
+    counted as the batch's late records; a join's also per source (``late:<source>``), where
+    one source is the whole of its input."""
     from pyspark.sql import functions as F
 
+    join = getattr(fn, "connected", None)
     if isinstance(fn, WindowOperator):
         tags = list(fn.side_outputs)
-    elif isinstance(getattr(fn, "connected", None), JoinOperator):
-        tags = list(fn.connected.late_tags)
+    elif isinstance(join, JoinOperator):
+        tags = list(join.late_tags)
     else:
         return out
+    tag = F.col(tag_column)
     late = [t.name for t in tags] + [LATE_MARK]
-    return out.observe(
-        LATE_METRICS, F.sum(F.when(F.col(tag_column).isin(late), 1).otherwise(0)).alias("late")
-    )
+    counts = [F.sum(F.when(tag.isin(late), 1).otherwise(0)).alias("late")]
+    if isinstance(join, JoinOperator):
+        marked = F.get_json_object(F.col(SIDE_COLUMN), "$.input").cast("int")
+        for source, k in _co_input_sources(query).items():
+            tagged = [name for name, input in join.late_inputs.items() if input == k]
+            of_k = ((tag == LATE_MARK) & (marked == k)) | tag.isin(tagged)
+            counts.append(F.sum(F.when(of_k, 1).otherwise(0)).alias(f"late:{source}"))
+    return out.observe(LATE_METRICS, *counts)
+
+
+def _co_input_sources(query: QueryPlan) -> dict[str, int]:
+    """Each source that is alone in its input of connected streams, and that input (1, 2)."""
+    inputs = {
+        i.source.name: n.input for i in query.inputs for n in i.nodes if isinstance(n, CoInputNode)
+    }
+    taken = list(inputs.values())
+    return {s: k for s, k in inputs.items() if taken.count(k) == 1}
 
 
 def _broadcast_copies(df: DataFrame, parallelism: int) -> DataFrame:

@@ -14,8 +14,16 @@ from tests.helpers import EXAMPLES
 
 
 def run(
-    job_file: str, tmp_path, late: int = 0, from_savepoint: str | None = None, **overrides
+    job_file: str,
+    tmp_path,
+    late: int = 0,
+    from_savepoint: str | None = None,
+    late_by_source: dict[str, int] | None = None,
+    **overrides,
 ) -> str:
+    """Run ``job_file`` to the end of its input; ``late``: the records behind the watermark
+    it must count, and ``late_by_source`` ({source: n}, over its queries of several sources)
+    those of each source."""
     values = {
         "source.log_dir": str(tmp_path / "log"),
         "checkpoint.dir": str(tmp_path / "ck" / job_file),
@@ -28,6 +36,12 @@ def run(
     assert runner.run() == 0, out.getvalue()
     # Records behind the watermark (dropped, or to a late side output), counted one by one.
     assert sum(r.records.late for r in runner.runs) == late, out.getvalue()
+    if late_by_source is not None:
+        by_source: dict[str, int] = {}
+        for r in runner.runs:
+            for name, records in r.records.by_source.items():
+                by_source[name] = by_source.get(name, 0) + records.late
+        assert by_source == late_by_source, (by_source, out.getvalue())
     return out.getvalue()
 
 
