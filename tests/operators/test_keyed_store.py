@@ -86,8 +86,9 @@ def test_snapshots_bound_a_rebuild_and_old_files_are_cleaned(tmp_path, monkeypat
     s = _store(tmp_path)
     for v in range(12):
         _run(s, v, {bytes([0, v % 4]): str(v).encode()})
+    # By version, then name (a directory lists in no set order: tmpfs and ext4 differ).
     names = sorted(
-        (p.name for p in (tmp_path / "ck").iterdir()), key=lambda n: int(n.split(".")[0])
+        (p.name for p in (tmp_path / "ck").iterdir()), key=lambda n: (int(n.split(".")[0]), n)
     )
     # Versions from 12 - 4 = 8 on stay restorable: snapshot 6, deltas 7..12 (and snapshots 9, 12).
     assert names == [
