@@ -108,6 +108,7 @@ def build(
             late_watermark_of=checkpoint if query.path is QueryPath.NATIVE else None,
             query_checkpoint=checkpoint,
             metrics=source_metrics(query, i.source.name),
+            event_time_max=resumes(query),
         )
         if skips.get(i.source.name):
             df = _skip(df, query, skips[i.source.name], i.source.name)
@@ -245,7 +246,12 @@ def read_source(
     late_watermark_of: str | None = None,
     query_checkpoint: str | None = None,
     metrics: str = SOURCE_METRICS,
+    event_time_max: bool = False,
 ) -> DataFrame:
+    """The source's good records with event time and watermark; ``metrics`` names the
+    observed metric counting its records (and, with ``event_time_max``, taking the largest
+    event time of its good records: the input's watermark kept across restarts,
+    :mod:`stateful_runtime.runtime.input_watermarks`)."""
     from pyspark.sql import functions as F
 
     df = src.source.read_stream(
@@ -257,16 +263,14 @@ def read_source(
     )
     # Per-batch accounting of the source (in Spark's progress as observed metrics): every
     # record read, and those rejected (dead letters); late ones are counted downstream.
-    # The largest event time of its good records: each input's watermark kept across
-    # restarts (runtime/input_watermarks.py).
-    df = df.observe(
-        metrics,
+    counts = [
         F.count(F.lit(1)).alias("input"),
         F.sum(F.when(F.col(ERROR).isNotNull(), 1).otherwise(0)).alias("dead_letters"),
-        F.max(F.when(F.col(ERROR).isNull(), F.unix_millis(_event_time_column(src)))).alias(
-            EVENT_TIME_MAX
-        ),
-    )
+    ]
+    if event_time_max:
+        good = F.when(F.col(ERROR).isNull(), F.unix_millis(_event_time_column(src)))
+        counts.append(F.max(good).alias(EVENT_TIME_MAX))
+    df = df.observe(metrics, *counts)
     # Each record keeps its source partition and offset (:data:`ORIGIN_COLUMNS`): a step
     # that cannot process it names it, in its dead letter or in the message that stops the job.
     df = (

@@ -87,6 +87,7 @@ class InputWatermarks:
         self.names = [i.source.name for i in query.inputs]
         self.delays = [_delay_ms(i.source.watermark.max_out_of_orderness) for i in query.inputs]
         self.resumed = False
+        self.execution: Any = None
 
     def saved(self, batch: int) -> dict[str, int | None]:
         """Each input's watermark after the newest batch at or before ``batch`` that recorded
@@ -121,10 +122,11 @@ class InputWatermarks:
 
     def _execution(self) -> Any:
         """Spark's execution of this query (its MicroBatchExecution), None if not found."""
-        for q in self.spark.streams.active:
-            if q.name == self.spark_name:
-                return q._jsq.streamingQuery()
-        return None
+        if self.execution is None:
+            for q in self.spark.streams.active:
+                if q.name == self.spark_name:
+                    self.execution = q._jsq.streamingQuery()
+        return self.execution
 
     def _resume(self, execution: Any, saved: Mapping[str, int | None]) -> None:
         if all(w is None for w in saved.values()):
