@@ -9,7 +9,21 @@ Layout under a query's checkpoint::
     keyed/<operator>/<partition>/<V>.snapshot   every row at version V
 
 Both are Arrow IPC files of ``(k: binary, v: binary)`` rows (``v`` null: a delete), their schema
-metadata naming the format, the version and the token of the task that wrote them. Version
+metadata naming the format, the version and the token of the task that wrote them. Rows (the
+local RocksDB holds the same), each key starting with its key group (two bytes, big-endian):
+
+* ``<group> k <key>`` → every state of one key, a pickled dict ``state name → value`` (a map
+  state's value is its dict; with processing-time TTL a value is ``(value, expires)``): a key
+  touched by a batch is one row read and one written;
+* ``<group> t <timestamp, 8 bytes> <key>`` → nothing: the timer index, in time order within a
+  key group (unsigned big-endian, :func:`encode_ts`);
+* ``<group> b <state name>`` → a broadcast state's dict (every group of a partition holds it).
+
+``<key>`` is the pickled tuple of the key fields' values. The previous layout
+(:data:`PREVIOUS_FORMAT`: a row ``<group> s <state name> \\0 <key>`` per state and key) is still
+read: its files are turned into this layout's rows as they are read (:func:`rows`), so a
+checkpoint or savepoint written by it restores, and the versions written after are this
+layout's. Version
 ``N + 1`` is the state after batch ``N`` (Spark's numbering of its own store); the rows of
 version ``V`` are the newest snapshot at or below ``V`` with the deltas after it applied in
 order (:func:`state_at`).
@@ -25,9 +39,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -38,9 +54,16 @@ KEYED_DIR = "keyed"
 DELTA = ".delta"
 SNAPSHOT = ".snapshot"
 SCHEMA = pa.schema([("k", pa.binary()), ("v", pa.binary())])
-FORMAT = "srt-keyed-1"
+FORMAT = "srt-keyed-2"
+# A row per state and key (``<group> s <name> \0 <key>``): read, never written.
+PREVIOUS_FORMAT = "srt-keyed-1"
 # Bytes of the key group at the start of every stored key.
 GROUP_BYTES = 2
+# The tag after the key group: a key's states, a timer, a broadcast state.
+STATE_ROW, TIMER_ROW, BROADCAST_ROW = b"k", b"t", b"b"
+_PREVIOUS_STATE_ROW = b"s"
+_PICKLE = pickle.HIGHEST_PROTOCOL
+_TS_OFFSET = 2**63  # timestamps as unsigned big-endian: byte order is time order
 _BATCH_ROWS = 65_536
 
 
@@ -60,6 +83,31 @@ def group_prefix(group: int) -> bytes:
 def group_of(key: bytes) -> int:
     """The key group a stored key belongs to."""
     return int.from_bytes(key[:GROUP_BYTES], "big")
+
+
+def encode_ts(ts: int) -> bytes:
+    """A timestamp (ms) as the 8 bytes of a timer row (byte order is time order)."""
+    return (ts + _TS_OFFSET).to_bytes(8, "big")
+
+
+def decode_ts(raw: bytes) -> int:
+    return int.from_bytes(raw, "big") - _TS_OFFSET
+
+
+def encode_states(states: dict[str, Any]) -> bytes | None:
+    """A key's row value: its states (None: no state, the row is deleted)."""
+    return pickle.dumps(states, _PICKLE) if states else None
+
+
+def decode_states(raw: bytes) -> dict[str, Any]:
+    return pickle.loads(raw)
+
+
+def parse_row(row: bytes) -> tuple[int, bytes, bytes]:
+    """A stored row's key as (key group, tag, rest): for :data:`STATE_ROW` the rest is the
+    pickled key, for :data:`TIMER_ROW` the timestamp's 8 bytes then the pickled key, for
+    :data:`BROADCAST_ROW` the state's name."""
+    return group_of(row), row[GROUP_BYTES : GROUP_BYTES + 1], row[GROUP_BYTES + 1 :]
 
 
 # -- files ---------------------------------------------------------------------------------------
@@ -138,7 +186,7 @@ def problem(path: Path) -> str | None:
             if not reader.schema.equals(SCHEMA):
                 return f"not a keyed state file (columns {reader.schema.names})"
             meta = reader.schema.metadata or {}
-            if meta.get(b"format") != FORMAT.encode():
+            if meta.get(b"format") not in (FORMAT.encode(), PREVIOUS_FORMAT.encode()):
                 return f"format {meta.get(b'format')!r}, not {FORMAT}"
             if version_of(path, path.suffix) not in (None, int(meta.get(b"version", b"-1"))):
                 return f"holds version {meta.get(b'version', b'?').decode()}"
@@ -149,19 +197,57 @@ def problem(path: Path) -> str | None:
     return None
 
 
-def rows(path: Path) -> Iterator[tuple[list[bytes], list[bytes | None]]]:
-    """The rows of one file, a record batch at a time: (keys, values; None deletes)."""
+def rows(
+    path: Path, current: Callable[[bytes], bytes | None] | None = None
+) -> Iterator[tuple[list[bytes], list[bytes | None]]]:
+    """The rows of one file, a record batch at a time: (keys, values; None deletes), in this
+    layout. A file of the previous layout is turned into this one's rows as it is read: a
+    state row merges into its key's row as ``current`` holds it (the rows applied so far;
+    apply each batch before reading the next)."""
     try:
         with pa.memory_map(str(path)) as source:
             reader = pa.ipc.open_file(source)
+            previous = (reader.schema.metadata or {}).get(b"format") == PREVIOUS_FORMAT.encode()
             for i in range(reader.num_record_batches):
                 batch = reader.get_batch(i)
-                yield batch.column(0).to_pylist(), batch.column(1).to_pylist()
+                keys, values = batch.column(0).to_pylist(), batch.column(1).to_pylist()
+                if previous:
+                    keys, values = _upgrade(keys, values, current or (lambda _: None))
+                yield keys, values
     except (pa.ArrowInvalid, OSError) as exc:
         raise StateError(
             f"keyed state file {path} cannot be read ({exc}); restore the job from a "
             f"savepoint (srt savepoint list, then srt run --from-savepoint <id>)"
         ) from None
+
+
+def _upgrade(
+    keys: list[bytes], values: list[bytes | None], current: Callable[[bytes], bytes | None]
+) -> tuple[list[bytes], list[bytes | None]]:
+    """Rows of the previous layout as this layout's: each ``<group> s <name> \\0 <key>`` row
+    set (or removed) in its key's row, as ``current`` holds it; other rows as they are."""
+    out_keys: list[bytes] = []
+    out_values: list[bytes | None] = []
+    merged: dict[bytes, dict[str, Any]] = {}
+    for k, v in zip(keys, values, strict=True):
+        if k[GROUP_BYTES : GROUP_BYTES + 1] != _PREVIOUS_STATE_ROW:
+            out_keys.append(k)
+            out_values.append(v)
+            continue
+        name, _, key = k[GROUP_BYTES + 1 :].partition(b"\x00")
+        row = k[:GROUP_BYTES] + STATE_ROW + key
+        states = merged.get(row)
+        if states is None:
+            raw = current(row)
+            states = merged[row] = {} if raw is None else decode_states(raw)
+        if v is None:
+            states.pop(name.decode(), None)
+        else:
+            states[name.decode()] = pickle.loads(v)
+    for row, states in merged.items():
+        out_keys.append(row)
+        out_values.append(encode_states(states))
+    return out_keys, out_values
 
 
 def state_at(
@@ -180,7 +266,7 @@ def state_at(
     wanted = None if groups is None else {group_prefix(g) for g in groups}
     out: dict[bytes, bytes] = {}
     for path in files:
-        for keys, values in rows(path):
+        for keys, values in rows(path, out.get):
             for k, v in zip(keys, values, strict=True):
                 if wanted is not None and k[:GROUP_BYTES] not in wanted:
                     continue

@@ -8,10 +8,10 @@ from its checkpoint files without Spark (:func:`~stateful_runtime.checkpoints.ke
 rows tagged with their key group and size. A savepoint is laid out in a temporary directory
 first (checksums verified), so S3 savepoints read the same way.
 
-The local backend's rows (:mod:`stateful_runtime.operators.local_state` writes them; a test
-reads its rows back through :func:`parse_local_row`): ``<group> s <state name> \\0 <key>`` →
-the pickled value, ``<group> t <timestamp> <key>`` → a timer, ``<key>`` a pickled tuple of the
-key fields.
+The local backend's rows (their format is :mod:`stateful_runtime.checkpoints.keyed`'s; a test
+reads the rows :mod:`stateful_runtime.operators.local_state` writes back through
+:func:`local_entries`): a key's row holds all its states, shown one row per state by name, and
+each timer row is shown as a row of state ``timer``.
 """
 
 from __future__ import annotations
@@ -32,11 +32,8 @@ if TYPE_CHECKING:
 
 # Our queries hold one stateful operator each, so Spark numbers it 0.
 OPERATOR_ID = 0
-# The local backend's row tags, its per-key timer set and the timestamps' offset (unsigned
-# big-endian: byte order is time order).
-_STATE_ROW, _TIMER_ROW, _BROADCAST_ROW = b"s", b"t", b"b"
+# The harness's per-key timer set, kept among a key's states (not a state of the function).
 _TIMER_SET = "_srt_timers_of"
-_TS_OFFSET = 2**63
 TIMER_STATE = "timer"  # the state name timer rows are shown under
 
 
@@ -93,24 +90,28 @@ def _plain(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def parse_local_row(row: bytes) -> tuple[int, str, bytes] | tuple[int, int, bytes] | None:
-    """A local backend row's key as (key group, state name, key) or (key group, timer
-    timestamp, key); None for the backend's own rows (a key's timer set)."""
-    group, tag, rest = keyed.group_of(row), row[keyed.GROUP_BYTES : keyed.GROUP_BYTES + 1], row[3:]
-    if tag == _TIMER_ROW:
-        return group, int.from_bytes(rest[:8], "big") - _TS_OFFSET, rest[8:]
-    name, _, key = rest.partition(b"\x00")
-    if tag != _STATE_ROW or name.decode() == _TIMER_SET:
-        return None
-    return group, name.decode(), key
+def local_entries(row: bytes, value: bytes) -> list[tuple[int, str | int, bytes, Any, int]]:
+    """A local backend row as (key group, state name or timer timestamp, pickled key, the
+    state's value or None for a timer, bytes): one per state of a key's row, one for a timer
+    row, none for the backend's own entries (the harness's timer set) and broadcast rows."""
+    group, tag, rest = keyed.parse_row(row)
+    if tag == keyed.TIMER_ROW:
+        return [(group, keyed.decode_ts(rest[:8]), rest[8:], None, len(row) + len(value))]
+    if tag != keyed.STATE_ROW:
+        return []
+    states = keyed.decode_states(value)
+    # A row's bytes shared among its states (what each costs is not stored apart).
+    size = (len(row) + len(value)) // max(1, len(states))
+    return [
+        (group, name, rest, state, size) for name, state in states.items() if name != _TIMER_SET
+    ]
 
 
 def parse_broadcast_row(row: bytes) -> tuple[int, str] | None:
     """A broadcast state's row as (key group, state name); None for any other row. Every key
     group of a partition holds the same copy (``operators/arrow_keyed.py``)."""
-    if row[keyed.GROUP_BYTES : keyed.GROUP_BYTES + 1] != _BROADCAST_ROW:
-        return None
-    return keyed.group_of(row), row[keyed.GROUP_BYTES + 1 :].decode()
+    group, tag, rest = keyed.parse_row(row)
+    return (group, rest.decode()) if tag == keyed.BROADCAST_ROW else None
 
 
 def local_operator(query: QueryLayout, operator: str) -> Path | None:
@@ -159,24 +160,21 @@ def _local_rows(
                         "bytes": len(row) + len(value),
                     }
                 continue
-            parsed = parse_local_row(row)
-            if parsed is None:
-                continue
-            group, what, key_bytes = parsed
-            timer = isinstance(what, int)
-            if wanted and (timer or what not in wanted):
-                continue
-            key_values = pickle.loads(key_bytes)
-            if key is not None and str(key_values[0]) != key:
-                continue
-            yield {
-                **dict(zip(keys, key_values, strict=False)),
-                "state": TIMER_STATE if timer else what,
-                "value": what if timer else _decode(value),
-                "partition": int(part.name),
-                "key_group": group,
-                "bytes": len(row) + len(value),
-            }
+            for group, what, key_bytes, state, size in local_entries(row, value):
+                timer = isinstance(what, int)
+                if wanted and (timer or what not in wanted):
+                    continue
+                key_values = pickle.loads(key_bytes)
+                if key is not None and str(key_values[0]) != key:
+                    continue
+                yield {
+                    **dict(zip(keys, key_values, strict=False)),
+                    "state": TIMER_STATE if timer else what,
+                    "value": what if timer else state,
+                    "partition": int(part.name),
+                    "key_group": group,
+                    "bytes": size,
+                }
 
 
 def summary(ckpt: Path) -> list[dict[str, Any]]:
@@ -198,17 +196,15 @@ def summary(ckpt: Path) -> list[dict[str, Any]]:
             for part in keyed.partitions(directory, n):
                 first = keyed.key_groups(int(part.name), n).start
                 for row, value in keyed.state_at(part, batch + 1).items():
-                    parsed = parse_local_row(row)
                     size += len(row) + len(value)
                     shared = parse_broadcast_row(row)
                     if shared is not None and shared[0] == first:  # a partition's copy
                         label = f"{shared[1]} (broadcast, per partition)"
                         states[label] = states.get(label, 0) + 1
-                    if parsed is None:
-                        continue
-                    name = TIMER_STATE if isinstance(parsed[1], int) else str(parsed[1])
-                    states[name] = states.get(name, 0) + 1
-                    groups.add(parsed[0])
+                    for group, what, _, _, _ in local_entries(row, value):
+                        name = TIMER_STATE if isinstance(what, int) else str(what)
+                        states[name] = states.get(name, 0) + 1
+                        groups.add(group)
             out.append(
                 {
                     "query": qname,

@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stateful_runtime._process import freeze_worker_heap
-from stateful_runtime.checkpoints.keyed import KEYED_DIR
+from stateful_runtime.checkpoints.keyed import BROADCAST_ROW, KEYED_DIR
 from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.exceptions import StateError
 from stateful_runtime.functions import (
@@ -328,11 +328,8 @@ class ArrowKeyedOperator:
 # A broadcast state is one row per key group, ``<group> b <state name>`` → the pickled dict: every
 # key group of a partition holds the same copy, so a rescale (whole key-group ranges to new
 # partitions) gives every new partition its copy, and a savepoint holds it with the keyed state.
-_BROADCAST_ROW = b"b"
-
-
 def broadcast_row(group: int, name: str) -> bytes:
-    return group_prefix(group) + _BROADCAST_ROW + name.encode()
+    return group_prefix(group) + BROADCAST_ROW + name.encode()
 
 
 def load_broadcast(store: KeyedStore, groups: range, fn: BroadcastProcess) -> None:

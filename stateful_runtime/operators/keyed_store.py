@@ -201,6 +201,8 @@ class KeyedStore:
         at = marker.get("version")
         if marker.get("dirty") or at is None or at > version:
             return False
+        if at and marker.get("layout") != files.FORMAT:  # a copy of the previous row layout
+            return False
         if self._token(at) != marker.get("token"):
             return False
         for v in range(at + 1, version + 1):
@@ -213,7 +215,7 @@ class KeyedStore:
 
     @staticmethod
     def _marker_row(version: int, token: str) -> bytes:
-        return json.dumps({"version": version, "token": token}).encode()
+        return json.dumps({"version": version, "token": token, "layout": files.FORMAT}).encode()
 
     def _rebuild(self, version: int) -> None:
         assert self.db is not None
@@ -250,7 +252,7 @@ class KeyedStore:
         assert self.db is not None
         token = files.token(path) or ""
         first = True
-        for keys, values in files.rows(path):
+        for keys, values in files.rows(path, self.db.get):
             for lo in range(0, len(keys), _APPLY_ROWS):
                 rows = dict(
                     zip(keys[lo : lo + _APPLY_ROWS], values[lo : lo + _APPLY_ROWS], strict=True)
@@ -265,11 +267,12 @@ class KeyedStore:
     @staticmethod
     def _batch(rows: dict[bytes, bytes | None]) -> WriteBatch:
         wb = WriteBatch(raw_mode=True)
+        put, delete = wb.put, wb.delete
         for k, v in rows.items():
             if v is None:
-                wb.delete(k)
+                delete(k)
             else:
-                wb.put(k, v)
+                put(k, v)
         return wb
 
     # -- reading and writing ----------------------------------------------------------------

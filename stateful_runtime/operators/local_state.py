@@ -1,21 +1,24 @@
 """The operator engine's state backend on the worker's own RocksDB
 (:class:`~stateful_runtime.operators.keyed_store.KeyedStore`): ``state.backend=rocksdb_local``.
 
-Rows, each key starting with the key group (two bytes):
+Rows (their format is :mod:`stateful_runtime.checkpoints.keyed`'s), each key starting with the
+key group (two bytes):
 
-* ``<group> s <state name> \\0 <key>`` → the pickled value of one state of one key (a map state
-  is one row holding its dict: the engine loads a key's map whole, as the window operator
-  reads it);
+* ``<group> k <key>`` → every state of the key, a pickled dict ``state name → value`` (a map
+  state's value is its dict: the engine loads a key's map whole, as the window operator reads
+  it); the harness keeps a key's timestamps in it too (``_srt_timers_of``: ``list_timers``
+  without a scan), a task does not;
 * ``<group> t <timestamp, 8 bytes> <key>`` → nothing: the timer index, in time order within a
-  key group, which the task walks for due timers;
-* ``<group> s _srt_timers_of \\0 <key>`` → the key's timestamps (``list_timers`` without a scan).
+  key group, which the task walks for due timers.
 
-Keys are pickled tuples of the key fields' Python values. A row is read from the store at most
-once a task (decoded into :attr:`LocalBackend.values`; a worker's next task of the same
-partition starts from them when the store is at the version this worker committed) and what
-the task changed is written in one write batch before it looks for due timers and with its
-commit, not per key. Processing-time TTL is stored beside the value (``(value, expires)``) and
-checked against the batch's processing time, as the in-memory backend does.
+Keys are pickled tuples of the key fields' Python values. A key's row is read from the store at
+most once a task (decoded into :attr:`LocalBackend.values`; a worker's next task of the same
+partition starts from them when the store is at the version this worker committed) and what the
+task changed is written in one write batch with its commit, not per key: a key a batch touches
+is one read and one write, whatever its number of states. The task's own timer changes are
+looked up beside the store's index when it looks for due timers, so nothing is written before
+the commit. Processing-time TTL is stored beside the value (``(value, expires)``) and checked
+against the batch's processing time, as the in-memory backend does.
 """
 
 from __future__ import annotations
@@ -25,6 +28,15 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from stateful_runtime.checkpoints.keyed import (
+    GROUP_BYTES,
+    STATE_ROW,
+    TIMER_ROW,
+    decode_states,
+    decode_ts,
+    encode_ts,
+    parse_row,
+)
 from stateful_runtime.operators.backend import MapCell, StateBackend, ValueCell
 from stateful_runtime.operators.keyed_store import MAX_PARALLELISM, KeyedStore, group_prefix
 
@@ -32,25 +44,22 @@ _PICKLE = pickle.HIGHEST_PROTOCOL
 _dumps, _loads = pickle.dumps, pickle.loads
 _MISSING = object()
 _TIMER_SET = "_srt_timers_of"
-_EMPTY_DICT = pickle.dumps({}, _PICKLE)
 # Stored values a function cannot change in place (kept decoded between key turns).
 _IMMUTABLE = frozenset({int, float, str, bytes, bool, type(None)})
+_TS_END = GROUP_BYTES + 1 + 8  # a timer row: group, tag, timestamp, then the key
 
 
 class _Encoded:
-    """A stored value kept as its pickle (see :meth:`LocalBackend.end_key`)."""
+    """A stored value kept as its pickle (see :meth:`LocalBackend.end_key`); pickled inside
+    its key's row as the value itself."""
 
     __slots__ = ("raw",)
 
     def __init__(self, raw: bytes) -> None:
         self.raw = raw
 
-
-_TS_OFFSET = 2**63  # timestamps as unsigned big-endian: byte order is time order
-
-
-def encode_ts(ts: int) -> bytes:
-    return (ts + _TS_OFFSET).to_bytes(8, "big")
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+        return _loads, (self.raw,)
 
 
 _PREFIXES = [group_prefix(g) for g in range(MAX_PARALLELISM)]
@@ -63,40 +72,37 @@ def harness_group(key_bytes: bytes) -> int:
 
 
 class _Cell:
-    """A state of the current key: its row is ``<group> s <name> \\0 <key>``, its stored value
-    in the backend's :attr:`LocalBackend.values` (read through from the store once)."""
+    """A state of the current key: an entry of the key's states (:meth:`LocalBackend.load`)."""
 
-    __slots__ = ("b", "ttl", "tag", "row", "turn", "is_map")
+    __slots__ = ("b", "ttl", "name", "is_map")
 
     def __init__(self, backend: LocalBackend, name: str, ttl_ms: int | None) -> None:
-        self.b, self.ttl = backend, ttl_ms
-        self.tag = b"s" + name.encode() + b"\x00"
-        self.row = b""
-        self.turn = -1  # the key turn ``row`` was made in
+        self.b, self.ttl, self.name = backend, ttl_ms, name
         self.is_map = False
 
     def _stored(self) -> Any:
         b = self.b
-        if self.turn != b.turn:
-            self.row = b.prefix + self.tag + b.key_bytes
-            self.turn = b.turn
-        value = b.values.get(self.row, _MISSING)
-        if value is _MISSING:
-            raw = b.store.get(self.row)
-            value = b.values[self.row] = None if raw is None else _loads(raw)
-        elif type(value) is _Encoded:
-            value = b.values[self.row] = _loads(value.raw)
+        states = b.states if b.loaded == b.turn else b.load()
+        if states is None:
+            return None
+        value = states.get(self.name)
+        if type(value) is _Encoded:
+            value = states[self.name] = _loads(value.raw)
         return value
 
     def _set(self, stored: Any) -> None:
         b = self.b
-        if self.turn != b.turn:
-            self.row = b.prefix + self.tag + b.key_bytes
-            self.turn = b.turn
-        b.values[self.row] = stored
-        b.dirty[self.row] = self.is_map
-        if type(stored) not in _IMMUTABLE:  # end_key keeps these as they are
-            b.turn_rows.append(self.row)
+        states = b.states if b.loaded == b.turn else b.load()
+        if stored is None or (self.is_map and not stored):  # an empty map is no state
+            if states is None or states.pop(self.name, _MISSING) is _MISSING:
+                return
+        else:
+            if states is None:
+                states = b.states = b.values[b.row] = {}
+            states[self.name] = stored
+            if type(stored) not in _IMMUTABLE:  # end_key keeps these as they are
+                b.turn_names.append(self.name)
+        b.dirty[b.row] = states
 
     def _live(self, stored: Any) -> Any:
         if stored is None or self.ttl is None:
@@ -126,7 +132,7 @@ class _LocalValue(_Cell, ValueCell):
 
 class _LocalMap(_Cell, MapCell):
     """A key's map as one dict ``entry key → value`` (or ``(value, expires)`` with TTL); an
-    empty map is no row."""
+    empty map is no state."""
 
     __slots__ = ()
 
@@ -136,9 +142,7 @@ class _LocalMap(_Cell, MapCell):
 
     def _map(self) -> dict[Any, Any]:
         stored = self._stored()
-        if stored is None:
-            stored = self.b.values[self.row] = {}
-        return stored
+        return {} if stored is None else stored
 
     def get_entry(self, key: Any) -> Any:
         return self._live(self._map().get(key))
@@ -166,20 +170,20 @@ class _LocalMap(_Cell, MapCell):
 class LocalBackend(StateBackend):
     """State and timers of one task's partition in its :class:`KeyedStore`.
 
-    A state's stored value is read from the store at most once (:attr:`values`, decoded) and
-    written back in one write batch when the task next looks at its timers or commits
-    (:meth:`flush`, :meth:`pending`), not per key: a key's turn costs dictionary operations,
-    and the store sees one batch of what changed.
+    A key's states are read from the store at most once (:attr:`values`, decoded) and written
+    back in one write batch when the task commits (:meth:`commit`), not per key: a key's turn
+    costs dictionary operations, and the store sees one batch of what changed.
 
     Args:
         store: the partition's store, opened at the batch's version.
         clock: the processing time (ms) processing-time TTL measures against.
-        key_timers: keep each key's timestamps in a row of its own, so that a key's timers
-            are listed without a scan (the test harness lists them; a task fires due timers
-            from the index and never lists a key's, so it skips the row's read and write).
-        values: decoded stored values (row → value, None for no row) known to be the store's
-            at the version it is opened at (a worker's values of its previous batch, see
-            :mod:`stateful_runtime.operators.arrow_keyed`); they are read instead of the store.
+        key_timers: keep each key's timestamps among its states, so that a key's timers are
+            listed without a scan (the test harness lists them; a task fires due timers from
+            the index and never lists a key's, so it skips their reads and writes).
+        values: decoded rows (row → the key's states, None for no row) known to be the
+            store's at the version it is opened at (a worker's values of its previous batch,
+            see :mod:`stateful_runtime.operators.arrow_keyed`); they are read instead of the
+            store.
     """
 
     def __init__(
@@ -193,12 +197,12 @@ class LocalBackend(StateBackend):
         self.store = store
         self.clock = clock
         self.key_timers = key_timers
-        self.values: dict[bytes, Any] = {} if values is None else values
-        # Rows written since the last flush: state rows (row → whether a map: an empty map is
-        # no row) and rows written as they are (the timer index).
-        self.dirty: dict[bytes, bool] = {}
+        self.values: dict[bytes, dict[str, Any] | None] = {} if values is None else values
+        # Written since the last flush: keys' rows (row → its states) and rows written as
+        # they are (the timer index, broadcast states).
+        self.dirty: dict[bytes, dict[str, Any]] = {}
         self.raw: dict[bytes, bytes | None] = {}
-        self.turn_rows: list[bytes] = []  # rows written in this key's turn
+        self.turn_names: list[str] = []  # states written in this key's turn
         self.cells: list[_Cell] = []
         self.group: int | None = None  # set by the driver from the JVM's key group column
         # The key groups of the task's partition (every group outside Spark: the harness).
@@ -206,7 +210,10 @@ class LocalBackend(StateBackend):
         self.prefix = b""
         self.key: tuple = ()
         self.key_bytes = _dumps((), _PICKLE)
+        self.row = b""  # the current key's row
         self.turn = 0
+        self.states: dict[str, Any] | None = None  # the current key's, once loaded
+        self.loaded = -1  # the turn ``states`` was loaded in
         self._timer_cell = _LocalValue(self, _TIMER_SET, None)
         self._timer_set: set[int] | None = None
         self._timer_turn = -1
@@ -231,40 +238,47 @@ class LocalBackend(StateBackend):
             self.key = key
             self.key_bytes = _dumps(key, _PICKLE)
         group = self.group if self.group is not None else harness_group(self.key_bytes)
-        self.prefix = _PREFIXES[group]
+        self.prefix = prefix = _PREFIXES[group]
+        self.row = prefix + STATE_ROW + self.key_bytes
         self.turn += 1
+
+    def load(self) -> dict[str, Any] | None:
+        """The current key's states (None: no row), read from the store once a task."""
+        row = self.row
+        states = self.values.get(row, _MISSING)
+        if states is _MISSING:
+            raw = self.store.get(row)
+            states = self.values[row] = None if raw is None else decode_states(raw)
+        self.states, self.loaded = states, self.turn  # type: ignore[assignment]
+        return states  # type: ignore[return-value]
 
     def end_key(self) -> None:
         """A value written in the turn that the function could still change in place (it
         holds what it wrote) is kept encoded: a later read decodes a copy of its own, as a
         read from the store would."""
-        rows = self.turn_rows
-        if rows:
-            values = self.values
-            for row in rows:
-                value = values[row]
-                kind = type(value)
-                if kind in _IMMUTABLE or (
-                    kind is tuple and all(type(v) in _IMMUTABLE for v in value)
-                ):
-                    continue
-                if kind is not _Encoded:
-                    values[row] = _Encoded(_dumps(value, _PICKLE))
-            rows.clear()
+        names = self.turn_names
+        if names:
+            states = self.states
+            if states is not None:
+                for name in names:
+                    value = states.get(name)
+                    kind = type(value)
+                    if kind in _IMMUTABLE or kind is _Encoded:
+                        continue
+                    if kind is tuple and all(type(v) in _IMMUTABLE for v in value):
+                        continue
+                    states[name] = _Encoded(_dumps(value, _PICKLE))
+            names.clear()
 
     # -- writing back -----------------------------------------------------------------------
     def pending(self) -> dict[bytes, bytes | None]:
         """The rows written since the last flush, encoded, and forget them as pending."""
         rows = self.raw
-        values = self.values
-        for row, is_map in self.dirty.items():
-            value = values[row]
-            if value is None or (is_map and not value):
-                rows[row] = None
-            elif type(value) is _Encoded:
-                rows[row] = None if is_map and value.raw == _EMPTY_DICT else value.raw
-            else:
-                rows[row] = _dumps(value, _PICKLE)
+        dirty = self.dirty
+        if dirty:
+            rows.update(
+                zip(dirty, [_dumps(s, _PICKLE) if s else None for s in dirty.values()], strict=True)
+            )
         self.dirty, self.raw = {}, {}
         return rows
 
@@ -281,17 +295,17 @@ class LocalBackend(StateBackend):
         """Every key of the task's key groups (:attr:`groups`) holding state ``name``, in
         store order, with its group (what the task wrote so far included)."""
         self.flush()
-        tag = b"s" + name.encode() + b"\x00"
         out: list[tuple[int | None, tuple]] = []
         for group in self.groups:
-            start = _PREFIXES[group] + tag
-            for row, _ in self.store.scan(start, start[:-1] + b"\x01"):
-                out.append((group, _loads(row[len(start) :])))
+            start = _PREFIXES[group] + STATE_ROW
+            for row, raw in self.store.scan(start, _PREFIXES[group] + b"l"):
+                if name in decode_states(raw):
+                    out.append((group, _loads(row[len(start) :])))
         return out
 
     # -- timers -----------------------------------------------------------------------------
     def _index_row(self, ts: int) -> bytes:
-        return self.prefix + b"t" + encode_ts(ts) + self.key_bytes
+        return self.prefix + TIMER_ROW + encode_ts(ts) + self.key_bytes
 
     def _timers(self) -> set[int]:
         if self._timer_turn != self.turn:
@@ -330,39 +344,56 @@ class LocalBackend(StateBackend):
     def list_timers(self) -> Iterable[int]:
         if not self.key_timers:  # a scan of the key's group (no task lists a key's timers)
             self.flush()
-            base = self.prefix + b"t"
+            base = self.prefix + TIMER_ROW
             return sorted(
-                int.from_bytes(row[3:11], "big") - _TS_OFFSET
+                decode_ts(row[GROUP_BYTES + 1 : _TS_END])
                 for row, _ in self.store.scan(base, base + b"\xff" * 9)
-                if row[11:] == self.key_bytes
+                if row[_TS_END:] == self.key_bytes
             )
         return sorted(self._timers())
 
     def due(self, upto: int, groups: Iterable[int]) -> list[tuple[int, int, tuple]]:
         """Timers at or before ``upto`` in ``groups``, in time order (then group, then key):
-        ``(ts, group, key)``, not yet removed (:meth:`take` removes one as it fires)."""
+        ``(ts, group, key)``, not yet removed (:meth:`take` removes one as it fires). The
+        store's index as committed, with the task's own registrations and removals."""
         if self._none_due_upto is not None and upto <= self._none_due_upto:
             return []
-        self.flush()
-        out = []
-        stop = encode_ts(upto + 1) if upto < _TS_OFFSET - 1 else b"\xff" * 9
+        stop = encode_ts(upto + 1) if upto < 2**63 - 1 else b"\xff" * 9
+        raw = self.raw
+        rows = []
         for g in groups:
-            base = _PREFIXES[g] + b"t"
+            base = _PREFIXES[g] + TIMER_ROW
             for row, _ in self.store.scan(base, base + stop):
-                ts = int.from_bytes(row[3:11], "big") - _TS_OFFSET
-                out.append((ts, g, row[11:]))
-        if not out:
+                if raw.get(row, b"") is not None:  # not removed by this task
+                    rows.append(row)
+        if raw:
+            wanted = {_PREFIXES[g] for g in groups}
+            known = set(rows)
+            for row, value in raw.items():
+                if (
+                    value is not None
+                    and row[GROUP_BYTES : GROUP_BYTES + 1] == TIMER_ROW
+                    and row[GROUP_BYTES + 1 : _TS_END] < stop
+                    and row[:GROUP_BYTES] in wanted
+                    and row not in known
+                ):
+                    rows.append(row)
+        if not rows:
             self._none_due_upto = upto
-        out.sort()
+            return []
+        out = sorted(
+            (decode_ts(row[GROUP_BYTES + 1 : _TS_END]), int.from_bytes(row[:GROUP_BYTES], "big"), row[_TS_END:])
+            for row in rows
+        )
         return [(ts, g, _loads(kb)) for ts, g, kb in out]
 
     def next_timer(self, groups: Iterable[int]) -> int | None:
-        """The earliest timer in ``groups`` (None: none)."""
+        """The earliest timer in ``groups`` as committed (None: none)."""
         first = []
         for g in groups:
-            base = group_prefix(g) + b"t"
+            base = _PREFIXES[g] + TIMER_ROW
             for row, _ in self.store.scan(base, base + b"\xff" * 9):
-                first.append(int.from_bytes(row[3:11], "big") - _TS_OFFSET)
+                first.append(decode_ts(row[GROUP_BYTES + 1 : _TS_END]))
                 break
         return min(first, default=None)
 
@@ -380,16 +411,17 @@ class LocalBackend(StateBackend):
 
 
 def stored_states(backend: LocalBackend) -> set[tuple[str, tuple]]:
-    """(state name, key) of every state row in ``backend``'s store (the timer index and the
-    keys' timer sets aside: the test harness asks what a cleanup removed)."""
+    """(state name, key) of every state in ``backend``'s store (the timer index and the keys'
+    timer sets aside: the test harness asks what a cleanup removed)."""
     backend.flush()
     out = set()
-    for row, _ in backend.store.scan(b"", b"\xff\xff"):
-        if row[2:3] != b"s":
+    for row, raw in backend.store.scan(b"", b"\xff\xff"):
+        _, tag, key = parse_row(row)
+        if tag != STATE_ROW:
             continue
-        name, _, key = row[3:].partition(b"\x00")
-        if name.decode() != _TIMER_SET:
-            out.add((name.decode(), pickle.loads(key)))
+        for name in decode_states(raw):
+            if name != _TIMER_SET:
+                out.add((name, pickle.loads(key)))
     return out
 
 

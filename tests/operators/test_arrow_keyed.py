@@ -112,8 +112,8 @@ def test_a_worker_keeps_its_values_only_for_the_version_it_committed(tmp_path):
     assert _rows(op.run(0, 0, iter([_records([("a", 100)], 5)]))) == [("a", 1, None)]
     other = KeyedStore(store_dir(query, "count", 0), tmp_path / "elsewhere")
     other.open(0)
-    row = group_prefix(5) + b"s" + b"count\x00" + pickle.dumps(("a",), pickle.HIGHEST_PROTOCOL)
-    other.put(row, pickle.dumps(5, pickle.HIGHEST_PROTOCOL))
+    row = group_prefix(5) + b"k" + pickle.dumps(("a",), pickle.HIGHEST_PROTOCOL)
+    other.put(row, pickle.dumps({"count": 5}, pickle.HIGHEST_PROTOCOL))
     other.commit()
     other.close()
     _offsets(query, 1, 0)
