@@ -266,9 +266,13 @@ class KeyedStore:
 
     @staticmethod
     def _batch(rows: dict[bytes, bytes | None]) -> WriteBatch:
+        """``rows`` as a write batch, in key order: RocksDB inserts a sorted batch into its
+        memtable about twice as fast (150k rows of a FraudCounter batch: 0.94 against 2.1 s
+        for 6 batches, sorting included)."""
         wb = WriteBatch(raw_mode=True)
         put, delete = wb.put, wb.delete
-        for k, v in rows.items():
+        for k in sorted(rows):
+            v = rows[k]
             if v is None:
                 delete(k)
             else:
@@ -309,6 +313,13 @@ class KeyedStore:
         while it.valid():
             yield it.key(), it.value()
             it.next()
+
+    def keys(self, start: bytes, stop: bytes) -> Iterator[bytes]:
+        """Keys ``start <= key < stop``, in key order."""
+        assert self.db is not None
+        opts = ReadOptions()
+        opts.set_iterate_upper_bound(stop)
+        return self.db.keys(from_key=start, read_opt=opts)  # type: ignore[return-value]
 
     # -- committing -------------------------------------------------------------------------
     def commit(self, rows: dict[bytes, bytes | None] | None = None) -> int:

@@ -220,6 +220,8 @@ class LocalBackend(StateBackend):
         # No timer at or before this time is in the store (a due() found none; a timer
         # registered since at or before it resets it): the task's last look needs no scan.
         self._none_due_upto: int | None = None
+        # The key groups and time up to which due() read the store's index.
+        self._scanned: tuple[set[bytes], int] | None = None
 
     # -- cells ------------------------------------------------------------------------------
     def value_cell(self, name: str, processing_ttl_ms: int | None) -> ValueCell:
@@ -261,7 +263,7 @@ class LocalBackend(StateBackend):
             states = self.states
             if states is not None:
                 for name in names:
-                    value = states.get(name)
+                    value: Any = states.get(name)
                     kind = type(value)
                     if kind in _IMMUTABLE or kind is _Encoded:
                         continue
@@ -286,6 +288,7 @@ class LocalBackend(StateBackend):
         """Write what changed since the last flush to the store (one write batch)."""
         if self.dirty or self.raw:
             self.store.write(self.pending())
+            self._scanned = None  # the task's timers are the store's now
 
     def commit(self) -> int:
         """The task's changes as the store's next version (see :meth:`KeyedStore.commit`)."""
@@ -354,20 +357,25 @@ class LocalBackend(StateBackend):
 
     def due(self, upto: int, groups: Iterable[int]) -> list[tuple[int, int, tuple]]:
         """Timers at or before ``upto`` in ``groups``, in time order (then group, then key):
-        ``(ts, group, key)``, not yet removed (:meth:`take` removes one as it fires). The
-        store's index as committed, with the task's own registrations and removals."""
+        ``(ts, group, key)``, not yet removed (the caller takes each, :meth:`take`, before it
+        fires). The store's index as committed, with the task's own registrations and
+        removals; the store's part is read once up to a time (every timer it found there was
+        taken since: what a later look up to that time can find is the task's own)."""
         if self._none_due_upto is not None and upto <= self._none_due_upto:
             return []
         stop = encode_ts(upto + 1) if upto < 2**63 - 1 else b"\xff" * 9
         raw = self.raw
         rows = []
-        for g in groups:
-            base = _PREFIXES[g] + TIMER_ROW
-            for row, _ in self.store.scan(base, base + stop):
-                if raw.get(row, b"") is not None:  # not removed by this task
-                    rows.append(row)
+        wanted = {_PREFIXES[g] for g in groups}
+        scanned = self._scanned
+        if scanned is None or scanned[0] != wanted or upto > scanned[1]:
+            for prefix in sorted(wanted):
+                base = prefix + TIMER_ROW
+                for row in self.store.keys(base, base + stop):
+                    if raw.get(row, b"") is not None:  # not removed by this task
+                        rows.append(row)
+            self._scanned = (wanted, upto)
         if raw:
-            wanted = {_PREFIXES[g] for g in groups}
             known = set(rows)
             for row, value in raw.items():
                 if (
@@ -382,7 +390,11 @@ class LocalBackend(StateBackend):
             self._none_due_upto = upto
             return []
         out = sorted(
-            (decode_ts(row[GROUP_BYTES + 1 : _TS_END]), int.from_bytes(row[:GROUP_BYTES], "big"), row[_TS_END:])
+            (
+                decode_ts(row[GROUP_BYTES + 1 : _TS_END]),
+                int.from_bytes(row[:GROUP_BYTES], "big"),
+                row[_TS_END:],
+            )
             for row in rows
         )
         return [(ts, g, _loads(kb)) for ts, g, kb in out]

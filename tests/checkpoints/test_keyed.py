@@ -167,3 +167,107 @@ def test_an_older_keyed_file_a_restart_needs_is_refused_and_a_newest_one_falls_b
     assert q.last_committed() == 1 and rec.quarantine is not None
     assert (rec.quarantine / "q" / "keyed" / "op" / "0" / "3.delta").exists()
     assert verify.verify(q.root) == []
+
+
+def _previous_layout(directory, version: int, suffix: str, rows: dict[bytes, bytes | None]):
+    """A file as the previous layout wrote it: a row per state and key."""
+    import pyarrow as pa
+
+    directory.mkdir(parents=True, exist_ok=True)
+    meta = {"format": keyed.PREVIOUS_FORMAT, "version": str(version), "token": f"old{version}"}
+    batch = pa.record_batch(
+        [pa.array(list(rows), pa.binary()), pa.array(list(rows.values()), pa.binary())],
+        schema=keyed.SCHEMA,
+    )
+    path = keyed.file(directory, version, suffix)
+    with (
+        pa.OSFile(str(path), "wb") as sink,
+        pa.ipc.new_file(sink, keyed.SCHEMA.with_metadata(meta)) as writer,
+    ):
+        writer.write_batch(batch)
+
+
+def test_a_checkpoint_of_the_previous_layout_restores_into_one_row_per_key(tmp_path):
+    """Files of the row-per-state layout (a checkpoint or savepoint taken before the layout
+    changed) are read, not refused and not skipped: their rows merge into each key's row, a
+    task's store rebuilt from them reads every state, and the versions it writes after are of
+    this layout. A local copy the previous layout left is rebuilt, not used."""
+    import pickle
+
+    from stateful_runtime.checkpoints.state_reader import local_entries
+    from stateful_runtime.operators.local_state import LocalBackend
+
+    def dumps(value):
+        return pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+
+    def state(group, name, key):
+        return keyed.group_prefix(group) + b"s" + name + b"\x00" + dumps(key)
+
+    timer = keyed.group_prefix(3) + b"t" + keyed.encode_ts(60_000) + dumps(("M1",))
+    part = tmp_path / "q" / "keyed" / "fraud" / "0"
+    _previous_layout(
+        part,
+        2,
+        keyed.SNAPSHOT,
+        {
+            state(3, b"count", ("M1",)): dumps(4),
+            state(3, b"first_seen_ms", ("M1",)): dumps(1_000),
+            timer: b"",
+            state(9, b"count", ("M2",)): dumps(7),
+        },
+    )
+    _previous_layout(
+        part,
+        3,
+        keyed.DELTA,
+        {state(3, b"count", ("M1",)): dumps(5), state(9, b"count", ("M2",)): None},
+    )
+    assert keyed.problem(keyed.file(part, 2, keyed.SNAPSHOT)) is None
+    rows = keyed.state_at(part, 3)
+    assert rows == {
+        keyed.group_prefix(3) + b"k" + dumps(("M1",)): dumps({"count": 5, "first_seen_ms": 1_000}),
+        timer: b"",
+    }
+    entries = [e for row, raw in rows.items() for e in local_entries(row, raw)]
+    assert {(name, pickle.loads(key), value) for _, name, key, value, _ in entries} == {
+        ("count", ("M1",), 5),
+        ("first_seen_ms", ("M1",), 1_000),
+        (60_000, ("M1",), None),
+    }  # what srt state inspect shows: each state by name, and the timer
+
+    local = tmp_path / "local"
+    for attempt in ("rebuilt from the files", "a local copy of the previous layout"):
+        if attempt == "a local copy of the previous layout":
+            # The previous layout's copy at version 3: its marker names no layout.
+            store = KeyedStore(part, local)
+            store.open(3)
+            assert store.db is not None
+            store.db.put(keyed.group_prefix(3) + b"s" + b"count\x00" + dumps(("M1",)), dumps(99))
+            store.db.put(
+                b"\xff\xffsrt-version", json.dumps({"version": 3, "token": "old3"}).encode()
+            )
+            store.close()
+        store = KeyedStore(part, local)
+        store.open(3)
+        try:
+            assert store.rebuilt, attempt
+            backend = LocalBackend(store, clock=lambda: 0, key_timers=False)
+            count, first = (
+                backend.value_cell("count", None),
+                backend.value_cell("first_seen_ms", None),
+            )
+            backend.group = 3
+            backend.begin_key(("M1",))
+            assert (count.get(), first.get()) == (5, 1_000), attempt
+            count.put(6)
+            backend.end_key()
+            assert backend.due(60_000, [3]) == [(60_000, 3, ("M1",))]
+            backend.commit()
+        finally:
+            store.close()
+    # The version written after is this layout's: a key's row, nothing per state.
+    assert keyed.problem(keyed.file(part, 4, keyed.DELTA)) is None
+    assert keyed.token(keyed.file(part, 4, keyed.DELTA)) == store.token
+    assert keyed.state_at(part, 4)[keyed.group_prefix(3) + b"k" + dumps(("M1",))] == dumps(
+        {"count": 6, "first_seen_ms": 1_000}
+    )
