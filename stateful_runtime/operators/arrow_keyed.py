@@ -254,7 +254,8 @@ class ArrowKeyedOperator:
                 backend.group = group
                 backend.take(key, ts)
                 op.fire(key, ts)
-                self._collect(op)
+                if op.main or op.side:
+                    self._collect(op)
             yield from self._flush()
 
     def _process(

@@ -412,9 +412,16 @@ class LocalBackend(StateBackend):
     def take(self, key: tuple, ts: int) -> None:
         """Remove ``key``'s timer ``ts`` (before it fires, as Spark does; the driver has set
         :attr:`group`)."""
-        self.begin_key(key)
-        self.delete_timer(ts)
-        self.end_key()
+        if self.key_timers:
+            self.begin_key(key)
+            self.delete_timer(ts)
+            self.end_key()
+            return
+        if key is not self.key:  # the key's turn (fire) comes next: begin_key, in short
+            self.key = key
+            self.key_bytes = _dumps(key, _PICKLE)
+        group = self.group if self.group is not None else harness_group(self.key_bytes)
+        self.raw[_PREFIXES[group] + TIMER_ROW + encode_ts(ts) + self.key_bytes] = None
 
     def timers_of(self, key: tuple) -> list[int]:
         """Every timer of ``key`` (user and TTL cleanup; the harness shows them)."""
