@@ -213,6 +213,9 @@ class QueryPlan:
     errors: ErrorPolicy = field(default_factory=ErrorPolicy)
     state_backend: str = "spark"
     rocksdb: RocksDBMemory = field(default_factory=RocksDBMemory.default)
+    # False for a checkpoint written before the runtime kept each input's watermark with the
+    # batch (runtime/input_watermarks.py): the query runs as it was written
+    input_watermarks: bool = True
 
     @property
     def source(self) -> SourceNode:

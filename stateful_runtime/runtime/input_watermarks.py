@@ -59,8 +59,9 @@ RETAIN = 100  # files kept (Spark's spark.sql.streaming.minBatchesToRetain)
 
 
 def resumes(query: QueryPlan) -> bool:
-    """Whether ``query`` keeps its inputs' watermarks (several inputs, a stateful step)."""
-    return query.union and bool(query.stateful_operators)
+    """Whether ``query`` keeps its inputs' watermarks (several inputs, a stateful step, and a
+    checkpoint that was not written before the runtime kept them)."""
+    return query.union and bool(query.stateful_operators) and query.input_watermarks
 
 
 def _delay_ms(delay: timedelta) -> int:

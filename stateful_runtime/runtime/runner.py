@@ -678,7 +678,7 @@ class JobRunner:
             if self.layout.query(query).last_committed() is not None
         }
         changed = list(named.values())
-        for q in self.plan.queries:
+        for n, q in enumerate(self.plan.queries):
             try:
                 committed = self.layout.query(q.name).committed_offsets()
             except (OSError, ValueError, IndexError):
@@ -690,10 +690,15 @@ class JobRunner:
                 continue
             lines = len(committed["sources"])
             if resumes(q) and lines == _offset_lines(q) - 1:
-                changed.append(
+                # Written before each input's watermark was kept: it runs on as it was written
+                # (Spark refuses a source added to a checkpoint).
+                self.plan.queries[n] = replace(q, input_watermarks=False)
+                self.console.say(
                     f"query {q.name}: its checkpoint was written before srt kept each input's "
-                    f"watermark with the batch (one source line fewer): run the job on a new "
-                    f"checkpoint directory (its inputs are read again from their start)"
+                    f"watermark with the batch, so it runs as before: after a restart, an "
+                    f"input that gets no new record holds the query's watermark where the "
+                    f"restart found it. A new checkpoint directory (its inputs read again from "
+                    f"their start) keeps each input's watermark."
                 )
             elif lines != _offset_lines(q):
                 changed.append(

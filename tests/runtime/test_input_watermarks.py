@@ -81,3 +81,45 @@ def test_an_input_read_to_its_end_keeps_its_watermark_across_restarts(spark, tmp
     run("merchant_tiers.py", tmp_path, **settings)  # nothing new to read
     assert _tiers(db) == tiers
     assert _pairs(db) == pairs
+
+
+def test_a_checkpoint_written_before_input_watermarks_runs_on_as_it_was(
+    spark, tmp_path, monkeypatch
+):
+    """A query of several inputs whose checkpoint has no line for the source that starts a
+    run's batches (written before the runtime kept each input's watermark) is not refused:
+    it runs as it was written, says so, and loses nothing."""
+    from dataclasses import replace
+
+    from stateful_runtime.runtime import runner
+
+    data = tier_inputs()
+    log, db = tmp_path / "log", tmp_path / "tiers.duckdb"
+    for topic in TIER_TOPICS:
+        EventLog(log).create_topic(topic, 1)
+    settings = {"sink.database": db, "source.max_records_per_batch": 50}
+
+    def append(half: int) -> None:
+        for t in TIER_TOPICS:
+            lines = [json.dumps(r).encode() for r in data[t]]
+            mid = len(lines) // 2
+            append_lines(log, lines[:mid] if half == 0 else lines[mid:], topic=t)
+
+    def as_it_was(job):  # the runtime before: no query keeps its inputs' watermarks
+        p = planned(job)
+        return replace(p, queries=[replace(q, input_watermarks=False) for q in p.queries])
+
+    planned = runner.plan
+    append(0)
+    with monkeypatch.context() as m:
+        m.setattr(runner, "plan", as_it_was)
+        run("merchant_tiers.py", tmp_path, **settings)
+    query = QueryLayout(tmp_path / "ck" / "merchant_tiers.py" / "tier-as-of")
+    lines = len(query.committed_offsets()["sources"])
+
+    append(1)
+    out = run("merchant_tiers.py", tmp_path, late=2, **settings)
+    assert "written before srt kept each input's watermark" in out, out
+    assert len(query.committed_offsets()["sources"]) == lines  # still the old layout
+    tiers, pairs = tier_oracle(data)
+    assert _tiers(db) == tiers and _pairs(db) == pairs
