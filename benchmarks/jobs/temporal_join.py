@@ -9,14 +9,15 @@ can still need kept beside it). The tiers' batches cover the same event time as 
 """
 
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 from pyspark import cloudpickle
 
-from stateful_runtime import LogSink, LogSource, StreamJob, WatermarkStrategy
+from stateful_runtime import LogSink, StreamJob
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import join_inputs  # noqa: E402
 import merchant_tiers  # noqa: E402
 
 # The function travels to Spark's workers by value: examples/ is not on their path.
@@ -39,21 +40,8 @@ DEFAULTS = {
 
 def build(config: dict) -> StreamJob:
     job = StreamJob.from_config("bench-temporal-join", config)
-    bound = WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5))
-    payments = job.from_source(
-        LogSource.from_config(config, merchant_tiers.PAYMENT),
-        bound.with_timestamp_field("ts_ms"),
-        name="payments",
-    )
-    second = {
-        **config,
-        **{f"source.{k}": config[f"second.{k}"] for k in ("log_dir", "topic")},
-        "source.max_records_per_batch": config["second.max_records_per_batch"],
-    }
-    tiers = job.from_source(
-        LogSource.from_config(second, merchant_tiers.TIER),
-        bound.with_timestamp_field("ts_ms"),
-        name="tiers",
+    payments, tiers = join_inputs.payments_and(
+        job, config, merchant_tiers.PAYMENT, merchant_tiers.TIER, "tiers"
     )
     (
         payments.key_by("merchant_id")
