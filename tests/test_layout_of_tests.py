@@ -27,8 +27,12 @@ def _package_dir(test_dir: Path) -> Path:
 
 
 def _python_files() -> list[Path]:
+    # Not what lies in hidden directories: the benchmarks' peer venvs (`run.py setup`).
     return sorted(
-        p for base in (TESTS, ROOT / "benchmarks") for p in base.rglob("*.py") if p.is_file()
+        p
+        for base in (TESTS, ROOT / "benchmarks")
+        for p in base.rglob("*.py")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(ROOT).parts)
     )
 
 
