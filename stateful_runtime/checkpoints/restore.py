@@ -74,6 +74,11 @@ def widened_sums(saved: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, 
     return out
 
 
+def _names(sources: Any) -> list[str]:
+    """A fingerprint's source names as text, whatever an edited file put there."""
+    return [str(s) for s in sources] if isinstance(sources, list) else [str(sources)]
+
+
 def changed_sources(saved: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str]]:
     """(query, what changed) for each query of both fingerprints whose sources differ (a union's
     inputs added, removed or reordered; a fingerprint written before sources were in it is not
@@ -83,9 +88,10 @@ def changed_sources(saved: dict[str, Any], new: dict[str, Any]) -> list[tuple[st
     new_queries = new.get("queries", {})
     for qname, sq in saved.get("queries", {}).items():
         was, now = sq.get("sources"), (new_queries.get(qname) or {}).get("sources")
-        if was is not None and now is not None and list(was) != list(now):
+        if was is not None and now is not None and _names(was) != _names(now):
             what = (
-                f"query {qname}: read sources {', '.join(was)}, now reads {', '.join(now)} — "
+                f"query {qname}: read sources {', '.join(_names(was))}, now reads "
+                f"{', '.join(_names(now))} — "
                 f"its checkpoint holds the offsets of each source by position, so a union's "
                 f"inputs cannot be added, removed or reordered; keep the inputs as they were, "
                 f"or run the changed union as a query of its own (another sink name) from its "

@@ -253,3 +253,15 @@ def test_an_unedited_manifest_is_sealed_and_true(made):
     _, original = made
     sp = savepoints.resolve(str(original))
     assert manifest.SEAL in sp.manifest and manifest.check(sp) == []
+
+
+def test_an_edited_fingerprints_sources_are_named_whatever_they_hold():
+    """A resealed manifest whose sources were replaced by null or a number (Hypothesis found
+    it through the test above) is named as changed, not a TypeError."""
+    from stateful_runtime.checkpoints.restore import changed_sources
+
+    new = {"queries": {"q": {"sources": ["payments"]}}}
+    for edited in ([None], 7, ["payments", 3]):
+        [(query, what)] = changed_sources({"queries": {"q": {"sources": edited}}}, new)
+        assert query == "q" and "now reads payments" in what
+    assert changed_sources(new, new) == []
