@@ -28,6 +28,7 @@ its partition's earliest timer after its commit.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import pickle
 from collections.abc import Iterator, Sequence
@@ -49,7 +50,7 @@ from stateful_runtime.functions import (
 )
 from stateful_runtime.job import RocksDBMemory
 from stateful_runtime.operators.isolation import ORIGIN_OFFSET, ORIGIN_PARTITION, StepGuard
-from stateful_runtime.operators.keyed import KeyedOperator
+from stateful_runtime.operators.keyed import KeyedOperator, ReadsShared
 from stateful_runtime.operators.keyed_store import (
     MAX_PARALLELISM,
     KeyedStore,
@@ -164,7 +165,31 @@ class ArrowKeyedOperator:
     def run(
         self, batch: int, partition: int, batches: Iterator[pa.RecordBatch]
     ) -> Iterator[pa.RecordBatch]:
-        """Batch ``batch`` of partition ``partition`` (``__call__`` without Spark's task)."""
+        """Batch ``batch`` of partition ``partition`` (``__call__`` without Spark's task).
+
+        A function that writes back what it changes (``writes_back_reads``: the window
+        operator) runs with its reads shared with the state; when one of its calls raises
+        (:class:`ReadsShared`), the task runs again from the batch's version with copies on
+        read, over the input it had read and the rest, where the call is isolated as usual.
+        The output the first run had handed to Spark already is the second's first rows
+        (the same calls in the same order), which it does not hand over again.
+        """
+        self.yielded = [0, 0]  # main and side rows handed to Spark
+        self.skip = [0, 0]
+        if not getattr(self.fn, "writes_back_reads", False):
+            yield from self._run(batch, partition, batches, shared=False)
+            return
+        read: list[pa.RecordBatch] = []
+        try:
+            yield from self._run(batch, partition, _keeping(batches, read), shared=True)
+        except ReadsShared:
+            self.skip = self.yielded
+            self.yielded = [0, 0]
+            yield from self._run(batch, partition, itertools.chain(read, batches), shared=False)
+
+    def _run(
+        self, batch: int, partition: int, batches: Iterator[pa.RecordBatch], shared: bool
+    ) -> Iterator[pa.RecordBatch]:
         assert self.checkpoint is not None
         watermark, now = _batch_time(self.checkpoint, batch)
         groups = key_groups(partition, self.parallelism, MAX_PARALLELISM)
@@ -172,10 +197,14 @@ class ArrowKeyedOperator:
         store.open(batch)
         try:
             op = KeyedOperator(copy.deepcopy(self.fn), copy.deepcopy(self.guard))
+            if shared:
+                op.share_reads()
             backend = LocalBackend(
                 store,
                 clock=lambda: op.processing_ms,
                 key_timers=False,
+                # A run after a shared one starts from the store: the first changed values
+                # in place (they are not kept, see warm_values).
                 values=warm_values(store),
             )
             backend.groups = groups
@@ -302,6 +331,11 @@ class ArrowKeyedOperator:
 
     def _collect(self, op: KeyedOperator) -> None:
         main, side = op.drain()
+        skip = self.skip
+        if skip[0] or skip[1]:  # what a shared run handed to Spark already
+            cut_main, cut_side = min(skip[0], len(main)), min(skip[1], len(side))
+            main, side = main[cut_main:], side[cut_side:]
+            self.skip = [skip[0] - cut_main, skip[1] - cut_side]
         if main:
             self.out.extend(main)
         if side:
@@ -314,6 +348,7 @@ class ArrowKeyedOperator:
         if not force and len(main) + len(side) < FLUSH_ROWS:
             return
         self.out, self.side = [], []
+        self.yielded = [self.yielded[0] + len(main), self.yielded[1] + len(side)]
         cols: dict[str, list[Any]] = {c: [r.get(c) for r in main] for c in self.main_columns}
         cols[TAG] = [None] * len(main)
         cols[SIDE] = [None] * len(main)
@@ -349,6 +384,15 @@ def broadcast_rows(groups: range, fn: BroadcastProcess) -> dict[bytes, bytes | N
         for group in groups:
             rows[broadcast_row(group, name)] = value
     return rows
+
+
+def _keeping(
+    batches: Iterator[pa.RecordBatch], read: list[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """``batches``, each also kept in ``read`` before it is handed on."""
+    for arrow in batches:
+        read.append(arrow)
+        yield arrow
 
 
 def _run_starts(arrow: pa.RecordBatch, columns: list[str]) -> list[int]:

@@ -22,6 +22,16 @@ the reason, or the job stopped where the job's error policy says so. A value a f
 from state is its own copy (a mutable one is copied on read), so changing it in place and then
 raising leaves the state as it was; as with Flink's RocksDB backend, a value changed in place
 must be written back (``update``/``put``) to be kept.
+
+The copy on read is per element and grows with the value: a window operator whose accumulator
+is a dict of thousands of entries paid a pickle round trip of it for every element and window
+(Nexmark q5: 87% of a worker's time). A function that writes back every value it changes (the
+runtime's own window operator: its ``writes_back_reads``) may run with reads *shared* with the
+state (:meth:`KeyedOperator.share_reads`): no copies, so a call that raised may have changed
+state in place that no rollback can undo. Such a call raises :class:`ReadsShared` instead of
+being isolated, and the driver runs the task again from its batch's version with copies on
+read, where the call is isolated as usual (Flink's answer to a failure, a replay from the last
+consistent state, at the scale of one task).
 """
 
 from __future__ import annotations
@@ -65,6 +75,13 @@ from stateful_runtime.state import (
 )
 
 TIMERS_STATE = "_srt_timers"
+
+
+class ReadsShared(Exception):  # noqa: N818 (control flow between the engine and its driver)
+    """A call raised while its reads were shared with the state (see the module doc): the
+    task must run again from its batch's version with :meth:`KeyedOperator.share_reads` off."""
+
+
 _USER = 1
 _TTL = 2
 _BOTH = _USER | _TTL
@@ -90,6 +107,7 @@ class KeyedOperator:
         self.origin: tuple[int | None, int | None] = (None, None)
         self.origin_of: Callable[[dict[str, Any]], tuple[int | None, int | None]] | None = None
         self._txn = _Txn(self)
+        self.shared_reads = False
         self.domain: TimeDomain = fn.time_domain
         self.side_tags = {t.name for t in fn.side_outputs}
         self.backend: StateBackend | None = None
@@ -126,6 +144,13 @@ class KeyedOperator:
 
     def close(self) -> None:
         self.fn.close()
+
+    def share_reads(self) -> None:
+        """Hand the function stored values without a copy (see the module doc): only for a
+        function that writes back what it changes, driven by a caller that runs the task
+        again on :class:`ReadsShared`."""
+        self.shared_reads = True
+        self._txn.own = _as_is
 
     def set_time(self, watermark_ms: int, processing_ms: int) -> None:
         self.watermark_ms, self.processing_ms = watermark_ms, processing_ms
@@ -380,6 +405,8 @@ class KeyedOperator:
             del main[emitted:]
             txn.rollback()
             self.deferred.clear()
+            if self.shared_reads:
+                raise ReadsShared(describe(exc)) from exc
             self._isolate(exc, element, ts)
             return
         txn.active = False
@@ -447,11 +474,15 @@ _CLEARED = object()
 _IMMUTABLE = frozenset({int, float, str, bytes, bool, type(None), datetime})
 
 
-def _own(value: Any) -> Any:
+def own_copy(value: Any) -> Any:
     """``value`` as the function's own copy (immutables as they are)."""
     if type(value) in _IMMUTABLE:
         return value
     return pickle.loads(pickle.dumps(value, pickle.HIGHEST_PROTOCOL))
+
+
+def _as_is(value: Any) -> Any:
+    return value
 
 
 class _Txn:
@@ -470,6 +501,7 @@ class _Txn:
         self.side_at = 0
         self.held: list[_TxnValue] = []
         self.cells: dict[str, list[Any]] = {}  # the wrapped cells by state name
+        self.own: Callable[[Any], Any] = own_copy  # what a call's read hands the function
 
     def wrap(self, cell: Any, hold: bool = False) -> Any:
         return (
@@ -536,7 +568,7 @@ class _TxnValue(ValueCell):
         if pending is _UNSET:
             held = self.held
             value = self.inner.get() if held is _UNSET else None if held is _CLEARED else held
-            return _own(value) if self.txn.active else value
+            return self.txn.own(value) if self.txn.active else value
         return None if pending is _CLEARED else pending
 
     def put(self, value: Any) -> None:
@@ -602,7 +634,7 @@ class _TxnMap(MapCell):
         if key in self.pending:
             value = self.pending[key]
             return None if value is _CLEARED else value
-        return None if self.cleared else _own(self.inner.get_entry(key))
+        return None if self.cleared else self.txn.own(self.inner.get_entry(key))
 
     def put_entry(self, key: Any, value: Any) -> None:
         if not self.txn.active:
@@ -627,8 +659,8 @@ class _TxnMap(MapCell):
                 merged.pop(key, None)
             else:
                 merged[key] = value
-        pending = self.pending
-        return iter([(k, v if k in pending else _own(v)) for k, v in merged.items()])
+        pending, own = self.pending, self.txn.own
+        return iter([(k, v if k in pending else own(v)) for k, v in merged.items()])
 
     def entry_keys(self) -> Iterator[Any]:
         # Keys only: no copy of the values (a join lists a buffer's times on every call).

@@ -39,7 +39,7 @@ from stateful_runtime.functions import (
 )
 from stateful_runtime.job import FAIL
 from stateful_runtime.operators.isolation import describe
-from stateful_runtime.operators.keyed import OperatorContext
+from stateful_runtime.operators.keyed import OperatorContext, own_copy
 from stateful_runtime.state import AggregateFunction, MapStateDescriptor, ValueStateDescriptor
 from stateful_runtime.windows import (
     CountTrigger,
@@ -67,6 +67,11 @@ def _naive_utc(ms: int) -> datetime | None:
 
 class WindowOperator(KeyedProcessFunction):
     """Window assignment, triggers, lateness and aggregation for one keyed window stream."""
+
+    # Every window it reads it puts back or removes, so its reads may be shared with the
+    # state (no copy per element and window: see stateful_runtime.operators.keyed); what it
+    # hands a user's function when a window fires is a copy (:meth:`_emit`).
+    writes_back_reads = True
 
     def __init__(
         self,
@@ -179,6 +184,10 @@ class WindowOperator(KeyedProcessFunction):
         self, ctx: OperatorContext, start: int, end: int, acc: Any
     ) -> Iterator[dict[str, Any]]:
         key = ctx.operator.current_key
+        if ctx.operator.shared_reads:
+            # The function's own contents: an output may hold a list or dict of them, which
+            # the window's later elements would change before the output is written.
+            acc = own_copy(acc)
         if self.window_function is not None:
             window = TimeWindow(_naive_utc(start), _naive_utc(end))
             yield from self.window_function.process(

@@ -6,16 +6,26 @@ from __future__ import annotations
 
 import json
 import pickle
+import zlib
 from collections import Counter
+from datetime import datetime, timedelta
 
 import pyarrow as pa
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from pyspark.sql.types import StructType
 
-from stateful_runtime import KeyedProcessFunction, ValueStateDescriptor
+from stateful_runtime import (
+    AggregateFunction,
+    EarlyFiring,
+    KeyedProcessFunction,
+    TumblingEventTimeWindows,
+    ValueStateDescriptor,
+)
 from stateful_runtime.exceptions import StateError
 from stateful_runtime.functions import to_datetime
+from stateful_runtime.operators import arrow_keyed, keyed
 from stateful_runtime.operators.arrow_keyed import (
     KEY_GROUP,
     SIDE,
@@ -31,6 +41,7 @@ from stateful_runtime.operators.keyed_store import (
     group_prefix,
     key_groups,
 )
+from stateful_runtime.operators.window import WindowOperator
 
 TS = "srt_event_ms"
 OUTPUT = pa.schema(
@@ -146,3 +157,118 @@ def test_route_values_send_each_partition_its_own_key_groups(n):
     assert [spark_hash_int(v) % n for v in routes] == list(range(n))
     owner = Counter(g * n // MAX_PARALLELISM for g in range(MAX_PARALLELISM))
     assert all(owner[p] == len(key_groups(p, n)) for p in range(n))
+
+
+class InPlaceSum(AggregateFunction):
+    """Adds in place, then raises on 13: the window's sum must not keep the 13."""
+
+    def create_accumulator(self):
+        return {"sum": 0, "seen": []}
+
+    def add(self, value, acc):
+        acc["sum"] += value["v"]
+        acc["seen"].append(value["v"])
+        if value["v"] == 13:
+            raise OverflowError("13")
+        return acc
+
+    def get_result(self, acc):
+        return {"sum": acc["sum"], "seen": acc["seen"]}  # a list of the accumulator's own
+
+    def merge(self, a, b):
+        return {"sum": a["sum"] + b["sum"], "seen": a["seen"] + b["seen"]}
+
+
+WINDOW_OUTPUT = pa.schema(
+    [("k", pa.string()), ("window_start", pa.timestamp("us")), ("window_end", pa.timestamp("us")),
+     ("sum", pa.int64()), ("seen", pa.list_(pa.int64())), (TAG, pa.string()), (SIDE, pa.string())]
+)  # fmt: skip
+
+
+def _window_operator(query, shared: bool) -> ArrowKeyedOperator:
+    fn = WindowOperator(
+        TumblingEventTimeWindows.of(timedelta(seconds=1)),
+        ["k"],
+        InPlaceSum(),
+        StructType(),
+        trigger=EarlyFiring.every(count=1),  # a result per element: output before a failure
+    )
+    if not shared:
+        fn.writes_back_reads = False  # type: ignore[misc]
+    return ArrowKeyedOperator(
+        fn, "sums", ["k"], ["k", "v", "ts"], TS, WINDOW_OUTPUT, str(query), parallelism=1
+    )
+
+
+def _valued(rows) -> pa.RecordBatch:
+    return pa.record_batch(
+        {
+            "k": [k for k, _, _ in rows],
+            "v": [v for _, v, _ in rows],
+            "ts": [t for _, _, t in rows],
+            TS: [t for _, _, t in rows],
+            KEY_GROUP: pa.array([zlib.crc32(k.encode()) % MAX_PARALLELISM for k, _, _ in rows],
+                                pa.int32()),
+        }
+    )  # fmt: skip
+
+
+row = st.tuples(st.sampled_from("abc"), st.sampled_from([1, 2, 13]), st.integers(0, 2_500))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.lists(row, max_size=12), min_size=1, max_size=3))
+def test_a_window_task_with_shared_reads_equals_one_with_copies(tmp_path_factory, batches):
+    """The window operator reads its windows without a copy; a call that raised after
+    changing an accumulator in place runs the task again with copies from the batch's
+    version. Outputs (those already handed over included, once), and the state the next
+    batch finds, equal a task's that copied every read; a batch without a failure makes no
+    copy."""
+    outputs = {}
+    for shared in (True, False):
+        query = tmp_path_factory.mktemp("q")
+        op = _window_operator(query, shared)
+        got = []
+        for n, rows in enumerate([*batches, []]):
+            _offsets(query, n, 10_000 if n == len(batches) else 0)  # the last closes all
+            got.append([r for b in op.run(n, 0, iter([_valued(rows)])) for r in b.to_pylist()])
+        outputs[shared] = got
+    assert outputs[True] == outputs[False]
+    final = {(r["k"], r["window_start"]): r["sum"] for r in outputs[True][-1]}
+    expected: dict = {}
+    for k, v, t in (r for rows in batches for r in rows):
+        if v != 13:
+            start = datetime(1970, 1, 1) + timedelta(seconds=t // 1000)
+            expected[(k, start)] = expected.get((k, start), 0) + v
+    assert final == expected
+
+
+def test_a_window_task_without_failures_copies_no_read(tmp_path, monkeypatch):
+    copies = []
+    monkeypatch.setattr(keyed, "own_copy", lambda v: copies.append(v) or v)
+    monkeypatch.setattr(arrow_keyed, "FLUSH_ROWS", 1)
+    query = tmp_path / "q"
+    _offsets(query, 0, 0)
+    op = _window_operator(query, shared=True)
+    rows = [("a", 1, 10), ("a", 2, 20), ("b", 1, 30)]
+    out = [r["sum"] for b in op.run(0, 0, iter([_valued(rows)])) for r in b.to_pylist()]
+    assert out == [1, 3, 1]
+    assert copies == []
+    op = _window_operator(tmp_path / "copying", shared=False)
+    _offsets(tmp_path / "copying", 0, 0)
+    list(op.run(0, 0, iter([_valued(rows)])))
+    assert copies  # the same task with copies on read: the counting above sees them
+
+
+def test_a_failure_after_output_was_handed_over_hands_it_over_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(arrow_keyed, "FLUSH_ROWS", 1)  # each key's results go to Spark at once
+    query = tmp_path / "q"
+    _offsets(query, 0, 0)
+    op = _window_operator(query, shared=True)
+    rows = [("a", 1, 10), ("a", 2, 20), ("b", 1, 30), ("b", 13, 40), ("b", 2, 50)]
+    out = [
+        (r["k"], r["sum"], r["seen"])
+        for b in op.run(0, 0, iter([_valued(rows)]))
+        for r in b.to_pylist()
+    ]
+    assert out == [("a", 1, [1]), ("a", 3, [1, 2]), ("b", 1, [1]), ("b", 3, [1, 2])]
