@@ -23,15 +23,15 @@ from state is its own copy (a mutable one is copied on read), so changing it in 
 raising leaves the state as it was; as with Flink's RocksDB backend, a value changed in place
 must be written back (``update``/``put``) to be kept.
 
-The copy on read is per element and grows with the value: a window operator whose accumulator
-is a dict of thousands of entries paid a pickle round trip of it for every element and window
-(Nexmark q5: 87% of a worker's time). A function that writes back every value it changes (the
-runtime's own window operator: its ``writes_back_reads``) may run with reads *shared* with the
-state (:meth:`KeyedOperator.share_reads`): no copies, so a call that raised may have changed
-state in place that no rollback can undo. Such a call raises :class:`ReadsShared` instead of
-being isolated, and the driver runs the task again from its batch's version with copies on
-read, where the call is isolated as usual (Flink's answer to a failure, a replay from the last
-consistent state, at the scale of one task).
+The copy on read is per element and grows with the value: a window operator whose accumulator is a
+dict of thousands of entries paid a pickle round trip of it for every element and window (Nexmark
+q5: 87% of a worker's time). A function that writes back every value it changes (the runtime's own
+window operator: its ``writes_back_reads``) may run with reads *shared* with the state
+(:meth:`KeyedOperator.share_reads`): no copies and no writes held aside, so a call that raised may
+have changed state that no rollback can undo. Such a call raises :class:`ReadsShared` instead of
+being isolated, and the driver runs the task again from its batch's version with copies on read,
+where the call is isolated as usual (Flink's answer to a failure, a replay from the last consistent
+state, at the scale of one task).
 """
 
 from __future__ import annotations
@@ -146,11 +146,10 @@ class KeyedOperator:
         self.fn.close()
 
     def share_reads(self) -> None:
-        """Hand the function stored values without a copy (see the module doc): only for a
-        function that writes back what it changes, driven by a caller that runs the task
-        again on :class:`ReadsShared`."""
+        """Hand the function stored values without a copy and write its changes straight
+        through (see the module doc): only for a function that writes back what it changes,
+        driven by a caller that runs the task again on :class:`ReadsShared`."""
         self.shared_reads = True
-        self._txn.own = _as_is
 
     def set_time(self, watermark_ms: int, processing_ms: int) -> None:
         self.watermark_ms, self.processing_ms = watermark_ms, processing_ms
@@ -388,8 +387,9 @@ class KeyedOperator:
         ``on_timer`` of timer ``ts``); its state writes, timers and outputs apply when it
         returns, and none of them when it raises (the element or timer is isolated)."""
         txn, main = self._txn, self.main
-        # _Txn.begin, inlined: this runs per element
-        txn.active, txn.side_at = True, len(self.side)
+        # _Txn.begin, inlined: this runs per element. With reads shared, state is read and
+        # written as outside a call (no copies, no writes held aside): a raise redoes the task.
+        txn.active, txn.side_at = not self.shared_reads, len(self.side)
         self.guard.seen += 1  # also the call's position in the task (rejects in a row)
         emitted = len(main)
         try:
@@ -481,10 +481,6 @@ def own_copy(value: Any) -> Any:
     return pickle.loads(pickle.dumps(value, pickle.HIGHEST_PROTOCOL))
 
 
-def _as_is(value: Any) -> Any:
-    return value
-
-
 class _Txn:
     """One user call's state writes, timer changes and outputs, held aside until it returns.
 
@@ -501,7 +497,6 @@ class _Txn:
         self.side_at = 0
         self.held: list[_TxnValue] = []
         self.cells: dict[str, list[Any]] = {}  # the wrapped cells by state name
-        self.own: Callable[[Any], Any] = own_copy  # what a call's read hands the function
 
     def wrap(self, cell: Any, hold: bool = False) -> Any:
         return (
@@ -568,7 +563,7 @@ class _TxnValue(ValueCell):
         if pending is _UNSET:
             held = self.held
             value = self.inner.get() if held is _UNSET else None if held is _CLEARED else held
-            return self.txn.own(value) if self.txn.active else value
+            return own_copy(value) if self.txn.active else value
         return None if pending is _CLEARED else pending
 
     def put(self, value: Any) -> None:
@@ -634,7 +629,7 @@ class _TxnMap(MapCell):
         if key in self.pending:
             value = self.pending[key]
             return None if value is _CLEARED else value
-        return None if self.cleared else self.txn.own(self.inner.get_entry(key))
+        return None if self.cleared else own_copy(self.inner.get_entry(key))
 
     def put_entry(self, key: Any, value: Any) -> None:
         if not self.txn.active:
@@ -659,8 +654,8 @@ class _TxnMap(MapCell):
                 merged.pop(key, None)
             else:
                 merged[key] = value
-        pending, own = self.pending, self.txn.own
-        return iter([(k, v if k in pending else own(v)) for k, v in merged.items()])
+        pending = self.pending
+        return iter([(k, v if k in pending else own_copy(v)) for k, v in merged.items()])
 
     def entry_keys(self) -> Iterator[Any]:
         # Keys only: no copy of the values (a join lists a buffer's times on every call).

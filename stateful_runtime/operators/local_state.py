@@ -100,7 +100,8 @@ class _Cell:
             if states is None:
                 states = b.states = b.values[b.row] = {}
             states[self.name] = stored
-            if type(stored) not in _IMMUTABLE:  # end_key keeps these as they are
+            # end_key keeps immutables as they are; a map written per element is listed once
+            if type(stored) not in _IMMUTABLE and self.name not in b.turn_names:
                 b.turn_names.append(self.name)
         b.dirty[b.row] = states
 

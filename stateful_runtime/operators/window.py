@@ -103,6 +103,7 @@ class WindowOperator(KeyedProcessFunction):
         )
         self._slide = _ms(a.slide) if isinstance(a, SlidingEventTimeWindows) else 0
         self._gap = _ms(a.gap) if isinstance(a, EventTimeSessionWindows) else 0
+        self._slid: tuple[int | None, list[tuple[int, int]]] = (None, [])
 
     def open(self, ctx: Any) -> None:
         self.windows = ctx.get_map_state(MapStateDescriptor("windows", int, list))
@@ -147,7 +148,12 @@ class WindowOperator(KeyedProcessFunction):
         size, slide = self._size, self._slide
         if slide:
             last = ts - ts % slide
-            return [(s, s + size) for s in range(last, ts - size, -slide)]
+            # Elements of one slide share their windows (the size is a multiple of the slide,
+            # and a key's elements come in time order more often than not): the list is made
+            # once per slide, not per element.
+            if last != self._slid[0]:
+                self._slid = (last, [(s, s + size) for s in range(last, last - size, -slide)])
+            return self._slid[1]
         if size:
             start = ts - ts % size
             return [(start, start + size)]

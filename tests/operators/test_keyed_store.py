@@ -3,6 +3,7 @@ copies used, moved forward or rebuilt, key-group ranges, the partition lock."""
 
 from __future__ import annotations
 
+import fcntl
 import threading
 
 import pytest
@@ -86,6 +87,7 @@ def test_snapshots_bound_a_rebuild_and_old_files_are_cleaned(tmp_path, monkeypat
     s = _store(tmp_path)
     for v in range(12):
         _run(s, v, {bytes([0, v % 4]): str(v).encode()})
+        s.wait_snapshots()  # written aside; in order here, so that each cleans what it can
     # By version, then name (a directory lists in no set order: tmpfs and ext4 differ).
     names = sorted(
         (p.name for p in (tmp_path / "ck").iterdir()), key=lambda n: (int(n.split(".")[0]), n)
@@ -100,6 +102,40 @@ def test_snapshots_bound_a_rebuild_and_old_files_are_cleaned(tmp_path, monkeypat
     assert _contents(_store(tmp_path, "fresh8"), 8) == {
         bytes([0, k]): str(v).encode() for v in range(8) for k in [v % 4]
     }
+
+
+def test_a_snapshot_is_written_aside_while_the_task_goes_on(tmp_path, monkeypatch):
+    """The commit of a snapshot version returns while its writer (a process of its own) is
+    still at work, the partition already free; once it is done the snapshot alone rebuilds
+    the version and the copy's checkpoint it worked from is gone."""
+    monkeypatch.setattr(keyed_store, "SNAPSHOT_EVERY", 2)
+    s = _store(tmp_path)
+    _run(s, 0, {b"\x00\x01k": b"1"})
+    _run(s, 1, {b"\x00\x02k": b"2"})
+    (writer,) = keyed_store._writers[str(s.checkpoint)]
+    assert writer.poll() is None  # a Python process's start alone outlasts the commit
+    assert _contents(s, 2) == {b"\x00\x01k": b"1", b"\x00\x02k": b"2"}
+    s.wait_snapshots()
+    assert writer.returncode == 0
+    (tmp_path / "ck" / "1.delta").unlink()
+    (tmp_path / "ck" / "2.delta").unlink()
+    assert _contents(_store(tmp_path, "b"), 2) == {b"\x00\x01k": b"1", b"\x00\x02k": b"2"}
+    assert not list((tmp_path / "a").glob("snapshot-*"))
+
+
+def test_an_abandoned_snapshot_checkpoint_is_removed_and_a_busy_one_kept(tmp_path):
+    """A writer killed half way leaves the copy's checkpoint it worked from: the next open
+    removes it when nobody holds its lock, and leaves a writer at work alone."""
+    s = _store(tmp_path)
+    _run(s, 0, {b"\x00\x01k": b"1"})
+    abandoned, busy = tmp_path / "a" / "snapshot-1", tmp_path / "a" / "snapshot-2"
+    for aside in (abandoned, busy):
+        (aside / "db").mkdir(parents=True)
+        (aside / "lock").touch()
+    with open(busy / "lock", "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        _contents(s, 1)
+        assert not abandoned.exists() and busy.exists()
 
 
 def test_a_version_whose_files_are_gone_is_refused_with_what_to_do(tmp_path):
