@@ -271,6 +271,8 @@ class CoProcess(KeyedProcessFunction):
         self.output_schema = fn.output_schema  # type: ignore[misc]
         self.side_outputs = fn.side_outputs  # type: ignore[misc]
         self.time_domain = fn.time_domain  # type: ignore[misc]
+        # A runtime join that writes back what it reads (the engine may share its reads).
+        self.writes_back_reads = getattr(fn, "writes_back_reads", False)
         self.current = 1
 
     @property

@@ -50,7 +50,7 @@ from stateful_runtime.functions import (
     to_datetime,
     to_ms,
 )
-from stateful_runtime.state import MapStateDescriptor
+from stateful_runtime.state import MapStateDescriptor, own_copy
 from stateful_runtime.windows import SlidingEventTimeWindows, TumblingEventTimeWindows
 
 # The states of the joins (one map per input, by event time in ms): what srt explain and
@@ -362,6 +362,10 @@ class WindowJoinOperator(JoinOperator):
 
     kind = "window join"
     calls = ("first", "second")
+    # Every window it reads it puts back or removes, and the user's function gets copies of a
+    # window's records when it fires: its reads may be shared with the state (no copy of a
+    # window's records per element; see stateful_runtime.operators.keyed).
+    writes_back_reads = True
 
     def __init__(
         self, fn: JoinFunction, assigner: TumblingEventTimeWindows | SlidingEventTimeWindows
@@ -415,8 +419,9 @@ class WindowJoinOperator(JoinOperator):
         self.windows.remove(start)
         fn: Any = self.join_function
         out = []
-        for a in stored[1]:
-            for b in stored[2]:
+        firsts, seconds = own_copy(stored[1]), own_copy(stored[2])  # the function's own
+        for a in firsts:
+            for b in seconds:
                 # Each pair apart: one that raises is dead-lettered alone (as the pair).
                 try:
                     joined = fn.join(a, b)

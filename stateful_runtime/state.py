@@ -18,9 +18,10 @@ when the watermark passes its expiry. Expired values are never returned.
 from __future__ import annotations
 
 import enum
+import pickle
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
 from stateful_runtime.exceptions import ConfigError
@@ -306,3 +307,15 @@ class BroadcastState(ReadOnlyBroadcastState[K, T]):
 
     def clear(self) -> None:
         self._entries.clear()
+
+
+# Values a function cannot change in place: read without a copy (the common, cheap case).
+_IMMUTABLE = frozenset({int, float, str, bytes, bool, type(None), datetime})
+
+
+def own_copy(value: Any) -> Any:
+    """``value`` as a function's own copy (immutables as they are): what a read from state
+    hands a function, so that changing it in place changes no state."""
+    if type(value) in _IMMUTABLE:
+        return value
+    return pickle.loads(pickle.dumps(value, pickle.HIGHEST_PROTOCOL))

@@ -36,7 +36,6 @@ state, at the scale of one task).
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import Any
@@ -72,6 +71,7 @@ from stateful_runtime.state import (
     UpdateType,
     ValueState,
     ValueStateDescriptor,
+    own_copy,
 )
 
 TIMERS_STATE = "_srt_timers"
@@ -470,15 +470,6 @@ class KeyedOperator:
 
 _UNSET = object()
 _CLEARED = object()
-# Values a function cannot change in place: read without a copy (the common, cheap case).
-_IMMUTABLE = frozenset({int, float, str, bytes, bool, type(None), datetime})
-
-
-def own_copy(value: Any) -> Any:
-    """``value`` as the function's own copy (immutables as they are)."""
-    if type(value) in _IMMUTABLE:
-        return value
-    return pickle.loads(pickle.dumps(value, pickle.HIGHEST_PROTOCOL))
 
 
 class _Txn:

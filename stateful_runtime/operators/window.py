@@ -39,8 +39,13 @@ from stateful_runtime.functions import (
 )
 from stateful_runtime.job import FAIL
 from stateful_runtime.operators.isolation import describe
-from stateful_runtime.operators.keyed import OperatorContext, own_copy
-from stateful_runtime.state import AggregateFunction, MapStateDescriptor, ValueStateDescriptor
+from stateful_runtime.operators.keyed import OperatorContext
+from stateful_runtime.state import (
+    AggregateFunction,
+    MapStateDescriptor,
+    ValueStateDescriptor,
+    own_copy,
+)
 from stateful_runtime.windows import (
     CountTrigger,
     EarlyFiring,

@@ -19,12 +19,15 @@ from pyspark.sql.types import StructType
 from stateful_runtime import (
     AggregateFunction,
     EarlyFiring,
+    JoinFunction,
     KeyedProcessFunction,
+    SlidingEventTimeWindows,
     TumblingEventTimeWindows,
     ValueStateDescriptor,
 )
 from stateful_runtime.exceptions import StateError
-from stateful_runtime.functions import to_datetime
+from stateful_runtime.functions import CO_INPUT, CoInput, CoProcess, to_datetime
+from stateful_runtime.joins import WindowJoinOperator
 from stateful_runtime.operators import arrow_keyed, keyed
 from stateful_runtime.operators.arrow_keyed import (
     KEY_GROUP,
@@ -272,3 +275,59 @@ def test_a_failure_after_output_was_handed_over_hands_it_over_once(tmp_path, mon
         for r in b.to_pylist()
     ]
     assert out == [("a", 1, [1]), ("a", 3, [1, 2]), ("b", 1, [1]), ("b", 3, [1, 2])]
+
+
+class Tally(JoinFunction):
+    """Changes its inputs in place (as a function may): each pair sees its records as the
+    window held them, whatever another window's pair did to the same record."""
+
+    output_schema = {"k": str, "a": int, "b": int}
+
+    def join(self, first, second):
+        first["v"] += 100
+        second["v"] += 1_000
+        return {"k": first["k"], "a": first["v"], "b": second["v"]}
+
+
+JOIN_OUTPUT = pa.schema(
+    [("k", pa.string()), ("a", pa.int64()), ("b", pa.int64()), (TAG, pa.string()),
+     (SIDE, pa.string())]
+)  # fmt: skip
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.tuples(st.sampled_from("ab"), st.integers(1, 2), st.integers(0, 4_000)),
+                 max_size=10),
+        min_size=1, max_size=3,
+    )
+)  # fmt: skip
+def test_a_window_join_task_with_shared_reads_equals_one_with_copies(tmp_path_factory, batches):
+    """The window join reads its windows without a copy, and hands its function copies of a
+    window's records when the window fires: the same pairs as a task that copied each read."""
+    fields = ("k", "v", "ts")
+    outputs = {}
+    for shared in (True, False):
+        fn = CoProcess(
+            WindowJoinOperator(
+                Tally(), SlidingEventTimeWindows.of(timedelta(seconds=2), timedelta(seconds=1))
+            ),
+            (CoInput("", fields), CoInput("", fields)),
+        )
+        if not shared:
+            fn.writes_back_reads = False
+        query = tmp_path_factory.mktemp("q")
+        op = ArrowKeyedOperator(
+            fn, "tally", ["k"], [*fields, CO_INPUT], TS, JOIN_OUTPUT, str(query), parallelism=1
+        )
+        got = []
+        for n, rows in enumerate([*batches, []]):
+            _offsets(query, n, 10_000 if n == len(batches) else 0)
+            arrow = _valued([(k, i, t) for k, i, t in rows]).append_column(
+                CO_INPUT, pa.array([i for _, i, _ in rows], pa.int64())
+            )
+            got.append(sorted(r["a"] * 10_000 + r["b"] for b in op.run(n, 0, iter([arrow]))
+                              for r in b.to_pylist()))  # fmt: skip
+        outputs[shared] = got
+    assert outputs[True] == outputs[False]
