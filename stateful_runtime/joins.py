@@ -306,8 +306,12 @@ class TemporalJoinOperator(JoinOperator):
             drop_late(ctx, self.late, value, 1)
             return iter(())
         ts = _ts(ctx)
+        # One timer per key, at its earliest pending record (Flink's temporal join): a timer
+        # joins every record the watermark has passed. A record before the earliest gets one.
+        earliest = min(self.pending.keys(), default=None)
         self.pending.put(ts, [*(self.pending.get(ts) or []), value])
-        ctx.timer_service().register_event_time_timer(to_datetime(ts + 1))
+        if earliest is None or ts < earliest:
+            ctx.timer_service().register_event_time_timer(to_datetime(ts + 1))
         return iter(())
 
     def process_element2(self, value: dict[str, Any], ctx: Context) -> Iterator[dict[str, Any]]:
@@ -321,9 +325,10 @@ class TemporalJoinOperator(JoinOperator):
         return iter(())
 
     def on_timer(self, timestamp: datetime, ctx: Context) -> Iterator[dict[str, Any]]:
-        # Times first (no copy of the records), then only the entries needed: a key's timers
-        # fire one after another in a batch, and most find nothing left to join.
-        t = to_ms(timestamp)
+        # Every record before the watermark is final (a version still to come is at or after
+        # it): joined now, whichever timer fired. Times first (no copy of the records), then
+        # only the entries needed.
+        t = max(to_ms(timestamp), to_ms(ctx.current_watermark()))
         times = sorted(self.versions.keys())
         out: list[dict[str, Any]] = []
         join = JoinContext(ctx)
@@ -353,6 +358,9 @@ class TemporalJoinOperator(JoinOperator):
         i = bisect_right(times, t) - 1
         for at in times[: max(i, 0)]:
             self.versions.remove(at)
+        rest = min(self.pending.keys(), default=None)
+        if rest is not None:  # the key's timer, at its earliest record still pending
+            ctx.timer_service().register_event_time_timer(to_datetime(rest + 1))
         return iter(out)
 
 
