@@ -11,7 +11,9 @@ included: steadier than wall time on a shared machine):
 * ``counter``: a ValueState count per merchant (``benchmarks/jobs/keyed_counter.py``);
 * ``dedup``: the first payment per ``txn_id``, event-time TTL one minute (every key new);
 * ``fraud``: the seeds' FraudCounter (two ValueStates and an event-time timer a minute after
-  a merchant's first payment), ``--merchants`` keys.
+  a merchant's first payment), ``--merchants`` keys;
+* ``q5``: Nexmark q5 on the window operator (``benchmarks/jobs/q5_hot_items.py``: sliding
+  10 s windows every 2 s, an AggregateFunction keyed by channel) over bids.
 
     .venv/bin/python benchmarks/keyed_local.py --events 600000 --batch 100000
     py-spy record -o /tmp/keyed.svg -- .venv/bin/python benchmarks/keyed_local.py -w dedup
@@ -36,35 +38,62 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "examples")]
 
 import pyarrow as pa  # noqa: E402
 
-from benchmarks.harness.data import parse, upi_events  # noqa: E402
+from benchmarks.harness.data import bid_events, parse, upi_events  # noqa: E402
 from stateful_runtime.connectors.formats.json import to_struct  # noqa: E402
 from stateful_runtime.operators.arrow_keyed import KEY_GROUP, ArrowKeyedOperator  # noqa: E402
 from stateful_runtime.operators.keyed_store import MAX_PARALLELISM  # noqa: E402
 from stateful_runtime.operators.spark import output_struct  # noqa: E402
 
 TS = "srt_event_ms"
-FIELDS = ["txn_id", "merchant_id", "amount_paise", "ts_ms"]
+UPI = ["txn_id", "merchant_id", "amount_paise", "ts_ms"]
+BID = ["auction", "bidder", "price", "channel", "url", "ts_ms"]
 
 
 def _functions(merchants: int) -> dict:
+    """workload → (function, key field, keys of the UPI stream or None: bids)."""
     sys.path.insert(0, str(ROOT / "benchmarks" / "jobs"))
     from dedup_ttl import Deduplicator
     from fraud_rate_limit import FraudCounter
     from keyed_counter import Counter
+    from pyspark.sql.types import (
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampNTZType,
+    )
+    from q5_hot_items import HotItem
 
+    from stateful_runtime import SlidingEventTimeWindows
+    from stateful_runtime.operators.window import WindowOperator
+
+    window = SlidingEventTimeWindows.of(timedelta(seconds=10), timedelta(seconds=2))
+    out = StructType(
+        [
+            StructField("channel", StringType()),
+            StructField("window_start", TimestampNTZType()),
+            StructField("window_end", TimestampNTZType()),
+            StructField("auction", LongType()),
+            StructField("bids", LongType()),
+        ]
+    )
+    q5 = WindowOperator(window, ["channel"], HotItem(), out)
     return {
         "counter": (Counter(), "merchant_id", 1_000),
         "dedup": (Deduplicator(timedelta(minutes=1)), "txn_id", 1_000),
         "fraud": (FraudCounter(), "merchant_id", merchants),
+        "q5": (q5, "channel", None),
     }
 
 
-def _batches(events: int, batch: int, merchants: int, key: str) -> list[pa.RecordBatch]:
-    rows = parse(list(upi_events(events, 7, merchants=merchants)))
+def _batches(events: int, batch: int, merchants: int | None, key: str) -> list[pa.RecordBatch]:
+    fields = UPI if merchants else BID
+    lines = upi_events(events, 7, merchants=merchants) if merchants else bid_events(events, 7)
+    rows = parse(list(lines))
     out = []
     for lo in range(0, len(rows), batch):
         part = rows[lo : lo + batch]
-        cols = {f: [r[f] for r in part] for f in FIELDS}
+        cols = {f: [r[f] for r in part] for f in fields}
         cols[TS] = cols["ts_ms"]
         cols[KEY_GROUP] = [zlib.crc32(str(r[key]).encode()) % MAX_PARALLELISM for r in part]
         out.append(
@@ -89,7 +118,8 @@ def run(workload: str, events: int, batch: int, merchants: int) -> dict:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     output = to_arrow_schema(output_struct(to_struct(fn.output_schema)))
-    op = ArrowKeyedOperator(fn, workload, [key], FIELDS, TS, output, str(query), parallelism=1)
+    fields = UPI if keys else BID
+    op = ArrowKeyedOperator(fn, workload, [key], fields, TS, output, str(query), parallelism=1)
     import stateful_runtime.operators.keyed_store as ks
 
     local = work / "local"

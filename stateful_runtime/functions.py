@@ -51,6 +51,7 @@ from stateful_runtime.state import (
     TimeDomain,
     ValueState,
     ValueStateDescriptor,
+    cell_of,
 )
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -532,6 +533,16 @@ def reject_record(ctx: Context, record: dict[str, Any], exc: Exception, call: st
     """A record a runtime operator's user call raised on, isolated alone (dead-lettered, or
     the job stopped by its error policy). ``ctx`` is the engine's context."""
     ctx.operator.reject_record(record, exc, call)  # type: ignore[attr-defined]
+
+
+def live_entries(ctx: Context, state: MapState) -> dict[Any, Any] | None:
+    """A runtime operator's map state of the current key as the store's own dict, when the
+    engine runs its calls with reads shared (``KeyedOperator.share_reads``): changed in place
+    and handed back with ``cell_of(state).replace_entries``, one store call per element. None
+    otherwise: use the state's own methods."""
+    if not ctx.operator.shared_reads:  # type: ignore[attr-defined]
+        return None
+    return cell_of(state).live_entries()
 
 
 def drop_late(

@@ -46,11 +46,12 @@ from stateful_runtime.functions import (
     OutputTag,
     RuntimeContext,
     drop_late,
+    live_entries,
     reject_record,
     to_datetime,
     to_ms,
 )
-from stateful_runtime.state import MapStateDescriptor, own_copy
+from stateful_runtime.state import MapStateDescriptor, cell_of, own_copy
 from stateful_runtime.windows import SlidingEventTimeWindows, TumblingEventTimeWindows
 
 # The states of the joins (one map per input, by event time in ms): what srt explain and
@@ -404,19 +405,28 @@ class WindowJoinOperator(JoinOperator):
 
     def _add(self, value: dict[str, Any], ctx: Context, side: int) -> Iterator[dict[str, Any]]:
         ts, watermark = _ts(ctx), to_ms(ctx.current_watermark())
+        # With reads shared, the key's windows are the store's own dict (see WindowOperator).
+        live = live_entries(ctx, self.windows)
+        get, put = (
+            (self.windows.get, self.windows.put) if live is None else (live.get, live.__setitem__)
+        )
         last = ts - ts % self.slide
         placed = False
         for start in range(last, ts - self.size, -self.slide):
             end = start + self.size
             if end - 1 <= watermark:  # the window has fired (a window's lateness rule)
                 continue
-            stored = self.windows.get(start) or [end, [], []]
+            stored = get(start)
+            if stored is None:  # a new window: its timer (a window stays until it fires)
+                stored = [end, [], []]
+                ctx.timer_service().register_event_time_timer(to_datetime(end - 1))
             stored[side].append(value)
-            self.windows.put(start, stored)
-            ctx.timer_service().register_event_time_timer(to_datetime(end - 1))
+            put(start, stored)
             placed = True
         if not placed:
             drop_late(ctx, None, value, side)
+        elif live is not None:
+            cell_of(self.windows).replace_entries(live)
         return iter(())
 
     def on_timer(self, timestamp: datetime, ctx: Context) -> Iterator[dict[str, Any]]:

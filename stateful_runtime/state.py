@@ -201,6 +201,12 @@ class ListState(Generic[T]):
         self._cell.clear()
 
 
+def cell_of(state: ValueState | ListState | MapState) -> Any:
+    """The backend cell behind a state handle (the runtime's own operators reach it; a user's
+    function never needs to)."""
+    return state._cell
+
+
 class MapState(Generic[K, T]):
     def __init__(self, cell: Any) -> None:
         self._cell = cell

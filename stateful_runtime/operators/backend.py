@@ -42,6 +42,17 @@ class MapCell(ABC):
         """The keys of the live entries (a cell that copies values on read skips the copy)."""
         return (k for k, _ in self.entries())
 
+    def live_entries(self) -> dict[Any, Any] | None:
+        """The current key's entries as the backend's own dict, for an operator running with
+        reads shared (``KeyedOperator.share_reads``): it changes the dict in place and hands
+        it back with :meth:`replace_entries`, one call per element instead of one per entry.
+        None where entries are not kept so (TTL stamps, a transaction's copies)."""
+        return None
+
+    def replace_entries(self, entries: dict[Any, Any]) -> None:
+        """The key's entries are ``entries`` (from :meth:`live_entries`, changed)."""
+        raise NotImplementedError(f"{type(self).__name__} has no live entries")
+
     @abstractmethod
     def clear(self) -> None: ...
 

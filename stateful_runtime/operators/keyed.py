@@ -668,6 +668,13 @@ class _TxnMap(MapCell):
         self.pending.clear()
         self.cleared = True
 
+    def live_entries(self) -> dict[Any, Any] | None:
+        return None if self.txn.active else self.inner.live_entries()
+
+    def replace_entries(self, entries: dict[Any, Any]) -> None:
+        assert not self.txn.active
+        self.inner.replace_entries(entries)
+
     def apply(self) -> None:
         if self.cleared:
             self.inner.clear()

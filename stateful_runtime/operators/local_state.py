@@ -167,6 +167,12 @@ class _LocalMap(_Cell, MapCell):
     def clear(self) -> None:
         self._set({})
 
+    def live_entries(self) -> dict[Any, Any] | None:
+        return self._map() if self.ttl is None else None
+
+    def replace_entries(self, entries: dict[Any, Any]) -> None:
+        self._set(entries)
+
 
 class LocalBackend(StateBackend):
     """State and timers of one task's partition in its :class:`KeyedStore`.

@@ -35,6 +35,7 @@ from stateful_runtime.functions import (
     OutputTag,
     ProcessWindowFunction,
     TimeWindow,
+    live_entries,
     to_datetime,
 )
 from stateful_runtime.job import FAIL
@@ -44,6 +45,7 @@ from stateful_runtime.state import (
     AggregateFunction,
     MapStateDescriptor,
     ValueStateDescriptor,
+    cell_of,
     own_copy,
 )
 from stateful_runtime.windows import (
@@ -68,6 +70,11 @@ def _naive_utc(ms: int) -> datetime | None:
     if ms <= GLOBAL_START or ms >= 2**62:
         return None
     return to_datetime(ms).astimezone(UTC).replace(tzinfo=None)
+
+
+def _append(record: dict[str, Any], elements: list) -> list:
+    elements.append(record)
+    return elements
 
 
 class WindowOperator(KeyedProcessFunction):
@@ -107,8 +114,20 @@ class WindowOperator(KeyedProcessFunction):
             _ms(a.size) if isinstance(a, TumblingEventTimeWindows | SlidingEventTimeWindows) else 0
         )
         self._slide = _ms(a.slide) if isinstance(a, SlidingEventTimeWindows) else 0
+        self._sessions = isinstance(a, EventTimeSessionWindows)
         self._gap = _ms(a.gap) if isinstance(a, EventTimeSessionWindows) else 0
         self._slid: tuple[int | None, list[tuple[int, int]]] = (None, [])
+        self._slides: dict[int, list[tuple[int, int]]] = {}
+        # The trigger and the contents' add, decided once: they run per element and window.
+        self._count = trigger.count if isinstance(trigger, CountTrigger) else 0
+        self._early_firing = trigger if isinstance(trigger, EarlyFiring) else None
+        self._add: Any = (
+            _append
+            if self.window_function is not None
+            else self.aggregate_function.add
+            if self.aggregate_function is not None
+            else self._add_aggregates
+        )
 
     def open(self, ctx: Any) -> None:
         self.windows = ctx.get_map_state(MapStateDescriptor("windows", int, list))
@@ -153,11 +172,18 @@ class WindowOperator(KeyedProcessFunction):
         size, slide = self._size, self._slide
         if slide:
             last = ts - ts % slide
-            # Elements of one slide share their windows (the size is a multiple of the slide,
-            # and a key's elements come in time order more often than not): the list is made
-            # once per slide, not per element.
+            # Elements of one slide share their windows (the size is a multiple of the slide):
+            # the list is made once per slide, not per element, and kept for a few slides
+            # (elements out of order by a slide or two alternate between them).
             if last != self._slid[0]:
-                self._slid = (last, [(s, s + size) for s in range(last, last - size, -slide)])
+                windows = self._slides.get(last)
+                if windows is None:
+                    if len(self._slides) >= 64:  # disorder spans a few slides: keep a few
+                        self._slides.clear()
+                    windows = self._slides[last] = [
+                        (s, s + size) for s in range(last, last - size, -slide)
+                    ]
+                self._slid = (last, windows)
             return self._slid[1]
         if size:
             start = ts - ts % size
@@ -176,12 +202,7 @@ class WindowOperator(KeyedProcessFunction):
             return self.aggregate_function.create_accumulator()
         return {name: agg.create() for name, agg in self.aggregates.items()}
 
-    def _add(self, acc: Any, record: dict[str, Any]) -> Any:
-        if self.window_function is not None:
-            acc.append(record)
-            return acc
-        if self.aggregate_function is not None:
-            return self.aggregate_function.add(record, acc)
+    def _add_aggregates(self, record: dict[str, Any], acc: Any) -> Any:
         return {name: agg.add(acc[name], record) for name, agg in self.aggregates.items()}
 
     def _merge(self, a: Any, b: Any) -> Any:
@@ -235,35 +256,43 @@ class WindowOperator(KeyedProcessFunction):
     ) -> Iterator[dict[str, Any]]:
         op = ctx.operator
         ts, watermark = op.current_ms, op.watermark_ms
-        if isinstance(self.assigner, EventTimeSessionWindows):
-            windows = [self._merge_session(ts, ctx)]
-        else:
-            windows = self._assign(ts)
+        windows = [self._merge_session(ts, ctx)] if self._sessions else self._assign(ts)
+        # With reads shared, the key's windows are the store's own dict: changed in place and
+        # handed back once per element, not read and written once per window.
+        live = live_entries(ctx, self.windows)
+        get = self.windows.get if live is None else live.get
+        add, lateness, count = self._add, self.lateness, self._count
         for start, end in windows:
-            if end - 1 + self.lateness <= watermark and end < 2**62:
+            if end - 1 + lateness <= watermark and end < 2**62:
                 self._late(value, ctx)
                 continue
-            stored = self.windows.get(start)
+            stored = get(start)
             if stored is None:
                 stored = [end, self._empty(), 0, 0.0]
                 self._timers_for(ctx, end, register=True)
-            stored[1] = self._add(stored[1], value)
+                if live is not None:
+                    live[start] = stored
+            stored[1] = add(value, stored[1])
             stored[2] += 1
-            emit = end - 1 <= watermark  # a late firing: the window had fired already
-            emit = emit or self._early(stored)
-            if isinstance(self.trigger, CountTrigger) and stored[2] >= self.trigger.count:
+            if count and stored[2] >= count:
                 yield from self._emit(ctx, start, end, stored[1])
-                self.windows.remove(start)  # fire and purge
+                if live is None:
+                    self.windows.remove(start)  # fire and purge
+                else:
+                    del live[start]
                 continue
-            if emit:
+            # A late firing (the window had fired already), or an early one.
+            if end - 1 <= watermark or (self._early_firing is not None and self._early(stored)):
                 stored[2], stored[3] = 0, time.time()
                 yield from self._emit(ctx, start, end, stored[1])
-            self.windows.put(start, stored)
+            if live is None:  # a copy: written back (a live window is changed in place)
+                self.windows.put(start, stored)
+        if live is not None:
+            cell_of(self.windows).replace_entries(live)
 
     def _early(self, stored: list) -> bool:
-        t = self.trigger
-        if not isinstance(t, EarlyFiring):
-            return False
+        t = self._early_firing
+        assert t is not None
         if t.count and stored[2] >= t.count:
             return True
         return bool(t.interval and time.time() - stored[3] >= t.interval.total_seconds())

@@ -18,7 +18,9 @@ from pyspark.sql.types import StructType
 
 from stateful_runtime import (
     AggregateFunction,
+    CountTrigger,
     EarlyFiring,
+    GlobalWindows,
     JoinFunction,
     KeyedProcessFunction,
     SlidingEventTimeWindows,
@@ -188,14 +190,17 @@ WINDOW_OUTPUT = pa.schema(
 )  # fmt: skip
 
 
-def _window_operator(query, shared: bool) -> ArrowKeyedOperator:
-    fn = WindowOperator(
-        TumblingEventTimeWindows.of(timedelta(seconds=1)),
-        ["k"],
-        InPlaceSum(),
-        StructType(),
-        trigger=EarlyFiring.every(count=1),  # a result per element: output before a failure
-    )
+WINDOWINGS = {
+    # a result per element: output before a failure
+    "tumbling": (TumblingEventTimeWindows.of(timedelta(seconds=1)), EarlyFiring.every(count=1)),
+    "sliding": (SlidingEventTimeWindows.of(timedelta(seconds=2), timedelta(seconds=1)), None),
+    "global": (GlobalWindows.create(), CountTrigger.of(2)),  # fire and purge in the element
+}
+
+
+def _window_operator(query, shared: bool, windowing: str = "tumbling") -> ArrowKeyedOperator:
+    assigner, trigger = WINDOWINGS[windowing]
+    fn = WindowOperator(assigner, ["k"], InPlaceSum(), StructType(), trigger=trigger)
     if not shared:
         fn.writes_back_reads = False  # type: ignore[misc]
     return ArrowKeyedOperator(
@@ -219,24 +224,29 @@ def _valued(rows) -> pa.RecordBatch:
 row = st.tuples(st.sampled_from("abc"), st.sampled_from([1, 2, 13]), st.integers(0, 2_500))
 
 
+@pytest.mark.parametrize("windowing", WINDOWINGS)
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.lists(row, max_size=12), min_size=1, max_size=3))
-def test_a_window_task_with_shared_reads_equals_one_with_copies(tmp_path_factory, batches):
-    """The window operator reads its windows without a copy; a call that raised after
-    changing an accumulator in place runs the task again with copies from the batch's
-    version. Outputs (those already handed over included, once), and the state the next
-    batch finds, equal a task's that copied every read; a batch without a failure makes no
-    copy."""
+def test_a_window_task_with_shared_reads_equals_one_with_copies(
+    tmp_path_factory, windowing, batches
+):
+    """The window operator reads its windows without a copy (the key's windows changed in
+    place); a call that raised after changing an accumulator in place runs the task again
+    with copies from the batch's version. Outputs (those already handed over included,
+    once), and the state the next batch finds, equal a task's that copied every read; a
+    batch without a failure makes no copy."""
     outputs = {}
     for shared in (True, False):
         query = tmp_path_factory.mktemp("q")
-        op = _window_operator(query, shared)
+        op = _window_operator(query, shared, windowing)
         got = []
         for n, rows in enumerate([*batches, []]):
             _offsets(query, n, 10_000 if n == len(batches) else 0)  # the last closes all
             got.append([r for b in op.run(n, 0, iter([_valued(rows)])) for r in b.to_pylist()])
         outputs[shared] = got
     assert outputs[True] == outputs[False]
+    if windowing != "tumbling":
+        return
     final = {(r["k"], r["window_start"]): r["sum"] for r in outputs[True][-1]}
     expected: dict = {}
     for k, v, t in (r for rows in batches for r in rows):
