@@ -13,7 +13,9 @@ included: steadier than wall time on a shared machine):
 * ``fraud``: the seeds' FraudCounter (two ValueStates and an event-time timer a minute after
   a merchant's first payment), ``--merchants`` keys;
 * ``q5``: Nexmark q5 on the window operator (``benchmarks/jobs/q5_hot_items.py``: sliding
-  10 s windows every 2 s, an AggregateFunction keyed by channel) over bids.
+  10 s windows every 2 s, an AggregateFunction keyed by channel) over bids;
+* ``interval`` / ``temporal``: the join workloads (``benchmarks/jobs/interval_join.py``,
+  ``temporal_join.py``) on their two inputs in order of arrival, ``--events`` payments.
 
     .venv/bin/python benchmarks/keyed_local.py --events 600000 --batch 100000
     py-spy record -o /tmp/keyed.svg -- .venv/bin/python benchmarks/keyed_local.py -w dedup
@@ -24,12 +26,14 @@ Not a measure of the job: no shuffle, no JVM, no Arrow crossing; a ceiling for t
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import shutil
 import sys
 import tempfile
 import time
 import zlib
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -38,8 +42,18 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "examples")]
 
 import pyarrow as pa  # noqa: E402
 
-from benchmarks.harness.data import bid_events, parse, upi_events  # noqa: E402
+from benchmarks.harness.data import (  # noqa: E402
+    JOIN_STEP_MS,
+    START_MS,
+    bid_events,
+    jpay_events,
+    jrefunds_arrivals,
+    jtiers_arrivals,
+    parse,
+    upi_events,
+)
 from stateful_runtime.connectors.formats.json import to_struct  # noqa: E402
+from stateful_runtime.functions import CO_INPUT  # noqa: E402
 from stateful_runtime.operators.arrow_keyed import KEY_GROUP, ArrowKeyedOperator  # noqa: E402
 from stateful_runtime.operators.keyed_store import MAX_PARALLELISM  # noqa: E402
 from stateful_runtime.operators.spark import output_struct  # noqa: E402
@@ -47,14 +61,18 @@ from stateful_runtime.operators.spark import output_struct  # noqa: E402
 TS = "srt_event_ms"
 UPI = ["txn_id", "merchant_id", "amount_paise", "ts_ms"]
 BID = ["auction", "bidder", "price", "channel", "url", "ts_ms"]
+REFUND = ["refund_id", "txn_id", "refund_paise", "ts_ms"]
+TIER = ["merchant_id", "tier", "ts_ms"]
+JOINED = [*UPI, "refund_id", "refund_paise", "tier", CO_INPUT]
 
 
 def _functions(merchants: int) -> dict:
-    """workload → (function, key field, keys of the UPI stream or None: bids)."""
+    """workload → (function, key field, fields, rows: a function of the event count)."""
     sys.path.insert(0, str(ROOT / "benchmarks" / "jobs"))
     from dedup_ttl import Deduplicator
     from fraud_rate_limit import FraudCounter
     from keyed_counter import Counter
+    from merchant_tiers import PairRefund, TierAsOf
     from pyspark.sql.types import (
         LongType,
         StringType,
@@ -65,6 +83,8 @@ def _functions(merchants: int) -> dict:
     from q5_hot_items import HotItem
 
     from stateful_runtime import SlidingEventTimeWindows
+    from stateful_runtime.functions import CoInput, CoProcess
+    from stateful_runtime.joins import IntervalJoinOperator, TemporalJoinOperator
     from stateful_runtime.operators.window import WindowOperator
 
     window = SlidingEventTimeWindows.of(timedelta(seconds=10), timedelta(seconds=2))
@@ -78,18 +98,46 @@ def _functions(merchants: int) -> dict:
         ]
     )
     q5 = WindowOperator(window, ["channel"], HotItem(), out)
+    interval = CoProcess(
+        IntervalJoinOperator(PairRefund(), timedelta(0), timedelta(minutes=30)),
+        (CoInput("jpay", tuple(UPI)), CoInput("jrefunds", tuple(REFUND))),
+    )
+    temporal = CoProcess(
+        TemporalJoinOperator(TierAsOf()),
+        (CoInput("jpay", tuple(UPI)), CoInput("jtiers", tuple(TIER))),
+    )
+
+    def upi(keys: int) -> Callable[[int], list[dict]]:
+        return lambda n: parse(list(upi_events(n, 7, merchants=keys)))
+
     return {
-        "counter": (Counter(), "merchant_id", 1_000),
-        "dedup": (Deduplicator(timedelta(minutes=1)), "txn_id", 1_000),
-        "fraud": (FraudCounter(), "merchant_id", merchants),
-        "q5": (q5, "channel", None),
+        "counter": (Counter(), "merchant_id", UPI, upi(1_000)),
+        "dedup": (Deduplicator(timedelta(minutes=1)), "txn_id", UPI, upi(1_000)),
+        "fraud": (FraudCounter(), "merchant_id", UPI, upi(merchants)),
+        "q5": (q5, "channel", BID, lambda n: parse(list(bid_events(n, 7)))),
+        "interval": (interval, "txn_id", JOINED, lambda n: _two(n, jrefunds_arrivals)),
+        "temporal": (temporal, "merchant_id", JOINED, lambda n: _two(n, jtiers_arrivals)),
     }
 
 
-def _batches(events: int, batch: int, merchants: int | None, key: str) -> list[pa.RecordBatch]:
-    fields = UPI if merchants else BID
-    lines = upi_events(events, 7, merchants=merchants) if merchants else bid_events(events, 7)
-    rows = parse(list(lines))
+def _two(payments: int, second: Callable[[int, int], list[tuple[int, bytes]]]) -> list[dict]:
+    """The join workloads' payments and their second input (refunds or tier versions) in
+    order of arrival, as the connected stream's rows (every field of both, the input's tag)."""
+    seed = 14
+    first = (
+        (START_MS + i * JOIN_STEP_MS, line) for i, line in enumerate(jpay_events(payments, seed))
+    )
+    rows = []
+    for _, line in heapq.merge(first, second(payments, seed), key=lambda a: a[0]):
+        record = json.loads(line)
+        row = dict.fromkeys(JOINED)
+        row.update(record)
+        row[CO_INPUT] = 2 if "refund_id" in record or "tier" in record else 1
+        rows.append(row)
+    return rows
+
+
+def _batches(rows: list[dict], batch: int, fields: list[str], key: str) -> list[pa.RecordBatch]:
     out = []
     for lo in range(0, len(rows), batch):
         part = rows[lo : lo + batch]
@@ -111,20 +159,20 @@ def _offsets(query: Path, batch: int, watermark: int) -> None:
 
 
 def run(workload: str, events: int, batch: int, merchants: int) -> dict:
-    fn, key, keys = _functions(merchants)[workload]
-    batches = _batches(events, batch, keys, key)
+    fn, key, fields, rows = _functions(merchants)[workload]
+    batches = _batches(rows(events), batch, fields, key)
     work = Path(tempfile.mkdtemp(prefix="srt-keyed-local-"))
     query = work / "q"
     from pyspark.sql.pandas.types import to_arrow_schema
 
     output = to_arrow_schema(output_struct(to_struct(fn.output_schema)))
-    fields = UPI if keys else BID
     op = ArrowKeyedOperator(fn, workload, [key], fields, TS, output, str(query), parallelism=1)
     import stateful_runtime.operators.keyed_store as ks
 
     local = work / "local"
     ks.local_root = lambda: local  # type: ignore[assignment]
     watermark, rows, seconds, commits = 0, 0, 0.0, []
+    newest: dict[int, int] = {}
     from stateful_runtime.operators import keyed_store
 
     commit = keyed_store.KeyedStore.commit
@@ -150,7 +198,14 @@ def run(workload: str, events: int, batch: int, merchants: int) -> dict:
                 f"({arrow.num_rows / took:,.0f}/s), out {out}, commit {commits[-1]:.3f} s",
                 flush=True,
             )
-            watermark = max(watermark, max(arrow.column("ts_ms").to_pylist()) - 5_000)
+            # Each input's newest time so far; the watermark is the least of them (Spark's and
+            # Flink's rule for two inputs) less the 5 s bound.
+            inputs = arrow.column(CO_INPUT).to_pylist() if CO_INPUT in fields else None
+            for i, ts in zip(
+                inputs or [1] * arrow.num_rows, arrow.column("ts_ms").to_pylist(), strict=True
+            ):
+                newest[i] = max(newest.get(i, ts), ts)
+            watermark = max(watermark, min(newest.values()) - 5_000)
     finally:
         keyed_store.KeyedStore.commit = commit  # type: ignore[method-assign]
         shutil.rmtree(work, ignore_errors=True)

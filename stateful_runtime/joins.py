@@ -49,9 +49,8 @@ from stateful_runtime.functions import (
     live_entries,
     reject_record,
     to_datetime,
-    to_ms,
 )
-from stateful_runtime.state import MapStateDescriptor, cell_of, own_copy
+from stateful_runtime.state import MapStateDescriptor, TimeDomain, cell_of, own_copy
 from stateful_runtime.windows import SlidingEventTimeWindows, TumblingEventTimeWindows
 
 # The states of the joins (one map per input, by event time in ms): what srt explain and
@@ -197,18 +196,34 @@ class JoinOperator(KeyedCoProcessFunction):
         self.join_function.close()
 
 
+# The joins run only inside the engine's keyed operator (on Spark and in the test harness),
+# whose times they read and set in milliseconds: no datetime per element and timer.
 def _ts(ctx: Context) -> int:
-    return to_ms(ctx.timestamp())
+    """The element's (or the firing timer's) event time."""
+    return ctx.operator.current_ms  # type: ignore[attr-defined,no-any-return]
+
+
+def _watermark(ctx: Context) -> int:
+    return ctx.operator.watermark_ms  # type: ignore[attr-defined,no-any-return]
 
 
 def _late(ctx: Context) -> bool:
-    return _ts(ctx) < to_ms(ctx.current_watermark())
+    return _ts(ctx) < _watermark(ctx)
+
+
+def _timer(ctx: Context, ms: int) -> None:
+    """An event-time timer of the current key at ``ms``."""
+    ctx.operator.register_user_timer(ms, TimeDomain.EVENT_TIME)  # type: ignore[attr-defined]
 
 
 class IntervalJoinOperator(JoinOperator):
     """``left.ts + lower <= right.ts <= left.ts + upper`` (bounds in ms)."""
 
     kind = "interval join"
+    # It only ever puts new lists of records and removes them, and the user's function gets
+    # copies of the other side's records: its reads may be shared with the state (see
+    # stateful_runtime.operators.keyed).
+    writes_back_reads = True
 
     def __init__(
         self,
@@ -254,14 +269,16 @@ class IntervalJoinOperator(JoinOperator):
         # Kept while a record of the other side that is not late (at or after the
         # watermark) can still match it.
         last = ts + self.upper if left else ts - self.lower
-        ctx.timer_service().register_event_time_timer(to_datetime(last + 1))
+        _timer(ctx, last + 1)
         lo, hi = (ts + self.lower, ts + self.upper) if left else (ts - self.upper, ts - self.lower)
         out: list[dict[str, Any]] = []
         join = JoinContext(ctx)
         fn: Any = self.join_function
+        shared = ctx.operator.shared_reads  # type: ignore[attr-defined]
         for at in sorted(other.keys()):
             if lo <= at <= hi:
-                for record in other.get(at) or ():
+                for stored in other.get(at) or ():
+                    record = own_copy(stored) if shared else stored  # the function's own
                     if left:
                         join.left_ms, join.right_ms = ts, at
                         out.extend(fn.process_element(value, record, join) or ())
@@ -273,7 +290,7 @@ class IntervalJoinOperator(JoinOperator):
     def on_timer(self, timestamp: datetime, ctx: Context) -> Iterator[dict[str, Any]]:
         # One timer per (key, time): it is the end of the left records at t - upper - 1 and
         # of the right ones at t + lower - 1.
-        t = to_ms(timestamp)
+        t = _ts(ctx)
         self.left.remove(t - self.upper - 1)
         self.right.remove(t + self.lower - 1)
         return iter(())
@@ -312,7 +329,7 @@ class TemporalJoinOperator(JoinOperator):
         earliest = min(self.pending.keys(), default=None)
         self.pending.put(ts, [*(self.pending.get(ts) or []), value])
         if earliest is None or ts < earliest:
-            ctx.timer_service().register_event_time_timer(to_datetime(ts + 1))
+            _timer(ctx, ts + 1)
         return iter(())
 
     def process_element2(self, value: dict[str, Any], ctx: Context) -> Iterator[dict[str, Any]]:
@@ -322,14 +339,14 @@ class TemporalJoinOperator(JoinOperator):
         ts = _ts(ctx)
         self.versions.put(ts, value)  # of one key and time, the last read wins
         # Once the watermark passes it, the versions before it are no longer needed.
-        ctx.timer_service().register_event_time_timer(to_datetime(ts + 1))
+        _timer(ctx, ts + 1)
         return iter(())
 
     def on_timer(self, timestamp: datetime, ctx: Context) -> Iterator[dict[str, Any]]:
         # Every record before the watermark is final (a version still to come is at or after
         # it): joined now, whichever timer fired. Times first (no copy of the records), then
         # only the entries needed.
-        t = max(to_ms(timestamp), to_ms(ctx.current_watermark()))
+        t = max(_ts(ctx), _watermark(ctx))
         times = sorted(self.versions.keys())
         out: list[dict[str, Any]] = []
         join = JoinContext(ctx)
@@ -361,7 +378,7 @@ class TemporalJoinOperator(JoinOperator):
             self.versions.remove(at)
         rest = min(self.pending.keys(), default=None)
         if rest is not None:  # the key's timer, at its earliest record still pending
-            ctx.timer_service().register_event_time_timer(to_datetime(rest + 1))
+            _timer(ctx, rest + 1)
         return iter(out)
 
 
@@ -404,7 +421,7 @@ class WindowJoinOperator(JoinOperator):
         return self._add(value, ctx, 2)
 
     def _add(self, value: dict[str, Any], ctx: Context, side: int) -> Iterator[dict[str, Any]]:
-        ts, watermark = _ts(ctx), to_ms(ctx.current_watermark())
+        ts, watermark = _ts(ctx), _watermark(ctx)
         # With reads shared, the key's windows are the store's own dict (see WindowOperator).
         live = live_entries(ctx, self.windows)
         get, put = (
@@ -419,7 +436,7 @@ class WindowJoinOperator(JoinOperator):
             stored = get(start)
             if stored is None:  # a new window: its timer (a window stays until it fires)
                 stored = [end, [], []]
-                ctx.timer_service().register_event_time_timer(to_datetime(end - 1))
+                _timer(ctx, end - 1)
             stored[side].append(value)
             put(start, stored)
             placed = True
@@ -430,7 +447,7 @@ class WindowJoinOperator(JoinOperator):
         return iter(())
 
     def on_timer(self, timestamp: datetime, ctx: Context) -> Iterator[dict[str, Any]]:
-        start = to_ms(timestamp) + 1 - self.size
+        start = _ts(ctx) + 1 - self.size
         stored = self.windows.get(start)
         if stored is None:
             return iter(())

@@ -164,6 +164,11 @@ class _LocalMap(_Cell, MapCell):
             if value is not None:
                 yield k, value
 
+    def entry_keys(self) -> Iterator[Any]:
+        if self.ttl is None:  # every entry is live: no values to look at
+            return iter(list(self._map()))
+        return (k for k, _ in self.entries())
+
     def clear(self) -> None:
         self._set({})
 

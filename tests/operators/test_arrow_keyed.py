@@ -29,7 +29,7 @@ from stateful_runtime import (
 )
 from stateful_runtime.exceptions import StateError
 from stateful_runtime.functions import CO_INPUT, CoInput, CoProcess, to_datetime
-from stateful_runtime.joins import WindowJoinOperator
+from stateful_runtime.joins import IntervalJoinOperator, ProcessJoinFunction, WindowJoinOperator
 from stateful_runtime.operators import arrow_keyed, keyed
 from stateful_runtime.operators.arrow_keyed import (
     KEY_GROUP,
@@ -338,6 +338,57 @@ def test_a_window_join_task_with_shared_reads_equals_one_with_copies(tmp_path_fa
                 CO_INPUT, pa.array([i for _, i, _ in rows], pa.int64())
             )
             got.append(sorted(r["a"] * 10_000 + r["b"] for b in op.run(n, 0, iter([arrow]))
+                              for r in b.to_pylist()))  # fmt: skip
+        outputs[shared] = got
+    assert outputs[True] == outputs[False]
+
+
+class Pairs(ProcessJoinFunction):
+    """Changes both records in place and raises on a pair of 13s: each pair sees its records
+    as the join holds them, and a failed pair changes nothing."""
+
+    output_schema = {"k": str, "a": int, "b": int}
+
+    def process_element(self, left, right, ctx):
+        left["v"] += 100
+        right["v"] += 1_000
+        if left["v"] % 100 == 13 and right["v"] % 100 == 13:
+            raise OverflowError("13")
+        yield {"k": left["k"], "a": left["v"], "b": right["v"]}
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.tuples(st.sampled_from("ab"), st.integers(1, 2), st.sampled_from([1, 13]),
+                           st.integers(0, 4_000)), max_size=10),
+        min_size=1, max_size=3,
+    )
+)  # fmt: skip
+def test_an_interval_join_task_with_shared_reads_equals_one_with_copies(tmp_path_factory, batches):
+    """The interval join reads its buffers without a copy and hands its function copies of
+    the other side's records; a pair that raises runs the task again with copies: the same
+    pairs and dead letters as a task that copied each read."""
+    fields = ("k", "v", "ts")
+    outputs = {}
+    for shared in (True, False):
+        fn = CoProcess(
+            IntervalJoinOperator(Pairs(), timedelta(seconds=-1), timedelta(seconds=1)),
+            (CoInput("", fields), CoInput("", fields)),
+        )
+        if not shared:
+            fn.writes_back_reads = False
+        query = tmp_path_factory.mktemp("q")
+        op = ArrowKeyedOperator(
+            fn, "pairs", ["k"], [*fields, CO_INPUT], TS, JOIN_OUTPUT, str(query), parallelism=1
+        )
+        got = []
+        for n, rows in enumerate([*batches, []]):
+            _offsets(query, n, 10_000 if n == len(batches) else 0)
+            arrow = _valued([(k, v, t) for k, _, v, t in rows]).append_column(
+                CO_INPUT, pa.array([i for _, i, _, _ in rows], pa.int64())
+            )
+            got.append(sorted((r["a"], r["b"], r[TAG] or "") for b in op.run(n, 0, iter([arrow]))
                               for r in b.to_pylist()))  # fmt: skip
         outputs[shared] = got
     assert outputs[True] == outputs[False]
