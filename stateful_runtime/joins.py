@@ -302,6 +302,10 @@ class TemporalJoinOperator(JoinOperator):
 
     kind = "temporal join"
     calls = ("stream", "versions")
+    # It puts new lists and versions and removes them, and hands its function copies of the
+    # versions (a pending record it hands over leaves the state): its reads may be shared with
+    # the state (see stateful_runtime.operators.keyed).
+    writes_back_reads = True
 
     def __init__(self, fn: TemporalJoinFunction, late: OutputTag | None = None) -> None:
         super().__init__(fn, (late,))
@@ -326,8 +330,16 @@ class TemporalJoinOperator(JoinOperator):
         ts = _ts(ctx)
         # One timer per key, at its earliest pending record (Flink's temporal join): a timer
         # joins every record the watermark has passed. A record before the earliest gets one.
-        earliest = min(self.pending.keys(), default=None)
-        self.pending.put(ts, [*(self.pending.get(ts) or []), value])
+        # With reads shared, the key's pending records are the store's own dict.
+        live = live_entries(ctx, self.pending)
+        pending: Any = self.pending if live is None else live
+        earliest = min(pending.keys(), default=None)
+        held = [*(pending.get(ts) or []), value]
+        if live is None:
+            self.pending.put(ts, held)
+        else:
+            live[ts] = held
+            cell_of(self.pending).replace_entries(live)
         if earliest is None or ts < earliest:
             _timer(ctx, ts + 1)
         return iter(())
@@ -351,6 +363,7 @@ class TemporalJoinOperator(JoinOperator):
         out: list[dict[str, Any]] = []
         join = JoinContext(ctx)
         fn: Any = self.join_function
+        shared = ctx.operator.shared_reads  # type: ignore[attr-defined]
         read: dict[int, Any] = {}
         for at in sorted(k for k in self.pending.keys() if k < t):
             i = bisect_right(times, at) - 1
@@ -358,9 +371,11 @@ class TemporalJoinOperator(JoinOperator):
             if i >= 0:
                 join.right_ms = times[i]
                 if times[i] not in read:
-                    read[times[i]] = self.versions.get(times[i])
+                    got = self.versions.get(times[i])
+                    read[times[i]] = own_copy(got) if shared else got  # the function's own
                 version = read[times[i]]
             join.left_ms = at
+            # The records themselves (no copy): each is removed from state once joined.
             for record in self.pending.get(at) or []:
                 # Each record apart: one that raises is dead-lettered alone, and the key's
                 # other records are joined (the timer's call does not fail for it).
