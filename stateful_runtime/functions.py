@@ -234,6 +234,10 @@ class KeyedCoProcessFunction:
 # The column of a connected stream's records saying which input each came from (1 or 2). No
 # leading underscore: Spark's pandas state API renames such columns.
 CO_INPUT = "srt_co_input"
+# The column of a union's records (a query of several sources) saying which source each came
+# from (its place in the offset log), carried into the stateful operator so that each source's
+# late records are counted apart.
+UNION_INPUT = "srt_union_input"
 
 
 @dataclass(frozen=True)
@@ -545,18 +549,19 @@ def live_entries(ctx: Context, state: MapState) -> dict[Any, Any] | None:
     return cell_of(state).live_entries()
 
 
-def drop_late(
-    ctx: Context, tag: OutputTag | None, record: Mapping[str, Any], input: int | None = None
-) -> None:
+def drop_late(ctx: Context, tag: OutputTag | None, record: Mapping[str, Any]) -> None:
     """A late record of a runtime operator (a window's, a join's): to its late side output
-    ``tag``, or dropped and counted (the mark names the record's ``input`` of connected
-    streams, 1 or 2, so that each source's late records are counted apart). ``ctx`` is the
-    engine's context."""
+    ``tag``, or dropped and counted (a mark row). In a query of several sources either names
+    the record's input (:data:`UNION_INPUT`, a key the
+    side output's sink does not read), so that each source's late records are counted apart.
+    ``ctx`` is the engine's context."""
+    op: Any = ctx.operator  # type: ignore[attr-defined]
+    input = op.origin_input(record)
+    named = {} if input is None else {UNION_INPUT: input}
     if tag is not None:
-        ctx.output(tag, record)
+        ctx.output(tag, {**record, **named} if named else record)
     else:
-        mark = {} if input is None else {"input": input}
-        ctx.operator.side.append((LATE_MARK, mark))  # type: ignore[attr-defined]
+        op.side.append((LATE_MARK, named))
 
 
 def has_on_timer(fn: KeyedProcessFunction) -> bool:

@@ -173,12 +173,6 @@ class JoinOperator(KeyedCoProcessFunction):
     ) -> None:
         self.join_function = fn
         self.late_tags = tuple(t for t in late if t is not None)
-        # Each late side output's input (1 or 2), when it is one input's only.
-        self.late_inputs = {
-            t.name: k + 1
-            for k, t in enumerate(late)
-            if t is not None and self.late_tags.count(t) == 1
-        }
         self.output_schema = fn.output_schema  # type: ignore[misc]
         declared = tuple(getattr(fn, "side_outputs", ()))
         clash = [t.name for t in self.late_tags if t in declared]
@@ -261,7 +255,7 @@ class IntervalJoinOperator(JoinOperator):
 
     def _arrive(self, value: dict[str, Any], ctx: Context, *, left: bool) -> list[dict[str, Any]]:
         if _late(ctx):
-            drop_late(ctx, self.left_late if left else self.right_late, value, 1 if left else 2)
+            drop_late(ctx, self.left_late if left else self.right_late, value)
             return []
         ts = _ts(ctx)
         own, other = (self.left, self.right) if left else (self.right, self.left)
@@ -325,7 +319,7 @@ class TemporalJoinOperator(JoinOperator):
 
     def process_element1(self, value: dict[str, Any], ctx: Context) -> Iterator[dict[str, Any]]:
         if _late(ctx):
-            drop_late(ctx, self.late, value, 1)
+            drop_late(ctx, self.late, value)
             return iter(())
         ts = _ts(ctx)
         # One timer per key, at its earliest pending record (Flink's temporal join): a timer
@@ -346,7 +340,7 @@ class TemporalJoinOperator(JoinOperator):
 
     def process_element2(self, value: dict[str, Any], ctx: Context) -> Iterator[dict[str, Any]]:
         if _late(ctx):  # it would change what records already joined saw
-            drop_late(ctx, None, value, 2)
+            drop_late(ctx, None, value)
             return iter(())
         ts = _ts(ctx)
         self.versions.put(ts, value)  # of one key and time, the last read wins
@@ -456,7 +450,7 @@ class WindowJoinOperator(JoinOperator):
             put(start, stored)
             placed = True
         if not placed:
-            drop_late(ctx, None, value, side)
+            drop_late(ctx, None, value)
         elif live is not None:
             cell_of(self.windows).replace_entries(live)
         return iter(())

@@ -45,12 +45,17 @@ from stateful_runtime.exceptions import StateError
 from stateful_runtime.functions import (
     BROADCAST_KEY,
     CO_INPUT,
+    UNION_INPUT,
     BroadcastProcess,
     KeyedProcessFunction,
 )
 from stateful_runtime.job import RocksDBMemory
-from stateful_runtime.operators.isolation import ORIGIN_OFFSET, ORIGIN_PARTITION, StepGuard
-from stateful_runtime.operators.keyed import KeyedOperator, ReadsShared
+from stateful_runtime.operators.isolation import (
+    ORIGIN_OFFSET,
+    ORIGIN_PARTITION,
+    StepGuard,
+)
+from stateful_runtime.operators.keyed import KeyedOperator, Origin, ReadsShared
 from stateful_runtime.operators.keyed_store import (
     MAX_PARALLELISM,
     KeyedStore,
@@ -413,22 +418,25 @@ def _run_starts(arrow: pa.RecordBatch, columns: list[str]) -> list[int]:
 
 
 class _Origins:
-    """The source partition and offset of an element of the current key's run (rows
-    ``lo..hi`` of the sorted batch), found by the element's identity when the function raised
-    on it: nothing is done per element (the dead letter names them)."""
+    """The source partition, offset and union input of an element of the current key's run
+    (rows ``lo..hi`` of the sorted batch), found by the element's identity when the function
+    raised on it or it was late: nothing is done per element (the dead letter and the late
+    count name them)."""
 
-    __slots__ = ("hi", "lo", "offsets", "parts", "records")
+    __slots__ = ("hi", "inputs", "lo", "offsets", "parts", "records")
 
     def __init__(self, arrow: pa.RecordBatch, records: list[dict[str, Any]]) -> None:
         names = arrow.schema.names
         present = ORIGIN_PARTITION in names and ORIGIN_OFFSET in names
         self.parts = arrow.column(ORIGIN_PARTITION) if present else None
         self.offsets = arrow.column(ORIGIN_OFFSET) if present else None
+        self.inputs = arrow.column(UNION_INPUT) if UNION_INPUT in names else None
         self.records, self.lo, self.hi = records, 0, 0
 
-    def __call__(self, element: dict[str, Any]) -> tuple[int | None, int | None]:
+    def __call__(self, element: dict[str, Any]) -> Origin:
         assert self.parts is not None and self.offsets is not None
         for r in range(self.lo, self.hi):
             if self.records[r] is element:
-                return self.parts[r].as_py(), self.offsets[r].as_py()
-        return None, None
+                input = self.inputs[r].as_py() if self.inputs is not None else None
+                return self.parts[r].as_py(), self.offsets[r].as_py(), input
+        return None, None, None

@@ -75,6 +75,8 @@ from stateful_runtime.state import (
 )
 
 TIMERS_STATE = "_srt_timers"
+# An element's source partition, offset and union input (each None where unknown).
+Origin = tuple[int | None, int | None, int | None]
 
 
 class ReadsShared(Exception):  # noqa: N818 (control flow between the engine and its driver)
@@ -101,11 +103,12 @@ class KeyedOperator:
         self.guard = (
             guard if guard is not None else StepGuard(type(fn).__name__, "?", ErrorPolicy(), None)
         )
-        # The source partition and offset of the element being processed (the Spark adapter
-        # sets it as it hands each element over; None in the harness), or a lookup of an
-        # element's, asked only when one is isolated (the Arrow path: nothing per element).
-        self.origin: tuple[int | None, int | None] = (None, None)
-        self.origin_of: Callable[[dict[str, Any]], tuple[int | None, int | None]] | None = None
+        # The source partition and offset of the element being processed and its union input
+        # (the Spark adapter sets it as it hands each element over; None in the harness), or
+        # a lookup of an element's, asked only when one is isolated or late (the Arrow path:
+        # nothing per element).
+        self.origin: Origin = (None, None, None)
+        self.origin_of: Callable[[dict[str, Any]], Origin] | None = None
         self._txn = _Txn(self)
         self.shared_reads = False
         self.domain: TimeDomain = fn.time_domain
@@ -425,7 +428,9 @@ class KeyedOperator:
     def _isolate(self, exc: Exception, element: dict[str, Any] | None, ts: int | None) -> None:
         key = self.current_key[0] if len(self.current_key) == 1 else self.current_key
         if element is not None:
-            partition, offset = self.origin if self.origin_of is None else self.origin_of(element)
+            partition, offset, _ = (
+                self.origin if self.origin_of is None else self.origin_of(element)
+            )
             what = getattr(self.fn, "element_call", "process_element")
             record: object = element
         else:
@@ -440,6 +445,10 @@ class KeyedOperator:
             offset,
             exc,
         )
+
+    def origin_input(self, element: dict[str, Any]) -> int | None:
+        """The input of a union ``element`` came from (None outside a union)."""
+        return (self.origin if self.origin_of is None else self.origin_of(element))[2]
 
     def reject_record(self, record: dict[str, Any], exc: Exception, call: str) -> None:
         """Isolate one record a runtime operator handed to a user function inside its own

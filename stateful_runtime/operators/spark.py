@@ -35,9 +35,13 @@ from pyspark.sql.streaming.stateful_processor_util import (
 from pyspark.sql.types import StringType, StructField, StructType
 
 from stateful_runtime._process import freeze_worker_heap
-from stateful_runtime.functions import KeyedProcessFunction
+from stateful_runtime.functions import UNION_INPUT, KeyedProcessFunction
 from stateful_runtime.operators.backend import MapCell, StateBackend, ValueCell
-from stateful_runtime.operators.isolation import ORIGIN_OFFSET, ORIGIN_PARTITION, StepGuard
+from stateful_runtime.operators.isolation import (
+    ORIGIN_OFFSET,
+    ORIGIN_PARTITION,
+    StepGuard,
+)
 from stateful_runtime.operators.keyed import KeyedOperator
 
 if TYPE_CHECKING:
@@ -272,15 +276,18 @@ class SparkKeyedProcessor(StatefulProcessor):
             at = [names.index(f) for f in fields]
             ts = names.index(TS)
             # The element's source partition and offset, for the dead letter of an element the
-            # function raises on (set as each element is handed over: the operator is lazy).
+            # function raises on, and its union input, for a late one's count (set as each
+            # element is handed over: the operator is lazy).
             part = names.index(ORIGIN_PARTITION) if ORIGIN_PARTITION in names else None
             off = names.index(ORIGIN_OFFSET) if ORIGIN_OFFSET in names else None
+            union = names.index(UNION_INPUT) if UNION_INPUT in names else None
             nan = [i for i, dtype in enumerate(pdf.dtypes) if dtype.kind == "f"]
             for row in pdf.to_numpy(dtype=object).tolist():
                 for i in nan:  # pandas turns a null in a numeric column into NaN
                     row[i] = _clean(row[i])
                 if op is not None and part is not None and off is not None:
-                    op.origin = (_whole(row[part]), _whole(row[off]))
+                    input = _whole(row[union]) if union is not None else None
+                    op.origin = (_whole(row[part]), _whole(row[off]), input)
                 yield row[ts], {f: row[i] for f, i in zip(fields, at, strict=True)}
 
     def handleExpiredTimer(

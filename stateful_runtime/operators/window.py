@@ -30,11 +30,11 @@ from pyspark.sql.types import StructType
 from stateful_runtime.aggregates import Aggregate
 from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.functions import (
-    LATE_MARK,
     KeyedProcessFunction,
     OutputTag,
     ProcessWindowFunction,
     TimeWindow,
+    drop_late,
     live_entries,
     to_datetime,
 )
@@ -315,12 +315,9 @@ class WindowOperator(KeyedProcessFunction):
         return start, end
 
     def _late(self, value: dict[str, Any], ctx: OperatorContext) -> None:
-        if self.late_tag is not None:
-            ctx.output(self.late_tag, value)
-        else:
+        if self.late_tag is None:
             self.late_dropped.update((self.late_dropped.value() or 0) + 1)
-            # An empty side row no sink reads: the job's accounting counts it as late.
-            ctx.operator.side.append((LATE_MARK, {}))
+        drop_late(ctx, self.late_tag, value)  # the job's accounting counts it as late
 
     # ------------------------------------------------------------------ timers fire
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from stateful_runtime.connectors.alignment import LATE_BEFORE
 from stateful_runtime.connectors.base import ERROR, OFFSET, PARTITION, RAW
 from stateful_runtime.exceptions import ConfigError, PlanError
-from stateful_runtime.functions import LATE_MARK
+from stateful_runtime.functions import LATE_MARK, UNION_INPUT
 from stateful_runtime.joins import JoinOperator
 from stateful_runtime.operators.isolation import (
     ORIGIN_COLUMNS,
@@ -82,9 +82,6 @@ SIDE_COLUMN = "_side"  # and its SIDE
 # reads: per source, records read and rejected; per window operator, records that came late.
 SOURCE_METRICS = "srt_source"
 LATE_METRICS = "srt_late"
-# A union's records carry the index of their input (its place in the offset log) until the
-# stateful operator, so a native window counts each input's late records apart.
-UNION_INPUT = "srt_union_input"
 
 
 def build(
@@ -174,7 +171,6 @@ def _steps(
         elif isinstance(node, NativeWindowNode):
             df = _window_aggregate(df, node, query)
         elif isinstance(node, ProcessNode):
-            df = df.drop(UNION_INPUT)
             if query.state_backend == "rocksdb_local":
                 df = _process_local(df, node, query, checkpoint)
             else:
@@ -364,7 +360,7 @@ def _process(df: DataFrame, node: ProcessNode, query: QueryPlan) -> DataFrame:
 
     fn = node.function
     main = to_struct(fn.output_schema)
-    fields = [c for c in df.columns if c not in (EVENT_TIME, *ORIGIN_COLUMNS)]
+    fields = [c for c in df.columns if c not in (EVENT_TIME, *ORIGIN_COLUMNS, UNION_INPUT)]
     hidden = [c for c in fields if c.startswith("_")]
     if hidden:
         raise PlanError(
@@ -436,7 +432,7 @@ def _process_local(
     _refuse_other_backend(checkpoint, node, "rocksdb_local")
     parallelism = query.parallelism
     keys = list(node.parent.keys)
-    fields = [c for c in df.columns if c not in (EVENT_TIME, *ORIGIN_COLUMNS)]
+    fields = [c for c in df.columns if c not in (EVENT_TIME, *ORIGIN_COLUMNS, UNION_INPUT)]
     out_struct = output_struct(to_struct(fn.output_schema))
     df = df.withColumn(TS, F.unix_millis(EVENT_TIME))
     df = df.withColumn(KEY_GROUP, F.pmod(F.hash(*keys), F.lit(MAX_PARALLELISM)))
@@ -481,8 +477,8 @@ def _process_local(
 
 def _observe_late(out: DataFrame, fn: Any, tag_column: str, query: QueryPlan) -> DataFrame:
     """A window's or join's late records (to a late side output, or dropped: a marker row)
-    counted as the batch's late records; a join's also per source (``late:<source>``), where
-    one source is the whole of its input."""
+    counted as the batch's late records; in a query of several sources also per source
+    (``late:<source>``), by the input each late row names (:data:`UNION_INPUT`)."""
     from pyspark.sql import functions as F
 
     join = getattr(fn, "connected", None)
@@ -492,25 +488,17 @@ def _observe_late(out: DataFrame, fn: Any, tag_column: str, query: QueryPlan) ->
         tags = list(join.late_tags)
     else:
         return out
-    tag = F.col(tag_column)
-    late = [t.name for t in tags] + [LATE_MARK]
-    counts = [F.sum(F.when(tag.isin(late), 1).otherwise(0)).alias("late")]
-    if isinstance(join, JoinOperator):
-        marked = F.get_json_object(F.col(SIDE_COLUMN), "$.input").cast("int")
-        for source, k in _co_input_sources(query).items():
-            tagged = [name for name, input in join.late_inputs.items() if input == k]
-            of_k = ((tag == LATE_MARK) & (marked == k)) | tag.isin(tagged)
-            counts.append(F.sum(F.when(of_k, 1).otherwise(0)).alias(f"late:{source}"))
+    is_late = F.col(tag_column).isin([t.name for t in tags] + [LATE_MARK])
+    counts = [F.sum(F.when(is_late, 1).otherwise(0)).alias("late")]
+    if query.union:
+        source = F.get_json_object(F.col(SIDE_COLUMN), f"$.{UNION_INPUT}").cast("int")
+        counts += [
+            F.sum(F.when(is_late & (source == i.index), 1).otherwise(0)).alias(
+                f"late:{i.source.name}"
+            )
+            for i in query.inputs
+        ]
     return out.observe(LATE_METRICS, *counts)
-
-
-def _co_input_sources(query: QueryPlan) -> dict[str, int]:
-    """Each source that is alone in its input of connected streams, and that input (1, 2)."""
-    inputs = {
-        i.source.name: n.input for i in query.inputs for n in i.nodes if isinstance(n, CoInputNode)
-    }
-    taken = list(inputs.values())
-    return {s: k for s, k in inputs.items() if taken.count(k) == 1}
 
 
 def _broadcast_copies(df: DataFrame, parallelism: int) -> DataFrame:
