@@ -421,9 +421,11 @@ class _Origins:
     """The source partition, offset and union input of an element of the current key's run
     (rows ``lo..hi`` of the sorted batch), found by the element's identity when the function
     raised on it or it was late: nothing is done per element (the dead letter and the late
-    count name them)."""
+    count name them). The element asked for is the one being processed, so the search starts
+    where the last one was found: a run's lookups cost one pass over it, however many of its
+    elements are late."""
 
-    __slots__ = ("hi", "inputs", "lo", "offsets", "parts", "records")
+    __slots__ = ("at", "hi", "inputs", "lo", "offsets", "parts", "records")
 
     def __init__(self, arrow: pa.RecordBatch, records: list[dict[str, Any]]) -> None:
         names = arrow.schema.names
@@ -431,12 +433,15 @@ class _Origins:
         self.parts = arrow.column(ORIGIN_PARTITION) if present else None
         self.offsets = arrow.column(ORIGIN_OFFSET) if present else None
         self.inputs = arrow.column(UNION_INPUT) if UNION_INPUT in names else None
-        self.records, self.lo, self.hi = records, 0, 0
+        self.records, self.lo, self.hi, self.at = records, 0, 0, 0
 
     def __call__(self, element: dict[str, Any]) -> Origin:
         assert self.parts is not None and self.offsets is not None
-        for r in range(self.lo, self.hi):
-            if self.records[r] is element:
+        lo, hi, records = self.lo, self.hi, self.records
+        at = self.at if lo <= self.at < hi else lo
+        for r in itertools.chain(range(at, hi), range(lo, at)):
+            if records[r] is element:
+                self.at = r
                 input = self.inputs[r].as_py() if self.inputs is not None else None
                 return self.parts[r].as_py(), self.offsets[r].as_py(), input
         return None, None, None

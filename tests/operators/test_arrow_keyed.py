@@ -28,7 +28,7 @@ from stateful_runtime import (
     ValueStateDescriptor,
 )
 from stateful_runtime.exceptions import StateError
-from stateful_runtime.functions import CO_INPUT, CoInput, CoProcess, to_datetime
+from stateful_runtime.functions import CO_INPUT, UNION_INPUT, CoInput, CoProcess, to_datetime
 from stateful_runtime.joins import (
     IntervalJoinOperator,
     ProcessJoinFunction,
@@ -46,6 +46,7 @@ from stateful_runtime.operators.arrow_keyed import (
     spark_hash_int,
     store_dir,
 )
+from stateful_runtime.operators.isolation import ORIGIN_OFFSET, ORIGIN_PARTITION
 from stateful_runtime.operators.keyed_store import (
     MAX_PARALLELISM,
     KeyedStore,
@@ -421,3 +422,34 @@ def test_a_join_task_with_shared_reads_equals_one_with_copies(tmp_path_factory, 
             got.append(sorted(json.dumps(r, sort_keys=True, default=str) for r in out))
         outputs[shared] = got
     assert outputs[True] == outputs[False]
+
+
+class _Counted(list):
+    looked = 0
+
+    def __getitem__(self, i):
+        type(self).looked += 1
+        return super().__getitem__(i)
+
+
+def test_an_elements_origin_is_found_in_one_pass_over_its_run():
+    """A late element's input (and a rejected one's partition and offset) is looked up by the
+    element's identity in its key's run: asked in order, as the operator asks, every element
+    of a run costs one pass over it, not one each (a run of late records would be quadratic)."""
+    n = 1_000
+    records = _Counted({"v": i} for i in range(n))
+    arrow = pa.record_batch(
+        {
+            "v": list(range(n)),
+            ORIGIN_PARTITION: pa.array([i % 3 for i in range(n)], pa.int32()),
+            ORIGIN_OFFSET: pa.array(range(100, 100 + n), pa.int64()),
+            UNION_INPUT: pa.array([i % 2 for i in range(n)], pa.int32()),
+        }
+    )
+    origins = arrow_keyed._Origins(arrow, records)
+    origins.lo, origins.hi = 0, n
+    _Counted.looked = 0
+    assert [origins(records[i]) for i in range(n)] == [(i % 3, 100 + i, i % 2) for i in range(n)]
+    assert _Counted.looked <= 3 * n  # the asks' own n, and one pass
+    assert origins(records[5]) == (2, 105, 1)  # out of order: found all the same
+    assert origins({"v": 5}) == (None, None, None)  # not of the run
