@@ -417,7 +417,9 @@ def _path(nodes: tuple[PlannedNode, ...], backend: str) -> tuple[QueryPath, str]
                 return QueryPath.PROCESS, (
                     f"{node.function.connected.kind} on connected streams: the two inputs as "
                     "one (tagged, keyed), each side buffered in keyed map state by event time "
-                    "and cleaned by event-time timers as the watermark passes"
+                    "and cleaned by event-time timers as the watermark passes; not Spark's "
+                    "own stream-stream join, which has no late side output and counts late "
+                    "rows per operator, not per source"
                 )
             if isinstance(node.function, CoProcess):
                 return QueryPath.PROCESS, (

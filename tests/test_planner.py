@@ -94,3 +94,12 @@ def test_explain_names_the_state_backend_and_its_memory_settings(tmp_path):
         "state.rocksdb.block_cache_mb=32, state.rocksdb.write_buffer_mb=8, "
         "state.rocksdb.write_buffers=3: at most 56 MiB per worker)"
     ) in text
+
+
+def test_the_joins_run_on_the_runtimes_operators_and_say_why_not_sparks_join(tmp_path):
+    job = load_job_file(EXAMPLES / "merchant_tiers.py", {"source.log_dir": str(tmp_path)}).job
+    joins = {q.name: q for q in plan(job).queries if "join on connected streams" in q.reason}
+    assert len(joins) == 3  # the temporal, interval and window joins
+    for q in joins.values():
+        assert q.path == "process"
+        assert "not Spark's own stream-stream join" in q.reason and "late side output" in q.reason
