@@ -287,9 +287,8 @@ class RecordCounts:
         output: records into the job's operators or sinks.
         dead_letters: records rejected to the dead-letter topic.
         late: records behind the watermark.
-        by_source: a union's counts per input (its sources' own dead letters; the records
-            the steps after the union rejected are in the totals only; late records per
-            input where the native window counts them, else in the totals only).
+        by_source: a union's counts per input (its sources' own dead letters and late
+            records; the records the steps after the union rejected are in the totals only).
     """
 
     source: str

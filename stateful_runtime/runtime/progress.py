@@ -77,7 +77,7 @@ class Records:
     ``late`` where the window drops them (Spark's native window, or the window operator).
 
     A union's query counts each input apart too (``by_source``, from the observed metric
-    ``srt_source:<source>`` and the native window's ``late:<source>``); the totals hold them
+    ``srt_source:<source>`` and the stateful operator's ``late:<source>``); the totals hold them
     all, and the records its steps rejected."""
 
     input: int = 0
