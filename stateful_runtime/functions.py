@@ -552,9 +552,8 @@ def live_entries(ctx: Context, state: MapState) -> dict[Any, Any] | None:
 def drop_late(ctx: Context, tag: OutputTag | None, record: Mapping[str, Any]) -> None:
     """A late record of a runtime operator (a window's, a join's): to its late side output
     ``tag``, or dropped and counted (a mark row). In a query of several sources either names
-    the record's input (:data:`UNION_INPUT`, a key the
-    side output's sink does not read), so that each source's late records are counted apart.
-    ``ctx`` is the engine's context."""
+    the record's input (:data:`UNION_INPUT`, a key the side output's sink does not read), so
+    that each source's late records are counted apart. ``ctx`` is the engine's context."""
     op: Any = ctx.operator  # type: ignore[attr-defined]
     input = op.origin_input(record)
     named = {} if input is None else {UNION_INPUT: input}
