@@ -217,3 +217,30 @@ def test_the_rocksdb_memory_settings_bound_the_cache_and_memtables(tmp_path):
     assert 0 < keyed_store._CACHES[3 << 20].get_usage() <= 3 << 20
     newest = max((tmp_path / "local" / "db").glob("OPTIONS-*"), key=lambda p: p.stat().st_mtime)
     assert "write_buffer_size=1048576" in newest.read_text()
+
+
+def test_index_and_filters_are_partitioned_so_a_lookup_reads_kilobytes(tmp_path):
+    """A key the store has not got (every new key of a deduplication) is answered by a
+    filter. Whole, a file's filter is megabytes, more than a cache shard holds, so each lookup
+    read and parsed it again; the files the store writes carry partitioned index and filters."""
+    from rocksdict import Options, Rdict
+
+    store = _store(tmp_path)
+    keys = [keyed_store.group_prefix(g % 128) + b"k%07d" % g for g in range(60_000)]
+    _run(store, 0, dict.fromkeys(keys, b"v" * 100))  # flushed to SST files at close
+    options = next((tmp_path / "a" / "db").glob("OPTIONS-*")).read_text()
+    assert "index_type=kTwoLevelIndexSearch" in options
+    assert "partition_filters=true" in options
+    db = Rdict(str(tmp_path / "a" / "db"), options=Options(raw_mode=True))
+    try:
+        tables = db.property_value("rocksdb.aggregated-table-properties") or ""
+    finally:
+        db.close()
+    partitions = int(tables.split("# index partitions=")[1].split(";")[0])
+    assert partitions > 1, tables
+    store.open(1)
+    try:
+        assert store.get(keys[123]) == b"v" * 100
+        assert store.get(keyed_store.group_prefix(3) + b"missing") is None
+    finally:
+        store.close()
