@@ -506,6 +506,26 @@ def write_snapshot(aside: Path, checkpoint: Path, version: int, token: str, reta
     shutil.rmtree(aside, ignore_errors=True)
 
 
+def _writer_main(argv: list[str]) -> int:
+    """A snapshot writer's process: one line on stderr (the job's log) when it fails, which
+    costs no data: the version's delta is durable, and a rebuild reads the deltas after the
+    last snapshot written (more of them while snapshots fail; nothing is cleaned either)."""
+    aside, checkpoint, version, token, retain = argv
+    try:
+        write_snapshot(Path(aside), Path(checkpoint), int(version), token, int(retain))
+    except Exception as exc:
+        shutil.rmtree(aside, ignore_errors=True)
+        print(
+            f"srt: the snapshot of state partition {checkpoint} at version {version} was not "
+            f"written ({type(exc).__name__}: {exc}); the job goes on from the deltas, which a "
+            f"restart rebuilds from, more slowly while snapshots fail and the files grow: free "
+            f"space or grant write access under the checkpoint directory",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
+    return 0
+
+
 if __name__ == "__main__":  # a snapshot writer: aside, checkpoint, version, token, retain
-    aside_, checkpoint_, version_, token_, retain_ = sys.argv[1:]
-    write_snapshot(Path(aside_), Path(checkpoint_), int(version_), token_, int(retain_))
+    sys.exit(_writer_main(sys.argv[1:]))

@@ -123,6 +123,27 @@ def test_a_snapshot_is_written_aside_while_the_task_goes_on(tmp_path, monkeypatc
     assert not list((tmp_path / "a").glob("snapshot-*"))
 
 
+def test_a_snapshot_writer_that_fails_says_so_in_a_line_and_loses_nothing(
+    tmp_path, monkeypatch, capfd
+):
+    """A writer that cannot write its snapshot (a full disk, no access) ends with one line in
+    the job's log saying what to do; the task's commit has returned, the version's delta
+    rebuilds it, and the copy's checkpoint the writer worked from is removed."""
+    monkeypatch.setattr(keyed_store, "SNAPSHOT_EVERY", 2)
+    s = _store(tmp_path)
+    _run(s, 0, {b"\x00\x01k": b"1"})
+    (tmp_path / "ck" / "2.snapshot" / "in-the-way").mkdir(parents=True)  # the rename fails
+    _run(s, 1, {b"\x00\x02k": b"2"})
+    (writer,) = keyed_store._writers[str(s.checkpoint)]
+    s.wait_snapshots()
+    assert writer.returncode == 1
+    err = capfd.readouterr().err
+    assert "snapshot of state partition" in err and "at version 2 was not written" in err
+    assert "Traceback" not in err
+    assert not list((tmp_path / "a").glob("snapshot-*"))
+    assert _contents(_store(tmp_path, "b"), 2) == {b"\x00\x01k": b"1", b"\x00\x02k": b"2"}
+
+
 def test_an_abandoned_snapshot_checkpoint_is_removed_and_a_busy_one_kept(tmp_path):
     """A writer killed half way leaves the copy's checkpoint it worked from: the next open
     removes it when nobody holds its lock, and leaves a writer at work alone."""
