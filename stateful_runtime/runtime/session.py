@@ -253,8 +253,8 @@ def spark_conf(parallelism: int, master: str, *, job_log: bool = False) -> dict[
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         # Rows go to a Python worker in Arrow batches of at most maxRecordsPerBatch rows. A byte
         # bound as well makes Spark measure the batch's buffers after every row it appends
-        # (ArrowWriter.sizeInBytes: every vector's buffers, per row): a fifth of the executor's
-        # CPU in a keyed job's operator stage (JFR). Int.MaxValue is Spark's "no byte bound".
+        # (ArrowWriter.sizeInBytes: every vector's buffers, per row): 18% of the executor task
+        # threads' samples in a keyed counter job (JFR). Int.MaxValue is Spark's "no bound".
         "spark.sql.execution.arrow.maxBytesPerBatch": str(2**31 - 1),
         "spark.driver.host": "127.0.0.1",
         "spark.driver.bindAddress": "127.0.0.1",

@@ -35,3 +35,11 @@ def test_a_local_master_retries_a_failed_task_as_a_cluster_does():
     assert with_task_retries("local[2,1]") == "local[2,1]"  # the user's own count
     assert with_task_retries("spark://127.0.0.1:7077") == "spark://127.0.0.1:7077"
     assert spark_conf(2, "local[2]")["spark.master"] == f"local[2,{n}]"
+
+
+def test_arrow_batches_to_python_workers_have_no_byte_bound(spark):
+    # With a byte bound Spark sizes every vector's buffers after each row it appends to a batch
+    # for a Python worker (ArrowWriter.sizeInBytes, 18% of a keyed job's task threads): the
+    # session runs with Spark's "no bound", and rows per batch stay bounded.
+    assert spark.conf.get("spark.sql.execution.arrow.maxBytesPerBatch") == str(2**31 - 1)
+    assert int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")) > 0
