@@ -23,7 +23,8 @@ writes ``<V>.snapshot`` from it, drops the files no retained version needs and r
 directory; the task goes on. Written inside the commit, the snapshot of 5M keys held a task
 for 6 s every 20 batches (``benchmarks/keyed_churn.py``). Until it is written a rebuild reads
 the snapshot before and more deltas; a writer that dies leaves the deltas, which is all a
-rebuild needs, and a directory whose lock nobody holds, which the next open removes.
+rebuild needs, and a directory whose lock nobody holds, which the next open removes. A writer
+that fails (a full disk, no access) says so in one line of the job's log and removes it.
 
 The local copy. A task opens a local RocksDB (``<local root>/<digest of the checkpoint
 directory>/``) under an exclusive file lock (two attempts of one partition never open one store
