@@ -337,15 +337,18 @@ def _checks(dev: DagsterDev, key: str) -> dict[str, str | None]:
 HEALTH_CHECKS = ("running", "checkpoint_age", "lag", "no_crash_restart", "dead_letters")
 
 
-def _evaluations(dev: DagsterDev, check: str, limit: int = 20) -> list[dict[str, Any]]:
-    """The job asset's health check's evaluations, newest first (the sensor's are runless)."""
+def _evaluations(
+    dev: DagsterDev, check: str, limit: int = 20, asset: str = JOB_ASSET
+) -> list[dict[str, Any]]:
+    """A check's evaluations, newest first: by default the job asset's health check's (the
+    sensor's are runless)."""
     query = """
     query($key: AssetKeyInput!, $name: String!, $limit: Int!) {
       assetCheckExecutions(assetKey: $key, checkName: $name, limit: $limit) {
         timestamp status evaluation { success severity description }
       }
     }"""
-    variables = {"key": {"path": [JOB_ASSET]}, "name": check, "limit": limit}
+    variables = {"key": {"path": [asset]}, "name": check, "limit": limit}
     found = dev.graphql(query, variables)["assetCheckExecutions"]
     return [e for e in found if e.get("evaluation")]
 
@@ -622,8 +625,10 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
         )
         assert all(s == "SUCCEEDED" for s in model_checks.values()), model_checks
         # dbt's tests of its source are the table's checks, reported as such by the dbt run.
-        source_checks = _checks(dev, SINK_ASSET)
-        assert source_checks.get("upi_counts_unique_key") == "SUCCEEDED", source_checks
+        # Their latest evaluation: the stream goes on materialising the table, and its newest
+        # materialisation may have no execution of the check yet.
+        source_test = _evaluations(dev, "upi_counts_unique_key", 1, SINK_ASSET)
+        assert source_test and source_test[0]["status"] == "SUCCEEDED", source_test
         assert "instead of an `AssetCheckResult`" not in dev.log.read_text(errors="replace")
         page.goto(f"{dev.url}/assets/{MODEL_ASSET}?view=checks")
         expect(page.get_by_text("merchant_day_unique_key").first).to_be_visible()
