@@ -496,15 +496,18 @@ def clean(checkpoint: Path, version: int, retain: int) -> None:
 
 def write_snapshot(aside: Path, checkpoint: Path, version: int, token: str, retain: int) -> None:
     """A snapshot writer's work: ``<version>.snapshot`` from the copy's checkpoint in
-    ``aside``, the files no retained version needs dropped, ``aside`` removed."""
-    opts = Options(raw_mode=True)
-    db = Rdict(str(aside / "db"), options=opts, access_type=AccessType.read_only())
+    ``aside``, the files no retained version needs dropped; ``aside`` removed whether or not
+    that succeeded."""
     try:
-        files.write(checkpoint, version, _SNAPSHOT, token, _rows_of(db))
+        opts = Options(raw_mode=True)
+        db = Rdict(str(aside / "db"), options=opts, access_type=AccessType.read_only())
+        try:
+            files.write(checkpoint, version, _SNAPSHOT, token, _rows_of(db))
+        finally:
+            db.close()
+        clean(checkpoint, version, retain)
     finally:
-        db.close()
-    clean(checkpoint, version, retain)
-    shutil.rmtree(aside, ignore_errors=True)
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def _writer_main(argv: list[str]) -> int:
@@ -515,7 +518,6 @@ def _writer_main(argv: list[str]) -> int:
     try:
         write_snapshot(Path(aside), Path(checkpoint), int(version), token, int(retain))
     except Exception as exc:
-        shutil.rmtree(aside, ignore_errors=True)
         print(
             f"srt: the snapshot of state partition {checkpoint} at version {version} was not "
             f"written ({type(exc).__name__}: {exc}); the job goes on from the deltas, which a "
