@@ -528,6 +528,18 @@ def function_name(fn: object) -> str:
     return type(getattr(inner, "join_function", inner)).__name__
 
 
+def defines_on_timer(fn: object) -> bool:
+    """Whether a timer of ``fn`` can emit or change anything: the user's class (a co-process
+    function's, not its adapter's) defines ``on_timer``. A function that inherits the API's
+    empty one has only the runtime's timers (event-time TTL's cleanup, whose reads check
+    expiry), which may wait for the next batch."""
+    inner: Any = fn.connected if isinstance(fn, CoProcess) else fn
+    for api in (KeyedProcessFunction, KeyedCoProcessFunction, KeyedBroadcastProcessFunction):
+        if isinstance(inner, api):
+            return type(inner).on_timer is not api.on_timer
+    return True
+
+
 # Side-output tag of the marker row a dropped late record leaves (counted as late by the job's
 # accounting, never written).
 LATE_MARK = "_srt_late"

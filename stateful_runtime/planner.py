@@ -47,11 +47,18 @@ from typing import TYPE_CHECKING
 from stateful_runtime.checkpoints.layout import CheckpointLayout
 from stateful_runtime.connectors.dead_letters import DeadLetters, StepDeadLetters
 from stateful_runtime.exceptions import PlanError
-from stateful_runtime.functions import BroadcastProcess, CoProcess, OutputTag, function_name
+from stateful_runtime.functions import (
+    BroadcastProcess,
+    CoProcess,
+    OutputTag,
+    defines_on_timer,
+    function_name,
+)
 from stateful_runtime.job import ErrorPolicy, RocksDBMemory
 from stateful_runtime.joins import JoinOperator
 from stateful_runtime.operators.keyed import describe_states
 from stateful_runtime.operators.window import WindowOperator
+from stateful_runtime.state import TimeDomain
 from stateful_runtime.streams import (
     KeyByNode,
     MapNode,
@@ -216,6 +223,22 @@ class QueryPlan:
     # False for a checkpoint written before the runtime kept each input's watermark with the
     # batch (runtime/input_watermarks.py): the query runs as it was written
     input_watermarks: bool = True
+    # True for a checkpoint written when every process function on rocksdb_local carried the
+    # watermark's branch (watermark_carrier): the query runs as it was written
+    watermark_carrier_kept: bool = False
+
+    @property
+    def watermark_carrier(self) -> bool:
+        """Whether the query carries the branch that makes Spark run a batch when the
+        watermark moved (``runtime/dataframes.py``): a process function on ``rocksdb_local``
+        in event time whose timers can emit (:func:`~stateful_runtime.functions.
+        defines_on_timer`), or a checkpoint written with it."""
+        proc = self.process
+        if self.state_backend != "rocksdb_local" or proc is None:
+            return False
+        fn = proc.function
+        timers = fn.time_domain is TimeDomain.EVENT_TIME and defines_on_timer(fn)
+        return timers or self.watermark_carrier_kept
 
     @property
     def source(self) -> SourceNode:

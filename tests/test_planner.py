@@ -103,3 +103,29 @@ def test_the_joins_run_on_the_runtimes_operators_and_say_why_not_sparks_join(tmp
     for q in joins.values():
         assert q.path == "process"
         assert "not Spark's own stream-stream join" in q.reason and "late side output" in q.reason
+
+
+def test_only_functions_whose_timers_can_emit_carry_the_watermark_on_local_state(tmp_path):
+    """On ``rocksdb_local`` a query carries the branch that makes Spark run batches for the
+    watermark alone (it re-reads each batch's shuffle) only when its function's timers can
+    emit: an ``on_timer`` of the user's own, the window operator's, the joins'."""
+    expected = {
+        "deduplicate_payments.py": {"deduplicator": False},  # event-time TTL only
+        "fraud_rules.py": {"fraud-rules": False},  # broadcast state, no timers
+        "fraud_rate_limit.py": {"fraud-counter": True},
+        "payment_refunds.py": {"match-refunds": True},  # a co-process function's on_timer
+        "merchant_tiers.py": {
+            "tier-as-of": True,
+            "refunds-within-30m": True,
+            "refunds-same-hour": True,
+        },
+    }
+    for example, carriers in expected.items():
+        settings = {"source.log_dir": str(tmp_path), "state.backend": "rocksdb_local"}
+        queries = {q.name: q for q in plan(load_job_file(EXAMPLES / example, settings).job).queries}
+        assert {q: queries[q].watermark_carrier for q in carriers} == carriers, example
+        spark_state = load_job_file(EXAMPLES / example, {"source.log_dir": str(tmp_path)}).job
+        assert not any(q.watermark_carrier for q in plan(spark_state).queries)
+    window = windowed_job(tmp_path)  # a native window: Spark's own operator asks for batches
+    window.state_backend = "rocksdb_local"
+    assert not plan(window).queries[0].watermark_carrier

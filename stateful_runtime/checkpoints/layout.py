@@ -425,10 +425,16 @@ class QueryLayout:
             "sources": [json.loads(s) if s.startswith("{") else s for s in lines[2:]],
         }
 
+    @property
+    def holds_state(self) -> bool:
+        """Whether the query keeps state: in Spark's state store, or keyed in the worker (a
+        query of ``rocksdb_local`` may have no Spark operator at all)."""
+        return self.state.is_dir() or self.keyed.is_dir()
+
     def state_partitions(self, batch: int) -> int | None:
         """Number of state partitions the query ran with at ``batch`` (Spark's shuffle
         partitions, fixed in the offset log), or None for a query without state."""
-        if not self.state.is_dir():
+        if not self.holds_state:
             return None
         conf = _batch_metadata(self._offset_lines(batch)).get("conf", {})
         n = conf.get("spark.sql.shuffle.partitions")
@@ -436,7 +442,10 @@ class QueryLayout:
 
     # -- the state store -------------------------------------------------------------------
     def operators(self) -> list[Path]:
-        """The state directory of each stateful operator (``state/<operator>``), sorted."""
+        """The state directory of each of Spark's stateful operators (``state/<operator>``),
+        sorted."""
+        if not self.state.is_dir():
+            return []
         return sorted(p for p in self.state.iterdir() if p.is_dir())
 
     def operator_metadata(self, operator: Path) -> list[Path]:
@@ -487,7 +496,7 @@ class QueryLayout:
             if p.is_file() and not p.name.startswith(".")
         ]
         partitions = self.state_partitions(batch) or 0
-        for op in sorted(self.state.iterdir()) if self.state.is_dir() else []:
+        for op in self.operators():
             for meta in (_META_DIR, _STATE_SCHEMA):
                 files += _numbered_upto(op / meta, batch)
             for part in self.partitions(op, partitions):
@@ -516,6 +525,24 @@ class QueryLayout:
                 if crc_sidecar(p).exists():
                     out.append(crc_sidecar(p))
         return out
+
+    def log_repartition(self, batch: int, partitions: int) -> None:
+        """Log batch ``batch + 1`` as Spark's checkpoint repartition does, for a query with no
+        stateful operator of Spark's (whose repartition refuses it): the offsets of committed
+        ``batch`` with ``partitions`` state partitions and no new input, committed with the
+        same watermark. The offsets first, each file whole: a crash between the two leaves a
+        planned batch of no input, which the restart runs."""
+        lines = self._offset_lines(batch)
+        meta = _batch_metadata(lines)
+        meta["conf"] = {**meta.get("conf", {}), "spark.sql.shuffle.partitions": str(partitions)}
+        entry = [lines[0], json.dumps(meta, separators=(",", ":")), *lines[2:]]
+        for path, text in (
+            (self.offsets(batch + 1), "\n".join(entry)),
+            (self.commit(batch + 1), self.commit(batch).read_text()),
+        ):
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(text)
+            os.replace(tmp, path)
 
     def _offset_lines(self, batch: int) -> list[str]:
         return self.offsets(batch).read_text().splitlines()

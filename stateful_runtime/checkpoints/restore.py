@@ -473,7 +473,9 @@ def rescale(
 
     Spark fixes the count in a checkpoint's offset log; only a restore may change it (Flink's
     rule: rescale through a savepoint). Spark's checkpoint repartition writes one extra batch
-    holding the redistributed state and no input. Keyed state (``keyed/``, of
+    holding the redistributed state and no input (logged the same way by the runtime for a
+    query whose only state is keyed, :meth:`~stateful_runtime.checkpoints.layout.QueryLayout.
+    log_repartition`). Keyed state (``keyed/``, of
     ``state.backend=rocksdb_local``) is redistributed by key-group range into that batch's
     version (:func:`~stateful_runtime.checkpoints.keyed.rescale`: staged before, published
     once Spark committed the batch); its partitioning is
@@ -509,7 +511,10 @@ def rescale(
         # The repartition's batch (batch + 1) leaves state version batch + 2.
         staged = keyed.rescale(query.root, current, parallelism, batch + 1, batch + 2)
         try:
-            spark._streamingCheckpointManager.repartition(str(query.root), parallelism)
+            if query.operators():
+                spark._streamingCheckpointManager.repartition(str(query.root), parallelism)
+            else:  # keyed state alone: no operator of Spark's to repartition
+                query.log_repartition(batch, parallelism)
         except BaseException:
             keyed.discard(staged)
             raise

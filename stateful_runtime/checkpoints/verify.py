@@ -230,7 +230,7 @@ def verify(
         _check(q, q.offsets(batch + 1), "offsets", batch + 1, out)
     elif batch >= 1:
         _check(q, q.offsets(batch - 1), "offsets", batch - 1, out)
-    if batch < 0 or not q.state.is_dir():
+    if batch < 0 or not q.holds_state:
         return out
     # The partition count is in every offsets file; a damaged newest one has older neighbours.
     partitions = None

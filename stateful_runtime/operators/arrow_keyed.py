@@ -17,12 +17,15 @@ sends to the partition owning that group's range, repartitions, and calls
    per key over its records, fires timers its elements registered that are already due, and
    commits the batch's changes as the next version.
 
-Spark runs a batch without data only for its own stateful operators; the plan carries one that
-holds nothing (see :func:`stateful_runtime.runtime.dataframes._process`), so a watermark that
-advanced without new data still fires event-time timers, and an ``--available-now`` run ends
-with the timers due at its final watermark fired. A processing-time function's query also reads
-a source whose offset moves when one of its timers is due (:mod:`.ticks`): each task records
-its partition's earliest timer after its commit.
+Spark runs a batch without data only for its own stateful operators; the plan of a function
+whose timers can emit carries one that holds nothing (see
+:func:`stateful_runtime.runtime.dataframes._process_local`), so a watermark that advanced
+without new data still fires its event-time timers, and an ``--available-now`` run ends with
+the timers due at its final watermark fired. A function without an ``on_timer`` of its own
+has only event-time TTL's cleanup timers, which wait for the next batch (reads check
+expiry). A processing-time function's query also reads a source whose offset moves when one
+of its timers is due (:mod:`.ticks`): each task records its partition's earliest timer after
+its commit.
 """
 
 from __future__ import annotations

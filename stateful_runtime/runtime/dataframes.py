@@ -54,6 +54,7 @@ from stateful_runtime.windows import (
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 EVENT_TIME = "_event_time"
 SKIP_STEP = "skip"  # the step srt run --skip adds (dead letters name it)
@@ -407,12 +408,12 @@ def _process_local(
     ArrowKeyedOperator` over whole Arrow batches (see that module).
 
     Spark runs a batch without new data only when a stateful operator of its own asks for
-    one (its watermark advanced), and ``mapInArrow`` is none. So the query carries a
-    deduplication that never sees a row (a filter no row passes, on the same shuffle: the
-    source is read once) and is unioned into the output: it makes Spark run a batch whenever
-    the watermark moved, in which the operator fires its due event-time timers. Behind the
-    shared shuffle Spark's per-operator watermark propagation cannot see the source's
-    watermark, so such a query runs with one global watermark
+    one (its watermark advanced), and ``mapInArrow`` is none. So the query of an event-time
+    function with timers of its own (``QueryPlan.watermark_carrier``) carries a deduplication
+    that never sees a row (:func:`_watermark_carrier`), unioned into the output: it makes
+    Spark run a batch whenever the watermark moved, in which the operator fires its due
+    event-time timers. Behind the shared shuffle Spark's per-operator watermark propagation
+    cannot see the source's watermark, so such a query runs with one global watermark
     (:data:`SINGLE_WATERMARK`, set by the runner while it starts the query)."""
     from pyspark.sql import functions as F
 
@@ -456,23 +457,33 @@ def _process_local(
         query.rocksdb,
     )
     out = shuffled.mapInArrow(operator, out_struct)
-    # The condition reads every column, so the optimizer cannot prune the branch's input:
-    # both branches then share one shuffle (ReusedExchange), and the source is read once.
-    # Deduplicating by the route (the shuffle's own key and partition count) needs no exchange
-    # of its own: the branch runs in the operator's stage, not in a stage between.
-    task = F.spark_partition_id()  # non-deterministic: the optimizer moves none of it
-    never = (task < 0) & (F.hash(task, *shuffled.columns) == 1)
-    ticks = (
-        shuffled.filter(never)
-        .dropDuplicatesWithinWatermark([ROUTE])
-        .select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in out_struct.fields])
-    )
-    out = out.unionByName(ticks)
+    if query.watermark_carrier:
+        out = out.unionByName(_watermark_carrier(shuffled, out_struct))
     if fn.time_domain is TimeDomain.PROCESSING_TIME and checkpoint is not None:
         out = out.unionByName(
             _timer_ticks(df.sparkSession, checkpoint, node.name, parallelism, out)
         )
     return _observe_late(out, fn, TAG_COLUMN, query)
+
+
+def _watermark_carrier(shuffled: DataFrame, like: StructType) -> DataFrame:
+    """No rows, through a deduplication of Spark's: Spark runs a batch whenever the watermark
+    moved. Its filter passes no row and reads every column, so the optimizer cannot prune the
+    branch's input: both branches share one shuffle (ReusedExchange) and the source is read
+    once. Deduplicating by the route (the shuffle's own key and partition count) needs no
+    exchange of its own: the branch runs in the operator's stage. It still reads the whole
+    shuffle a second time, which is why only functions whose timers can emit carry it."""
+    from pyspark.sql import functions as F
+
+    from stateful_runtime.operators.arrow_keyed import ROUTE
+
+    task = F.spark_partition_id()  # non-deterministic: the optimizer moves none of it
+    never = (task < 0) & (F.hash(task, *shuffled.columns) == 1)
+    return (
+        shuffled.filter(never)
+        .dropDuplicatesWithinWatermark([ROUTE])
+        .select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in like.fields])
+    )
 
 
 def _observe_late(out: DataFrame, fn: Any, tag_column: str, query: QueryPlan) -> DataFrame:

@@ -201,17 +201,19 @@ def savepoint_root(job: Any) -> str:
 
 
 def _offset_lines(q: QueryPlan) -> int:
-    """The lines of source offsets Spark logs per batch of ``q``: one per input, except that a
-    process function on ``state.backend=rocksdb_local`` reads each input twice in its plan (the
-    branch that makes Spark run batches without data shares the shuffle, not the source
-    relation) and, in processing time, also reads its timer ticks; a query of several inputs
-    with a stateful step also reads the source that starts a run's batches
-    (:mod:`stateful_runtime.runtime.input_watermarks`)."""
+    """The lines of source offsets Spark logs per batch of ``q``: one per input, except that
+    the branch that makes Spark run batches for the watermark (``q.watermark_carrier``) reads
+    each input again (it shares the shuffle, not the source relation), a process function
+    on ``state.backend=rocksdb_local`` in processing time also reads its timer ticks, and a
+    query of several inputs with a stateful step also reads the source that starts a run's
+    batches (:mod:`stateful_runtime.runtime.input_watermarks`)."""
     fn = q.process.function if q.process is not None else None
-    resume = int(resumes(q))
-    if q.state_backend != "rocksdb_local" or fn is None:
-        return len(q.inputs) + resume
-    return 2 * len(q.inputs) + (fn.time_domain is TimeDomain.PROCESSING_TIME) + resume
+    ticks = (
+        q.state_backend == "rocksdb_local"
+        and fn is not None
+        and fn.time_domain is TimeDomain.PROCESSING_TIME
+    )
+    return len(q.inputs) * (1 + q.watermark_carrier) + ticks + resumes(q)
 
 
 class JobRunner:
@@ -689,10 +691,16 @@ class JobRunner:
             if committed is None or q.name in named:
                 continue
             lines = len(committed["sources"])
-            if resumes(q) and lines == _offset_lines(q) - 1:
-                # Written before each input's watermark was kept: it runs on as it was written
-                # (Spark refuses a source added to a checkpoint).
-                self.plan.queries[n] = replace(q, input_watermarks=False)
+            # Written before each input's watermark was kept, or while every process function
+            # on rocksdb_local carried the watermark's branch: it runs on as it was written
+            # (Spark refuses a source added to or removed from a checkpoint).
+            written = [q, replace(q, watermark_carrier_kept=True)]
+            if resumes(q):
+                written += [replace(w, input_watermarks=False) for w in written]
+            same = next((w for w in written if _offset_lines(w) == lines), None)
+            if same is not None:
+                self.plan.queries[n] = same
+            if same is not None and not same.input_watermarks:
                 self.console.say(
                     f"query {q.name}: its checkpoint was written before srt kept each input's "
                     f"watermark with the batch, so it runs as before: after a restart, an "
@@ -700,7 +708,7 @@ class JobRunner:
                     f"restart found it. A new checkpoint directory (its inputs read again from "
                     f"their start) keeps each input's watermark."
                 )
-            elif lines != _offset_lines(q):
+            elif same is None:
                 changed.append(
                     f"query {q.name}: its checkpoint holds the offsets of {lines} source(s), "
                     f"the job reads {len(q.inputs)} ({', '.join(q.source_names)}) — a union's "

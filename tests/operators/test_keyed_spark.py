@@ -6,14 +6,16 @@ come back from the checkpoint and every timer fires exactly once.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from collections import defaultdict
 
 import pytest
 
+from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.connectors.eventlog import EventLog
-from tests.helpers import append_lines
+from tests.helpers import EXAMPLES, append_lines
 from tests.operators.helpers import crash_before_commit, run, table
 
 pytestmark = pytest.mark.slow
@@ -103,27 +105,17 @@ def test_fraud_counter_resets_per_minute_across_a_restart(spark, tmp_path, log, 
     assert got == expected and len(expected) > 10
 
 
-@pytest.mark.parametrize("state_backend", ["spark"])
-def test_deduplicator_with_event_time_ttl(spark, tmp_path, log, state_backend):
+def _dedup_lines() -> list[bytes]:
     rng = random.Random(5)
     lines = []
     for i in range(3_000):
         ts = T0 + i * 60_000  # 50 hours of event time
         txn = f"t{rng.randint(0, 400)}"  # ids repeat within and beyond 24 h
         lines.append(payment(i, f"M{i % 7}", ts, txn=txn))
-    append_lines(log, lines[:1_500])
-    run(
-        "deduplicate_payments.py",
-        tmp_path,
-        **{"source.max_records_per_batch": 500, "state.backend": state_backend},
-    )
-    append_lines(log, lines[1_500:])
-    run(
-        "deduplicate_payments.py",
-        tmp_path,
-        **{"source.max_records_per_batch": 500, "state.backend": state_backend},
-    )
+    return lines
 
+
+def _assert_deduplicated(log, lines: list[bytes]) -> None:
     expected, stamped = [], {}
     for line in lines:
         e = json.loads(line)
@@ -140,6 +132,78 @@ def test_deduplicator_with_event_time_ttl(spark, tmp_path, log, state_backend):
     key = lambda e: (e["txn_id"], e["ts_ms"])  # noqa: E731
     assert sorted(got, key=key) == sorted(expected, key=key)
     assert len(expected) < len(lines)
+
+
+@pytest.mark.parametrize("state_backend", ["spark"])
+def test_deduplicator_with_event_time_ttl(spark, tmp_path, log, state_backend):
+    lines = _dedup_lines()
+    for part in (lines[:1_500], lines[1_500:]):
+        append_lines(log, part)
+        run(
+            "deduplicate_payments.py",
+            tmp_path,
+            **{"source.max_records_per_batch": 500, "state.backend": state_backend},
+        )
+    _assert_deduplicated(log, lines)
+
+
+def test_a_function_without_on_timer_runs_no_batch_for_the_watermark_alone(spark, tmp_path, log):
+    """On the worker's keyed state, only a function whose timers can emit makes Spark run
+    batches without data (the watermark carrier, a deduplication of Spark's that re-reads
+    the batch's shuffle). The Deduplicator's TTL timers may wait for the next batch: its
+    reads check expiry. A job first run with an ``on_timer`` keeps its carrier's state, and
+    its checkpoint goes on without it once ``on_timer`` is removed."""
+    lines = _dedup_lines()
+    source = (EXAMPLES / "deduplicate_payments.py").read_text()
+    with_timer = tmp_path / "deduplicate_with_timer.py"
+    with_timer.write_text(
+        source.replace(
+            "    def process_element(self, payment, ctx):",
+            "    def on_timer(self, timestamp, ctx):\n        return iter(())\n\n"
+            "    def process_element(self, payment, ctx):",
+        )
+    )
+    settings = {
+        "source.max_records_per_batch": 500,
+        "state.backend": "rocksdb_local",
+        "checkpoint.dir": str(tmp_path / "ck"),
+    }
+    query = QueryLayout(tmp_path / "ck" / "deduplicator")
+    append_lines(log, lines[:1_000])
+    run(str(with_timer), tmp_path, **settings)
+    assert _carriers(query) == 1
+    assert _batches_without_data(query) >= 1  # the run ends with the final watermark's
+    append_lines(log, lines[1_000:2_000])
+    run("deduplicate_payments.py", tmp_path, **settings)
+    _assert_deduplicated(log, lines[:2_000])
+
+    # A job that never had an on_timer: no carrier, and no batch but for data, restarted.
+    fresh = tmp_path / "fresh"
+    EventLog(fresh / "log").create_topic("upi-payments", 1)
+    for part in (lines[:1_500], lines[1_500:]):
+        append_lines(fresh / "log", part)
+        run("deduplicate_payments.py", fresh, **{**settings, "checkpoint.dir": fresh / "ck"})
+    _assert_deduplicated(fresh / "log", lines)
+    query = QueryLayout(fresh / "ck" / "deduplicator")
+    assert _carriers(query) == 0 and _batches_without_data(query) == 0
+    assert len(query.committed_batches()) == 6  # 3,000 records, 500 a batch
+
+
+def _carriers(query: QueryLayout) -> int:
+    """The query's state operators that are Spark deduplications: the watermark carrier."""
+    if not query.state.is_dir():
+        return 0
+    return sum(
+        '"dedupeWithinWatermark"' in meta.read_text()
+        for operator in query.operators()
+        for meta in query.operator_metadata(operator)
+    )
+
+
+def _batches_without_data(query: QueryLayout) -> int:
+    batches = query.committed_batches()
+    sources = [query.committed_offsets(b)["sources"] for b in batches]
+    return sum(now == before for before, now in itertools.pairwise(sources))
 
 
 @pytest.mark.parametrize("state_backend", ["spark"])
