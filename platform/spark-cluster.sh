@@ -66,8 +66,10 @@ pid_of() {  # pid_of master|worker -> the pid if that daemon is alive, else noth
     pid="$(<"$file")"
     [[ "$pid" =~ ^[0-9]+$ ]] || return 0
     # Alive, not a zombie, and still our JVM (not an unrelated process that reused the pid).
+    # -ww: the whole command line, whatever COLUMNS says (pytest-xdist's workers set it, and
+    # the class name comes after a long classpath).
     if [[ "$(ps -o stat= -p "$pid" 2>/dev/null)" =~ ^[^Z] ]] \
-        && ps -o args= -p "$pid" 2>/dev/null | grep -qF -- "${CLASS[$1]}"; then
+        && ps -ww -o args= -p "$pid" 2>/dev/null | grep -qF -- "${CLASS[$1]}"; then
         echo "$pid"
     fi
 }

@@ -45,6 +45,8 @@ from upi_events import events
 
 from tests.helpers import ROOT, VENV_BIN, append_lines
 
+pytestmark = pytest.mark.slow
+
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = ROOT / "tests" / "artifacts"
 JOB_ASSET = "upi_per_minute"
