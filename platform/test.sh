@@ -11,6 +11,5 @@ platform/bootstrap.sh dev
 .venv/bin/mypy
 export SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON="$PWD/.venv/bin/python"
 # Two workers (pytest-xdist), each test file on one of them: the suite's tests wait on JVMs,
-# brokers and servers a good part of their time, so two of them keep both cores busy. Files are
-# handed out in the order tests/conftest.py gives them (the longest first), not by test count.
-exec .venv/bin/python -m pytest -ra --durations=25 -n 2 --dist loadfile --no-loadscope-reorder "$@"
+# brokers and servers a good part of their time, so two of them keep both cores busy.
+exec .venv/bin/python -m pytest -ra --durations=25 -n 2 --dist loadfile "$@"
