@@ -46,19 +46,6 @@ from tests.helpers import (  # noqa: E402  (after the assert-rewrite registratio
 )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest files first (fault trials, then the other end-to-end tests), each file's
-    tests together and in their order (its module fixtures start once): the suite's two
-    workers (platform/test.sh) take the minutes-long files at the start, and the short ones
-    fill in at the end."""
-    order = {"faults": 0, "slow": 1, "cluster": 1, "airflow": 1}
-    files: dict[Path, int] = {}
-    for item in items:
-        rank = min((order.get(m.name, 2) for m in item.iter_markers()), default=2)
-        files[item.path] = min(rank, files.get(item.path, rank))
-    items.sort(key=lambda item: files[item.path])  # stable: a file's tests stay together
-
-
 @pytest.fixture(scope="session")
 def srt_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     home = tmp_path_factory.mktemp("srt-home")
