@@ -43,6 +43,7 @@ from tests.helpers import (  # noqa: E402  (after the assert-rewrite registratio
     env_file,
     free_port,
     pg_binary,
+    require,
 )
 
 
@@ -159,12 +160,11 @@ def pg_dsn(postgres: PostgresServer, request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="session")
 def clickhouse(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClickHouseServer]:
-    """One ClickHouse server for the session (installed by platform/install-clickhouse.sh);
+    """One ClickHouse server for the session (installed by platform/install-services.sh);
     each test takes a database of its own."""
     import shutil
 
-    if not shutil.which("clickhouse-server"):
-        pytest.skip("clickhouse-server is not installed: run platform/install-clickhouse.sh")
+    require(shutil.which("clickhouse-server"), "clickhouse-server", "platform/install-services.sh")
     server = ClickHouseServer(
         tmp_path_factory.mktemp("clickhouse"), free_port(), free_port(), free_port()
     )

@@ -15,7 +15,8 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,40 @@ sys.path.insert(0, str(EXAMPLES))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+def require(available: object, what: str, how: str) -> None:
+    """A service, tool or privilege the test needs. Under CI (``CI=true``) its absence fails the
+    test, naming what is missing: a green run must have checked what it claims. Elsewhere the
+    test skips, saying what to do."""
+    if available:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{what} is missing, and under CI the suite needs it: {how}", pytrace=False)
+    pytest.skip(f"{what} is missing: {how}")
+
+
+@contextmanager
+def small_tmpfs(mnt: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted at the new directory ``mnt`` (root with CAP_SYS_ADMIN), for
+    the disk-full trials; unmounted afterwards."""
+    mnt.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+    )
+    require(
+        done.returncode == 0,
+        "a tmpfs mount",
+        f"{(done.stderr or done.stdout).strip()}; the disk-full trials need root with "
+        "CAP_SYS_ADMIN",
+    )
+    try:
+        yield mnt
+    finally:
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def srt(
@@ -281,8 +316,10 @@ def pg_binary(name: str) -> str:
     found = shutil.which(name) or next(
         iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)), None
     )
-    if not found:
-        pytest.skip(f"PostgreSQL's {name} is not installed (Debian: postgresql)")
+    require(
+        found, f"PostgreSQL's {name}", "platform/install-services.sh installs Debian's postgresql"
+    )
+    assert found
     return found
 
 

@@ -43,7 +43,7 @@ from typing import Any
 import pytest
 from upi_events import events
 
-from tests.helpers import ROOT, VENV_BIN, append_lines
+from tests.helpers import ROOT, VENV_BIN, append_lines, require
 
 pytestmark = pytest.mark.slow
 
@@ -481,8 +481,7 @@ def quiet(page: Any) -> None:
 def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
     from playwright.sync_api import expect, sync_playwright
 
-    if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} is missing: platform/install-chromium.sh installs it")
+    require(CHROMIUM.exists(), str(CHROMIUM), "platform/install-services.sh installs it")
     dev = dagster_dev
     ARTIFACTS.mkdir(exist_ok=True)
     for old in ARTIFACTS.glob("ui-*.png"):

@@ -10,7 +10,6 @@ table equals the oracle of everything fed, each dead letter published once.
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +30,7 @@ from tests.faults.harness import (
     log_lines,
     sink_batch,
 )
-from tests.helpers import kill_group, srt, srt_background, wait_for_commit
+from tests.helpers import kill_group, small_tmpfs, srt, srt_background, wait_for_commit
 
 pytestmark = pytest.mark.faults
 
@@ -44,23 +43,8 @@ NO_SPACE = "No space left on device"
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 32 MB tmpfs at a fresh directory (far more than the checkpoint needs: the test fills
     it on purpose)."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(
-            f"cannot mount a tmpfs here ({(done.stderr or done.stdout).strip()}): the "
-            f"disk-full trial needs root with CAP_SYS_ADMIN"
-        )
-    try:
+    with small_tmpfs(tmp_path / "disk", "32m") as mnt:
         yield mnt
-    finally:
-        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def _fill(mnt: Path) -> int:

@@ -31,7 +31,7 @@ from stateful_runtime.connectors.eventlog.ingest import (
 from stateful_runtime.connectors.eventlog.store import TopicWriter
 from stateful_runtime.connectors.formats.json import MAX_DEPTH, MAX_RECORD_BYTES, parse_record
 from stateful_runtime.exceptions import AppendIncompleteError, LogError, LogWriteError
-from tests.helpers import VENV_BIN, poll, srt
+from tests.helpers import VENV_BIN, poll, small_tmpfs, srt
 
 DEEP = b'{"k":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
 LONG = b'{"k":"' + b"x" * (2 * MAX_LINE_BYTES) + b'"}'
@@ -461,19 +461,9 @@ def test_cli_append_retry_of_the_same_file_does_not_duplicate(tmp_path, srt_env)
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MB tmpfs (root with CAP_SYS_ADMIN; skipped with the reason otherwise)."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({(done.stderr or done.stdout).strip()})")
-    try:
+    """A 2 MB tmpfs."""
+    with small_tmpfs(tmp_path / "disk", "2m") as mnt:
         yield mnt
-    finally:
-        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def test_cli_append_on_a_full_disk_says_where_to_resume_and_the_retry_completes_once(

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# The JVM artifacts the project uses, from Maven Central, pinned with their checksums in
+# platform/jvm-artifacts.lock: every jar of a set (transitive ones included) as
+# "SET GROUP:ARTIFACT:VERSION SHA256".
+#
+#   platform/jvm-artifacts.sh [SET...]   put each set's jars in .venv/share/stateful-runtime/jars/SET
+#                                        (platform/bootstrap.sh runs it for every set). Jars already
+#                                        there with their pinned checksum are kept: no network and
+#                                        no Maven after the first run. A jar whose checksum differs
+#                                        from the lock is refused, never used.
+#   platform/jvm-artifacts.sh lock SET GROUP:ARTIFACT:VERSION...
+#                                        re-pin SET: resolve these coordinates with their runtime
+#                                        dependencies and write every jar's checksum into the lock
+#                                        (a maintainer's step when a version moves; commit the lock).
+#
+# Sets: kafka = Apache Kafka's broker (KRaft), started by the tests' fixtures and by
+# platform/kafka-broker.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+lock=platform/jvm-artifacts.lock
+jars_root=$PWD/.venv/share/stateful-runtime/jars
+# Maven's own plugin, pinned too; no colours or transfer progress in the bootstrap's output.
+dep=org.apache.maven.plugins:maven-dependency-plugin:3.8.1
+# Maven's output (Debian's prints colour codes even when quiet) is shown only when it fails.
+run_mvn() {
+  local log rc=0
+  log=$(mktemp)
+  mvn -q -B --no-transfer-progress "$@" >"$log" 2>&1 || rc=$?
+  [ $rc -eq 0 ] || sed 's/\x1b\[[0-9;]*m//g' "$log" | tail -40 >&2
+  rm -f "$log"
+  return $rc
+}
+
+die() { echo "jvm-artifacts: $*" >&2; exit 1; }
+command -v mvn >/dev/null || die "Maven (mvn) is not on PATH; e.g. apt-get install maven"
+
+# A pom whose dependencies are the given coordinates. With "exact", each one alone (no
+# transitive resolution: the lock already lists every jar of the set).
+pom() {
+  local mode=$1; shift
+  echo '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>'
+  echo '<groupId>srt.local</groupId><artifactId>jvm-artifacts</artifactId><version>0</version>'
+  echo '<dependencies>'
+  local c g a v
+  for c in "$@"; do
+    IFS=: read -r g a v <<<"$c"
+    echo "<dependency><groupId>$g</groupId><artifactId>$a</artifactId><version>$v</version>"
+    [ "$mode" = exact ] && echo '<exclusions><exclusion><groupId>*</groupId><artifactId>*</artifactId></exclusion></exclusions>'
+    echo '</dependency>'
+  done
+  echo '</dependencies></project>'
+}
+
+jar_name() { local g a v; IFS=: read -r g a v <<<"$1"; echo "$g.$a-$v.jar"; }
+
+if [ "${1:-}" = lock ]; then
+  [ $# -ge 3 ] || die "usage: platform/jvm-artifacts.sh lock SET GROUP:ARTIFACT:VERSION..."
+  set_name=$2; shift 2
+  work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+  pom transitive "$@" >"$work/pom.xml"
+  run_mvn -f "$work/pom.xml" "$dep:copy-dependencies" -Dmdep.prependGroupId=true \
+    -DincludeScope=runtime -DoutputDirectory="$work/jars" \
+    || die "Maven could not resolve $* (see above)"
+  run_mvn -f "$work/pom.xml" "$dep:list" -DincludeScope=runtime \
+    -DoutputFile="$work/list.txt" -DoutputAbsoluteArtifactFilename=false >/dev/null
+  new=$(mktemp)
+  grep -v "^$set_name " "$lock" 2>/dev/null >"$new" || true
+  # "$dep:list" lines: "   group:artifact:jar:version:scope" (a classifier adds a field).
+  grep -E '^ +[^ :]+:[^ :]+:jar:' "$work/list.txt" | awk '{print $1}' | while IFS=: read -r g a _ v _; do
+    sum=$(sha256sum "$work/jars/$g.$a-$v.jar" | cut -d' ' -f1)
+    echo "$set_name $g:$a:$v $sum"
+  done | sort >>"$new"
+  { echo "# SET GROUP:ARTIFACT:VERSION SHA256 (written by platform/jvm-artifacts.sh lock; do not edit)"
+    grep -v '^#' "$new" | sort; } >"$lock"
+  rm -f "$new"
+  echo "jvm-artifacts: pinned $(grep -c "^$set_name " "$lock") jars of set $set_name in $lock"
+  exit 0
+fi
+
+[ -f "$lock" ] || die "$lock is missing"
+sets=("$@")
+[ ${#sets[@]} -gt 0 ] || mapfile -t sets < <(grep -v '^#' "$lock" | cut -d' ' -f1 | sort -u)
+for set_name in "${sets[@]}"; do
+  dir="$jars_root/$set_name"
+  mapfile -t entries < <(grep "^$set_name " "$lock" | cut -d' ' -f2-)
+  [ ${#entries[@]} -gt 0 ] || die "no set '$set_name' in $lock"
+  missing=()
+  for e in "${entries[@]}"; do
+    coord=${e% *} sum=${e#* }
+    f="$dir/$(jar_name "$coord")"
+    [ -f "$f" ] && [ "$(sha256sum "$f" | cut -d' ' -f1)" = "$sum" ] && continue
+    rm -f "$f"
+    missing+=("$coord")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "jvm-artifacts: resolving ${#missing[@]} jars of set $set_name from Maven Central"
+    work=$(mktemp -d)
+    pom exact "${missing[@]}" >"$work/pom.xml"
+    mkdir -p "$dir"
+    run_mvn -f "$work/pom.xml" "$dep:copy-dependencies" -Dmdep.prependGroupId=true \
+      -DexcludeTransitive=true -DoutputDirectory="$dir" \
+      || { rm -rf "$work"; die "Maven could not fetch the jars of set $set_name (see above)"; }
+    rm -rf "$work"
+    for e in "${entries[@]}"; do
+      coord=${e% *} sum=${e#* }
+      f="$dir/$(jar_name "$coord")"
+      got=$(sha256sum "$f" | cut -d' ' -f1)
+      if [ "$got" != "$sum" ]; then
+        rm -f "$f"
+        die "$coord: checksum $got is not the pinned $sum; the jar was removed. Clear it from" \
+          "~/.m2/repository and run again; if Maven Central serves it so, re-pin with" \
+          "'platform/jvm-artifacts.sh lock'"
+      fi
+    done
+  fi
+  # Only the pinned jars are on the set's classpath (a re-pin leaves no older version behind).
+  for f in "$dir"/*.jar; do
+    keep=no
+    for e in "${entries[@]}"; do [ "$f" = "$dir/$(jar_name "${e% *}")" ] && keep=yes; done
+    [ $keep = yes ] || rm -f "$f"
+  done
+done
