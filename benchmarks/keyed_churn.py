@@ -65,6 +65,7 @@ def main() -> None:
             store.open(version)
             rows = {_row(i): os.urandom(a.value_bytes) for i in range(lo, min(a.keys, lo + a.fill))}
             version = store.commit(rows)
+            store.publish()
             store.close()
         store.wait_snapshots()
         state = sum(f.stat().st_size for f in (local / "db").glob("*.sst"))
@@ -77,6 +78,7 @@ def main() -> None:
             t = time.perf_counter()
             version = store.commit(rows)
             took = time.perf_counter() - t
+            store.publish()
             store.close()
             commits.append(took)
             print(f"version {version}: commit {took:.3f} s", flush=True)

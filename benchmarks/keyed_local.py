@@ -54,9 +54,10 @@ from benchmarks.harness.data import (  # noqa: E402
 )
 from stateful_runtime.connectors.formats.json import to_struct  # noqa: E402
 from stateful_runtime.functions import CO_INPUT  # noqa: E402
-from stateful_runtime.operators.arrow_keyed import KEY_GROUP, ArrowKeyedOperator  # noqa: E402
+from stateful_runtime.operators.arrow_keyed import KEY_GROUP, SIDE, ArrowKeyedOperator  # noqa: E402
 from stateful_runtime.operators.keyed_store import MAX_PARALLELISM  # noqa: E402
 from stateful_runtime.operators.spark import output_struct  # noqa: E402
+from stateful_runtime.runtime.batch_writes import record_keyed_commits  # noqa: E402
 
 TS = "srt_event_ms"
 UPI = ["txn_id", "merchant_id", "amount_paise", "ts_ms"]
@@ -189,8 +190,12 @@ def run(workload: str, events: int, batch: int, merchants: int) -> dict:
         for n, arrow in enumerate(batches):
             _offsets(query, n, watermark)
             t = time.process_time()
-            out = sum(b.num_rows for b in op.run(n, 0, iter([arrow])))
+            out_batches = list(op.run(n, 0, iter([arrow])))
             took = time.process_time() - t
+            # The last row is the task's commit row: recorded as the driver records it.
+            commit_row = out_batches[-1].column(SIDE)[-1].as_py()
+            record_keyed_commits(query / "keyed" / op.name, n, 1, [commit_row])
+            out = sum(b.num_rows for b in out_batches) - 1
             if n:
                 rows, seconds = rows + arrow.num_rows, seconds + took
             print(

@@ -161,6 +161,7 @@ def store_child(setting: str, keys: int, batch: int, work: str) -> None:
             assert store.get(group_prefix(i % 128) + i.to_bytes(8, "big")) is not None
         written = min(keys, written + batch)
         store.commit()
+        store.publish()
         store.close()
         rss.append(_rss_mb())
     print(

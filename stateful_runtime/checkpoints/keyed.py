@@ -5,8 +5,20 @@ inspect`` ask of them. The store that writes them in the Python worker is
 
 Layout under a query's checkpoint::
 
-    keyed/<operator>/<partition>/<V>.delta      what the batch before version V changed
-    keyed/<operator>/<partition>/<V>.snapshot   every row at version V
+    keyed/<operator>/<partition>/<V>.<token>.delta      what the batch before version V changed
+    keyed/<operator>/<partition>/<V>.<token>.snapshot   every row at version V
+    keyed/<operator>/<V>.commit                         the token of each partition's version V
+
+Attempts are not commits. Spark may run a task twice (a stage re-run after a fetch failure, a
+zombie attempt of a batch the driver already replayed), and both attempts write their files:
+each names them with a token of its own, so no attempt overwrites another's. Each task hands
+its token to the driver as a row of the batch's output (:data:`COMMIT_TAG`); the driver, having
+written the sinks from that output, records the tokens of the version in ``<V>.commit``
+(:func:`record`) before Spark commits the batch, so the state read back is always the state of
+the attempt whose output Spark committed (Spark's state store checkpoint format v2 records a
+unique id per state file with the commit likewise). A file whose token the record does not name
+is never read, whoever wrote it and whenever. A version without a record is of the layout
+before (``<V>.delta``, ``<V>.snapshot``, each file its own commit) and is read as such.
 
 Both are Arrow IPC files of ``(k: binary, v: binary)`` rows (``v`` null: a delete), their schema
 metadata naming the format, the version and the token of the task that wrote them. Rows (the
@@ -38,10 +50,11 @@ no key is rewritten.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pickle
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +66,10 @@ MAX_PARALLELISM = 128
 KEYED_DIR = "keyed"
 DELTA = ".delta"
 SNAPSHOT = ".snapshot"
+COMMIT = ".commit"
+# The ``_tag`` of the output row by which a task hands its version's token to the driver.
+COMMIT_TAG = "srt:keyed-commit"
+COMMIT_FORMAT = "srt-keyed-commit-1"
 SCHEMA = pa.schema([("k", pa.binary()), ("v", pa.binary())])
 FORMAT = "srt-keyed-2"
 # A row per state and key (``<group> s <name> \0 <key>``): read, never written.
@@ -112,48 +129,167 @@ def parse_row(row: bytes) -> tuple[int, bytes, bytes]:
 
 # -- files ---------------------------------------------------------------------------------------
 def version_of(path: Path, suffix: str) -> int | None:
-    """The version of a ``<V><suffix>`` file, or None for any other name."""
+    """The version of a ``<V>.<token><suffix>`` (or ``<V><suffix>``) file, or None for any
+    other name."""
     name = path.name
     if not name.endswith(suffix) or name.startswith("."):
         return None
-    stem = name[: -len(suffix)]
+    stem = name[: -len(suffix)].split(".", 1)[0]
     return int(stem) if stem.isdigit() else None
 
 
-def file(directory: Path, version: int, suffix: str) -> Path:
+def file(directory: Path, version: int, suffix: str, token: str | None = None) -> Path:
     """The ``suffix`` file (:data:`DELTA` or :data:`SNAPSHOT`) of ``version`` in a partition's
-    directory."""
-    return directory / f"{version}{suffix}"
+    directory, written by the attempt ``token`` (None: the layout before tokens)."""
+    return directory / (f"{version}.{token}{suffix}" if token else f"{version}{suffix}")
+
+
+def record_path(operator: Path, version: int) -> Path:
+    """The commit record of ``version`` of an operator's partitions."""
+    return operator / f"{version}{COMMIT}"
+
+
+def _parse_record(raw: bytes, version: int | None) -> dict[str, str]:
+    """A commit record's tokens by partition; ValueError saying what is wrong with it."""
+    try:
+        doc = json.loads(raw)
+        if doc.get("format") != COMMIT_FORMAT:
+            raise ValueError(f"format {doc.get('format')!r}, not {COMMIT_FORMAT}")
+        if version is not None and int(doc["version"]) != version:
+            raise ValueError(f"holds version {doc['version']}")
+        return {str(p): str(t) for p, t in doc["tokens"].items()}
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"no {exc}") from None
+
+
+def recorded(operator: Path, version: int) -> dict[str, str] | None:
+    """The tokens the commit record of ``version`` names, by partition (None: no record)."""
+    try:
+        raw = record_path(operator, version).read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        return _parse_record(raw, version)
+    except ValueError as exc:
+        raise StateError(
+            f"keyed state commit record {record_path(operator, version)} is damaged ({exc}); "
+            f"restore the job from a savepoint (srt savepoint list, then srt run "
+            f"--from-savepoint <id>)"
+        ) from None
+
+
+def committed(directory: Path, version: int, suffix: str) -> Path | None:
+    """The ``suffix`` file of ``version`` that the commit record names for this partition
+    (``directory``), if it exists; for a version without a record, the file of the layout
+    before tokens, if it exists. None: the version has no committed such file."""
+    tokens = recorded(directory.parent, version)
+    if tokens is None:
+        path = file(directory, version, suffix)
+    else:
+        tok = tokens.get(directory.name)
+        if tok is None:
+            return None
+        path = file(directory, version, suffix, tok)
+    return path if path.exists() else None
+
+
+def committed_token(directory: Path, version: int) -> str | None:
+    """The token of this partition's committed ``version`` ("" for version 0; None when the
+    version has no committed delta)."""
+    if version <= 0:
+        return ""
+    tokens = recorded(directory.parent, version)
+    if tokens is not None:
+        return tokens.get(directory.name)
+    return token(file(directory, version, DELTA))
+
+
+def record(operator: Path, version: int, tokens: Mapping[int, str] | Mapping[str, str]) -> Path:
+    """Record ``tokens`` (partition → token) as the committed attempts of ``version``: synced,
+    then renamed into place (a batch run again records its own attempts)."""
+    operator.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "format": COMMIT_FORMAT,
+        "version": version,
+        "tokens": {str(p): t for p, t in tokens.items()},
+    }
+    final = record_path(operator, version)
+    tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(json.dumps(doc).encode())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return final
 
 
 def versions(directory: Path, suffix: str) -> list[int]:
-    """The versions of a partition's ``suffix`` files, oldest first."""
+    """The versions of a partition's committed ``suffix`` files, oldest first."""
     if not directory.is_dir():
         return []
-    found = (version_of(p, suffix) for p in directory.iterdir())
-    return sorted(v for v in found if v is not None)
+    found = {version_of(p, suffix) for p in directory.iterdir()}
+    return sorted(v for v in found if v is not None and committed(directory, v, suffix))
 
 
 def needs(directory: Path, version: int) -> tuple[list[Path], list[int]]:
-    """(the files that rebuild ``version`` of a partition: the newest snapshot at or below it,
-    then the deltas after it, in order; the versions whose delta is missing)."""
+    """(the files that rebuild ``version`` of a partition: the newest committed snapshot at
+    or below it, then the committed deltas after it, in order; the versions whose committed
+    delta is missing). A partition without a directory misses every version."""
     if version <= 0:
         return [], []
     base = max((v for v in versions(directory, SNAPSHOT) if v <= version), default=0)
-    deltas = set(versions(directory, DELTA))
-    files = [file(directory, base, SNAPSHOT)] if base else []
-    files += [file(directory, v, DELTA) for v in range(base + 1, version + 1) if v in deltas]
-    missing = [v for v in range(base + 1, version + 1) if v not in deltas]
+    base_file = committed(directory, base, SNAPSHOT) if base else None
+    files = [base_file] if base_file else []
+    missing = []
+    for v in range(base + 1, version + 1):
+        delta = committed(directory, v, DELTA)
+        if delta is None:
+            missing.append(v)
+        else:
+            files.append(delta)
     return files, missing
+
+
+def records_of(files: Iterable[Path]) -> list[Path]:
+    """The commit records that name ``files`` (tokened state files of one or more partitions):
+    what a copy of those files (a savepoint, the mirror) must carry with them."""
+    out: dict[Path, None] = {}
+    for path in files:
+        suffix = DELTA if path.name.endswith(DELTA) else SNAPSHOT
+        v = version_of(path, suffix)
+        if v is not None and path.name != file(path.parent, v, suffix).name:
+            out[record_path(path.parent.parent, v)] = None
+    return list(out)
+
+
+def prune_records(operator: Path, parallelism: int) -> None:
+    """Remove the commit records older than every state file the operator's partitions still
+    hold (their files before were cleaned: nothing reads those versions any more)."""
+    oldest = None
+    for part in partitions(operator, parallelism):
+        for p in part.iterdir() if part.is_dir() else ():
+            v = version_of(p, DELTA) or version_of(p, SNAPSHOT)
+            if v is not None and (oldest is None or v < oldest):
+                oldest = v
+    if oldest is None:
+        return
+    for p in operator.glob(f"*{COMMIT}"):
+        v = version_of(p, COMMIT)
+        if v is not None and v < oldest:
+            p.unlink(missing_ok=True)
 
 
 def write(
     directory: Path, version: int, suffix: str, token: str, batches: Iterable[pa.RecordBatch]
 ) -> Path:
-    """Write ``batches`` as the ``suffix`` file of ``version``: to a temporary name, synced,
-    then renamed (a retried writer replaces the file whole)."""
+    """Write ``batches`` as the ``suffix`` file of ``version`` by attempt ``token``: to a
+    temporary name, synced, then renamed (read only once a commit record names ``token``)."""
     directory.mkdir(parents=True, exist_ok=True)
-    final = file(directory, version, suffix)
+    final = file(directory, version, suffix, token)
     tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
     schema = SCHEMA.with_metadata({"format": FORMAT, "version": str(version), "token": token})
     try:
@@ -179,7 +315,14 @@ def token(path: Path) -> str | None:
 
 
 def problem(path: Path) -> str | None:
-    """What makes a keyed state file unreadable (a truncated or foreign file), or None."""
+    """What makes a keyed state file or commit record unreadable (a truncated or foreign
+    file), or None."""
+    if path.name.endswith(COMMIT):
+        try:
+            _parse_record(path.read_bytes(), version_of(path, COMMIT))
+        except (ValueError, OSError) as exc:
+            return f"not a readable commit record ({exc})"
+        return None
     try:
         with pa.memory_map(str(path)) as source:
             reader = pa.ipc.open_file(source)
@@ -297,8 +440,9 @@ def operators(query_root: Path) -> list[Path]:
 
 def partitions(operator: Path, count: int) -> list[Path]:
     """An operator's partition directories below ``count`` (a rescale to fewer partitions
-    leaves those above behind, unused)."""
-    return [operator / str(p) for p in range(count) if (operator / str(p)).is_dir()]
+    leaves those above behind, unused), whether or not they exist: every partition commits
+    every batch, so a missing one is a damaged checkpoint, which :func:`needs` reports."""
+    return [operator / str(p) for p in range(count)]
 
 
 _STAGED = ".rescale"
@@ -314,6 +458,7 @@ def rescale(query_root: Path, old: int, new: int, version: int, into: int) -> li
     stamp = uuid.uuid4().hex
     try:
         for op in operators(query_root):
+            staged.append(record(op / _STAGED, into, dict.fromkeys(range(new), stamp)))
             for p in range(new):
                 mine = key_groups(p, new)
                 held: dict[bytes, bytes] = {}
@@ -330,10 +475,10 @@ def rescale(query_root: Path, old: int, new: int, version: int, into: int) -> li
 
 
 def publish(staged: list[Path]) -> None:
-    """Put staged rescale snapshots in place. A start that finds only some in place (a crash
-    half way) sees the others' versions missing and falls back to the batch before the
-    rescale, moving these aside (their version is a later one)."""
-    for path in staged:
+    """Put staged rescale snapshots, then their commit records, in place. A start that finds
+    only some in place (a crash half way) sees the others' versions missing and falls back to
+    the batch before the rescale, moving these aside (their version is a later one)."""
+    for path in sorted(staged, key=lambda p: p.name.endswith(COMMIT)):
         os.replace(path, path.parent.parent / path.name)
         with contextlib.suppress(OSError):
             path.parent.rmdir()

@@ -506,10 +506,11 @@ class QueryLayout:
                 needed, missing = keyed.needs(part, batch + 1)
                 if missing:
                     raise ConfigError(
-                        f"keyed state partition {part} lacks the changes of versions "
+                        f"keyed state partition {part} lacks the committed changes of versions "
                         f"{missing[:5]}: the checkpoint is incomplete"
                     )
                 files += needed
+                files += [r for r in keyed.records_of(needed) if r not in files]
         return [self.relative(p) for p in files]
 
     def state_files_after(self, version: int) -> list[Path]:
@@ -636,7 +637,7 @@ def _numbered(directory: Path) -> list[int]:
 
 # State file names in a partition directory: "<version>.changelog", "<version>.zip", and the
 # same with "_<unique id>" after the version (Spark's checkpoint format v2).
-_STATE_FILE = re.compile(r"^(\d+)(?:_[^.]+)?\.(changelog|zip|delta|snapshot)$")
+_STATE_FILE = re.compile(r"^(\d+)(?:[_.][^.]+)?\.(changelog|zip|delta|snapshot|commit)$")
 
 
 def state_version(path: Path) -> int | None:
@@ -665,7 +666,9 @@ def _state_partition_files(part_dir: Path, version: int) -> list[Path]:
 
 def partition_needs(part_dir: Path, version: int) -> tuple[list[Path], list[int]]:
     """(files needed to load ``version`` of one state partition, changelog versions missing)."""
-    by_kind: dict[str, dict[int, Path]] = {"changelog": {}, "zip": {}, "delta": {}, "snapshot": {}}
+    by_kind: dict[str, dict[int, Path]] = {
+        k: {} for k in ("changelog", "zip", "delta", "snapshot", "commit")
+    }
     for p in part_dir.iterdir():
         m = _STATE_FILE.match(p.name)
         if m and int(m.group(1)) <= version:

@@ -74,9 +74,10 @@ class CheckpointMirror:
         # manifest, read at the first sync, so a restarted job does not upload its state again).
         self.known: dict[str, dict[str, Any]] = {}
         self._loaded = False
-        # Keyed state files (state.backend=rocksdb_local) keep their name when a batch runs
-        # again after a fallback at start, often at the same size: one known from an earlier
-        # run's manifest is compared by checksum, once per run, not by size.
+        # Keyed state's commit records (``keyed/<op>/<V>.commit``) keep their name when a
+        # batch runs again after a fallback at start, at the same size (its state files are
+        # the new attempt's, named by its token): one known from an earlier run's manifest is
+        # compared by checksum, once per run, not by size.
         self._seen: set[str] = set()
         self.synced: dict[str, int] = {}
         self.failed_syncs = 0  # in a row; 0 while the location answers
@@ -134,7 +135,7 @@ class CheckpointMirror:
                 # name is immutable in Spark's checkpoint except the query metadata.
                 if entry is not None and key not in self._seen:
                     self._seen.add(key)
-                    if rel.startswith(f"{keyed.KEYED_DIR}/"):
+                    if rel.startswith(f"{keyed.KEYED_DIR}/") and rel.endswith(keyed.COMMIT):
                         entry = entry if sha256_file(path) == entry["sha256"] else None
                 if entry is None or entry["size"] != path.stat().st_size:
                     entry = {"path": key, "size": path.stat().st_size, "sha256": sha256_file(path)}

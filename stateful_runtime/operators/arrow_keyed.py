@@ -15,7 +15,9 @@ sends to the partition owning that group's range, repartitions, and calls
 3. fires the timers due at the batch's time, in time order (Flink's order: a key's due timers
    act before its new elements), groups each Arrow batch by key in Arrow and runs the function
    per key over its records, fires timers its elements registered that are already due, and
-   commits the batch's changes as the next version.
+   commits the batch's changes as the next version, under the attempt's token, and hands the
+   token to the driver as a last output row (tagged :data:`COMMIT_TAG`), which records it with
+   the batch (:func:`stateful_runtime.runtime.batch_writes.record_keyed_commits`).
 
 Spark runs a batch without data only for its own stateful operators; the plan of a function
 whose timers can emit carries one that holds nothing (see
@@ -42,7 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stateful_runtime._process import freeze_worker_heap
-from stateful_runtime.checkpoints.keyed import BROADCAST_ROW, KEYED_DIR
+from stateful_runtime.checkpoints.keyed import BROADCAST_ROW, COMMIT_TAG, KEYED_DIR
 from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.exceptions import StateError
 from stateful_runtime.functions import (
@@ -256,8 +258,18 @@ class ArrowKeyedOperator:
             keep_values(store, backend.values)
             if op.domain is TimeDomain.PROCESSING_TIME:  # when the next batch must run
                 write_next_timer(store.checkpoint, version, backend.next_timer(groups))
+            # The attempt's token to the driver, which records it once the batch's output
+            # (this row with it) is written: only then is the version this attempt's.
+            yield self._commit_row(partition, version, store.token)
         finally:
             store.close()
+
+    def _commit_row(self, partition: int, version: int, token: str) -> pa.RecordBatch:
+        cols: dict[str, list[Any]] = {c: [None] for c in self.main_columns}
+        cols[TAG] = [COMMIT_TAG]
+        done = {"operator": self.name, "partition": partition, "version": version, "token": token}
+        cols[SIDE] = [json.dumps(done)]
+        return pa.RecordBatch.from_pydict(cols, schema=self.output)
 
     def _split_broadcast(
         self, batches: list[pa.RecordBatch]

@@ -8,13 +8,15 @@ checkpoint. Partition ``p`` of ``n`` owns the contiguous range of key groups ``g
 bytes, big-endian): a rescale hands whole ranges to new partitions without rewriting a key.
 
 Versions. The state of a partition after batch ``N`` is version ``N + 1`` (Spark's numbering of
-its own state store). The task running batch ``N`` opens version ``N``, never "the newest": a
-batch replayed after a crash, a retried task or a speculative one starts from the state before
-the batch, whatever an earlier attempt left behind. At the end of its task it writes what the
-batch changed as ``<N + 1>.delta`` in the checkpoint (an Arrow IPC file: key, value or null for a
-delete; written to a temporary name and renamed, so a retried task replaces the file whole),
-and every :data:`SNAPSHOT_EVERY` versions a full ``<V>.snapshot``. The version becomes durable
-with Spark's ``commits/N``: a version nobody committed is replaced by the re-run of its batch.
+its own state store). The task running batch ``N`` opens version ``N`` as committed, never "the
+newest": a batch replayed after a crash, a retried task or a zombie one starts from the state
+before the batch, whatever another attempt left behind. At the end of its task it writes what
+the batch changed as ``<N + 1>.<token>.delta`` in the checkpoint (an Arrow IPC file: key, value
+or null for a delete), ``token`` being the attempt's own, and every :data:`SNAPSHOT_EVERY`
+versions a full ``<V>.<token>.snapshot``. The attempt's files become the version only when the
+driver records ``token`` in the operator's ``<N + 1>.commit`` with the batch
+(:mod:`stateful_runtime.checkpoints.keyed`: attempts are not commits); :meth:`KeyedStore.publish`
+records it for a store used alone (tests, benchmarks).
 
 Snapshots are written off the commit (as Spark's RocksDB provider's maintenance and Flink's
 asynchronous snapshots are): the commit takes a RocksDB checkpoint of the copy (hard links of
@@ -29,10 +31,10 @@ that fails (a full disk, no access) says so in one line of the job's log and rem
 The local copy. A task opens a local RocksDB (``<local root>/<digest of the checkpoint
 directory>/``) under an exclusive file lock (two attempts of one partition never open one store
 at once). A marker row in the DB records its version and the token of the delta that made it;
-the copy is used as it is when it is at the version asked for and the checkpoint's delta of that
-version carries the same token (another attempt may have rewritten it), moved forward by the
-checkpoint's deltas when it is behind, and rebuilt from the newest snapshot and the deltas after
-it otherwise (another executor, a new machine, a fallback to an earlier batch). Writes reach
+the copy is used as it is when it is at the version asked for and its token is the one the
+commit record names (another attempt's copy is not), moved forward by the committed deltas when
+it is behind, and rebuilt from the newest committed snapshot and the deltas after it otherwise
+(another executor, a new machine, a fallback to an earlier batch). Writes reach
 the copy in RocksDB write batches (atomic; the WAL is off, so a killed process loses whole
 batches not yet flushed, never part of one): the first of a task marks the copy dirty, so a task
 killed half way leaves a copy that is rebuilt, and the commit's batch carries the new marker.
@@ -218,28 +220,24 @@ class KeyedStore:
         raw = self.db.get(_MARKER)
         return json.loads(raw) if raw else {"version": 0, "token": ""}
 
-    def _token(self, version: int) -> str | None:
-        """The token of the checkpoint's delta of ``version`` ("" for version 0)."""
-        if version == 0:
-            return ""
-        return files.token(self._file(version, _DELTA))
-
     def _usable(self, version: int) -> bool:
-        """Whether the local copy is at ``version``, or only deltas behind it (applied)."""
+        """Whether the local copy is at ``version``, or only committed deltas behind it
+        (applied)."""
         marker = self._marker()
         at = marker.get("version")
         if marker.get("dirty") or at is None or at > version:
             return False
         if at and marker.get("layout") != files.FORMAT:  # a copy of the previous row layout
             return False
-        if self._token(at) != marker.get("token"):
+        if files.committed_token(self.checkpoint, at) != marker.get("token"):
             return False
-        for v in range(at + 1, version + 1):
-            if not self._file(v, _DELTA).exists():
-                return False
+        deltas = [files.committed(self.checkpoint, v, _DELTA) for v in range(at + 1, version + 1)]
+        if None in deltas:
+            return False
         self.token = marker.get("token", "")
-        for v in range(at + 1, version + 1):
-            self._apply(self._file(v, _DELTA), v)
+        for v, delta in enumerate(deltas, start=at + 1):
+            assert delta is not None
+            self._apply(delta, v)
         return True
 
     @staticmethod
@@ -258,20 +256,18 @@ class KeyedStore:
             return
         # Dirty until the last file is applied: a copy without a marker would read as version 0.
         self.db.write(self._batch({_MARKER: _DIRTY}), self._wopts)
-        snaps = [v for v in self._versions(_SNAPSHOT) if v <= version]
-        base = max(snaps, default=0)
-        missing = [v for v in range(base + 1, version + 1) if not self._file(v, _DELTA).exists()]
+        needed, missing = files.needs(self.checkpoint, version)
         if missing:
             raise StateError(
                 f"state partition {self.checkpoint} cannot be rebuilt at version {version}: "
-                f"{'no snapshot and ' if not base else ''}the changes of version(s) "
-                f"{missing[:5]} are missing; restore the job from a savepoint "
-                f"(srt savepoint list, then srt run --from-savepoint <id>)"
+                f"the committed changes of version(s) {missing[:5]} are missing; restore the "
+                f"job from a savepoint (srt savepoint list, then srt run --from-savepoint <id>)"
             )
-        if base:
-            self._apply(self._file(base, _SNAPSHOT), base)
-        for v in range(base + 1, version + 1):
-            self._apply(self._file(v, _DELTA), v)
+        for path in needed:
+            suffix = _SNAPSHOT if path.name.endswith(_SNAPSHOT) else _DELTA
+            v = files.version_of(path, suffix)
+            assert v is not None
+            self._apply(path, v)
 
     def _apply(self, path: Path, version: int) -> None:
         """Apply a delta or snapshot file to the local copy, which is then at ``version``: in
@@ -351,8 +347,10 @@ class KeyedStore:
     # -- committing -------------------------------------------------------------------------
     def commit(self, rows: dict[bytes, bytes | None] | None = None) -> int:
         """Write this task's changes (and ``rows``, not yet written) as the next version in
-        the checkpoint, then ``rows`` and the marker of the version to the local copy in one
-        write batch; a snapshot every :data:`SNAPSHOT_EVERY` versions. Returns the version."""
+        the checkpoint, under this attempt's token (:attr:`token` afterwards), then ``rows``
+        and the marker of the version to the local copy in one write batch; a snapshot every
+        :data:`SNAPSHOT_EVERY` versions. Returns the version, which is read back only once a
+        commit record names the token (the driver's, or :meth:`publish`)."""
         assert self.db is not None and self.version is not None
         version = self.version + 1
         token = uuid.uuid4().hex
@@ -395,11 +393,13 @@ class KeyedStore:
             writers.append(
                 subprocess.Popen(
                     [sys.executable, "-m", __name__, str(aside), str(self.checkpoint)]
-                    + [str(version), token, str(RETAIN_VERSIONS)],
+                    + [str(version), token, str(RETAIN_VERSIONS), str(os.getpid())],
                     pass_fds=(lock,),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
-                    start_new_session=True,  # not stopped with the task's process group
+                    # Not stopped with the task's process group; it stops with its worker
+                    # instead (see write_snapshot).
+                    start_new_session=True,
                 )
             )
         except BaseException:
@@ -407,6 +407,16 @@ class KeyedStore:
             raise
         finally:
             os.close(lock)
+
+    def publish(self) -> None:
+        """Record this store's last commit as its partition's committed version: what the
+        driver does for every partition of a batch, for a store used alone (tests,
+        benchmarks; the record's other partitions are kept)."""
+        assert self.version is not None
+        operator, version = self.checkpoint.parent, self.version
+        tokens = files.recorded(operator, version) or {}
+        tokens[self.checkpoint.name] = self.token
+        files.record(operator, version, tokens)
 
     def wait_snapshots(self) -> None:
         """Wait for the snapshot writers this process started for this partition (tests and
@@ -433,13 +443,6 @@ class KeyedStore:
         self.close()
         shutil.rmtree(self.local, ignore_errors=True)
 
-    # -- files ------------------------------------------------------------------------------
-    def _file(self, version: int, suffix: str) -> Path:
-        return files.file(self.checkpoint, version, suffix)
-
-    def _versions(self, suffix: str) -> list[int]:
-        return files.versions(self.checkpoint, suffix)
-
 
 def _remove_abandoned(local: Path) -> None:
     """Remove the checkpoints of a copy whose snapshot writer is gone (nobody holds the lock)."""
@@ -457,8 +460,13 @@ def _remove_abandoned(local: Path) -> None:
         shutil.rmtree(aside, ignore_errors=True)
 
 
-def _rows_of(db: Rdict) -> Iterator[pa.RecordBatch]:
-    """Every row of a copy but its marker, in key order, in Arrow batches."""
+class _Orphaned(Exception):
+    """The worker that started a snapshot writer is gone (the job stopped or was killed)."""
+
+
+def _rows_of(db: Rdict, parent: int | None = None) -> Iterator[pa.RecordBatch]:
+    """Every row of a copy but its marker, in key order, in Arrow batches; stops with
+    :class:`_Orphaned` once ``parent`` (the worker's pid) is no longer this process's parent."""
     opts = ReadOptions()
     opts.set_iterate_upper_bound(_MARKER)
     opts.fill_cache(False)  # type: ignore[call-arg]
@@ -470,6 +478,8 @@ def _rows_of(db: Rdict) -> Iterator[pa.RecordBatch]:
         keys.append(it.key())
         values.append(it.value())
         if len(keys) >= _APPLY_ROWS:
+            if parent is not None and os.getppid() != parent:
+                raise _Orphaned
             yield pa.record_batch(
                 [pa.array(keys, pa.binary()), pa.array(values, pa.binary())], schema=_SCHEMA
             )
@@ -481,28 +491,33 @@ def _rows_of(db: Rdict) -> Iterator[pa.RecordBatch]:
 
 
 def clean(checkpoint: Path, version: int, retain: int) -> None:
-    """Drop what no version from ``version - retain`` on needs (Spark's maintenance):
-    snapshots and deltas before the newest snapshot at or below that."""
+    """Drop what no version from ``version - retain`` on needs (Spark's maintenance): every
+    attempt's snapshots and deltas before the newest committed snapshot at or below that."""
     keep_from = version - retain
     snaps = [v for v in files.versions(checkpoint, _SNAPSHOT) if v <= keep_from]
     if not snaps:
         return
     base = max(snaps)
-    for suffix in (_SNAPSHOT, _DELTA):
-        for v in files.versions(checkpoint, suffix):
-            if v < base or (suffix == _DELTA and v == base):
-                files.file(checkpoint, v, suffix).unlink(missing_ok=True)
+    for path in checkpoint.iterdir():
+        for suffix in (_SNAPSHOT, _DELTA):
+            v = files.version_of(path, suffix)
+            if v is not None and (v < base or (suffix == _DELTA and v == base)):
+                path.unlink(missing_ok=True)
 
 
-def write_snapshot(aside: Path, checkpoint: Path, version: int, token: str, retain: int) -> None:
-    """A snapshot writer's work: ``<version>.snapshot`` from the copy's checkpoint in
+def write_snapshot(
+    aside: Path, checkpoint: Path, version: int, token: str, retain: int, parent: int | None = None
+) -> None:
+    """A snapshot writer's work: ``<version>.<token>.snapshot`` from the copy's checkpoint in
     ``aside``, the files no retained version needs dropped; ``aside`` removed whether or not
-    that succeeded."""
+    that succeeded. The writer's life is its worker's (``parent``): once the worker is gone it
+    stops, leaving no file (a snapshot is read only when the version's commit record names
+    ``token``, so even a writer that outlived its job could not put a stale one in place)."""
     try:
         opts = Options(raw_mode=True)
         db = Rdict(str(aside / "db"), options=opts, access_type=AccessType.read_only())
         try:
-            files.write(checkpoint, version, _SNAPSHOT, token, _rows_of(db))
+            files.write(checkpoint, version, _SNAPSHOT, token, _rows_of(db, parent))
         finally:
             db.close()
         clean(checkpoint, version, retain)
@@ -514,9 +529,11 @@ def _writer_main(argv: list[str]) -> int:
     """A snapshot writer's process: one line on stderr (the job's log) when it fails, which
     costs no data: the version's delta is durable, and a rebuild reads the deltas after the
     last snapshot written (more of them while snapshots fail; nothing is cleaned either)."""
-    aside, checkpoint, version, token, retain = argv
+    aside, checkpoint, version, token, retain, parent = argv
     try:
-        write_snapshot(Path(aside), Path(checkpoint), int(version), token, int(retain))
+        write_snapshot(Path(aside), Path(checkpoint), int(version), token, int(retain), int(parent))
+    except _Orphaned:
+        return 0
     except Exception as exc:
         print(
             f"srt: the snapshot of state partition {checkpoint} at version {version} was not "
@@ -530,5 +547,5 @@ def _writer_main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":  # a snapshot writer: aside, checkpoint, version, token, retain
+if __name__ == "__main__":  # a snapshot writer: aside, checkpoint, version, token, retain, pid
     sys.exit(_writer_main(sys.argv[1:]))

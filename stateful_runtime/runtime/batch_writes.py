@@ -34,6 +34,7 @@ import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,6 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stateful_runtime._process import freeze_worker_heap
+from stateful_runtime.checkpoints import keyed
 from stateful_runtime.connectors.base import (
     SEQUENCE,
     PartitionedSink,
@@ -48,7 +50,12 @@ from stateful_runtime.connectors.base import (
     Sink,
     prepare_rows,
 )
-from stateful_runtime.exceptions import SinkDataLostError, SinkError, UserFunctionError
+from stateful_runtime.exceptions import (
+    SinkDataLostError,
+    SinkError,
+    StateError,
+    UserFunctionError,
+)
 from stateful_runtime.operators.isolation import (
     ORIGIN_COLUMNS,
     ORIGIN_OFFSET,
@@ -123,9 +130,15 @@ class BatchWriter:
     """Writes each micro-batch of one query to all of its sinks (the query's
     ``foreachBatch``)."""
 
-    def __init__(self, query: QueryPlan) -> None:
+    def __init__(self, query: QueryPlan, checkpoint: str | None = None) -> None:
         self.query = query
         self.rows = {out.name: rows_of(query, out) for out in query.outputs}
+        # The keyed operator's state directory, when its state is in the workers: each batch
+        # records the attempts whose output it wrote (record_keyed_commits).
+        self.keyed: Path | None = None
+        if checkpoint is not None and query.process is not None:
+            if query.state_backend == "rocksdb_local":
+                self.keyed = Path(checkpoint) / keyed.KEYED_DIR / query.process.name
         # A sink that found its table without the batches it had written (dropped, truncated
         # while the job runs): the batch fails, and the runner ends the run with this error.
         self.refused: SinkDataLostError | None = None
@@ -150,11 +163,18 @@ class BatchWriter:
         """Write micro-batch ``batch_id`` (the query's output ``df``) to every sink, each
         where it asked to be written; the rows the sinks took and the time their writes took."""
         many = len(self.query.outputs) > 1
-        if many:
-            df = df.persist()  # computed once for every output, not once per sink
+        on_driver = any(o.sink.write_placement().where != "executors" for o in self.query.outputs)
+        cached = many or (self.keyed is not None and not on_driver)
+        if cached:
+            # Computed once for every output (and the keyed operator's commit rows), not once
+            # per sink.
+            df = df.persist()
         rows, ms = 0, 0.0
         batch: pa.Table | None = None
+        commits: list[str] = []
         try:
+            if self.keyed is not None and not on_driver:
+                commits = _commit_rows(df)
             for out in self.query.outputs:
                 select = self.rows[out.name]
                 try:
@@ -179,10 +199,55 @@ class BatchWriter:
                 out.sink.expected_batch = batch_id
                 rows += n
                 ms += t
+            if self.keyed is not None:
+                if batch is not None:
+                    commits = _commit_rows(batch)
+                record_keyed_commits(self.keyed, batch_id, self.query.parallelism, commits)
         finally:
-            if many:
+            if cached:
                 df.unpersist()
         return SinkWrite(rows, ms)
+
+
+def _commit_rows(rows: pa.Table | DataFrame) -> list[str]:
+    """The keyed operator's commit rows of a batch (the collected batch, or its DataFrame)."""
+    from stateful_runtime.operators.spark import SIDE, TAG
+
+    if isinstance(rows, pa.Table):
+        return rows.filter(pc.equal(rows.column(TAG), keyed.COMMIT_TAG)).column(SIDE).to_pylist()
+    from pyspark.sql import functions as F
+
+    return [r[0] for r in rows.filter(F.col(TAG) == keyed.COMMIT_TAG).select(SIDE).collect()]
+
+
+def record_keyed_commits(operator: Path, batch_id: int, parallelism: int, rows: list[str]) -> None:
+    """Record the attempts whose output batch ``batch_id`` wrote as the keyed operator's
+    version ``batch_id + 1`` (:func:`stateful_runtime.checkpoints.keyed.record`), before Spark
+    commits the batch: one commit row per state partition, each naming the token of the task
+    attempt that produced it. Every :data:`~stateful_runtime.operators.keyed_store.
+    SNAPSHOT_EVERY` batches the records no state file needs any more are removed."""
+    from stateful_runtime.operators.keyed_store import SNAPSHOT_EVERY
+
+    version = batch_id + 1
+    tokens: dict[int, str] = {}
+    for raw in rows:
+        done = json.loads(raw)
+        if done["operator"] != operator.name or done["version"] != version:
+            raise StateError(
+                f"batch {batch_id}: a commit row of operator {done['operator']!r} at version "
+                f"{done['version']} in the output of operator {operator.name!r} at version "
+                f"{version}; the batch is not committed (it runs again when the job restarts)"
+            )
+        tokens[int(done["partition"])] = str(done["token"])
+    lacking = sorted(set(range(parallelism)) - set(tokens))
+    if lacking:
+        raise StateError(
+            f"batch {batch_id}: operator {operator.name!r} committed no state for partitions "
+            f"{lacking[:5]}; the batch is not committed (it runs again when the job restarts)"
+        )
+    keyed.record(operator, version, tokens)
+    if version % SNAPSHOT_EVERY == 0:
+        keyed.prune_records(operator, parallelism)
 
 
 def _without_origin(rows: pa.Table) -> pa.Table:

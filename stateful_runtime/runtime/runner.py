@@ -867,7 +867,7 @@ class JobRunner:
 
     def _start_built(self, spark: SparkSession, q: QueryPlan, qdir: str) -> _Running:
         df = build(spark, q, qdir, skips=self.skips)
-        batch_writer = BatchWriter(q)
+        batch_writer = BatchWriter(q, qdir)
         batch_writer.check_schemas(arrow_schema(df.schema))
         self._open_sinks(q)
         name = f"{self.job.name}.{q.name}"

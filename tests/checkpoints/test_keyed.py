@@ -5,6 +5,7 @@ later versions) seeing ``keyed/``."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from stateful_runtime.checkpoints import keyed, verify
 from stateful_runtime.checkpoints.layout import QueryLayout
-from stateful_runtime.exceptions import StateError
+from stateful_runtime.exceptions import ConfigError, StateError
 from stateful_runtime.operators.keyed_store import KeyedStore
 
 
@@ -27,8 +28,16 @@ def _commit(directory, version: int, rows: dict[bytes, bytes | None]) -> None:
             else:
                 store.put(k, v)
         store.commit()
+        store.publish()
     finally:
         store.close()
+
+
+def _delta(part, version: int):
+    """The committed delta of ``version`` of a partition."""
+    path = keyed.committed(part, version, keyed.DELTA)
+    assert path is not None, (part, version)
+    return path
 
 
 def _key(group: int, name: bytes) -> bytes:
@@ -105,14 +114,17 @@ def test_a_version_is_the_newest_snapshot_and_the_deltas_after_it(tmp_path):
     part = tmp_path / "0"
     _commit(part, 0, {b"\x00\x01a": b"1", b"\x00\x02b": b"2"})
     _commit(part, 1, {b"\x00\x01a": None, b"\x00\x03c": b"3"})
-    keyed.write(part, 2, keyed.SNAPSHOT, "t", keyed.as_batches(keyed.state_at(part, 2)))
+    rows = keyed.as_batches(keyed.state_at(part, 2))
+    snapshot = keyed.write(part, 2, keyed.SNAPSHOT, keyed.committed_token(part, 2) or "", rows)
+    # Another attempt's snapshot of version 2 (its token is not the one recorded): never read.
+    keyed.write(part, 2, keyed.SNAPSHOT, "lost", keyed.as_batches({b"\x00\x09z": b"?"}))
     _commit(part, 2, {b"\x00\x03c": b"4"})
-    assert keyed.needs(part, 3) == ([part / "2.snapshot", part / "3.delta"], [])
-    assert keyed.needs(part, 1) == ([part / "1.delta"], [])
+    assert keyed.needs(part, 3) == ([snapshot, _delta(part, 3)], [])
+    assert keyed.needs(part, 1) == ([_delta(part, 1)], [])
     assert keyed.state_at(part, 1) == {b"\x00\x01a": b"1", b"\x00\x02b": b"2"}
     assert keyed.state_at(part, 3) == {b"\x00\x02b": b"2", b"\x00\x03c": b"4"}
     assert keyed.state_at(part, 3, groups=[3]) == {b"\x00\x03c": b"4"}
-    (part / "1.delta").unlink()
+    _delta(part, 1).unlink()
     with pytest.raises(StateError, match=r"version\(s\) \[1\] are missing"):
         keyed.state_at(part, 1)
 
@@ -120,23 +132,36 @@ def test_a_version_is_the_newest_snapshot_and_the_deltas_after_it(tmp_path):
 def test_batch_files_verify_and_later_versions_see_keyed_state(tmp_path):
     q = _query(tmp_path, 3)
     files = q.batch_files(2)
-    assert {f for f in files if f.startswith("keyed/")} == {
-        f"keyed/op/{p}/{v}.delta" for p in (0, 1) for v in (1, 2, 3)
-    }
+    deltas = {q.relative(_delta(q.keyed / "op" / str(p), v)) for p in (0, 1) for v in (1, 2, 3)}
+    records = {f"keyed/op/{v}.commit" for v in (1, 2, 3)}
+    assert {f for f in files if f.startswith("keyed/")} == deltas | records
     assert verify.verify(q.root) == []
     # A task of an uncommitted batch wrote version 4: files of later versions name it.
     _commit(q.keyed / "op" / "0", 3, {_key(0, b"late"): b"x"})
-    assert q.keyed / "op" / "0" / "4.delta" in q.state_files_after(3)
-    assert "keyed/op/0/4.delta" not in q.batch_files(2)
+    assert _delta(q.keyed / "op" / "0", 4) in q.state_files_after(3)
+    assert q.relative(_delta(q.keyed / "op" / "0", 4)) not in q.batch_files(2)
     # A truncated delta of the version a restart rebuilds is named, as is a missing one.
-    delta = q.keyed / "op" / "1" / "3.delta"
+    delta = _delta(q.keyed / "op" / "1", 3)
     delta.write_bytes(delta.read_bytes()[:40])
-    (q.keyed / "op" / "0" / "2.delta").unlink()
+    _delta(q.keyed / "op" / "0", 2).unlink()
     problems = {p.path: p.problem for p in verify.verify(q.root)}
-    assert set(problems) == {"keyed/op/1/3.delta", "keyed/op/0/2.delta"}
-    assert "not a readable Arrow file" in problems["keyed/op/1/3.delta"]
+    assert set(problems) == {q.relative(delta), "keyed/op/0/2.delta"}
+    assert "not a readable Arrow file" in problems[q.relative(delta)]
     assert problems["keyed/op/0/2.delta"] == "missing"
-    with pytest.raises(StateError, match="3.delta cannot be read"):
+    with pytest.raises(StateError, match=r"3\.\w+\.delta cannot be read"):
+        keyed.state_at(q.keyed / "op" / "1", 3)
+
+
+def test_a_missing_partition_is_refused_by_verify_by_savepoints_and_by_a_rebuild(tmp_path):
+    """Every partition commits every batch: a partition whose directory is gone is a damaged
+    checkpoint, named by verify, refused by a savepoint's file list and by a rebuild."""
+    q = _query(tmp_path, 3)
+    shutil.rmtree(q.keyed / "op" / "1")
+    problems = {p.path: p.problem for p in verify.verify(q.root)}
+    assert problems == {f"keyed/op/1/{v}.delta": "missing" for v in (1, 2, 3)}
+    with pytest.raises(ConfigError, match="keyed/op/1 lacks the committed changes"):
+        q.batch_files(2)
+    with pytest.raises(StateError, match=r"version\(s\) \[1, 2, 3\] are missing"):
         keyed.state_at(q.keyed / "op" / "1", 3)
 
 
@@ -152,20 +177,20 @@ def test_an_older_keyed_file_a_restart_needs_is_refused_and_a_newest_one_falls_b
     def before() -> list[str]:
         return sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
 
-    older = q.keyed / "op" / "1" / "2.delta"  # version 2: what batch 1 left, batch 2's start
+    older = _delta(q.keyed / "op" / "1", 2)  # version 2: what batch 1 left, batch 2's start
     saved = older.read_bytes()
     older.write_bytes(saved[:40])
     tree = before()
-    with pytest.raises(recovery.CorruptCheckpointError, match="keyed/op/1/2.delta"):
+    with pytest.raises(recovery.CorruptCheckpointError, match=q.relative(older)):
         recovery.recover(tmp_path / "ck", ["q"])
     assert before() == tree
     older.write_bytes(saved)
 
-    newest = q.keyed / "op" / "0" / "3.delta"
+    newest = _delta(q.keyed / "op" / "0", 3)
     newest.write_bytes(b"")
     rec = recovery.recover(tmp_path / "ck", ["q"])
     assert q.last_committed() == 1 and rec.quarantine is not None
-    assert (rec.quarantine / "q" / "keyed" / "op" / "0" / "3.delta").exists()
+    assert (rec.quarantine / "q" / q.relative(newest)).exists()
     assert verify.verify(q.root) == []
 
 
@@ -266,8 +291,9 @@ def test_a_checkpoint_of_the_previous_layout_restores_into_one_row_per_key(tmp_p
         finally:
             store.close()
     # The version written after is this layout's: a key's row, nothing per state.
-    assert keyed.problem(keyed.file(part, 4, keyed.DELTA)) is None
-    assert keyed.token(keyed.file(part, 4, keyed.DELTA)) == store.token
+    assert keyed.problem(keyed.file(part, 4, keyed.DELTA, store.token)) is None
+    assert keyed.token(keyed.file(part, 4, keyed.DELTA, store.token)) == store.token
+    store.publish()
     assert keyed.state_at(part, 4)[keyed.group_prefix(3) + b"k" + dumps(("M1",))] == dumps(
         {"count": 6, "first_seen_ms": 1_000}
     )

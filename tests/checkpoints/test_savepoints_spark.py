@@ -21,7 +21,7 @@ import duckdb
 import pytest
 from upi_events import events, oracle
 
-from stateful_runtime.checkpoints import manifest, savepoints
+from stateful_runtime.checkpoints import keyed, manifest, savepoints
 from stateful_runtime.checkpoints.keyed import key_groups
 from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.checkpoints.manifest import sha256_file
@@ -354,8 +354,10 @@ def test_s3_savepoint_crash_mid_upload_is_never_listed_and_mirror_restores_an_em
 
 
 def _newest_deltas(query: QueryLayout) -> list[Path]:
+    """The committed deltas of the version after the last committed batch, one a partition."""
     version = query.last_committed() + 1
-    return sorted((query.keyed / "counter").glob(f"*/{version}.delta"))
+    parts = sorted(p for p in (query.keyed / "counter").iterdir() if p.is_dir())
+    return [d for p in parts if (d := keyed.committed(p, version, keyed.DELTA)) is not None]
 
 
 def test_keyed_state_of_the_local_backend_through_savepoint_rescale_damage_and_mirror(
@@ -392,7 +394,10 @@ def test_keyed_state_of_the_local_backend_through_savepoint_rescale_damage_and_m
 
     sp1 = savepoints.create(tmp_path / "ck2", roots)
     keyed_files = [f for f in sp1.manifest["files"] if "/keyed/counter/" in f["path"]]
-    assert {f["path"].split("/")[3] for f in keyed_files} == {"0", "1"}
+    state_files = [f for f in keyed_files if not f["path"].endswith(keyed.COMMIT)]
+    assert {f["path"].split("/")[3] for f in state_files} == {"0", "1"}
+    # With the records naming the attempts whose files they are.
+    assert any(f["path"].endswith(keyed.COMMIT) for f in keyed_files)
     assert all(len(f["sha256"]) == 64 for f in keyed_files)
     assert manifest.check(sp1) == []
     # Inspect reads the local backend's files, without Spark.
@@ -421,12 +426,16 @@ def test_keyed_state_of_the_local_backend_through_savepoint_rescale_damage_and_m
     assert any((tmp_path / "ck3" / "_quarantine").rglob(victim.name))
     assert counts(db) == expected(3)
 
-    # The mirror carries keyed/ (the re-run's delta, not the one mirrored before the damage:
-    # same name, same size), and an empty disk continues from it exactly once.
+    # The mirror carries keyed/ (the re-run's delta, an attempt of its own, not the one
+    # mirrored before the damage), and an empty disk continues from it exactly once.
     mirrored = mirror_latest(str(mirror))
     assert any("/keyed/counter/2/" in f["path"] for f in mirrored.manifest["files"])
-    rel = f"counter/{query.relative(victim)}"
-    assert {f["path"]: f["sha256"] for f in mirrored.manifest["files"]}[rel] == sha256_file(victim)
+    version = keyed.version_of(victim, keyed.DELTA)
+    assert version is not None
+    rerun = keyed.committed(victim.parent, version, keyed.DELTA)
+    assert rerun is not None and rerun.name != victim.name
+    rel = f"counter/{query.relative(rerun)}"
+    assert {f["path"]: f["sha256"] for f in mirrored.manifest["files"]}[rel] == sha256_file(rerun)
     append_lines(upi.log_dir, parts[3])
     run_job(job, sets("ck-empty", 3), restore_from=str(mirror))
     assert counts(db) == expected(4)

@@ -9,6 +9,7 @@ import pickle
 import zlib
 from collections import Counter
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -27,6 +28,7 @@ from stateful_runtime import (
     TumblingEventTimeWindows,
     ValueStateDescriptor,
 )
+from stateful_runtime.checkpoints.keyed import COMMIT_TAG
 from stateful_runtime.exceptions import StateError
 from stateful_runtime.functions import CO_INPUT, UNION_INPUT, CoInput, CoProcess, to_datetime
 from stateful_runtime.joins import (
@@ -54,6 +56,7 @@ from stateful_runtime.operators.keyed_store import (
     key_groups,
 )
 from stateful_runtime.operators.window import WindowOperator
+from stateful_runtime.runtime.batch_writes import record_keyed_commits
 
 TS = "srt_event_ms"
 OUTPUT = pa.schema(
@@ -102,27 +105,39 @@ def _operator(query) -> ArrowKeyedOperator:
     )
 
 
-def _rows(out) -> list[tuple]:
-    return [(r["k"], r["n"], r["fired"]) for b in out for r in b.to_pylist()]
+def _task(op: ArrowKeyedOperator, batch: int, arrows, committed: bool = True) -> list[dict]:
+    """The output rows of partition 0's task of ``batch``; unless told otherwise, its attempt
+    recorded as the driver records it from the commit row the task hands over last."""
+    rows = [r for b in op.run(batch, 0, iter(arrows)) for r in b.to_pylist()]
+    assert [r[TAG] == COMMIT_TAG for r in rows][-1:] == [True]
+    if committed:
+        assert op.checkpoint is not None
+        operator = Path(op.checkpoint) / "keyed" / op.name
+        record_keyed_commits(operator, batch, op.parallelism, [rows[-1][SIDE]])
+    return rows[:-1]
+
+
+def _rows(op, batch: int, arrows, committed: bool = True) -> list[tuple]:
+    return [(r["k"], r["n"], r["fired"]) for r in _task(op, batch, arrows, committed)]
 
 
 def test_batches_count_fire_at_the_watermark_and_a_replay_starts_from_the_batch_before(tmp_path):
     query = tmp_path / "q"
     op = _operator(query)
     _offsets(query, 0, 0)
-    assert _rows(op.run(0, 0, iter([_records([("a", 100), ("b", 200), ("a", 300)], 5)]))) == [
+    batch = [_records([("a", 100), ("b", 200), ("a", 300)], 5)]
+    assert _rows(op, 0, batch) == [
         ("a", 1, None), ("a", 2, None), ("b", 1, None),
     ]  # fmt: skip
     _offsets(query, 1, 1_150)  # a's timer (1,100) is due, b's (1,200) not yet
-    first = _rows(op.run(1, 0, iter([_records([("b", 900)], 5)])))
+    first = _rows(op, 1, [_records([("b", 900)], 5)], committed=False)
     assert first == [("a", 2, 1), ("b", 2, None)]
     # Batch 1 again (its commit never written): the same output, from the state before it.
-    assert _rows(op.run(1, 0, iter([_records([("b", 900)], 5)]))) == first
+    assert _rows(op, 1, [_records([("b", 900)], 5)]) == first
     _offsets(query, 2, 1_200)  # a batch without data: b's timer fires
-    assert _rows(op.run(2, 0, iter([]))) == [("b", 2, 1)]
-    assert sorted(p.name for p in (query / "keyed" / "count" / "0").iterdir()) == [
-        "1.delta", "2.delta", "3.delta",
-    ]  # fmt: skip
+    assert _rows(op, 2, []) == [("b", 2, 1)]
+    versions = [p.name.split(".")[0] for p in (query / "keyed" / "count" / "0").iterdir()]
+    assert sorted(versions) == ["1", "2", "2", "3"]  # version 2 by two attempts
 
 
 def test_a_worker_keeps_its_values_only_for_the_version_it_committed(tmp_path):
@@ -132,17 +147,18 @@ def test_a_worker_keeps_its_values_only_for_the_version_it_committed(tmp_path):
     query = tmp_path / "q"
     op = _operator(query)
     _offsets(query, 0, 0)
-    assert _rows(op.run(0, 0, iter([_records([("a", 100)], 5)]))) == [("a", 1, None)]
+    assert _rows(op, 0, [_records([("a", 100)], 5)]) == [("a", 1, None)]
     other = KeyedStore(store_dir(query, "count", 0), tmp_path / "elsewhere")
     other.open(0)
     row = group_prefix(5) + b"k" + pickle.dumps(("a",), pickle.HIGHEST_PROTOCOL)
     other.put(row, pickle.dumps({"count": 5}, pickle.HIGHEST_PROTOCOL))
     other.commit()
+    other.publish()
     other.close()
     _offsets(query, 1, 0)
-    assert _rows(op.run(1, 0, iter([_records([("a", 200)], 5)]))) == [("a", 6, None)]
+    assert _rows(op, 1, [_records([("a", 200)], 5)]) == [("a", 6, None)]
     _offsets(query, 2, 0)  # and this worker's own version 2 is used as it is
-    assert _rows(op.run(2, 0, iter([_records([("a", 300)], 5)]))) == [("a", 7, None)]
+    assert _rows(op, 2, [_records([("a", 300)], 5)]) == [("a", 7, None)]
 
 
 def test_a_record_outside_the_tasks_key_groups_is_refused(tmp_path):
@@ -249,7 +265,7 @@ def test_a_window_task_with_shared_reads_equals_one_with_copies(
         got = []
         for n, rows in enumerate([*batches, []]):
             _offsets(query, n, 10_000 if n == len(batches) else 0)  # the last closes all
-            got.append([r for b in op.run(n, 0, iter([_valued(rows)])) for r in b.to_pylist()])
+            got.append(_task(op, n, [_valued(rows)]))
         outputs[shared] = got
     assert outputs[True] == outputs[False]
     if windowing != "tumbling":
@@ -271,12 +287,12 @@ def test_a_window_task_without_failures_copies_no_read(tmp_path, monkeypatch):
     _offsets(query, 0, 0)
     op = _window_operator(query, shared=True)
     rows = [("a", 1, 10), ("a", 2, 20), ("b", 1, 30)]
-    out = [r["sum"] for b in op.run(0, 0, iter([_valued(rows)])) for r in b.to_pylist()]
+    out = [r["sum"] for r in _task(op, 0, [_valued(rows)])]
     assert out == [1, 3, 1]
     assert copies == []
     op = _window_operator(tmp_path / "copying", shared=False)
     _offsets(tmp_path / "copying", 0, 0)
-    list(op.run(0, 0, iter([_valued(rows)])))
+    _task(op, 0, [_valued(rows)])
     assert copies  # the same task with copies on read: the counting above sees them
 
 
@@ -286,11 +302,7 @@ def test_a_failure_after_output_was_handed_over_hands_it_over_once(tmp_path, mon
     _offsets(query, 0, 0)
     op = _window_operator(query, shared=True)
     rows = [("a", 1, 10), ("a", 2, 20), ("b", 1, 30), ("b", 13, 40), ("b", 2, 50)]
-    out = [
-        (r["k"], r["sum"], r["seen"])
-        for b in op.run(0, 0, iter([_valued(rows)]))
-        for r in b.to_pylist()
-    ]
+    out = [(r["k"], r["sum"], r["seen"]) for r in _task(op, 0, [_valued(rows)])]
     assert out == [("a", 1, [1]), ("a", 3, [1, 2]), ("b", 1, [1]), ("b", 3, [1, 2])]
 
 
@@ -344,8 +356,7 @@ def test_a_window_join_task_with_shared_reads_equals_one_with_copies(tmp_path_fa
             arrow = _valued([(k, i, t) for k, i, t in rows]).append_column(
                 CO_INPUT, pa.array([i for _, i, _ in rows], pa.int64())
             )
-            got.append(sorted(r["a"] * 10_000 + r["b"] for b in op.run(n, 0, iter([arrow]))
-                              for r in b.to_pylist()))  # fmt: skip
+            got.append(sorted(r["a"] * 10_000 + r["b"] for r in _task(op, n, [arrow])))
         outputs[shared] = got
     assert outputs[True] == outputs[False]
 
@@ -418,7 +429,7 @@ def test_a_join_task_with_shared_reads_equals_one_with_copies(tmp_path_factory, 
             arrow = _valued([(k, v, t) for k, _, v, t in rows]).append_column(
                 CO_INPUT, pa.array([i for _, i, _, _ in rows], pa.int64())
             )
-            out = [r for b in op.run(n, 0, iter([arrow])) for r in b.to_pylist()]
+            out = _task(op, n, [arrow])
             got.append(sorted(json.dumps(r, sort_keys=True, default=str) for r in out))
         outputs[shared] = got
     assert outputs[True] == outputs[False]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import threading
+import uuid
 
 import pytest
 from hypothesis import given
@@ -27,9 +28,17 @@ def _run(store: KeyedStore, version: int, writes: dict[bytes, bytes | None]) -> 
                 store.delete(k)
             else:
                 store.put(k, v)
-        return store.commit()
+        version = store.commit()
+        store.publish()  # the driver's record of this attempt, with the batch
+        return version
     finally:
         store.close()
+
+
+def _untokened(name: str) -> str:
+    """``<V>.<suffix>`` for an attempt's ``<V>.<token>.<suffix>``."""
+    version, _, suffix = name.split(".")
+    return f"{version}.{suffix}"
 
 
 def _contents(store: KeyedStore, version: int) -> dict[bytes, bytes]:
@@ -48,13 +57,58 @@ def test_each_batch_is_a_version_and_a_replay_starts_from_the_one_before(tmp_pat
     assert _contents(s, 3) == {b"\x00\x01a": b"2"} and not s.rebuilt  # the local copy
     # Batch 1 replayed after a crash (its commit never written): from version 1, not 3.
     assert _contents(s, 1) == {b"\x00\x01a": b"1"} and s.rebuilt
-    assert _run(s, 1, {b"\x00\x01a": b"9"}) == 2  # the re-run rewrites version 2 ...
+    assert _run(s, 1, {b"\x00\x01a": b"9"}) == 2  # the re-run's version 2 ...
     assert _contents(s, 2) == {b"\x00\x01a": b"9"}  # ... whole: b is not in the re-run
-    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [
-        "1.delta",
-        "2.delta",
-        "3.delta",
-    ]
+    # Each attempt's files under its own token, each version's record naming one of them.
+    names = sorted(p.name for p in (tmp_path / "ck").iterdir())
+    assert [n.split(".")[0] for n in names] == ["1", "2", "2", "3"]
+    assert all(n.endswith(".delta") and len(n.split(".")) == 3 for n in names)
+    assert sorted(p.name for p in tmp_path.glob("*.commit")) == ["1.commit", "2.commit", "3.commit"]
+
+
+def _attempt(tmp_path, local: str, version: int, writes: dict[bytes, bytes]) -> KeyedStore:
+    """An attempt of batch ``version`` on a machine of its own (``local``): committed, not
+    recorded."""
+    store = _store(tmp_path, local)
+    store.open(version)
+    try:
+        for k, v in writes.items():
+            store.put(k, v)
+        store.commit()
+    finally:
+        store.close()
+    return store
+
+
+def test_only_the_recorded_attempt_is_read_back_whatever_another_attempt_wrote_after(tmp_path):
+    """Spark can run a task twice (a stage re-run after a fetch failure): the attempt whose
+    output the driver committed is recorded with the batch, and a zombie attempt that finishes
+    later, on another executor, changes nothing anybody reads."""
+    _run(_store(tmp_path), 0, {b"\x00\x01a": b"0"})
+    committed = _attempt(tmp_path, "exec-1", 1, {b"\x00\x01a": b"committed"})
+    committed.publish()
+    _attempt(tmp_path, "exec-2", 1, {b"\x00\x01a": b"zombie"})  # after the batch committed
+    assert _contents(_store(tmp_path, "new-machine"), 2) == {b"\x00\x01a": b"committed"}
+    # The zombie's own machine holds its copy: not the committed version, so rebuilt.
+    zombie = _store(tmp_path, "exec-2")
+    assert _contents(zombie, 2) == {b"\x00\x01a": b"committed"} and zombie.rebuilt
+
+
+def test_a_snapshot_of_an_attempt_the_record_does_not_name_is_never_read(tmp_path, monkeypatch):
+    """A snapshot writer that finishes after its attempt lost (a fallback, a zombie) leaves a
+    snapshot nobody uses: a rebuild takes only a snapshot whose token is the version's."""
+    monkeypatch.setattr(keyed_store, "SNAPSHOT_EVERY", 2)
+    s = _store(tmp_path)
+    _run(s, 0, {b"\x00\x01a": b"1"})
+    _run(_store(tmp_path, "exec-3"), 1, {b"\x00\x01a": b"2"})  # the recorded attempt
+    _store(tmp_path, "exec-3").wait_snapshots()
+    loser = _attempt(tmp_path, "exec-2", 1, {b"\x00\x01a": b"stale"})  # finishes after
+    loser.wait_snapshots()
+    snaps = list((tmp_path / "ck").glob("2.*.snapshot"))
+    assert len(snaps) == 2  # both attempts wrote one
+    for delta in (tmp_path / "ck").glob("*.delta"):  # the snapshot alone rebuilds version 2
+        delta.unlink()
+    assert _contents(_store(tmp_path, "fresh"), 2) == {b"\x00\x01a": b"2"}
 
 
 def test_another_machine_rebuilds_from_the_checkpoint_and_a_behind_copy_moves_forward(tmp_path):
@@ -88,9 +142,11 @@ def test_snapshots_bound_a_rebuild_and_old_files_are_cleaned(tmp_path, monkeypat
     for v in range(12):
         _run(s, v, {bytes([0, v % 4]): str(v).encode()})
         s.wait_snapshots()  # written aside; in order here, so that each cleans what it can
-    # By version, then name (a directory lists in no set order: tmpfs and ext4 differ).
+    # By version, then name (a directory lists in no set order: tmpfs and ext4 differ); each
+    # name without its attempt's token.
     names = sorted(
-        (p.name for p in (tmp_path / "ck").iterdir()), key=lambda n: (int(n.split(".")[0]), n)
+        (_untokened(p.name) for p in (tmp_path / "ck").iterdir()),
+        key=lambda n: (int(n.split(".")[0]), n),
     )
     # Versions from 12 - 4 = 8 on stay restorable: snapshot 6, deltas 7..12 (and snapshots 9, 12).
     assert names == [
@@ -117,8 +173,8 @@ def test_a_snapshot_is_written_aside_while_the_task_goes_on(tmp_path, monkeypatc
     assert _contents(s, 2) == {b"\x00\x01k": b"1", b"\x00\x02k": b"2"}
     s.wait_snapshots()
     assert writer.returncode == 0
-    (tmp_path / "ck" / "1.delta").unlink()
-    (tmp_path / "ck" / "2.delta").unlink()
+    next((tmp_path / "ck").glob("1.*.delta")).unlink()
+    next((tmp_path / "ck").glob("2.*.delta")).unlink()
     assert _contents(_store(tmp_path, "b"), 2) == {b"\x00\x01k": b"1", b"\x00\x02k": b"2"}
     assert not list((tmp_path / "a").glob("snapshot-*"))
 
@@ -132,7 +188,9 @@ def test_a_snapshot_writer_that_fails_says_so_in_a_line_and_loses_nothing(
     monkeypatch.setattr(keyed_store, "SNAPSHOT_EVERY", 2)
     s = _store(tmp_path)
     _run(s, 0, {b"\x00\x01k": b"1"})
-    (tmp_path / "ck" / "2.snapshot" / "in-the-way").mkdir(parents=True)  # the rename fails
+    # The attempt's token known beforehand, so that a directory stands where its snapshot goes.
+    monkeypatch.setattr(keyed_store.uuid, "uuid4", lambda: uuid.UUID(int=7))
+    (tmp_path / "ck" / f"2.{uuid.UUID(int=7).hex}.snapshot" / "in-the-way").mkdir(parents=True)
     _run(s, 1, {b"\x00\x02k": b"2"})
     (writer,) = keyed_store._writers[str(s.checkpoint)]
     s.wait_snapshots()
@@ -163,7 +221,7 @@ def test_a_version_whose_files_are_gone_is_refused_with_what_to_do(tmp_path):
     s = _store(tmp_path)
     for v in range(3):
         _run(s, v, {b"\x00\x00k": bytes([v])})
-    (tmp_path / "ck" / "2.delta").unlink()
+    next((tmp_path / "ck").glob("2.*.delta")).unlink()
     with pytest.raises(StateError, match=r"version\(s\) \[2\] are missing.*savepoint"):
         _contents(_store(tmp_path, "other"), 3)
 
@@ -177,6 +235,7 @@ def test_two_attempts_of_one_partition_never_open_it_at_once(tmp_path, monkeypat
     assert not opened.wait(0.3)  # blocked on the lock
     first.put(b"\x00\x00k", b"v")
     first.commit()
+    first.publish()
     first.close()
     t.join(10)
     assert opened.is_set()
