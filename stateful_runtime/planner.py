@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from stateful_runtime.checkpoints.layout import CheckpointLayout
 from stateful_runtime.connectors.dead_letters import DeadLetters, StepDeadLetters
@@ -329,14 +329,29 @@ def native_aggregates(node: NativeWindowNode) -> str:
     return ", ".join(out)
 
 
+def _key_types(keyed: Any) -> list[str] | None:
+    """The types of a keyed stream's key fields (None where the records' schema is not known
+    here): a key is stored as its values, so the same name with another type is another key."""
+    try:
+        types = {f.name: f.dataType.simpleString() for f in record_schema(keyed).fields}
+    except AttributeError:
+        return None
+    if not all(k in types for k in keyed.keys):
+        return None
+    return [types[k] for k in keyed.keys]
+
+
 def state_layout(node: NativeWindowNode | ProcessNode) -> dict:
-    """Kind, key fields and named states of one stateful operator."""
+    """Kind, key fields (names and types) and named states of one stateful operator."""
     keys = list(node.parent.keys)
+    key_types = _key_types(node.parent)
+    typed = {"key_types": key_types} if key_types is not None else {}
     if isinstance(node, NativeWindowNode):
         # Spark keeps one state row per (window, key) whose schema follows every aggregate.
         return {
             "kind": "native-window",
             "keys": keys,
+            **typed,
             "states": {"window": f"{node.assigner.describe()}: " + native_aggregates(node)},
         }
     fn = node.function
@@ -356,7 +371,7 @@ def state_layout(node: NativeWindowNode | ProcessNode) -> dict:
         states.update(
             {name: "broadcast " + _state_signature(d) for name, d in fn.descriptors.items()}
         )
-    return {"kind": kind, "keys": keys, "function": function_name(fn), "states": states}
+    return {"kind": kind, "keys": keys, **typed, "function": function_name(fn), "states": states}
 
 
 @dataclass

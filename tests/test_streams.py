@@ -162,6 +162,7 @@ def test_connected_streams_plan_one_query_whose_fingerprint_guards_their_state(t
         "m": {
             "kind": "co-process",
             "keys": ["k"],
+            "key_types": ["string"],
             "function": "Match",
             "states": {"seen": "value<int>"},
         }
@@ -258,12 +259,14 @@ def test_joins_plan_as_connected_streams_whose_fingerprint_and_explain_name_the_
         "pairs": {
             "kind": "interval-join",
             "keys": ["k"],
+            "key_types": ["string"],
             "function": "Pair",
             "states": {"left_buffer": "map<int, list>", "right_buffer": "map<int, list>"},
         },
         "as-of": {
             "kind": "temporal-join",
             "keys": ["k"],
+            "key_types": ["string"],
             "function": "AsOf",
             "states": {"pending": "map<int, list>", "versions": "map<int, dict>"},
         },
@@ -316,6 +319,7 @@ def test_window_join_plans_as_connected_streams_and_refuses_what_it_cannot_join(
     assert q.state_layout["w"] == {
         "kind": "window-join",
         "keys": ["k"],
+        "key_types": ["string"],
         "function": "Pair",
         "states": {"windows": "map<int, list>"},
     }

@@ -134,6 +134,14 @@ def compatibility(saved: dict[str, Any], new: dict[str, Any]) -> tuple[list[str]
                 continue
             if so["keys"] != no["keys"]:
                 bad.append(f"{where}: keyed by {so['keys']}, now by {no['keys']}")
+            elif "key_types" in so and "key_types" in no and so["key_types"] != no["key_types"]:
+                # (a fingerprint written before key types were recorded compares names only)
+                was, now = so["key_types"], no["key_types"]
+                bad.append(
+                    f"{where}: keyed by {so['keys']} of types {was}, now of types {now} (a "
+                    f"key's state is found by its values: with another type every key would "
+                    f"start empty and the old state stay behind)"
+                )
             for s, sig in so["states"].items():
                 now_sig = no["states"].get(s)
                 if now_sig is None:

@@ -118,8 +118,20 @@ def test_compatibility_lists_every_difference():
         [],
         [],
     )
+    # The same key fields with another type: refused (a key is found by its values); a
+    # fingerprint written before key types were recorded is compared by names.
+    typed = {"kind": "process", "keys": ["k"], "key_types": ["bigint"], "states": {}}
+    retyped = {**typed, "key_types": ["string"]}
+    (what,), _ = restore.compatibility(_one_op(typed), _one_op(retyped))
+    assert what.startswith("query q, operator op: keyed by ['k'] of types ['bigint'], now")
+    untyped = {k: v for k, v in typed.items() if k != "key_types"}
+    assert restore.compatibility(_one_op(untyped), _one_op(retyped)) == ([], [])
     other_job = restore.compatibility(saved, {**saved, "job": "x"})[0]
     assert other_job == ["the savepoint is of job 'j', this job is 'x'"]
+
+
+def _one_op(op: dict) -> dict:
+    return {"job": "j", "queries": {"q": {"operators": {"op": op}}}}
 
 
 def test_a_window_that_now_runs_native_is_refused_with_what_to_do():
