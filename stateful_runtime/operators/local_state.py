@@ -18,7 +18,10 @@ task changed is written in one write batch with its commit, not per key: a key a
 is one read and one write, whatever its number of states. The task's own timer changes are
 looked up beside the store's index when it looks for due timers, so nothing is written before
 the commit. Processing-time TTL is stored beside the value (``(value, expires)``) and checked
-against the batch's processing time, as the in-memory backend does.
+against the batch's processing time, as the in-memory backend does. Expired state also leaves
+storage: a map's expired entries go whenever its key writes the map, and each commit sweeps
+on through :data:`SWEEP_ROWS` more rows of the partition (a cursor per worker, Flink's
+incremental cleanup), removing the expired values and entries of keys nobody writes again.
 """
 
 from __future__ import annotations
@@ -47,6 +50,12 @@ _TIMER_SET = "_srt_timers_of"
 # Stored values a function cannot change in place (kept decoded between key turns).
 _IMMUTABLE = frozenset({int, float, str, bytes, bool, type(None)})
 _TS_END = GROUP_BYTES + 1 + 8  # a timer row: group, tag, timestamp, then the key
+# Rows a commit looks at for expired processing-time TTL state: ~1-3 ms of a task's commit,
+# a partition of 1M keys swept every 1,000 batches (a key a batch touches is purged anyway).
+SWEEP_ROWS = 1_000
+# Where each partition's sweep goes on from in this worker (store checkpoint → next row; a
+# worker that starts anew sweeps from the start: the cursor decides nothing but the order).
+_sweep_from: dict[str, bytes] = {}
 
 
 class _Encoded:
@@ -148,14 +157,24 @@ class _LocalMap(_Cell, MapCell):
     def get_entry(self, key: Any) -> Any:
         return self._live(self._map().get(key))
 
-    def put_entry(self, key: Any, value: Any) -> None:
+    def _unexpired(self) -> dict[Any, Any]:
+        """The map less its expired entries (they leave storage as the map is written)."""
         m = self._map()
+        if self.ttl is not None and m:
+            now = self.b.clock()
+            live = {k: v for k, v in m.items() if v[1] > now}
+            if len(live) != len(m):
+                return live
+        return m
+
+    def put_entry(self, key: Any, value: Any) -> None:
+        m = self._unexpired()
         m[key] = self._stamp(value)
         self._set(m)
 
     def remove_entry(self, key: Any) -> None:
-        m = self._map()
-        if m.pop(key, _MISSING) is not _MISSING:
+        m = self._unexpired()
+        if m.pop(key, _MISSING) is not _MISSING or m is not self._map():
             self._set(m)
 
     def entries(self) -> Iterator[tuple[Any, Any]]:
@@ -177,6 +196,28 @@ class _LocalMap(_Cell, MapCell):
 
     def replace_entries(self, entries: dict[Any, Any]) -> None:
         self._set(entries)
+
+
+def _expire(states: dict[str, Any], ttl: dict[str, bool], now: int) -> bool:
+    """Drop from a key's ``states`` the processing-time TTL values and map entries expired at
+    ``now`` (``ttl``: state name → whether it is a map); whether anything was dropped."""
+    dropped = False
+    for name, is_map in ttl.items():
+        stored = states.get(name)
+        if stored is None:
+            continue
+        if is_map:
+            live = {k: v for k, v in stored.items() if v[1] > now}
+            if len(live) != len(stored):
+                dropped = True
+                if live:
+                    states[name] = live
+                else:
+                    del states[name]
+        elif stored[1] <= now:
+            del states[name]
+            dropped = True
+    return dropped
 
 
 class LocalBackend(StateBackend):
@@ -303,8 +344,39 @@ class LocalBackend(StateBackend):
             self._scanned = None  # the task's timers are the store's now
 
     def commit(self) -> int:
-        """The task's changes as the store's next version (see :meth:`KeyedStore.commit`)."""
+        """The task's changes, and the expired state its sweep found (:meth:`sweep`), as the
+        store's next version (see :meth:`KeyedStore.commit`)."""
+        self.sweep()
         return self.store.commit(self.pending())
+
+    def sweep(self, limit: int = SWEEP_ROWS) -> None:
+        """Look at up to ``limit`` more rows of the task's key groups, from where this
+        worker's last sweep of the partition stopped, and drop their expired processing-time
+        TTL state (a row left empty is deleted). Rows the task read are its own to write."""
+        ttl = {c.name: c.is_map for c in self.cells if c.ttl is not None}
+        if not ttl:
+            return
+        now, where = self.clock(), str(self.store.checkpoint)
+        groups = list(self.groups)
+        cursor = _sweep_from.pop(where, b"")
+        first = int.from_bytes(cursor[:GROUP_BYTES], "big") if cursor else None
+        at = groups.index(first) if first in groups else 0
+        if first not in groups:  # (another range of key groups since: a rescale)
+            cursor = b""
+        looked = 0
+        for group in groups[at:] + groups[:at]:
+            # (the cursor's group first, from the cursor on)
+            start, cursor = max(cursor, _PREFIXES[group] + STATE_ROW), b""
+            for row, raw in self.store.scan(start, _PREFIXES[group] + b"l"):
+                looked += 1
+                if looked > limit:
+                    _sweep_from[where] = row
+                    return
+                if row in self.values or row in self.dirty:
+                    continue
+                states = decode_states(raw)
+                if _expire(states, ttl, now):
+                    self.dirty[row] = states
 
     def keys_with(self, name: str) -> list[tuple[int | None, tuple]]:
         """Every key of the task's key groups (:attr:`groups`) holding state ``name``, in

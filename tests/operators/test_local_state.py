@@ -1,12 +1,14 @@
-"""The worker backend's timers with and without each key's own timer row: the same timers
-listed and due, whatever the order of registrations and deletions in and across key turns."""
+"""The worker backend: timers with and without each key's own timer row (the same timers
+listed and due, whatever the order of registrations and deletions in and across key turns);
+expired processing-time TTL state leaving storage."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stateful_runtime.operators.keyed_store import KeyedStore
+from stateful_runtime.checkpoints.keyed import STATE_ROW, decode_states, parse_row
+from stateful_runtime.operators.keyed_store import MAX_PARALLELISM, KeyedStore
 from stateful_runtime.operators.local_state import LocalBackend
 
 KEYS = [("a",), ("b",)]
@@ -46,3 +48,57 @@ def test_timers_without_the_keys_row_are_the_same_timers(tmp_path_factory, turns
             (ts, k) for k, tss in model.items() for ts in tss if ts <= 3
         }
         b.store.close()
+
+
+def _ttl_backend(tmp, now: list[int]) -> LocalBackend:
+    store = KeyedStore(tmp / "ck", tmp / "local")
+    store.open(0)
+    backend = LocalBackend(store, clock=lambda: now[0], key_timers=False)
+    backend.groups = range(MAX_PARALLELISM)
+    return backend
+
+
+def _stored(backend: LocalBackend) -> dict:
+    rows = backend.store.scan(b"", b"\xff\xff")
+    return {parse_row(row)[2]: decode_states(raw) for row, raw in rows if row[2:3] == STATE_ROW}
+
+
+def test_expired_processing_time_state_leaves_storage_for_every_state_kind(tmp_path):
+    """Processing-time TTL frees storage, not only reads: a map's expired entries go when its
+    key writes it (five puts 10 s apart under a 1 s TTL keep one entry stored, not five), and
+    the commit's sweep removes the expired values and entries of keys nobody writes again."""
+    now = [0]
+    b = _ttl_backend(tmp_path, now)
+    seen, last = b.map_cell("seen", 1_000), b.value_cell("last", 1_000)
+    kept = b.value_cell("kept", None)  # no TTL: never swept
+    for i in range(5):
+        now[0] = i * 10_000
+        b.begin_key(("user",))
+        seen.put_entry(f"id{i}", i)
+        b.end_key()
+    b.flush()
+    assert list(_stored(b)[_key("user")]["seen"]) == ["id4"]
+    for k in ("a", "b"):
+        b.begin_key((k,))
+        seen.put_entry("x", 1)
+        last.put(1)
+        if k == "b":
+            kept.put("forever")
+        b.end_key()
+    b.commit()
+    b.store.publish()
+    b.store.close()
+    # A later batch touching none of those keys: its commit sweeps what expired.
+    now[0] = 60_000
+    b.store.open(1)
+    fresh = LocalBackend(b.store, clock=lambda: now[0], key_timers=False)
+    fresh.map_cell("seen", 1_000), fresh.value_cell("last", 1_000), fresh.value_cell("kept", None)
+    fresh.commit()
+    assert _stored(fresh) == {_key("b"): {"kept": "forever"}}
+    fresh.store.close()
+
+
+def _key(*fields) -> bytes:
+    import pickle
+
+    return pickle.dumps(fields, pickle.HIGHEST_PROTOCOL)
