@@ -453,21 +453,38 @@ def rescale(query_root: Path, old: int, new: int, version: int, into: int) -> li
     (:func:`key_groups`) at ``version``, selected by prefix from the ``old`` partitions that held
     them, become its snapshot of version ``into`` — staged, read by nobody until
     :func:`publish` (after Spark committed its redistribution batch). Returns the staged
-    files."""
+    files.
+
+    Both ranges ascend, so the old partitions a new one draws from follow each other, and one
+    that straddles two new partitions is the last one read: each old partition is rebuilt
+    once, and one at a time is in memory."""
     staged: list[Path] = []
     stamp = uuid.uuid4().hex
     try:
         for op in operators(query_root):
             staged.append(record(op / _STAGED, into, dict.fromkeys(range(new), stamp)))
-            for p in range(new):
+            last: dict[int, dict[bytes, bytes]] = {}
+
+            def rebuilt(q: int, op: Path = op, last: dict = last) -> dict[bytes, bytes]:
+                if q not in last:
+                    last.clear()
+                    last[q] = state_at(op / str(q), version)
+                return last[q]
+
+            def drawn(p: int, rebuilt: Callable = rebuilt) -> Iterator[pa.RecordBatch]:
                 mine = key_groups(p, new)
-                held: dict[bytes, bytes] = {}
                 for q in range(old):
                     theirs = key_groups(q, old)
                     overlap = range(max(mine.start, theirs.start), min(mine.stop, theirs.stop))
                     if overlap:
-                        held.update(state_at(op / str(q), version, overlap))
-                staged.append(write(op / str(p) / _STAGED, into, SNAPSHOT, stamp, as_batches(held)))
+                        wanted = {group_prefix(g) for g in overlap}
+                        rows = rebuilt(q)
+                        yield from as_batches(
+                            {k: v for k, v in rows.items() if k[:GROUP_BYTES] in wanted}
+                        )
+
+            for p in range(new):
+                staged.append(write(op / str(p) / _STAGED, into, SNAPSHOT, stamp, drawn(p)))
     except BaseException:
         discard(staged)
         raise

@@ -87,7 +87,12 @@ def test_a_rescale_gives_each_new_partition_exactly_its_key_groups(
         }
         _commit(op / str(p), 0, mine)
         _commit(op / str(p), 1, {})  # version 2: nothing changed
-    staged = keyed.rescale(tmp / "q", old, new, 2, 3)
+    reads: list[str] = []
+    real = keyed.state_at
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(keyed, "state_at", lambda d, *a: reads.append(d.name) or real(d, *a))
+        staged = keyed.rescale(tmp / "q", old, new, 2, 3)
+    assert sorted(reads) == [str(q) for q in range(old)]  # each old partition rebuilt once
     assert all(keyed.versions(op / str(p), keyed.SNAPSHOT) == [] for p in range(new))
     keyed.publish(staged)
     union: dict[bytes, bytes] = {}
