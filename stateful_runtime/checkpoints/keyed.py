@@ -213,12 +213,18 @@ def record(operator: Path, version: int, tokens: Mapping[int, str] | Mapping[str
         "version": version,
         "tokens": {str(p): t for p, t in tokens.items()},
     }
-    final = record_path(operator, version)
+    return _put(
+        record_path(operator, version), lambda tmp: tmp.write_bytes(json.dumps(doc).encode())
+    )
+
+
+def _put(final: Path, fill: Callable[[Path], object]) -> Path:
+    """``fill`` a temporary file beside ``final``, sync it, then rename it to ``final``: a
+    reader sees the whole file or none."""
     tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        with open(tmp, "wb") as f:
-            f.write(json.dumps(doc).encode())
-            f.flush()
+        fill(tmp)
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, final)
     except BaseException:
@@ -289,20 +295,14 @@ def write(
     """Write ``batches`` as the ``suffix`` file of ``version`` by attempt ``token``: to a
     temporary name, synced, then renamed (read only once a commit record names ``token``)."""
     directory.mkdir(parents=True, exist_ok=True)
-    final = file(directory, version, suffix, token)
-    tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
     schema = SCHEMA.with_metadata({"format": FORMAT, "version": str(version), "token": token})
-    try:
+
+    def fill(tmp: Path) -> None:
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
             for batch in batches:
                 writer.write_batch(batch)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return final
+
+    return _put(file(directory, version, suffix, token), fill)
 
 
 def token(path: Path) -> str | None:
