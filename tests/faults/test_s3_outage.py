@@ -74,7 +74,10 @@ def test_s3_down_during_savepoint_and_mirror_job_keeps_running_mirror_catches_up
             "parallelism": "2",
         }
     )
-    env = {**job_env, "SRT_S3_ENDPOINT_URL": proxy.url}
+    # A home of its own: `savepoint list` also lists the default root under $SRT_HOME, where
+    # another test's savepoint of the same job may be.
+    home = {"SRT_HOME": str(upi.root / "srt-home")}
+    env = {**job_env, **home, "SRT_S3_ENDPOINT_URL": proxy.url}
     qdir = upi.checkpoint_dir / QUERY
     feeder = Feeder(upi.log_dir, seed=17, chunk=100)
     log = upi.root / "run.log"
@@ -145,7 +148,7 @@ def test_s3_down_during_savepoint_and_mirror_job_keeps_running_mirror_catches_up
     out = log.read_text()
     cmp = compare(upi.table(), oracle(fed))
     batch, missing = _mirror_batch(s3, mirror)
-    listed = _savepoints(srt_env)  # straight to moto: the proxy is gone
+    listed = _savepoints({**srt_env, **home})  # straight to moto: the proxy is gone
     sp_ok = (
         failed.returncode != 0
         and sid not in listed_after_outage
