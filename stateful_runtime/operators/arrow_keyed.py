@@ -209,13 +209,15 @@ class ArrowKeyedOperator:
             op = KeyedOperator(copy.deepcopy(self.fn), copy.deepcopy(self.guard))
             if shared:
                 op.share_reads()
+            # A run after a shared one starts from the store: the first changed values in
+            # place (they are not kept, see warm_values).
+            warm = warm_values(store)
             backend = LocalBackend(
                 store,
                 clock=lambda: op.processing_ms,
                 key_timers=False,
-                # A run after a shared one starts from the store: the first changed values
-                # in place (they are not kept, see warm_values).
-                values=warm_values(store),
+                values=warm[0] if warm else None,
+                value_bytes=warm[1] if warm else 0,
             )
             backend.groups = groups
             op.set_time(watermark, now)
@@ -255,7 +257,7 @@ class ArrowKeyedOperator:
                 backend.raw.update(broadcast_rows(groups, broadcast))
             op.guard.stage()  # before the version commits: a retried task stages the same
             version = backend.commit()
-            keep_values(store, backend.values)
+            keep_values(store, backend)
             if op.domain is TimeDomain.PROCESSING_TIME:  # when the next batch must run
                 write_next_timer(store.checkpoint, version, backend.next_timer(groups))
             # The attempt's token to the driver, which records it once the batch's output

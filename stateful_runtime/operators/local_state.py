@@ -237,6 +237,7 @@ class LocalBackend(StateBackend):
             store's at the version it is opened at (a worker's values of its previous batch,
             see :mod:`stateful_runtime.operators.arrow_keyed`); they are read instead of the
             store.
+        value_bytes: the stored size of ``values`` (:attr:`value_bytes`).
     """
 
     def __init__(
@@ -246,11 +247,15 @@ class LocalBackend(StateBackend):
         *,
         key_timers: bool = True,
         values: dict[bytes, Any] | None = None,
+        value_bytes: int = 0,
     ) -> None:
         self.store = store
         self.clock = clock
         self.key_timers = key_timers
         self.values: dict[bytes, dict[str, Any] | None] = {} if values is None else values
+        # What :attr:`values` take stored (each row's key and pickle as read, and as written:
+        # a row written counts again, so this bounds from above).
+        self.value_bytes = value_bytes if values is not None else 0
         # Written since the last flush: keys' rows (row → its states) and rows written as
         # they are (the timer index, broadcast states).
         self.dirty: dict[bytes, dict[str, Any]] = {}
@@ -304,6 +309,7 @@ class LocalBackend(StateBackend):
         if states is _MISSING:
             raw = self.store.get(row)
             states = self.values[row] = None if raw is None else decode_states(raw)
+            self.value_bytes += len(row) + (len(raw) if raw is not None else 0)
         self.states, self.loaded = states, self.turn  # type: ignore[assignment]
         return states  # type: ignore[return-value]
 
@@ -331,9 +337,9 @@ class LocalBackend(StateBackend):
         rows = self.raw
         dirty = self.dirty
         if dirty:
-            rows.update(
-                zip(dirty, [_dumps(s, _PICKLE) if s else None for s in dirty.values()], strict=True)
-            )
+            encoded = [_dumps(s, _PICKLE) if s else None for s in dirty.values()]
+            rows.update(zip(dirty, encoded, strict=True))
+            self.value_bytes += sum(map(len, dirty)) + sum(map(len, filter(None, encoded)))
         self.dirty, self.raw = {}, {}
         return rows
 
@@ -535,25 +541,30 @@ def stored_states(backend: LocalBackend) -> set[tuple[str, tuple]]:
 # process committed, with its token: another attempt of the batch (a retry here or elsewhere),
 # a batch of the partition run by another worker, a replay from an earlier version all change
 # the version or its token, and the values are dropped.
-WARM_ROWS = 400_000  # decoded rows kept per worker process, all partitions together
-_warm: dict[str, tuple[int, str, dict[bytes, Any]]] = {}
+# Bounded by the rows' stored size, not their count: a key holding a large map is one row of
+# megabytes. 32 MiB of pickles is ~400,000 rows of a counter's or FraudCounter's size, which
+# decoded take ~150-250 MB of the worker (a dict and its objects outweigh their pickle).
+WARM_BYTES = 32 << 20  # stored bytes of the decoded rows kept per worker, all partitions
+_warm: dict[str, tuple[int, str, dict[bytes, Any], int]] = {}
 
 
-def warm_values(store: KeyedStore) -> dict[bytes, Any] | None:
-    """The values this process committed ``store``'s current version with, if it did."""
+def warm_values(store: KeyedStore) -> tuple[dict[bytes, Any], int] | None:
+    """The values this process committed ``store``'s current version with, if it did, and
+    their stored size (:attr:`LocalBackend.value_bytes`)."""
     entry = _warm.pop(str(store.checkpoint), None)
     if entry is None:
         return None
-    version, token, values = entry
-    return values if (version, token) == (store.version, store.token) else None
+    version, token, values, size = entry
+    return (values, size) if (version, token) == (store.version, store.token) else None
 
 
-def keep_values(store: KeyedStore, values: dict[bytes, Any]) -> None:
-    """Keep ``values`` (the task's, after ``store`` committed) for the partition's next task
-    in this process, within :data:`WARM_ROWS`."""
-    if len(values) > WARM_ROWS:
+def keep_values(store: KeyedStore, backend: LocalBackend) -> None:
+    """Keep the backend's values (the task's, after ``store`` committed) for the
+    partition's next task in this process, within :data:`WARM_BYTES`."""
+    size = backend.value_bytes
+    if size > WARM_BYTES:
         return
-    while _warm and sum(len(v) for _, _, v in _warm.values()) + len(values) > WARM_ROWS:
+    while _warm and sum(e[3] for e in _warm.values()) + size > WARM_BYTES:
         _warm.pop(next(iter(_warm)))
     assert store.version is not None
-    _warm[str(store.checkpoint)] = (store.version, store.token, values)
+    _warm[str(store.checkpoint)] = (store.version, store.token, backend.values, size)

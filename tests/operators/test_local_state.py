@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stateful_runtime.checkpoints.keyed import STATE_ROW, decode_states, parse_row
+from stateful_runtime.operators import local_state
 from stateful_runtime.operators.keyed_store import MAX_PARALLELISM, KeyedStore
 from stateful_runtime.operators.local_state import LocalBackend
 
@@ -102,3 +103,26 @@ def _key(*fields) -> bytes:
     import pickle
 
     return pickle.dumps(fields, pickle.HIGHEST_PROTOCOL)
+
+
+def test_a_workers_kept_values_are_bounded_by_their_stored_size(tmp_path, monkeypatch):
+    """A worker keeps a task's decoded values for the partition's next task within a bound in
+    bytes, not rows: one key holding a large map is one row of many bytes."""
+    monkeypatch.setattr(local_state, "WARM_BYTES", 20_000)
+    for name, entries in (("small", 10), ("large", 2_000)):
+        store = KeyedStore(tmp_path / name / "0", tmp_path / f"local-{name}")
+        store.open(0)
+        b = LocalBackend(store, clock=lambda: 0, key_timers=False)
+        m = b.map_cell("m", None)
+        b.begin_key(("k",))
+        for i in range(entries):
+            m.put_entry(i, f"value {i:012d}")
+        b.end_key()
+        b.commit()
+        local_state.keep_values(store, b)
+        warm = local_state.warm_values(store)
+        if name == "small":
+            assert warm is not None and warm[1] == b.value_bytes < 20_000
+        else:
+            assert b.value_bytes > 20_000 and warm is None
+        store.close()
