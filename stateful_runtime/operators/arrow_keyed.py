@@ -298,15 +298,17 @@ class ArrowKeyedOperator:
     ) -> Iterator[pa.RecordBatch]:
         # A timer may register another that is due already: fire until none is.
         while True:
-            due = backend.due(upto, groups)
-            if not due:
-                return
-            for ts, group, key in due:
+            fired = False
+            for ts, group, key in backend.due(upto, groups):
+                fired = True
                 backend.group = group
                 backend.take(key, ts)
                 op.fire(key, ts)
                 if op.main or op.side:
                     self._collect(op)
+                    yield from self._flush()
+            if not fired:
+                return
             yield from self._flush()
 
     def _process(

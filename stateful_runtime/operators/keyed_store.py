@@ -338,11 +338,12 @@ class KeyedStore:
             it.next()
 
     def keys(self, start: bytes, stop: bytes) -> Iterator[bytes]:
-        """Keys ``start <= key < stop``, in key order."""
+        """Keys ``start <= key < stop``, in key order, as of the call's first step (RocksDB's
+        iterator reads one point in time)."""
         assert self.db is not None
-        opts = ReadOptions()
+        opts = ReadOptions()  # held by this frame while the iterator lives
         opts.set_iterate_upper_bound(stop)
-        return self.db.keys(from_key=start, read_opt=opts)  # type: ignore[return-value]
+        yield from self.db.keys(from_key=start, read_opt=opts)
 
     # -- committing -------------------------------------------------------------------------
     def commit(self, rows: dict[bytes, bytes | None] | None = None) -> int:

@@ -26,6 +26,7 @@ incremental cleanup), removing the expired values and entries of keys nobody wri
 
 from __future__ import annotations
 
+import heapq
 import pickle
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -198,6 +199,11 @@ class _LocalMap(_Cell, MapCell):
         self._set(entries)
 
 
+def _timer_order(row: bytes) -> tuple[bytes, bytes, bytes]:
+    """A timer row's place in firing order: time, then key group, then key."""
+    return row[GROUP_BYTES + 1 : _TS_END], row[:GROUP_BYTES], row[_TS_END:]
+
+
 def _expire(states: dict[str, Any], ttl: dict[str, bool], now: int) -> bool:
     """Drop from a key's ``states`` the processing-time TTL values and map entries expired at
     ``now`` (``ttl``: state name → whether it is a map); whether anything was dropped."""
@@ -280,6 +286,7 @@ class LocalBackend(StateBackend):
         self._none_due_upto: int | None = None
         # The key groups and time up to which due() read the store's index.
         self._scanned: tuple[set[bytes], int] | None = None
+        self._flushes = 0  # (a pass of due() over the store checks rows written since)
 
     # -- cells ------------------------------------------------------------------------------
     def value_cell(self, name: str, processing_ttl_ms: int | None) -> ValueCell:
@@ -348,6 +355,7 @@ class LocalBackend(StateBackend):
         if self.dirty or self.raw:
             self.store.write(self.pending())
             self._scanned = None  # the task's timers are the store's now
+            self._flushes += 1
 
     def commit(self) -> int:
         """The task's changes, and the expired state its sweep found (:meth:`sweep`), as the
@@ -445,49 +453,54 @@ class LocalBackend(StateBackend):
             )
         return sorted(self._timers())
 
-    def due(self, upto: int, groups: Iterable[int]) -> list[tuple[int, int, tuple]]:
+    def due(self, upto: int, groups: Iterable[int]) -> Iterator[tuple[int, int, tuple]]:
         """Timers at or before ``upto`` in ``groups``, in time order (then group, then key):
         ``(ts, group, key)``, not yet removed (the caller takes each, :meth:`take`, before it
-        fires). The store's index as committed, with the task's own registrations and
-        removals; the store's part is read once up to a time (every timer it found there was
-        taken since: what a later look up to that time can find is the task's own)."""
+        fires, and consumes the whole pass). The store's index as committed, with the task's
+        own registrations and removals, streamed: a wave of millions of TTL cleanups is read
+        as it fires, never listed. The store's part is read once up to a time (every timer it
+        found there was taken since: what a later look up to that time can find is the
+        task's own)."""
         if self._none_due_upto is not None and upto <= self._none_due_upto:
-            return []
+            return
         stop = encode_ts(upto + 1) if upto < 2**63 - 1 else b"\xff" * 9
-        raw = self.raw
-        rows = []
         wanted = {_PREFIXES[g] for g in groups}
         scanned = self._scanned
+        runs: list[Iterable[bytes]] = []
         if scanned is None or scanned[0] != wanted or upto > scanned[1]:
-            for prefix in sorted(wanted):
-                base = prefix + TIMER_ROW
-                for row in self.store.keys(base, base + stop):
-                    if raw.get(row, b"") is not None:  # not removed by this task
-                        rows.append(row)
+            runs += [self.store.keys(p + TIMER_ROW, p + TIMER_ROW + stop) for p in sorted(wanted)]
             self._scanned = (wanted, upto)
-        if raw:
-            known = set(rows)
-            for row, value in raw.items():
-                if (
-                    value is not None
-                    and row[GROUP_BYTES : GROUP_BYTES + 1] == TIMER_ROW
-                    and row[GROUP_BYTES + 1 : _TS_END] < stop
-                    and row[:GROUP_BYTES] in wanted
-                    and row not in known
-                ):
-                    rows.append(row)
-        if not rows:
-            self._none_due_upto = upto
-            return []
-        out = sorted(
+        store_runs = len(runs)
+        # The task's own registrations not yet in the store (bounded by what the task did).
+        own = sorted(
             (
+                row
+                for row, value in self.raw.items()
+                if value is not None
+                and row[GROUP_BYTES : GROUP_BYTES + 1] == TIMER_ROW
+                and row[GROUP_BYTES + 1 : _TS_END] < stop
+                and row[:GROUP_BYTES] in wanted
+                and (not store_runs or self.store.get(row) is None)
+            ),
+            key=_timer_order,
+        )
+        runs.append(own)
+        flushes = self._flushes
+        found = False
+        for row in heapq.merge(*runs, key=_timer_order):
+            taken = self.raw.get(row, _MISSING)
+            if taken is None:  # removed by this task
+                continue
+            if taken is _MISSING and flushes != self._flushes and self.store.get(row) is None:
+                continue  # removed, and written to the store since the pass began
+            found = True
+            yield (
                 decode_ts(row[GROUP_BYTES + 1 : _TS_END]),
                 int.from_bytes(row[:GROUP_BYTES], "big"),
-                row[_TS_END:],
+                _loads(row[_TS_END:]),
             )
-            for row in rows
-        )
-        return [(ts, g, _loads(kb)) for ts, g, kb in out]
+        if not found:
+            self._none_due_upto = upto
 
     def next_timer(self, groups: Iterable[int]) -> int | None:
         """The earliest timer in ``groups`` as committed (None: none)."""

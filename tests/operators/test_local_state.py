@@ -43,7 +43,7 @@ def test_timers_without_the_keys_row_are_the_same_timers(tmp_path_factory, turns
             b.begin_key(key)
             assert sorted(b.list_timers()) == sorted(model[key])
             b.end_key()
-        due = b.due(3, range(128))
+        due = list(b.due(3, range(128)))
         assert due == sorted((ts, g, k) for ts, g, k in due)
         assert {(ts, k) for ts, _, k in due} == {
             (ts, k) for k, tss in model.items() for ts in tss if ts <= 3
@@ -126,3 +126,36 @@ def test_a_workers_kept_values_are_bounded_by_their_stored_size(tmp_path, monkey
         else:
             assert b.value_bytes > 20_000 and warm is None
         store.close()
+
+
+def test_due_timers_stream_in_time_order_and_a_timer_removed_mid_pass_does_not_fire(tmp_path):
+    """A pass over due timers reads the store's index as it goes (a wave of TTL cleanups is
+    never listed whole); a timer the firing removes — held by the task, or already written
+    to the store — does not fire later in the same pass."""
+    store = KeyedStore(tmp_path / "ck" / "0", tmp_path / "local")
+    store.open(0)
+    b = LocalBackend(store, clock=lambda: 0, key_timers=False)
+    b.groups = range(MAX_PARALLELISM)
+    for key, ts in ((("a",), 10), (("a",), 20), (("b",), 15), (("c",), 30)):
+        b.begin_key(key)
+        b.register_timer(ts)
+        b.end_key()
+    b.flush()  # in the store's index now
+    b.begin_key(("d",))
+    b.register_timer(5)  # the task's own, not in the store yet
+    b.end_key()
+    passing = b.due(100, range(MAX_PARALLELISM))
+    assert not isinstance(passing, list)
+    fired = []
+    for ts, group, key in passing:
+        b.group = group
+        b.take(key, ts)
+        fired.append((ts, key))
+        if key == ("a",) and ts == 10:  # a's first timer removes b's, then the task flushes
+            b.group = None  # (b's own group, as at its registration)
+            b.begin_key(("b",))
+            b.delete_timer(15)
+            b.end_key()
+            b.flush()
+    assert fired == [(5, ("d",)), (10, ("a",)), (20, ("a",)), (30, ("c",))]
+    store.close()
