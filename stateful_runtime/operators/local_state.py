@@ -470,8 +470,8 @@ class LocalBackend(StateBackend):
         if scanned is None or scanned[0] != wanted or upto > scanned[1]:
             runs += [self.store.keys(p + TIMER_ROW, p + TIMER_ROW + stop) for p in sorted(wanted)]
             self._scanned = (wanted, upto)
-        store_runs = len(runs)
-        # The task's own registrations not yet in the store (bounded by what the task did).
+        # The task's own registrations (bounded by what the task did); one the store holds
+        # too comes out of the merge twice in a row, and fires once.
         own = sorted(
             (
                 row
@@ -480,14 +480,17 @@ class LocalBackend(StateBackend):
                 and row[GROUP_BYTES : GROUP_BYTES + 1] == TIMER_ROW
                 and row[GROUP_BYTES + 1 : _TS_END] < stop
                 and row[:GROUP_BYTES] in wanted
-                and (not store_runs or self.store.get(row) is None)
             ),
             key=_timer_order,
         )
         runs.append(own)
         flushes = self._flushes
         found = False
+        last = b""
         for row in heapq.merge(*runs, key=_timer_order):
+            if row == last:
+                continue
+            last = row
             taken = self.raw.get(row, _MISSING)
             if taken is None:  # removed by this task
                 continue
