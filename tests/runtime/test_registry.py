@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from stateful_runtime.runtime import registry
-from tests.helpers import srt
+from tests.helpers import poll, srt
 
 
 @pytest.fixture
@@ -42,15 +42,51 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
+# An unrelated process that writes down every catchable signal it gets (SIGKILL ends it).
+_SIGNAL_LOG = """
+import signal, sys, time
+log = open(sys.argv[1], "a", buffering=1)
+def note(signum, frame):
+    log.write(signal.Signals(signum).name + "\\n")
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGRTMIN):
+    signal.signal(s, note)
+log.write("ready\\n")
+while True:
+    time.sleep(60)
+"""
+
+
 @pytest.fixture
-def sleeper() -> Iterator[subprocess.Popen]:
-    """An unrelated process (a `sleep`) whose pid a registry entry will claim."""
-    proc = subprocess.Popen(["sleep", "600"], start_new_session=True)
+def sleeper(tmp_path: Path) -> Iterator[subprocess.Popen]:
+    """An unrelated process whose pid a registry entry will claim; it notes the signals it
+    gets in ``sleeper.signals`` (a file)."""
+    import sys
+
+    signals = tmp_path / "signals"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SIGNAL_LOG, str(signals)], start_new_session=True
+    )
+    proc.signals = signals  # type: ignore[attr-defined]
     try:
+        poll(lambda: signals.exists() and "ready" in signals.read_text(), 30, "the sleeper")
         yield proc
     finally:
         proc.kill()
         proc.wait()
+
+
+def _never_signalled(proc: subprocess.Popen) -> None:
+    """``proc`` got no signal: alive, and a marker sent now arrives alone. The marker is a
+    real-time signal, numbered above every other it notes, and Python runs pending handlers
+    in signal order: one sent before it would be noted first. SIGKILL would have ended it."""
+    assert proc.poll() is None
+    os.kill(proc.pid, signal.SIGRTMIN)
+    got = poll(
+        lambda: "SIGRTMIN" in (t := proc.signals.read_text()) and t,  # type: ignore[attr-defined]
+        30,
+        "the marker signal",
+    )
+    assert got.split() == ["ready", "SIGRTMIN"], got
 
 
 def test_home_is_private_and_entries_mask_secrets(home: Path):
@@ -178,8 +214,7 @@ def test_a_reused_pid_is_never_signalled(
     with pytest.raises(SrtCommandError):
         runtime.stop("reused", timeout=5)
 
-    time.sleep(0.5)  # a signal sent would have been delivered by now
-    assert sleeper.poll() is None  # the unrelated process lives on
+    _never_signalled(sleeper)  # the unrelated process lives on
 
 
 def test_an_entry_without_a_start_time_is_not_signalled(
@@ -192,7 +227,7 @@ def test_an_entry_without_a_start_time_is_not_signalled(
         _srt(home, srt_env, "stop", "legacy", "--kill", "--timeout", "1", "--json").stdout
     )
     assert killed["signal"] == "none"
-    assert sleeper.poll() is None
+    _never_signalled(sleeper)
 
 
 def _orphaned_group(run_id: str) -> tuple[int, int]:
