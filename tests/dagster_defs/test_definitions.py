@@ -4,6 +4,7 @@ the machine was loaded), not a test."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from datetime import timedelta
@@ -52,15 +53,21 @@ def test_definitions_load_without_importing_spark_or_gx():
     assert out.stdout.strip() == ""
 
 
-def test_workspace_validates():
+def test_workspace_validates(tmp_path):
+    """`dagster definitions validate` on the workspace `dagster dev` loads: the example code
+    location loads, by name (its home in the test's own directory, not the checkout)."""
     out = subprocess.run(
         [str(VENV_BIN / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
         cwd=ROOT,
+        env={**os.environ, "DAGSTER_HOME": str(tmp_path)},
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert out.returncode == 0, out.stdout + out.stderr
+    said = out.stdout + out.stderr
+    assert out.returncode == 0, said
+    assert "Validation successful for code location definitions.py" in said, said
+    assert "All code locations passed validation" in said, said
 
 
 def test_default_definitions_expose_the_upi_job():

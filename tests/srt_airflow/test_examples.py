@@ -43,18 +43,18 @@ print(json.dumps({
 """
 
 
-def test_the_example_dags_import_with_no_errors_fast_and_without_spark(airflow: AirflowHome):
+def test_the_example_dags_import_with_no_errors_and_without_spark(airflow: AirflowHome):
     parsed = airflow.python(_PARSE % str(DAGS))
     assert parsed["errors"] == {}
     assert set(parsed["dags"]) == EXPECTED
     assert parsed["heavy"] == [], "DAG parsing loaded the engine, Spark or a job file"
     assert parsed["tasks"]["upi_per_minute_savepoints"] == ["retention", "savepoint"]
-    # Measured, not asserted tight (NOTES.md has the figures): a sanity bound only.
+    # What keeps parsing fast is asserted above (nothing heavy imported); the seconds are
+    # printed, never asserted (a busy machine is no defect; NOTES.md has the figures).
     print("DAG file import seconds:", parsed["seconds"])
     assert set(parsed["seconds"]) == {
         f"{n}.py" for n in ("upi_start", "upi_savepoints", "upi_counts_downstream", "upi_stop")
     }
-    assert all(s < 5 for s in parsed["seconds"].values()), parsed["seconds"]
 
 
 def test_airflow_lists_the_provider_and_its_connection_type(airflow: AirflowHome):
