@@ -67,16 +67,40 @@ def test_union_example_sources_are_what_srt_generates(srt_env, tmp_path: Path):
     assert "key_by field merchant_id of source app-payments, bank-payments" in text
 
 
-@pytest.mark.parametrize("example", ["payment_refunds", "fraud_rules", "merchant_tiers"])
+# Each example's sink tables and upsert keys, as its job file declares them (written here by
+# hand: an expectation that does not come from the generator).
+CONNECTED_TABLES = {
+    "payment_refunds": {"refund_matches": ["refund_id"], "unmatched_refunds": ["refund_id"]},
+    "fraud_rules": {"fraud_alerts": ["txn_id", "rule_id"]},
+    "merchant_tiers": {
+        "payment_tiers": ["txn_id"],
+        "refund_pairs": ["refund_id"],
+        "same_hour_refunds": ["refund_id"],
+    },
+}
+
+
+@pytest.mark.parametrize("example", sorted(CONNECTED_TABLES))
 def test_connected_examples_sources_are_what_srt_generates(srt_env, tmp_path: Path, example):
-    """The sink tables of a co-process and of a broadcast process function, as dbt sources."""
+    """The sink tables of a co-process and of a broadcast process function, as dbt sources:
+    each table the job writes with its upsert key, each key column tested not null, and the
+    committed example file what `srt dbt sources` writes."""
     from tests.helpers import ROOT
+
+    args = ["dbt", "sources", f"examples/{example}.py", "--database", "srt_sink"]
+    out = srt([*args, "--json"], srt_env, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    tables = json.loads(out.stdout)["sources"]["sources"][0]["tables"]
+    keys = {t["name"]: t["config"]["meta"]["srt"]["unique_key"] for t in tables}
+    assert keys == CONNECTED_TABLES[example]
+    for t in tables:
+        tested = {c["name"] for c in t["columns"] if c.get("data_tests")}
+        assert set(keys[t["name"]]) <= tested, t["name"]
 
     committed = EXAMPLES / f"dbt_{example}" / "models" / "sources.yml"
     copy = tmp_path / "sources.yml"
     shutil.copy(committed, copy)
-    args = ["dbt", "sources", f"examples/{example}.py", "--database", "srt_sink", "-o", str(copy)]
-    again = srt(args, srt_env, cwd=ROOT)
+    again = srt([*args, "-o", str(copy)], srt_env, cwd=ROOT)
     assert again.returncode == 0, again.stderr
     assert "unchanged" in again.stdout
 
