@@ -117,6 +117,7 @@ def test_sink_table_snapshot_and_checks_pass_on_clean_data(live: Live):
     assert rec["dead_letters_in_range"] == 12  # every 499th of 6000 records is malformed
 
 
+@pytest.mark.faults
 def test_sensor_observes_health_and_restarts_a_killed_job(live: Live):
     first = live.tick()
     [obs] = [e for e in first.asset_events if isinstance(e, AssetObservation)]

@@ -118,6 +118,7 @@ def _clickhouse_raw_rows_explained(url: str) -> None:
         c.close()
 
 
+@pytest.mark.faults
 @pytest.mark.timeout(1500)
 def test_kill_dash_nine_and_warehouse_outage_result_equals_oracle(
     upi, warehouses, srt_env, postgres, clickhouse

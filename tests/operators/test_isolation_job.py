@@ -138,6 +138,7 @@ def test_failed_records_are_dead_lettered_the_rest_commits_and_the_identity_hold
     assert "dead letters" in result.stdout
 
 
+@pytest.mark.faults
 @pytest.mark.parametrize("point", ["before", "after"])
 def test_a_kill_between_the_commit_and_the_publication_publishes_each_once(
     tmp_path, srt_env, point

@@ -26,6 +26,7 @@ KILLS = 5
 QUERY = "upi-counts"
 
 
+@pytest.mark.faults
 def test_kill_dash_nine_five_times_result_equals_oracle(upi, srt_env):
     rng = random.Random(20261122)
     # An endless, lazily generated feed: the feeder runs until the last kill is done.

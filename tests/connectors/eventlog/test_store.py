@@ -174,6 +174,7 @@ WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.faults
 def test_reader_in_another_process_follows_a_live_writer_and_kill_9_loses_no_ack(tmp_path):
     log = EventLog(tmp_path)
     log.create_topic("t", 1)
@@ -243,6 +244,7 @@ def test_serve_accepts_nc_style_lines_and_stops_cleanly(served):
     assert values == list(range(300))
 
 
+@pytest.mark.faults
 def test_readers_leave_no_directories_behind_even_when_their_process_is_killed(tmp_path):
     """Each reader keeps a RocksDB secondary directory under the temp dir. Spark's Python
     workers end by ``os._exit`` or SIGKILL (no ``atexit``, no ``close``): the next process's

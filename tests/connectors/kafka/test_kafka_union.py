@@ -122,6 +122,7 @@ def _good(lines: list[bytes]) -> list[dict]:
     return out
 
 
+@pytest.mark.faults
 def test_union_of_event_log_and_kafka_accounts_each_input_and_is_exactly_once(
     upi, kafka, srt_env, tmp_path
 ):

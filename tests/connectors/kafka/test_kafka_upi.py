@@ -67,6 +67,7 @@ def _output(kafka, topic):
     return last, seen
 
 
+@pytest.mark.faults
 def test_kafka_to_kafka_kill_dash_nine_read_committed_equals_oracle(upi, kafka, srt_env):
     rng = random.Random(5)
     topic, out_topic = "upi-kill", "upi-kill-counts"
