@@ -158,7 +158,7 @@ def _state_problem(path: Path, data: bytes) -> str | None:
     problem = _crc_problem(path, data)
     if problem:
         return problem
-    if path.suffix in (keyed.DELTA, keyed.SNAPSHOT):
+    if path.suffix in (keyed.DELTA, keyed.SNAPSHOT, keyed.COMMIT):
         return keyed.problem(path)
     if path.suffix == ".changelog":
         return _lz4_problem(data)
@@ -267,6 +267,14 @@ def verify(
             for f in files:
                 _check(q, f, "state", state_version(f), out)
     for op in keyed.operators(q.root):
+        # The commit records first: a damaged one leaves unknown which files are its version.
+        records = [
+            (r, rv)
+            for r in op.glob(f"*{keyed.COMMIT}")
+            if (rv := keyed.version_of(r, keyed.COMMIT)) is not None and rv <= batch + 1
+        ]
+        if not all([_check(q, r, "state", rv, out) for r, rv in records]):
+            continue
         for part in keyed.partitions(op, partitions):
             files, missing = keyed.needs(part, batch + 1)
             for v in missing:

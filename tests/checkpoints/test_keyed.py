@@ -302,3 +302,27 @@ def test_a_checkpoint_of_the_previous_layout_restores_into_one_row_per_key(tmp_p
     assert keyed.state_at(part, 4)[keyed.group_prefix(3) + b"k" + dumps(("M1",))] == dumps(
         {"count": 6, "first_seen_ms": 1_000}
     )
+
+
+def test_a_damaged_commit_record_is_named_by_verify_and_the_newest_falls_back(tmp_path):
+    """A commit record is a checkpoint file like any other: verify names a damaged one (which
+    files are its version is then unknown), the start falls back a batch when it is the newest
+    version's, and refuses, naming it, when an earlier batch needs it too."""
+    from stateful_runtime.checkpoints import layout, recovery
+
+    layout.claim(tmp_path / "ck", "job", ["q"])
+    q = _query(tmp_path / "ck", 3)
+    older = keyed.record_path(q.keyed / "op", 2)
+    saved = older.read_bytes()
+    older.write_bytes(saved[:10])
+    problems = {p.path: p.problem for p in verify.verify(q.root)}
+    assert list(problems) == ["keyed/op/2.commit"]
+    assert "not a readable commit record" in problems["keyed/op/2.commit"]
+    with pytest.raises(recovery.CorruptCheckpointError, match="keyed/op/2.commit"):
+        recovery.recover(tmp_path / "ck", ["q"])
+    older.write_bytes(saved)
+
+    keyed.record_path(q.keyed / "op", 3).write_text("{}")
+    rec = recovery.recover(tmp_path / "ck", ["q"])
+    assert q.last_committed() == 1 and rec.quarantine is not None
+    assert verify.verify(q.root) == []
