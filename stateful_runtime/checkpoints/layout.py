@@ -457,8 +457,9 @@ class QueryLayout:
         )
 
     def schema_metadata(self) -> list[Path]:
-        """Spark's operator metadata files (v2) that name state schema files by absolute path."""
-        return list(self.state.glob(f"*/{_META_DIR}/v2/*"))
+        """Spark's operator metadata files (v2) that name state schema files by absolute path
+        (not Hadoop's checksum files beside them)."""
+        return [p for p in self.state.glob(f"*/{_META_DIR}/v2/*") if not p.name.startswith(".")]
 
     def state_path(self, recorded: str) -> str:
         """Where a state file that ``recorded`` names under some query's ``state/`` directory

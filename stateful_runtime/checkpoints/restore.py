@@ -203,7 +203,8 @@ def backend_changes(
             if new is None or o.get("kind") not in ("process", "window"):
                 continue  # a native window's state is Spark's whatever the backend
             was = "rocksdb_local" if (q, op) in local else "spark"
-            if was != new:
+            # (the engine takes the removed backend's state over at start: checkpoints/migrate)
+            if was != new and was != "spark":
                 out.append(
                     (
                         was,
@@ -273,7 +274,7 @@ def materialize(
                 )
         _check_file_list(sp, tmp, wanted)
         for qname in wanted:
-            _relocate_operator_metadata(
+            relocate_operator_metadata(
                 CheckpointLayout(tmp).query(qname), CheckpointLayout(final or dest).query(qname)
             )
         os.replace(tmp, dest)
@@ -310,7 +311,7 @@ def _check_file_list(sp: Savepoint, root: Path, wanted: Iterable[str]) -> None:
         raise ManifestMismatchError(sp.location, bad)
 
 
-def _relocate_operator_metadata(query: QueryLayout, final: QueryLayout) -> None:
+def relocate_operator_metadata(query: QueryLayout, final: QueryLayout) -> None:
     """Spark's operator metadata (v2) names state schema files by absolute path: point those
     paths into the restored checkpoint."""
     for meta in query.schema_metadata():
@@ -321,6 +322,8 @@ def _relocate_operator_metadata(query: QueryLayout, final: QueryLayout) -> None:
                 f"file:{final.state_path(p)}" for p in store_info.get("stateSchemaFilePaths", [])
             ]
         meta.write_text("\n".join([lines[0], json.dumps(body), *lines[2:]]))
+        # Hadoop's checksum of the file as it was would fail its next read.
+        meta.with_name(f".{meta.name}.crc").unlink(missing_ok=True)
 
 
 def restore(

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from stateful_runtime.checkpoints import layout, manifest, recovery, restore, savepoints
+from stateful_runtime.checkpoints import layout, manifest, migrate, recovery, restore, savepoints
 from stateful_runtime.checkpoints.layout import CheckpointLayout, CheckpointLock
 from stateful_runtime.checkpoints.mirror import CheckpointMirror, MirrorSync
 from stateful_runtime.checkpoints.verify import disk_full
@@ -207,13 +207,64 @@ def _offset_lines(q: QueryPlan) -> int:
     on ``state.backend=rocksdb_local`` in processing time also reads its timer ticks, and a
     query of several inputs with a stateful step also reads the source that starts a run's
     batches (:mod:`stateful_runtime.runtime.input_watermarks`)."""
+    return len(q.inputs) * (1 + q.watermark_carrier) + reads_ticks(q) + resumes(q)
+
+
+def reads_ticks(q: QueryPlan) -> bool:
+    """Whether ``q`` reads the ticks of its processing-time timers (a process function on
+    ``state.backend=rocksdb_local`` in processing time, :mod:`stateful_runtime.operators.
+    ticks`)."""
     fn = q.process.function if q.process is not None else None
-    ticks = (
+    return (
         q.state_backend == "rocksdb_local"
         and fn is not None
         and fn.time_domain is TimeDomain.PROCESSING_TIME
     )
-    return len(q.inputs) * (1 + q.watermark_carrier) + ticks + resumes(q)
+
+
+def _migrates(q: QueryPlan, query: layout.QueryLayout) -> bool:
+    """Whether the engine takes over the state of ``q``'s process function from the removed
+    ``state.backend=spark`` when the run starts (:mod:`stateful_runtime.checkpoints.migrate`)."""
+    return (
+        q.state_backend == "rocksdb_local"
+        and q.process is not None
+        and migrate.written_by_spark_backend(query)
+    )
+
+
+def migrate_spark_backend(
+    spark: SparkSession, checkpoint: CheckpointLayout, queries: Sequence[QueryPlan]
+) -> list[str]:
+    """Move the state the removed ``state.backend=spark`` wrote into the engine, query by
+    query (:mod:`stateful_runtime.checkpoints.migrate`); what was done."""
+    from stateful_runtime.operators.keyed import describe_states
+
+    notes = []
+    for q in queries:
+        query = checkpoint.query(q.name)
+        if q.process is None or not _migrates(q, query):
+            continue
+        states = describe_states(q.process.function)
+        ttl = [
+            d.name
+            for d in states
+            if getattr(d, "ttl", None) is not None
+            and d.ttl.time_domain is TimeDomain.PROCESSING_TIME  # type: ignore[attr-defined]
+        ]
+        notes.append(
+            migrate.migrate(
+                spark,
+                query,
+                q.process.name,
+                list(q.process.parent.keys),
+                [d.name for d in states],
+                ttl,
+                carrier=q.watermark_carrier,
+                ticks=reads_ticks(q),
+                resumes=resumes(q),
+            )
+        )
+    return notes
 
 
 class JobRunner:
@@ -471,6 +522,8 @@ class JobRunner:
         self._listener = _wake_on_progress(self._wake)
         spark.streams.addListener(self._listener)
         registry.update(self.job.name, spark_app_id=spark.sparkContext.applicationId)
+        for note in migrate_spark_backend(spark, self.layout, self.plan.queries):
+            self.console.say(note)
         before = {q.name: self.layout.query(q.name).last_committed() for q in self.plan.queries}
         for note in restore.rescale(
             spark,
@@ -688,8 +741,8 @@ class JobRunner:
                 # recovery's to name or fall back from, below; the fingerprint above still
                 # compares the inputs.
                 continue
-            if committed is None or q.name in named:
-                continue
+            if committed is None or q.name in named or _migrates(q, self.layout.query(q.name)):
+                continue  # (a migration writes the offsets of the engine's query)
             lines = len(committed["sources"])
             # Written before each input's watermark was kept, or while every process function
             # on rocksdb_local carried the watermark's branch: it runs on as it was written
