@@ -202,9 +202,9 @@ def canonical(value: Any) -> Any:
 
 
 def _spark_value(value: Any) -> Any:
-    """A value (a map's key) as Spark's state data source shows it: ``{"v": x}`` (``{"k": x}``),
-    with a processing-time TTL ``{"value": {"v": x}, "ttlExpirationMs": t}`` — as the engine stores them: ``x``,
-    ``(x, t)``."""
+    """A value (a map's key) as Spark's state data source shows it, ``{"v": x}`` (``{"k": x}``),
+    with a processing-time TTL ``{"value": {"v": x}, "ttlExpirationMs": t}``, as the engine
+    stores it: ``x``, ``(x, t)``."""
     if isinstance(value, dict) and "ttlExpirationMs" in value:
         return (_spark_value(value["value"]), value["ttlExpirationMs"])
     if isinstance(value, dict) and len(value) == 1 and set(value) <= {"k", "v"}:
