@@ -1,4 +1,4 @@
-"""Keyed state in the worker without Spark: the operator of ``state.backend=rocksdb_local``
+"""Keyed state in the worker without Spark: the keyed operator (state in the worker's RocksDB)
 driven as Spark's tasks drive it, to see where a key's time goes.
 
 Runs :class:`~stateful_runtime.operators.arrow_keyed.ArrowKeyedOperator` over UPI payments
@@ -56,10 +56,9 @@ from stateful_runtime.connectors.formats.json import to_struct  # noqa: E402
 from stateful_runtime.functions import CO_INPUT  # noqa: E402
 from stateful_runtime.operators.arrow_keyed import KEY_GROUP, SIDE, ArrowKeyedOperator  # noqa: E402
 from stateful_runtime.operators.keyed_store import MAX_PARALLELISM  # noqa: E402
-from stateful_runtime.operators.spark import output_struct  # noqa: E402
+from stateful_runtime.operators.output import TS, output_struct  # noqa: E402
 from stateful_runtime.runtime.batch_writes import record_keyed_commits  # noqa: E402
 
-TS = "srt_event_ms"
 UPI = ["txn_id", "merchant_id", "amount_paise", "ts_ms"]
 BID = ["auction", "bidder", "price", "channel", "url", "ts_ms"]
 REFUND = ["refund_id", "txn_id", "refund_paise", "ts_ms"]

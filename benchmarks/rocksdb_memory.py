@@ -8,8 +8,8 @@ Two measurements, each once per RocksDB memory setting (a small bound, then the 
   ``--keys`` keys: state several times the cache. Reports the process's RSS after the first
   quarter of the batches and at the end, the largest seen, and the state's size on disk; the
   RSS before the store opened is the interpreter's with its imports.
-* ``--spark``: ``srt run --available-now`` of ``examples/deduplicate_payments.py`` with
-  ``state.backend=rocksdb_local`` over ``--events`` events, sampling the RSS of the job's Python
+* ``--spark``: ``srt run --available-now`` of ``examples/deduplicate_payments.py`` over
+  ``--events`` events, sampling the RSS of the job's Python
   workers (the processes of ``pyspark.daemon``) every half second.
 
     .venv/bin/python benchmarks/rocksdb_memory.py --keys 2000000
@@ -90,7 +90,6 @@ def run_one(work: Path, setting: tuple[int, int, int], log: Path) -> dict:
         "source.max_records_per_batch": "50000",
         "parallelism": "2",
         "ttl_hours": "1000",
-        "state.backend": "rocksdb_local",
         "state.rocksdb.block_cache_mb": str(cache),
         "state.rocksdb.write_buffer_mb": str(buffer),
         "state.rocksdb.write_buffers": str(count),

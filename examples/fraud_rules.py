@@ -48,7 +48,6 @@ DEFAULTS = {
     "checkpoint.dir": "srt-data/checkpoints/fraud-rules",
     "checkpoint.interval_s": 2.0,
     # Broadcast state lives in the worker's RocksDB.
-    "state.backend": "rocksdb_local",
     "parallelism": 4,
 }
 

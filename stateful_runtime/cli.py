@@ -674,7 +674,7 @@ def _state_cmd(args: argparse.Namespace) -> int:
     from stateful_runtime.runtime.session import build_session
 
     with checkpoint_of(args.location, _roots(args)) as ckpt:
-        # Keyed state of the local backend is read from its files, without Spark.
+        # Keyed state is read from its files, without Spark (native windows' through Spark).
         spark = build_session(1, args.master) if needs_spark(ckpt, args.operator) else None
         rows = inspect(
             spark, ckpt, operator=args.operator, state=args.state, key=args.key, limit=args.limit
@@ -688,7 +688,7 @@ def _state_cmd(args: argparse.Namespace) -> int:
         if args.operator in (None, t["operator"]):
             shown = ", ".join(f"{n} {s}" for s, n in sorted(t["rows"].items())) or "no rows"
             print(
-                f"{t['query']}/{t['operator']} ({t['backend']}, batch {t['batch']}): "
+                f"{t['query']}/{t['operator']} (batch {t['batch']}): "
                 f"{t['partitions']} partition{'s' * (t['partitions'] != 1)}, "
                 f"{t['key_groups']}, {shown}, {t['bytes']:,} bytes"
             )

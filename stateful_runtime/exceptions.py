@@ -364,7 +364,7 @@ class AlreadyExistsError(StorageError):
 
 
 class StateError(StatefulRuntimeError):
-    """Keyed state in the Python worker (``state.backend=rocksdb_local``) cannot be opened at
+    """Keyed state in the Python worker cannot be opened at
     the version a batch needs; says what to do."""
 
 

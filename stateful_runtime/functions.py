@@ -249,9 +249,8 @@ class CoInput:
             ("" in the test harness).
         fields: the input's own fields (what ``process_element1``/``2`` get; None: every
             field of the record, as the test harness gives it).
-        integers: those of its fields that hold integers (the Spark backend hands a column
-            with nulls to Python as floats; a connected stream's columns of the other input
-            are null in this input's rows).
+        integers: those of its fields that hold integers (a connected stream's columns of
+            the other input are null in this input's rows).
     """
 
     source: str

@@ -179,8 +179,8 @@ def _default_block_cache_mb() -> int:
 
 @dataclass(frozen=True)
 class RocksDBMemory:
-    """The memory of the RocksDB that keeps keyed state in each Python worker
-    (``state.backend=rocksdb_local``), in MiB: the block cache (one per worker, shared by the
+    """The memory of the RocksDB that keeps keyed state in each Python worker, in MiB: the
+    block cache (one per worker, shared by the
     stores it opens, index and filter blocks charged to it) and the memtables (each of
     ``write_buffer_mb``, at most ``write_buffers`` before writes wait for a flush). A worker's
     RocksDB holds at most :attr:`bound_mb`; state larger than that lives on disk.
@@ -274,11 +274,7 @@ class StreamJob:
             run of a checkpoint; change it through a savepoint.
         errors: what a step does with a record its user function cannot process
             (:class:`ErrorPolicy`; job-file keys ``errors.*``).
-        state_backend: where keyed process functions and the window operator keep their state:
-            ``"spark"`` (Spark's state store behind transformWithStateInPandas, the default) or
-            ``"rocksdb_local"`` (a RocksDB in the Python worker, fed whole Arrow batches; not
-            yet covered by savepoints, see docs/configuration.md).
-        rocksdb: the memory of ``rocksdb_local``'s RocksDB in each Python worker
+        rocksdb: the memory of the keyed state's RocksDB in each Python worker
             (:class:`RocksDBMemory`; job-file keys ``state.rocksdb.*``).
     """
 
@@ -288,17 +284,12 @@ class StreamJob:
     errors: ErrorPolicy = field(default_factory=ErrorPolicy)
     sinks: list[SinkNode] = field(default_factory=list)
     sources: list[SourceNode] = field(default_factory=list)
-    state_backend: str = "spark"
     rocksdb: RocksDBMemory = field(default_factory=RocksDBMemory.default)
 
     def __post_init__(self) -> None:
         self.name = check_name("job", self.name)
         if self.parallelism < 1:
             raise ConfigError(f"parallelism must be >= 1, got {self.parallelism}")
-        if self.state_backend not in STATE_BACKENDS:
-            raise ConfigError(
-                f"state.backend={self.state_backend!r}: use one of {', '.join(STATE_BACKENDS)}"
-            )
 
     @classmethod
     def from_config(cls, name: str, config: Mapping[str, Any]) -> StreamJob:
@@ -306,6 +297,7 @@ class StreamJob:
         (seconds), ``parallelism`` (optional, default 4) and the :data:`RUNTIME_KEYS` every job
         file accepts (``checkpoint.mirror``, ``savepoint.dir``, ``savepoint.roots``)."""
         roots = str(config.get("savepoint.roots") or "")
+        check_state_backend(str(config.get("state.backend") or ""))
         return cls(
             name,
             CheckpointConfig(
@@ -317,7 +309,6 @@ class StreamJob:
             ),
             parallelism=config.get("parallelism", 4),
             errors=ErrorPolicy.from_config(config),
-            state_backend=str(config.get("state.backend") or "spark"),
             rocksdb=RocksDBMemory.from_config(config),
         )
 
@@ -410,8 +401,28 @@ def is_event_time_key(key: str) -> bool:
     return key.startswith(EVENT_TIME_PREFIX) and key.rpartition(".")[2] in EVENT_TIME_KEYS
 
 
-# Where keyed state lives (StreamJob.state_backend).
-STATE_BACKENDS = ("spark", "rocksdb_local")
+# The one engine's name, which state.backend may still give (the setting chose between two).
+ENGINE = "rocksdb_local"
+
+
+def check_state_backend(value: str) -> None:
+    """``state.backend``, kept so that the job files and commands of the two engines' time say
+    what became of them: empty or ``rocksdb_local`` (the one engine) run; ``spark``, removed,
+    is refused with where its state went; anything else is refused."""
+    if value in ("", ENGINE):
+        return
+    if value == "spark":
+        raise ConfigError(
+            "state.backend=spark was removed: keyed state lives in a RocksDB in each Python "
+            "worker, always. Drop the setting from the job file and the command; a checkpoint "
+            "or savepoint it wrote is moved into the worker's RocksDB when the job starts "
+            "(docs/savepoints.md, 'State of the removed spark backend')"
+        )
+    raise ConfigError(
+        f"state.backend={value!r}: keyed state lives in a RocksDB in each Python worker, the "
+        f"one engine; drop the setting (or give state.backend={ENGINE})"
+    )
+
 
 # Keys every job file accepts with --set, whatever its DEFAULTS say ("" = not set).
 RUNTIME_KEYS: Mapping[str, Any] = {

@@ -23,12 +23,12 @@ alone decides how each runs (:func:`native_window_reason`). Paths:
   event-time windows with built-in aggregates, fired by the watermark) compiles to
   ``groupBy(window(...))`` or ``groupBy(session_window(...))`` running in the JVM on the RocksDB
   state store — the fast path.
-* ``process``: a keyed process function, on ``transformWithStateInPandas`` (Spark's RocksDB state
-  store, timers in Spark, TTL per descriptor) or, with ``state.backend=rocksdb_local``, in the
-  Python worker on its own RocksDB over whole Arrow batches.
+* ``process``: a keyed process function (connected streams, broadcast state and the joins too),
+  in the Python worker over whole Arrow batches, its state and timers in the worker's RocksDB,
+  versioned with each batch (:mod:`stateful_runtime.operators.arrow_keyed`).
 * ``window``: any other window (a user aggregate or window function, global + count trigger,
   allowed lateness, late side output, early firing) on the runtime's window operator, itself a
-  keyed process function on either backend.
+  keyed process function.
 * ``stateless``: filters and maps straight to a sink.
 
 ``map`` / ``flat_map`` run on any path before its stateful operator, as Spark's ``mapInArrow``
@@ -90,7 +90,7 @@ class QueryPath(StrEnum):
     """How a query's stateful operator runs (``explain`` shows it with the reason)."""
 
     NATIVE = "native"  # Spark's groupBy(window | session_window) in the JVM
-    PROCESS = "process"  # a keyed process function on transformWithStateInPandas
+    PROCESS = "process"  # a keyed process function, state in the worker's RocksDB
     WINDOW = "window"  # the runtime's window operator, itself a keyed process function
     STATELESS = "stateless"  # filters and maps straight to the sinks
 
@@ -204,8 +204,7 @@ class QueryPlan:
             to the source's dead-letter topic (every query has its own).
         errors: what a step does with a record it cannot process (the job's).
         parallelism: the job's state partitions (and a partitioned sink's default).
-        state_backend: where a process node keeps its state (``StreamJob.state_backend``).
-        rocksdb: the memory of ``rocksdb_local``'s RocksDB in a worker (``StreamJob.rocksdb``).
+        rocksdb: the memory of the keyed state's RocksDB in a worker (``StreamJob.rocksdb``).
     """
 
     name: str
@@ -218,23 +217,22 @@ class QueryPlan:
     parallelism: int
     step_dead_letters: StepDeadLetters | None = None
     errors: ErrorPolicy = field(default_factory=ErrorPolicy)
-    state_backend: str = "spark"
     rocksdb: RocksDBMemory = field(default_factory=RocksDBMemory.default)
     # False for a checkpoint written before the runtime kept each input's watermark with the
     # batch (runtime/input_watermarks.py): the query runs as it was written
     input_watermarks: bool = True
-    # True for a checkpoint written when every process function on rocksdb_local carried the
-    # watermark's branch (watermark_carrier): the query runs as it was written
+    # True for a checkpoint written when every process function carried the watermark's
+    # branch (watermark_carrier): the query runs as it was written
     watermark_carrier_kept: bool = False
 
     @property
     def watermark_carrier(self) -> bool:
         """Whether the query carries the branch that makes Spark run a batch when the
-        watermark moved (``runtime/dataframes.py``): a process function on ``rocksdb_local``
-        in event time whose timers can emit (:func:`~stateful_runtime.functions.
-        defines_on_timer`), or a checkpoint written with it."""
+        watermark moved (``runtime/dataframes.py``): a process function in event time whose
+        timers can emit (:func:`~stateful_runtime.functions.defines_on_timer`), or a checkpoint
+        written with it."""
         proc = self.process
-        if self.state_backend != "rocksdb_local" or proc is None:
+        if proc is None:
             return False
         fn = proc.function
         timers = fn.time_domain is TimeDomain.EVENT_TIME and defines_on_timer(fn)
@@ -417,17 +415,15 @@ def _split(sink_node: SinkNode) -> tuple[str, _Pipeline, SideOutputNode | None]:
     return sink_node.name, _Pipeline(sink_node.name, inputs, body), None
 
 
-_KEYED_STATE = {
-    "spark": "on transformWithStateInPandas, named state in Spark's RocksDB state store, timers "
-    "in Spark",
-    "rocksdb_local": "in the Python worker over whole Arrow batches (mapInArrow), named state "
-    "and timers in the worker's RocksDB, versioned with each batch (state.backend=rocksdb_local)",
-}
+_KEYED_STATE = (
+    "in the Python worker over whole Arrow batches (mapInArrow), named state and timers in the "
+    "worker's RocksDB, versioned with each batch"
+)
 
 
-def _path(nodes: tuple[PlannedNode, ...], backend: str) -> tuple[QueryPath, str]:
+def _path(nodes: tuple[PlannedNode, ...]) -> tuple[QueryPath, str]:
     """The path of a query's stateful operator (its last), and why."""
-    where = _KEYED_STATE.get(backend, f"on state.backend={backend}")
+    where = _KEYED_STATE
     for node in reversed(nodes):
         if isinstance(node, NativeWindowNode):
             return QueryPath.NATIVE, (
@@ -447,7 +443,7 @@ def _path(nodes: tuple[PlannedNode, ...], backend: str) -> tuple[QueryPath, str]
                     "keyed broadcast process function: the keyed stream and the broadcast "
                     "stream as one, each broadcast element copied to every state partition "
                     "and processed there before the batch's keyed elements; broadcast state "
-                    "in every key group of the worker's RocksDB (state.backend=rocksdb_local)"
+                    "in every key group of the worker's RocksDB"
                 )
             if isinstance(node.function, CoProcess) and isinstance(
                 node.function.connected, JoinOperator
@@ -477,19 +473,7 @@ def _path(nodes: tuple[PlannedNode, ...], backend: str) -> tuple[QueryPath, str]
 
 def _query(job: StreamJob, p: _Pipeline, inputs: tuple[QueryInput, ...]) -> QueryPlan:
     nodes = tuple(p.nodes)
-    for n in nodes:
-        if (
-            isinstance(n, ProcessNode)
-            and isinstance(n.function, BroadcastProcess)
-            and job.state_backend != "rocksdb_local"
-        ):
-            raise PlanError(
-                f"operator {n.name!r}: broadcast state is kept in the worker's RocksDB, so a "
-                f"KeyedBroadcastProcessFunction needs state.backend=rocksdb_local (this job "
-                f"has state.backend={job.state_backend}): set it in the job file's defaults "
-                f"or run with --set state.backend=rocksdb_local"
-            )
-    path, reason = _path(nodes, job.state_backend)
+    path, reason = _path(nodes)
     if any(isinstance(n, MapNode) for i in inputs for n in i.nodes) and reason.startswith(
         "no stateful operator: records pass straight"
     ):
@@ -527,7 +511,6 @@ def _query(job: StreamJob, p: _Pipeline, inputs: tuple[QueryInput, ...]) -> Quer
         job.parallelism,
         steps,
         job.errors,
-        job.state_backend,
         job.rocksdb,
     )
 

@@ -591,8 +591,7 @@ class BroadcastConnectedStream:
     def process(self, function: KeyedBroadcastProcessFunction, *, name: str) -> DataStream:
         """Run ``function.process_broadcast_element`` for every broadcast element on every
         parallel instance and ``process_element`` for every keyed element (see
-        :class:`~stateful_runtime.functions.KeyedBroadcastProcessFunction`). Needs
-        ``state.backend=rocksdb_local``."""
+        :class:`~stateful_runtime.functions.KeyedBroadcastProcessFunction`)."""
         _check_function(function, KeyedBroadcastProcessFunction, "connect(broadcast).process")
         inputs, specs = _connect(self.keyed, self.broadcast.node, None)
         adapter = BroadcastProcess(function, specs, self.broadcast.descriptors)

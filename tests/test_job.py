@@ -18,3 +18,13 @@ from stateful_runtime.exceptions import ConfigError
 def test_invalid_jobs_are_rejected_at_construction(build, message):
     with pytest.raises(ConfigError, match=message):
         build()
+
+
+def test_state_backend_names_the_one_engine_and_explains_the_removed_one():
+    base = {"checkpoint.dir": "ck"}
+    for value in ("", "rocksdb_local"):  # the one engine, named or not
+        StreamJob.from_config("j", {**base, "state.backend": value})
+    with pytest.raises(ConfigError, match=r"state.backend=spark was removed.*moved into the"):
+        StreamJob.from_config("j", {**base, "state.backend": "spark"})
+    with pytest.raises(ConfigError, match=r"state.backend='hashmap'.*drop the setting"):
+        StreamJob.from_config("j", {**base, "state.backend": "hashmap"})

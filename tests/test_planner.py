@@ -57,10 +57,7 @@ def test_reduce_runs_on_the_window_operator_with_the_source_fields(tmp_path):
     out.sink_to(LogSink(str(tmp_path / "log"), "out"))
     q = plan(job).queries[0]
     assert q.path == "window" and "reduce" in q.reason
-    assert "transformWithStateInPandas" in q.reason
-    job.state_backend = "rocksdb_local"  # the why names where the state lives
-    local = plan(job).queries[0]
-    assert "in the Python worker" in local.reason and "transformWithState" not in local.reason
+    assert "in the Python worker" in q.reason  # the why names where the state lives
     node = out.node
     h = window_harness(node.assigner, node.parent.keys, node.contents, timestamp_field="ts")
     for ts in (1, 2, 3, 11_000):
@@ -83,14 +80,12 @@ def test_explain_without_the_topic(spark, tmp_path: Path):
     assert not (tmp_path / "no-log").exists()  # explaining creates nothing
 
 
-def test_explain_names_the_state_backend_and_its_memory_settings(tmp_path):
+def test_explain_names_where_keyed_state_lives_and_its_memory_settings(tmp_path):
     job = windowed_job(tmp_path)
-    assert "state: state.backend=spark, Spark's RocksDB state store" in explain(plan(job))
-    job.state_backend = "rocksdb_local"
     job.rocksdb = RocksDBMemory(block_cache_mb=32, write_buffer_mb=8, write_buffers=3)
     text = explain(plan(job))
     assert (
-        "state: state.backend=rocksdb_local, a RocksDB in each Python worker ("
+        "state: keyed state in a RocksDB in each Python worker ("
         "state.rocksdb.block_cache_mb=32, state.rocksdb.write_buffer_mb=8, "
         "state.rocksdb.write_buffers=3: at most 56 MiB per worker)"
     ) in text
@@ -105,8 +100,8 @@ def test_the_joins_run_on_the_runtimes_operators_and_say_why_not_sparks_join(tmp
         assert "not Spark's own stream-stream join" in q.reason and "late side output" in q.reason
 
 
-def test_only_functions_whose_timers_can_emit_carry_the_watermark_on_local_state(tmp_path):
-    """On ``rocksdb_local`` a query carries the branch that makes Spark run batches for the
+def test_only_functions_whose_timers_can_emit_carry_the_watermark(tmp_path):
+    """A query of keyed state carries the branch that makes Spark run batches for the
     watermark alone (it re-reads each batch's shuffle) only when its function's timers can
     emit: an ``on_timer`` of the user's own, the window operator's, the joins'."""
     expected = {
@@ -121,11 +116,8 @@ def test_only_functions_whose_timers_can_emit_carry_the_watermark_on_local_state
         },
     }
     for example, carriers in expected.items():
-        settings = {"source.log_dir": str(tmp_path), "state.backend": "rocksdb_local"}
+        settings = {"source.log_dir": str(tmp_path)}
         queries = {q.name: q for q in plan(load_job_file(EXAMPLES / example, settings).job).queries}
         assert {q: queries[q].watermark_carrier for q in carriers} == carriers, example
-        spark_state = load_job_file(EXAMPLES / example, {"source.log_dir": str(tmp_path)}).job
-        assert not any(q.watermark_carrier for q in plan(spark_state).queries)
     window = windowed_job(tmp_path)  # a native window: Spark's own operator asks for batches
-    window.state_backend = "rocksdb_local"
     assert not plan(window).queries[0].watermark_carrier

@@ -187,7 +187,6 @@ def test_connected_streams_plan_one_query_whose_fingerprint_guards_their_state(t
 def test_broadcast_plans_the_rules_into_the_fingerprint_and_refuses_what_it_cannot_keep(tmp_path):
     from stateful_runtime import KeyedBroadcastProcessFunction, MapStateDescriptor, StateTtlConfig
     from stateful_runtime.connectors.eventlog.sink import LogSink
-    from stateful_runtime.exceptions import PlanError
     from stateful_runtime.planner import plan
 
     class Rules(KeyedBroadcastProcessFunction):
@@ -205,9 +204,6 @@ def test_broadcast_plans_the_rules_into_the_fingerprint_and_refuses_what_it_cann
         a.key_by("k").connect(r.broadcast(rules_state)).process(_Match.make(int), name="m")
     out = a.key_by("k").connect(r.broadcast(rules_state)).process(Rules(), name="m")
     out.sink_to(LogSink(str(tmp_path / "log"), "out"), name="out")
-    with pytest.raises(PlanError, match="needs state.backend=rocksdb_local"):
-        plan(job)
-    job.state_backend = "rocksdb_local"
     [q] = plan(job).queries
     assert q.state_layout["m"]["kind"] == "broadcast-process"
     assert q.state_layout["m"]["states"] == {"rules": "broadcast map<str, dict>"}

@@ -530,7 +530,7 @@ def _classify(header: str) -> str:
     if "srt_child" in header:
         return "driver"
     if "pyspark.daemon pyspark.worker" in header:
-        return "python_workers"  # UDFs, transformWithStateInPandas, data source reads
+        return "python_workers"  # UDFs, keyed operators, data source reads
     if "pyspark.sql.worker." in header:
         return "planning_workers"  # Python data source lookup/creation/read planning
     if "python_streaming_source_runner" in header:

@@ -65,19 +65,17 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     for w, title in (("interval", "Interval join"), ("temporal", "Temporal join")):
         ran = summ.get(w, {}).get("systems", {})
         flink = ran.get("flink-sql")
-        for system in ("srt", "srt-local"):
-            mine = ran.get(system)
-            if not mine or not flink:
-                continue
-            a = mine["steady_events_per_s"]["median"]
-            b = flink["steady_events_per_s"]["median"]
-            s = a / b if a and b else None
-            backend = "" if system == "srt" else " (state in the worker)"
-            add(
-                f"{title}{backend}: steady state ≥ 1.0× Flink SQL's net job rate",
-                _ratio(s),
-                None if s is None else s >= 1.0,
-            )
+        mine = ran.get("srt")
+        if not mine or not flink:
+            continue
+        a = mine["steady_events_per_s"]["median"]
+        b = flink["steady_events_per_s"]["median"]
+        s = a / b if a and b else None
+        add(
+            f"{title}: steady state ≥ 1.0× Flink SQL's net job rate",
+            _ratio(s),
+            None if s is None else s >= 1.0,
+        )
     py = [w for w in summ if WORKLOADS[w].python_operator]
     if py:
         ratios = {

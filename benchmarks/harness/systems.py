@@ -239,7 +239,6 @@ class StreamingRuntime(System):
     name = "srt"
     label = "this runtime"
     kind = "runtime"
-    extra_sets: dict[str, str] = {}
 
     def _run(self, w, inputs, rundir, res, options):
         (rundir / "tmp").mkdir(parents=True, exist_ok=True)
@@ -251,7 +250,6 @@ class StreamingRuntime(System):
             "sink.topic": "out",
             "checkpoint.dir": str(rundir / "checkpoints"),
             "parallelism": str(options["parallelism"]),
-            **self.extra_sets,
         }
         if inputs.second is not None:
             # The second input's batches cover (a little more than) the same event time as the
@@ -484,20 +482,10 @@ class Bytewax(System):
         res.details["first_read_s"] = None if t0 is None else round(t0 - ln.t_spawn, 3)
 
 
-class StreamingRuntimeLocalState(StreamingRuntime):
-    """This runtime with keyed state in the Python worker (``state.backend=rocksdb_local``,
-    issue 24); the same job files."""
-
-    name = "srt-local"
-    label = "this runtime, state in the worker"
-    extra_sets = {"state.backend": "rocksdb_local"}
-
-
 SYSTEMS: dict[str, System] = {
     s.name: s
     for s in (
         StreamingRuntime(),
-        StreamingRuntimeLocalState(),
         FlinkSQL(),
         FlinkDataStream(),
         Bytewax(),

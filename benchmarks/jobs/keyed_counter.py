@@ -1,7 +1,7 @@
 """Keyed ValueState counter: a count per merchant, emitted every 100th payment.
 
 Benchmark job (benchmarks/run.py): a KeyedProcessFunction with one ValueState (the ``process``
-path: transformWithStateInPandas, state in RocksDB).
+path: state in the worker's RocksDB).
 """
 
 from datetime import timedelta

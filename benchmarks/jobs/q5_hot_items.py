@@ -4,7 +4,7 @@ with the most bids (ties: the smallest auction id).
 Benchmark job (benchmarks/run.py). Nexmark's q5 takes the maximum over all auctions of a
 window; a job here has one stateful operator per query, so the counting and the maximum are
 one AggregateFunction keyed by channel. Sliding windows run on the runtime's window operator
-(the ``window`` path: Python, transformWithStateInPandas).
+(the ``window`` path: Python, state in the worker's RocksDB).
 """
 
 from datetime import timedelta

@@ -1,4 +1,4 @@
-"""Keyed state files in a checkpoint (``state.backend=rocksdb_local``): the one reader and
+"""Keyed state files in a checkpoint (the worker's RocksDB engine): the one reader and
 writer of their format, and what savepoints, the mirror, recovery, rescale and ``srt state
 inspect`` ask of them. The store that writes them in the Python worker is
 :class:`~stateful_runtime.operators.keyed_store.KeyedStore`.

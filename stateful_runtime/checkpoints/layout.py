@@ -13,8 +13,8 @@ Layout (:class:`CheckpointLayout` and :class:`QueryLayout`: no other module spel
     <checkpoint.dir>/<query>/           Spark's checkpoint of one query:
         offsets/<batch>                 source offsets + watermark of each planned batch
         commits/<batch>                 written after the batch's sink write and state commit
-        state/<operator>/<partition>/   RocksDB state (changelog checkpointing)
-        keyed/<operator>/<partition>/   keyed state of state.backend=rocksdb_local
+        state/<operator>/<partition>/   Spark's RocksDB state (native windows; changelogs)
+        keyed/<operator>/<partition>/   keyed state of the worker's RocksDB
                                         (:mod:`~stateful_runtime.checkpoints.keyed`)
         metadata                        query id
         srt_sinks.json                  the sinks its batches went to, from which batch
@@ -359,7 +359,7 @@ class QueryLayout:
 
     @property
     def keyed(self) -> Path:
-        """The keyed state of ``state.backend=rocksdb_local``: ``<operator>/<partition>/``
+        """The keyed state of the worker's RocksDB: ``<operator>/<partition>/``
         per operator (:mod:`~stateful_runtime.checkpoints.keyed`)."""
         return self.root / keyed.KEYED_DIR
 
@@ -428,7 +428,7 @@ class QueryLayout:
     @property
     def holds_state(self) -> bool:
         """Whether the query keeps state: in Spark's state store, or keyed in the worker (a
-        query of ``rocksdb_local`` may have no Spark operator at all)."""
+        query of keyed state may have no Spark operator at all)."""
         return self.state.is_dir() or self.keyed.is_dir()
 
     def state_partitions(self, batch: int) -> int | None:

@@ -333,7 +333,7 @@ def check(sp: Savepoint, *, keyed_files: bool = False) -> list[Mismatch]:
     """Every field of ``sp``'s manifest checked against the files it describes (their logs
     read from its store, their checksums verified) and against its own checksum; an empty list
     when the manifest is true. With ``keyed_files`` (``srt savepoint check``), the keyed state
-    files of ``state.backend=rocksdb_local`` are read too: their checksums, and each a whole
+    files of the worker's RocksDB are read too: their checksums, and each a whole
     Arrow file of its version. The state files themselves are verified when a restore copies
     them (:func:`~stateful_runtime.checkpoints.restore.materialize`)."""
     m = json.loads(json.dumps(sp.manifest))  # as stored (a fresh one holds str subclasses)

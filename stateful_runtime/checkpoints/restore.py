@@ -11,7 +11,7 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -183,68 +183,6 @@ def check_compatible(
     return dropped
 
 
-def local_operators(paths: Iterable[str]) -> set[tuple[str, str]]:
-    """(query, operator) of each operator holding state of the local backend, from the files of
-    a savepoint (relative to it: ``<query>/keyed/<operator>/...``)."""
-    parts = (p.split("/") for p in paths)
-    return {(p[0], p[2]) for p in parts if len(p) > 3 and p[1] == keyed.KEYED_DIR}
-
-
-def backend_changes(
-    saved: dict[str, Any], local: set[tuple[str, str]], backends: Mapping[str, str]
-) -> list[tuple[str, str]]:
-    """(the backend that wrote it, a description) per keyed operator of fingerprint ``saved``
-    whose state was written by another ``state.backend`` than ``backends`` (query → the new
-    job's) names; ``local``: (query, operator) of those holding the local backend's state."""
-    out = []
-    for q, spec in (saved or {}).get("queries", {}).items():
-        new = backends.get(q)
-        for op, o in spec.get("operators", {}).items():
-            if new is None or o.get("kind") not in ("process", "window"):
-                continue  # a native window's state is Spark's whatever the backend
-            was = "rocksdb_local" if (q, op) in local else "spark"
-            # (the engine takes the removed backend's state over at start: checkpoints/migrate)
-            if was != new and was != "spark":
-                out.append(
-                    (
-                        was,
-                        f"query {q}, operator {op}: its state was written by "
-                        f"state.backend={was}, this run uses state.backend={new}",
-                    )
-                )
-    return out
-
-
-def check_backends(
-    saved: dict[str, Any],
-    local: set[tuple[str, str]],
-    backends: Mapping[str, str],
-    where: str,
-    job_file: str,
-) -> None:
-    """Refuse (:class:`IncompatibleSavepointError`) state of ``where`` written by another
-    backend than the new job's, with the command that moves the job
-    (:func:`migration_hint`)."""
-    changed = backend_changes(saved, local, backends)
-    if changed:
-        was = changed[0][0]
-        new = "spark" if was == "rocksdb_local" else "rocksdb_local"
-        raise IncompatibleSavepointError(
-            where, [what for _, what in changed], migration_hint(was, new, job_file)
-        )
-
-
-def migration_hint(saved: str, new: str, job_file: str) -> str:
-    """The ways on for state written by another backend: run on the backend that wrote it, or
-    move the job by replaying its sources (the one migration there is)."""
-    return (
-        f"Run it with --set state.backend={saved}, the backend that wrote it. To move the job to "
-        f"state.backend={new}, replay its sources into fresh sink tables (they are set aside, "
-        f"not deleted; the sources must still hold every record the state was built from): "
-        f"`srt run {job_file} --set state.backend={new} --replay-sinks`"
-    )
-
-
 def materialize(
     sp: Savepoint, dest: Path, queries: Iterable[str] | None = None, final: Path | None = None
 ) -> None:
@@ -333,14 +271,10 @@ def restore(
     *,
     allow_non_restored: bool = False,
     lock: CheckpointLock | None = None,
-    state_backends: Mapping[str, str] | None = None,
-    job_file: str = "JOB_FILE",
 ) -> dict[str, Any]:
-    """Lay ``sp`` out as the job's checkpoint at ``checkpoint_dir``.
-
-    Keyed state written by another ``state.backend`` than ``state_backends`` (query → the new
-    job's) is refused before anything moves, with the command that moves the job
-    (:func:`migration_hint`).
+    """Lay ``sp`` out as the job's checkpoint at ``checkpoint_dir`` (keyed state the removed
+    ``state.backend=spark`` wrote is moved into the engine when the job starts,
+    :mod:`~stateful_runtime.checkpoints.migrate`).
 
     An existing checkpoint there is moved aside (never deleted) to
     ``<checkpoint_dir>.before-restore-<time>``, only if it is one
@@ -358,13 +292,6 @@ def restore(
         raise ManifestMismatchError(sp.location, mismatches)
     dropped = check_compatible(
         sp.manifest.get("fingerprint") or {}, new_fingerprint, allow_non_restored, sp.location
-    )
-    check_backends(
-        sp.manifest.get("fingerprint") or {},
-        local_operators(f["path"] for f in sp.manifest["files"]),
-        state_backends or {},
-        sp.location,
-        job_file,
     )
     ckpt = Path(checkpoint_dir).resolve()
     # What is there is moved aside whole: only a checkpoint of this runtime, nothing else.
@@ -437,8 +364,6 @@ def restore_job(
     restore_from: str | None = None,
     allow_non_restored: bool = False,
     lock: CheckpointLock | None = None,
-    state_backends: Mapping[str, str] | None = None,
-    job_file: str = "JOB_FILE",
 ) -> tuple[Savepoint, dict[str, Any]]:
     """Restore a job's checkpoint from a savepoint (by id under ``savepoint_roots`` or by
     location) or from the newest snapshot of the checkpoint mirror at ``restore_from``."""
@@ -466,8 +391,6 @@ def restore_job(
         new_fingerprint,
         allow_non_restored=allow_non_restored,
         lock=lock,
-        state_backends=state_backends,
-        job_file=job_file,
     )
 
 
@@ -486,10 +409,9 @@ def rescale(
     rule: rescale through a savepoint). Spark's checkpoint repartition writes one extra batch
     holding the redistributed state and no input (logged the same way by the runtime for a
     query whose only state is keyed, :meth:`~stateful_runtime.checkpoints.layout.QueryLayout.
-    log_repartition`). Keyed state (``keyed/``, of
-    ``state.backend=rocksdb_local``) is redistributed by key-group range into that batch's
-    version (:func:`~stateful_runtime.checkpoints.keyed.rescale`: staged before, published
-    once Spark committed the batch); its partitioning is
+    log_repartition`). Keyed state (``keyed/``) is redistributed by key-group range into
+    that batch's version (:func:`~stateful_runtime.checkpoints.keyed.rescale`: staged before,
+    published once Spark committed the batch); its partitioning is
     the plan's, not Spark's, so a query holding it cannot ignore a new parallelism and is
     refused instead.
     """
@@ -506,8 +428,8 @@ def rescale(
         )
         if not restored and keyed.operators(query.root):
             raise ConfigError(
-                f"query {q} holds keyed state in {current} partitions (state.backend="
-                f"rocksdb_local), and this run asks for {parallelism}: give --parallelism "
+                f"query {q} holds keyed state in {current} partitions, and this run asks "
+                f"for {parallelism}: give --parallelism "
                 f"{current} to continue, or {how}"
             )
         if not restored:

@@ -3,7 +3,7 @@
 Spark's state data source (``spark.read.format("statestore")``) reads one operator's state at
 one batch; this module finds the queries, operators and state names from the job's fingerprint,
 unpickles the values our keyed operators store, and filters by key. An operator whose state
-lives in the worker's RocksDB (``state.backend=rocksdb_local``: ``keyed/<operator>/``) is read
+lives in the worker's RocksDB (``keyed/<operator>/``, every keyed operator's) is read
 from its checkpoint files without Spark (:func:`~stateful_runtime.checkpoints.keyed.state_at`),
 rows tagged with their key group and size. A savepoint is laid out in a temporary directory
 first (checksums verified), so S3 savepoints read the same way.
@@ -209,7 +209,6 @@ def summary(ckpt: Path) -> list[dict[str, Any]]:
                 {
                     "query": qname,
                     "operator": op,
-                    "backend": "rocksdb_local",
                     "batch": batch,
                     "partitions": n,
                     "key_groups": f"{len(groups)} of {keyed.MAX_PARALLELISM} key groups hold state",

@@ -1,6 +1,5 @@
-"""A keyed process function on whole Arrow batches, state in the worker's RocksDB
-(``state.backend=rocksdb_local``): what ``mapInArrow`` runs after the query repartitions by key
-group.
+"""A keyed process function on whole Arrow batches, state in the worker's RocksDB: what
+``mapInArrow`` runs after the query repartitions by key group.
 
 The plan (:func:`stateful_runtime.runtime.dataframes._process`): the JVM computes each record's
 key group (``pmod(hash(key fields), 128)``) and a routing value that Spark's hash partitioner
@@ -68,13 +67,12 @@ from stateful_runtime.operators.keyed_store import (
     key_groups,
 )
 from stateful_runtime.operators.local_state import LocalBackend, keep_values, warm_values
+from stateful_runtime.operators.output import SIDE, TAG
 from stateful_runtime.operators.ticks import write_next_timer
 from stateful_runtime.state import TimeDomain
 
 KEY_GROUP = "srt_key_group"
 ROUTE = "srt_route"
-TAG = "_tag"
-SIDE = "_side"
 BATCH_ID = "streaming.sql.batchId"
 # Output rows a task holds before handing a batch to Spark.
 FLUSH_ROWS = 10_000

@@ -1,5 +1,5 @@
 """The operator engine's state backend on the worker's own RocksDB
-(:class:`~stateful_runtime.operators.keyed_store.KeyedStore`): ``state.backend=rocksdb_local``.
+(:class:`~stateful_runtime.operators.keyed_store.KeyedStore`).
 
 Rows (their format is :mod:`stateful_runtime.checkpoints.keyed`'s), each key starting with the
 key group (two bytes):

@@ -1,12 +1,11 @@
-"""Batches for the processing-time timers of keyed state in the worker
-(``state.backend=rocksdb_local``).
+"""Batches for the processing-time timers of keyed state in the worker.
 
 Spark runs a micro-batch when a source offers new offsets, or when one of its own stateful
-operators asks for one; transformWithState in processing time asks at every trigger. The
-worker's operator (``mapInArrow``) is none of Spark's, so a query with a processing-time
-function also reads :class:`TickDataSource`: a source of no rows whose offset moves on at a
-trigger where one of the operator's processing-time timers is due. Spark then runs the batch
-in the trigger the Spark backend would fire the timer in, logging the tick in ``offsets/<N>``
+operators asks for one. The worker's operator (``mapInArrow``) is none of Spark's, so a query
+with a processing-time function also reads :class:`TickDataSource`: a source of no rows whose
+offset moves on at a trigger where one of the operator's processing-time timers is due. Spark
+then runs the batch in the first trigger at or after the timer, logging the tick in
+``offsets/<N>``
 with the batch's time (``batchTimestampMs``, taken after the sources' offsets, so at or after
 the tick): a replayed batch fires the same timers.
 

@@ -95,7 +95,7 @@ def _all_rows(batch: pa.Table) -> pa.Table:
 
 
 def _main_rows(columns: list[str]) -> Rows:
-    from stateful_runtime.operators.spark import TAG
+    from stateful_runtime.operators.output import TAG
 
     def select(batch: pa.Table) -> pa.Table:
         return batch.filter(pc.is_null(batch.column(TAG))).select(columns)
@@ -104,7 +104,7 @@ def _main_rows(columns: list[str]) -> Rows:
 
 
 def _side_rows(tag_name: str, schema: pa.Schema) -> Rows:
-    from stateful_runtime.operators.spark import SIDE, TAG
+    from stateful_runtime.operators.output import SIDE, TAG
 
     def select(batch: pa.Table) -> pa.Table:
         rows = batch.filter(pc.equal(batch.column(TAG), tag_name)).column(SIDE).to_pylist()
@@ -133,12 +133,11 @@ class BatchWriter:
     def __init__(self, query: QueryPlan, checkpoint: str | None = None) -> None:
         self.query = query
         self.rows = {out.name: rows_of(query, out) for out in query.outputs}
-        # The keyed operator's state directory, when its state is in the workers: each batch
-        # records the attempts whose output it wrote (record_keyed_commits).
+        # The keyed operator's state directory: each batch records the attempts whose output
+        # it wrote (record_keyed_commits).
         self.keyed: Path | None = None
         if checkpoint is not None and query.process is not None:
-            if query.state_backend == "rocksdb_local":
-                self.keyed = Path(checkpoint) / keyed.KEYED_DIR / query.process.name
+            self.keyed = Path(checkpoint) / keyed.KEYED_DIR / query.process.name
         # A sink that found its table without the batches it had written (dropped, truncated
         # while the job runs): the batch fails, and the runner ends the run with this error.
         self.refused: SinkDataLostError | None = None
@@ -211,7 +210,7 @@ class BatchWriter:
 
 def _commit_rows(rows: pa.Table | DataFrame) -> list[str]:
     """The keyed operator's commit rows of a batch (the collected batch, or its DataFrame)."""
-    from stateful_runtime.operators.spark import SIDE, TAG
+    from stateful_runtime.operators.output import SIDE, TAG
 
     if isinstance(rows, pa.Table):
         return rows.filter(pc.equal(rows.column(TAG), keyed.COMMIT_TAG)).column(SIDE).to_pylist()

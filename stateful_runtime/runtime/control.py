@@ -312,7 +312,7 @@ def check_state(
     """Would the job file's code take the state of ``savepoint`` (id, directory or URL), or by
     default of the job's current checkpoint? Decided on the planner's fingerprint, no Spark.
     Raises :class:`IncompatibleSavepointError` listing every difference."""
-    from stateful_runtime.checkpoints import keyed, manifest, restore, savepoints
+    from stateful_runtime.checkpoints import manifest, restore, savepoints
     from stateful_runtime.checkpoints.manifest import fingerprint
     from stateful_runtime.runtime.runner import savepoint_root
 
@@ -323,19 +323,10 @@ def check_state(
         if mismatches := manifest.check(sp, keyed_files=True):
             raise manifest.ManifestMismatchError(sp.location, mismatches)
         saved, where = sp.manifest.get("fingerprint") or {}, sp.location
-        local = restore.local_operators(f["path"] for f in sp.manifest["files"])
     else:
         ckpt = layout.CheckpointLayout(jf.job.checkpoint.dir)
         saved = layout.owner(ckpt.root).get("fingerprint") or {}
         where = str(ckpt.root)
-        local = {
-            (q, op.name)
-            for q in saved.get("queries", {})
-            for op in keyed.operators(ckpt.query(q).root)
-        }
-    restore.check_backends(
-        saved, local, {q.name: q.state_backend for q in planned.queries}, where, str(jf.path)
-    )
     dropped = restore.check_compatible(saved, new, allow_non_restored_state, where)
     return StateCheck(jf.job.name, str(jf.path), where, True, tuple(dropped))
 

@@ -6,7 +6,9 @@ accounting is attached as observed metrics (:data:`SOURCE_METRICS`: records read
 :data:`LATE_METRICS`: records behind the watermark), which the job process reads from each
 batch's progress report. Then each node in order: filters in the JVM, maps as ``mapInArrow``
 over whole Arrow batches, a native window as ``groupBy(window | session_window)``, a process
-function (or the window operator) on ``transformWithStateInPandas``.
+function (the window operator, connected streams, broadcast state, the joins) repartitioned by
+key group and run over whole Arrow batches with its state in the worker's RocksDB
+(:mod:`stateful_runtime.operators.arrow_keyed`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Mapping, Sequence
 from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stateful_runtime.connectors.alignment import LATE_BEFORE
@@ -64,21 +65,18 @@ SINGLE_WATERMARK = ("spark.sql.streaming.statefulOperator.allowMultiple", "false
 
 
 def refuse_speculation(setting: str) -> None:
-    """``spark.speculation=true`` is refused for keyed state in the worker: a speculative copy
-    of a task runs the same state partition's batch beside the first, on another executor with
-    a copy of its own; the checkpoint keeps the version written last while Spark keeps the
-    output of the copy that finished first (they differ for a function that reads the clock or
-    draws random numbers), and both stage their dead letters."""
+    """``spark.speculation=true`` is refused for a query with keyed state: a speculative copy
+    of a task runs the same state partition's batch beside the first, on another executor, and
+    both stage the dead letters of the records they isolate (their state files are each the
+    attempt's own, and the batch's commit record names the one whose output Spark kept)."""
     if setting.strip().lower() == "true":
         raise ConfigError(
-            "spark.speculation=true runs a second copy of a slow task, and with "
-            "state.backend=rocksdb_local the two would both write the batch's state: set "
-            "spark.speculation=false for this job, or run it with state.backend=spark"
+            "spark.speculation=true runs a second copy of a slow task, and the two would both "
+            "stage the dead letters of the batch's keyed state partition: set "
+            "spark.speculation=false for this job"
         )
 
 
-TAG_COLUMN = "_tag"  # operators/spark.py's TAG, without importing PySpark's state API here
-SIDE_COLUMN = "_side"  # and its SIDE
 # Names of the observed metrics (Spark progress ``observedMetrics``) the job's accounting
 # reads: per source, records read and rejected; per window operator, records that came late.
 SOURCE_METRICS = "srt_source"
@@ -172,11 +170,7 @@ def _steps(
         elif isinstance(node, NativeWindowNode):
             df = _window_aggregate(df, node, query)
         elif isinstance(node, ProcessNode):
-            if query.state_backend == "rocksdb_local":
-                df = _process_local(df, node, query, checkpoint)
-            else:
-                _refuse_other_backend(checkpoint, node, "spark")
-                df = _process(df, node, query)
+            df = _process(df, node, query, checkpoint)
         else:
             assert isinstance(node, KeyByNode)  # keys are read by the stateful node after it
     return df
@@ -346,66 +340,12 @@ def _window_aggregate(df: DataFrame, node: NativeWindowNode, query: QueryPlan) -
     )
 
 
-def _process(df: DataFrame, node: ProcessNode, query: QueryPlan) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    from stateful_runtime.connectors.formats.json import to_struct
-    from stateful_runtime.operators.spark import (
-        TAG,
-        TS,
-        SparkKeyedProcessor,
-        output_struct,
-        transform_with_state,
-    )
-    from stateful_runtime.state import TimeDomain
-
-    fn = node.function
-    main = to_struct(fn.output_schema)
-    fields = [c for c in df.columns if c not in (EVENT_TIME, *ORIGIN_COLUMNS, UNION_INPUT)]
-    hidden = [c for c in fields if c.startswith("_")]
-    if hidden:
-        raise PlanError(
-            f"operator {node.name!r}: field(s) {hidden} start with '_', which Spark's pandas "
-            f"state API renames; rename them in the source schema"
-        )
-    df = df.withColumn(TS, F.unix_millis(EVENT_TIME)).drop(EVENT_TIME)
-    mode = "EventTime" if fn.time_domain is TimeDomain.EVENT_TIME else "ProcessingTime"
-    out = transform_with_state(
-        df.groupBy(*node.parent.keys),
-        SparkKeyedProcessor(fn, fields, main.fieldNames(), step_guard(query, node.name)),
-        output_struct(main),
-        mode,
-    )
-    return _observe_late(out, fn, TAG, query)
-
-
-def _refuse_other_backend(checkpoint: str | None, node: ProcessNode, backend: str) -> None:
-    """A checkpoint whose operator state the other backend wrote is refused: started on it,
-    the operator would begin with empty state."""
-    from stateful_runtime.checkpoints.layout import QueryLayout
-    from stateful_runtime.operators.arrow_keyed import KEYED_DIR
-
-    if checkpoint is None or QueryLayout(checkpoint).last_committed() is None:
-        return
-    local = (Path(checkpoint) / KEYED_DIR / node.name).is_dir()
-    if local == (backend == "rocksdb_local"):
-        return
-    from stateful_runtime.checkpoints.restore import migration_hint
-
-    other = "rocksdb_local" if backend == "spark" else "spark"
-    raise PlanError(
-        f"operator {node.name!r}: the checkpoint {checkpoint} holds its state as written by "
-        f"state.backend={other}, and this run uses state.backend={backend}. "
-        + migration_hint(other, backend, "JOB_FILE")
-    )
-
-
-def _process_local(
+def _process(
     df: DataFrame, node: ProcessNode, query: QueryPlan, checkpoint: str | None
 ) -> DataFrame:
-    """A process node with its state in the Python worker (``state.backend=rocksdb_local``):
-    repartition by key group, then :class:`~stateful_runtime.operators.arrow_keyed.
-    ArrowKeyedOperator` over whole Arrow batches (see that module).
+    """A process node, its state in the Python worker: repartition by key group, then
+    :class:`~stateful_runtime.operators.arrow_keyed.ArrowKeyedOperator` over whole Arrow
+    batches (see that module).
 
     Spark runs a batch without new data only when a stateful operator of its own asks for
     one (its watermark advanced), and ``mapInArrow`` is none. So the query of an event-time
@@ -426,11 +366,10 @@ def _process_local(
         route_values,
     )
     from stateful_runtime.operators.keyed_store import MAX_PARALLELISM
-    from stateful_runtime.operators.spark import TS, output_struct
+    from stateful_runtime.operators.output import TAG, TS, output_struct
     from stateful_runtime.state import TimeDomain
 
     fn = node.function
-    _refuse_other_backend(checkpoint, node, "rocksdb_local")
     parallelism = query.parallelism
     keys = list(node.parent.keys)
     fields = [c for c in df.columns if c not in (EVENT_TIME, *ORIGIN_COLUMNS, UNION_INPUT)]
@@ -463,7 +402,7 @@ def _process_local(
         out = out.unionByName(
             _timer_ticks(df.sparkSession, checkpoint, node.name, parallelism, out)
         )
-    return _observe_late(out, fn, TAG_COLUMN, query)
+    return _observe_late(out, fn, TAG, query)
 
 
 def _watermark_carrier(shuffled: DataFrame, like: StructType) -> DataFrame:
@@ -492,6 +431,8 @@ def _observe_late(out: DataFrame, fn: Any, tag_column: str, query: QueryPlan) ->
     (``late:<source>``), by the input each late row names (:data:`UNION_INPUT`)."""
     from pyspark.sql import functions as F
 
+    from stateful_runtime.operators.output import SIDE
+
     join = getattr(fn, "connected", None)
     if isinstance(fn, WindowOperator):
         tags = list(fn.side_outputs)
@@ -502,7 +443,7 @@ def _observe_late(out: DataFrame, fn: Any, tag_column: str, query: QueryPlan) ->
     is_late = F.col(tag_column).isin([t.name for t in tags] + [LATE_MARK])
     counts = [F.sum(F.when(is_late, 1).otherwise(0)).alias("late")]
     if query.union:
-        source = F.get_json_object(F.col(SIDE_COLUMN), f"$.{UNION_INPUT}").cast("int")
+        source = F.get_json_object(F.col(SIDE), f"$.{UNION_INPUT}").cast("int")
         counts += [
             F.sum(F.when(is_late & (source == i.index), 1).otherwise(0)).alias(
                 f"late:{i.source.name}"

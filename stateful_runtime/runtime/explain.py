@@ -38,7 +38,7 @@ def explain(plan: Plan, spark: SparkSession | None = None) -> str:
         f"job {job.name}: {len(plan.queries)} streaming queries, parallelism "
         f"{job.parallelism}, checkpoint every {job.checkpoint.interval} in "
         f"{job.checkpoint.dir}",
-        state_line(job.state_backend, job.rocksdb),
+        state_line(job.rocksdb),
     ]
     for q in plan.queries:
         lines.append("")
@@ -50,18 +50,16 @@ def explain(plan: Plan, spark: SparkSession | None = None) -> str:
     return "\n".join(lines)
 
 
-def state_line(backend: str, memory: RocksDBMemory) -> str:
-    """Where keyed state lives (``state.backend``) and, in the worker, its memory settings."""
-    if backend == "rocksdb_local":
-        return (
-            f"state: state.backend=rocksdb_local, a RocksDB in each Python worker ("
-            f"state.rocksdb.block_cache_mb={memory.block_cache_mb}, "
-            f"state.rocksdb.write_buffer_mb={memory.write_buffer_mb}, "
-            f"state.rocksdb.write_buffers={memory.write_buffers}: at most {memory.bound_mb} MiB "
-            f"per worker), versioned with each batch under <checkpoint>/<query>/keyed/; native "
-            f"windows in Spark's RocksDB state store"
-        )
-    return "state: state.backend=spark, Spark's RocksDB state store (changelog checkpointing on)"
+def state_line(memory: RocksDBMemory) -> str:
+    """Where keyed state lives, and its memory settings in each worker."""
+    return (
+        f"state: keyed state in a RocksDB in each Python worker ("
+        f"state.rocksdb.block_cache_mb={memory.block_cache_mb}, "
+        f"state.rocksdb.write_buffer_mb={memory.write_buffer_mb}, "
+        f"state.rocksdb.write_buffers={memory.write_buffers}: at most {memory.bound_mb} MiB "
+        f"per worker), versioned with each batch under <checkpoint>/<query>/keyed/; native "
+        f"windows in Spark's RocksDB state store"
+    )
 
 
 def _spark_plan(spark: SparkSession, query: QueryPlan) -> list[str]:

@@ -203,33 +203,24 @@ def savepoint_root(job: Any) -> str:
 def _offset_lines(q: QueryPlan) -> int:
     """The lines of source offsets Spark logs per batch of ``q``: one per input, except that
     the branch that makes Spark run batches for the watermark (``q.watermark_carrier``) reads
-    each input again (it shares the shuffle, not the source relation), a process function
-    on ``state.backend=rocksdb_local`` in processing time also reads its timer ticks, and a
+    each input again (it shares the shuffle, not the source relation), a process function in
+    processing time also reads its timer ticks, and a
     query of several inputs with a stateful step also reads the source that starts a run's
     batches (:mod:`stateful_runtime.runtime.input_watermarks`)."""
     return len(q.inputs) * (1 + q.watermark_carrier) + reads_ticks(q) + resumes(q)
 
 
 def reads_ticks(q: QueryPlan) -> bool:
-    """Whether ``q`` reads the ticks of its processing-time timers (a process function on
-    ``state.backend=rocksdb_local`` in processing time, :mod:`stateful_runtime.operators.
-    ticks`)."""
+    """Whether ``q`` reads the ticks of its processing-time timers (a process function in
+    processing time, :mod:`stateful_runtime.operators.ticks`)."""
     fn = q.process.function if q.process is not None else None
-    return (
-        q.state_backend == "rocksdb_local"
-        and fn is not None
-        and fn.time_domain is TimeDomain.PROCESSING_TIME
-    )
+    return fn is not None and fn.time_domain is TimeDomain.PROCESSING_TIME
 
 
 def _migrates(q: QueryPlan, query: layout.QueryLayout) -> bool:
     """Whether the engine takes over the state of ``q``'s process function from the removed
     ``state.backend=spark`` when the run starts (:mod:`stateful_runtime.checkpoints.migrate`)."""
-    return (
-        q.state_backend == "rocksdb_local"
-        and q.process is not None
-        and migrate.written_by_spark_backend(query)
-    )
+    return q.process is not None and migrate.written_by_spark_backend(query)
 
 
 def migrate_spark_backend(
@@ -501,10 +492,10 @@ class JobRunner:
 
     def start(self) -> None:
         """Start Spark and every query (state RUNNING)."""
-        # Spark's Python workers print per-batch lines on stdout, the JVM its warnings on
-        # stderr and Spark its log: into the job's log files instead of its terminal.
+        # The JVM's warnings on stderr and Spark's log: into the job's log file instead of its
+        # terminal.
         log = registry.job_file(self.job.name, ".log")
-        spark_output.divert(registry.job_file(self.job.name, ".workers.log"), log)
+        spark_output.divert(log)
         try:
             spark = self.spark = build_session(self.job.parallelism, self.master, log_file=log)
         except KeyboardInterrupt:  # PySpark's handler, for the moment its context starts
@@ -745,7 +736,7 @@ class JobRunner:
                 continue  # (a migration writes the offsets of the engine's query)
             lines = len(committed["sources"])
             # Written before each input's watermark was kept, or while every process function
-            # on rocksdb_local carried the watermark's branch: it runs on as it was written
+            # carried the watermark's branch: it runs on as it was written
             # (Spark refuses a source added to or removed from a checkpoint).
             written = [q, replace(q, watermark_carrier_kept=True)]
             if resumes(q):
@@ -786,8 +777,6 @@ class JobRunner:
             restore_from=self.restore_from,
             allow_non_restored=self.allow_non_restored_state,
             lock=self.checkpoint_lock,
-            state_backends={q.name: q.state_backend for q in self.plan.queries},
-            job_file=str(self.jobfile.path),
         )
         what = "savepoint" if self.from_savepoint else "checkpoint mirror"
         self.console.say(
@@ -901,7 +890,7 @@ class JobRunner:
     def _start_query(self, spark: SparkSession, q: QueryPlan) -> _Running:
 
         qdir = str(self.layout.query(q.name).root)
-        single = q.state_backend == "rocksdb_local" and q.process is not None
+        single = q.process is not None
         if single:
             refuse_speculation(
                 spark.sparkContext.getConf().get("spark.speculation", "false")

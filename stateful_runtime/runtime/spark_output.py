@@ -1,13 +1,8 @@
 """Keep Spark's own chatter out of the job's terminal, in the job's log files instead.
 
-Two kinds of lines reach ``srt run``'s terminal without being the job's:
+Two kinds of lines reach ``srt run``'s terminal on stderr without being the job's (log4j
+settings cannot reach them):
 
-* Spark's driver-side Python runner for ``transformWithStateInPandas``
-  (``pyspark.sql.streaming.transform_with_state_driver_worker``) prints "Streaming
-  TransformWithStateInPandas Python worker ..." lines to its stdout on every batch that plans
-  the operator. The JVM copies a Python worker's stdout to its own (``PythonWorkerFactory``'s
-  redirect threads), and the JVM inherited the job process's stdout: the lines land between
-  ``srt run``'s progress lines, and log4j settings cannot reach them.
 * The JVM itself warns on stderr as it starts, before any logging is set up: ``WARNING: Using
   incubator modules: jdk.incubator.vector`` (Spark's launcher adds that module to every JVM it
   starts). Spark's own log lines are log4j's, which a job process sends to its log file
@@ -19,9 +14,9 @@ Two kinds of lines reach ``srt run``'s terminal without being the job's:
   socket (a query's error); an unhandled traceback through its ``<module>`` frame is the
   process dying, which is Spark's business, not the job's (:class:`RunnerTracebacks`).
 
-:func:`divert` puts a pipe on file descriptors 1 and 2 *before* the JVM starts (so the JVM and
-every worker inherit them): a thread per descriptor copies each line to the original one,
-except those lines, which go to a log file. Everything else, errors included, still reaches the
+:func:`divert` puts a pipe on file descriptor 2 *before* the JVM starts (so the JVM and
+every worker inherit it): a thread copies each line to the original one, except those lines,
+which go to the job's log file. Everything else, errors included, still reaches the
 terminal.
 """
 
@@ -39,15 +34,10 @@ from typing import IO
 
 from .registry import private_file
 
-# Line prefixes written by Spark's Python workers (not by the job).
-WORKER_MARKERS = (
-    b"Streaming TransformWithStateInPandas Python worker",
-    b"Starting Streaming TransformWithStateInPandas Python worker",
-)
 # How the JVM prefixes what it says on stderr itself (HotSpot's and the module system's
 # warnings); the job's errors, Python's warnings and log4j's lines are written otherwise.
 JVM_MARKER = b"WARNING: "
-# At exit, how long each copying thread gets to pass on what is still in its pipe. The JVM holds
+# At exit, how long the copying thread gets to pass on what is still in its pipe. The JVM holds
 # the pipes' write ends until it exits; the session's own exit hook (registered after this one,
 # so run before it) has ended the JVM by then, and the pipes are at their end.
 DRAIN_S = 2.0
@@ -125,10 +115,6 @@ class RunnerTracebacks:
         return out
 
 
-def is_worker_line(line: bytes) -> bool:
-    return line.lstrip().startswith(WORKER_MARKERS)
-
-
 def is_jvm_line(line: bytes) -> bool:
     return line.startswith(JVM_MARKER)
 
@@ -138,14 +124,11 @@ def _copy(
     terminal: int,
     log: IO[bytes],
     aside: Callable[[bytes], bool],
-    blank: bool,
     tracebacks: RunnerTracebacks | None = None,
 ) -> None:
-    """Copy lines from ``read_fd`` to ``terminal``, those ``aside`` picks to ``log`` (with
-    ``blank``: and the blank lines right after one), and the source runner's dying tracebacks
-    that ``tracebacks`` picks."""
+    """Copy lines from ``read_fd`` to ``terminal``, those ``aside`` picks to ``log``, and the
+    source runner's dying tracebacks that ``tracebacks`` picks."""
     buffered = b""
-    after = False
     reader = [True]  # False once whoever read the terminal went away (`srt run ... | head`)
 
     def show(data: bytes) -> None:
@@ -158,13 +141,10 @@ def _copy(
                 reader[0] = False
 
     def put(line: bytes, picked: bool) -> None:
-        nonlocal after
-        if picked or aside(line) or (blank and after and not line.strip()):
-            after = bool(line.strip()) or after
+        if picked or aside(line):
             log.write(line + b"\n")
             log.flush()
             return
-        after = False
         show(line + b"\n")
 
     def lines(line: bytes) -> list[tuple[bytes, bool]]:
@@ -193,15 +173,11 @@ def _copy(
 
 
 def _divert(
-    fd: int,
-    log_path: Path,
-    aside: Callable[[bytes], bool],
-    blank: bool,
-    tracebacks: RunnerTracebacks | None = None,
+    log_path: Path, aside: Callable[[bytes], bool], tracebacks: RunnerTracebacks | None = None
 ) -> None:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = private_file(log_path)  # created (0600) before any other writer of it starts
-    stream = sys.stdout if fd == 1 else sys.stderr
+    fd, stream = 2, sys.stderr
     stream.flush()
     terminal = os.dup(fd)
     read_fd, write_fd = os.pipe()
@@ -209,7 +185,7 @@ def _divert(
     os.close(write_fd)
     thread = threading.Thread(
         target=_copy,
-        args=(read_fd, terminal, log, aside, blank, tracebacks),
+        args=(read_fd, terminal, log, aside, tracebacks),
         name=f"srt-spark-output-{fd}",
         daemon=True,
     )
@@ -227,13 +203,11 @@ def _divert(
     atexit.register(_restore)
 
 
-def divert(workers_log: str | Path, jvm_log: str | Path) -> None:
-    """From now on, this process's and its children's stdout lines from Spark's Python workers
-    go to ``workers_log``, and the JVM's own warnings and the source runner's dying tracebacks on
-    stderr to ``jvm_log`` (both appended);
-    everything else still reaches the original stdout and stderr. Call it before the
-    SparkSession (the JVM) starts; a second call does nothing."""
+def divert(jvm_log: str | Path) -> None:
+    """From now on, the JVM's own warnings and the source runner's dying tracebacks on this
+    process's and its children's stderr go to ``jvm_log`` (appended); everything else still
+    reaches the original stderr. Call it before the SparkSession (the JVM) starts; a second
+    call does nothing."""
     if _installed:
         return
-    _divert(1, Path(workers_log), is_worker_line, blank=True)
-    _divert(2, Path(jvm_log), is_jvm_line, blank=False, tracebacks=RunnerTracebacks())
+    _divert(Path(jvm_log), is_jvm_line, tracebacks=RunnerTracebacks())

@@ -1,6 +1,6 @@
 """Savepoints, restore, rescale, upgrade and the S3 checkpoint mirror, on real Spark and S3.
 
-The UPI job (native window path) and a keyed process function (transformWithStateInPandas)
+The UPI job (native window path) and a keyed process function (state in the worker's RocksDB)
 run in this process on the shared SparkSession; the running-job cases use the real `srt` CLI.
 Every case ends with the sink table equal to an oracle computed from the events directly.
 """
@@ -286,24 +286,8 @@ def test_incompatible_savepoints_are_refused_with_the_differences(spark, upi, tm
     _, out = run_job(renamed, other, from_savepoint=sp.location, allow_non_restored_state=True)
     assert "not restored (--allow-non-restored-state)" in out
 
-    # State of the Spark backend into the local one: refused before anything is laid out,
-    # with the command that moves the job; that command rebuilds it from the source.
-    local = {**sets, "checkpoint.dir": tmp_path / "ck-local", "state.backend": "rocksdb_local"}
-    with pytest.raises(IncompatibleSavepointError) as err:
-        run_job(v1, local, from_savepoint=sp.location)
-    assert err.value.differences == [
-        "query counter, operator counter: its state was written by state.backend=spark, this "
-        "run uses state.backend=rocksdb_local"
-    ]
-    command = f"srt run {v1} --set state.backend=rocksdb_local --replay-sinks"
-    assert command in str(err.value) and not (tmp_path / "ck-local").exists()
-    _, out = run_job(v1, {**local, "checkpoint.dir": tmp_path / "ck"}, replay_sinks=True)
-    assert "the checkpoint that was there is kept in" in out
-    assert {m: n for m, (n,) in counts(sets["sink.database"]).items()} == want
-    assert (tmp_path / "ck" / "counter" / "keyed" / "counter").is_dir()
-
     # A corrupt file is caught by its checksum before anything is restored.
-    victim = next(f for f in sp.manifest["files"] if "/state/" in f["path"])
+    victim = next(f for f in sp.manifest["files"] if "/keyed/" in f["path"])
     path = Path(sp.location) / victim["path"]
     path.write_bytes(path.read_bytes() + b"x")
     with pytest.raises(savepoints.SavepointError, match="is corrupt: .*" + victim["path"]):
@@ -360,10 +344,8 @@ def _newest_deltas(query: QueryLayout) -> list[Path]:
     return [d for p in parts if (d := keyed.committed(p, version, keyed.DELTA)) is not None]
 
 
-def test_keyed_state_of_the_local_backend_through_savepoint_rescale_damage_and_mirror(
-    upi, tmp_path, srt_env
-):
-    """One job on state.backend=rocksdb_local through everything built on state: a savepoint
+def test_keyed_state_through_savepoint_rescale_damage_and_mirror(upi, tmp_path, srt_env):
+    """One job of keyed state through everything built on state: a savepoint
     (its keyed files checksummed, `check` clean, inspected without Spark), a restore rescaling
     2 → 3, a truncated delta at start (falls back a batch), a mirror restore onto an empty
     disk, and a rescale 3 → 1: the counts equal the oracle's after every step."""
@@ -379,7 +361,6 @@ def test_keyed_state_of_the_local_backend_through_savepoint_rescale_damage_and_m
             "sink.database": db,
             "checkpoint.dir": tmp_path / ckpt,
             "savepoint.dir": roots,
-            "state.backend": "rocksdb_local",
             "parallelism": parallelism,
             **({"checkpoint.mirror": mirror} if ckpt == "ck3" else {}),
         }
@@ -400,7 +381,7 @@ def test_keyed_state_of_the_local_backend_through_savepoint_rescale_damage_and_m
     assert any(f["path"].endswith(keyed.COMMIT) for f in keyed_files)
     assert all(len(f["sha256"]) == 64 for f in keyed_files)
     assert manifest.check(sp1) == []
-    # Inspect reads the local backend's files, without Spark.
+    # Inspect reads the keyed files, without Spark.
     with checkpoint_of(sp1.id, [str(roots)]) as ck:
         assert not needs_spark(ck)
         rows = inspect(None, ck, operator="counter", state="count")
@@ -453,22 +434,18 @@ def test_keyed_state_of_the_local_backend_through_savepoint_rescale_damage_and_m
     shown = srt(["state", "inspect", str(tmp_path / "ck1"), "--key", "M007"], srt_env)
     assert shown.returncode == 0, shown.stderr
     head, *table = shown.stdout.splitlines()
-    assert head.startswith("counter/counter (rocksdb_local, batch ")
+    assert head.startswith("counter/counter (batch ")
     groups = len({r["key_group"] for r in rows})
     assert f"1 partition, {groups} of 128 key groups hold state, 30 count" in head, head
     assert "key_group" in table[0] and len(table) == 2
     assert f" {expected_counts(lines)['M007']} " in table[1]
 
     # `srt savepoint check` (control.check_state) reads the keyed files: a delta damaged in
-    # place (same size: the manifest's sizes agree) is named; the other backend is refused.
+    # place (same size: the manifest's sizes agree) is named.
     overrides = {k: str(v) for k, v in sets("ck-check", 1).items()}
     assert check_state(job, overrides, sp2.location).compatible
-    with pytest.raises(IncompatibleSavepointError, match="--set state.backend=spark --replay"):
-        check_state(job, {**overrides, "state.backend": "spark"}, sp2.location)
     in_place = {**overrides, "checkpoint.dir": str(tmp_path / "ck1")}  # the job's checkpoint
     assert check_state(job, in_place).compatible
-    with pytest.raises(IncompatibleSavepointError, match="written by state.backend=rocksdb_local"):
-        check_state(job, {**in_place, "state.backend": "spark"})
     entry = next(f for f in sp2.manifest["files"] if f["path"].endswith(".delta"))
     damaged = Path(sp2.location) / entry["path"]
     data = bytearray(damaged.read_bytes())

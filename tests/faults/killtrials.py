@@ -15,7 +15,7 @@ once.
 Seeded: the seed fixes the input, every kill point and every damage; a failure names it.
 
     python -m tests.faults.killtrials --trials 100 [--seed S]     (platform/fault-trials.sh)
-    python -m tests.faults.killtrials --trials 20 --backend rocksdb_local [--operator window]
+    python -m tests.faults.killtrials --trials 20 --keyed [--operator window]
 """
 
 from __future__ import annotations
@@ -66,17 +66,17 @@ class Config:
     parallelism: int = 2
     max_commits: int = 3  # k in 0..max_commits new committed batches before a kill
     torn_every: int = 5  # about one trial in this many tears the newest commit after its kill
-    # None: the UPI example (Spark's native window); a state backend: the same counts computed
-    # on it by the runtime's `operator` (tests/faults/upi_keyed_job.py)
-    backend: str | None = None
+    # False: the UPI example (Spark's native window); True: the same counts computed by the
+    # runtime's `operator`, state in the worker's RocksDB (tests/faults/upi_keyed_job.py)
+    keyed: bool = False
     operator: str = "process"  # or "window"
 
     def fault(self, name: str) -> str:
         """A fault's name in the trial records, with the job variant it was tried on."""
-        if self.backend is None:
+        if not self.keyed:
             return name
         what = {"process": "keyed process function", "window": "window operator"}[self.operator]
-        return f"{name} ({what}, state.backend={self.backend})"
+        return f"{name} ({what}, state in the worker's RocksDB)"
 
     @property
     def events(self) -> int:
@@ -253,9 +253,8 @@ def run_kill_trials(
             "source.max_records_per_batch": str(cfg.cap),
         }
     )
-    if cfg.backend is not None:
+    if cfg.keyed:
         ws.job = KEYED_JOB
-        ws.extra["state.backend"] = cfg.backend
         ws.extra["operator"] = cfg.operator
     EventLog(ws.log_dir).create_topic(TOPIC, cfg.partitions)
     source = events(
@@ -421,15 +420,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cap", type=int, default=Config.cap, help="records per batch")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument(
-        "--backend",
-        choices=["spark", "rocksdb_local"],
-        help="count with the runtime's operator on this state backend (default: the UPI "
-        "example's native window)",
+        "--keyed",
+        action="store_true",
+        help="count with the runtime's keyed operator, state in the worker's RocksDB (default: "
+        "the UPI example's native window)",
     )
     p.add_argument("--operator", choices=["process", "window"], default="process")
     a = p.parse_args(argv)
     seed = a.seed if a.seed is not None else random.randrange(1 << 31)
-    cfg = Config(trials=a.trials, seed=seed, cap=a.cap, backend=a.backend, operator=a.operator)
+    cfg = Config(trials=a.trials, seed=seed, cap=a.cap, keyed=a.keyed, operator=a.operator)
     root = Path(tempfile.mkdtemp(prefix="srt-kill-trials-"))
     home = root / "home"
     env = {

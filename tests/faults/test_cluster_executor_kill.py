@@ -4,9 +4,9 @@ The UPI job runs on the one-worker cluster (platform/spark-cluster.sh, as in
 tests/runtime/test_cluster.py): the driver is the `srt` process, the tasks run in an executor JVM
 the worker launched. Once a batch is in flight, the test kills that executor; the master has
 the worker launch another, Spark retries the lost tasks there (spark.task.maxFailures, 4 on a
-cluster), and the run ends with the table equal to the oracle and each dead letter once. On the
-local RocksDB backend (the counts kept by a keyed process function, ``upi_keyed_job.py``) the
-lost executor's stores are gone with it: the new executor rebuilds each partition's state from
+cluster), and the run ends with the table equal to the oracle and each dead letter once. With
+keyed state (the counts kept by a keyed process function, ``upi_keyed_job.py``) the lost
+executor's stores are gone with it: the new executor rebuilds each partition's state from
 the checkpoint's keyed files.
 """
 
@@ -47,22 +47,21 @@ def _executors(worker_dir: Path) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("backend", [None, "rocksdb_local"], ids=["native", "rocksdb_local"])
+@pytest.mark.parametrize("keyed", [False, True], ids=["native", "keyed"])
 def test_executor_killed_mid_batch_task_retried_result_equals_oracle(
     cluster: Cluster,
     upi,
     job_env,
     trials,
-    backend,
+    keyed,
 ):
     lines = list(
         events(60_000, merchants=40, rate_per_s=500, disorder_ms=4_500, bad_every=997, seed=41)
     )
     append_lines(upi.log_dir, lines)
     upi.extra.update({"source.max_records_per_batch": "3000", "parallelism": "2"})
-    if backend is not None:
+    if keyed:
         upi.job = KEYED_JOB
-        upi.extra["state.backend"] = backend
     qdir = upi.checkpoint_dir / QUERY
     log = upi.root / "run.log"
     proc = srt_background(
@@ -100,7 +99,7 @@ def test_executor_killed_mid_batch_task_retried_result_equals_oracle(
             proc.kill()
     why = record_run(
         trials,
-        FAULT if backend is None else f"{FAULT} (keyed process function, {backend})",
+        f"{FAULT} (keyed process function, state in the worker's RocksDB)" if keyed else FAULT,
         INPUT,
         upi,
         lines,

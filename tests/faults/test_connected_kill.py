@@ -1,4 +1,4 @@
-"""kill -9 of jobs of several streams at random points, on the local RocksDB backend.
+"""kill -9 of jobs of several streams at random points, state in the worker's RocksDB.
 
 Each multi-stream example is started and killed (its whole process group) again and again on
 one checkpoint, at a random moment of start-up or a random delay after a random number of new
@@ -47,7 +47,7 @@ from tests.operators.helpers import table
 
 pytestmark = pytest.mark.faults
 
-FAULT = "kill -9 of the job's process group ({what}, state.backend=rocksdb_local)"
+FAULT = "kill -9 of the job's process group ({what}, state in the worker's RocksDB)"
 KILLS = int(os.environ.get("SRT_FAULT_CONNECTED_KILLS", "2"))
 
 
@@ -80,7 +80,6 @@ def _trial(
         "checkpoint.dir": ckpt,
         "checkpoint.interval_s": 0.5,
         "parallelism": 2,
-        "state.backend": "rocksdb_local",
         **settings,
     }
     args = ["run", str(EXAMPLES / job)]

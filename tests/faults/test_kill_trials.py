@@ -50,20 +50,17 @@ KEYED_TRIALS = int(os.environ.get("SRT_FAULT_KEYED_TRIALS", "3"))
 
 
 # The same trials with the counts kept by the runtime's keyed operators in the Python worker's
-# RocksDB (state.backend=rocksdb_local): its versioned keyed files must be as crash-safe as
-# Spark's state store, for a process function's map state and timers and for the window
-# operator's windows and triggers. `python -m tests.faults.killtrials --backend rocksdb_local
-# [--operator window]` runs more.
+# RocksDB: its versioned keyed files must be as crash-safe as Spark's state store, for a
+# process function's map state and timers and for the window operator's windows and triggers.
+# `python -m tests.faults.killtrials --keyed [--operator window]` runs more.
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("operator", ["process", "window"])
 def test_kill_dash_nine_of_a_keyed_operator_on_local_state_every_trial_equals_oracle(
     tmp_path, job_env, trials, operator
 ):
     seed = int(os.environ.get("SRT_FAULT_SEED") or random.randrange(1 << 31))
-    print(
-        f"kill -9 trials (rocksdb_local, {operator}): seed {seed} (replay: SRT_FAULT_SEED={seed})"
-    )
-    cfg = Config(trials=KEYED_TRIALS, seed=seed, backend="rocksdb_local", operator=operator)
+    print(f"kill -9 trials (keyed, {operator}): seed {seed} (replay: SRT_FAULT_SEED={seed})")
+    cfg = Config(trials=KEYED_TRIALS, seed=seed, keyed=True, operator=operator)
     out = run_kill_trials(tmp_path / "w", cfg, job_env, _record(trials, seed, cfg), say=print)
     record_final(trials, out, cfg)
     assert out.ok, (

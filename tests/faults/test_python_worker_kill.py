@@ -1,12 +1,12 @@
-"""A Python worker killed (kill -9) in the middle of a keyed task, on the local RocksDB backend.
+"""A Python worker killed (kill -9) in the middle of a keyed task, state in its RocksDB.
 
-The UPI counts run as a keyed process function (``upi_keyed_job.py``, ``state.backend=
-rocksdb_local``). The worker that meets one chosen payment of the third batch stops there, in
-the middle of its task, with part of the batch's keys already changed in its RocksDB and its
-warm values, and is killed. Spark runs the task again (a local master retries a task as a
-cluster does, ``runtime/session.py``), on a worker that must start from the batch's state
-version, not from the killed worker's half-written one: the run goes on to its end with the
-table equal to the oracle and each dead letter once.
+The UPI counts run as a keyed process function (``upi_keyed_job.py``). The worker that meets
+one chosen payment of the third batch stops there, in the middle of its task, with part of the
+batch's keys already changed in its RocksDB and its warm values, and is killed. Spark runs the
+task again (a local master retries a task as a cluster does, ``runtime/session.py``), on a
+worker that must start from the batch's state version, not from the killed worker's
+half-written one: the run goes on to its end with the table equal to the oracle and each dead
+letter once.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tests.helpers import append_lines, poll, srt_background, wait_for
 
 pytestmark = pytest.mark.faults
 
-FAULT = "Python worker killed (kill -9) mid-task, keyed process function on rocksdb_local"
+FAULT = "Python worker killed (kill -9) mid-task, keyed process function"
 INPUT = "UPI events from the event log (1 bad record in 997), 8k, batches of 2,000"
 
 
@@ -36,7 +36,6 @@ def test_python_worker_killed_mid_task_retried_from_the_batch_version(upi, job_e
     upi.job = KEYED_JOB
     upi.extra.update(
         {
-            "state.backend": "rocksdb_local",
             "parallelism": "2",
             "source.max_records_per_batch": "2000",
         }

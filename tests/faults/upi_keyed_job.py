@@ -1,5 +1,5 @@
-"""The UPI per-minute counts computed by the runtime's keyed operators, for the fault trials on
-the state backends of Python operators (``state.backend``: ``spark`` or ``rocksdb_local``).
+"""The UPI per-minute counts computed by the runtime's keyed operators (state in the worker's
+RocksDB), for the fault trials of keyed state.
 
 Same input, query, sink and table as ``examples/upi_per_minute.py``, so the trials' oracle and
 checks apply unchanged. ``operator`` picks the operator:

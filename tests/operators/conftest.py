@@ -12,9 +12,3 @@ def harness_backend(request, monkeypatch) -> str:
     """Runs the test once per state backend (the harness's default is switched for it)."""
     monkeypatch.setattr(testing, "DEFAULT_BACKEND", request.param)
     return request.param
-
-
-@pytest.fixture(params=["spark", "rocksdb_local"])
-def state_backend(request) -> str:
-    """Runs a Spark test once per ``state.backend`` (pass it to ``helpers.run``)."""
-    return request.param

@@ -1,7 +1,7 @@
-"""Broadcast state on Spark (``examples/fraud_rules.py``, ``state.backend=rocksdb_local``, two
-state partitions): rules from one topic reach the payers of every partition, a rule appended
-later changes the alerts from the batch it comes in, and the rules come back from the
-checkpoint after a restart; against an oracle computed from the inputs alone."""
+"""Broadcast state on Spark (``examples/fraud_rules.py``, two state partitions): rules from
+one topic reach the payers of every partition, a rule appended later changes the alerts from
+the batch it comes in, and the rules come back from the checkpoint after a restart; against an
+oracle computed from the inputs alone."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from stateful_runtime.checkpoints import keyed
 from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.checkpoints.state_reader import inspect
 from stateful_runtime.connectors.eventlog import EventLog
-from stateful_runtime.exceptions import PlanError
 from stateful_runtime.operators.arrow_keyed import broadcast_row
 from tests.helpers import append_lines, read_topic
 from tests.operators.example_inputs import T0, fraud_alerts, fraud_rule, payer_payments
@@ -84,8 +83,3 @@ def test_rules_appended_later_change_the_alerts_and_survive_a_restart(spark, tmp
         state = keyed.state_at(query / keyed.KEYED_DIR / "fraud-rules" / str(p), version + 1)
         first = broadcast_row(keyed.key_groups(p, 3).start, "rules")
         assert pickle.loads(state[first]) == rules
-
-
-def test_broadcast_state_on_sparks_state_store_is_refused_naming_the_setting(spark, tmp_path):
-    with pytest.raises(PlanError, match="--set state.backend=rocksdb_local"):
-        run("fraud_rules.py", tmp_path, **{"state.backend": "spark"})

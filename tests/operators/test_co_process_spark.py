@@ -18,7 +18,7 @@ from tests.operators.helpers import crash_before_commit, run, table
 pytestmark = pytest.mark.slow
 
 
-def test_refunds_matched_with_payments_across_a_restart(spark, tmp_path, state_backend):
+def test_refunds_matched_with_payments_across_a_restart(spark, tmp_path):
     log = tmp_path / "log"
     for topic in ("upi-payments", "upi-refunds"):
         EventLog(log).create_topic(topic, 1)
@@ -31,14 +31,13 @@ def test_refunds_matched_with_payments_across_a_restart(spark, tmp_path, state_b
     settings = {
         "sink.database": db,
         "source.max_records_per_batch": 8,
-        "state.backend": state_backend,
     }
     for topic, all_lines in lines.items():
         append_lines(log, all_lines[: len(all_lines) // 2], topic=topic)
     run("payment_refunds.py", tmp_path, **settings)
     first = table(db, "SELECT count(*) FROM refund_matches")[0][0]
-    if state_backend == "rocksdb_local":  # and the worker's store ahead of the commit
-        crash_before_commit(tmp_path / "ck" / "payment_refunds.py" / "match-refunds", db)
+    # and the worker's store ahead of the commit
+    crash_before_commit(tmp_path / "ck" / "payment_refunds.py" / "match-refunds", db)
     for topic, all_lines in lines.items():
         append_lines(log, all_lines[len(all_lines) // 2 :], topic=topic)
     run("payment_refunds.py", tmp_path, **settings)

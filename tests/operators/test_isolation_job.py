@@ -119,11 +119,10 @@ class Workspace:
                 assert "the key's state is as before it" in error
 
 
-@pytest.mark.parametrize("backend", ["spark", "rocksdb_local"])
 def test_failed_records_are_dead_lettered_the_rest_commits_and_the_identity_holds(
-    tmp_path, srt_env, backend
+    tmp_path, srt_env
 ):
-    ws = Workspace(tmp_path, payments(1), "--set", f"state.backend={backend}")
+    ws = Workspace(tmp_path, payments(1))
     result = srt(ws.run_args("--available-now"), srt_env)
     assert result.returncode == 0, result.stderr[-3000:]
     ws.check_outputs()

@@ -25,7 +25,7 @@ from tests.operators.helpers import run, table
 pytestmark = pytest.mark.slow
 
 
-def test_the_joins_against_an_oracle_across_a_rescaling_restore(spark, tmp_path, state_backend):
+def test_the_joins_against_an_oracle_across_a_rescaling_restore(spark, tmp_path):
     log = tmp_path / "log"
     data = tier_inputs()
     for topic in TIER_TOPICS:
@@ -35,7 +35,6 @@ def test_the_joins_against_an_oracle_across_a_rescaling_restore(spark, tmp_path,
     settings = {
         "sink.database": db,
         "source.max_records_per_batch": 25,
-        "state.backend": state_backend,
         "savepoint.dir": roots,
     }
     for topic in TIER_TOPICS:

@@ -40,11 +40,9 @@ def log(tmp_path):
     return tmp_path / "log"
 
 
-# One state backend per test, both through Spark in this file (the harness tests run every
-# operator on both): the crash before Spark's commit is the Python worker's store's case (its
-# versions against Spark's commit log); TTL and timer moves run on Spark's state store.
-@pytest.mark.parametrize("state_backend", ["rocksdb_local"])
-def test_fraud_counter_resets_per_minute_across_a_restart(spark, tmp_path, log, state_backend):
+# The crash before Spark's commit: the worker's store is ahead of Spark's commit log, and the
+# replayed batch must start from the version before it.
+def test_fraud_counter_resets_per_minute_across_a_restart(spark, tmp_path, log):
     rng = random.Random(3)
     lines, bursts = [], []
     # Bursts of 5-20 payments within 10 s, a burst per merchant every 3 minutes for half an
@@ -70,15 +68,14 @@ def test_fraud_counter_resets_per_minute_across_a_restart(spark, tmp_path, log, 
     run(
         "fraud_rate_limit.py",
         tmp_path,
-        **{"sink.database": db, "source.max_records_per_batch": 30, "state.backend": state_backend},
+        **{"sink.database": db, "source.max_records_per_batch": 30},
     )
-    if state_backend == "rocksdb_local":
-        crash_before_commit(tmp_path / "ck" / "fraud_rate_limit.py" / "fraud-counter", db)
+    crash_before_commit(tmp_path / "ck" / "fraud_rate_limit.py" / "fraud-counter", db)
     append_lines(log, lines[half:])
     run(
         "fraud_rate_limit.py",
         tmp_path,
-        **{"sink.database": db, "source.max_records_per_batch": 30, "state.backend": state_backend},
+        **{"sink.database": db, "source.max_records_per_batch": 30},
     )
 
     # Oracle: per merchant, a counter that starts at its first payment (arrival order) and
@@ -134,15 +131,14 @@ def _assert_deduplicated(log, lines: list[bytes]) -> None:
     assert len(expected) < len(lines)
 
 
-@pytest.mark.parametrize("state_backend", ["spark"])
-def test_deduplicator_with_event_time_ttl(spark, tmp_path, log, state_backend):
+def test_deduplicator_with_event_time_ttl(spark, tmp_path, log):
     lines = _dedup_lines()
     for part in (lines[:1_500], lines[1_500:]):
         append_lines(log, part)
         run(
             "deduplicate_payments.py",
             tmp_path,
-            **{"source.max_records_per_batch": 500, "state.backend": state_backend},
+            **{"source.max_records_per_batch": 500},
         )
     _assert_deduplicated(log, lines)
 
@@ -165,7 +161,6 @@ def test_a_function_without_on_timer_runs_no_batch_for_the_watermark_alone(spark
     )
     settings = {
         "source.max_records_per_batch": 500,
-        "state.backend": "rocksdb_local",
         "checkpoint.dir": str(tmp_path / "ck"),
     }
     query = QueryLayout(tmp_path / "ck" / "deduplicator")
@@ -206,8 +201,7 @@ def _batches_without_data(query: QueryLayout) -> int:
     return sum(now == before for before, now in itertools.pairwise(sources))
 
 
-@pytest.mark.parametrize("state_backend", ["spark"])
-def test_session_summaries_with_timer_moves(spark, tmp_path, log, state_backend):
+def test_session_summaries_with_timer_moves(spark, tmp_path, log):
     rng = random.Random(9)
     lines, i = [], 0
     clock = T0
@@ -226,7 +220,6 @@ def test_session_summaries_with_timer_moves(spark, tmp_path, log, state_backend)
         **{
             "sink.database": db,
             "source.max_records_per_batch": 100,
-            "state.backend": state_backend,
         },
     )
     append_lines(log, lines[len(lines) // 2 :])
@@ -236,7 +229,6 @@ def test_session_summaries_with_timer_moves(spark, tmp_path, log, state_backend)
         **{
             "sink.database": db,
             "source.max_records_per_batch": 100,
-            "state.backend": state_backend,
         },
     )
 

@@ -154,9 +154,7 @@ def _time_of(layout: QueryLayout, batch: int) -> int:
 
 
 @pytest.mark.slow
-def test_a_processing_time_timer_fires_without_input_and_again_on_replay(
-    spark, tmp_path, state_backend
-):
+def test_a_processing_time_timer_fires_without_input_and_again_on_replay(spark, tmp_path):
     from stateful_runtime.connectors.eventlog import EventLog
     from tests.helpers import append_lines
 
@@ -167,7 +165,6 @@ def test_a_processing_time_timer_fires_without_input_and_again_on_replay(
     values = {
         "log": str(log),
         "checkpoint.dir": str(tmp_path / "ck"),
-        "state.backend": state_backend,
     }
     append_lines(log, [json.dumps({"k": k, "ts": 1_000}).encode() for k in "aba"], topic="in")
     # The only input, read by one batch; the timers it registers are 2 s after that batch's
@@ -192,8 +189,6 @@ def test_a_processing_time_timer_fires_without_input_and_again_on_replay(
         done = layout.last_committed()
         if done is None or done < fired:
             return False
-        if state_backend == "spark":  # a batch every trigger in processing time
-            return done >= fired + 2
         pending = [json.loads(p.read_text()) for p in (query / "keyed").rglob(NEXT_TIMER)]
         return all(p["version"] == done + 1 and p["due"] is None for p in pending)
 

@@ -84,7 +84,7 @@ def _line(k: str, n: int, ts_ms: int) -> bytes:
     return json.dumps({"k": k, "n": n, "ts_ms": ts_ms}).encode()
 
 
-def test_late_records_of_a_union_are_counted_per_source(spark, tmp_path, state_backend):
+def test_late_records_of_a_union_are_counted_per_source(spark, tmp_path):
     job_file = tmp_path / "union_late.py"
     job_file.write_text(JOB)
     log = tmp_path / "log"
@@ -98,7 +98,6 @@ def test_late_records_of_a_union_are_counted_per_source(spark, tmp_path, state_b
     settings = {
         "sink.log_dir": tmp_path / "out",
         "checkpoint.dir": tmp_path / "ck",
-        "state.backend": state_backend,
     }
     run(str(job_file), tmp_path, **settings)
     # Behind the watermark now: one app record and two bank records (both windows' queries

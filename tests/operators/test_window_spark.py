@@ -29,8 +29,7 @@ def ride(i: int, zone: int, ts: int, amount: float) -> bytes:
 
 # The window operator on the Python worker's store here: the harness tests run it on both
 # backends, tests/faults/test_overflow.py through Spark on Spark's state store (the default).
-@pytest.mark.parametrize("state_backend", ["rocksdb_local"])
-def test_taxi_zone_hourly_with_late_updates_and_late_side_output(spark, tmp_path, state_backend):
+def test_taxi_zone_hourly_with_late_updates_and_late_side_output(spark, tmp_path):
     log = tmp_path / "log"
     EventLog(log).create_topic("taxi-rides", 1)
     rng = random.Random(4)
@@ -49,7 +48,6 @@ def test_taxi_zone_hourly_with_late_updates_and_late_side_output(spark, tmp_path
             "sink.database": db,
             "early_every": 50,
             "source.max_records_per_batch": 400,
-            "state.backend": state_backend,
         },
     )
     # The watermark now stands at ~3h04m55s: hour 2 closed < 10 min ago, hour 1 long ago.
@@ -68,7 +66,6 @@ def test_taxi_zone_hourly_with_late_updates_and_late_side_output(spark, tmp_path
             "sink.database": db,
             "early_every": 50,
             "source.max_records_per_batch": 400,
-            "state.backend": state_backend,
         },
     )
 
@@ -237,10 +234,8 @@ def test_sliding_and_session_windows_with_builtin_aggregates_run_native(spark, t
     assert _windows_out(out, "sliding") == sliding
 
 
-def test_a_window_that_raises_when_it_fires_is_dead_lettered_whole_once(
-    spark, tmp_path, state_backend
-):
-    """On Spark, each state backend: a window whose function raises when it fires goes to the
+def test_a_window_that_raises_when_it_fires_is_dead_lettered_whole_once(spark, tmp_path):
+    """On Spark: a window whose function raises when it fires goes to the
     dead-letter topic as one record (key, bounds, its elements) with the step and the
     exception; every other closed window is emitted; each record is in exactly one of them;
     a second run emits and dead-letters nothing again (the window's state was cleared)."""
@@ -268,7 +263,6 @@ def test_a_window_that_raises_when_it_fires_is_dead_lettered_whole_once(
             {
                 "source.log_dir": str(log),
                 "checkpoint.dir": str(tmp_path / "ck"),
-                "state.backend": state_backend,
             },
         )
         out = io.StringIO()
@@ -305,8 +299,7 @@ from stateful_runtime import (AggregateFunction, LogSink, LogSource, StreamJob,
                               TumblingEventTimeWindows, WatermarkStrategy)
 
 DEFAULTS = {"source.log_dir": "log", "source.topic": "payments", "checkpoint.dir": "ck",
-            "source.max_records_per_batch": 60, "parallelism": 2,
-            "state.backend": "rocksdb_local"}
+            "source.max_records_per_batch": 60, "parallelism": 2}
 PAYMENT = {"txn_id": str, "merchant_id": str, "amount": int, "ts_ms": int}
 
 

@@ -34,8 +34,7 @@ def _pairs(db) -> dict:
     return {rid: (txn, after) for rid, txn, after in rows}
 
 
-@pytest.mark.parametrize("backend", ["spark", "rocksdb_local"])
-def test_an_input_read_to_its_end_keeps_its_watermark_across_restarts(spark, tmp_path, backend):
+def test_an_input_read_to_its_end_keeps_its_watermark_across_restarts(spark, tmp_path):
     # Without the records the Spark test makes late on purpose.
     data = {
         topic: [r for r in records if "late" not in (r.get("refund_id"), r.get("tier"))]
@@ -47,7 +46,6 @@ def test_an_input_read_to_its_end_keeps_its_watermark_across_restarts(spark, tmp
     settings = {
         "sink.database": db,
         "source.max_records_per_batch": 25,
-        "state.backend": backend,
     }
 
     def append(topic: str, records: list[dict]) -> None:

@@ -1,6 +1,5 @@
-"""Spark's own chatter leaves `srt run`'s terminal for the job's log files: Python-worker lines
-from stdout, the JVM's start-up warnings from stderr, Spark's log; the job's lines and errors
-stay."""
+"""Spark's own chatter leaves `srt run`'s terminal for the job's log file: the JVM's start-up
+warnings from stderr, Spark's log; the job's lines and errors stay."""
 
 from __future__ import annotations
 
@@ -15,18 +14,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 from upi_events import events
 
-from stateful_runtime.runtime.spark_output import RunnerTracebacks, is_jvm_line, is_worker_line
+from stateful_runtime.runtime.spark_output import RunnerTracebacks, is_jvm_line
 from tests.helpers import append_lines, srt
 
 SCRIPT = """
 import subprocess, sys
 from stateful_runtime.runtime import spark_output
-spark_output.divert(sys.argv[1], sys.argv[2])
+spark_output.divert(sys.argv[1])
 print("[job] batch 0 | rows 10", flush=True)
-# A child process (as the JVM and its Python workers are) inherits the diverted stdout/stderr.
-subprocess.run([sys.executable, "-c", "print('Starting Streaming TransformWithStateInPandas "
-                "Python worker.\\\\n'); print('Streaming TransformWithStateInPandas Python worker "
-                "Completed execution of UDF: f.\\\\n')"], check=True)
+# A child process (as the JVM and its Python workers are) inherits the diverted stderr.
 subprocess.run([sys.executable, "-c", "import sys; sys.stderr.write('WARNING: Using incubator "
                 "modules: jdk.incubator.vector\\\\nERROR: a real one\\\\n')"], check=True)
 print("[job] batch 1 | rows 5", flush=True)
@@ -36,10 +32,10 @@ print("[job] query q failed: boom", file=sys.stderr, flush=True)
 SPARK_WARN = re.compile(r"^\d\d:\d\d:\d\d WARN ", re.MULTILINE)
 
 
-def test_worker_and_jvm_lines_go_to_the_logs(tmp_path: Path):
-    workers, jvm = tmp_path / "job.workers.log", tmp_path / "job.log"
+def test_jvm_lines_go_to_the_log(tmp_path: Path):
+    jvm = tmp_path / "job.log"
     out = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(workers), str(jvm)],
+        [sys.executable, "-c", SCRIPT, str(jvm)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -47,17 +43,11 @@ def test_worker_and_jvm_lines_go_to_the_logs(tmp_path: Path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["[job] batch 0 | rows 10", "[job] batch 1 | rows 5"]
     assert out.stderr.splitlines() == ["ERROR: a real one", "[job] query q failed: boom"]
-    logged = workers.read_text()
-    assert "Starting Streaming TransformWithStateInPandas Python worker." in logged
-    assert "Completed execution of UDF" in logged
     assert jvm.read_text() == "WARNING: Using incubator modules: jdk.incubator.vector\n"
-    for log in (workers, jvm):  # under $SRT_HOME: private like the rest
-        assert stat.S_IMODE(log.stat().st_mode) == 0o600
+    assert stat.S_IMODE(jvm.stat().st_mode) == 0o600  # under $SRT_HOME: private like the rest
 
 
-def test_only_worker_and_jvm_lines_are_recognised():
-    assert is_worker_line(b"Streaming TransformWithStateInPandas Python worker finish init")
-    assert not is_worker_line(b"[upi-per-minute] upi-counts batch 3 | rows 1,000")
+def test_only_jvm_lines_are_recognised():
     assert is_jvm_line(b"WARNING: Using incubator modules: jdk.incubator.vector")
     assert not is_jvm_line(b"[upi-per-minute] query upi-counts failed: boom")
     assert not is_jvm_line(b"Traceback (most recent call last):")
@@ -88,35 +78,35 @@ def test_srt_run_shows_the_job_and_keeps_sparks_start_up_in_the_jobs_log(upi, sr
 CLOSED_SCRIPT = """
 import sys, time
 from stateful_runtime.runtime import spark_output
-spark_output.divert(sys.argv[1], sys.argv[2])
-print("[job] batch 0", flush=True)
-time.sleep(0.5)  # the reader of stdout (`| head -1`) goes away here
+spark_output.divert(sys.argv[1])
+print("[job] batch 0", file=sys.stderr, flush=True)
+time.sleep(0.5)  # the reader of stderr (`2>&1 | head -1`) goes away here
 for i in range(20_000):  # far more than a pipe holds: a writer must not block
-    print(f"[job] batch {i} | " + "x" * 60, flush=True)
-print("done", file=sys.stderr, flush=True)
+    print(f"[job] query q failed | " + "x" * 60, file=sys.stderr, flush=True)
+print("done", flush=True)
 """
 
 
 def test_a_closed_terminal_is_drained_not_blocking_and_not_failing(tmp_path: Path):
-    """`srt run ... | head`: the copying thread lost its terminal; it keeps draining the pipe
-    (so the job, the JVM and the workers never block on it) and prints nothing of it."""
+    """`srt run ... 2>&1 | head`: the copying thread lost its terminal; it keeps draining the
+    pipe (so the job, the JVM and the workers never block on it) and prints nothing of it."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", CLOSED_SCRIPT, str(tmp_path / "w.log"), str(tmp_path / "j.log")],
+        [sys.executable, "-c", CLOSED_SCRIPT, str(tmp_path / "j.log")],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
     assert proc.stdout is not None and proc.stderr is not None
-    assert proc.stdout.readline() == b"[job] batch 0\n"
-    proc.stdout.close()
-    err = proc.stderr.read().decode()
-    assert proc.wait(timeout=60) == 0, err
-    assert err == "done\n", err
+    assert proc.stderr.readline() == b"[job] batch 0\n"
+    proc.stderr.close()
+    out = proc.stdout.read().decode()
+    assert proc.wait(timeout=60) == 0, out
+    assert out == "done\n", out
 
 
 RUNNER_SCRIPT = """
 import os, socket, subprocess, sys, tempfile
 from stateful_runtime.runtime import spark_output
-spark_output.divert(sys.argv[1], sys.argv[2])
+spark_output.divert(sys.argv[1])
 print("[job] stopping", file=sys.stderr, flush=True)
 # Spark's source runner as a stop leaves it: the executor's end of its socket closes before
 # the runner is killed (its stderr is the JVM's, which is the job's).
@@ -135,7 +125,7 @@ connection.close()
 assert runner.wait() != 0
 # A failure the runner sent the JVM, quoted in a query's error, and the job's own traceback.
 print("[job] query q failed: PythonException:", file=sys.stderr)
-print(sys.argv[3], file=sys.stderr)
+print(sys.argv[2], file=sys.stderr)
 try:
     raise ValueError("the job's own")
 except ValueError:
@@ -155,9 +145,9 @@ def test_the_source_runners_dying_traceback_goes_to_the_log_not_the_terminal(tmp
     with an EOFError and BrokenPipeErrors (the real runner's traceback here), which belong in
     the job's log; a failure it reported (quoted in a query's error) and the job's own
     traceback still reach the terminal, whole and in order."""
-    workers, jvm = tmp_path / "job.workers.log", tmp_path / "job.log"
+    jvm = tmp_path / "job.log"
     out = subprocess.run(
-        [sys.executable, "-c", RUNNER_SCRIPT, str(workers), str(jvm), QUOTED],
+        [sys.executable, "-c", RUNNER_SCRIPT, str(jvm), QUOTED],
         capture_output=True,
         text=True,
         timeout=60,
