@@ -14,10 +14,10 @@ record naming them.
 
 The query's Spark checkpoint changes with its plan: the engine's query reads its inputs a
 second time when it carries the watermark's branch (a Spark deduplication that sees no row,
-whose store starts empty at ``B + 1``) and reads its timer ticks in processing time, so batch
-``B``'s offsets gain those lines (the inputs' offsets again; no tick yet). Spark's state of the
-removed operator is kept, set aside under :data:`SET_ASIDE` (nothing reads it; delete it once
-the job runs on).
+whose store starts empty at ``B + 1``) and reads its timer ticks in processing time, so the
+offsets of batch ``B``, the batch before it and a batch planned after it gain those lines (the
+inputs' offsets again; no tick yet). Spark's state of the removed operator is kept, set aside
+under :data:`SET_ASIDE` (nothing reads it; delete it once the job runs on).
 
 Each step is done again, or found done, by a run that starts after a crash between them:
 everything is staged under :data:`STAGING` first, then put in place, the offsets last but one
@@ -91,7 +91,8 @@ def migrate(
         partitions = query.state_partitions(batch) or 1
         rows = _read(spark, query, batch, keys, [*states, _TIMERS_STATE], set(processing_ttl))
         _stage_keyed(staging / keyed.KEYED_DIR / operator, rows, partitions, batch + 1)
-        for b in (batch - 1, batch):  # (Spark reads the batch before the last, too)
+        # Spark reads the batch before the last too, and runs a planned batch after it again.
+        for b in (batch - 1, batch, batch + 1):
             if query.offsets(b).is_file():
                 lines = query.offsets(b).read_text().splitlines()
                 new = _engine_offsets(lines, carrier=carrier, ticks=ticks, resumes=resumes)

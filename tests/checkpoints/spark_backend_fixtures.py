@@ -133,8 +133,10 @@ FIXTURES = {
     "merchant_tiers": Fixture(
         EXAMPLES / "merchant_tiers.py", tier_inputs, {"source.max_records_per_batch": 25}
     ),
-    "every_state": Fixture(
-        HERE / "every_state.py", _payments_over_days, {"source.max_records_per_batch": 50}, True
+    "every_state": Fixture(HERE / "every_state.py", _payments_over_days),
+    # Run until its input is read (it never ends by itself): no timer of event time to wait for.
+    "every_state_processing": Fixture(
+        HERE / "every_state_processing.py", _payments_over_days, savepoint=True
     ),
 }
 

@@ -1,11 +1,10 @@
-"""Every kind of keyed state, both TTL domains and both timer domains, in two functions: the
-job of the migration fixtures that the example jobs do not cover (list, map, reducing and
-aggregating state; processing-time TTL and timers).
+"""Every kind of keyed state in event time: the job of the migration fixtures that the example
+jobs do not cover (list, map, reducing and aggregating state; event-time TTL on a value and a
+map; an event-time timer). ``every_state_processing.py`` is its processing-time twin.
 
 Input: payments (``txn_id, merchant_id, amount_paise, ts_ms``) on ``upi-payments``. Output:
-one row per merchant and function, upserted into DuckDB, with a digest of every state the
-merchant holds after the element or timer (``tallies`` in event time, ``recent`` in processing
-time).
+one row per merchant, upserted into DuckDB, with a digest of every state the merchant holds
+after the element or timer.
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ from stateful_runtime import (
     ValueStateDescriptor,
     WatermarkStrategy,
 )
-from stateful_runtime.functions import to_ms
 
 DEFAULTS = {
     "source.log_dir": "srt-data/log",
@@ -110,63 +108,23 @@ class Tallies(KeyedProcessFunction):
         }
 
 
-class Recent(KeyedProcessFunction):
-    """Processing time: a value and a map under processing-time TTL, a count without TTL, a
-    processing-time timer an hour after a merchant's first payment."""
-
-    output_schema = DIGEST
-    time_domain = TimeDomain.PROCESSING_TIME
-
-    def open(self, ctx):
-        # A second (expired when the fixture is read) and a century (live whenever it is).
-        second = StateTtlConfig(timedelta(seconds=1))
-        century = StateTtlConfig(timedelta(days=36_500))
-        self.count = ctx.get_state(ValueStateDescriptor("count", int))
-        self.last = ctx.get_state(ValueStateDescriptor("last_txn", str, ttl=second))
-        self.amounts = ctx.get_map_state(MapStateDescriptor("amounts", str, int, ttl=century))
-        self.timer = ctx.get_state(ValueStateDescriptor("timer_ms", int))
-
-    def process_element(self, p, ctx):
-        if self.timer.value() is None:
-            at = ctx.timer_service().current_processing_time() + timedelta(hours=1)
-            ctx.timer_service().register_processing_time_timer(at)
-            self.timer.update(to_ms(at))
-        self.count.update((self.count.value() or 0) + 1)
-        self.last.update(p["txn_id"])
-        self.amounts.put(p["txn_id"], p["amount_paise"])
-        yield {
-            "merchant_id": ctx.get_current_key(),
-            "function": "recent",
-            "digest": repr((self.count.value(), self.last.value(), len(list(self.amounts.keys())))),
-        }
-
-    def on_timer(self, timestamp, ctx):
-        self.timer.clear()
-        yield {
-            "merchant_id": ctx.get_current_key(),
-            "function": "recent-timer",
-            "digest": repr((self.count.value(), self.last.value(), len(list(self.amounts.keys())))),
-        }
-
-
 def build(config: dict) -> StreamJob:
     job = StreamJob.from_config("every-state", config)
-    for name, fn in (("tallies", Tallies()), ("recent", Recent())):
-        payments = job.from_source(
-            LogSource.from_config(config, PAYMENT),
-            WatermarkStrategy.for_bounded_out_of_orderness(
-                timedelta(seconds=5)
-            ).with_timestamp_field("ts_ms"),
-            name=f"{name}-source",
+    payments = job.from_source(
+        LogSource.from_config(config, PAYMENT),
+        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5)).with_timestamp_field(
+            "ts_ms"
+        ),
+        name="tallies-source",
+    )
+    (
+        payments.key_by("merchant_id")
+        .process(Tallies(), name="tallies")
+        .sink_to(
+            DuckDBUpsertSink(
+                config["sink.database"], "tallies_digests", key=("merchant_id", "function")
+            ),
+            name="tallies-digests",
         )
-        (
-            payments.key_by("merchant_id")
-            .process(fn, name=name)
-            .sink_to(
-                DuckDBUpsertSink(
-                    config["sink.database"], f"{name}_digests", key=("merchant_id", "function")
-                ),
-                name=f"{name}-digests",
-            )
-        )
+    )
     return job
