@@ -12,11 +12,19 @@ its own state store). The task running batch ``N`` opens version ``N`` as commit
 newest": a batch replayed after a crash, a retried task or a zombie one starts from the state
 before the batch, whatever another attempt left behind. At the end of its task it writes what
 the batch changed as ``<N + 1>.<token>.delta`` in the checkpoint (an Arrow IPC file: key, value
-or null for a delete), ``token`` being the attempt's own, and every :data:`SNAPSHOT_EVERY`
-versions a full ``<V>.<token>.snapshot``. The attempt's files become the version only when the
-driver records ``token`` in the operator's ``<N + 1>.commit`` with the batch
+or null for a delete), ``token`` being the attempt's own, and now and then a full
+``<V>.<token>.snapshot`` (:func:`snapshot_due`). The attempt's files become the version only
+when the driver records ``token`` in the operator's ``<N + 1>.commit`` with the batch
 (:mod:`stateful_runtime.checkpoints.keyed`: attempts are not commits); :meth:`KeyedStore.publish`
 records it for a store used alone (tests, benchmarks).
+
+A checkpoint's cost follows what changed, as Flink's incremental checkpoints share their SST
+files between checkpoints: each version's files are the newest snapshot and the deltas after it,
+shared with the versions before (a savepoint or the mirror copies each once), and a snapshot —
+the compaction that bounds a rebuild — comes only once the deltas since the last one add up to
+:data:`SNAPSHOT_CHANGED` of its size (at least :data:`SNAPSHOT_MIN_BYTES`), or number
+:data:`SNAPSHOT_MAX_DELTAS`: a large state that changes little is not written again every few
+batches, and one rewritten every batch is compacted often.
 
 Snapshots are written off the commit (as Spark's RocksDB provider's maintenance and Flink's
 asynchronous snapshots are): the commit takes a RocksDB checkpoint of the copy (hard links of
@@ -77,8 +85,11 @@ from stateful_runtime.exceptions import StateError
 from stateful_runtime.job import RocksDBMemory
 
 __all__ = ["MAX_PARALLELISM", "KeyedStore", "group_prefix", "key_groups", "local_root"]
-# A full snapshot every this many versions bounds a rebuild to that many deltas.
-SNAPSHOT_EVERY = 20
+# A snapshot once the deltas since the last one add up to this fraction of its size (at least
+# SNAPSHOT_MIN_BYTES), or number SNAPSHOT_MAX_DELTAS (bounding the files a rebuild reads).
+SNAPSHOT_CHANGED = 0.5
+SNAPSHOT_MIN_BYTES = 4 << 20
+SNAPSHOT_MAX_DELTAS = 50
 # Versions kept restorable behind the newest (Spark's minBatchesToRetain is 100).
 RETAIN_VERSIONS = 100
 LOCK_TIMEOUT_S = 600.0
@@ -96,6 +107,17 @@ _APPLY_ROWS = 65_536
 _ASIDE = "snapshot-"
 # The snapshot writers this process started, by checkpoint directory (see wait_snapshots).
 _writers: dict[str, list[subprocess.Popen]] = {}
+# Per partition this worker committed: (version, bytes of its snapshot, bytes and number of the
+# deltas after it), so that a commit need not list the checkpoint's files (see _chain).
+_chains: dict[str, tuple[int, int, int, int]] = {}
+
+
+def snapshot_due(snapshot_bytes: int, delta_bytes: int, deltas: int) -> bool:
+    """Whether a version whose newest snapshot takes ``snapshot_bytes`` and whose ``deltas``
+    deltas after it ``delta_bytes`` gets a snapshot of its own (see the module doc)."""
+    if deltas >= SNAPSHOT_MAX_DELTAS:
+        return True
+    return delta_bytes >= max(SNAPSHOT_MIN_BYTES, SNAPSHOT_CHANGED * snapshot_bytes)
 
 
 def local_root() -> Path:
@@ -349,8 +371,8 @@ class KeyedStore:
     def commit(self, rows: dict[bytes, bytes | None] | None = None) -> int:
         """Write this task's changes (and ``rows``, not yet written) as the next version in
         the checkpoint, under this attempt's token (:attr:`token` afterwards), then ``rows``
-        and the marker of the version to the local copy in one write batch; a snapshot every
-        :data:`SNAPSHOT_EVERY` versions. Returns the version, which is read back only once a
+        and the marker of the version to the local copy in one write batch; a snapshot when
+        :func:`snapshot_due`. Returns the version, which is read back only once a
         commit record names the token (the driver's, or :meth:`publish`)."""
         assert self.db is not None and self.version is not None
         version = self.version + 1
@@ -359,7 +381,7 @@ class KeyedStore:
         rows = rows or {}
         self.changes.update(rows)
         # In the order written (a delta's keys are distinct; applying needs no order).
-        files.write(
+        delta = files.write(
             self.checkpoint,
             version,
             _DELTA,
@@ -376,10 +398,31 @@ class KeyedStore:
         )
         self.db.write(self._batch({**rows, _MARKER: self._marker_row(version, token)}), self._wopts)
         self._marked = False
-        if version % SNAPSHOT_EVERY == 0:
+        base, changed, count = self._chain(version - 1)
+        changed, count = changed + delta.stat().st_size, count + 1
+        key = str(self.checkpoint)
+        if snapshot_due(base, changed, count):
             self._snapshot_aside(version, token)
+            # Its size until a commit reads the written one: at least the larger of the two
+            # it compacts (at most their sum, all of the deltas new keys).
+            _chains[key] = (version, max(base, changed), 0, 0)
+        else:
+            _chains[key] = (version, base, changed, count)
         self.version, self.token, self.changes = version, token, {}
         return version
+
+    def _chain(self, version: int) -> tuple[int, int, int]:
+        """(bytes of the newest snapshot at or below committed ``version``, bytes and number of
+        the deltas after it): this worker's own count when it committed ``version`` of the
+        partition, else from the checkpoint's files."""
+        known = _chains.get(str(self.checkpoint))
+        if known is not None and known[0] == version:
+            return known[1:]
+        needed, _ = files.needs(self.checkpoint, version)
+        snap = needed[0] if needed and needed[0].name.endswith(_SNAPSHOT) else None
+        deltas = needed[1:] if snap is not None else needed
+        size = snap.stat().st_size if snap is not None else 0
+        return size, sum(d.stat().st_size for d in deltas), len(deltas)
 
     def _snapshot_aside(self, version: int, token: str) -> None:
         """Hand the copy at ``version`` to a snapshot writer of its own (see the module doc)."""

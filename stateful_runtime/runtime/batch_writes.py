@@ -219,13 +219,16 @@ def _commit_rows(rows: pa.Table | DataFrame) -> list[str]:
     return [r[0] for r in rows.filter(F.col(TAG) == keyed.COMMIT_TAG).select(SIDE).collect()]
 
 
+# How often (in batches) the keyed state's commit records that no state file needs are removed.
+PRUNE_RECORDS_EVERY = 20
+
+
 def record_keyed_commits(operator: Path, batch_id: int, parallelism: int, rows: list[str]) -> None:
     """Record the attempts whose output batch ``batch_id`` wrote as the keyed operator's
     version ``batch_id + 1`` (:func:`stateful_runtime.checkpoints.keyed.record`), before Spark
     commits the batch: one commit row per state partition, each naming the token of the task
-    attempt that produced it. Every :data:`~stateful_runtime.operators.keyed_store.
-    SNAPSHOT_EVERY` batches the records no state file needs any more are removed."""
-    from stateful_runtime.operators.keyed_store import SNAPSHOT_EVERY
+    attempt that produced it. Every :data:`PRUNE_RECORDS_EVERY` batches the records no state
+    file needs any more are removed."""
 
     version = batch_id + 1
     tokens: dict[int, str] = {}
@@ -245,7 +248,7 @@ def record_keyed_commits(operator: Path, batch_id: int, parallelism: int, rows: 
             f"{lacking[:5]}; the batch is not committed (it runs again when the job restarts)"
         )
     keyed.record(operator, version, tokens)
-    if version % SNAPSHOT_EVERY == 0:
+    if version % PRUNE_RECORDS_EVERY == 0:
         keyed.prune_records(operator, parallelism)
 
 

@@ -97,7 +97,7 @@ def test_only_the_recorded_attempt_is_read_back_whatever_another_attempt_wrote_a
 def test_a_snapshot_of_an_attempt_the_record_does_not_name_is_never_read(tmp_path, monkeypatch):
     """A snapshot writer that finishes after its attempt lost (a fallback, a zombie) leaves a
     snapshot nobody uses: a rebuild takes only a snapshot whose token is the version's."""
-    monkeypatch.setattr(keyed_store, "SNAPSHOT_EVERY", 2)
+    monkeypatch.setattr(keyed_store, "SNAPSHOT_MAX_DELTAS", 2)
     s = _store(tmp_path)
     _run(s, 0, {b"\x00\x01a": b"1"})
     _run(_store(tmp_path, "exec-3"), 1, {b"\x00\x01a": b"2"})  # the recorded attempt
@@ -136,7 +136,7 @@ def test_a_copy_left_half_written_or_of_an_attempt_since_replaced_is_rebuilt(tmp
 
 
 def test_snapshots_bound_a_rebuild_and_old_files_are_cleaned(tmp_path, monkeypatch):
-    monkeypatch.setattr(keyed_store, "SNAPSHOT_EVERY", 3)
+    monkeypatch.setattr(keyed_store, "SNAPSHOT_MAX_DELTAS", 3)
     monkeypatch.setattr(keyed_store, "RETAIN_VERSIONS", 4)
     s = _store(tmp_path)
     for v in range(12):
@@ -164,7 +164,7 @@ def test_a_snapshot_is_written_aside_while_the_task_goes_on(tmp_path, monkeypatc
     """The commit of a snapshot version returns while its writer (a process of its own) is
     still at work, the partition already free; once it is done the snapshot alone rebuilds
     the version and the copy's checkpoint it worked from is gone."""
-    monkeypatch.setattr(keyed_store, "SNAPSHOT_EVERY", 2)
+    monkeypatch.setattr(keyed_store, "SNAPSHOT_MAX_DELTAS", 2)
     s = _store(tmp_path)
     _run(s, 0, {b"\x00\x01k": b"1"})
     _run(s, 1, {b"\x00\x02k": b"2"})
@@ -185,7 +185,7 @@ def test_a_snapshot_writer_that_fails_says_so_in_a_line_and_loses_nothing(
     """A writer that cannot write its snapshot (a full disk, no access) ends with one line in
     the job's log saying what to do; the task's commit has returned, the version's delta
     rebuilds it, and the copy's checkpoint the writer worked from is removed."""
-    monkeypatch.setattr(keyed_store, "SNAPSHOT_EVERY", 2)
+    monkeypatch.setattr(keyed_store, "SNAPSHOT_MAX_DELTAS", 2)
     s = _store(tmp_path)
     _run(s, 0, {b"\x00\x01k": b"1"})
     # The attempt's token known beforehand, so that a directory stands where its snapshot goes.
@@ -324,3 +324,32 @@ def test_index_and_filters_are_partitioned_so_a_lookup_reads_kilobytes(tmp_path)
         assert store.get(keyed_store.group_prefix(3) + b"missing") is None
     finally:
         store.close()
+
+
+def test_a_snapshots_cost_follows_what_changed(tmp_path, monkeypatch):
+    """A large state that changes little gets no new snapshot batch after batch (its versions
+    share the snapshot and the deltas after it); one rewritten every batch is compacted as
+    soon as the deltas add up to half the snapshot's size."""
+    monkeypatch.setattr(keyed_store, "SNAPSHOT_MIN_BYTES", 0)
+    rows = {bytes([0, k % 100]) + k.to_bytes(4, "big"): b"v" * 64 for k in range(3_000)}
+
+    def snapshots(store: KeyedStore) -> list[int]:
+        store.wait_snapshots()
+        return sorted(int(p.name.split(".")[0]) for p in store.checkpoint.glob("*.snapshot"))
+
+    small = _store(tmp_path / "small")
+    _run(small, 0, rows)
+    assert snapshots(small) == [1]  # the first delta holds the whole state: compacted
+    for v in range(1, 30):  # one key of 3,000 a batch
+        _run(small, v, {next(iter(rows)): str(v).encode()})
+    assert snapshots(small) == [1]
+    big = _store(tmp_path / "big")
+    _run(big, 0, rows)
+    for v in range(1, 6):  # every key a batch
+        _run(big, v, {k: str(v).encode() * 64 for k in rows})
+    assert snapshots(big) == [1, 2, 3, 4, 5, 6]
+    assert _contents(_store(tmp_path / "big", "fresh"), 6) == {k: b"5" * 64 for k in rows}
+    # The worker's count and the files' agree: a worker that never committed it starts anew.
+    keyed_store._chains.clear()
+    _run(small, 30, {next(iter(rows)): b"x"})
+    assert snapshots(small) == [1]
