@@ -53,8 +53,9 @@ import contextlib
 import json
 import os
 import pickle
+import struct
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,89 @@ _PREVIOUS_STATE_ROW = b"s"
 _PICKLE = pickle.HIGHEST_PROTOCOL
 _TS_OFFSET = 2**63  # timestamps as unsigned big-endian: byte order is time order
 _BATCH_ROWS = 65_536
+
+
+# -- key groups: Spark's hash in Python ---------------------------------------------------------
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
+
+
+def _mix_k1(k1: int) -> int:
+    k1 = (k1 & 0xFFFFFFFF) * 0xCC9E2D51 & 0xFFFFFFFF
+    return _rotl(k1, 15) * 0x1B873593 & 0xFFFFFFFF
+
+
+def _mix_h1(h1: int, k1: int) -> int:
+    return (_rotl(h1 ^ k1, 13) * 5 + 0xE6546B64) & 0xFFFFFFFF
+
+
+def _fmix(h1: int, length: int) -> int:
+    h1 ^= length
+    h1 ^= h1 >> 16
+    h1 = h1 * 0x85EBCA6B & 0xFFFFFFFF
+    h1 ^= h1 >> 13
+    h1 = h1 * 0xC2B2AE35 & 0xFFFFFFFF
+    return h1 ^ (h1 >> 16)
+
+
+def _signed(h: int) -> int:
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def _hash_int(value: int, seed: int) -> int:
+    return _fmix(_mix_h1(seed, _mix_k1(value)), 4)
+
+
+def _hash_long(value: int, seed: int) -> int:
+    h1 = _mix_h1(seed, _mix_k1(value & 0xFFFFFFFF))
+    return _fmix(_mix_h1(h1, _mix_k1((value >> 32) & 0xFFFFFFFF)), 8)
+
+
+def _hash_bytes(data: bytes, seed: int) -> int:
+    """Spark's ``Murmur3_x86_32.hashUnsafeBytes``: whole little-endian words, then each byte
+    left over on its own (sign-extended), unlike the reference Murmur3's tail."""
+    h1 = seed
+    aligned = len(data) - len(data) % 4
+    for i in range(0, aligned, 4):
+        h1 = _mix_h1(h1, _mix_k1(int.from_bytes(data[i : i + 4], "little")))
+    for b in data[aligned:]:
+        h1 = _mix_h1(h1, _mix_k1(b - 256 if b > 127 else b))
+    return _fmix(h1, len(data))
+
+
+def spark_hash_int(value: int, seed: int = 42) -> int:
+    """Spark's ``hash(<int column>)`` (Murmur3_x86_32.hashInt), a signed 32-bit int."""
+    return _signed(_hash_int(value, seed))
+
+
+def spark_hash(values: Sequence[Any], seed: int = 42) -> int:
+    """Spark's ``hash(<columns>)`` of a row's values as the job's schema types them (``str``
+    a string, ``int`` a bigint, ``float`` a double, ``bool`` a boolean; a null leaves the
+    hash as it is), a signed 32-bit int."""
+    h = seed
+    for v in values:
+        if v is None:
+            continue
+        if isinstance(v, bool):
+            h = _hash_int(int(v), h)
+        elif isinstance(v, int):
+            h = _hash_long(v, h)
+        elif isinstance(v, float):
+            bits = struct.unpack("<q", struct.pack("<d", 0.0 if v == 0 else v))[0]
+            h = _hash_long(bits, h)
+        elif isinstance(v, str):
+            h = _hash_bytes(v.encode(), h)
+        elif isinstance(v, bytes):
+            h = _hash_bytes(v, h)
+        else:
+            raise TypeError(f"a key field of type {type(v).__name__}: use str, int, float, bool")
+    return _signed(h)
+
+
+def key_group(values: Sequence[Any]) -> int:
+    """The key group of a key (its fields' values): ``pmod(hash(key fields), 128)``, what the
+    JVM computes for each record of the job (``runtime/dataframes.py``)."""
+    return spark_hash(values) % MAX_PARALLELISM
 
 
 def key_groups(partition: int, parallelism: int, max_parallelism: int = MAX_PARALLELISM) -> range:

@@ -35,7 +35,7 @@ import copy
 import itertools
 import json
 import pickle
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stateful_runtime._process import freeze_worker_heap
-from stateful_runtime.checkpoints.keyed import BROADCAST_ROW, COMMIT_TAG, KEYED_DIR
+from stateful_runtime.checkpoints.keyed import (
+    BROADCAST_ROW,
+    COMMIT_TAG,
+    KEYED_DIR,
+    spark_hash_int,
+)
 from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.exceptions import StateError
 from stateful_runtime.functions import (
@@ -84,25 +89,6 @@ def store_dir(query_checkpoint: str | Path, operator: str, partition: int) -> Pa
 
 
 # -- routing: key group -> Spark partition -------------------------------------------------------
-def _rotl(x: int, r: int) -> int:
-    return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
-
-
-def spark_hash_int(value: int, seed: int = 42) -> int:
-    """Spark's ``hash(<int column>)`` (Murmur3_x86_32.hashInt), a signed 32-bit int."""
-    k1 = (value & 0xFFFFFFFF) * 0xCC9E2D51 & 0xFFFFFFFF
-    k1 = _rotl(k1, 15) * 0x1B873593 & 0xFFFFFFFF
-    h1 = seed ^ k1
-    h1 = (_rotl(h1, 13) * 5 + 0xE6546B64) & 0xFFFFFFFF
-    h1 ^= 4
-    h1 ^= h1 >> 16
-    h1 = h1 * 0x85EBCA6B & 0xFFFFFFFF
-    h1 ^= h1 >> 13
-    h1 = h1 * 0xC2B2AE35 & 0xFFFFFFFF
-    h1 ^= h1 >> 16
-    return h1 - (1 << 32) if h1 & 0x80000000 else h1
-
-
 def route_values(parallelism: int) -> list[int]:
     """For each partition ``p``, an int that Spark's hash partitioner (``pmod(hash(v), n)``)
     sends to ``p``: repartitioning by ``route_values[group * n // 128]`` gives each partition
@@ -121,6 +107,99 @@ def _batch_time(query_checkpoint: str, batch: int) -> tuple[int, int]:
     lines = QueryLayout(query_checkpoint).offsets(batch).read_text().splitlines()
     meta = json.loads(lines[1])
     return max(0, int(meta.get("batchWatermarkMs", 0))), int(meta.get("batchTimestampMs", 0))
+
+
+class KeyedTask:
+    """One task of a keyed operator: one state partition (its key groups ``groups``, its store
+    opened at the batch's version) through one batch at ``watermark`` and processing time
+    ``now``. What a Spark task runs (:class:`ArrowKeyedOperator`, from Arrow batches) and what
+    the test harness runs (:mod:`stateful_runtime.testing`, from Python records): due timers
+    first (:meth:`fire_due`), the broadcast elements, each key's elements in key-group and key
+    order (:meth:`process`), the timers they made due, then :meth:`commit`.
+
+    The function is a copy of its own and ``open``-ed for the task, as Spark ships it to each
+    task; ``shared``: its reads shared with the state (:meth:`KeyedOperator.share_reads`)."""
+
+    def __init__(
+        self,
+        fn: KeyedProcessFunction,
+        guard: StepGuard | None,
+        store: KeyedStore,
+        groups: range,
+        watermark: int,
+        now: int,
+        *,
+        shared: bool = False,
+    ) -> None:
+        op = self.op = KeyedOperator(copy.deepcopy(fn), copy.deepcopy(guard))
+        if shared:
+            op.share_reads()
+        # A run after a shared one starts from the store: the first changed values in place
+        # (they are not kept, see warm_values).
+        warm = warm_values(store)
+        backend = self.backend = LocalBackend(
+            store,
+            clock=lambda: op.processing_ms,
+            key_timers=False,
+            values=warm[0] if warm else None,
+            value_bytes=warm[1] if warm else 0,
+        )
+        backend.groups = groups
+        self.store, self.groups = store, groups
+        op.set_time(watermark, now)
+        op.open(backend)
+        self.broadcast = op.fn if isinstance(op.fn, BroadcastProcess) else None
+        if self.broadcast is not None:
+            load_broadcast(store, groups, self.broadcast)
+        # Due timers fire for the whole partition before any element (fire_due), so a key's
+        # turn need not list its own timers first.
+        op._fire_first = False
+        self.upto = watermark if op.domain is TimeDomain.EVENT_TIME else now
+
+    def fire_due(self) -> Iterator[None]:
+        """Fire every timer due at the batch's time, in time order (then key group, then
+        key), a timer made due by another's firing included; yields after each that
+        emitted."""
+        op, backend = self.op, self.backend
+        while True:
+            fired = False
+            for ts, group, key in backend.due(self.upto, self.groups):
+                fired = True
+                backend.group = group
+                backend.take(key, ts)
+                op.fire(key, ts)
+                if op.main or op.side:
+                    yield
+            if not fired:
+                return
+
+    def process(self, group: int, key: tuple, elements: Iterable[tuple[int, dict]]) -> None:
+        """One key's elements (event time, record) of the batch, in the order they came."""
+        self.backend.group = group
+        self.op.process(key, elements)
+
+    def process_broadcast(self, elements: list[tuple[int, dict[str, Any]]], first: bool) -> None:
+        """The batch's broadcast elements, in event-time order; ``first``: the task of the
+        first partition, which alone dead-letters an element every partition raised on."""
+        op = self.op
+        self.backend.group = self.groups.start
+        mark = len(op.guard.rejects.rows)
+        op.process(BROADCAST_KEY, elements)
+        if not first:
+            del op.guard.rejects.rows[mark:]
+
+    def commit(self) -> int:
+        """The task's changes as the store's next version (the function closed first); the
+        rejects staged before it, and a processing-time function's next timer after it."""
+        op, backend, store = self.op, self.backend, self.store
+        if self.broadcast is not None:
+            backend.raw.update(broadcast_rows(self.groups, self.broadcast))
+        op.guard.stage()  # before the version commits: a retried task stages the same
+        version = backend.commit()
+        keep_values(store, backend)
+        if op.domain is TimeDomain.PROCESSING_TIME:  # when the next batch must run
+            write_next_timer(store.checkpoint, version, backend.next_timer(self.groups))
+        return version
 
 
 class ArrowKeyedOperator:
@@ -204,60 +283,27 @@ class ArrowKeyedOperator:
         store = KeyedStore(store_dir(self.checkpoint, self.name, partition), memory=self.memory)
         store.open(batch)
         try:
-            op = KeyedOperator(copy.deepcopy(self.fn), copy.deepcopy(self.guard))
-            if shared:
-                op.share_reads()
-            # A run after a shared one starts from the store: the first changed values in
-            # place (they are not kept, see warm_values).
-            warm = warm_values(store)
-            backend = LocalBackend(
-                store,
-                clock=lambda: op.processing_ms,
-                key_timers=False,
-                values=warm[0] if warm else None,
-                value_bytes=warm[1] if warm else 0,
-            )
-            backend.groups = groups
-            op.set_time(watermark, now)
-            op.open(backend)
-            broadcast = op.fn if isinstance(op.fn, BroadcastProcess) else None
-            if broadcast is not None:
-                load_broadcast(store, groups, broadcast)
-            # Due timers fire below for the whole partition before any element, so a key's
-            # turn need not list its own timers first.
-            op._fire_first = False
-            upto = watermark if op.domain is TimeDomain.EVENT_TIME else now
+            task = KeyedTask(self.fn, self.guard, store, groups, watermark, now, shared=shared)
+            op, backend = task.op, task.backend
             self.out: list[dict[str, Any]] = []
             self.side: list[tuple[str, dict[str, Any]]] = []
-            yield from self._fire(op, backend, groups, upto)
-            if broadcast is not None:
+            yield from self._fire(task)
+            if task.broadcast is not None:
                 # The batch's broadcast elements first, in event-time order: a rule applies
                 # to the keyed elements of the batch it came in.
                 elements, keyed = self._split_broadcast(list(batches))
                 if elements:
-                    backend.group = groups.start
-                    mark = len(op.guard.rejects.rows)
-                    op.process(BROADCAST_KEY, elements)
-                    if partition != 0:
-                        # Every partition raised on the same element: the first's task
-                        # dead-letters it, once.
-                        del op.guard.rejects.rows[mark:]
+                    task.process_broadcast(elements, first=partition == 0)
                     self._collect(op)
                     yield from self._flush()
                 batches = iter(keyed)
             for arrow in batches:
                 if arrow.num_rows:
                     yield from self._process(op, backend, groups, arrow)
-            yield from self._fire(op, backend, groups, upto)
+            yield from self._fire(task)
             op.close()
             yield from self._flush(force=True)
-            if broadcast is not None:
-                backend.raw.update(broadcast_rows(groups, broadcast))
-            op.guard.stage()  # before the version commits: a retried task stages the same
-            version = backend.commit()
-            keep_values(store, backend)
-            if op.domain is TimeDomain.PROCESSING_TIME:  # when the next batch must run
-                write_next_timer(store.checkpoint, version, backend.next_timer(groups))
+            version = task.commit()
             # The attempt's token to the driver, which records it once the batch's output
             # (this row with it) is written: only then is the version this attempt's.
             yield self._commit_row(partition, version, store.token)
@@ -291,22 +337,9 @@ class ArrowKeyedOperator:
         elements.sort(key=lambda e: e[0])
         return elements, keyed
 
-    def _fire(
-        self, op: KeyedOperator, backend: LocalBackend, groups: range, upto: int
-    ) -> Iterator[pa.RecordBatch]:
-        # A timer may register another that is due already: fire until none is.
-        while True:
-            fired = False
-            for ts, group, key in backend.due(upto, groups):
-                fired = True
-                backend.group = group
-                backend.take(key, ts)
-                op.fire(key, ts)
-                if op.main or op.side:
-                    self._collect(op)
-                    yield from self._flush()
-            if not fired:
-                return
+    def _fire(self, task: KeyedTask) -> Iterator[pa.RecordBatch]:
+        for _ in task.fire_due():
+            self._collect(task.op)
             yield from self._flush()
 
     def _process(

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import heapq
 import pickle
-import zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -39,6 +38,7 @@ from stateful_runtime.checkpoints.keyed import (
     decode_states,
     decode_ts,
     encode_ts,
+    key_group,
     parse_row,
 )
 from stateful_runtime.operators.backend import MapCell, StateBackend, ValueCell
@@ -73,12 +73,6 @@ class _Encoded:
 
 
 _PREFIXES = [group_prefix(g) for g in range(MAX_PARALLELISM)]
-
-
-def harness_group(key_bytes: bytes) -> int:
-    """A key group for a key outside Spark (the test harness): Spark's path takes the group
-    the JVM computed, and the two never share a store."""
-    return zlib.crc32(key_bytes) % MAX_PARALLELISM
 
 
 class _Cell:
@@ -304,7 +298,7 @@ class LocalBackend(StateBackend):
         if key is not self.key:  # a due timer's take and fire hand over the same tuple
             self.key = key
             self.key_bytes = _dumps(key, _PICKLE)
-        group = self.group if self.group is not None else harness_group(self.key_bytes)
+        group = self.group if self.group is not None else key_group(self.key)
         self.prefix = prefix = _PREFIXES[group]
         self.row = prefix + STATE_ROW + self.key_bytes
         self.turn += 1
@@ -526,7 +520,7 @@ class LocalBackend(StateBackend):
         if key is not self.key:  # the key's turn (fire) comes next: begin_key, in short
             self.key = key
             self.key_bytes = _dumps(key, _PICKLE)
-        group = self.group if self.group is not None else harness_group(self.key_bytes)
+        group = self.group if self.group is not None else key_group(self.key)
         self.raw[_PREFIXES[group] + TIMER_ROW + encode_ts(ts) + self.key_bytes] = None
 
     def timers_of(self, key: tuple) -> list[int]:

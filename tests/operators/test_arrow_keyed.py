@@ -28,7 +28,7 @@ from stateful_runtime import (
     TumblingEventTimeWindows,
     ValueStateDescriptor,
 )
-from stateful_runtime.checkpoints.keyed import COMMIT_TAG
+from stateful_runtime.checkpoints.keyed import COMMIT_TAG, key_group
 from stateful_runtime.exceptions import StateError
 from stateful_runtime.functions import CO_INPUT, UNION_INPUT, CoInput, CoProcess, to_datetime
 from stateful_runtime.joins import (
@@ -177,6 +177,43 @@ def test_spark_hash_of_an_int_is_murmur3_as_spark_computes_it():
 
 # SELECT hash(0), hash(1), hash(42), hash(-1), hash(2147483647) on Spark 4.3 (seed 42).
 SPARK_HASHES = [933211791, -559580957, 29417773, -1604776387, 133916647]
+
+
+def test_key_groups_computed_in_python_are_the_ones_spark_computes(spark):
+    """The harness groups keys without Spark (``key_group``): each kind of key field, nulls,
+    unicode, every tail length of a string, mixed keys, as Spark's ``pmod(hash(...), 128)``
+    of the same rows."""
+    import random
+
+    from pyspark.sql import functions as F
+
+    rng = random.Random(7)
+    words = ["", "a", "ab", "abc", "abcd", "abcde", "M1", "merchant-0042", "é", "日本語", "🙂x"]
+    words += [
+        "".join(rng.choice("ab\u00e9\u65e5z") for _ in range(rng.randint(0, 13))) for _ in range(60)
+    ]
+    ints = [0, 1, -1, 2**31, -(2**31) - 1, 2**63 - 1, -(2**63)] + [
+        rng.randint(-(2**40), 2**40) for _ in range(40)
+    ]
+    rows = [
+        (
+            rng.choice(words + [None]),
+            rng.choice(ints + [None]),
+            rng.choice([0.0, -0.0, 1.5, -2.25e10, None]),
+            rng.choice([True, False, None]),
+        )
+        for _ in range(300)
+    ]
+    df = spark.createDataFrame(rows, "s string, i bigint, f double, b boolean")
+    keys = [["s"], ["i"], ["f"], ["b"], ["s", "i"], ["i", "s", "f", "b"]]
+    got = df.select(
+        *[F.pmod(F.hash(*k), F.lit(MAX_PARALLELISM)).alias(str(n)) for n, k in enumerate(keys)]
+    ).collect()
+    fields = ["s", "i", "f", "b"]
+    for row, groups in zip(rows, got, strict=True):
+        values = dict(zip(fields, row, strict=True))
+        mine = [key_group([values[f] for f in k]) for k in keys]
+        assert mine == list(groups), row
 
 
 @given(st.integers(1, MAX_PARALLELISM))

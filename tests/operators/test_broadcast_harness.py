@@ -12,7 +12,6 @@ from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.testing import KeyedBroadcastProcessHarness
 
 # Every test runs on each state backend (tests/operators/conftest.py).
-pytestmark = pytest.mark.usefixtures("harness_backend")
 
 
 def pay(txn: str, payer: str, device: str, paise: int, ts: int = 0) -> dict:

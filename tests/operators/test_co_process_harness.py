@@ -14,7 +14,6 @@ from stateful_runtime.job import ErrorPolicy
 from stateful_runtime.testing import KeyedCoProcessHarness
 
 # Every test runs on each state backend (tests/operators/conftest.py).
-pytestmark = pytest.mark.usefixtures("harness_backend")
 
 M = 60_000
 

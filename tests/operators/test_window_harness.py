@@ -25,7 +25,6 @@ from stateful_runtime.windows import (
 )
 
 # Every test runs on each state backend (tests/operators/conftest.py).
-pytestmark = pytest.mark.usefixtures("harness_backend")
 
 AGGS = {"n": Count(), "s": Sum("v")}
 SCHEMA = StructType([StructField("k", StringType()), StructField("n", LongType())])
@@ -42,11 +41,11 @@ def events(seed: int, count: int = 400) -> list[dict]:
 
 
 def run(op: WindowOperator, evs: list[dict]) -> dict:
-    """Feed events in order, the watermark trailing by 0; return the last result per window."""
+    """Feed events in order, a batch each, the watermark trailing by 0; return the last
+    result per window."""
     h = KeyedProcessHarness(op, "k", "ts")
     for e in evs:
-        h.process_element(e)
-        h.process_watermark(e["ts"] - 1)
+        h.process_elements([e], watermark=e["ts"] - 1)
     h.process_watermark(10**12)
     return {(r["k"], r["window_start"]): (r["n"], r["s"]) for r in h.output}
 
