@@ -40,10 +40,11 @@ def _row(i: int) -> bytes:
 
 
 def _written(checkpoint: Path, version: int) -> int:
+    """The bytes of the committed attempt's files of ``version`` (its delta, its snapshot)."""
     return sum(
         p.stat().st_size
         for suffix in (files.DELTA, files.SNAPSHOT)
-        if (p := files.file(checkpoint, version, suffix)).exists()
+        if (p := files.committed(checkpoint, version, suffix)) is not None
     )
 
 
