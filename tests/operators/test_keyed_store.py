@@ -353,3 +353,33 @@ def test_a_snapshots_cost_follows_what_changed(tmp_path, monkeypatch):
     keyed_store._chains.clear()
     _run(small, 30, {next(iter(rows)): b"x"})
     assert snapshots(small) == [1]
+
+
+def test_a_snapshot_writer_whose_worker_is_gone_stops_and_leaves_no_snapshot(tmp_path, monkeypatch):
+    """A writer runs in a session of its own (a stop of the task's process group does not
+    stop it), so it watches its worker: once its parent is another process than the worker
+    that started it (the job stopped or was killed), it stops half way and writes nothing."""
+    import os
+
+    from rocksdict import Checkpoint
+
+    monkeypatch.setattr(keyed_store, "_APPLY_ROWS", 10)  # a look at the parent every 10 rows
+    s = _store(tmp_path)
+    s.open(0)
+    s.commit({bytes([0, i % 100]) + i.to_bytes(4, "big"): b"v" for i in range(100)})
+    s.publish()
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    Checkpoint(s.db).create_checkpoint(str(aside / "db"))
+    s.close()
+    gone = os.getppid() + 1 if os.getppid() + 1 != os.getpid() else os.getppid() + 2
+    with pytest.raises(keyed_store._Orphaned):
+        keyed_store.write_snapshot(aside, s.checkpoint, 1, "t", 100, parent=gone)
+    assert not list(s.checkpoint.glob("*.snapshot*")) and not aside.exists()
+    # Its worker still there: the snapshot is written.
+    aside.mkdir()
+    s.open(1)
+    Checkpoint(s.db).create_checkpoint(str(aside / "db"))
+    s.close()
+    keyed_store.write_snapshot(aside, s.checkpoint, 1, "t", 100, parent=os.getppid())
+    assert [p.name for p in s.checkpoint.glob("*.snapshot")] == ["1.t.snapshot"]
