@@ -532,11 +532,29 @@ class QueryLayout:
         """Log batch ``batch + 1`` as Spark's checkpoint repartition does, for a query with no
         stateful operator of Spark's (whose repartition refuses it): the offsets of committed
         ``batch`` with ``partitions`` state partitions and no new input, committed with the
-        same watermark. The offsets first, each file whole: a crash between the two leaves a
-        planned batch of no input, which the restart runs."""
+        same watermark (:meth:`log_batch_without_input`)."""
+        self.log_batch_without_input(batch, conf={"spark.sql.shuffle.partitions": str(partitions)})
+
+    def log_batch_without_input(
+        self,
+        batch: int,
+        *,
+        conf: dict[str, str] | None = None,
+        watermark: int | None = None,
+        timestamp: int | None = None,
+    ) -> None:
+        """Log batch ``batch + 1`` as run and committed with no new input: the offsets of
+        committed ``batch`` (with ``conf`` added to its conf, at ``watermark`` and processing
+        time ``timestamp`` when given), committed as ``batch`` was. The offsets first, each file
+        whole: a crash between the two leaves a planned batch of no input, which the restart
+        runs."""
         lines = self._offset_lines(batch)
         meta = _batch_metadata(lines)
-        meta["conf"] = {**meta.get("conf", {}), "spark.sql.shuffle.partitions": str(partitions)}
+        meta["conf"] = {**meta.get("conf", {}), **(conf or {})}
+        if watermark is not None:
+            meta["batchWatermarkMs"] = watermark
+        if timestamp is not None:
+            meta["batchTimestampMs"] = timestamp
         entry = [lines[0], json.dumps(meta, separators=(",", ":")), *lines[2:]]
         for path, text in (
             (self.offsets(batch + 1), "\n".join(entry)),
@@ -545,6 +563,11 @@ class QueryLayout:
             tmp = path.with_name(f".{path.name}.tmp")
             tmp.write_text(text)
             os.replace(tmp, path)
+
+    def next_watermark_ms(self, batch: int) -> int | None:
+        """The watermark committed ``batch`` left for the next (``nextBatchWatermarkMs``)."""
+        lines = self.commit(batch).read_text().splitlines()
+        return json.loads(lines[1]).get("nextBatchWatermarkMs") if len(lines) > 1 else None
 
     def _offset_lines(self, batch: int) -> list[str]:
         return self.offsets(batch).read_text().splitlines()

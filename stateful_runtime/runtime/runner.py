@@ -55,6 +55,7 @@ from stateful_runtime.planner import QueryPlan, chain, plan
 from stateful_runtime.runtime import (
     dagster_push,
     failures,
+    final_timers,
     registry,
     sink_check,
     skips,
@@ -400,6 +401,9 @@ class JobRunner:
             if not self._stop.is_set():  # a signal while it prepared: Spark does not start
                 self.start()
             failed = self.monitor()
+            if not failed and self.available_now and not self._stop.is_set():
+                for note in final_timers.fire(self.layout, self.plan.queries):
+                    self.console.say(note)
             if not failed:
                 state = JobState.STOPPED if self._stop.is_set() else JobState.FINISHED
                 code = 0

@@ -14,6 +14,7 @@ from collections import defaultdict
 import pytest
 
 from stateful_runtime.checkpoints.layout import QueryLayout
+from stateful_runtime.checkpoints.state_reader import inspect
 from stateful_runtime.connectors.eventlog import EventLog
 from tests.helpers import EXAMPLES, append_lines
 from tests.operators.helpers import crash_before_commit, run, table
@@ -146,9 +147,10 @@ def test_deduplicator_with_event_time_ttl(spark, tmp_path, log):
 def test_a_function_without_on_timer_runs_no_batch_for_the_watermark_alone(spark, tmp_path, log):
     """On the worker's keyed state, only a function whose timers can emit makes Spark run
     batches without data (the watermark carrier, a deduplication of Spark's that re-reads
-    the batch's shuffle). The Deduplicator's TTL timers may wait for the next batch: its
-    reads check expiry. A job first run with an ``on_timer`` keeps its carrier's state, and
-    its checkpoint goes on without it once ``on_timer`` is removed."""
+    the batch's shuffle). The Deduplicator's TTL timers due at a run's final watermark are
+    fired by the runner as the run ends, a batch it logs without Spark (no output): no value
+    past its cleanup time stays stored. A job first run with an ``on_timer`` keeps its
+    carrier's state, and its checkpoint goes on without it once ``on_timer`` is removed."""
     lines = _dedup_lines()
     source = (EXAMPLES / "deduplicate_payments.py").read_text()
     with_timer = tmp_path / "deduplicate_with_timer.py"
@@ -172,16 +174,23 @@ def test_a_function_without_on_timer_runs_no_batch_for_the_watermark_alone(spark
     run("deduplicate_payments.py", tmp_path, **settings)
     _assert_deduplicated(log, lines[:2_000])
 
-    # A job that never had an on_timer: no carrier, and no batch but for data, restarted.
+    # A job that never had an on_timer: no carrier; batches for data, and at each run's end
+    # the runner's own, which fires the cleanups the final watermark made due.
     fresh = tmp_path / "fresh"
     EventLog(fresh / "log").create_topic("upi-payments", 1)
     for part in (lines[:1_500], lines[1_500:]):
         append_lines(fresh / "log", part)
-        run("deduplicate_payments.py", fresh, **{**settings, "checkpoint.dir": fresh / "ck"})
+        out = run("deduplicate_payments.py", fresh, **{**settings, "checkpoint.dir": fresh / "ck"})
+        assert "fired the state cleanup timers due at the final watermark" in out, out
     _assert_deduplicated(fresh / "log", lines)
     query = QueryLayout(fresh / "ck" / "deduplicator")
-    assert _carriers(query) == 0 and _batches_without_data(query) == 0
-    assert len(query.committed_batches()) == 6  # 3,000 records, 500 a batch
+    assert _carriers(query) == 0 and _batches_without_data(query) == 2
+    assert len(query.committed_batches()) == 6 + 2  # 3,000 records, 500 a batch; two ends
+    last = query.last_committed()
+    assert last is not None
+    watermark, grain = query.watermark_ms(last), 24 * H // 100  # the cleanups' rounding
+    rows = inspect(None, fresh / "ck", state="seen", limit=10**6)
+    assert rows and all(-(-r["value"][1] // grain) * grain > watermark for r in rows)
 
 
 def _carriers(query: QueryLayout) -> int:

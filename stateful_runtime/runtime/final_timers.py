@@ -1,0 +1,115 @@
+"""The end of an ``--available-now`` run: the event-time TTL cleanup timers its final watermark
+made due, fired.
+
+Spark runs a batch without new data only for a stateful operator of its own. A keyed function
+whose timers can emit carries one that holds nothing (the watermark carrier,
+``runtime/dataframes.py``), so the run ends with a batch at its final watermark that fires
+them. A function whose only timers are event-time TTL's cleanups carries none (it would read
+the batch's shuffle a second time, every batch, to fire timers that emit nothing), so its run
+ends with those due at the final watermark unfired: reads already treat their values as gone,
+but they hold storage, and a savepoint taken then holds them too.
+
+Those timers emit nothing and run no user code, so the runner fires them itself once the
+queries ended: each state partition's :class:`~stateful_runtime.operators.arrow_keyed.KeyedTask`
+at the watermark the last batch left, committed as the next version, recorded, and logged as a
+batch without input that went to no sink (as a rescale's batch is). A crash part way leaves the
+versions unrecorded or the batch planned and not committed: either way the next run's batch
+redoes it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from stateful_runtime.checkpoints import keyed
+from stateful_runtime.checkpoints.layout import CheckpointLayout, QueryLayout
+from stateful_runtime.exceptions import StateError
+from stateful_runtime.operators.arrow_keyed import KeyedTask, store_dir
+from stateful_runtime.operators.keyed import describe_states
+from stateful_runtime.operators.keyed_store import KeyedStore
+from stateful_runtime.planner import QueryPlan
+from stateful_runtime.runtime import sink_check
+from stateful_runtime.runtime.input_watermarks import resumes
+from stateful_runtime.state import TimeDomain
+
+
+def fire(checkpoint: CheckpointLayout, queries: Sequence[QueryPlan]) -> list[str]:
+    """Fire the cleanup timers due at each query's final watermark (see the module doc);
+    what was done."""
+    notes = []
+    for q in queries:
+        note = _fire_query(checkpoint.query(q.name), q)
+        if note is not None:
+            notes.append(note)
+    return notes
+
+
+def _ttl_only(q: QueryPlan) -> bool:
+    """A query whose keyed function has event-time TTL state and no watermark carrier (the
+    carrier's own batch fires everything), of one input (a union's batches also keep each
+    input's watermark, which this batch would have to log)."""
+    proc = q.process
+    if proc is None or q.watermark_carrier or resumes(q):
+        return False
+    fn = proc.function
+    if fn.time_domain is not TimeDomain.EVENT_TIME:
+        return False
+    return any(getattr(d, "ttl", None) is not None for d in describe_states(fn))
+
+
+def _fire_query(query: QueryLayout, q: QueryPlan) -> str | None:
+    if not _ttl_only(q):
+        return None
+    assert q.process is not None
+    batch = query.last_committed()
+    if batch is None:
+        return None
+    watermark, before = query.next_watermark_ms(batch), query.watermark_ms(batch)
+    if watermark is None or before is None or watermark <= before:
+        return None
+    partitions = query.state_partitions(batch) or q.parallelism
+    name = q.process.name
+    now = int(time.time() * 1000)
+    due = False
+    for p in range(partitions):
+        store = KeyedStore(store_dir(query.root, name, p), memory=q.rocksdb)
+        store.open(batch + 1)
+        try:
+            task = KeyedTask(
+                q.process.function, None, store, keyed.key_groups(p, partitions), watermark, now
+            )
+            first = task.backend.next_timer(task.groups)
+            task.op.close()
+        finally:
+            store.close()
+        if first is not None and first <= watermark:
+            due = True
+            break
+    if not due:
+        return None
+    tokens: dict[int, str] = {}
+    for p in range(partitions):
+        store = KeyedStore(store_dir(query.root, name, p), memory=q.rocksdb)
+        store.open(batch + 1)
+        try:
+            task = KeyedTask(
+                q.process.function, None, store, keyed.key_groups(p, partitions), watermark, now
+            )
+            for _ in task.fire_due():
+                raise StateError(
+                    f"operator {name!r}: a cleanup timer emitted a record at the end of the "
+                    f"run; nothing was committed (the next run's first batch fires it)"
+                )
+            task.op.close()
+            task.commit()
+            tokens[p] = store.token
+        finally:
+            store.close()
+    keyed.record(query.keyed / name, batch + 2, tokens)
+    query.log_batch_without_input(batch, watermark=watermark, timestamp=now)
+    sink_check.record_no_output(query, q, batch + 1)
+    return (
+        f"query {q.name}: fired the state cleanup timers due at the final watermark as batch "
+        f"{batch + 1} (no output)"
+    )
