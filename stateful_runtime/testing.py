@@ -206,8 +206,7 @@ class KeyedProcessHarness:
         except BaseException:
             self.store.close()  # the batch leaves nothing: the next opens the last version
             raise
-        finally:
-            self.rejects.extend(op.guard.rejects.rows)
+        self.rejects.extend(op.guard.rejects.rows)
         self.output.extend(main)
         for tag, record in side:
             self.side.setdefault(tag, []).append(record)

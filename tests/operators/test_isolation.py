@@ -179,6 +179,7 @@ def test_a_function_that_fails_for_every_element_stops_after_the_bound():
     assert len(h.dead_letters) == 2
     with pytest.raises(UserFunctionError, match="rejected 3 records in a row"):
         h.process_elements(failing)  # a task counts its own: three in a row stop the job
+    assert len(h.dead_letters) == 2  # and the failed batch dead-letters nothing
 
 
 class FailingSum(AggregateFunction):
