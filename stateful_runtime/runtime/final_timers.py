@@ -20,7 +20,8 @@ redoes it.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from stateful_runtime.checkpoints import keyed
 from stateful_runtime.checkpoints.layout import CheckpointLayout, QueryLayout
@@ -69,43 +70,38 @@ def _fire_query(query: QueryLayout, q: QueryPlan) -> str | None:
     if watermark is None or before is None or watermark <= before:
         return None
     partitions = query.state_partitions(batch) or q.parallelism
-    name = q.process.name
+    name, fn = q.process.name, q.process.function
     now = int(time.time() * 1000)
-    due = False
-    for p in range(partitions):
+
+    @contextmanager
+    def task(p: int) -> Iterator[KeyedTask]:
+        """Partition ``p``'s task at the final watermark, its store open at the last version."""
         store = KeyedStore(store_dir(query.root, name, p), memory=q.rocksdb)
         store.open(batch + 1)
         try:
-            task = KeyedTask(
-                q.process.function, None, store, keyed.key_groups(p, partitions), watermark, now
-            )
-            first = task.backend.next_timer(task.groups)
-            task.op.close()
+            yield KeyedTask(fn, None, store, keyed.key_groups(p, partitions), watermark, now)
         finally:
             store.close()
-        if first is not None and first <= watermark:
-            due = True
-            break
-    if not due:
+
+    def due(p: int) -> bool:
+        with task(p) as t:
+            first = t.backend.next_timer(t.groups)
+            t.op.close()
+        return first is not None and first <= watermark
+
+    if not any(due(p) for p in range(partitions)):
         return None
     tokens: dict[int, str] = {}
     for p in range(partitions):
-        store = KeyedStore(store_dir(query.root, name, p), memory=q.rocksdb)
-        store.open(batch + 1)
-        try:
-            task = KeyedTask(
-                q.process.function, None, store, keyed.key_groups(p, partitions), watermark, now
-            )
-            for _ in task.fire_due():
+        with task(p) as t:
+            for _ in t.fire_due():
                 raise StateError(
                     f"operator {name!r}: a cleanup timer emitted a record at the end of the "
                     f"run; nothing was committed (the next run's first batch fires it)"
                 )
-            task.op.close()
-            task.commit()
-            tokens[p] = store.token
-        finally:
-            store.close()
+            t.op.close()
+            t.commit()
+            tokens[p] = t.store.token
     keyed.record(query.keyed / name, batch + 2, tokens)
     query.log_batch_without_input(batch, watermark=watermark, timestamp=now)
     sink_check.record_no_output(query, q, batch + 1)
