@@ -9,7 +9,8 @@ the batch's shuffle a second time, every batch, to fire timers that emit nothing
 ends with those due at the final watermark unfired: reads already treat their values as gone,
 but they hold storage, and a savepoint taken then holds them too.
 
-Those timers emit nothing and run no user code, so the runner fires them itself once the
+Those timers call no ``on_timer`` and emit nothing (the function is only opened and closed, as
+for any task), so the runner fires them itself once the
 queries ended: each state partition's :class:`~stateful_runtime.operators.arrow_keyed.KeyedTask`
 at the watermark the last batch left, committed as the next version, recorded, and logged as a
 batch without input that went to no sink (as a rescale's batch is). A crash part way leaves the
