@@ -90,24 +90,6 @@ def srt(
     )
 
 
-# A Python worker Spark starts (a streaming source's runner among them) that does not reach
-# the JVM in time fails the query ("Python worker failed to connect back"; the worker's side
-# CANNOT_OPEN_SOCKET ... timed out): seen at load averages of 25 and more per core, before
-# the run could commit or name a record (NOTES.md, surprises). The job is exactly-once, so
-# such a run may be run again.
-SPARK_WORKER_TIMEOUT = "Python worker failed to connect back"
-
-
-def srt_run(args: Sequence[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """:func:`srt`, run again (at most twice) when Spark's wait for a Python worker ran out:
-    an end-to-end test's `srt run` whose outcome says something about the job."""
-    for _ in range(3):
-        result = srt(args, env)
-        if SPARK_WORKER_TIMEOUT not in result.stderr + result.stdout:
-            break
-    return result
-
-
 def srt_background(args: Sequence[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     """Start the real `srt` in a session of its own (one killpg reaches its driver, JVM and
     Python workers, as a machine crash would), its output going to ``log``."""

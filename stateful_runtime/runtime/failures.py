@@ -15,11 +15,16 @@ replay, and this names them:
 * **a Python worker that died in a task** (killed by the kernel's OOM killer or a signal, a
   crash in native code) once more than a task's attempts allow (a local master retries a task
   as a cluster does, ``session.LOCAL_TASK_ATTEMPTS``): nothing of the batch is committed, and
-  the way on is to give the workers memory and run the job again.
+  the way on is to give the workers memory and run the job again;
+* **a Python worker that did not connect back** within Spark's fixed 10 s (a process Spark
+  starts on its own, as for a Python source: a machine too loaded to start it in time): nothing
+  of the batch is committed, and the way on is ``srt-python`` (``runtime/python_worker.py``),
+  which the job uses unless ``PYSPARK_PYTHON`` names another interpreter, or a lower load.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from typing import TYPE_CHECKING
 
@@ -45,6 +50,7 @@ _RUNTIME_ERROR = re.compile(
 
 
 _WORKER_DIED = re.compile(r"Python worker exited unexpectedly \(crashed\)")
+_NO_CONNECT = re.compile(r"Python worker failed to connect back")
 _ATTEMPTS = re.compile(r"failed (\d+) times")
 
 
@@ -57,7 +63,26 @@ def explain(reason: str, query: QueryPlan, layout: QueryLayout, job_file: str) -
         return f"{m.group(1)}: {' '.join(m.group(2).split())}"
     if _WORKER_DIED.search(reason):
         return _worker_died(reason, query, layout, job_file)
+    if _NO_CONNECT.search(reason):
+        return no_connect(job_file)
     return None
+
+
+def no_connect(job_file: str) -> str:
+    """What to say of a Python worker Spark gave up on at its start (see the module doc)."""
+    python = os.environ.get("PYSPARK_PYTHON", "")
+    which = (
+        f"PYSPARK_PYTHON ({python}) runs the workers without srt-python, which connects first: "
+        f"unset it, or point it at srt-python in the job's environment"
+        if os.path.basename(python) != "srt-python"
+        else "the machine is too loaded to start even srt-python in time: run it with less load"
+    )
+    return (
+        f"a Python worker Spark started did not connect back within Spark's fixed 10 s (its "
+        f"imports ran slower than that: the machine is loaded); nothing of the batch in flight "
+        f"is committed. {which[0].upper()}{which[1:]}, then srt run {job_file} resumes where "
+        f"the job stopped, exactly once"
+    )
 
 
 def _worker_died(reason: str, query: QueryPlan, layout: QueryLayout, job_file: str) -> str:

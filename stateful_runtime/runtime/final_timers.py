@@ -32,7 +32,6 @@ from stateful_runtime.operators.keyed import describe_states
 from stateful_runtime.operators.keyed_store import KeyedStore
 from stateful_runtime.planner import QueryPlan
 from stateful_runtime.runtime import sink_check
-from stateful_runtime.runtime.input_watermarks import resumes
 from stateful_runtime.state import TimeDomain
 
 
@@ -49,10 +48,11 @@ def fire(checkpoint: CheckpointLayout, queries: Sequence[QueryPlan]) -> list[str
 
 def _ttl_only(q: QueryPlan) -> bool:
     """A query whose keyed function has event-time TTL state and no watermark carrier (the
-    carrier's own batch fires everything), of one input (a union's batches also keep each
-    input's watermark, which this batch would have to log)."""
+    carrier's own batch fires everything). A union's inputs' watermarks need no entry for the
+    batch logged here: they did not move, and a restart reads the newest entry at or before
+    its batch (``QueryLayout.input_watermarks_upto``)."""
     proc = q.process
-    if proc is None or q.watermark_carrier or resumes(q):
+    if proc is None or q.watermark_carrier:
         return False
     fn = proc.function
     if fn.time_domain is not TimeDomain.EVENT_TIME:

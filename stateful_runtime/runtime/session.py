@@ -384,6 +384,22 @@ def default_master() -> str:
     return os.environ.get("SRT_SPARK_MASTER", "local[*]")
 
 
+def worker_python(configured: str | None) -> str:
+    """The interpreter of the job's Python workers: ``srt-python`` beside this one
+    (:mod:`stateful_runtime.runtime.python_worker`: a worker Spark starts on its own connects
+    back before its imports, so a loaded machine does not fail the query's start) when the
+    workers run this interpreter, as they do unless ``PYSPARK_PYTHON`` names another."""
+    here = os.path.abspath(sys.executable)
+    if configured and os.path.abspath(configured) not in (here, _launcher(here)):
+        return configured
+    launcher = _launcher(here)
+    return launcher if os.access(launcher, os.X_OK) else here
+
+
+def _launcher(python: str) -> str:
+    return os.path.join(os.path.dirname(python), "srt-python")
+
+
 def build_session(
     parallelism: int = 4,
     master: str | None = None,
@@ -394,7 +410,7 @@ def build_session(
     """Start (or reuse) the process's SparkSession with the runtime's settings. With
     ``log_file``, a JVM started now logs Spark's warnings there and only errors to stderr (a job
     process's terminal shows the job, not Spark's start-up)."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ["PYSPARK_PYTHON"] = worker_python(os.environ.get("PYSPARK_PYTHON"))
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession

@@ -422,14 +422,6 @@ def _label(event: dict[str, Any], label: str) -> Any:
 
 
 LOADING = re.compile(r"^Loading|fetching statuses")
-WORKER_TIMEOUT = "Timed out while waiting for the Python worker to connect back"
-
-
-def _job_log(dev: DagsterDev) -> str:
-    try:
-        return (dev.workdir / "srt-home" / "jobs" / f"{JOB}.log").read_text(errors="replace")
-    except OSError:
-        return ""
 
 
 def _srt_state(dev: DagsterDev) -> str | None:
@@ -548,15 +540,6 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
             return run["runId"]
 
         run_id = materialize_job()
-        if run_status(run_id) == "FAILURE" and WORKER_TIMEOUT in _job_log(dev):
-            # Spark waits a hard-coded 10 s for a new Python worker to connect back; on this
-            # shared machine under heavy load that can fail the first batch. A user retries:
-            # the job resumes from its checkpoint.
-            print(
-                f"\nrun {run_id} failed on Spark's Python-worker timeout (machine load "
-                f"{os.getloadavg()[0]:.0f}); materialising again"
-            )
-            run_id = materialize_job()
         status = run_status(run_id)
         assert status == "SUCCESS", f"run {run_id} ended {status}:\n{dev.log_tail()}"
         expect(page.get_by_text("Success").first).to_be_visible()

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.connectors.kafka.helpers import start_broker
-from tests.helpers import EXAMPLES, UpiWorkspace, append_lines, read_topic, srt, srt_run
+from tests.helpers import EXAMPLES, UpiWorkspace, append_lines, read_topic, srt
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
@@ -203,7 +203,7 @@ def test_rows_a_table_cannot_store_are_dead_lettered_once_and_the_rest_commits(
     if kind in key:
         upi.extra[key[kind]] = where
     run = ["run", str(_job(tmp_path)), *upi.sets(), "--available-now"]
-    result = srt_run(run, srt_env)
+    result = srt(run, srt_env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     origins = _origins(upi)
     letters = _letters(upi)
@@ -226,7 +226,7 @@ def test_rows_a_table_cannot_store_are_dead_lettered_once_and_the_rest_commits(
     counts = health["records"]
     assert (counts["input"], counts["dead_letters"]) == (len(records), len(CANNOT[kind]))
     assert counts["input"] == counts["output"] + counts["dead_letters"] + counts["late"]
-    again = srt_run(run, srt_env)  # nothing replayed, nothing published twice
+    again = srt(run, srt_env)  # nothing replayed, nothing published twice
     assert again.returncode == 0, again.stderr[-3000:]
     assert len(_letters(upi)) == len(letters)
     trials.record(
@@ -248,14 +248,14 @@ def test_under_errors_policy_fail_the_job_names_the_record_and_skip_passes_it(
     upi.extra.update({"sink.table": "payments", "errors.policy": "fail"})
     job = _job(tmp_path)
     run = ["run", str(job), *upi.sets(), "--available-now"]
-    stopped = srt_run(run, srt_env)
+    stopped = srt(run, srt_env)
     assert stopped.returncode != 0
     named = _origins(upi)["t011"]
     err = stopped.stderr
     assert f"--skip {named}" in err, err[-3000:]
     assert f"{2**40} is outside the range of INTEGER" in err and "Traceback" not in err, err
     assert _ids("duckdb", str(upi.database)) <= {r["txn_id"] for r in records} - {"t011"}
-    passed = srt_run([*run, "--skip", named], srt_env)
+    passed = srt([*run, "--skip", named], srt_env)
     assert passed.returncode == 0, passed.stderr[-3000:]
     assert _ids("duckdb", str(upi.database)) == {r["txn_id"] for r in records} - {"t011"}
     letters = _letters(upi)
@@ -293,7 +293,7 @@ def test_a_record_too_large_for_the_kafka_topic_is_dead_lettered_once_and_the_re
             }
         )
         run = ["run", str(_job(tmp_path)), *upi.sets(), "--available-now"]
-        result = srt_run(run, srt_env)
+        result = srt(run, srt_env)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
         letters = _letters(upi)
         assert [json.loads(r.value)["txn_id"] for r in letters] == ["t011"]
@@ -305,7 +305,7 @@ def test_a_record_too_large_for_the_kafka_topic_is_dead_lettered_once_and_the_re
         written = [json.loads(m.value())["txn_id"] for m in broker.read(topic)]
         everyone = {r["txn_id"] for r in records}
         assert sorted(written) == sorted(everyone - {"t011"})
-        again = srt_run(run, srt_env)  # nothing replayed, nothing published twice
+        again = srt(run, srt_env)  # nothing replayed, nothing published twice
         assert again.returncode == 0, again.stderr[-3000:]
         assert len(_letters(upi)) == 1 and len(broker.read(topic)) == len(written)
     finally:

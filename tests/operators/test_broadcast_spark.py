@@ -1,21 +1,19 @@
 """Broadcast state on Spark (``examples/fraud_rules.py``, two state partitions): rules from
 one topic reach the payers of every partition, a rule appended later changes the alerts from
-the batch it comes in, and the rules come back from the checkpoint after a restart; against an
+the batch it comes in, and the rules come back from the checkpoint after a restart and from a
+savepoint restored at another parallelism (every new partition with its copy); against an
 oracle computed from the inputs alone."""
 
 from __future__ import annotations
 
 import json
-import pickle
 
 import pytest
 
 from examples.fraud_rules import FraudRules  # noqa: F401  (the job under test)
-from stateful_runtime.checkpoints import keyed
-from stateful_runtime.checkpoints.layout import QueryLayout
+from stateful_runtime.checkpoints import savepoints
 from stateful_runtime.checkpoints.state_reader import inspect
 from stateful_runtime.connectors.eventlog import EventLog
-from stateful_runtime.operators.arrow_keyed import broadcast_row
 from tests.helpers import append_lines, read_topic
 from tests.operators.example_inputs import T0, fraud_alerts, fraud_rule, payer_payments
 from tests.operators.helpers import run, table
@@ -23,12 +21,18 @@ from tests.operators.helpers import run, table
 pytestmark = pytest.mark.slow
 
 
-def test_rules_appended_later_change_the_alerts_and_survive_a_restart(spark, tmp_path):
+def test_rules_appended_later_change_the_alerts_and_survive_restarts(spark, tmp_path):
     log = tmp_path / "log"
     for topic in ("upi-device-payments", "fraud-rules"):
         EventLog(log).create_topic(topic, 1)
     db = tmp_path / "fraud.duckdb"
-    settings = {"sink.database": db, "source.max_records_per_batch": 10, "parallelism": 2}
+    roots = tmp_path / "savepoints"
+    settings = {
+        "sink.database": db,
+        "source.max_records_per_batch": 10,
+        "parallelism": 2,
+        "savepoint.dir": roots,
+    }
     first_rules = [
         fraud_rule("big-new-device", 5_000_000, True),
         fraud_rule("huge", 20_000_000, False),
@@ -39,6 +43,7 @@ def test_rules_appended_later_change_the_alerts_and_survive_a_restart(spark, tmp
         fraud_rule("broken", -1, False, ts=T0 + 100_000),  # the function raises on it
     ]
     before, after = payer_payments(1, 0, 30), payer_payments(2, 30, 30)
+    rescaled = payer_payments(3, 60, 30)
 
     append_lines(log, [json.dumps(r).encode() for r in first_rules], topic="fraud-rules")
     append_lines(log, [json.dumps(p).encode() for p in before], topic="upi-device-payments")
@@ -46,6 +51,12 @@ def test_rules_appended_later_change_the_alerts_and_survive_a_restart(spark, tmp
     append_lines(log, [json.dumps(r).encode() for r in later_rules], topic="fraud-rules")
     append_lines(log, [json.dumps(p).encode() for p in after], topic="upi-device-payments")
     run("fraud_rules.py", tmp_path, **settings)
+    checkpoint = tmp_path / "ck" / "fraud_rules.py"
+    sp = savepoints.create(checkpoint, roots)
+    append_lines(log, [json.dumps(p).encode() for p in rescaled], topic="upi-device-payments")
+    three = {**settings, "parallelism": 3, "checkpoint.dir": tmp_path / "ck3"}
+    out = run("fraud_rules.py", tmp_path, from_savepoint=sp.id, **three)
+    assert "from 2 to 3 partitions" in out, out
 
     devices: dict[str, set] = {}
     rules = {r["rule_id"]: r for r in first_rules}
@@ -53,6 +64,7 @@ def test_rules_appended_later_change_the_alerts_and_survive_a_restart(spark, tmp
     rules.pop("huge")
     rules["mid"] = later_rules[1]
     expected |= fraud_alerts(rules, after, devices)
+    expected |= fraud_alerts(rules, rescaled, devices)
     got = set(table(db, "SELECT txn_id, rule_id, new_device FROM fraud_alerts"))
     assert got == expected
     # Both partitions' payers alerted, by rules of both runs (one of them from the checkpoint).
@@ -70,16 +82,13 @@ def test_rules_appended_later_change_the_alerts_and_survive_a_restart(spark, tmp
         "fraud-rules: process_broadcast_element (input 2: rules) raised ValueError: rule 'broken'"
     )
 
-    # srt state inspect shows each partition's copy of the rules.
-    checkpoint = tmp_path / "ck" / "fraud_rules.py"
+    # srt state inspect shows each partition's copy of the rules, before the rescale and
+    # after it (whole key-group ranges to new partitions, each with a copy).
     shown = inspect(None, checkpoint, state="rules")
     assert [(r["partition"], r["broadcast"]) for r in shown] == [(0, True), (1, True)]
     assert all(r["value"] == rules for r in shown)
-    # A rescale (whole key-group ranges to new partitions) gives every new partition a copy.
-    query = checkpoint / "fraud-rules"
-    version = QueryLayout(query).last_committed() + 1
-    keyed.publish(keyed.rescale(query, 2, 3, version, version + 1))
-    for p in range(3):
-        state = keyed.state_at(query / keyed.KEYED_DIR / "fraud-rules" / str(p), version + 1)
-        first = broadcast_row(keyed.key_groups(p, 3).start, "rules")
-        assert pickle.loads(state[first]) == rules
+    shown = inspect(None, tmp_path / "ck3", state="rules")
+    assert [(r["partition"], r["broadcast"]) for r in shown] == [(0, True), (1, True), (2, True)]
+    assert all(r["value"] == rules for r in shown)
+    after_restore = {t for t, _, _ in got if int(t[1:]) >= 60}
+    assert after_restore  # the restored rules alerted the third run's payments

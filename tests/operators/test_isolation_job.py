@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from stateful_runtime.connectors.eventlog import EventLog
-from tests.helpers import append_lines, kill_group, poll, srt, srt_background, srt_run
+from tests.helpers import append_lines, kill_group, poll, srt, srt_background
 
 pytestmark = pytest.mark.slow
 
@@ -169,14 +169,14 @@ def test_a_stopped_job_names_the_record_and_the_skip_command_passes_it_once(tmp_
         for r in ws.topic("payments")
         if json.loads(r.value)["txn_id"] == first["txn_id"]
     )
-    failed = srt_run(ws.run_args("--available-now"), srt_env)
+    failed = srt(ws.run_args("--available-now"), srt_env)
     assert failed.returncode != 0
     named = f"payments:{where[0]}:{where[1]}"
     assert f"srt run {JOB} --skip {named}" in failed.stderr + failed.stdout
     assert ws.topic("totals") == []  # nothing of the failed batch committed
     skipped = []
     for _ in records:  # one --skip per failing record, as a team would do it
-        result = srt_run(ws.run_args("--available-now", "--skip", named), srt_env)
+        result = srt(ws.run_args("--available-now", "--skip", named), srt_env)
         skipped.append(named)
         if result.returncode == 0:
             break
@@ -185,7 +185,7 @@ def test_a_stopped_job_names_the_record_and_the_skip_command_passes_it_once(tmp_
         assert found, (result.returncode, result.stdout[-2000:], result.stderr[-3000:])
         named = found[-1].rsplit("--skip ", 1)[1].split()[0]
     assert result.returncode == 0, result.stderr[-3000:]
-    again = srt_run(ws.run_args("--available-now"), srt_env)  # replays nothing, skips nothing twice
+    again = srt(ws.run_args("--available-now"), srt_env)  # replays nothing, skips nothing twice
     assert again.returncode == 0, again.stderr[-3000:]
     letters = ws.topic("payments-dlq")
     assert sorted(json.loads(r.value)["txn_id"] for r in letters) == sorted(

@@ -193,6 +193,44 @@ def test_a_function_without_on_timer_runs_no_batch_for_the_watermark_alone(spark
     assert rows and all(-(-r["value"][1] // grain) * grain > watermark for r in rows)
 
 
+def test_a_union_fires_its_cleanup_timers_at_the_final_watermark(spark, tmp_path, log):
+    """The Deduplicator over a union of two topics (each txn_id on one of them): each run
+    ends with the cleanups its final watermark made due fired, as for one input, and the
+    next run resumes each input's watermark from the batch before it."""
+    lines = _dedup_lines()
+    source = (EXAMPLES / "deduplicate_payments.py").read_text()
+    union = tmp_path / "deduplicate_union.py"
+    union.write_text(
+        source.replace(
+            '        name="upi-source",\n    )\n',
+            '        name="upi-source",\n    ).union(job.from_source(\n'
+            '        LogSource(config["source.log_dir"], "bank-payments", PAYMENT,\n'
+            "                  max_records_per_batch=300),\n"
+            "        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5))\n"
+            '        .with_timestamp_field("ts_ms"), name="bank-source"))\n',
+        )
+    )
+    assert "bank-source" in union.read_text()
+    EventLog(log).create_topic("bank-payments", 1)
+    settings = {"source.max_records_per_batch": 500, "checkpoint.dir": tmp_path / "ck"}
+    for part in (lines[:1_500], lines[1_500:]):
+        by_topic: dict[str, list[bytes]] = defaultdict(list)
+        for line in part:
+            txn = json.loads(line)["txn_id"]
+            by_topic["bank-payments" if int(txn[1:]) % 2 else "upi-payments"].append(line)
+        for topic, rows in by_topic.items():
+            append_lines(log, rows, topic=topic)
+        out = run(str(union), tmp_path, **settings)
+        assert "fired the state cleanup timers due at the final watermark" in out, out
+    _assert_deduplicated(log, lines)
+    query = QueryLayout(tmp_path / "ck" / "deduplicator")
+    last = query.last_committed()
+    assert last is not None
+    watermark, grain = query.watermark_ms(last), 24 * H // 100  # the cleanups' rounding
+    rows = inspect(None, tmp_path / "ck", state="seen", limit=10**6)
+    assert rows and all(-(-r["value"][1] // grain) * grain > watermark for r in rows)
+
+
 def _carriers(query: QueryLayout) -> int:
     """The query's state operators that are Spark deduplications: the watermark carrier."""
     if not query.state.is_dir():

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from stateful_runtime.checkpoints import savepoints
 from stateful_runtime.connectors.eventlog import EventLog
 from tests.helpers import append_lines
 from tests.operators.helpers import run, table
@@ -27,9 +28,10 @@ def ride(i: int, zone: int, ts: int, amount: float) -> bytes:
     ).encode()
 
 
-# The window operator on the Python worker's store here: the harness tests run it on both
-# backends, tests/faults/test_overflow.py through Spark on Spark's state store (the default).
 def test_taxi_zone_hourly_with_late_updates_and_late_side_output(spark, tmp_path):
+    """The window operator's open windows, early firings and allowed lateness through a
+    savepoint restored at another parallelism: late updates of a closed hour (within its
+    lateness) refire it from the restored state; later ones go to the side output."""
     log = tmp_path / "log"
     EventLog(log).create_topic("taxi-rides", 1)
     rng = random.Random(4)
@@ -41,15 +43,15 @@ def test_taxi_zone_hourly_with_late_updates_and_late_side_output(spark, tmp_path
         log, [ride(i, z, ts, a) for i, (ts, z, a) in enumerate(on_time)], topic="taxi-rides"
     )
     db = tmp_path / "t.duckdb"
-    run(
-        "taxi_zone_hourly.py",
-        tmp_path,
-        **{
-            "sink.database": db,
-            "early_every": 50,
-            "source.max_records_per_batch": 400,
-        },
-    )
+    roots = tmp_path / "savepoints"
+    settings = {
+        "sink.database": db,
+        "early_every": 50,
+        "source.max_records_per_batch": 400,
+        "savepoint.dir": roots,
+    }
+    run("taxi_zone_hourly.py", tmp_path, **settings)
+    sp = savepoints.create(tmp_path / "ck" / "taxi_zone_hourly.py", roots)
     # The watermark now stands at ~3h04m55s: hour 2 closed < 10 min ago, hour 1 long ago.
     within = [(T0 + 2 * H + rng.randint(0, H - 1), rng.randint(1, 5), 7.0) for _ in range(30)]
     too_late = [(T0 + H + rng.randint(0, H - 1), rng.randint(1, 5), 9.0) for _ in range(20)]
@@ -58,16 +60,9 @@ def test_taxi_zone_hourly_with_late_updates_and_late_side_output(spark, tmp_path
     append_lines(
         log, [ride(10_000 + i, z, ts, a) for i, (ts, z, a) in enumerate(late)], topic="taxi-rides"
     )
-    run(
-        "taxi_zone_hourly.py",
-        tmp_path,
-        late=len(too_late),
-        **{
-            "sink.database": db,
-            "early_every": 50,
-            "source.max_records_per_batch": 400,
-        },
-    )
+    rescaled = {**settings, "parallelism": 3, "checkpoint.dir": tmp_path / "ck3"}
+    out = run("taxi_zone_hourly.py", tmp_path, late=len(too_late), from_savepoint=sp.id, **rescaled)
+    assert "from 2 to 3 partitions" in out, out
 
     expected: dict = defaultdict(lambda: [0, 0.0])
     for ts, zone, amount in on_time + within:
