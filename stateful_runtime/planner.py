@@ -221,22 +221,37 @@ class QueryPlan:
     # False for a checkpoint written before the runtime kept each input's watermark with the
     # batch (runtime/input_watermarks.py): the query runs as it was written
     input_watermarks: bool = True
-    # True for a checkpoint written when every process function carried the watermark's
-    # branch (watermark_carrier): the query runs as it was written
+    # True for a checkpoint written when a process function whose timers can emit carried the
+    # watermark's branch (watermark_carrier) instead of reading the event-time ticks: the
+    # query runs as it was written
     watermark_carrier_kept: bool = False
+    # True for a checkpoint written with the event-time ticks by a function whose timers could
+    # emit then (ticks): the query reads them still
+    event_ticks_kept: bool = False
 
     @property
     def watermark_carrier(self) -> bool:
         """Whether the query carries the branch that makes Spark run a batch when the
-        watermark moved (``runtime/dataframes.py``): a process function in event time whose
-        timers can emit (:func:`~stateful_runtime.functions.defines_on_timer`), or a checkpoint
-        written with it."""
+        watermark moved (``runtime/dataframes.py``): only a checkpoint written with it does."""
+        return self.process is not None and self.watermark_carrier_kept
+
+    @property
+    def ticks(self) -> TimeDomain | None:
+        """The time domain of the timer ticks the query reads (``operators/ticks.py``: a
+        source whose offset moves when one of the process function's timers is due, so Spark
+        runs that batch), None when it reads none: a function in processing time, or one in
+        event time whose timers can emit (:func:`~stateful_runtime.functions.defines_on_timer`)
+        unless its checkpoint was written with the watermark's branch, or one whose checkpoint
+        was written with them."""
         proc = self.process
         if proc is None:
-            return False
+            return None
         fn = proc.function
-        timers = fn.time_domain is TimeDomain.EVENT_TIME and defines_on_timer(fn)
-        return timers or self.watermark_carrier_kept
+        if fn.time_domain is TimeDomain.PROCESSING_TIME:
+            return TimeDomain.PROCESSING_TIME
+        if self.event_ticks_kept or (defines_on_timer(fn) and not self.watermark_carrier_kept):
+            return TimeDomain.EVENT_TIME
+        return None
 
     @property
     def source(self) -> SourceNode:

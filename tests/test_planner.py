@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from stateful_runtime.job import RocksDBMemory
 from stateful_runtime.planner import plan
 from stateful_runtime.runtime.explain import explain, steps
 from stateful_runtime.runtime.loader import load_job_file
+from stateful_runtime.state import TimeDomain
 from tests.helpers import EXAMPLES, windowed_job
 
 
@@ -100,24 +102,30 @@ def test_the_joins_run_on_the_runtimes_operators_and_say_why_not_sparks_join(tmp
         assert "not Spark's own stream-stream join" in q.reason and "late side output" in q.reason
 
 
-def test_only_functions_whose_timers_can_emit_carry_the_watermark(tmp_path):
-    """A query of keyed state carries the branch that makes Spark run batches for the
-    watermark alone (it re-reads each batch's shuffle) only when its function's timers can
-    emit: an ``on_timer`` of the user's own, the window operator's, the joins'."""
+def test_only_functions_whose_timers_can_emit_read_event_time_ticks(tmp_path):
+    """A query of keyed state in event time reads its timer ticks (a source whose offset
+    moves when a timer is behind the watermark, so Spark runs a batch without input) only
+    when its function's timers can emit: an ``on_timer`` of the user's own, the window
+    operator's, the joins'. None carries the watermark's branch (it re-read each batch's
+    shuffle) unless its checkpoint was written with it."""
     expected = {
-        "deduplicate_payments.py": {"deduplicator": False},  # event-time TTL only
-        "fraud_rules.py": {"fraud-rules": False},  # broadcast state, no timers
-        "fraud_rate_limit.py": {"fraud-counter": True},
-        "payment_refunds.py": {"match-refunds": True},  # a co-process function's on_timer
+        "deduplicate_payments.py": {"deduplicator": None},  # event-time TTL only
+        "fraud_rules.py": {"fraud-rules": None},  # broadcast state, no timers
+        "fraud_rate_limit.py": {"fraud-counter": TimeDomain.EVENT_TIME},
+        "payment_refunds.py": {"match-refunds": TimeDomain.EVENT_TIME},  # a co-process on_timer
         "merchant_tiers.py": {
-            "tier-as-of": True,
-            "refunds-within-30m": True,
-            "refunds-same-hour": True,
+            "tier-as-of": TimeDomain.EVENT_TIME,
+            "refunds-within-30m": TimeDomain.EVENT_TIME,
+            "refunds-same-hour": TimeDomain.EVENT_TIME,
         },
+        "session_summary.py": {"sessions": TimeDomain.EVENT_TIME},
     }
-    for example, carriers in expected.items():
+    for example, ticks in expected.items():
         settings = {"source.log_dir": str(tmp_path)}
         queries = {q.name: q for q in plan(load_job_file(EXAMPLES / example, settings).job).queries}
-        assert {q: queries[q].watermark_carrier for q in carriers} == carriers, example
+        assert {q: queries[q].ticks for q in ticks} == ticks, example
+        assert not any(q.watermark_carrier for q in queries.values()), example
+        kept = replace(queries[next(iter(ticks))], watermark_carrier_kept=True)
+        assert kept.ticks is None and kept.watermark_carrier == (kept.process is not None)
     window = windowed_job(tmp_path)  # a native window: Spark's own operator asks for batches
-    assert not plan(window).queries[0].watermark_carrier
+    assert plan(window).queries[0].ticks is None

@@ -190,15 +190,16 @@ class KeyedTask:
 
     def commit(self) -> int:
         """The task's changes as the store's next version (the function closed first); the
-        rejects staged before it, and a processing-time function's next timer after it."""
+        rejects staged before it, and the partition's next timer after it
+        (``operators/ticks.py``)."""
         op, backend, store = self.op, self.backend, self.store
         if self.broadcast is not None:
             backend.raw.update(broadcast_rows(self.groups, self.broadcast))
         op.guard.stage()  # before the version commits: a retried task stages the same
         version = backend.commit()
         keep_values(store, backend)
-        if op.domain is TimeDomain.PROCESSING_TIME:  # when the next batch must run
-            write_next_timer(store.checkpoint, version, backend.next_timer(self.groups))
+        # when the next batch must run, for a query that reads its timer ticks
+        write_next_timer(store.checkpoint, version, backend.next_timer(self.groups))
         return version
 
 

@@ -38,6 +38,7 @@ from stateful_runtime.planner import (
 )
 from stateful_runtime.runtime.input_watermarks import EVENT_TIME_MAX, resumes
 from stateful_runtime.runtime.session import arrow_schema
+from stateful_runtime.state import TimeDomain
 from stateful_runtime.streams import (
     CoInputNode,
     FilterNode,
@@ -347,13 +348,15 @@ def _process(
     :class:`~stateful_runtime.operators.arrow_keyed.ArrowKeyedOperator` over whole Arrow
     batches (see that module).
 
-    Spark runs a batch without new data only when a stateful operator of its own asks for
-    one (its watermark advanced), and ``mapInArrow`` is none. So the query of an event-time
-    function with timers of its own (``QueryPlan.watermark_carrier``) carries a deduplication
-    that never sees a row (:func:`_watermark_carrier`), unioned into the output: it makes
-    Spark run a batch whenever the watermark moved, in which the operator fires its due
-    event-time timers. Behind the shared shuffle Spark's per-operator watermark propagation
-    cannot see the source's watermark, so such a query runs with one global watermark
+    Spark runs a batch without new data only when a source offers new offsets or a stateful
+    operator of its own asks for one, and ``mapInArrow`` is none. So the query of a function
+    whose timers must fire without new input (``QueryPlan.ticks``) also reads the operator's
+    timer ticks (:func:`_timer_ticks`), a source of no rows whose offset moves when one of
+    its timers is due. A checkpoint written before the event-time ticks carries a
+    deduplication that never sees a row instead (:func:`_watermark_carrier`,
+    ``QueryPlan.watermark_carrier``), which makes Spark run a batch whenever the watermark
+    moved; behind the shared shuffle Spark's per-operator watermark propagation cannot see the
+    source's watermark, so a query with keyed state runs with one global watermark
     (:data:`SINGLE_WATERMARK`, set by the runner while it starts the query)."""
     from pyspark.sql import functions as F
 
@@ -367,7 +370,6 @@ def _process(
     )
     from stateful_runtime.operators.keyed_store import MAX_PARALLELISM
     from stateful_runtime.operators.output import TAG, TS, output_struct
-    from stateful_runtime.state import TimeDomain
 
     fn = node.function
     parallelism = query.parallelism
@@ -398,9 +400,9 @@ def _process(
     out = shuffled.mapInArrow(operator, out_struct)
     if query.watermark_carrier:
         out = out.unionByName(_watermark_carrier(shuffled, out_struct))
-    if fn.time_domain is TimeDomain.PROCESSING_TIME and checkpoint is not None:
+    if query.ticks is not None and checkpoint is not None:
         out = out.unionByName(
-            _timer_ticks(df.sparkSession, checkpoint, node.name, parallelism, out)
+            _timer_ticks(df.sparkSession, checkpoint, node.name, parallelism, query.ticks, out)
         )
     return _observe_late(out, fn, TAG, query)
 
@@ -475,10 +477,15 @@ def _broadcast_copies(df: DataFrame, parallelism: int) -> DataFrame:
 
 
 def _timer_ticks(
-    spark: SparkSession, checkpoint: str, operator: str, parallelism: int, like: DataFrame
+    spark: SparkSession,
+    checkpoint: str,
+    operator: str,
+    parallelism: int,
+    domain: TimeDomain,
+    like: DataFrame,
 ) -> DataFrame:
-    """No rows, from a source whose offset moves when a processing-time timer of
-    ``operator`` is due (:mod:`stateful_runtime.operators.ticks`): Spark runs that batch."""
+    """No rows, from a source whose offset moves when a timer of ``operator`` in ``domain``
+    is due (:mod:`stateful_runtime.operators.ticks`): Spark runs that batch."""
     from pyspark.sql import functions as F
 
     from stateful_runtime.connectors.base import read_stream
@@ -486,9 +493,10 @@ def _timer_ticks(
     from stateful_runtime.operators.ticks import TickDataSource
 
     dirs = [str(store_dir(checkpoint, operator, p)) for p in range(parallelism)]
-    ticks = read_stream(
-        spark, TickDataSource, {"checkpoint": checkpoint, "partitions": json.dumps(dirs)}
-    )
+    options = {"checkpoint": checkpoint, "partitions": json.dumps(dirs)}
+    if domain is TimeDomain.EVENT_TIME:
+        options["domain"] = "event"
+    ticks = read_stream(spark, TickDataSource, options)
     return ticks.select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in like.schema.fields])
 
 

@@ -1,13 +1,16 @@
 """The end of an ``--available-now`` run: the event-time TTL cleanup timers its final watermark
 made due, fired.
 
-Spark runs a batch without new data only for a stateful operator of its own. A keyed function
-whose timers can emit carries one that holds nothing (the watermark carrier,
-``runtime/dataframes.py``), so the run ends with a batch at its final watermark that fires
-them. A function whose only timers are event-time TTL's cleanups carries none (it would read
-the batch's shuffle a second time, every batch, to fire timers that emit nothing), so its run
-ends with those due at the final watermark unfired: reads already treat their values as gone,
-but they hold storage, and a savepoint taken then holds them too.
+Spark runs a batch without new data only when a source offers new offsets or a stateful
+operator of its own asks for one. A keyed function whose timers can emit reads its timer ticks
+(``operators/ticks.py``), which keep offering a batch while one of its timers is behind the
+watermark, so the run ends with a batch at its final watermark that fires them (a checkpoint
+written before the ticks carries a Spark operator that holds nothing for the same end, the
+watermark carrier of ``runtime/dataframes.py``). A function whose only timers are event-time
+TTL's cleanups reads no ticks (its checkpoints were written without them, and Spark refuses a
+source added to a checkpoint), so its run ends with those due at the final watermark unfired:
+reads already treat their values as gone, but they hold storage, and a savepoint taken then
+holds them too.
 
 Those timers call no ``on_timer`` and emit nothing (the function is only opened and closed, as
 for any task), so the runner fires them itself once the
@@ -47,12 +50,13 @@ def fire(checkpoint: CheckpointLayout, queries: Sequence[QueryPlan]) -> list[str
 
 
 def _ttl_only(q: QueryPlan) -> bool:
-    """A query whose keyed function has event-time TTL state and no watermark carrier (the
-    carrier's own batch fires everything). A union's inputs' watermarks need no entry for the
-    batch logged here: they did not move, and a restart reads the newest entry at or before
-    its batch (``QueryLayout.input_watermarks_upto``)."""
+    """A query whose keyed function has event-time TTL state and neither timer ticks nor a
+    watermark carrier (either makes Spark run the batch that fires everything). A union's
+    inputs' watermarks need no entry for the batch logged here: they did not move, and a
+    restart reads the newest entry at or before its batch
+    (``QueryLayout.input_watermarks_upto``)."""
     proc = q.process
-    if proc is None or q.watermark_carrier:
+    if proc is None or q.watermark_carrier or q.ticks is not None:
         return False
     fn = proc.function
     if fn.time_domain is not TimeDomain.EVENT_TIME:

@@ -204,18 +204,26 @@ def savepoint_root(job: Any) -> str:
 def _offset_lines(q: QueryPlan) -> int:
     """The lines of source offsets Spark logs per batch of ``q``: one per input, except that
     the branch that makes Spark run batches for the watermark (``q.watermark_carrier``) reads
-    each input again (it shares the shuffle, not the source relation), a process function in
-    processing time also reads its timer ticks, and a
+    each input again (it shares the shuffle, not the source relation), a process function
+    whose timers need batches without input also reads its timer ticks (``q.ticks``), and a
     query of several inputs with a stateful step also reads the source that starts a run's
     batches (:mod:`stateful_runtime.runtime.input_watermarks`)."""
     return len(q.inputs) * (1 + q.watermark_carrier) + reads_ticks(q) + resumes(q)
 
 
 def reads_ticks(q: QueryPlan) -> bool:
-    """Whether ``q`` reads the ticks of its processing-time timers (a process function in
-    processing time, :mod:`stateful_runtime.operators.ticks`)."""
-    fn = q.process.function if q.process is not None else None
-    return fn is not None and fn.time_domain is TimeDomain.PROCESSING_TIME
+    """Whether ``q`` reads its process function's timer ticks
+    (:mod:`stateful_runtime.operators.ticks`)."""
+    return q.ticks is not None
+
+
+def _written_as(q: QueryPlan, sources: Sequence[Any]) -> bool:
+    """Whether a batch that logged the offsets ``sources`` was run by ``q`` as planned: as
+    many lines, and a line of timer ticks (``{"due": ...}``) where ``q`` reads them (the
+    watermark's branch reads an input again instead, so one input with ticks and one with
+    the branch log two lines each)."""
+    ticked = any(isinstance(o, dict) and set(o) == {"due"} for o in sources)
+    return _offset_lines(q) == len(sources) and ticked == reads_ticks(q)
 
 
 def _migrates(q: QueryPlan, query: layout.QueryLayout) -> bool:
@@ -738,14 +746,20 @@ class JobRunner:
                 continue
             if committed is None or q.name in named or _migrates(q, self.layout.query(q.name)):
                 continue  # (a migration writes the offsets of the engine's query)
-            lines = len(committed["sources"])
-            # Written before each input's watermark was kept, or while every process function
-            # carried the watermark's branch: it runs on as it was written
-            # (Spark refuses a source added to or removed from a checkpoint).
-            written = [q, replace(q, watermark_carrier_kept=True)]
+            sources = committed["sources"]
+            lines = len(sources)
+            # Written before each input's watermark was kept, while every process function
+            # whose timers can emit carried the watermark's branch, or with the timer ticks of
+            # an on_timer since removed: it runs on as it was written (Spark refuses a source
+            # added to or removed from a checkpoint).
+            written = [
+                q,
+                replace(q, watermark_carrier_kept=True),
+                replace(q, event_ticks_kept=True),
+            ]
             if resumes(q):
                 written += [replace(w, input_watermarks=False) for w in written]
-            same = next((w for w in written if _offset_lines(w) == lines), None)
+            same = next((w for w in written if _written_as(w, sources)), None)
             if same is not None:
                 self.plan.queries[n] = same
             if same is not None and not same.input_watermarks:

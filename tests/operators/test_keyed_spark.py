@@ -16,6 +16,7 @@ import pytest
 from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.checkpoints.state_reader import inspect
 from stateful_runtime.connectors.eventlog import EventLog
+from stateful_runtime.planner import QueryPlan
 from tests.helpers import EXAMPLES, append_lines
 from tests.operators.helpers import crash_before_commit, run, table
 
@@ -42,8 +43,14 @@ def log(tmp_path):
 
 
 # The crash before Spark's commit: the worker's store is ahead of Spark's commit log, and the
-# replayed batch must start from the version before it.
-def test_fraud_counter_resets_per_minute_across_a_restart(spark, tmp_path, log):
+# replayed batch must start from the version before it. The checkpoint as this runtime writes
+# it (the timers' batches without input come from the event-time ticks), and as it wrote it
+# before the ticks (a deduplication of Spark's that sees no row, the watermark's branch): it
+# runs on as it was written.
+@pytest.mark.parametrize("written_with", ["ticks", "carrier"])
+def test_fraud_counter_resets_per_minute_across_a_restart(
+    spark, tmp_path, log, monkeypatch, written_with
+):
     rng = random.Random(3)
     lines, bursts = [], []
     # Bursts of 5-20 payments within 10 s, a burst per merchant every 3 minutes for half an
@@ -66,17 +73,25 @@ def test_fraud_counter_resets_per_minute_across_a_restart(spark, tmp_path, log):
     half = len(lines) // 2
     append_lines(log, lines[:half])
     db = tmp_path / "w.duckdb"
-    run(
-        "fraud_rate_limit.py",
-        tmp_path,
-        **{"sink.database": db, "source.max_records_per_batch": 30},
-    )
-    crash_before_commit(tmp_path / "ck" / "fraud_rate_limit.py" / "fraud-counter", db)
+    query = QueryLayout(tmp_path / "ck" / "fraud_rate_limit.py" / "fraud-counter")
+    with monkeypatch.context() as before_ticks:
+        if written_with == "carrier":
+            before_ticks.setattr(QueryPlan, "watermark_carrier", property(lambda q: True))
+            before_ticks.setattr(QueryPlan, "ticks", property(lambda q: None))
+        run(
+            "fraud_rate_limit.py",
+            tmp_path,
+            **{"sink.database": db, "source.max_records_per_batch": 30},
+        )
+    crash_before_commit(query.root, db)
     append_lines(log, lines[half:])
     run(
         "fraud_rate_limit.py",
         tmp_path,
         **{"sink.database": db, "source.max_records_per_batch": 30},
+    )
+    assert (_carriers(query), _ticks(query)) == (
+        (1, False) if written_with == "carrier" else (0, True)
     )
 
     # Oracle: per merchant, a counter that starts at its first payment (arrival order) and
@@ -146,11 +161,12 @@ def test_deduplicator_with_event_time_ttl(spark, tmp_path, log):
 
 def test_a_function_without_on_timer_runs_no_batch_for_the_watermark_alone(spark, tmp_path, log):
     """On the worker's keyed state, only a function whose timers can emit makes Spark run
-    batches without data (the watermark carrier, a deduplication of Spark's that re-reads
-    the batch's shuffle). The Deduplicator's TTL timers due at a run's final watermark are
-    fired by the runner as the run ends, a batch it logs without Spark (no output): no value
-    past its cleanup time stays stored. A job first run with an ``on_timer`` keeps its
-    carrier's state, and its checkpoint goes on without it once ``on_timer`` is removed."""
+    batches without data: it reads its timer ticks (a source whose offset moves when a timer
+    is behind the watermark), and no Spark operator of its own. The Deduplicator's TTL timers
+    due at a run's final watermark are fired by the runner as the run ends, a batch it logs
+    without Spark (no output): no value past its cleanup time stays stored. A job first run
+    with an ``on_timer`` goes on reading its ticks once ``on_timer`` is removed (Spark
+    refuses a source removed from a checkpoint)."""
     lines = _dedup_lines()
     source = (EXAMPLES / "deduplicate_payments.py").read_text()
     with_timer = tmp_path / "deduplicate_with_timer.py"
@@ -168,11 +184,16 @@ def test_a_function_without_on_timer_runs_no_batch_for_the_watermark_alone(spark
     query = QueryLayout(tmp_path / "ck" / "deduplicator")
     append_lines(log, lines[:1_000])
     run(str(with_timer), tmp_path, **settings)
-    assert _carriers(query) == 1
-    assert _batches_without_data(query) >= 1  # the run ends with the final watermark's
+    assert _carriers(query) == 0 and _ticks(query)
+    # 1,000 minutes of event time: no cleanup (24 h) is due, and no batch ran without input
+    assert _batches_without_data(query) == 0
     append_lines(log, lines[1_000:2_000])
     run("deduplicate_payments.py", tmp_path, **settings)
     _assert_deduplicated(log, lines[:2_000])
+    # the ticks read on: the run ends with the batch of the cleanups its final watermark made
+    # due, and none of them is left stored
+    assert _ticks(query) and _batches_without_data(query) == 1
+    _assert_cleaned_up(query, tmp_path / "ck")
 
     # A job that never had an on_timer: no carrier; batches for data, and at each run's end
     # the runner's own, which fires the cleanups the final watermark made due.
@@ -186,10 +207,15 @@ def test_a_function_without_on_timer_runs_no_batch_for_the_watermark_alone(spark
     query = QueryLayout(fresh / "ck" / "deduplicator")
     assert _carriers(query) == 0 and _batches_without_data(query) == 2
     assert len(query.committed_batches()) == 6 + 2  # 3,000 records, 500 a batch; two ends
+    _assert_cleaned_up(query, fresh / "ck")
+
+
+def _assert_cleaned_up(query: QueryLayout, checkpoint) -> None:
+    """No value of the Deduplicator stored past its cleanup time at the last watermark."""
     last = query.last_committed()
     assert last is not None
     watermark, grain = query.watermark_ms(last), 24 * H // 100  # the cleanups' rounding
-    rows = inspect(None, fresh / "ck", state="seen", limit=10**6)
+    rows = inspect(None, checkpoint, state="seen", limit=10**6)
     assert rows and all(-(-r["value"][1] // grain) * grain > watermark for r in rows)
 
 
@@ -223,12 +249,7 @@ def test_a_union_fires_its_cleanup_timers_at_the_final_watermark(spark, tmp_path
         out = run(str(union), tmp_path, **settings)
         assert "fired the state cleanup timers due at the final watermark" in out, out
     _assert_deduplicated(log, lines)
-    query = QueryLayout(tmp_path / "ck" / "deduplicator")
-    last = query.last_committed()
-    assert last is not None
-    watermark, grain = query.watermark_ms(last), 24 * H // 100  # the cleanups' rounding
-    rows = inspect(None, tmp_path / "ck", state="seen", limit=10**6)
-    assert rows and all(-(-r["value"][1] // grain) * grain > watermark for r in rows)
+    _assert_cleaned_up(QueryLayout(tmp_path / "ck" / "deduplicator"), tmp_path / "ck")
 
 
 def _carriers(query: QueryLayout) -> int:
@@ -242,10 +263,17 @@ def _carriers(query: QueryLayout) -> int:
     )
 
 
+def _ticks(query: QueryLayout) -> bool:
+    """Whether the query reads timer ticks (its last source: ``{"due": ...}``)."""
+    offsets = query.committed_offsets()
+    return offsets is not None and set(offsets["sources"][-1]) == {"due"}
+
+
 def _batches_without_data(query: QueryLayout) -> int:
+    """Committed batches whose input (the first source; not the timer ticks) did not move."""
     batches = query.committed_batches()
-    sources = [query.committed_offsets(b)["sources"] for b in batches]
-    return sum(now == before for before, now in itertools.pairwise(sources))
+    inputs = [query.committed_offsets(b)["sources"][0] for b in batches]
+    return sum(now == before for before, now in itertools.pairwise(inputs))
 
 
 def test_session_summaries_with_timer_moves(spark, tmp_path, log):
