@@ -46,6 +46,44 @@ from tests.helpers import (  # noqa: E402  (after the assert-rewrite registratio
     require,
 )
 
+# Tests that start Spark (a session in the test's process, or `srt` processes that run jobs),
+# by the fixtures that give them one: marked ``spark`` here, so that the quick loop
+# (`platform/test.sh --quick`) can leave them out without a marker on each.
+SPARK_FIXTURES = frozenset({"spark", "srt_env", "upi", "cluster"})
+
+
+# The files that take longest (a full run's --durations, summed per file: 100-320 s each), in
+# that order. The suite runs files on two workers (--dist loadfile); these start first, so
+# the short files fill the other worker around them instead of one of these running last
+# beside an idle worker (platform/test.sh passes --no-loadscope-reorder to keep this order;
+# the other files follow, most tests first, as xdist would order them).
+LONGEST_FILES = (
+    "tests/faults/test_kill_trials.py",
+    "tests/dagster_defs/test_ui.py",
+    "tests/dbt_sink/test_upi_warehouses.py",
+    "tests/srt_airflow/test_lifecycle.py",
+    "tests/faults/test_overflow.py",
+    "tests/faults/test_connected_kill.py",
+    "tests/faults/test_sink_tables.py",
+    "tests/runtime/test_runner_crash.py",
+    "tests/connectors/kafka/test_kafka_union.py",
+    "tests/connectors/kafka/test_kafka_upi.py",
+    "tests/runtime/test_runner_signals.py",
+    "tests/faults/test_kafka_outage.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if SPARK_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.spark)
+    by_file: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        by_file.setdefault(item.nodeid.split("::")[0], []).append(item)
+    rank = {f: n for n, f in enumerate(LONGEST_FILES)}
+    files = sorted(by_file, key=lambda f: (rank.get(f, len(rank)), -len(by_file[f])))
+    items[:] = [item for f in files for item in by_file[f]]
+
 
 @pytest.fixture(scope="session")
 def srt_home(tmp_path_factory: pytest.TempPathFactory) -> Path:

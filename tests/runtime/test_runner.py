@@ -113,6 +113,7 @@ def test_the_working_directory_as_checkpoint_dir_is_refused_and_nothing_moves(up
         assert sorted(p.relative_to(upi.root) for p in upi.root.rglob("*")) == before
 
 
+@pytest.mark.faults  # kill -9 of a running job: the checkpoint's lock goes with it
 def test_a_running_job_refuses_a_second_run_and_its_kill_frees_the_checkpoint(upi, srt_env):
     import json
     from pathlib import Path
