@@ -8,8 +8,8 @@ versions that each change ``--churn`` of the keys, at random; every version is o
 committed as a task would. Per churn version it prints the commit's wall time, the bytes the
 version wrote to the checkpoint (its delta, and the snapshot of a snapshot version) against the
 state's size, and at the end the median and largest commit. A snapshot is written once the deltas
-since the last add up to half of its size or number 50 (``keyed_store.snapshot_due``): at 1%
-churn ``--batches 55`` covers one. 10M keys over a job's 2 state
+since the last add up to its size (at least 64 MiB) or number 50 (``keyed_store.snapshot_due``):
+at 1% churn ``--batches 55`` covers one. 10M keys over a job's 2 state
 partitions is ``--keys 5000000`` here.
 
     .venv/bin/python benchmarks/keyed_churn.py --keys 5000000

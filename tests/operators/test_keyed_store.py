@@ -329,7 +329,7 @@ def test_index_and_filters_are_partitioned_so_a_lookup_reads_kilobytes(tmp_path)
 def test_a_snapshots_cost_follows_what_changed(tmp_path, monkeypatch):
     """A large state that changes little gets no new snapshot batch after batch (its versions
     share the snapshot and the deltas after it); one rewritten every batch is compacted as
-    soon as the deltas add up to half the snapshot's size."""
+    soon as the deltas add up to the snapshot's size."""
     monkeypatch.setattr(keyed_store, "SNAPSHOT_MIN_BYTES", 0)
     rows = {bytes([0, k % 100]) + k.to_bytes(4, "big"): b"v" * 64 for k in range(3_000)}
 
