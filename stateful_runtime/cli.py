@@ -143,6 +143,7 @@ def _log_cmd(args: argparse.Namespace) -> int:
             print(f"stopped; end offsets {writer.end_offsets()}", flush=True)
     elif args.log_cmd == "info":
         ends = log.reader(args.topic).end_offsets()
+        key = log.topic(args.topic).key
         print(
             json.dumps(
                 {
@@ -150,6 +151,8 @@ def _log_cmd(args: argparse.Namespace) -> int:
                     "partitions": len(ends),
                     "end_offsets": ends,
                     "records": sum(ends.values()),
+                    # placed by this field's key groups (its first append was keyed by it)
+                    "key": key.to_json() if key is not None else None,
                 }
             )
         )

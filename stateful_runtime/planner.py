@@ -60,6 +60,7 @@ from stateful_runtime.operators.keyed import describe_states
 from stateful_runtime.operators.window import WindowOperator
 from stateful_runtime.state import TimeDomain
 from stateful_runtime.streams import (
+    FilterNode,
     KeyByNode,
     MapNode,
     Node,
@@ -79,7 +80,7 @@ from stateful_runtime.windows import (
 
 if TYPE_CHECKING:
     from stateful_runtime.aggregates import Aggregate
-    from stateful_runtime.connectors.base import Sink
+    from stateful_runtime.connectors.base import KeyPlacement, Sink
     from stateful_runtime.job import StreamJob
 
 
@@ -228,6 +229,20 @@ class QueryPlan:
     # True for a checkpoint written with the event-time ticks by a function whose timers could
     # emit then (ticks): the query reads them still
     event_ticks_kept: bool = False
+    # The source's placement when its records are in the partitions that keep their keys'
+    # state (copartitioning): see by_partition
+    copartitioned: KeyPlacement | None = None
+
+    @property
+    def by_partition(self) -> bool:
+        """Whether the keyed operator reads its source's partition in the task that keeps its
+        state, read, decode and operator one Spark stage without a shuffle: a source placed
+        by the key groups of the job's key into as many partitions as the query's state
+        partitions (``copartitioned``), for a function that needs no batch without input (no
+        timer ticks, no watermark's branch). Spark gives a source without new offsets an empty
+        relation of no partitions, so a batch of ticks alone would run no task of the
+        operator; after a shuffle it runs one per state partition."""
+        return self.copartitioned is not None and self.ticks is None and not self.watermark_carrier
 
     @property
     def watermark_carrier(self) -> bool:
@@ -515,18 +530,70 @@ def _query(job: StreamJob, p: _Pipeline, inputs: tuple[QueryInput, ...]) -> Quer
     steps = StepDeadLetters(
         str(layout.step_dead_letters(p.name)), inputs[0].source.source.dead_letter_sink(job.name)
     )
+    placement, why = _copartitioning(nodes, inputs, job.parallelism)
     return QueryPlan(
         p.name,
         inputs,
         nodes,
         outputs,
         path,
-        reason,
+        f"{reason}; {why}" if why else reason,
         output_mode,
         job.parallelism,
         steps,
         job.errors,
         job.rocksdb,
+        copartitioned=placement,
+    )
+
+
+def _copartitioning(
+    nodes: tuple[PlannedNode, ...], inputs: tuple[QueryInput, ...], parallelism: int
+) -> tuple[KeyPlacement | None, str]:
+    """Whether a keyed operator's source is placed by its key groups (``QueryPlan.
+    by_partition``), and what to say of it: why its records are not shuffled, or what keeps
+    a source placed by a key from being read so."""
+    proc = next((n for n in reversed(nodes) if isinstance(n, ProcessNode)), None)
+    if proc is None or len(inputs) != 1 or isinstance(proc.function, BroadcastProcess):
+        return None, ""
+    placement = inputs[0].source.source.key_placement()
+    if placement is None:
+        return None, ""
+    keys = tuple(proc.parent.keys) if isinstance(proc.parent, KeyByNode) else ()
+    schema = inputs[0].source.source.schema
+    field_type = (
+        schema[placement.field].dataType.simpleString()
+        if placement.field in schema.fieldNames()
+        else None
+    )
+    steps = [*inputs[0].nodes, *nodes[: nodes.index(proc)]]
+    where = f"{placement.where} is placed by the key groups of {placement.field!r}"
+    if keys != (placement.field,):
+        return None, f"{where}, not of the job's key {list(keys)}: records are shuffled"
+    if field_type != placement.spark_type:
+        return None, (
+            f"{where} as a {placement.spark_type}, the job reads it as a {field_type}: "
+            f"records are shuffled"
+        )
+    if any(not isinstance(n, (FilterNode, KeyByNode)) for n in steps):
+        return None, f"{where}, but a map before the key may change it: records are shuffled"
+    timers = proc.function.time_domain is TimeDomain.PROCESSING_TIME or defines_on_timer(
+        proc.function
+    )
+    if timers:
+        return None, (
+            f"{where}, but the function's timers need batches without input, which run no "
+            f"task of an unshuffled read: records are shuffled"
+        )
+    if placement.partitions != parallelism:
+        return None, (
+            f"{where} into {placement.partitions} partitions, the job has {parallelism} state "
+            f"partitions (parallelism): records are shuffled; parallelism="
+            f"{placement.partitions} reads each partition in the task that keeps its state"
+        )
+    return placement, (
+        f"{where} into as many partitions as the job's state partitions: each partition is "
+        f"read, decoded and processed in one task, without a shuffle"
     )
 
 

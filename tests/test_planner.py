@@ -129,3 +129,32 @@ def test_only_functions_whose_timers_can_emit_read_event_time_ticks(tmp_path):
         assert kept.ticks is None and kept.watermark_carrier == (kept.process is not None)
     window = windowed_job(tmp_path)  # a native window: Spark's own operator asks for batches
     assert plan(window).queries[0].ticks is None
+
+
+def test_a_keyed_function_reads_a_topic_placed_by_its_key_without_a_shuffle(tmp_path):
+    """A source placed by the key groups of the job's key into as many partitions as the job's
+    state partitions is read, decoded and processed in one task per partition; anything else
+    is shuffled, and the plan says why."""
+    from stateful_runtime.connectors.eventlog import EventLog
+    from stateful_runtime.connectors.eventlog.store import TopicKey
+
+    log = tmp_path / "log"
+    EventLog(log).create_topic("by-txn", 2, key=TopicKey("txn_id", "str"))
+    EventLog(log).create_topic("by-merchant", 2, key=TopicKey("merchant_id", "str"))
+
+    def query(example: str, topic: str, **settings: object):
+        values = {"source.log_dir": str(log), "source.topic": topic, "parallelism": 2}
+        return plan(load_job_file(EXAMPLES / example, {**values, **settings}).job).queries[0]
+
+    keyed = query("deduplicate_payments.py", "by-txn")  # keyed by txn_id, TTL only
+    assert keyed.by_partition and "without a shuffle" in keyed.reason
+    assert keyed.copartitioned is not None and keyed.copartitioned.partitions == 2
+    wider = query("deduplicate_payments.py", "by-txn", parallelism=4)
+    assert not wider.by_partition and "parallelism=2" in wider.reason
+    other_key = query("deduplicate_payments.py", "by-merchant")
+    assert not other_key.by_partition and "not of the job's key" in other_key.reason
+    timers = query("fraud_rate_limit.py", "by-merchant")  # an on_timer: ticks
+    assert not timers.by_partition and "batches without input" in timers.reason
+    EventLog(log).create_topic("plain", 2)
+    plain = query("deduplicate_payments.py", "plain")
+    assert not plain.by_partition and "placed by" not in plain.reason

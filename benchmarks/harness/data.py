@@ -246,7 +246,7 @@ def prepare(
 ) -> Inputs:
     """Generate (or reuse) a stream under ``root`` and lay it out for every system."""
     from stateful_runtime.connectors.eventlog import EventLog
-    from stateful_runtime.connectors.eventlog.ingest import APPEND_BATCH, _records
+    from stateful_runtime.connectors.eventlog.ingest import APPEND_BATCH, _records, key_topic
 
     if stream in ONE_PARTITION:
         partitions = 1
@@ -285,6 +285,7 @@ def prepare(
     log_dir = d / "log"
     EventLog(log_dir).create_topic(stream, partitions)
     with EventLog(log_dir).writer(stream) as w:
+        key_topic(w, key, lines[0])  # keyed by its key field, as `srt log append` keys it
         for i in range(0, len(lines), APPEND_BATCH):
             w.append(_records(lines[i : i + APPEND_BATCH], key))
     meta.write_text(

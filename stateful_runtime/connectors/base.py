@@ -41,6 +41,19 @@ OFFSET = "_offset"
 META_COLUMNS = (ERROR, RAW, PARTITION, OFFSET)
 
 
+@dataclass(frozen=True)
+class KeyPlacement:
+    """A source whose records are placed in its ``partitions`` partitions by the key groups
+    (``pmod(hash(key), 128)``, partition ``p`` owning the groups ``g`` with
+    ``g * partitions // 128 == p``) of the single-field key ``field``, hashed as Spark hashes a
+    column of ``spark_type`` (``string`` or ``bigint``): ``where`` says which source."""
+
+    field: str
+    spark_type: str
+    partitions: int
+    where: str
+
+
 class Source(ABC):
     """A replayable source of records with offsets Spark keeps in its offset log.
 
@@ -57,6 +70,12 @@ class Source(ABC):
     def check(self) -> None:
         """Fail fast, before Spark starts, if the source cannot be read (missing topic...)."""
 
+    def key_placement(self) -> KeyPlacement | None:
+        """How the source's records are placed in its partitions by a key, when they are
+        (None: they are not, or it cannot be known): what lets a job keyed by that key read
+        each partition in the task that keeps its state, without a shuffle."""
+        return None
+
     @abstractmethod
     def read_stream(
         self,
@@ -65,6 +84,8 @@ class Source(ABC):
         watermark: WatermarkStrategy | None = None,
         late_watermark_of: str | None = None,
         query_checkpoint: str | None = None,
+        *,
+        by_partition: bool = False,
     ) -> DataFrame:
         """The decoded stream, good and bad records alike. With ``dead_letter_staging``, each
         read task also stages its split's rejected records there
@@ -74,7 +95,9 @@ class Source(ABC):
         batch's late-event watermark in ``alignment.LATE_BEFORE``. With ``watermark``, a record
         outside its event-time policy is rejected (:mod:`stateful_runtime.connectors.event_time`),
         judged against its batch's processing time and watermark as logged in
-        ``query_checkpoint`` (the query's checkpoint directory)."""
+        ``query_checkpoint`` (the query's checkpoint directory). With ``by_partition`` (a
+        source with a :meth:`key_placement`), each batch reads one split per partition, the
+        split of partition ``p`` being Spark's partition ``p``, empty ones included."""
 
     @abstractmethod
     def dead_letter_sink(self, job: str) -> DeadLetterSink:

@@ -217,6 +217,8 @@ class ArrowKeyedOperator:
         guard: how the task isolates an element or timer the function raises on (None: the
             task fails).
         memory: the RocksDB's memory in the worker (default :meth:`RocksDBMemory.default`).
+        placed_by: the source whose partitions the task reads unshuffled (they hold its key
+            groups), None after a shuffle.
     """
 
     def __init__(
@@ -231,8 +233,10 @@ class ArrowKeyedOperator:
         parallelism: int,
         guard: StepGuard | None = None,
         memory: RocksDBMemory | None = None,
+        placed_by: str | None = None,
     ) -> None:
         self.fn, self.name, self.guard = fn, name, guard
+        self.placed_by = placed_by
         self.memory = memory or RocksDBMemory.default()
         self.keys, self.fields, self.time_field = list(keys), list(fields), time_field
         self.output, self.checkpoint, self.parallelism = output, checkpoint, parallelism
@@ -351,6 +355,15 @@ class ArrowKeyedOperator:
         # store in key order.
         lo, hi = groups.start, groups.stop
         low, high = pc.min_max(arrow.column(KEY_GROUP)).values()
+        if not lo <= low.as_py() <= high.as_py() < hi and self.placed_by is not None:
+            raise StateError(
+                f"operator {self.name!r}: a record of key group "
+                f"{low.as_py() if low.as_py() < lo else high.as_py()} was read from partition "
+                f"{groups.start * self.parallelism // MAX_PARALLELISM} of {self.placed_by}, "
+                f"whose records should be of key groups {lo}..{hi - 1}: the topic's records "
+                f"are not placed by the job's key (appended with another key's values?); "
+                f"nothing of the batch is committed"
+            )
         if not lo <= low.as_py() <= high.as_py() < hi:
             raise StateError(
                 f"operator {self.name!r}: a record of key group "

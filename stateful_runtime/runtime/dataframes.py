@@ -106,6 +106,7 @@ def build(
             query_checkpoint=checkpoint,
             metrics=source_metrics(query, i.source.name),
             event_time_max=resumes(query),
+            by_partition=query.by_partition,
         )
         if skips.get(i.source.name):
             df = _skip(df, query, skips[i.source.name], i.source.name)
@@ -239,11 +240,13 @@ def read_source(
     query_checkpoint: str | None = None,
     metrics: str = SOURCE_METRICS,
     event_time_max: bool = False,
+    by_partition: bool = False,
 ) -> DataFrame:
     """The source's good records with event time and watermark; ``metrics`` names the
     observed metric counting its records (and, with ``event_time_max``, taking the largest
     event time of its good records: the input's watermark kept across restarts,
-    :mod:`stateful_runtime.runtime.input_watermarks`)."""
+    :mod:`stateful_runtime.runtime.input_watermarks`); ``by_partition``: Spark's partition
+    ``p`` is the source's (``QueryPlan.by_partition``)."""
     from pyspark.sql import functions as F
 
     df = src.source.read_stream(
@@ -252,6 +255,7 @@ def read_source(
         watermark=src.watermark,
         late_watermark_of=late_watermark_of,
         query_checkpoint=query_checkpoint,
+        by_partition=by_partition,
     )
     # Per-batch accounting of the source (in Spark's progress as observed metrics): every
     # record read, and those rejected (dead letters); late ones are counted downstream.
@@ -344,7 +348,8 @@ def _window_aggregate(df: DataFrame, node: NativeWindowNode, query: QueryPlan) -
 def _process(
     df: DataFrame, node: ProcessNode, query: QueryPlan, checkpoint: str | None
 ) -> DataFrame:
-    """A process node, its state in the Python worker: repartition by key group, then
+    """A process node, its state in the Python worker: repartition by key group (unless the
+    source's partitions already hold their key groups, ``QueryPlan.by_partition``), then
     :class:`~stateful_runtime.operators.arrow_keyed.ArrowKeyedOperator` over whole Arrow
     batches (see that module).
 
@@ -381,10 +386,15 @@ def _process(
     if isinstance(fn, BroadcastProcess):
         # Every broadcast element to every partition: a copy each, in its first key group.
         df = _broadcast_copies(df, parallelism)
-    routes = F.array(*[F.lit(v) for v in route_values(parallelism)])
-    owner = F.floor(F.col(KEY_GROUP) * parallelism / MAX_PARALLELISM).cast("int") + 1
-    df = df.withColumn(ROUTE, F.element_at(routes, owner))
-    shuffled = df.repartition(parallelism, ROUTE)
+    if query.by_partition:
+        # The source's partition p holds exactly the keys of partition p's key groups: the
+        # operator runs in the task that read them (a record that is not is refused there).
+        shuffled = df
+    else:
+        routes = F.array(*[F.lit(v) for v in route_values(parallelism)])
+        owner = F.floor(F.col(KEY_GROUP) * parallelism / MAX_PARALLELISM).cast("int") + 1
+        df = df.withColumn(ROUTE, F.element_at(routes, owner))
+        shuffled = df.repartition(parallelism, ROUTE)
     operator = ArrowKeyedOperator(
         fn,
         node.name,
@@ -396,6 +406,7 @@ def _process(
         parallelism,
         step_guard(query, node.name),
         query.rocksdb,
+        placed_by=query.copartitioned.where if query.by_partition and query.copartitioned else None,
     )
     out = shuffled.mapInArrow(operator, out_struct)
     if query.watermark_carrier:

@@ -6,6 +6,7 @@ come back from the checkpoint and every timer fires exactly once.
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import random
@@ -51,25 +52,7 @@ def log(tmp_path):
 def test_fraud_counter_resets_per_minute_across_a_restart(
     spark, tmp_path, log, monkeypatch, written_with
 ):
-    rng = random.Random(3)
-    lines, bursts = [], []
-    # Bursts of 5-20 payments within 10 s, a burst per merchant every 3 minutes for half an
-    # hour; merchants interleave so the watermark keeps moving. Timers fire at micro-batch
-    # granularity, so batches are capped (30 records span at most ~60 s of event time) below
-    # the spacing: ~55 batches, each a Spark micro-batch.
-    for minute in range(0, 30, 3):
-        for m in range(6):
-            n = rng.randint(5, 20)
-            start = T0 + minute * M + m * 5_000
-            stamps = [start + rng.randint(0, 10_000) for _ in range(n)]
-            bursts.append((f"M{m}", stamps))
-    # Filler payments every 2 s from one-off merchants keep event time moving between rounds,
-    # so every capped batch spans well under the 3-minute spacing.
-    filler = [(T0 + k * 2_000, f"F{k}") for k in range(30 * 30)]
-    events = sorted([(ts, merchant) for merchant, stamps in bursts for ts in stamps] + filler)
-    # Arrival order = time order with a little disorder inside the 5 s bound.
-    events.sort(key=lambda e: e[0] + rng.randint(0, 3_000))
-    lines = [payment(i, merchant, ts) for i, (ts, merchant) in enumerate(events)]
+    lines = _fraud_lines()
     half = len(lines) // 2
     append_lines(log, lines[:half])
     db = tmp_path / "w.duckdb"
@@ -93,11 +76,37 @@ def test_fraud_counter_resets_per_minute_across_a_restart(
     assert (_carriers(query), _ticks(query)) == (
         (1, False) if written_with == "carrier" else (0, True)
     )
+    assert _fraud_alerts(db) == _fraud_oracle(lines)
 
-    # Oracle: per merchant, a counter that starts at its first payment (arrival order) and
-    # resets one minute later; a payment beyond the 10th in that minute trips the alert.
+
+def _fraud_lines() -> list[bytes]:
+    rng = random.Random(3)
+    bursts = []
+    # Bursts of 5-20 payments within 10 s, a burst per merchant every 3 minutes for half an
+    # hour; merchants interleave so the watermark keeps moving. Timers fire at micro-batch
+    # granularity, so batches are capped (30 records span at most ~60 s of event time) below
+    # the spacing: ~55 batches, each a Spark micro-batch.
+    for minute in range(0, 30, 3):
+        for m in range(6):
+            n = rng.randint(5, 20)
+            start = T0 + minute * M + m * 5_000
+            stamps = [start + rng.randint(0, 10_000) for _ in range(n)]
+            bursts.append((f"M{m}", stamps))
+    # Filler payments every 2 s from one-off merchants keep event time moving between rounds,
+    # so every capped batch spans well under the 3-minute spacing.
+    filler = [(T0 + k * 2_000, f"F{k}") for k in range(30 * 30)]
+    events = sorted([(ts, merchant) for merchant, stamps in bursts for ts in stamps] + filler)
+    # Arrival order = time order with a little disorder inside the 5 s bound.
+    events.sort(key=lambda e: e[0] + rng.randint(0, 3_000))
+    return [payment(i, merchant, ts) for i, (ts, merchant) in enumerate(events)]
+
+
+def _fraud_oracle(lines: list[bytes]) -> dict:
+    """Per merchant, a counter that starts at its first payment (arrival order) and resets
+    one minute later; a payment beyond the 10th in that minute trips the alert."""
     expected = {}
-    first, count = {}, defaultdict(int)
+    first: dict[str, int] = {}
+    count: dict[str, int] = defaultdict(int)
     for line in lines:
         e = json.loads(line)
         m, ts = e["merchant_id"], e["ts_ms"]
@@ -109,13 +118,69 @@ def test_fraud_counter_resets_per_minute_across_a_restart(
         count[m] += 1
         if count[m] > 10:
             expected[(m, first[m])] = count[m]
-    got = dict(
-        ((m, w), n)
-        for m, w, n in table(
-            db, "SELECT merchant_id, window_start_ms, payments FROM rate_limit_alerts"
+    assert len(expected) > 10
+    return expected
+
+
+def _fraud_alerts(db) -> dict:
+    rows = table(db, "SELECT merchant_id, window_start_ms, payments FROM rate_limit_alerts")
+    return {(m, w): n for m, w, n in rows}
+
+
+def test_the_deduplicator_on_a_topic_placed_by_its_key_runs_without_a_shuffle(
+    spark, tmp_path, capsys
+):
+    """The topic's first append keyed by txn_id placed it by the key groups the job's state
+    uses, into as many partitions as the job's: each partition is read, decoded and processed
+    in one task (no exchange in Spark's plan), across a restart and the cleanups at each run's
+    end, and the output equals the oracle's. A record placed otherwise (an append that names
+    its partition) stops the batch, committing nothing, and says why."""
+    from stateful_runtime.connectors.eventlog import Record
+    from stateful_runtime.connectors.eventlog.ingest import key_topic
+    from stateful_runtime.runtime.loader import load_job_file
+    from stateful_runtime.runtime.runner import JobRunner
+
+    log = tmp_path / "log"
+    EventLog(log).create_topic("upi-payments", 2)
+    lines = _dedup_lines()
+    settings = {
+        "source.log_dir": str(log),
+        "checkpoint.dir": str(tmp_path / "ck"),
+        "parallelism": "2",
+        "source.max_records_per_batch": "500",
+    }
+
+    def run_job() -> tuple[int, str, str]:
+        out = io.StringIO()
+        runner = JobRunner(
+            load_job_file(EXAMPLES / "deduplicate_payments.py", settings),
+            available_now=True,
+            out=out,
         )
-    )
-    assert got == expected and len(expected) > 10
+        code = runner.run()
+        execution = runner.runs[0].query._jsq.streamingQuery().lastExecution()
+        plan = execution.executedPlan().toString() if execution is not None else ""
+        return code, plan, out.getvalue()
+
+    for part in (lines[:1_500], lines[1_500:]):
+        with EventLog(log).writer("upi-payments") as w:
+            key_topic(w, "txn_id", part[0])
+        append_lines(log, part, key="txn_id")
+        code, plan, out = run_job()
+        assert code == 0, out
+        assert "MapInArrow" in plan and "Exchange" not in plan, plan
+    assert EventLog(log).topic("upi-payments").key is not None
+    _assert_deduplicated(log, lines)
+
+    # The partition that does not own txn t1's key group gets a payment of t1.
+    owner = EventLog(log).topic("upi-payments").partition_of(b"t1", b"")
+    with EventLog(log).writer("upi-payments") as w:
+        w.append([Record(payment(99_999, "M1", T0 + 60 * H, txn="t1"), b"t1", partition=1 - owner)])
+    last = QueryLayout(tmp_path / "ck" / "deduplicator").last_committed()
+    code, _, out = run_job()
+    said = capsys.readouterr().err  # the job's error goes to stderr
+    assert code != 0 and "not placed by the job's key" in said, out + said
+    assert QueryLayout(tmp_path / "ck" / "deduplicator").last_committed() == last
 
 
 def _dedup_lines() -> list[bytes]:

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from stateful_runtime.connectors.eventlog.store import EventLog, Record, TopicWriter
+from stateful_runtime.connectors.eventlog.store import EventLog, Record, TopicKey, TopicWriter
 from stateful_runtime.contract import AppendReport
 from stateful_runtime.exceptions import AppendIncompleteError, LogError, LogWriteError
 
@@ -163,6 +163,30 @@ def _record(line: bytes, key_field: str | None) -> tuple[Record | None, str | No
     return Record(line, key.encode()), None
 
 
+def key_topic(writer: TopicWriter, key_field: str | None, first: bytes | None = None) -> None:
+    """Check an append keyed by ``key_field`` against the topic's key (a keyed topic takes
+    appends keyed by its field only), and key a topic that holds no record by it: its values'
+    type from ``first``, the first line (a string or an int; other values leave the topic
+    unkeyed). See ``store.py``, "Keyed topics"."""
+    topic_key = writer.info.key
+    if topic_key is not None:
+        if key_field != topic_key.field:
+            raise LogError(
+                f"topic {writer.info.name!r} is keyed by field {topic_key.field!r}: its records "
+                f"are placed by that field's key groups, so every append gives "
+                f"--key-field {topic_key.field}"
+            )
+        return
+    if key_field is None or first is None or any(writer.end_offsets().values()):
+        return
+    obj, _ = _judge()(first)
+    value = None if obj is None else obj.get(key_field)
+    if isinstance(value, str):
+        writer.key_by(TopicKey(key_field, "str"))
+    elif isinstance(value, int) and not isinstance(value, bool):
+        writer.key_by(TopicKey(key_field, "int"))
+
+
 def _records(lines: Iterable[bytes], key_field: str | None) -> list[Record]:
     """Records of the lines, keyed where possible (test and benchmark helper)."""
     out = []
@@ -253,6 +277,8 @@ def ingest_stream(
         if oversize:
             record, why = None, _too_long(oversize)
         else:
+            if not result.appended and not batch:  # the append's first line
+                key_topic(writer, key_field, line)
             record, why = _record(line, key_field)
         if why is not None:
             result.add(LineProblem(number, why, appended=record is not None))
@@ -577,6 +603,8 @@ async def _serve(
         marks = dict(pending_sequences)
         pending_sequences.clear()
         try:
+            if not appended and batch:  # the first records key an empty topic
+                key_topic(writer, key_field, batch[0].value)
             if marks:
                 writer.append_sequenced(batch, marks)
             else:
@@ -646,4 +674,5 @@ def serve_lines(
     ``skipped``), so a client reconnecting after a failure resends from any line up to ``n``
     and nothing is appended twice. One open connection per producer id.
     """
+    key_topic(writer, key_field)  # a keyed topic serves appends keyed by its field only
     asyncio.run(_serve(writer, host, port, key_field, on_ready))

@@ -30,6 +30,7 @@ from stateful_runtime.connectors import alignment, event_time
 from stateful_runtime.connectors.base import (
     OFFSET,
     PARTITION,
+    KeyPlacement,
     Source,
     read_stream,
     stream_schema,
@@ -39,7 +40,7 @@ from stateful_runtime.connectors.eventlog import EventLog, cached_reader
 from stateful_runtime.connectors.eventlog.dead_letters import EventLogDeadLetterSink
 from stateful_runtime.connectors.formats.json import TimeBounds, decode_json, to_struct
 from stateful_runtime.connectors.ranges import BatchCap, split_ranges
-from stateful_runtime.exceptions import ConfigError
+from stateful_runtime.exceptions import ConfigError, LogError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -49,6 +50,9 @@ if TYPE_CHECKING:
 FORMAT = "srt_log"
 # Upper bound on one Spark task's offset range, so one busy partition still spreads over cores.
 MAX_SPLIT_RECORDS = 250_000
+# The option of a read whose Spark partition p is the topic's partition p, whole (a keyed
+# topic read by the keyed operator in the same task, Source.read_stream's by_partition).
+BY_PARTITION = "by_partition"
 # Rows per Arrow batch handed to Spark: bounds a Python worker's memory per task.
 ARROW_BATCH_ROWS = 65_536
 
@@ -125,6 +129,20 @@ class LogSource(Source):
         (with ``event_time`` and a batch's ``bounds``, as its read tasks judge event time)."""
         return decode_json(values, self.schema, event_time=event_time, bounds=bounds)
 
+    def key_placement(self) -> KeyPlacement | None:
+        """A keyed topic's placement (``store.py``, "Keyed topics"); None for another topic
+        or one not created yet."""
+        try:
+            info = EventLog(self.log_dir).topic(self.topic)
+        except LogError:
+            return None
+        if info.key is None:
+            return None
+        spark_type = "bigint" if info.key.type == "int" else "string"
+        return KeyPlacement(
+            info.key.field, spark_type, info.partitions, f"event-log topic {self.topic!r}"
+        )
+
     def read_stream(
         self,
         spark: SparkSession,
@@ -132,6 +150,8 @@ class LogSource(Source):
         watermark: WatermarkStrategy | None = None,
         late_watermark_of: str | None = None,
         query_checkpoint: str | None = None,
+        *,
+        by_partition: bool = False,
     ) -> DataFrame:
         info = EventLog(self.log_dir).topic(self.topic)
         options = {
@@ -148,6 +168,8 @@ class LogSource(Source):
         options.update(event_time.options(watermark, query_checkpoint))
         if late_watermark_of is not None:
             options[alignment.LATE_WATERMARK_OF] = late_watermark_of
+        if by_partition:
+            options[BY_PARTITION] = "true"
         return read_stream(spark, EventLogDataSource, options)
 
     def dead_letter_sink(self, job: str) -> EventLogDeadLetterSink:
@@ -228,6 +250,10 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         capped = self.cap.limit(
             start, ends, limit.max_rows if isinstance(limit, ReadMaxRows) else None
         )
+        if self.options.get(BY_PARTITION) == "true":  # a partition is one task: bound it
+            capped = {
+                p: min(end, int(start.get(p, 0)) + MAX_SPLIT_RECORDS) for p, end in capped.items()
+            }
         if capped != ends and self.time_field:
             capped = alignment.bound_by_event_time(start, capped, time_at, self.drift_ms)
         return capped
@@ -247,6 +273,11 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ordered = dict(sorted(end.items(), key=lambda kv: int(kv[0])))
         late = alignment.late_before_ms(self.options)
         bounds = event_time.batch_bounds(self.options)
+        if self.options.get(BY_PARTITION) == "true":  # Spark's partition p is the topic's
+            return [
+                LogSplit(int(p), int(start.get(p, 0)), int(hi), late, bounds)
+                for p, hi in ordered.items()
+            ]
         return [
             LogSplit(int(p), lo, hi, late, bounds)
             for p, lo, hi in split_ranges(start, ordered, MAX_SPLIT_RECORDS)

@@ -2,7 +2,8 @@
 
 Layout of a log directory::
 
-    <log_dir>/<topic>/topic.json   {"format_version": 1, "topic": ..., "partitions": N}
+    <log_dir>/<topic>/topic.json   {"format_version": 1, "topic": ..., "partitions": N,
+                                    "key": {"field": F, "type": "str" | "int"} (a keyed topic)}
     <log_dir>/<topic>/store/       one RocksDB database holding every partition
 
 Keys in the store (all big-endian so that byte order is offset order):
@@ -18,6 +19,15 @@ sequence land together or not at all. The WAL is written before ``append`` retur
 ``kill -9`` of the writer loses nothing that ``append`` acknowledged. With ``fsync=True`` the WAL
 is also fsynced per call, which survives power loss too (~ one disk flush per call).
 
+Keyed topics. A topic whose first append was keyed by a JSON field (``srt log append
+--key-field F``, :meth:`TopicWriter.key_by`) places each record as a job keyed by ``F`` places its
+state: in the partition that owns the key's key group (``pmod(hash(key), 128)`` with Spark's
+hash of the key as the job's schema types it, partition ``p`` of ``N`` owning the groups ``g``
+with ``g * N // 128 == p``; :func:`key_partition`). A job keyed by ``F`` with ``N`` state
+partitions then reads, decodes and runs its keyed operator in one task per partition, without a
+shuffle (``runtime/dataframes.py``). Every later append must be keyed by ``F``; other topics
+place records by :func:`partition_for`.
+
 Concurrency: one writer process per topic (RocksDB's lock); any number of readers in other
 processes, each a RocksDB *secondary* instance that tails the writer's WAL on ``catch_up``.
 """
@@ -31,7 +41,7 @@ import struct
 import time
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -76,10 +86,33 @@ class Record:
 
 
 @dataclass(frozen=True)
+class TopicKey:
+    """What a keyed topic's records are placed by: JSON field ``field``, whose values are of
+    ``type`` (``str`` or ``int``, the key bytes' form: a string as is, an int as JSON)."""
+
+    field: str
+    type: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"field": self.field, "type": self.type}
+
+
+KEY_TYPES = ("str", "int")
+
+
+@dataclass(frozen=True)
 class TopicInfo:
     name: str
     partitions: int
     path: Path
+    key: TopicKey | None = None
+
+    def partition_of(self, key: bytes | None, value: bytes) -> int:
+        """The partition an append without one of its own puts a record in: a keyed topic's
+        by its key group (:func:`key_partition`), another's by :func:`partition_for`."""
+        if self.key is None:
+            return partition_for(key, value, self.partitions)
+        return key_partition(key, self.key, self.partitions)
 
 
 def partition_for(key: bytes | None, value: bytes, partitions: int) -> int:
@@ -89,6 +122,24 @@ def partition_for(key: bytes | None, value: bytes, partitions: int) -> int:
     the same partition of a topic.
     """
     return zlib.crc32(key if key is not None else value) % partitions
+
+
+def key_partition(key: bytes | None, topic_key: TopicKey, partitions: int) -> int:
+    """The partition of a keyed topic (see the module doc) that owns the key group of ``key``
+    (its bytes as appended; None, a record without the field, has a null key, which Spark
+    hashes to its seed)."""
+    from stateful_runtime.checkpoints.keyed import key_group, key_groups
+
+    value: bytes | int | None = key  # a string's UTF-8 bytes hash as the string does
+    if key is not None and topic_key.type == "int":
+        try:
+            value = int(key)
+        except ValueError:  # not an int: the job's decoder dead-letters the record
+            value = None
+    group = key_group([value])
+    owner = group * partitions // 128
+    assert group in key_groups(owner, partitions)
+    return owner
 
 
 def _encode(rec: Record, now_ms: int) -> bytes:
@@ -162,7 +213,14 @@ class EventLog:
     def _topic_dir(self, topic: str) -> Path:
         return self.log_dir / check_name("topic", topic)
 
-    def create_topic(self, topic: str, partitions: int, *, exist_ok: bool = False) -> TopicInfo:
+    def create_topic(
+        self,
+        topic: str,
+        partitions: int,
+        *,
+        exist_ok: bool = False,
+        key: TopicKey | None = None,
+    ) -> TopicInfo:
         if partitions < 1:
             raise LogError(f"a topic needs at least one partition, got {partitions}")
         tdir = self._topic_dir(topic)
@@ -178,12 +236,9 @@ class EventLog:
         db = _open_primary(topic, tdir / "store")
         db[_META] = json.dumps({"partitions": partitions}).encode()
         db.close()
-        tmp = tdir / "topic.json.tmp"
-        tmp.write_text(
-            json.dumps({"format_version": FORMAT_VERSION, "topic": topic, "partitions": partitions})
-        )
-        os.replace(tmp, meta)
-        return TopicInfo(topic, partitions, tdir)
+        info = TopicInfo(topic, partitions, tdir, key)
+        _write_info(info)
+        return info
 
     def topic(self, topic: str) -> TopicInfo:
         meta = self._topic_dir(topic) / "topic.json"
@@ -212,7 +267,16 @@ class EventLog:
                 str(meta),
                 f"topic.json says topic {data.get('topic')!r} with {parts!r} partitions",
             )
-        return TopicInfo(topic, parts, meta.parent)
+        key = data.get("key")
+        if key is not None and (
+            not isinstance(key, dict)
+            or not isinstance(key.get("field"), str)
+            or key.get("type") not in KEY_TYPES
+        ):
+            raise CorruptLogError(topic, str(meta), f"topic.json's key is not one: {key!r}")
+        return TopicInfo(
+            topic, parts, meta.parent, TopicKey(key["field"], key["type"]) if key else None
+        )
 
     def topics(self) -> list[TopicInfo]:
         if not self.log_dir.is_dir():
@@ -228,6 +292,20 @@ class EventLog:
 
     def reader(self, topic: str) -> TopicReader:
         return TopicReader(self.topic(topic))
+
+
+def _write_info(info: TopicInfo) -> None:
+    """Publish ``topic.json`` whole (a reader sees the old or the new one)."""
+    data: dict[str, object] = {
+        "format_version": FORMAT_VERSION,
+        "topic": info.name,
+        "partitions": info.partitions,
+    }
+    if info.key is not None:
+        data["key"] = info.key.to_json()
+    tmp = info.path / "topic.json.tmp"
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, info.path / "topic.json")
 
 
 def _scan(db: Rdict, prefix: bytes) -> dict[bytes, bytes]:
@@ -310,18 +388,44 @@ class TopicWriter:
     def end_offsets(self) -> dict[int, int]:
         return dict(enumerate(self._ends))
 
+    def key_by(self, key: TopicKey) -> None:
+        """Make the topic keyed by ``key`` (see the module doc): only while it holds no record
+        (what is in it was placed otherwise); the same key again is no change."""
+        if self.info.key == key:
+            return
+        if self.info.key is not None:
+            raise LogError(
+                f"topic {self.info.name!r} is keyed by field {self.info.key.field!r} "
+                f"({self.info.key.type}); append with --key-field {self.info.key.field}"
+            )
+        if any(self._ends):
+            raise LogError(
+                f"topic {self.info.name!r} holds records placed without a key field; it "
+                f"cannot become keyed by {key.field!r} (a new topic can)"
+            )
+        self.info = replace(self.info, key=key)
+        _write_info(self.info)
+
     def producer_sequence(self, producer_id: str) -> int | None:
         """Last sequence number committed by an idempotent producer, or None."""
         raw = self._db.get(b"p" + producer_id.encode())
         return struct.unpack(">q", raw)[0] if raw else None
 
     def _encoded(self, records: Iterable[Record]) -> Iterator[tuple[int, bytes]]:
-        """Each record with its partition (its own, or :func:`partition_for`'s) and its bytes,
-        all stamped with one append time."""
+        """Each record with its partition (its own, or :meth:`TopicInfo.partition_of`'s) and
+        its bytes, all stamped with one append time."""
         now_ms = int(time.time() * 1000)
-        n_parts = self.info.partitions
+        info = self.info
+        placed: dict[bytes | None, int] = {}  # a keyed topic's, by key (a hash in Python)
         for rec in records:
-            p = rec.partition if rec.partition >= 0 else partition_for(rec.key, rec.value, n_parts)
+            if rec.partition >= 0:
+                p = rec.partition
+            elif info.key is None:
+                p = partition_for(rec.key, rec.value, info.partitions)
+            else:
+                p = placed.get(rec.key, -1)
+                if p < 0:
+                    p = placed[rec.key] = info.partition_of(rec.key, rec.value)
             yield p, _encode(rec, now_ms)
 
     def append_sequenced(self, records: Iterable[Record], sequences: Mapping[str, int]) -> int:

@@ -232,7 +232,10 @@ class KafkaSource(Source):
         watermark: WatermarkStrategy | None = None,
         late_watermark_of: str | None = None,
         query_checkpoint: str | None = None,
+        *,
+        by_partition: bool = False,
     ) -> DataFrame:
+        assert not by_partition, "a Kafka topic's key placement is not known"
         self.check()
         return read_stream(
             spark,
