@@ -233,14 +233,12 @@ def test_a_function_without_on_timer_runs_no_batch_for_the_watermark_alone(spark
     with an ``on_timer`` goes on reading its ticks once ``on_timer`` is removed (Spark
     refuses a source removed from a checkpoint)."""
     lines = _dedup_lines()
-    source = (EXAMPLES / "deduplicate_payments.py").read_text()
-    with_timer = tmp_path / "deduplicate_with_timer.py"
-    with_timer.write_text(
-        source.replace(
-            "    def process_element(self, payment, ctx):",
-            "    def on_timer(self, timestamp, ctx):\n        return iter(())\n\n"
-            "    def process_element(self, payment, ctx):",
-        )
+    with_timer = _dedup_variant(
+        tmp_path,
+        "deduplicate_with_timer",
+        "    def process_element(self, payment, ctx):",
+        "    def on_timer(self, timestamp, ctx):\n        return iter(())\n\n"
+        "    def process_element(self, payment, ctx):",
     )
     settings = {
         "source.max_records_per_batch": 500,
@@ -289,19 +287,16 @@ def test_a_union_fires_its_cleanup_timers_at_the_final_watermark(spark, tmp_path
     ends with the cleanups its final watermark made due fired, as for one input, and the
     next run resumes each input's watermark from the batch before it."""
     lines = _dedup_lines()
-    source = (EXAMPLES / "deduplicate_payments.py").read_text()
-    union = tmp_path / "deduplicate_union.py"
-    union.write_text(
-        source.replace(
-            '        name="upi-source",\n    )\n',
-            '        name="upi-source",\n    ).union(job.from_source(\n'
-            '        LogSource(config["source.log_dir"], "bank-payments", PAYMENT,\n'
-            "                  max_records_per_batch=300),\n"
-            "        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5))\n"
-            '        .with_timestamp_field("ts_ms"), name="bank-source"))\n',
-        )
+    union = _dedup_variant(
+        tmp_path,
+        "deduplicate_union",
+        '        name="upi-source",\n    )\n',
+        '        name="upi-source",\n    ).union(job.from_source(\n'
+        '        LogSource(config["source.log_dir"], "bank-payments", PAYMENT,\n'
+        "                  max_records_per_batch=300),\n"
+        "        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5))\n"
+        '        .with_timestamp_field("ts_ms"), name="bank-source"))\n',
     )
-    assert "bank-source" in union.read_text()
     EventLog(log).create_topic("bank-payments", 1)
     settings = {"source.max_records_per_batch": 500, "checkpoint.dir": tmp_path / "ck"}
     for part in (lines[:1_500], lines[1_500:]):
@@ -315,6 +310,15 @@ def test_a_union_fires_its_cleanup_timers_at_the_final_watermark(spark, tmp_path
         assert "fired the state cleanup timers due at the final watermark" in out, out
     _assert_deduplicated(log, lines)
     _assert_cleaned_up(QueryLayout(tmp_path / "ck" / "deduplicator"), tmp_path / "ck")
+
+
+def _dedup_variant(tmp_path, name: str, old: str, new: str):
+    """``examples/deduplicate_payments.py`` with ``old`` replaced by ``new``, as a job file."""
+    source = (EXAMPLES / "deduplicate_payments.py").read_text()
+    assert old in source
+    path = tmp_path / f"{name}.py"
+    path.write_text(source.replace(old, new))
+    return path
 
 
 def _carriers(query: QueryLayout) -> int:
