@@ -33,6 +33,7 @@ pytest.register_assert_rewrite(
 )
 
 from tests.helpers import (  # noqa: E402  (after the assert-rewrite registration)
+    LONGEST_FILES,
     VENV_BIN,
     ClickHouseServer,
     Cluster,
@@ -50,27 +51,6 @@ from tests.helpers import (  # noqa: E402  (after the assert-rewrite registratio
 # by the fixtures that give them one: marked ``spark`` here, so that the quick loop
 # (`platform/test.sh --quick`) can leave them out without a marker on each.
 SPARK_FIXTURES = frozenset({"spark", "srt_env", "upi", "cluster"})
-
-
-# The files that take longest (a full run's --durations, summed per file: 100-320 s each), in
-# that order. The suite runs files on two workers (--dist loadfile); these start first, so
-# the short files fill the other worker around them instead of one of these running last
-# beside an idle worker (platform/test.sh passes --no-loadscope-reorder to keep this order;
-# the other files follow, most tests first, as xdist would order them).
-LONGEST_FILES = (
-    "tests/faults/test_kill_trials.py",
-    "tests/dagster_defs/test_ui.py",
-    "tests/dbt_sink/test_upi_warehouses.py",
-    "tests/srt_airflow/test_lifecycle.py",
-    "tests/faults/test_overflow.py",
-    "tests/faults/test_connected_kill.py",
-    "tests/faults/test_sink_tables.py",
-    "tests/runtime/test_runner_crash.py",
-    "tests/connectors/kafka/test_kafka_union.py",
-    "tests/connectors/kafka/test_kafka_upi.py",
-    "tests/runtime/test_runner_signals.py",
-    "tests/faults/test_kafka_outage.py",
-)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -36,6 +36,28 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
+# The files that take longest (a full run's --durations, summed per file: 100-320 s each), in
+# that order. The suite runs files on two workers (--dist loadfile); these start first, so
+# the short files fill the other worker around them instead of one of these running last
+# beside an idle worker (tests/conftest.py orders the collection and platform/test.sh passes
+# --no-loadscope-reorder to keep it; the other files follow, most tests first, as xdist would
+# order them).
+LONGEST_FILES = (
+    "tests/faults/test_kill_trials.py",
+    "tests/dagster_defs/test_ui.py",
+    "tests/dbt_sink/test_upi_warehouses.py",
+    "tests/srt_airflow/test_lifecycle.py",
+    "tests/faults/test_overflow.py",
+    "tests/faults/test_connected_kill.py",
+    "tests/faults/test_sink_tables.py",
+    "tests/runtime/test_runner_crash.py",
+    "tests/connectors/kafka/test_kafka_union.py",
+    "tests/connectors/kafka/test_kafka_upi.py",
+    "tests/runtime/test_runner_signals.py",
+    "tests/faults/test_kafka_outage.py",
+)
+
+
 def require(available: object, what: str, how: str) -> None:
     """A service, tool or privilege the test needs. Under CI (``CI=true``) its absence fails the
     test, naming what is missing: a green run must have checked what it claims. Elsewhere the

@@ -3,8 +3,7 @@ cannot quietly send a long file back to the end of the run."""
 
 from __future__ import annotations
 
-from tests.conftest import LONGEST_FILES
-from tests.helpers import ROOT
+from tests.helpers import LONGEST_FILES, ROOT
 
 
 def test_the_longest_files_named_for_the_schedule_exist():

@@ -89,6 +89,8 @@ class TickStreamReader(DataSourceStreamReader):
     def __init__(self, options: Mapping[str, str]) -> None:
         self.query = options["checkpoint"]
         self.partition_dirs = [Path(p) for p in json.loads(options["partitions"])]
+        # Spark's noDataMicroBatches off: no batch without new data, for timers either
+        self.ticks = options.get("no_data_batches", "true") != "false"
 
     def initialOffset(self) -> dict:
         return {"due": 0}
@@ -98,7 +100,7 @@ class TickStreamReader(DataSourceStreamReader):
         return int(time.time() * 1000)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        upto = self.upto()
+        upto = self.upto() if self.ticks else None
         if upto is None:
             return start
         due = earliest_due(self.query, self.partition_dirs, upto)
@@ -130,7 +132,8 @@ class EventTickStreamReader(TickStreamReader, SupportsTriggerAvailableNow):
 class TickDataSource(DataSource):
     """Options: ``checkpoint`` (the query's checkpoint directory), ``partitions`` (a JSON list
     of the operator's state partition directories), ``domain`` (``event`` for event time, else
-    processing time)."""
+    processing time), ``no_data_batches`` (``false``: never offer a batch, as Spark's
+    ``spark.sql.streaming.noDataMicroBatches.enabled=false`` runs none for its own operators)."""
 
     @classmethod
     def name(cls) -> str:

@@ -63,6 +63,8 @@ SKIP_STEP = "skip"  # the step srt run --skip adds (dead letters name it)
 # Spark's conf for one watermark for every stateful operator of a query (before 3.5's
 # per-operator propagation), which a query with keyed state in the worker starts with.
 SINGLE_WATERMARK = ("spark.sql.streaming.statefulOperator.allowMultiple", "false")
+# Spark's switch for batches without new data; off, the timer ticks offer none either.
+NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 
 
 def refuse_speculation(setting: str) -> None:
@@ -507,6 +509,8 @@ def _timer_ticks(
     options = {"checkpoint": checkpoint, "partitions": json.dumps(dirs)}
     if domain is TimeDomain.EVENT_TIME:
         options["domain"] = "event"
+    if (spark.conf.get(NO_DATA_BATCHES, "true") or "").lower() == "false":
+        options["no_data_batches"] = "false"  # as for Spark's own operators: none
     ticks = read_stream(spark, TickDataSource, options)
     return ticks.select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in like.schema.fields])
 

@@ -61,7 +61,8 @@ def test_an_input_read_to_its_end_keeps_its_watermark_across_restarts(spark, tmp
 
     for topic in ("upi-payments", "upi-refunds"):
         append(topic, data[topic][halves[topic] :])
-    spark.conf.set(NO_DATA_BATCHES, "false")  # the run ends after its last batch with data
+    # the run ends after its last batch with data (no batch without, the timer ticks' neither)
+    spark.conf.set(NO_DATA_BATCHES, "false")
     try:
         run("merchant_tiers.py", tmp_path, **settings)
     finally:
