@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -56,6 +57,19 @@ def committed_batches(
         [job, sink],
     ).fetchall()
     return [LedgerEntry(int(b), int(n or 0), at) for b, n, at in rows]
+
+
+# One writer at a time per DuckDB file in this process. The queries of a job write from the
+# driver, each through a connection of its own to one database; two first batches creating
+# the ledger table at once failed one with DuckDB's "Catalog write-write conflict on create"
+# (a job of three queries into one file, killed and restarted).
+_LOCKS: dict[str, threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+def _writing(database: str) -> threading.Lock:
+    with _LOCKS_GUARD:
+        return _LOCKS.setdefault(os.path.abspath(database), threading.Lock())
 
 
 class DuckDBUpsertSink(WarehouseUpsertSink):
@@ -319,6 +333,10 @@ class DuckDBUpsertSink(WarehouseUpsertSink):
             con.close()
 
     def _write(self, batch: pa.Table, batch_id: int) -> None:
+        with _writing(self.database):
+            self._write_one(batch, batch_id)
+
+    def _write_one(self, batch: pa.Table, batch_id: int) -> None:
         con = self._connect()
         try:
             con.begin()
