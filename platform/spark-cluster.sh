@@ -17,7 +17,8 @@
 #   SRT_WORKER_CORES         cores the worker offers  (default 2)
 #   SRT_WORKER_MEMORY        memory the worker offers (default 2g)
 #   SRT_DAEMON_MEMORY        heap of the master and worker JVMs themselves (default 512m)
-#   SRT_CLUSTER_TIMEOUT      seconds to wait for start-up / shutdown (default 90)
+#   SRT_CLUSTER_TIMEOUT      seconds to wait for start-up (default 90)
+#   SRT_CLUSTER_STOP_TIMEOUT seconds a daemon has to exit on SIGTERM before SIGKILL (default 30)
 #
 # Everything binds to 127.0.0.1. Ports are used exactly (spark.port.maxRetries=0): a taken port
 # fails the start with the daemon's log instead of silently moving to the next port.
@@ -28,7 +29,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(dirname "$HERE")"
 
 usage() {
-    sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
@@ -41,6 +42,9 @@ shift
 DIR="${1:-${SRT_CLUSTER_DIR:-$PWD/srt-data/spark-cluster}}"
 DIR="$(realpath -m "$DIR")"
 TIMEOUT="${SRT_CLUSTER_TIMEOUT:-90}"
+# A worker that does not exit on SIGTERM is waiting on its executors' shutdown; nothing it
+# holds outlives SIGKILL (its executors are killed with it, below).
+STOP_TIMEOUT="${SRT_CLUSTER_STOP_TIMEOUT:-30}"
 
 find_python() {
     if [[ -n "${SRT_PYTHON:-}" ]]; then
@@ -221,12 +225,12 @@ stop_one() {  # stop_one NAME: SIGTERM, wait for exit, SIGKILL after the timeout
     local kids
     kids="$(children_of "$pid")"
     kill -TERM "$pid" 2>/dev/null || true
-    local deadline=$((SECONDS + TIMEOUT))
+    local deadline=$((SECONDS + STOP_TIMEOUT))
     while kill -0 "$pid" 2>/dev/null && (( SECONDS < deadline )); do
         sleep 0.1  # poll for the process to exit
     done
     if kill -0 "$pid" 2>/dev/null; then
-        log "$name (pid $pid) did not exit in ${TIMEOUT}s; killing it"
+        log "$name (pid $pid) did not exit in ${STOP_TIMEOUT}s; killing it"
         kill -KILL "$pid" 2>/dev/null || true
     fi
     for kid in $kids; do

@@ -15,7 +15,9 @@ line, ``explain``, the Kafka client's ``describe()``, Dagster's run logs and met
 * **By value** — every secret value seen (through :func:`remember`, which the functions above
   call) is masked wherever it appears later in any text: a message, a command line, a
   traceback. Values shorter than :data:`MIN_REMEMBERED` characters are masked by key only
-  (masking ``ab`` in every text would garble it).
+  (masking ``ab`` in every text would garble it), and values shorter than
+  :data:`MIN_INSIDE_WORDS` only where they stand alone: a 4-digit PIN ``0000`` is masked in
+  ``pin 0000`` but not inside the timestamp ``20261202T000047`` (a coincidence, not a leak).
 
 An ``env:NAME`` value is a reference, shown as it is; the value it resolves to is remembered
 where it is read (:func:`resolve`).
@@ -43,6 +45,9 @@ ENV_VAR = "SRT_SECRET_SETS"
 # Shorter secrets are masked by key only: replacing a 1-3 character value in every text
 # would garble the text and a 3-character secret is no secret anyway.
 MIN_REMEMBERED = 4
+# Shorter secrets are masked only where no letter or digit adjoins them; longer ones wherever
+# they appear (inside a longer word they are no coincidence).
+MIN_INSIDE_WORDS = 8
 
 _WORDS = (
     "password",
@@ -234,8 +239,16 @@ def mask_text(text: str) -> str:
         known = sorted(_remembered, key=len, reverse=True)
     for secret in known:
         if secret in text:
-            text = text.replace(secret, MASK)
+            if len(secret) >= MIN_INSIDE_WORDS:
+                text = text.replace(secret, MASK)
+            else:
+                text = re.sub(_standing_alone(secret), MASK, text)
     return text
+
+
+def _standing_alone(secret: str) -> str:
+    """A pattern for ``secret`` where no letter or digit adjoins it."""
+    return rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])"
 
 
 def holds_secret(key: str, value: Any) -> bool:

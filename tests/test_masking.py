@@ -135,3 +135,12 @@ def test_masking_stream():
     masking.remember("streamed-secret")
     print("a streamed-secret b", file=stream)
     assert buf.getvalue() == "a *** b\n"
+
+
+def test_a_short_secret_is_masked_where_it_stands_alone_a_long_one_everywhere():
+    masking.remember("0000")
+    masking.remember("n3ver-seen-long")
+    path = "/savepoints/upi-per-minute-20261202T000047-ad6b"
+    assert masking.mask_text(path) == path  # a timestamp, not the PIN
+    assert masking.mask_text("pin 0000, again:0000.") == "pin ***, again:***."
+    assert masking.mask_text("x-n3ver-seen-longer") == "x-***er"

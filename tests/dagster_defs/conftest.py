@@ -12,7 +12,7 @@ from tests.helpers import free_port, poll
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory, srt_env: dict[str, str]) -> Iterator[Live]:
-    with live_job(tmp_path_factory.mktemp("upi-dagster"), srt_env["SRT_HOME"]) as state:
+    with live_job(tmp_path_factory.mktemp("upi-dagster")) as state:
         yield state
 
 

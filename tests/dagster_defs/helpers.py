@@ -98,7 +98,6 @@ def metadata(result, key: AssetKey) -> dict[str, Any]:
 @contextmanager
 def live_job(
     root: Path,
-    srt_home: str,
     *,
     config: dict[str, Any] | None = None,
     dagster_url: str | None = None,
@@ -106,7 +105,12 @@ def live_job(
 ) -> Iterator[Live]:
     """Definitions for a UPI job on a fresh 2-partition log under ``root`` with 6000 events
     (not launched yet); every process of the job is killed on exit. ``dagster_url``: the
-    webserver the job reports its commits to."""
+    webserver the job reports its commits to.
+
+    The job has its own SRT_HOME (``root/srt-home``, this process's too while it lives): the
+    registry entry, log and default savepoint directory of one job name are then this job's
+    only, not those of the same job run by an earlier test in this worker."""
+    srt_home = str(root / "srt-home")
     ws = UpiWorkspace(root, partitions=2)
     EventLog(ws.log_dir).create_topic("upi-payments", ws.partitions)
     feed(ws, 6_000, seed=3)
@@ -133,12 +137,18 @@ def live_job(
     }
     defs = build_definitions([job_spec], resources=resources)
     state = Live(ws, defs, {**defs.resources}, job_spec)  # type: ignore[arg-type]
+    before = os.environ.get("SRT_HOME")
+    os.environ["SRT_HOME"] = srt_home
     try:
         yield state
     finally:
         entry = registry.read(JOB) or {}
         for pid in {*state.pids, entry.get("pid")} - {None}:
             launcher.signal_group(int(pid), signal.SIGKILL)  # type: ignore[arg-type]
+        if before is None:
+            os.environ.pop("SRT_HOME", None)
+        else:
+            os.environ["SRT_HOME"] = before
 
 
 @dataclass

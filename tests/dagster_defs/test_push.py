@@ -45,7 +45,7 @@ def test_commits_are_pushed_once_each_and_dagster_down_holds_up_nothing(
 ):
     assert GRACE_S < _stream_events.PUSH_GRACE_S
     monkeypatch.setattr(_stream_events, "PUSH_GRACE_S", GRACE_S)
-    with live_job(tmp_path, srt_env["SRT_HOME"], dagster_url=webserver.url) as live:
+    with live_job(tmp_path, dagster_url=webserver.url) as live:
         live.materialize(JOB_KEY)  # launched with SRT_DAGSTER_URL and its tables' keys
         live.pids.append(int(registry.read(JOB)["pid"]))
         instance = DagsterInstance.from_config(str(webserver.home))

@@ -57,7 +57,6 @@ def sp_live(tmp_path_factory: pytest.TempPathFactory, srt_env: dict[str, str]) -
     root = tmp_path_factory.mktemp("upi-savepoints")
     with live_job(
         root,
-        srt_env["SRT_HOME"],
         config={"savepoint.dir": str(root / "savepoints")},
         savepoints=SavepointPolicy(keep=KEEP, max_age=timedelta(days=1)),
     ) as state:
