@@ -56,7 +56,7 @@ from stateful_runtime.functions import (
 )
 from stateful_runtime.job import ErrorPolicy, RocksDBMemory
 from stateful_runtime.joins import JoinOperator
-from stateful_runtime.operators.keyed import describe_states
+from stateful_runtime.operators.keyed import describe_states, has_ttl
 from stateful_runtime.operators.window import WindowOperator
 from stateful_runtime.state import TimeDomain
 from stateful_runtime.streams import (
@@ -226,9 +226,12 @@ class QueryPlan:
     # watermark's branch (watermark_carrier) instead of reading the event-time ticks: the
     # query runs as it was written
     watermark_carrier_kept: bool = False
-    # True for a checkpoint written with the event-time ticks by a function whose timers could
-    # emit then (ticks): the query reads them still
-    event_ticks_kept: bool = False
+    # Whether a checkpoint written before now reads the event-time ticks, None for as planned
+    # (ticks): True, written by a function whose timers could emit then (it reads them
+    # still); False, written before a function whose only timers are event-time TTL's
+    # cleanups read them (it reads none still: runtime/final_timers.py fires those at the end
+    # of a bounded run)
+    event_ticks_written: bool | None = None
     # The source's placement when its records are in the partitions that keep their keys'
     # state (copartitioning): see by_partition
     copartitioned: KeyPlacement | None = None
@@ -238,11 +241,10 @@ class QueryPlan:
         """Whether the keyed operator reads its source's partition in the task that keeps its
         state, read, decode and operator one Spark stage without a shuffle: a source placed
         by the key groups of the job's key into as many partitions as the query's state
-        partitions (``copartitioned``), for a function that needs no batch without input (no
-        timer ticks, no watermark's branch). Spark gives a source without new offsets an empty
-        relation of no partitions, so a batch of ticks alone would run no task of the
-        operator; after a shuffle it runs one per state partition."""
-        return self.copartitioned is not None and self.ticks is None and not self.watermark_carrier
+        partitions (``copartitioned``), and no watermark's branch (which reads the shuffle).
+        Timer ticks come in as splits of their own after the source's
+        (``runtime/dataframes.py``)."""
+        return self.copartitioned is not None and not self.watermark_carrier
 
     @property
     def watermark_carrier(self) -> bool:
@@ -255,18 +257,21 @@ class QueryPlan:
         """The time domain of the timer ticks the query reads (``operators/ticks.py``: a
         source whose offset moves when one of the process function's timers is due, so Spark
         runs that batch), None when it reads none: a function in processing time, or one in
-        event time whose timers can emit (:func:`~stateful_runtime.functions.defines_on_timer`)
-        unless its checkpoint was written with the watermark's branch, or one whose checkpoint
-        was written with them."""
+        event time with timers (:func:`~stateful_runtime.functions.defines_on_timer`, or state
+        with event-time TTL, whose cleanups are timers), unless its checkpoint was written
+        otherwise (the watermark's branch, ``event_ticks_written``)."""
         proc = self.process
         if proc is None:
             return None
         fn = proc.function
         if fn.time_domain is TimeDomain.PROCESSING_TIME:
             return TimeDomain.PROCESSING_TIME
-        if self.event_ticks_kept or (defines_on_timer(fn) and not self.watermark_carrier_kept):
-            return TimeDomain.EVENT_TIME
-        return None
+        if self.watermark_carrier_kept:
+            return None
+        ticked = self.event_ticks_written
+        if ticked is None:
+            ticked = defines_on_timer(fn) or has_ttl(fn)
+        return TimeDomain.EVENT_TIME if ticked else None
 
     @property
     def source(self) -> SourceNode:
@@ -577,14 +582,6 @@ def _copartitioning(
         )
     if any(not isinstance(n, (FilterNode, KeyByNode)) for n in steps):
         return None, f"{where}, but a map before the key may change it: records are shuffled"
-    timers = proc.function.time_domain is TimeDomain.PROCESSING_TIME or defines_on_timer(
-        proc.function
-    )
-    if timers:
-        return None, (
-            f"{where}, but the function's timers need batches without input, which run no "
-            f"task of an unshuffled read: records are shuffled"
-        )
     if placement.partitions != parallelism:
         return None, (
             f"{where} into {placement.partitions} partitions, the job has {parallelism} state "

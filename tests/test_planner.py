@@ -102,14 +102,15 @@ def test_the_joins_run_on_the_runtimes_operators_and_say_why_not_sparks_join(tmp
         assert "not Spark's own stream-stream join" in q.reason and "late side output" in q.reason
 
 
-def test_only_functions_whose_timers_can_emit_read_event_time_ticks(tmp_path):
+def test_only_functions_with_timers_read_event_time_ticks(tmp_path):
     """A query of keyed state in event time reads its timer ticks (a source whose offset
     moves when a timer is behind the watermark, so Spark runs a batch without input) only
-    when its function's timers can emit: an ``on_timer`` of the user's own, the window
-    operator's, the joins'. None carries the watermark's branch (it re-read each batch's
-    shuffle) unless its checkpoint was written with it."""
+    when its function has timers: an ``on_timer`` of the user's own, the window operator's,
+    the joins', or TTL's cleanups. None carries the watermark's branch (it re-read each
+    batch's shuffle) unless its checkpoint was written with it; one written without ticks
+    reads none."""
     expected = {
-        "deduplicate_payments.py": {"deduplicator": None},  # event-time TTL only
+        "deduplicate_payments.py": {"deduplicator": TimeDomain.EVENT_TIME},  # TTL's cleanups
         "fraud_rules.py": {"fraud-rules": None},  # broadcast state, no timers
         "fraud_rate_limit.py": {"fraud-counter": TimeDomain.EVENT_TIME},
         "payment_refunds.py": {"match-refunds": TimeDomain.EVENT_TIME},  # a co-process on_timer
@@ -127,6 +128,8 @@ def test_only_functions_whose_timers_can_emit_read_event_time_ticks(tmp_path):
         assert not any(q.watermark_carrier for q in queries.values()), example
         kept = replace(queries[next(iter(ticks))], watermark_carrier_kept=True)
         assert kept.ticks is None and kept.watermark_carrier == (kept.process is not None)
+        unticked = replace(queries[next(iter(ticks))], event_ticks_written=False)
+        assert unticked.ticks is None and not unticked.watermark_carrier
     window = windowed_job(tmp_path)  # a native window: Spark's own operator asks for batches
     assert plan(window).queries[0].ticks is None
 
@@ -153,8 +156,10 @@ def test_a_keyed_function_reads_a_topic_placed_by_its_key_without_a_shuffle(tmp_
     assert not wider.by_partition and "parallelism=2" in wider.reason
     other_key = query("deduplicate_payments.py", "by-merchant")
     assert not other_key.by_partition and "not of the job's key" in other_key.reason
-    timers = query("fraud_rate_limit.py", "by-merchant")  # an on_timer: ticks
-    assert not timers.by_partition and "batches without input" in timers.reason
+    timers = query("fraud_rate_limit.py", "by-merchant")  # an on_timer: ticks, unshuffled
+    assert timers.by_partition and timers.ticks is TimeDomain.EVENT_TIME
+    carried = replace(timers, watermark_carrier_kept=True)  # the branch reads the shuffle
+    assert not carried.by_partition
     EventLog(log).create_topic("plain", 2)
     plain = query("deduplicate_payments.py", "plain")
     assert not plain.by_partition and "placed by" not in plain.reason

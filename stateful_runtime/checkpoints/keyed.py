@@ -176,6 +176,11 @@ def key_groups(partition: int, parallelism: int, max_parallelism: int = MAX_PARA
     return range(lo, hi)
 
 
+def owner_of(group: int, parallelism: int, max_parallelism: int = MAX_PARALLELISM) -> int:
+    """The partition of ``parallelism`` that owns key group ``group`` (see :func:`key_groups`)."""
+    return group * parallelism // max_parallelism
+
+
 def group_prefix(group: int) -> bytes:
     """The first bytes of every stored key of key group ``group``."""
     return group.to_bytes(GROUP_BYTES, "big")

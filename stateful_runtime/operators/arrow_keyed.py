@@ -47,6 +47,7 @@ from stateful_runtime.checkpoints.keyed import (
     BROADCAST_ROW,
     COMMIT_TAG,
     KEYED_DIR,
+    owner_of,
     spark_hash_int,
 )
 from stateful_runtime.checkpoints.layout import QueryLayout
@@ -252,7 +253,19 @@ class ArrowKeyedOperator:
         raw_batch = task.getLocalProperty(BATCH_ID)
         if raw_batch is None:
             raise StateError(f"operator {self.name!r}: Spark gave the task no batch id")
-        yield from self.run(int(raw_batch), task.partitionId(), batches)
+        partition = task.partitionId()
+        if self.placed_by is not None and partition >= self.parallelism:
+            # A timer tick's empty split after a read of the source's P partitions, whose
+            # tasks fire the timers (runtime/dataframes.py): nothing to do.
+            for arrow in batches:
+                if arrow.num_rows:
+                    raise StateError(
+                        f"operator {self.name!r}: task {partition} of a query with "
+                        f"{self.parallelism} state partitions read records; the source "
+                        f"{self.placed_by} gave more splits than its partitions"
+                    )
+            return
+        yield from self.run(int(raw_batch), partition, batches)
 
     def run(
         self, batch: int, partition: int, batches: Iterator[pa.RecordBatch]
@@ -359,7 +372,7 @@ class ArrowKeyedOperator:
             raise StateError(
                 f"operator {self.name!r}: a record of key group "
                 f"{low.as_py() if low.as_py() < lo else high.as_py()} was read from partition "
-                f"{groups.start * self.parallelism // MAX_PARALLELISM} of {self.placed_by}, "
+                f"{owner_of(groups.start, self.parallelism)} of {self.placed_by}, "
                 f"whose records should be of key groups {lo}..{hi - 1}: the topic's records "
                 f"are not placed by the job's key (appended with another key's values?); "
                 f"nothing of the batch is committed"

@@ -826,3 +826,9 @@ def describe_states(fn: KeyedProcessFunction) -> list[StateDescriptor]:
     op = KeyedOperator(copy.deepcopy(fn))
     op.open(_Recorder())
     return list(op.descriptors.values())
+
+
+def has_ttl(fn: KeyedProcessFunction) -> bool:
+    """Whether a state of ``fn`` has a TTL (in the function's time domain: in event time its
+    cleanups are timers)."""
+    return any(getattr(d, "ttl", None) is not None for d in describe_states(fn))

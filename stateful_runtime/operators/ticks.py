@@ -91,6 +91,7 @@ class TickStreamReader(DataSourceStreamReader):
         self.partition_dirs = [Path(p) for p in json.loads(options["partitions"])]
         # Spark's noDataMicroBatches off: no batch without new data, for timers either
         self.ticks = options.get("no_data_batches", "true") != "false"
+        self.splits = int(options.get("splits", "0"))
 
     def initialOffset(self) -> dict:
         return {"due": 0}
@@ -109,7 +110,7 @@ class TickStreamReader(DataSourceStreamReader):
         return start
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        return []
+        return [InputPartition(p) for p in range(self.splits)]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         return iter(())
@@ -131,9 +132,12 @@ class EventTickStreamReader(TickStreamReader, SupportsTriggerAvailableNow):
 
 class TickDataSource(DataSource):
     """Options: ``checkpoint`` (the query's checkpoint directory), ``partitions`` (a JSON list
-    of the operator's state partition directories), ``domain`` (``event`` for event time, else
-    processing time), ``no_data_batches`` (``false``: never offer a batch, as Spark's
-    ``spark.sql.streaming.noDataMicroBatches.enabled=false`` runs none for its own operators)."""
+    of the operator's state partition directories), ``splits`` (the empty splits a batch reads
+    from it: one per state partition where the operator reads its source unshuffled, else 0),
+    ``domain`` (``event`` for event time, else processing time), ``no_data_batches``
+    (``false``: never offer a batch, as Spark's
+    ``spark.sql.streaming.noDataMicroBatches.enabled=false`` runs none for its own
+    operators)."""
 
     @classmethod
     def name(cls) -> str:

@@ -388,10 +388,25 @@ def _process(
     if isinstance(fn, BroadcastProcess):
         # Every broadcast element to every partition: a copy each, in its first key group.
         df = _broadcast_copies(df, parallelism)
+    ticks = None
+    if query.ticks is not None and checkpoint is not None:
+        ticks = _timer_ticks(
+            df.sparkSession,
+            checkpoint,
+            node.name,
+            parallelism,
+            query.ticks,
+            df.schema,
+            splits=parallelism if query.by_partition else 0,
+        )
     if query.by_partition:
         # The source's partition p holds exactly the keys of partition p's key groups: the
         # operator runs in the task that read them (a record that is not is refused there).
-        shuffled = df
+        # The ticks, when they moved, come after them as one empty split per state partition:
+        # Spark reads a source without new offsets as a relation of no partitions, so in a
+        # batch of ticks alone split p is task p; after a read they are tasks P.. and do
+        # nothing (ArrowKeyedOperator).
+        shuffled = df if ticks is None else df.unionByName(ticks)
     else:
         routes = F.array(*[F.lit(v) for v in route_values(parallelism)])
         owner = F.floor(F.col(KEY_GROUP) * parallelism / MAX_PARALLELISM).cast("int") + 1
@@ -413,10 +428,8 @@ def _process(
     out = shuffled.mapInArrow(operator, out_struct)
     if query.watermark_carrier:
         out = out.unionByName(_watermark_carrier(shuffled, out_struct))
-    if query.ticks is not None and checkpoint is not None:
-        out = out.unionByName(
-            _timer_ticks(df.sparkSession, checkpoint, node.name, parallelism, query.ticks, out)
-        )
+    if ticks is not None and not query.by_partition:
+        out = out.unionByName(_as_rows_of(ticks, out_struct))
     return _observe_late(out, fn, TAG, query)
 
 
@@ -433,11 +446,7 @@ def _watermark_carrier(shuffled: DataFrame, like: StructType) -> DataFrame:
 
     task = F.spark_partition_id()  # non-deterministic: the optimizer moves none of it
     never = (task < 0) & (F.hash(task, *shuffled.columns) == 1)
-    return (
-        shuffled.filter(never)
-        .dropDuplicatesWithinWatermark([ROUTE])
-        .select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in like.fields])
-    )
+    return _as_rows_of(shuffled.filter(never).dropDuplicatesWithinWatermark([ROUTE]), like)
 
 
 def _observe_late(out: DataFrame, fn: Any, tag_column: str, query: QueryPlan) -> DataFrame:
@@ -495,24 +504,30 @@ def _timer_ticks(
     operator: str,
     parallelism: int,
     domain: TimeDomain,
-    like: DataFrame,
+    like: StructType,
+    splits: int,
 ) -> DataFrame:
-    """No rows, from a source whose offset moves when a timer of ``operator`` in ``domain``
-    is due (:mod:`stateful_runtime.operators.ticks`): Spark runs that batch."""
-    from pyspark.sql import functions as F
-
+    """No rows (with the columns of ``like``), from a source whose offset moves when a timer
+    of ``operator`` in ``domain`` is due (:mod:`stateful_runtime.operators.ticks`): Spark
+    runs that batch. ``splits``: the empty splits it gives a batch it moved in."""
     from stateful_runtime.connectors.base import read_stream
     from stateful_runtime.operators.arrow_keyed import store_dir
     from stateful_runtime.operators.ticks import TickDataSource
 
     dirs = [str(store_dir(checkpoint, operator, p)) for p in range(parallelism)]
-    options = {"checkpoint": checkpoint, "partitions": json.dumps(dirs)}
+    options = {"checkpoint": checkpoint, "partitions": json.dumps(dirs), "splits": str(splits)}
     if domain is TimeDomain.EVENT_TIME:
         options["domain"] = "event"
     if (spark.conf.get(NO_DATA_BATCHES, "true") or "").lower() == "false":
         options["no_data_batches"] = "false"  # as for Spark's own operators: none
-    ticks = read_stream(spark, TickDataSource, options)
-    return ticks.select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in like.schema.fields])
+    return _as_rows_of(read_stream(spark, TickDataSource, options), like)
+
+
+def _as_rows_of(rows: DataFrame, like: StructType) -> DataFrame:
+    """``rows`` (of no row) as rows of ``like``'s columns, all null."""
+    from pyspark.sql import functions as F
+
+    return rows.select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in like.fields])
 
 
 def _map(df: DataFrame, node: MapNode, query: QueryPlan) -> DataFrame:

@@ -2,15 +2,16 @@
 made due, fired.
 
 Spark runs a batch without new data only when a source offers new offsets or a stateful
-operator of its own asks for one. A keyed function whose timers can emit reads its timer ticks
-(``operators/ticks.py``), which keep offering a batch while one of its timers is behind the
-watermark, so the run ends with a batch at its final watermark that fires them (a checkpoint
-written before the ticks carries a Spark operator that holds nothing for the same end, the
-watermark carrier of ``runtime/dataframes.py``). A function whose only timers are event-time
-TTL's cleanups reads no ticks (its checkpoints were written without them, and Spark refuses a
-source added to a checkpoint), so its run ends with those due at the final watermark unfired:
-reads already treat their values as gone, but they hold storage, and a savepoint taken then
-holds them too.
+operator of its own asks for one. A keyed function with event-time timers (its own, or TTL's
+cleanups) reads its timer ticks (``operators/ticks.py``), which keep offering a batch while one
+of its timers is behind the watermark, so the run ends with a batch at its final watermark
+that fires them in Spark's tasks (a checkpoint written before the ticks carries a Spark
+operator that holds nothing for the same end, the watermark carrier of
+``runtime/dataframes.py``). A checkpoint written while a function whose only timers were
+TTL's cleanups read no ticks keeps reading none (Spark refuses a source added to a
+checkpoint, ``QueryPlan.event_ticks_written``), so its run would end with those due at the
+final watermark unfired: reads already treat their values as gone, but they hold storage, and
+a savepoint taken then holds them too.
 
 Those timers call no ``on_timer`` and emit nothing (the function is only opened and closed, as
 for any task), so the runner fires them itself once the
@@ -31,7 +32,7 @@ from stateful_runtime.checkpoints import keyed
 from stateful_runtime.checkpoints.layout import CheckpointLayout, QueryLayout
 from stateful_runtime.exceptions import StateError
 from stateful_runtime.operators.arrow_keyed import KeyedTask, store_dir
-from stateful_runtime.operators.keyed import describe_states
+from stateful_runtime.operators.keyed import has_ttl
 from stateful_runtime.operators.keyed_store import KeyedStore
 from stateful_runtime.planner import QueryPlan
 from stateful_runtime.runtime import sink_check
@@ -61,7 +62,7 @@ def _ttl_only(q: QueryPlan) -> bool:
     fn = proc.function
     if fn.time_domain is not TimeDomain.EVENT_TIME:
         return False
-    return any(getattr(d, "ttl", None) is not None for d in describe_states(fn))
+    return has_ttl(fn)
 
 
 def _fire_query(query: QueryLayout, q: QueryPlan) -> str | None:

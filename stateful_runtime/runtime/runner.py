@@ -749,13 +749,15 @@ class JobRunner:
             sources = committed["sources"]
             lines = len(sources)
             # Written before each input's watermark was kept, while every process function
-            # whose timers can emit carried the watermark's branch, or with the timer ticks of
-            # an on_timer since removed: it runs on as it was written (Spark refuses a source
-            # added to or removed from a checkpoint).
+            # whose timers can emit carried the watermark's branch, with the timer ticks of an
+            # on_timer since removed, or without ticks before TTL-only functions read them: it
+            # runs on as it was written (Spark refuses a source added to or removed from a
+            # checkpoint).
             written = [
                 q,
                 replace(q, watermark_carrier_kept=True),
-                replace(q, event_ticks_kept=True),
+                replace(q, event_ticks_written=True),
+                replace(q, event_ticks_written=False),
             ]
             if resumes(q):
                 written += [replace(w, input_watermarks=False) for w in written]

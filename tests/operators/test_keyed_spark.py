@@ -132,9 +132,11 @@ def test_the_deduplicator_on_a_topic_placed_by_its_key_runs_without_a_shuffle(
 ):
     """The topic's first append keyed by txn_id placed it by the key groups the job's state
     uses, into as many partitions as the job's: each partition is read, decoded and processed
-    in one task (no exchange in Spark's plan), across a restart and the cleanups at each run's
-    end, and the output equals the oracle's. A record placed otherwise (an append that names
-    its partition) stops the batch, committing nothing, and says why."""
+    in one task (no exchange in Spark's plan), across a restart, and the output equals the
+    oracle's. The TTL cleanups' timer ticks come in as splits of their own: each run ends with
+    a batch of ticks alone, whose tasks (one per state partition, the source read nothing)
+    fire the cleanups. A record placed otherwise (an append that names its partition) stops
+    the batch, committing nothing, and says why."""
     from stateful_runtime.connectors.eventlog import Record
     from stateful_runtime.connectors.eventlog.ingest import key_topic
     from stateful_runtime.runtime.loader import load_job_file
@@ -171,16 +173,20 @@ def test_the_deduplicator_on_a_topic_placed_by_its_key_runs_without_a_shuffle(
         assert "MapInArrow" in plan and "Exchange" not in plan, plan
     assert EventLog(log).topic("upi-payments").key is not None
     _assert_deduplicated(log, lines)
+    query = QueryLayout(tmp_path / "ck" / "deduplicator")
+    # (a run whose last batch moved the watermark past no cleanup ends without one)
+    assert _ticks(query) and _batches_without_data(query) >= 1
+    _assert_cleaned_up(query, tmp_path / "ck")
 
     # The partition that does not own txn t1's key group gets a payment of t1.
     owner = EventLog(log).topic("upi-payments").partition_of(b"t1", b"")
     with EventLog(log).writer("upi-payments") as w:
         w.append([Record(payment(99_999, "M1", T0 + 60 * H, txn="t1"), b"t1", partition=1 - owner)])
-    last = QueryLayout(tmp_path / "ck" / "deduplicator").last_committed()
+    last = query.last_committed()
     code, _, out = run_job()
     said = capsys.readouterr().err  # the job's error goes to stderr
     assert code != 0 and "not placed by the job's key" in said, out + said
-    assert QueryLayout(tmp_path / "ck" / "deduplicator").last_committed() == last
+    assert query.last_committed() == last
 
 
 def _dedup_lines() -> list[bytes]:
@@ -224,14 +230,18 @@ def test_deduplicator_with_event_time_ttl(spark, tmp_path, log):
     _assert_deduplicated(log, lines)
 
 
-def test_a_function_without_on_timer_runs_no_batch_for_the_watermark_alone(spark, tmp_path, log):
-    """On the worker's keyed state, only a function whose timers can emit makes Spark run
-    batches without data: it reads its timer ticks (a source whose offset moves when a timer
-    is behind the watermark), and no Spark operator of its own. The Deduplicator's TTL timers
-    due at a run's final watermark are fired by the runner as the run ends, a batch it logs
-    without Spark (no output): no value past its cleanup time stays stored. A job first run
-    with an ``on_timer`` goes on reading its ticks once ``on_timer`` is removed (Spark
-    refuses a source removed from a checkpoint)."""
+def test_ttl_cleanups_run_in_sparks_batches_and_old_checkpoints_keep_their_sources(
+    spark, tmp_path, log, monkeypatch
+):
+    """On the worker's keyed state a function with event-time timers, its own or TTL's
+    cleanups (the Deduplicator), reads its timer ticks (a source whose offset moves when a
+    timer is behind the watermark) and no Spark operator of its own: a run ends with the
+    batch of the cleanups its final watermark made due, in Spark's tasks, and no value past
+    its cleanup time stays stored. A checkpoint keeps the sources it was written with (Spark
+    refuses a source added or removed): one written with an ``on_timer`` since removed reads
+    its ticks on; one written before TTL-only functions read ticks reads none, and the runner
+    fires those cleanups itself as the run ends (a batch it logs without Spark, no
+    output)."""
     lines = _dedup_lines()
     with_timer = _dedup_variant(
         tmp_path,
@@ -258,19 +268,28 @@ def test_a_function_without_on_timer_runs_no_batch_for_the_watermark_alone(spark
     assert _ticks(query) and _batches_without_data(query) == 1
     _assert_cleaned_up(query, tmp_path / "ck")
 
-    # A job that never had an on_timer: no carrier; batches for data, and at each run's end
-    # the runner's own, which fires the cleanups the final watermark made due.
-    fresh = tmp_path / "fresh"
-    EventLog(fresh / "log").create_topic("upi-payments", 1)
-    for part in (lines[:1_500], lines[1_500:]):
-        append_lines(fresh / "log", part)
-        out = run("deduplicate_payments.py", fresh, **{**settings, "checkpoint.dir": fresh / "ck"})
-        assert "fired the state cleanup timers due at the final watermark" in out, out
-    _assert_deduplicated(fresh / "log", lines)
-    query = QueryLayout(fresh / "ck" / "deduplicator")
-    assert _carriers(query) == 0 and _batches_without_data(query) == 2
-    assert len(query.committed_batches()) == 6 + 2  # 3,000 records, 500 a batch; two ends
-    _assert_cleaned_up(query, fresh / "ck")
+    # Written as it is now (TTL's cleanups read the ticks), and before (no ticks): each run
+    # ends with a batch without input, Spark's or the runner's.
+    for written_with in ("ticks", "no ticks"):
+        fresh = tmp_path / written_with.replace(" ", "-")
+        EventLog(fresh / "log").create_topic("upi-payments", 1)
+        ck = {**settings, "checkpoint.dir": fresh / "ck"}
+        with monkeypatch.context() as before:
+            if written_with == "no ticks":
+                before.setattr(QueryPlan, "ticks", property(lambda q: None))
+            append_lines(fresh / "log", lines[:1_500])
+            first = run("deduplicate_payments.py", fresh, **ck)
+        append_lines(fresh / "log", lines[1_500:])
+        second = run("deduplicate_payments.py", fresh, **ck)
+        for out in (first, second):
+            fired = "fired the state cleanup timers due at the final watermark" in out
+            assert fired == (written_with == "no ticks"), out
+        _assert_deduplicated(fresh / "log", lines)
+        query = QueryLayout(fresh / "ck" / "deduplicator")
+        assert _ticks(query) == (written_with == "ticks")
+        assert _carriers(query) == 0 and _batches_without_data(query) == 2
+        assert len(query.committed_batches()) == 6 + 2  # 3,000 records, 500 a batch; two ends
+        _assert_cleaned_up(query, fresh / "ck")
 
 
 def _assert_cleaned_up(query: QueryLayout, checkpoint) -> None:
@@ -282,10 +301,14 @@ def _assert_cleaned_up(query: QueryLayout, checkpoint) -> None:
     assert rows and all(-(-r["value"][1] // grain) * grain > watermark for r in rows)
 
 
-def test_a_union_fires_its_cleanup_timers_at_the_final_watermark(spark, tmp_path, log):
+@pytest.mark.parametrize("written_with", ["ticks", "no ticks"])
+def test_a_union_fires_its_cleanup_timers_at_the_final_watermark(
+    spark, tmp_path, log, monkeypatch, written_with
+):
     """The Deduplicator over a union of two topics (each txn_id on one of them): each run
-    ends with the cleanups its final watermark made due fired, as for one input, and the
-    next run resumes each input's watermark from the batch before it."""
+    ends with the cleanups its final watermark made due fired, as for one input (in Spark's
+    batch of ticks, or by the runner for a checkpoint written without them), and the next run
+    resumes each input's watermark from the batch before it."""
     lines = _dedup_lines()
     union = _dedup_variant(
         tmp_path,
@@ -299,15 +322,20 @@ def test_a_union_fires_its_cleanup_timers_at_the_final_watermark(spark, tmp_path
     )
     EventLog(log).create_topic("bank-payments", 1)
     settings = {"source.max_records_per_batch": 500, "checkpoint.dir": tmp_path / "ck"}
-    for part in (lines[:1_500], lines[1_500:]):
+    for n, part in enumerate((lines[:1_500], lines[1_500:])):
         by_topic: dict[str, list[bytes]] = defaultdict(list)
         for line in part:
             txn = json.loads(line)["txn_id"]
             by_topic["bank-payments" if int(txn[1:]) % 2 else "upi-payments"].append(line)
         for topic, rows in by_topic.items():
             append_lines(log, rows, topic=topic)
-        out = run(str(union), tmp_path, **settings)
-        assert "fired the state cleanup timers due at the final watermark" in out, out
+        with monkeypatch.context() as before:
+            if written_with == "no ticks" and n == 0:
+                before.setattr(QueryPlan, "ticks", property(lambda q: None))
+            out = run(str(union), tmp_path, **settings)
+        fired = "fired the state cleanup timers due at the final watermark" in out
+        assert fired == (written_with == "no ticks"), out
+    assert _ticks(QueryLayout(tmp_path / "ck" / "deduplicator")) == (written_with == "ticks")
     _assert_deduplicated(log, lines)
     _assert_cleaned_up(QueryLayout(tmp_path / "ck" / "deduplicator"), tmp_path / "ck")
 
@@ -333,9 +361,11 @@ def _carriers(query: QueryLayout) -> int:
 
 
 def _ticks(query: QueryLayout) -> bool:
-    """Whether the query reads timer ticks (its last source: ``{"due": ...}``)."""
+    """Whether the query reads timer ticks (a source whose offsets are ``{"due": ...}``)."""
     offsets = query.committed_offsets()
-    return offsets is not None and set(offsets["sources"][-1]) == {"due"}
+    return offsets is not None and any(
+        isinstance(o, dict) and set(o) == {"due"} for o in offsets["sources"]
+    )
 
 
 def _batches_without_data(query: QueryLayout) -> int:

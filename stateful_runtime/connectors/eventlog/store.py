@@ -128,7 +128,7 @@ def key_partition(key: bytes | None, topic_key: TopicKey, partitions: int) -> in
     """The partition of a keyed topic (see the module doc) that owns the key group of ``key``
     (its bytes as appended; None, a record without the field, has a null key, which Spark
     hashes to its seed)."""
-    from stateful_runtime.checkpoints.keyed import key_group, key_groups
+    from stateful_runtime.checkpoints.keyed import key_group, owner_of
 
     value: bytes | int | None = key  # a string's UTF-8 bytes hash as the string does
     if key is not None and topic_key.type == "int":
@@ -136,10 +136,7 @@ def key_partition(key: bytes | None, topic_key: TopicKey, partitions: int) -> in
             value = int(key)
         except ValueError:  # not an int: the job's decoder dead-letters the record
             value = None
-    group = key_group([value])
-    owner = group * partitions // 128
-    assert group in key_groups(owner, partitions)
-    return owner
+    return owner_of(key_group([value]), partitions)
 
 
 def _encode(rec: Record, now_ms: int) -> bytes:
