@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/kafka_throughput.py --events 300000
 
-Starts a noida-db broker (tests/connectors/kafka/helpers.py), produces N UPI events to a
+Starts Apache Kafka (tests/connectors/kafka/helpers.py), produces N UPI events to a
 4-partition topic, then measures:
 
 * source: a Spark query over ``KafkaSource`` at its defaults (read + JSON decode, availableNow,
@@ -38,15 +38,12 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 def raw_consume(bootstrap: str, topic: str, partitions: int, n: int) -> float:
     from confluent_kafka import Consumer, TopicPartition
 
-    # The test broker (noida-db) answers a fetch with everything it holds, whatever
-    # fetch.max.bytes says: at 1M records that is over librdkafka's 100 MB default limit.
     c = Consumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": "bench",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
-            "receive.message.max.bytes": 1_000_000_000,
         }
     )
     c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])

@@ -1,17 +1,72 @@
 #!/usr/bin/env bash
-# A local Kafka-protocol broker from the noida-db wheel (dev extras), in the foreground.
+# Apache Kafka on 127.0.0.1, in the foreground: one node in KRaft mode (broker and controller),
+# from the pinned jars of platform/jvm-artifacts.sh (set kafka; platform/bootstrap.sh dev).
 #
 #   platform/kafka-broker.sh [PORT] [DATA_DIR]     # default 9092, ./srt-data/kafka
 #
 # Then: srt run examples/upi_per_minute.py --set source.kind=kafka \
 #         --set source.bootstrap_servers=127.0.0.1:PORT --set sink.kind=kafka
-# noida-db honours transactions, read_committed and producer fencing (the exactly-once sink
-# needs them). Development only: single node, data in memory saved to DATA_DIR.
+#
+# The first start writes DATA_DIR/server.properties (the controller on a free port) and
+# formats DATA_DIR/logs; a later start with the same DATA_DIR is a restart of the same broker
+# (its port, its records, its transactions), whatever PORT says. SIGTERM stops it cleanly;
+# SIGKILL is a crash it recovers from at the next start. The tests' fixtures start it so
+# (tests/connectors/kafka/helpers.py).
+#
+# Environment: SRT_KAFKA_HEAP (default 512m).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PY="${SRT_PYTHON:-$ROOT/.venv/bin/python}"
 PORT="${1:-9092}"
-DATA="${2:-$ROOT/srt-data/kafka}"
-BIN="$("$PY" -c 'from importlib.resources import files; print(files("noida_db").joinpath("noida-db"))')"
-chmod +x "$BIN"
-exec "$BIN" start --only kafka --kafka-port "$PORT" --data-dir "$DATA" --host 127.0.0.1
+DATA="$(realpath -m "${2:-$ROOT/srt-data/kafka}")"
+JARS="$ROOT/.venv/share/stateful-runtime/jars/kafka"
+die() { echo "kafka-broker: $*" >&2; exit 1; }
+command -v java >/dev/null || die "java is not on PATH (Java 17 runs the broker)"
+compgen -G "$JARS/org.apache.kafka.kafka_2.13-*.jar" >/dev/null \
+  || die "no Kafka jars in $JARS: run platform/bootstrap.sh dev (or platform/jvm-artifacts.sh kafka)"
+
+props="$DATA/server.properties"
+# C1 only and the serial collector: a test broker starts in seconds on a loaded 2-core machine.
+java=(java "-Xms128m" "-Xmx${SRT_KAFKA_HEAP:-512m}" -XX:+UseSerialGC -XX:TieredStopAtLevel=1
+  "-Dlog4j2.configurationFile=$DATA/log4j2.properties" -cp "$JARS/*")
+if [ ! -f "$props" ]; then
+  mkdir -p "$DATA"
+  controller=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  cat >"$props.tmp" <<EOF
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$controller
+listeners=PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$controller
+advertised.listeners=PLAINTEXT://127.0.0.1:$PORT
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+log.dirs=$DATA/logs
+num.partitions=1
+# One node: the internal topics have one replica, and few partitions (created at the first
+# consumer group and the first transaction).
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=4
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+EOF
+  cat >"$DATA/log4j2.properties" <<EOF
+status = error
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = WARN
+rootLogger.appenderRef.out.ref = out
+logger.server.name = kafka.server.KafkaRaftServer
+logger.server.level = INFO
+EOF
+  cluster=$(python3 -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')
+  "${java[@]}" kafka.tools.StorageTool format --ignore-formatted -t "$cluster" -c "$props.tmp" >/dev/null \
+    || die "formatting $DATA/logs failed (see above)"
+  mv "$props.tmp" "$props"
+fi
+exec "${java[@]}" kafka.Kafka "$props"

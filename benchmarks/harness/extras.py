@@ -3,7 +3,7 @@
 * ``kafka`` — ``benchmarks/kafka_throughput.py`` at 1M events: the runtime's Kafka source (read
   + decode, ``--available-now``) against a raw confluent-kafka consumer of the same topic.
 * ``latency`` — the pass-through job ``benchmarks/jobs/latency_passthrough.py`` (Kafka source ->
-  Kafka exactly-once sink, 0.2 s trigger) on a noida-db broker; a feeder produces at fixed
+  Kafka exactly-once sink, 0.2 s trigger) on a Apache Kafka broker; a feeder produces at fixed
   rates (5k, 20k, 50k events/s), each event carrying its produce time; a read_committed
   consumer of the output records when each becomes visible.
 * ``scaleout`` — the UPI job on a standalone cluster (master + two workers of one core each, on
@@ -265,7 +265,7 @@ def latency(
             "setup": (
                 f"`benchmarks/jobs/latency_passthrough.py`: Kafka source → filter → Kafka "
                 f"exactly-once sink, trigger 0.2 s, parallelism {options['parallelism']}, "
-                f"noida-db broker, 2 partitions in and out. Each event carries its produce "
+                f"Apache Kafka broker, 2 partitions in and out. Each event carries its produce "
                 f"time; a read_committed consumer (fetch.wait.max.ms 5) records when it "
                 f"sees each. {warm_s:.0f} s warm-up at {rates[0]:,}/s (not counted), then "
                 f"{measure_s:.0f} s per rate. The feeder and the consumer run in the "

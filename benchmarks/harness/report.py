@@ -452,7 +452,7 @@ def markdown(res: dict[str, Any], plot_prefix: str, plots: list[str]) -> str:
 
             reps = kafka.get("reps") or 1
             p(
-                f"{kafka.get('events', 0):,} events on a noida-db broker "
+                f"{kafka.get('events', 0):,} events on a Apache Kafka broker "
                 f"(`benchmarks/kafka_throughput.py`), "
                 + (
                     f"median of {reps} runs of each side (min–max in brackets; the raw ones "

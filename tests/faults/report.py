@@ -503,10 +503,9 @@ across restarts").
 
 ## What the suite does not cover
 
-* A crash of the Kafka-protocol broker itself: noida-db keeps its data in memory and saves it
-  only when a service stops, so a SIGKILL of the broker loses every topic; the suite stops
-  and restarts the broker's Kafka service (its data survives), which is what the job sees of
-  a broker restart.
+* A broker cluster's faults beyond one node: the Kafka trials run one Apache Kafka node
+  (KRaft), killed with SIGKILL and restarted; a partition leader moved and a transaction
+  coordinator lost on a three-broker cluster are not tried yet.
 * A killed Spark *worker* (not an executor) on the standalone cluster: nothing restarts the
   worker, and `platform/spark-cluster.sh start` restarts master and worker together.
 * Damage deeper than the newest batch is refused, not repaired (restore from the savepoint

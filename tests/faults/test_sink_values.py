@@ -309,8 +309,7 @@ def test_a_record_too_large_for_the_kafka_topic_is_dead_lettered_once_and_the_re
         assert again.returncode == 0, again.stderr[-3000:]
         assert len(_letters(upi)) == 1 and len(broker.read(topic)) == len(written)
     finally:
-        broker.process.terminate()
-        broker.process.wait(10)
+        broker.stop()
     trials.record(
         fault="poison record: a value the sink cannot store",
         input="a stateless query's record past the Kafka topic's max.message.bytes",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -15,8 +14,4 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     root = tmp_path_factory.mktemp("kafka")
     broker = start_broker(root / "data")
     yield broker
-    broker.process.terminate()
-    try:
-        broker.process.wait(10)
-    except subprocess.TimeoutExpired:
-        broker.process.kill()
+    broker.stop()

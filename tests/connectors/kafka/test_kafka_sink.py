@@ -1,4 +1,4 @@
-"""Kafka sink on a real broker (noida-db): transactions bound to batch ids, fencing, replay."""
+"""Kafka sink on Apache Kafka: transactions bound to batch ids, fencing, replay."""
 
 from __future__ import annotations
 
