@@ -44,6 +44,7 @@ DEFAULTS = {
     "source.max_records_per_batch": 500_000,
     "source.bootstrap_servers": "",
     "source.starting_offsets": "earliest",
+    "source.fail_on_data_loss": True,  # Kafka: false goes on over records deleted unread
     "source.idle_timeout_s": 30.0,
     "kafka.security.protocol": "",  # librdkafka settings; secrets as env:VARIABLE
     "kafka.sasl.mechanism": "",

@@ -44,6 +44,7 @@ DEFAULTS = {
     "bank.bootstrap_servers": "127.0.0.1:9092",
     "bank.log_dir": "",
     "bank.starting_offsets": "earliest",
+    "bank.fail_on_data_loss": True,
     "bank.max_records_per_batch": 500_000,
     "sink.kind": "duckdb",
     "sink.database": "srt-data/upi-union.duckdb",

@@ -259,6 +259,32 @@ class LogWriterBusyError(LogError):
         )
 
 
+class SourceDataLostError(StatefulRuntimeError):
+    """Records a job had not read yet were deleted from its source (a Kafka topic's retention
+    or a DeleteRecords) before it read them. The batch is refused, nothing of it committed:
+    going on would leave a hole in the results nobody sees.
+
+    Attributes:
+        source: the source's name.
+        lost: ``{"topic:partition": (first deleted offset, first offset left)}``.
+    """
+
+    def __init__(self, source: str, lost: dict[str, tuple[int, int]]) -> None:
+        self.source, self.lost = source, dict(lost)
+        ranges = ", ".join(
+            f"{k} offsets {lo}..{hi - 1} ({hi - lo:,} records)" for k, (lo, hi) in lost.items()
+        )
+        super().__init__(
+            f"source {source}: records the job had not read were deleted before it read "
+            f"them (the topic's retention, or records deleted by hand): {ranges}. Nothing of "
+            f"the batch was committed. To go on from the oldest records left, without these, "
+            f"run again with the source's fail_on_data_loss off (the job setting "
+            f"source.fail_on_data_loss=false where the job file declares it; each skipped "
+            f"range is said when skipped); to keep them in future, set the topic's "
+            f"retention.ms above the job's longest stop"
+        )
+
+
 class SinkError(StatefulRuntimeError):
     """A sink could not write a batch, or its target does not fit the job's output."""
 

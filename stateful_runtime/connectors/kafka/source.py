@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import json
 import re
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -59,7 +60,7 @@ from stateful_runtime.connectors.kafka.client import (
 )
 from stateful_runtime.connectors.kafka.dead_letters import KafkaDeadLetterSink
 from stateful_runtime.connectors.ranges import BatchCap, split_ranges
-from stateful_runtime.exceptions import ConfigError
+from stateful_runtime.exceptions import ConfigError, SourceDataLostError
 from stateful_runtime.masking import mask_config
 
 if TYPE_CHECKING:
@@ -72,6 +73,8 @@ MAX_SPLIT_RECORDS = 250_000
 ARROW_BATCH_ROWS = 65_536
 # How long a task waits for offsets it was told exist (an open transaction holds them back).
 READ_TIMEOUT_S = 120.0
+# The job setting that lets a job go on over records deleted before it read them.
+DATA_LOSS_SETTING = "source.fail_on_data_loss"
 META = ("kafka_topic", "kafka_key", "kafka_timestamp_ms", "kafka_headers")
 HEADERS_TYPE = ArrayType(
     StructType([StructField("key", StringType()), StructField("value", BinaryType())])
@@ -132,6 +135,11 @@ class KafkaSource(Source):
         metadata_columns: add ``kafka_topic``, ``kafka_key``, ``kafka_timestamp_ms`` and
             ``kafka_headers`` columns.
         name: source name (default: the topics joined, or ``kafka``).
+        fail_on_data_loss: records the job had not read deleted before it read them (the
+            topic's retention while the job was stopped) refuse the batch, naming them
+            (:class:`~stateful_runtime.exceptions.SourceDataLostError`); False: the job goes
+            on from the oldest record left, saying each range it skipped (Spark's
+            ``failOnDataLoss``).
     """
 
     def __init__(
@@ -147,6 +155,7 @@ class KafkaSource(Source):
         client_config: Mapping[str, Any] | None = None,
         metadata_columns: bool = False,
         name: str | None = None,
+        fail_on_data_loss: bool = True,
     ) -> None:
         if isinstance(topics, str):
             topics = [topics]
@@ -168,6 +177,7 @@ class KafkaSource(Source):
         self.starting_offsets = _parse_starting(starting_offsets)
         self.max_records_per_batch = max_records_per_batch
         self.metadata_columns = metadata_columns
+        self.fail_on_data_loss = fail_on_data_loss
         base = self.topics[0] if self.topics else "kafka"
         self.name = name or ("-".join(self.topics) if self.topics else "kafka")
         self.dead_letter_topic = dead_letter_topic or f"{base}-dlq"
@@ -181,7 +191,8 @@ class KafkaSource(Source):
     ) -> KafkaSource:
         """From job-file keys ``source.bootstrap_servers``, ``source.topic`` (comma-separated)
         or ``source.topic_pattern``, ``source.starting_offsets``,
-        ``source.max_records_per_batch`` and ``kafka.*`` client settings."""
+        ``source.max_records_per_batch``, ``source.fail_on_data_loss`` and ``kafka.*`` client
+        settings."""
         pattern = config.get("source.topic_pattern") or None
         topics = None if pattern else [t for t in str(config["source.topic"]).split(",") if t]
         return cls(
@@ -192,6 +203,8 @@ class KafkaSource(Source):
             starting_offsets=config.get("source.starting_offsets", "earliest"),
             max_records_per_batch=config.get("source.max_records_per_batch"),
             client_config=kafka_client.client_settings(config),
+            fail_on_data_loss=str(config.get(DATA_LOSS_SETTING, True)).lower()
+            not in ("false", "0", "no"),
         )
 
     def describe(self) -> str:
@@ -260,6 +273,8 @@ class KafkaSource(Source):
             "starting": json.dumps(self.starting_offsets),
             "metadata_columns": "1" if self.metadata_columns else "",
             "max_records_per_batch": str(self.max_records_per_batch or ""),
+            "name": self.name,
+            "fail_on_data_loss": "true" if self.fail_on_data_loss else "false",
         }
         if dead_letter_staging is not None:
             opts["dead_letter_staging"] = dead_letter_staging
@@ -315,14 +330,16 @@ class KafkaSplit(InputPartition):
     bounds: TimeBounds | None = None  # the event times the batch accepts
 
 
-_CONSUMERS: dict[str, Any] = {}
+_CONSUMERS: dict[tuple[str, str], Any] = {}
 
 
-def _consumer(config_json: str) -> Any:
-    """One consumer per Python worker process and client config (workers are reused)."""
+def _consumer(config_json: str, reset: str) -> Any:
+    """One consumer per Python worker process, client config and offset reset (workers are
+    reused). ``reset``: what a read of an offset the broker no longer holds does: ``error``
+    (the job refuses data loss) or ``earliest``."""
     from confluent_kafka import Consumer
 
-    c = _CONSUMERS.get(config_json)
+    c = _CONSUMERS.get((config_json, reset))
     if c is None:
         c = Consumer(
             quiet(
@@ -334,7 +351,7 @@ def _consumer(config_json: str) -> Any:
                     "enable.partition.eof": True,
                     "allow.auto.create.topics": False,
                     "fetch.max.bytes": 64 << 20,
-                    "auto.offset.reset": "earliest",
+                    "auto.offset.reset": reset,
                     # A split stops reading with records still queued; librdkafka then holds the
                     # next fetch of that partition back for this long (1 s by default), which
                     # every later split of a reused consumer waited out.
@@ -345,7 +362,7 @@ def _consumer(config_json: str) -> Any:
                 }
             )
         )
-        _CONSUMERS[config_json] = c
+        _CONSUMERS[(config_json, reset)] = c
     return c
 
 
@@ -369,6 +386,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._latest: dict[str, int] | None = None
         self.options = dict(options)
         self.cap = BatchCap()
+        self.fail_on_data_loss = options.get("fail_on_data_loss", "true") != "false"
 
     # -- driver side: offsets ------------------------------------------------------------
     def _admin_client(self) -> Any:
@@ -473,7 +491,32 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # just listed (as Spark's own Kafka source answers), not a second round trip.
         return self._latest if self._latest is not None else self._ends()
 
+    def _unread_deleted(self, start: dict, end: dict) -> dict[str, tuple[int, int]]:
+        """The batch's partitions whose first records to read are gone from the broker:
+        ``{partition: (the batch's start, the first offset left)}``."""
+        keys = [k for k, hi in end.items() if int(start.get(k, 0)) < int(hi)]
+        if not keys:
+            return {}
+        earliest = self._earliest([(k.rsplit(":", 1)[0], int(k.rsplit(":", 1)[1])) for k in keys])
+        return {
+            k: (int(start.get(k, 0)), earliest[k])
+            for k in keys
+            if int(start.get(k, 0)) < earliest[k]
+        }
+
     def partitions(self, start: dict, end: dict) -> list[KafkaSplit]:
+        lost = self._unread_deleted(start, end)
+        if lost and self.fail_on_data_loss:
+            raise SourceDataLostError(self.options.get("name", "kafka"), lost)
+        if lost:
+            for k, (lo, hi) in lost.items():
+                print(
+                    f"source {self.options.get('name', 'kafka')}: {k} offsets {lo}..{hi - 1} "
+                    f"were deleted before the job read them; skipped "
+                    "(fail_on_data_loss off)",
+                    file=sys.stderr,
+                )
+            start = {**start, **{k: min(hi, int(end[k])) for k, (_, hi) in lost.items()}}
         out = []
         late = alignment.late_before_ms(self.options)
         bounds = event_time.batch_bounds(self.options)
@@ -488,7 +531,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         bulk: the per-message work is list comprehensions, not a Python loop."""
         from confluent_kafka import KafkaError, TopicPartition
 
-        c = _consumer(self.config_json)
+        c = _consumer(self.config_json, "error" if self.fail_on_data_loss else "earliest")
         c.assign([TopicPartition(split.topic, split.partition, split.start)])
         values: list[bytes] = []
         offsets: list[int] = []
@@ -506,6 +549,17 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         err = m.error()
                         if err is None:
                             continue
+                        if err.code() == KafkaError._AUTO_OFFSET_RESET:  # deleted since planned
+                            earliest = self._earliest([(split.topic, split.partition)])
+                            raise SourceDataLostError(
+                                self.options.get("name", "kafka"),
+                                {
+                                    f"{split.topic}:{split.partition}": (
+                                        nxt,
+                                        next(iter(earliest.values())),
+                                    )
+                                },
+                            )
                         if err.code() != KafkaError._PARTITION_EOF:
                             raise RuntimeError(f"Kafka read {split}: {err}")
                         eof = eof or m.offset() >= split.end

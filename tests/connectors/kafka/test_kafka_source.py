@@ -181,6 +181,42 @@ def test_splits_read_exactly_their_committed_records_around_transaction_markers(
         assert ids == committed, cut
 
 
+def test_records_deleted_before_the_job_read_them_are_refused_by_name(kafka, capfd):
+    """Records the job had not read, deleted from the topic (its retention while the job was
+    stopped; here DeleteRecords) refuse the batch, naming the partition and the offsets lost,
+    when it is planned and when a read meets the gap (deleted after the plan); with
+    ``fail_on_data_loss=False`` the job goes on from the oldest record left and says what it
+    skipped. Never silently."""
+    from confluent_kafka import TopicPartition
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from stateful_runtime.exceptions import SourceDataLostError
+
+    kafka.create_topic("retained", 2)
+    kafka.produce("retained", [(None, _rec(i, BASE + i), i % 2, BASE + i) for i in range(20)])
+    reader = KafkaStreamReader(KafkaSource(kafka.bootstrap, "retained", SCHEMA).options())
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    [planned] = [s for s in reader.partitions(start, end) if s.partition == 1]
+    admin = kafka.admin()
+    gone = admin.delete_records([TopicPartition("retained", 1, 4)])
+    [f.result(10) for f in gone.values()]
+
+    with pytest.raises(SourceDataLostError, match=r"retained:1 offsets 0\.\.3 \(4 records\)"):
+        reader.partitions(start, end)
+    with pytest.raises(SourceDataLostError, match=r"retained:1 offsets 0\.\.3"):
+        list(reader.read(planned))  # deleted after the batch was planned
+
+    lenient = KafkaStreamReader(
+        KafkaSource(kafka.bootstrap, "retained", SCHEMA, fail_on_data_loss=False).options()
+    )
+    splits = {s.partition: s for s in lenient.partitions(start, end)}
+    assert (splits[0].start, splits[1].start) == (0, 4)
+    ids = [i for s in splits.values() for b in lenient.read(s) for i in b.column("id").to_pylist()]
+    assert sorted(ids) == [i for i in range(20) if i % 2 == 0 or i >= 8]
+    assert "retained:1 offsets 0..3 were deleted before the job read them" in capfd.readouterr().err
+
+
 def test_implausible_event_times_are_dead_letters_of_the_kafka_source(spark, kafka, tmp_path):
     """Issue 23 on Kafka: a year-2100 and a pre-1970 event time are refused by the read tasks
     with the bound in the reason (judged by the batch's logged processing time), the good
