@@ -240,6 +240,14 @@ class StreamingRuntime(System):
     label = "this runtime"
     kind = "runtime"
 
+    @property
+    def root(self) -> Path:
+        """The checkout whose runtime runs (its ``.venv``, harness child and job files)."""
+        return ROOT
+
+    def extra_sets(self) -> dict[str, str]:
+        return {}
+
     def _run(self, w, inputs, rundir, res, options):
         (rundir / "tmp").mkdir(parents=True, exist_ok=True)
         sets = {
@@ -260,11 +268,14 @@ class StreamingRuntime(System):
                 "second.topic": inputs.second.topic,
                 "second.max_records_per_batch": str(max(1, int(options["batch_size"] * share))),
             }
+        sets |= self.extra_sets()
+        root = self.root
+        python = root / PROJECT_PYTHON.relative_to(ROOT)
         cmd = [
-            str(PROJECT_PYTHON),
-            str(BENCH / "harness" / "srt_child.py"),
+            str(python),
+            str(root / "benchmarks" / "harness" / "srt_child.py"),
             "--job",
-            str(JOBS / w.srt_job),
+            str(root / "benchmarks" / "jobs" / w.srt_job),
             "--master",
             options.get("master", "local[2]"),
             "--result",
@@ -276,12 +287,12 @@ class StreamingRuntime(System):
             "SRT_HOME": str(rundir / "srt-home"),
             "TMPDIR": str(rundir / "tmp"),
             "SPARK_LOCAL_IP": "127.0.0.1",
-            "PYSPARK_PYTHON": str(PROJECT_PYTHON),
-            "PYSPARK_DRIVER_PYTHON": str(PROJECT_PYTHON),
-            "PYTHONPATH": str(ROOT),
+            "PYSPARK_PYTHON": str(python),
+            "PYSPARK_DRIVER_PYTHON": str(python),
+            "PYTHONPATH": str(root),
         }
         env.update(options.get("env", {}))
-        ln = launch(cmd, rundir=rundir, env=env, cwd=ROOT, on_start=options.get("on_start"))
+        ln = launch(cmd, rundir=rundir, env=env, cwd=root, on_start=options.get("on_start"))
         self._fill(res, ln)
         result_path = rundir / "result.json"
         if ln.returncode != 0 or not result_path.exists():
@@ -482,10 +493,43 @@ class Bytewax(System):
         res.details["first_read_s"] = None if t0 is None else round(t0 - ln.t_spawn, 3)
 
 
+class ReferenceRuntime(StreamingRuntime):
+    """This runtime at another checkout, for a before/after in one run (peers and both
+    runtimes alternating over the same inputs): ``SRT_BENCH_REFERENCE`` names its directory
+    (bootstrapped: ``platform/bootstrap.sh``), ``SRT_BENCH_REFERENCE_SETS`` adds job settings
+    (``key=value`` separated by spaces, e.g. ``state.backend=rocksdb_local`` for a checkout
+    from before the one engine)."""
+
+    name = "srt-ref"
+    kind = "runtime"
+
+    @property
+    def label(self) -> str:  # type: ignore[override]
+        where = os.environ.get("SRT_BENCH_REFERENCE", "")
+        return f"this runtime at {Path(where).name or 'the reference'}"
+
+    @property
+    def root(self) -> Path:
+        return Path(os.environ.get("SRT_BENCH_REFERENCE", "")).resolve()
+
+    def available(self) -> str | None:
+        if not (self.root / PROJECT_PYTHON.relative_to(ROOT)).exists():
+            return (
+                "SRT_BENCH_REFERENCE must name another checkout with its .venv "
+                "(platform/bootstrap.sh there)"
+            )
+        return None
+
+    def extra_sets(self) -> dict[str, str]:
+        pairs = os.environ.get("SRT_BENCH_REFERENCE_SETS", "").split()
+        return dict(p.split("=", 1) for p in pairs)
+
+
 SYSTEMS: dict[str, System] = {
     s.name: s
     for s in (
         StreamingRuntime(),
+        ReferenceRuntime(),
         FlinkSQL(),
         FlinkDataStream(),
         Bytewax(),

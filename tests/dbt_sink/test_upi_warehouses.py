@@ -131,12 +131,15 @@ def test_kill_dash_nine_and_warehouse_outage_result_equals_oracle(
     stop = threading.Event()
 
     def feed() -> None:
+        # 200 events/s, a chunk every 0.5 s (the job's trigger): every run finds new batches,
+        # and the input grows with the test's length only slowly (at 1,000/s a slow machine's
+        # longer test fed its own slowness: each run and the drain read more).
         with EventLog(upi.log_dir).writer("upi-payments") as writer:
             while not stop.is_set():
                 chunk = [next(feed_lines) for _ in range(100)]
                 writer.append(_records(chunk, "merchant_id"))
                 fed.extend(chunk)
-                stop.wait(0.1)
+                stop.wait(0.5)
 
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
