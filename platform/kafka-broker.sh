@@ -13,7 +13,14 @@
 # SIGKILL is a crash it recovers from at the next start. The tests' fixtures start it so
 # (tests/connectors/kafka/helpers.py).
 #
-# Environment: SRT_KAFKA_HEAP (default 512m).
+# Environment (all optional):
+#   SRT_KAFKA_HEAP             the broker's heap (default 512m)
+#   SRT_KAFKA_NODE_ID          this node's id (default 1)
+#   SRT_KAFKA_CONTROLLER_PORT  its controller listener (default a free port)
+#   SRT_KAFKA_VOTERS           the controller quorum, id@host:port,... (default this node alone)
+#   SRT_KAFKA_CLUSTER_ID       the cluster id every node is formatted with (default a new one)
+#   SRT_KAFKA_REPLICAS         replicas of the internal topics and of new topics (default 1;
+#                              more: min.insync.replicas 2), for a cluster of that many nodes
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PORT="${1:-9092}"
@@ -30,11 +37,15 @@ java=(java "-Xms128m" "-Xmx${SRT_KAFKA_HEAP:-512m}" -XX:+UseSerialGC -XX:TieredS
   "-Dlog4j2.configurationFile=$DATA/log4j2.properties" -cp "$JARS/*")
 if [ ! -f "$props" ]; then
   mkdir -p "$DATA"
-  controller=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  node="${SRT_KAFKA_NODE_ID:-1}"
+  controller="${SRT_KAFKA_CONTROLLER_PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}"
+  voters="${SRT_KAFKA_VOTERS:-$node@127.0.0.1:$controller}"
+  replicas="${SRT_KAFKA_REPLICAS:-1}"
+  isr=$(( replicas > 1 ? 2 : 1 ))
   cat >"$props.tmp" <<EOF
 process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@127.0.0.1:$controller
+node.id=$node
+controller.quorum.voters=$voters
 listeners=PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$controller
 advertised.listeners=PLAINTEXT://127.0.0.1:$PORT
 controller.listener.names=CONTROLLER
@@ -42,15 +53,17 @@ listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 inter.broker.listener.name=PLAINTEXT
 log.dirs=$DATA/logs
 num.partitions=1
-# One node: the internal topics have one replica, and few partitions (created at the first
-# consumer group and the first transaction).
-offsets.topic.replication.factor=1
+# The internal topics have as many replicas as the cluster has nodes, and few partitions
+# (created at the first consumer group and the first transaction).
+default.replication.factor=$replicas
+min.insync.replicas=$isr
+offsets.topic.replication.factor=$replicas
 offsets.topic.num.partitions=4
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
+transaction.state.log.replication.factor=$replicas
+transaction.state.log.min.isr=$isr
 transaction.state.log.num.partitions=4
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.replication.factor=$replicas
+share.coordinator.state.topic.min.isr=$isr
 group.initial.rebalance.delay.ms=0
 EOF
   cat >"$DATA/log4j2.properties" <<EOF
@@ -64,7 +77,7 @@ rootLogger.appenderRef.out.ref = out
 logger.server.name = kafka.server.KafkaRaftServer
 logger.server.level = INFO
 EOF
-  cluster=$(python3 -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')
+  cluster="${SRT_KAFKA_CLUSTER_ID:-$(python3 -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')}"
   "${java[@]}" kafka.tools.StorageTool format --ignore-formatted -t "$cluster" -c "$props.tmp" >/dev/null \
     || die "formatting $DATA/logs failed (see above)"
   mv "$props.tmp" "$props"

@@ -73,6 +73,18 @@ MAX_SPLIT_RECORDS = 250_000
 ARROW_BATCH_ROWS = 65_536
 # How long a task waits for offsets it was told exist (an open transaction holds them back).
 READ_TIMEOUT_S = 120.0
+# A partition's leadership moving answers offset requests with these for a moment.
+_LEADER_MOVING = frozenset(
+    {
+        5,  # LEADER_NOT_AVAILABLE
+        6,  # NOT_LEADER_OR_FOLLOWER
+        7,  # REQUEST_TIMED_OUT
+        74,  # FENCED_LEADER_EPOCH
+        75,  # UNKNOWN_LEADER_EPOCH
+        78,  # OFFSET_NOT_AVAILABLE
+    }
+)
+LEADER_WAIT_S = 60.0
 # The job setting that lets a job go on over records deleted before it read them.
 DATA_LOSS_SETTING = "source.fail_on_data_loss"
 META = ("kafka_topic", "kafka_key", "kafka_timestamp_ms", "kafka_headers")
@@ -402,14 +414,30 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [(t, p) for t, n in sorted(counts.items()) for p in range(n)]
 
     def _list(self, spec: Any, parts: list[tuple[str, int]]) -> dict[str, int]:
-        from confluent_kafka import IsolationLevel, TopicPartition
+        """The offsets ``spec`` names for ``parts``. A partition whose leadership is moving
+        (a broker shut down, a leader elected) answers with a leader error for a moment:
+        asked again, with backoff, for up to :data:`LEADER_WAIT_S`; then the error stands
+        (the job stops naming it, and its restart resumes exactly)."""
+        from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
 
-        futures = self._admin_client().list_offsets(
-            {TopicPartition(t, p): spec for t, p in parts},
-            isolation_level=IsolationLevel.READ_COMMITTED,
-            request_timeout=METADATA_TIMEOUT_S,
-        )
-        return {f"{tp.topic}:{tp.partition}": f.result().offset for tp, f in futures.items()}
+        deadline, pause = time.monotonic() + LEADER_WAIT_S, 0.1
+        while True:
+            futures = self._admin_client().list_offsets(
+                {TopicPartition(t, p): spec for t, p in parts},
+                isolation_level=IsolationLevel.READ_COMMITTED,
+                request_timeout=METADATA_TIMEOUT_S,
+            )
+            try:
+                return {
+                    f"{tp.topic}:{tp.partition}": f.result().offset for tp, f in futures.items()
+                }
+            except KafkaException as exc:
+                err: Any = exc.args[0] if exc.args else None
+                code = err.code() if hasattr(err, "code") else None
+                if code not in _LEADER_MOVING or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)  # backoff before asking a moving leadership again
+            pause = min(pause * 2, 2.0)
 
     def _ends(self) -> dict[str, int]:
         from confluent_kafka.admin import OffsetSpec
