@@ -177,9 +177,23 @@ class Changes:
         return out
 
     def apply(self, instance: DagsterInstance) -> None:
-        """Change the instance's partitions now (an op; a sensor returns :meth:`requests`)."""
+        """Change the instance's partitions now (an op; a sensor returns :meth:`requests`).
+
+        The savepoint-list sensor may add the same savepoint between this op's look and its
+        add (the daemon ticks while the op runs): the instance's unique key then refuses the
+        second add, and what is still missing is added instead. A partition already deleted
+        deletes as nothing."""
+        from sqlalchemy.exc import IntegrityError
+
         if self.added:
-            instance.add_dynamic_partitions(self.name, self.added)
+            try:
+                instance.add_dynamic_partitions(self.name, self.added)
+            except IntegrityError:
+                missing = [
+                    k for k in self.added if not instance.has_dynamic_partition(self.name, k)
+                ]
+                if missing:
+                    instance.add_dynamic_partitions(self.name, missing)
         for key in self.removed:
             instance.delete_dynamic_partition(self.name, key)
 

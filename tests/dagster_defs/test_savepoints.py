@@ -43,7 +43,7 @@ from stateful_runtime.checkpoints import savepoints
 from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.checkpoints.manifest import seal
 from stateful_runtime.runtime import registry
-from tests.dagster_defs.helpers import JOB, JOB_KEY, Live, feed, live_job, metadata
+from tests.dagster_defs.helpers import JOB, JOB_KEY, UPI_JOB, Live, feed, live_job, metadata
 from tests.helpers import EXAMPLES, poll
 
 pytestmark = pytest.mark.slow
@@ -272,6 +272,35 @@ def _list_tick(live: Live, instance: DagsterInstance):
             for key in request.partition_keys:
                 instance.delete_dynamic_partition(request.partitions_def_name, key)
     return result
+
+
+def test_a_savepoint_the_list_sensor_added_meanwhile_does_not_fail_the_op(monkeypatch):
+    """The savepoint op brings the savepoint list's partitions up to date while the list's
+    sensor may add the same savepoint (the daemon ticks meanwhile): the instance's unique key
+    refused the op's add and failed the savepoint run (seen in the UI walk). The interleaving
+    made certain: the sensor's add lands between the op's look and its insert."""
+    from sqlalchemy.exc import IntegrityError
+
+    from stateful_runtime.contract import SavepointSummary
+
+    spec = UPI_JOB
+    sp = SavepointSummary(
+        "upi-per-minute-20261202T000000-beef", JOB, "/sp", {"upi-counts": 3}, {}, 1, 1, "now"
+    )
+    with instance_for_test() as instance:
+        change = _savepoint_list.changes(instance, spec, StreamingJobTranslator(), [sp])
+        assert change.added == [sp.id]
+        real = instance.add_dynamic_partitions
+
+        def sensor_first(name: str, keys: list[str]) -> None:
+            monkeypatch.setattr(instance, "add_dynamic_partitions", real)
+            real(name, keys)  # the sensor's tick, just before the op's insert
+            raise IntegrityError("INSERT INTO dynamic_partitions", {}, Exception("UNIQUE"))
+
+        monkeypatch.setattr(instance, "add_dynamic_partitions", sensor_first)
+        change.apply(instance)
+        name = _savepoint_list.partitions(spec).name
+        assert instance.get_dynamic_partitions(name) == [sp.id]
 
 
 def test_savepoint_list_is_current_and_a_restore_starts_from_the_picked_one(sp_live: Live):
