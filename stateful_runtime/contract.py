@@ -118,6 +118,7 @@ class ErrorKind(StrEnum):
     LOG_WRITER_BUSY_ERROR = "LogWriterBusyError"
     LOG_WRITE_ERROR = "LogWriteError"
     APPEND_INCOMPLETE_ERROR = "AppendIncompleteError"
+    SOURCE_DATA_LOST_ERROR = "SourceDataLostError"
     SINK_ERROR = "SinkError"
     SINK_DATA_LOST_ERROR = "SinkDataLostError"
     JOB_ERROR = "JobError"

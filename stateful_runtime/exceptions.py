@@ -25,6 +25,8 @@ and each says what to do next, not only what went wrong::
     │   ├── LogWriteError             the store refused a write (full disk, I/O error)
     │   └── AppendIncompleteError     `srt log append/serve` stopped part-way: what went in,
     │                                 the line to resume from
+    ├── SourceDataLostError           records a job had not read were deleted from its
+    │                                 source (a Kafka topic's retention): refused by name
     ├── SinkError                     a sink could not write or does not fit its table
     │   └── SinkDataLostError         a sink's table or ledger lacks batches the checkpoint
     │                                 committed into it: refused, with the ways back
