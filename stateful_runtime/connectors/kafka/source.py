@@ -345,6 +345,12 @@ class KafkaSplit(InputPartition):
 _CONSUMERS: dict[tuple[str, str], Any] = {}
 
 
+def _topic_partition(key: str) -> tuple[str, int]:
+    """``"topic:partition"`` (an offsets key) as (topic, partition)."""
+    topic, partition = key.rsplit(":", 1)
+    return topic, int(partition)
+
+
 def _consumer(config_json: str, reset: str) -> Any:
     """One consumer per Python worker process, client config and offset reset (workers are
     reused). ``reset``: what a read of an offset the broker no longer holds does: ``error``
@@ -501,8 +507,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         new = [k for k in ends if k not in start]
         if not new:
             return start
-        parts = [(k.rsplit(":", 1)[0], int(k.rsplit(":", 1)[1])) for k in new]
-        return {**self._earliest(parts), **start}
+        return {**self._earliest([_topic_partition(k) for k in new]), **start}
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         ends = self._ends() if self.target is None else self.target
@@ -525,7 +530,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         keys = [k for k, hi in end.items() if int(start.get(k, 0)) < int(hi)]
         if not keys:
             return {}
-        earliest = self._earliest([(k.rsplit(":", 1)[0], int(k.rsplit(":", 1)[1])) for k in keys])
+        earliest = self._earliest([_topic_partition(k) for k in keys])
         return {
             k: (int(start.get(k, 0)), earliest[k])
             for k in keys
