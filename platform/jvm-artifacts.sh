@@ -4,10 +4,11 @@
 # "SET GROUP:ARTIFACT:VERSION SHA256".
 #
 #   platform/jvm-artifacts.sh [SET...]   put each set's jars in .venv/share/stateful-runtime/jars/SET
-#                                        (platform/bootstrap.sh runs it for every set). Jars already
-#                                        there with their pinned checksum are kept: no network and
-#                                        no Maven after the first run. A jar whose checksum differs
-#                                        from the lock is refused, never used.
+#                                        (platform/bootstrap.sh runs it for every set), fetched from
+#                                        Maven Central ($SRT_MAVEN_REPO) by their pinned names. Jars
+#                                        already there with their pinned checksum are kept: no network
+#                                        after the first run. A jar whose checksum differs from the
+#                                        lock is refused, never used.
 #   platform/jvm-artifacts.sh lock SET GROUP:ARTIFACT:VERSION...
 #                                        re-pin SET: resolve these coordinates with their runtime
 #                                        dependencies and write every jar's checksum into the lock
@@ -32,12 +33,11 @@ run_mvn() {
 }
 
 die() { echo "jvm-artifacts: $*" >&2; exit 1; }
-command -v mvn >/dev/null || die "Maven (mvn) is not on PATH; e.g. apt-get install maven"
+# Where pinned jars are fetched from (a mirror of Maven Central's layout may stand in).
+repo=${SRT_MAVEN_REPO:-https://repo1.maven.org/maven2}
 
-# A pom whose dependencies are the given coordinates. With "exact", each one alone (no
-# transitive resolution: the lock already lists every jar of the set).
+# A pom whose dependencies are the given coordinates (with theirs: what "lock" pins).
 pom() {
-  local mode=$1; shift
   echo '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>'
   echo '<groupId>srt.local</groupId><artifactId>jvm-artifacts</artifactId><version>0</version>'
   echo '<dependencies>'
@@ -45,7 +45,6 @@ pom() {
   for c in "$@"; do
     IFS=: read -r g a v <<<"$c"
     echo "<dependency><groupId>$g</groupId><artifactId>$a</artifactId><version>$v</version>"
-    [ "$mode" = exact ] && echo '<exclusions><exclusion><groupId>*</groupId><artifactId>*</artifactId></exclusion></exclusions>'
     echo '</dependency>'
   done
   echo '</dependencies></project>'
@@ -56,8 +55,9 @@ jar_name() { local g a v; IFS=: read -r g a v <<<"$1"; echo "$g.$a-$v.jar"; }
 if [ "${1:-}" = lock ]; then
   [ $# -ge 3 ] || die "usage: platform/jvm-artifacts.sh lock SET GROUP:ARTIFACT:VERSION..."
   set_name=$2; shift 2
+  command -v mvn >/dev/null || die "Maven (mvn) is not on PATH; e.g. apt-get install maven"
   work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-  pom transitive "$@" >"$work/pom.xml"
+  pom "$@" >"$work/pom.xml"
   run_mvn -f "$work/pom.xml" "$dep:copy-dependencies" -Dmdep.prependGroupId=true \
     -DincludeScope=runtime -DoutputDirectory="$work/jars" \
     || die "Maven could not resolve $* (see above)"
@@ -93,23 +93,24 @@ for set_name in "${sets[@]}"; do
     missing+=("$coord")
   done
   if [ ${#missing[@]} -gt 0 ]; then
-    echo "jvm-artifacts: resolving ${#missing[@]} jars of set $set_name from Maven Central"
-    work=$(mktemp -d)
-    pom exact "${missing[@]}" >"$work/pom.xml"
+    # Each pinned jar straight from the repository, in parallel (no Maven, no resolution: the
+    # lock already lists every jar of the set), each checked against its pinned checksum.
+    echo "jvm-artifacts: fetching ${#missing[@]} jars of set $set_name from $repo"
     mkdir -p "$dir"
-    run_mvn -f "$work/pom.xml" "$dep:copy-dependencies" -Dmdep.prependGroupId=true \
-      -DexcludeTransitive=true -DoutputDirectory="$dir" \
-      || { rm -rf "$work"; die "Maven could not fetch the jars of set $set_name (see above)"; }
-    rm -rf "$work"
+    for coord in "${missing[@]}"; do
+      IFS=: read -r g a v <<<"$coord"
+      echo "$repo/${g//.//}/$a/$v/$a-$v.jar $dir/$(jar_name "$coord")"
+    done | xargs -P 8 -n 2 sh -c 'curl -fsSL --retry 3 -o "$2.part" "$1" && mv "$2.part" "$2"' _ \
+      || die "could not fetch the jars of set $set_name from $repo (see above); check the" \
+        "network, or set SRT_MAVEN_REPO to a Maven Central mirror"
     for e in "${entries[@]}"; do
       coord=${e% *} sum=${e#* }
       f="$dir/$(jar_name "$coord")"
       got=$(sha256sum "$f" | cut -d' ' -f1)
       if [ "$got" != "$sum" ]; then
         rm -f "$f"
-        die "$coord: checksum $got is not the pinned $sum; the jar was removed. Clear it from" \
-          "~/.m2/repository and run again; if Maven Central serves it so, re-pin with" \
-          "'platform/jvm-artifacts.sh lock'"
+        die "$coord: checksum $got is not the pinned $sum; the jar was removed. If the" \
+          "repository serves it so, re-pin with 'platform/jvm-artifacts.sh lock'"
       fi
     done
   fi
