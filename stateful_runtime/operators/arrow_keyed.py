@@ -110,6 +110,11 @@ def _batch_time(query_checkpoint: str, batch: int) -> tuple[int, int]:
     return max(0, int(meta.get("batchWatermarkMs", 0))), int(meta.get("batchTimestampMs", 0))
 
 
+# Due timers a task looks ahead at: their keys' states are read in one multi-get
+# (LocalBackend.read_ahead_timers; a TTL cleanup wave is mostly such reads).
+READ_AHEAD = 512
+
+
 class KeyedTask:
     """One task of a keyed operator: one state partition (its key groups ``groups``, its store
     opened at the batch's version) through one batch at ``watermark`` and processing time
@@ -162,15 +167,23 @@ class KeyedTask:
         key), a timer made due by another's firing included; yields after each that
         emitted."""
         op, backend = self.op, self.backend
+        cleanups = op.cleanups_only
         while True:
             fired = False
-            for ts, group, key in backend.due(self.upto, self.groups):
-                fired = True
-                backend.group = group
-                backend.take(key, ts)
-                op.fire(key, ts)
-                if op.main or op.side:
-                    yield
+            due = backend.due(self.upto, self.groups)
+            for rows in iter(lambda: list(itertools.islice(due, READ_AHEAD)), []):  # noqa: B023
+                backend.read_ahead_timers(rows)
+                if cleanups is not None:  # (they emit nothing, and remove no other timer)
+                    fired = backend.expire(rows, cleanups) or fired
+                    continue
+                for row in rows:
+                    taken = backend.take(row)
+                    if taken is None:
+                        continue
+                    fired = True
+                    op.fire(taken[1], taken[0])
+                    if op.main or op.side:
+                        yield
             if not fired:
                 return
 

@@ -464,6 +464,19 @@ class KeyedOperator:
             exc,
         )
 
+    @property
+    def cleanups_only(self) -> dict[str, bool] | None:
+        """When every timer of the function is an event-time TTL cleanup (no ``on_timer``):
+        its TTL states (name → whether a map), which a cleanup cuts to what outlives it
+        (``LocalBackend.expire``, no user code, no key turn); else None."""
+        if self._kinds != _TTL:
+            return None
+        return {
+            name: isinstance(cell, EventTtlMapCell)
+            for name, cell in self.cells
+            if isinstance(cell, EventTtlValueCell | EventTtlMapCell)
+        }
+
     def fire(self, key: tuple, ts: int) -> None:
         """A timer of ``key`` at ``ts`` fired (the backend has already removed it)."""
         backend = self.backend

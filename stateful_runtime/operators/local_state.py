@@ -26,7 +26,10 @@ incremental cleanup), removing the expired values and entries of keys nobody wri
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import itertools
+import operator
 import pickle
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -198,14 +201,48 @@ def _timer_order(row: bytes) -> tuple[bytes, bytes, bytes]:
     return row[GROUP_BYTES + 1 : _TS_END], row[:GROUP_BYTES], row[_TS_END:]
 
 
+_ts_of = operator.itemgetter(slice(GROUP_BYTES + 1, _TS_END))  # a timer row's time (bytes)
+_MERGE_READ = 256  # timer rows read from a key group's index at a time
+
+
+def _in_time_order(groups: list[Iterator[bytes]]) -> Iterator[bytes]:
+    """The timer rows of ``groups`` (each a key group's index, in key order: time, then key)
+    in firing order (:func:`_timer_order`), read a slice of each at a time: the rows before
+    the earliest time some group has not read past are sorted by time alone (stable, so
+    group then key within a time), in C, rather than merged a row at a time."""
+    read = [list(itertools.islice(g, _MERGE_READ)) for g in groups]
+    more = [len(r) == _MERGE_READ for r in read]
+    while True:
+        open_ = [i for i, m in enumerate(more) if m]
+        bound = min((_ts_of(read[i][-1]) for i in open_), default=None)
+        out: list[bytes] = []
+        for rows in read:
+            cut = len(rows) if bound is None else bisect.bisect_left(rows, bound, key=_ts_of)
+            if cut:
+                out += rows[:cut]
+                del rows[:cut]
+        out.sort(key=_ts_of)
+        yield from out
+        if bound is None:
+            return
+        for i in open_:  # the groups that hold the bound read on
+            if not read[i] or _ts_of(read[i][-1]) == bound:
+                chunk = list(itertools.islice(groups[i], _MERGE_READ))
+                more[i] = len(chunk) == _MERGE_READ
+                read[i] += chunk
+
+
 def _expire(states: dict[str, Any], ttl: dict[str, bool], now: int) -> bool:
-    """Drop from a key's ``states`` the processing-time TTL values and map entries expired at
-    ``now`` (``ttl``: state name → whether it is a map); whether anything was dropped."""
+    """Drop from a key's ``states`` the TTL values and map entries (each stored beside its
+    expiry, in either time domain) expired at ``now`` (``ttl``: state name → whether it is a
+    map); whether anything was dropped."""
     dropped = False
     for name, is_map in ttl.items():
         stored = states.get(name)
         if stored is None:
             continue
+        if type(stored) is _Encoded:
+            stored = states[name] = _loads(stored.raw)
         if is_map:
             live = {k: v for k, v in stored.items() if v[1] > now}
             if len(live) != len(stored):
@@ -281,6 +318,7 @@ class LocalBackend(StateBackend):
         # The key groups and time up to which due() read the store's index.
         self._scanned: tuple[set[bytes], int] | None = None
         self._flushes = 0  # (a pass of due() over the store checks rows written since)
+        self._pass_flushes = 0  # what it was when the pass began
 
     # -- cells ------------------------------------------------------------------------------
     def value_cell(self, name: str, processing_ttl_ms: int | None) -> ValueCell:
@@ -302,6 +340,28 @@ class LocalBackend(StateBackend):
         self.prefix = prefix = _PREFIXES[group]
         self.row = prefix + STATE_ROW + self.key_bytes
         self.turn += 1
+
+    def read_ahead_timers(self, rows: Iterable[bytes]) -> None:
+        """The states of the keys of the coming timer ``rows`` (:meth:`due`'s), in one
+        multi-get (:meth:`_read_rows`)."""
+        self._read_rows(r[:GROUP_BYTES] + STATE_ROW + r[_TS_END:] for r in rows)
+
+    def _read_rows(self, rows: Iterable[bytes]) -> None:
+        """Read the key rows among ``rows`` that the task has not read yet, sorted, in one
+        multi-get: RocksDB reads a row of a sorted multi-get in ~1 µs, a get in ~2.5 µs."""
+        values = self.values
+        wanted = sorted(set(rows).difference(values))
+        if not wanted:
+            return
+        size = 0
+        for row, raw in zip(wanted, self.store.get_many(wanted), strict=True):
+            if raw is None:
+                values[row] = None
+                size += len(row)
+            else:
+                values[row] = decode_states(raw)
+                size += len(row) + len(raw)
+        self.value_bytes += size
 
     def load(self) -> dict[str, Any] | None:
         """The current key's states (None: no row), read from the store once a task."""
@@ -327,7 +387,7 @@ class LocalBackend(StateBackend):
                     kind = type(value)
                     if kind in _IMMUTABLE or kind is _Encoded:
                         continue
-                    if kind is tuple and all(type(v) in _IMMUTABLE for v in value):
+                    if kind is tuple and _IMMUTABLE.issuperset(map(type, value)):
                         continue
                     states[name] = _Encoded(_dumps(value, _PICKLE))
             names.clear()
@@ -447,14 +507,14 @@ class LocalBackend(StateBackend):
             )
         return sorted(self._timers())
 
-    def due(self, upto: int, groups: Iterable[int]) -> Iterator[tuple[int, int, tuple]]:
-        """Timers at or before ``upto`` in ``groups``, in time order (then group, then key):
-        ``(ts, group, key)``, not yet removed (the caller takes each, :meth:`take`, before it
-        fires, and consumes the whole pass). The store's index as committed, with the task's
-        own registrations and removals, streamed: a wave of millions of TTL cleanups is read
-        as it fires, never listed. The store's part is read once up to a time (every timer it
-        found there was taken since: what a later look up to that time can find is the
-        task's own)."""
+    def due(self, upto: int, groups: Iterable[int]) -> Iterator[bytes]:
+        """The timer rows at or before ``upto`` in ``groups``, in time order (then group, then
+        key), each for :meth:`take` (which skips one removed since this pass began) before it
+        fires; the caller consumes the whole pass. The store's index as committed, with the
+        task's own registrations and removals, streamed: a wave of millions of TTL cleanups is
+        read as it fires, never listed. The store's part is read once up to a time (every
+        timer it found there was taken since: what a later look up to that time can find is
+        the task's own)."""
         if self._none_due_upto is not None and upto <= self._none_due_upto:
             return
         stop = encode_ts(upto + 1) if upto < 2**63 - 1 else b"\xff" * 9
@@ -462,7 +522,11 @@ class LocalBackend(StateBackend):
         scanned = self._scanned
         runs: list[Iterable[bytes]] = []
         if scanned is None or scanned[0] != wanted or upto > scanned[1]:
-            runs += [self.store.keys(p + TIMER_ROW, p + TIMER_ROW + stop) for p in sorted(wanted)]
+            runs.append(
+                _in_time_order(
+                    [self.store.keys(p + TIMER_ROW, p + TIMER_ROW + stop) for p in sorted(wanted)]
+                )
+            )
             self._scanned = (wanted, upto)
         # The task's own registrations (bounded by what the task did); one the store holds
         # too comes out of the merge twice in a row, and fires once.
@@ -477,25 +541,17 @@ class LocalBackend(StateBackend):
             ),
             key=_timer_order,
         )
-        runs.append(own)
-        flushes = self._flushes
+        if own or not runs:
+            runs.append(own)
+        self._pass_flushes = self._flushes
         found = False
         last = b""
-        for row in heapq.merge(*runs, key=_timer_order):
+        for row in heapq.merge(*runs, key=_timer_order) if len(runs) > 1 else runs[0]:
             if row == last:
                 continue
             last = row
-            taken = self.raw.get(row, _MISSING)
-            if taken is None:  # removed by this task
-                continue
-            if taken is _MISSING and flushes != self._flushes and self.store.get(row) is None:
-                continue  # removed, and written to the store since the pass began
             found = True
-            yield (
-                decode_ts(row[GROUP_BYTES + 1 : _TS_END]),
-                int.from_bytes(row[:GROUP_BYTES], "big"),
-                _loads(row[_TS_END:]),
-            )
+            yield row
         if not found:
             self._none_due_upto = upto
 
@@ -509,19 +565,60 @@ class LocalBackend(StateBackend):
                 break
         return min(first, default=None)
 
-    def take(self, key: tuple, ts: int) -> None:
-        """Remove ``key``'s timer ``ts`` (before it fires, as Spark does; the driver has set
-        :attr:`group`)."""
+    def _removed(self, row: bytes) -> bool:
+        """Whether timer ``row`` (:meth:`due`'s) was removed since its pass began: by the
+        task, or by a timer fired before it whose removal was flushed to the store since."""
+        taken = self.raw.get(row, _MISSING)
+        if taken is None:
+            return True
+        return (
+            taken is _MISSING
+            and self._pass_flushes != self._flushes
+            and self.store.get(row) is None
+        )
+
+    def take(self, row: bytes) -> tuple[int, tuple] | None:
+        """Remove timer ``row`` (:meth:`due`'s) before it fires, as Spark does, and make its
+        key the current one's next turn (the driver's :attr:`group` included): its time and
+        key, or None when it was removed since the pass began (:meth:`_removed`)."""
+        if self._removed(row):
+            return None
+        ts = decode_ts(row[GROUP_BYTES + 1 : _TS_END])
+        self.group = int.from_bytes(row[:GROUP_BYTES], "big")
+        key_bytes = row[_TS_END:]
+        if key_bytes != self.key_bytes:
+            self.key, self.key_bytes = _loads(key_bytes), key_bytes
+        key = self.key
         if self.key_timers:
             self.begin_key(key)
             self.delete_timer(ts)
             self.end_key()
-            return
-        if key is not self.key:  # the key's turn (fire) comes next: begin_key, in short
-            self.key = key
-            self.key_bytes = _dumps(key, _PICKLE)
-        group = self.group if self.group is not None else key_group(self.key)
-        self.raw[_PREFIXES[group] + TIMER_ROW + encode_ts(ts) + self.key_bytes] = None
+        else:
+            self.raw[row] = None
+        return ts, key
+
+    def expire(self, rows: Iterable[bytes], ttl: dict[str, bool]) -> bool:
+        """Fire cleanup timers ``rows`` (:meth:`due`'s, their keys' rows read ahead) of a
+        function whose timers are all event-time TTL cleanups: each timer removed, and its
+        key's TTL states ``ttl`` (state name → whether a map) cut to what outlives the timer's
+        time, as the TTL cells' ``expire`` would (``operators/ttl.py``: a value and each map
+        entry stored beside its expiry), without a key turn; whether any fired."""
+        assert not self.key_timers  # (the keys' own timer sets would go stale)
+        values, dirty, raw = self.values, self.dirty, self.raw
+        fired = False
+        for row in rows:
+            if self._removed(row):
+                continue
+            raw[row] = None
+            fired = True
+            state_row = row[:GROUP_BYTES] + STATE_ROW + row[_TS_END:]
+            states = values.get(state_row, _MISSING)
+            if states is _MISSING:
+                self._read_rows((state_row,))
+                states = values[state_row]
+            if states and _expire(states, ttl, decode_ts(row[GROUP_BYTES + 1 : _TS_END])):
+                dirty[state_row] = states
+        return fired
 
     def timers_of(self, key: tuple) -> list[int]:
         """Every timer of ``key`` (user and TTL cleanup; the harness shows them)."""
@@ -570,11 +667,18 @@ def warm_values(store: KeyedStore) -> tuple[dict[bytes, Any], int] | None:
 
 def keep_values(store: KeyedStore, backend: LocalBackend) -> None:
     """Keep the backend's values (the task's, after ``store`` committed) for the
-    partition's next task in this process, within :data:`WARM_BYTES`."""
-    size = backend.value_bytes
+    partition's next task in this process, within :data:`WARM_BYTES`: past it, the rows the
+    task read or wrote last, about the bound's share of them (the next batch's TTL cleanups
+    and timers are mostly of the keys the last batches wrote; every kept row is the store's
+    at this version, and a row not kept is read from the store)."""
+    size, values = backend.value_bytes, backend.values
     if size > WARM_BYTES:
-        return
+        keep = len(values) * WARM_BYTES // size
+        if not keep:
+            return
+        values = dict(itertools.islice(values.items(), len(values) - keep, None))
+        size = size * keep // len(backend.values)
     while _warm and sum(e[3] for e in _warm.values()) + size > WARM_BYTES:
         _warm.pop(next(iter(_warm)))
     assert store.version is not None
-    _warm[str(store.checkpoint)] = (store.version, store.token, backend.values, size)
+    _warm[str(store.checkpoint)] = (store.version, store.token, values, size)

@@ -216,7 +216,9 @@ def test_event_time_ttl_expires_by_element_time_and_is_cleaned_by_the_watermark(
     h.process_watermark(25 * H)
     assert h.state("t2", "seen") is None and h.state("t2", "notes") is None
     assert h.timers("t2") == []  # ... and are gone once the state is cleaned
-    assert ("seen", ("t2",)) not in h.stored_states()  # really removed, not just hidden
+    stored = h.stored_states()  # really removed, not just hidden: the value and the map
+    assert ("seen", ("t2",)) not in stored and ("notes", ("t2",)) not in stored
+    assert ("seen", ("t1",)) in stored  # (written at 24 h: lives on)
 
 
 class TtlAndTimers(KeyedProcessFunction):

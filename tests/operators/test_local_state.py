@@ -4,6 +4,9 @@ expired processing-time TTL state leaving storage."""
 
 from __future__ import annotations
 
+import itertools
+import pickle
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -43,8 +46,12 @@ def test_timers_without_the_keys_row_are_the_same_timers(tmp_path_factory, turns
             b.begin_key(key)
             assert sorted(b.list_timers()) == sorted(model[key])
             b.end_key()
-        due = list(b.due(3, range(128)))
-        assert due == sorted((ts, g, k) for ts, g, k in due)
+        due = []
+        for row in b.due(3, range(128)):
+            taken = b.take(row)
+            assert taken is not None
+            due.append((taken[0], b.group, taken[1]))
+        assert due == sorted(due)
         assert {(ts, k) for ts, _, k in due} == {
             (ts, k) for k, tss in model.items() for ts in tss if ts <= 3
         }
@@ -107,31 +114,41 @@ def _key(*fields) -> bytes:
 
 def test_a_workers_kept_values_are_bounded_by_their_stored_size(tmp_path, monkeypatch):
     """A worker keeps a task's decoded values for the partition's next task within a bound in
-    bytes, not rows: one key holding a large map is one row of many bytes."""
+    bytes, not rows: one key holding a large map is one row of many bytes, dropped; of many
+    keys past the bound, the ones the task came to last are kept, about the bound's share."""
     monkeypatch.setattr(local_state, "WARM_BYTES", 20_000)
-    for name, entries in (("small", 10), ("large", 2_000)):
+    for name, keys, entries in (("small", 1, 10), ("large", 1, 2_000), ("many", 1_000, 1)):
         store = KeyedStore(tmp_path / name / "0", tmp_path / f"local-{name}")
         store.open(0)
         b = LocalBackend(store, clock=lambda: 0, key_timers=False)
         m = b.map_cell("m", None)
-        b.begin_key(("k",))
-        for i in range(entries):
-            m.put_entry(i, f"value {i:012d}")
-        b.end_key()
+        for k in range(keys):
+            b.begin_key((f"k{k}",))
+            for i in range(entries):
+                m.put_entry(i, f"value {i:012d}")
+            b.end_key()
         b.commit()
         local_state.keep_values(store, b)
         warm = local_state.warm_values(store)
         if name == "small":
             assert warm is not None and warm[1] == b.value_bytes < 20_000
-        else:
+        elif name == "large":
             assert b.value_bytes > 20_000 and warm is None
+        else:
+            assert warm is not None and b.value_bytes > 20_000 >= warm[1]
+            kept = [pickle.loads(row[3:]) for row in warm[0]]
+            assert 0 < len(kept) < keys and kept == [
+                (f"k{k}",) for k in range(keys - len(kept), keys)
+            ]
+            assert all(warm[0][row] == b.values[row] for row in warm[0])
         store.close()
 
 
 def test_due_timers_stream_in_time_order_and_a_timer_removed_mid_pass_does_not_fire(tmp_path):
     """A pass over due timers reads the store's index as it goes (a wave of TTL cleanups is
     never listed whole); a timer the firing removes — held by the task, or already written
-    to the store — does not fire later in the same pass."""
+    to the store — does not fire later in the same pass, even when the task looked ahead at
+    it."""
     store = KeyedStore(tmp_path / "ck" / "0", tmp_path / "local")
     store.open(0)
     b = LocalBackend(store, clock=lambda: 0, key_timers=False)
@@ -147,9 +164,12 @@ def test_due_timers_stream_in_time_order_and_a_timer_removed_mid_pass_does_not_f
     passing = b.due(100, range(MAX_PARALLELISM))
     assert not isinstance(passing, list)
     fired = []
-    for ts, group, key in passing:
-        b.group = group
-        b.take(key, ts)
+    ahead = list(itertools.islice(passing, 3))  # looked ahead at, as a task does (READ_AHEAD)
+    for row in itertools.chain(ahead, passing):
+        taken = b.take(row)
+        if taken is None:
+            continue
+        ts, key = taken
         fired.append((ts, key))
         if key == ("a",) and ts == 10:  # a's first timer removes b's, then the task flushes
             b.group = None  # (b's own group, as at its registration)
