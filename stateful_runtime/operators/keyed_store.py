@@ -335,7 +335,8 @@ class KeyedStore:
     def get_many(self, keys: list[bytes]) -> list[bytes | None]:
         """The values of ``keys`` (sorted: RocksDB's multi-get reads them in one pass)."""
         assert self.db is not None
-        return self.db.get(keys)
+        got: list[bytes | None] = self.db.get(keys)  # type: ignore[arg-type,assignment]
+        return got
 
     def write(self, rows: dict[bytes, bytes | None]) -> None:
         """Write ``rows`` (None deletes) to the local copy in one write batch; they are part

@@ -612,10 +612,9 @@ class LocalBackend(StateBackend):
             raw[row] = None
             fired = True
             state_row = row[:GROUP_BYTES] + STATE_ROW + row[_TS_END:]
-            states = values.get(state_row, _MISSING)
-            if states is _MISSING:
+            if state_row not in values:
                 self._read_rows((state_row,))
-                states = values[state_row]
+            states = values[state_row]
             if states and _expire(states, ttl, decode_ts(row[GROUP_BYTES + 1 : _TS_END])):
                 dirty[state_row] = states
         return fired
