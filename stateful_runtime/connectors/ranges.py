@@ -58,6 +58,10 @@ class BatchCap:
     def limit(
         self, start: Mapping[str, int], ends: Mapping[str, int], max_rows: int | None
     ) -> dict[str, int]:
+        """The batch's end offsets: from ``start`` toward ``ends`` within the cap. A
+        partition whose listed end is behind its start stays where it is: a batch never
+        moves an offset back (the next batch would start before what it already read)."""
+        ends = {p: max(v, start.get(p, v)) for p, v in ends.items()}
         cap = max_rows
         if self.first:
             cap = FIRST_BATCH_RECORDS if cap is None else min(cap, FIRST_BATCH_RECORDS)

@@ -28,3 +28,15 @@ def test_a_cap_below_the_first_batch_size_and_an_uncapped_reader():
     uncapped = BatchCap()
     assert _size({}, uncapped.limit({}, {"0": 10**6}, None)) == FIRST_BATCH_RECORDS
     assert uncapped.limit({"0": FIRST_BATCH_RECORDS}, {"0": 10**6}, None) == {"0": 10**6}
+
+
+def test_a_listed_end_behind_the_start_never_moves_an_offset_back():
+    """A broker can list an end behind what the job read (-1 from a partition whose new
+    leader has no offsets yet): the batch leaves that partition where it is, capped or not,
+    and the others move on."""
+    start = {"0": 5_000, "1": 7_000}
+    for max_rows in (None, 100, 10**6):
+        cap = BatchCap()
+        cap.first = False
+        out = cap.limit(start, {"0": -1, "1": 8_000}, max_rows)
+        assert out["0"] == 5_000 and 7_000 < out["1"] <= 8_000, max_rows

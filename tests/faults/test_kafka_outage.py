@@ -101,11 +101,13 @@ def _trial(
     job_env: dict[str, str],
     trials,
     fault: str,
-    inject: Callable[[Callable[[], int]], str],
+    inject: Callable[[Callable[[], int], Callable[[int], None]], str],
 ) -> None:
-    """The UPI job over ``kafka``; ``inject(progressed)`` makes the faults after two commits
-    (``progressed()`` waits for a new committed batch, restarting the job if it gave up, and
-    counts the job's exits) and says what it did."""
+    """The UPI job over ``kafka``; ``inject(progressed, feed)`` makes the faults after two
+    commits (``progressed()`` waits for a new committed batch, restarting the job if it gave
+    up, and counts the job's exits; ``feed(n)`` appends the next ``n`` records of the second
+    half, for a fault that must meet the job writing) and says what it did; the rest of the
+    second half follows."""
     topic, out_topic = "upi-outage", "upi-outage-counts"
     kafka.create_topic(topic, 4)
     lines = list(
@@ -126,8 +128,13 @@ def _trial(
         }
     )
     qdir = upi.checkpoint_dir / QUERY
-    runs, exits = 0, []
+    runs, exits, fed = 0, [], 0
     proc = None
+
+    def feed(n: int) -> None:
+        nonlocal fed
+        kafka.produce(topic, [(_key(line), line) for line in second[fed : fed + n]])
+        fed += len(second[fed : fed + n])
 
     def start():
         nonlocal runs, proc
@@ -162,9 +169,9 @@ def _trial(
         )
         at = QueryLayout(qdir).last_committed()
         in_flight = (QueryLayout(qdir).last_planned() or -1) > at
-        done_what = inject(progressed)
+        done_what = inject(progressed, feed)
         running()
-        kafka.produce(topic, [(_key(line), line) for line in second])
+        feed(len(second) - fed)
         ends = _ends(kafka, topic)
         deadline = time.monotonic() + 600
         while not caught_up(qdir, ends):
@@ -218,7 +225,7 @@ def _trial(
 def test_broker_killed_then_back_output_equals_oracle(upi, job_env, tmp_path, trials):
     broker = start_broker(tmp_path / "kafka" / "data")
 
-    def crash(progressed: Callable[[], int]) -> str:
+    def crash(progressed: Callable[[], int], feed: Callable[[int], None]) -> str:
         broker.stop(signal.SIGKILL)
         time.sleep(OUTAGE_S)  # the outage itself, not a synchronisation
         broker.start()
@@ -242,7 +249,7 @@ def test_cluster_leader_moved_and_coordinator_lost_output_equals_oracle(
 ):
     cluster = start_cluster(tmp_path / "kafka")
 
-    def faults(progressed: Callable[[], int]) -> str:
+    def faults(progressed: Callable[[], int], feed: Callable[[int], None]) -> str:
         moved = cluster.leader("upi-outage", 0)
         cluster.node(moved).stop()  # controlled shutdown: its leaderships move
         # The job rides through a leader's move: its next batches commit, no restart.
@@ -252,6 +259,8 @@ def test_cluster_leader_moved_and_coordinator_lost_output_equals_oracle(
         cluster.node(moved).start()
         part = _coordinator_partition(FIRST_TRANSACTIONAL_ID)
         lost = cluster.leader("__transaction_state", part)
+        # Records to write while the coordinator is gone: the job may have read all it had.
+        feed(4_000)
         cluster.node(lost).stop(signal.SIGKILL)
         progressed()
         cluster.node(lost).start()

@@ -60,7 +60,7 @@ from stateful_runtime.connectors.kafka.client import (
 )
 from stateful_runtime.connectors.kafka.dead_letters import KafkaDeadLetterSink
 from stateful_runtime.connectors.ranges import BatchCap, split_ranges
-from stateful_runtime.exceptions import ConfigError, SourceDataLostError
+from stateful_runtime.exceptions import ConfigError, SourceDataLostError, StatefulRuntimeError
 from stateful_runtime.masking import mask_config
 
 if TYPE_CHECKING:
@@ -434,7 +434,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 request_timeout=METADATA_TIMEOUT_S,
             )
             try:
-                return {
+                found = {
                     f"{tp.topic}:{tp.partition}": f.result().offset for tp, f in futures.items()
                 }
             except KafkaException as exc:
@@ -442,6 +442,23 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 code = err.code() if hasattr(err, "code") else None
                 if code not in _LEADER_MOVING or time.monotonic() + pause > deadline:
                     raise
+            else:
+                # After a partition's leader moved, librdkafka's admin client keeps asking the
+                # old leader it knew and answers -1001 (OFFSET_INVALID) without an error, for
+                # as long as the client lives (the broker's answer is never negative): a new
+                # client asks the cluster afresh. Taken as an offset, it moved the batch's end
+                # back and the next batch refused its start as records deleted.
+                unknown = sorted(k for k, offset in found.items() if offset < 0)
+                if not unknown:
+                    return found
+                self._admin = None
+                if time.monotonic() + pause > deadline:
+                    raise StatefulRuntimeError(
+                        f"Kafka source: the cluster at {self.config.get('bootstrap.servers')} "
+                        f"gave no offset for {', '.join(unknown)} within {LEADER_WAIT_S:.0f} s "
+                        f"(their leadership moving?); the job stops with nothing of the batch "
+                        f"committed, and a restart resumes exactly"
+                    )
             time.sleep(pause)  # backoff before asking a moving leadership again
             pause = min(pause * 2, 2.0)
 
