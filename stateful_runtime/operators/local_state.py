@@ -348,7 +348,7 @@ class LocalBackend(StateBackend):
 
     def _read_rows(self, rows: Iterable[bytes]) -> None:
         """Read the key rows among ``rows`` that the task has not read yet, sorted, in one
-        multi-get: RocksDB reads a row of a sorted multi-get in ~1 µs, a get in ~2.5 µs."""
+        multi-get (a present row ~3.4 µs against ~4.6 µs for a get, with the store's options)."""
         values = self.values
         wanted = sorted(set(rows).difference(values))
         if not wanted:
