@@ -230,7 +230,10 @@ stop_one() {  # stop_one NAME: SIGTERM, wait for exit, SIGKILL after the timeout
         sleep 0.1  # poll for the process to exit
     done
     if kill -0 "$pid" 2>/dev/null; then
-        log "$name (pid $pid) did not exit in ${STOP_TIMEOUT}s; killing it"
+        # A thread dump into the daemon's log (SIGQUIT) says what it waited on.
+        log "$name (pid $pid) did not exit in ${STOP_TIMEOUT}s; its threads are in $DIR/$name.log; killing it"
+        kill -QUIT "$pid" 2>/dev/null || true
+        sleep 1  # the dump's time to reach the log
         kill -KILL "$pid" 2>/dev/null || true
     fi
     for kid in $kids; do

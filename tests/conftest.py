@@ -221,5 +221,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, srt_env: dict[str, str]) -
             cluster_dir, info["MASTER_URL"], info["MASTER_WEBUI_URL"], Path(info["WORKER_DIR"])
         )
     finally:
-        stopped = cluster_cmd("stop", cluster_dir, env)
+        # 10 s, not the script's 30 s a daemon: in full runs both daemons have taken all of it
+        # (the script then leaves their thread dumps in their logs, named by the warning).
+        stopped = cluster_cmd("stop", cluster_dir, {**env, "SRT_CLUSTER_STOP_TIMEOUT": "10"})
         assert stopped.returncode == 0, stopped.stderr[-4000:]
+        if "did not exit" in stopped.stderr:
+            import warnings
+
+            warnings.warn(f"slow cluster stop: {stopped.stderr.strip()}", stacklevel=1)
