@@ -211,12 +211,11 @@ def _run_cmd(args: argparse.Namespace) -> int:
         if "pyspark.sql" in sys.modules:  # (not when a stop came before anything imported it)
             from pyspark.sql import SparkSession
 
-            from stateful_runtime.runtime import warmup
+            from stateful_runtime.runtime.session import stop_application
 
             session = SparkSession.getActiveSession()
-            if session is not None:  # end the Spark application cleanly (FINISHED on a cluster)
-                warmup.settle(session)  # no task of it cut off (errors after the summary)
-                session.stop()
+            if session is not None:
+                stop_application(session)
 
 
 def _explain_cmd(args: argparse.Namespace) -> int:

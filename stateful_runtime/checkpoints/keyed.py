@@ -50,6 +50,7 @@ no key is rewritten.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import pickle
@@ -57,11 +58,12 @@ import struct
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any
 
 from stateful_runtime.exceptions import StateError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 MAX_PARALLELISM = 128
 KEYED_DIR = "keyed"
@@ -71,7 +73,6 @@ COMMIT = ".commit"
 # The ``_tag`` of the output row by which a task hands its version's token to the driver.
 COMMIT_TAG = "srt:keyed-commit"
 COMMIT_FORMAT = "srt-keyed-commit-1"
-SCHEMA = pa.schema([("k", pa.binary()), ("v", pa.binary())])
 FORMAT = "srt-keyed-2"
 # A row per state and key (``<group> s <name> \0 <key>``): read, never written.
 PREVIOUS_FORMAT = "srt-keyed-1"
@@ -378,16 +379,28 @@ def prune_records(operator: Path, parallelism: int) -> None:
             p.unlink(missing_ok=True)
 
 
+@functools.cache
+def schema() -> pa.Schema:
+    """The columns of every keyed state file: key and value, binary. (pyarrow is imported
+    where a file is read or written: the driver's tick reader, which imports this module
+    through the checkpoint layout, starts in a process of its own at every query's start.)"""
+    import pyarrow as pa
+
+    return pa.schema([("k", pa.binary()), ("v", pa.binary())])
+
+
 def write(
     directory: Path, version: int, suffix: str, token: str, batches: Iterable[pa.RecordBatch]
 ) -> Path:
     """Write ``batches`` as the ``suffix`` file of ``version`` by attempt ``token``: to a
     temporary name, synced, then renamed (read only once a commit record names ``token``)."""
+    import pyarrow as pa
+
     directory.mkdir(parents=True, exist_ok=True)
-    schema = SCHEMA.with_metadata({"format": FORMAT, "version": str(version), "token": token})
+    columns = schema().with_metadata({"format": FORMAT, "version": str(version), "token": token})
 
     def fill(tmp: Path) -> None:
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, columns) as writer:
             for batch in batches:
                 writer.write_batch(batch)
 
@@ -396,6 +409,8 @@ def write(
 
 def token(path: Path) -> str | None:
     """The token of the task that wrote ``path`` (None if there is no such file)."""
+    import pyarrow as pa
+
     if not path.exists():
         return None
     with pa.OSFile(str(path)) as f:
@@ -406,6 +421,8 @@ def token(path: Path) -> str | None:
 def problem(path: Path) -> str | None:
     """What makes a keyed state file or commit record unreadable (a truncated or foreign
     file), or None."""
+    import pyarrow as pa
+
     if path.name.endswith(COMMIT):
         try:
             _parse_record(path.read_bytes(), version_of(path, COMMIT))
@@ -415,7 +432,7 @@ def problem(path: Path) -> str | None:
     try:
         with pa.memory_map(str(path)) as source:
             reader = pa.ipc.open_file(source)
-            if not reader.schema.equals(SCHEMA):
+            if not reader.schema.equals(schema()):
                 return f"not a keyed state file (columns {reader.schema.names})"
             meta = reader.schema.metadata or {}
             if meta.get(b"format") not in (FORMAT.encode(), PREVIOUS_FORMAT.encode()):
@@ -436,6 +453,8 @@ def rows(
     layout. A file of the previous layout is turned into this one's rows as it is read: a
     state row merges into its key's row as ``current`` holds it (the rows applied so far;
     apply each batch before reading the next)."""
+    import pyarrow as pa
+
     try:
         with pa.memory_map(str(path)) as source:
             reader = pa.ipc.open_file(source)
@@ -510,13 +529,15 @@ def state_at(
 
 
 def as_batches(items: dict[bytes, bytes]) -> Iterator[pa.RecordBatch]:
-    """Rows as record batches of :data:`SCHEMA`, in key order (one, empty, for no rows)."""
+    """Rows as record batches of :func:`schema`, in key order (one, empty, for no rows)."""
+    import pyarrow as pa
+
     keys = sorted(items)
     for start in range(0, max(1, len(keys)), _BATCH_ROWS):
         chunk = keys[start : start + _BATCH_ROWS]
         yield pa.record_batch(
             [pa.array(chunk, pa.binary()), pa.array([items[k] for k in chunk], pa.binary())],
-            schema=SCHEMA,
+            schema=schema(),
         )
 
 

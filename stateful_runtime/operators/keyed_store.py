@@ -100,7 +100,7 @@ LOCK_TIMEOUT_S = 600.0
 _MARKER = b"\xff\xffsrt-version"
 _DELTA = files.DELTA
 _SNAPSHOT = files.SNAPSHOT
-_SCHEMA = files.SCHEMA
+_SCHEMA = files.schema()
 _DIRTY = json.dumps({"dirty": True}).encode()
 # Rows of a snapshot or delta applied to the local copy per write batch (bounds its memory).
 _APPLY_ROWS = 65_536

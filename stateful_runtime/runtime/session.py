@@ -107,6 +107,23 @@ _JVM_EXIT_S = 30.0  # how long a process's exit waits for its JVM (a dump: 300 s
 _ENDING: set[int] = set()
 
 
+_STOPPED_CLEANLY: set[int] = set()  # id() of the contexts stop_application stopped cleanly
+
+
+def stop_application(spark: SparkSession) -> None:
+    """End the Spark application once a job is done (FINISHED on a cluster): the warm-up's
+    tasks settled, then the context stopped as :func:`_stop_context` does. PySpark's own
+    ``SparkSession.stop`` waited for its accumulator server's poll, and left the exit's
+    :func:`_end_jvm` a stopped context it could not tell from a failed stop, so it waited for
+    the JVM's own shutdown instead of killing it: 0.2 s and 0.4 s of every run's end."""
+    from stateful_runtime.runtime import warmup
+
+    sc = spark.sparkContext
+    warmup.settle(spark)  # no task of it cut off (errors after the summary)
+    if _stop_context(spark):
+        _STOPPED_CLEANLY.add(id(sc))
+
+
 def _stop_context(spark: SparkSession) -> bool:
     """Stop the SparkContext in the JVM (jobs, executors and their Python workers, block
     manager, state stores); True if it stopped cleanly.
@@ -170,7 +187,7 @@ def _end_jvm(
 
     client = getattr(getattr(spark.sparkContext, "_gateway", None), "_gateway_client", None)
     warmup.settle(spark)  # its tasks end before Spark stops under them
-    stopped = _stop_context(spark)
+    stopped = id(spark.sparkContext) in _STOPPED_CLEANLY or _stop_context(spark)
     if proc is None or proc.stdin is None:
         return
     if client is not None:

@@ -207,12 +207,12 @@ def _previous_layout(directory, version: int, suffix: str, rows: dict[bytes, byt
     meta = {"format": keyed.PREVIOUS_FORMAT, "version": str(version), "token": f"old{version}"}
     batch = pa.record_batch(
         [pa.array(list(rows), pa.binary()), pa.array(list(rows.values()), pa.binary())],
-        schema=keyed.SCHEMA,
+        schema=keyed.schema(),
     )
     path = keyed.file(directory, version, suffix)
     with (
         pa.OSFile(str(path), "wb") as sink,
-        pa.ipc.new_file(sink, keyed.SCHEMA.with_metadata(meta)) as writer,
+        pa.ipc.new_file(sink, keyed.schema().with_metadata(meta)) as writer,
     ):
         writer.write_batch(batch)
 
