@@ -65,6 +65,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = [item for f in files for item in by_file[f]]
 
 
+def _signal_state() -> dict[str, str]:
+    """What a child process inherits of this one's signals: the ignored set (process-wide) and
+    the main thread's blocked set, as the kernel has them (a native library may set them
+    without Python knowing)."""
+
+    def field(path: str, name: str) -> str:
+        with open(path) as f:
+            return next(line.split()[1] for line in f if line.startswith(name + ":"))
+
+    return {
+        "ignored": field("/proc/self/status", "SigIgn"),
+        "blocked": field(f"/proc/self/task/{os.getpid()}/status", "SigBlk"),
+    }
+
+
+_SIGNALS_AT_START = _signal_state()
+
+
+@pytest.fixture(autouse=True)
+def _signals_left_as_found() -> Iterator[None]:
+    """Every process a test or fixture starts inherits the ignored and blocked signals of the
+    test process, and a JVM started with SIGTERM ignored leaves it ignored: a test that left
+    it so made later Spark daemons and brokers of the same worker deaf to their stop (each
+    stop waited out its timeout). A test that changes them fails, naming the change."""
+    yield
+    now = _signal_state()
+    assert now == _SIGNALS_AT_START, (
+        f"this test left the process's signals changed: {_SIGNALS_AT_START} -> {now} "
+        "(hex masks, bit n-1 for signal n); restore what it changed"
+    )
+
+
 @pytest.fixture(scope="session")
 def srt_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     home = tmp_path_factory.mktemp("srt-home")
@@ -221,9 +253,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, srt_env: dict[str, str]) -
             cluster_dir, info["MASTER_URL"], info["MASTER_WEBUI_URL"], Path(info["WORKER_DIR"])
         )
     finally:
-        # 10 s, not the script's 30 s a daemon: in full runs both daemons have taken all of it
-        # (the script then leaves their thread dumps in their logs, named by the warning).
-        stopped = cluster_cmd("stop", cluster_dir, {**env, "SRT_CLUSTER_STOP_TIMEOUT": "10"})
+        # 3 s, not the script's 30 s a daemon: in full runs both daemons have taken all of it,
+        # and no test needs their graceful exit (the script leaves their thread dumps in their
+        # logs, named by the warning).
+        stopped = cluster_cmd("stop", cluster_dir, {**env, "SRT_CLUSTER_STOP_TIMEOUT": "3"})
         assert stopped.returncode == 0, stopped.stderr[-4000:]
         if "did not exit" in stopped.stderr:
             import warnings

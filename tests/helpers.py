@@ -37,8 +37,8 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
 # The files that take longest (a full run's --durations, summed per file: 100-320 s each), in
-# that order. The suite runs files on two workers (--dist loadfile); these start first, so
-# the short files fill the other worker around them instead of one of these running last
+# that order. The suite runs files on three workers (--dist loadfile); these start first, so
+# the short files fill the other workers around them instead of one of these running last
 # beside an idle worker (tests/conftest.py orders the collection and platform/test.sh passes
 # --no-loadscope-reorder to keep it; the other files follow, most tests first, as xdist would
 # order them).

@@ -57,7 +57,7 @@ JOB = "upi-per-minute"
 START_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 30.0
 # Sensors every few seconds instead of 30 s; freshness evaluated as often.
-SENSOR_INTERVAL_S = 5
+SENSOR_INTERVAL_S = 3
 # 40 events per second of event time: 4,000 events span 100 s, so the first one-minute
 # windows close (the watermark trails the newest event by 5 s).
 EVENTS = 4_000
@@ -183,7 +183,7 @@ class DagsterDev:
             else:
                 if last:
                     return last
-            time.sleep(1.0)
+            time.sleep(0.5)
         pytest.fail(
             f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})\n"
             f"dagster dev log:\n{self.log_tail()}"
@@ -212,7 +212,7 @@ def _wait_until_serving(proc: subprocess.Popen, dev: DagsterDev) -> None:
             AssertionError,
         ) as e:
             last = repr(e)
-        time.sleep(1.0)  # polling interval, not synchronisation: the loop checks the server
+        time.sleep(0.5)  # polling interval, not synchronisation: the loop checks the server
     pytest.fail(
         f"dagster dev did not serve the assets in {START_TIMEOUT_S:.0f} s ({last}):\n"
         f"{dev.log_tail()}"
