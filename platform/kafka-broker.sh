@@ -82,4 +82,6 @@ EOF
     || die "formatting $DATA/logs failed (see above)"
   mv "$props.tmp" "$props"
 fi
-exec "${java[@]}" kafka.Kafka "$props"
+# SIGTERM is a clean shutdown even when the caller ignores it (HotSpot keeps an inherited
+# ignored SIGTERM ignored; see platform/spark-cluster.sh's launch).
+exec env --default-signal=TERM "${java[@]}" kafka.Kafka "$props"

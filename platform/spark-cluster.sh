@@ -123,8 +123,11 @@ launch() {  # launch NAME CLASS ARGS... : start a daemon detached, stdout/stderr
     shift
     # setsid: its own session, so the caller's Ctrl-C or a closed terminal does not reach it;
     # stdin/stdout/stderr detached, so a caller capturing our stdout does not wait for it.
-    # spark-class execs java, so $! is the JVM's pid.
-    setsid "$SPARK_HOME/bin/spark-class" "$@" </dev/null >"$DIR/$name.log" 2>&1 &
+    # spark-class execs java, so $! is the JVM's pid. env --default-signal=TERM: a caller that
+    # ignores SIGTERM (one started in the background with SIGINT ignored that some library
+    # then mapped SIGTERM onto, as Dagster's interrupt handling does) would pass that on, and
+    # HotSpot leaves an ignored SIGTERM ignored: `stop` then waited out its timeout.
+    setsid env --default-signal=TERM "$SPARK_HOME/bin/spark-class" "$@" </dev/null >"$DIR/$name.log" 2>&1 &
     echo $! >"$DIR/$name.pid"
 }
 

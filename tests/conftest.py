@@ -45,6 +45,8 @@ from tests.helpers import (  # noqa: E402  (after the assert-rewrite registratio
     free_port,
     pg_binary,
     require,
+    restore_signals,
+    signal_state,
 )
 
 # Tests that start Spark (a session in the test's process, or `srt` processes that run jobs),
@@ -65,36 +67,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = [item for f in files for item in by_file[f]]
 
 
-def _signal_state() -> dict[str, str]:
-    """What a child process inherits of this one's signals: the ignored set (process-wide) and
-    the main thread's blocked set, as the kernel has them (a native library may set them
-    without Python knowing)."""
-
-    def field(path: str, name: str) -> str:
-        with open(path) as f:
-            return next(line.split()[1] for line in f if line.startswith(name + ":"))
-
-    return {
-        "ignored": field("/proc/self/status", "SigIgn"),
-        "blocked": field(f"/proc/self/task/{os.getpid()}/status", "SigBlk"),
-    }
-
-
-_SIGNALS_AT_START = _signal_state()
+_SIGNALS_AT_START = signal_state()
 
 
 @pytest.fixture(autouse=True)
-def _signals_left_as_found() -> Iterator[None]:
-    """Every process a test or fixture starts inherits the ignored and blocked signals of the
-    test process, and a JVM started with SIGTERM ignored leaves it ignored: a test that left
-    it so made later Spark daemons and brokers of the same worker deaf to their stop (each
-    stop waited out its timeout). A test that changes them fails, naming the change."""
+def _signals_as_found() -> Iterator[None]:
+    """Every process a test or fixture starts inherits the test process's ignored and blocked
+    signals. Dagster's in-process interrupt handling sets SIGTERM's handler to SIGINT's, which
+    is "ignore" in a suite started in the background, and chdb blocks SIGPIPE: Spark daemons
+    and brokers started later in the same worker ignored their SIGTERM (each stop waited out
+    its timeout; a broker's "clean stop" became a kill). Each test leaves them as the session
+    found them (``tests.helpers.restore_signals``)."""
     yield
-    now = _signal_state()
-    assert now == _SIGNALS_AT_START, (
-        f"this test left the process's signals changed: {_SIGNALS_AT_START} -> {now} "
-        "(hex masks, bit n-1 for signal n); restore what it changed"
-    )
+    restore_signals(_SIGNALS_AT_START)
 
 
 @pytest.fixture(scope="session")

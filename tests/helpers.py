@@ -58,6 +58,26 @@ LONGEST_FILES = (
 )
 
 
+_INHERITED = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM)
+
+
+def signal_state() -> tuple[dict[int, Any], set[int]]:
+    """This (main) thread's handlers of the signals a child inherits as ignored, and its
+    blocked signals: what :func:`restore_signals` puts back."""
+    handlers = {sig: signal.getsignal(sig) for sig in _INHERITED}
+    return handlers, set(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+
+
+def restore_signals(state: tuple[dict[int, Any], set[int]]) -> None:
+    """Put back what :func:`signal_state` saw (a library's native handler included: each is
+    set again, whatever Python believes it is)."""
+    handlers, blocked = state
+    for sig, handler in handlers.items():
+        if handler is not None:
+            signal.signal(sig, handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
 def require(available: object, what: str, how: str) -> None:
     """A service, tool or privilege the test needs. Under CI (``CI=true``) its absence fails the
     test, naming what is missing: a green run must have checked what it claims. Elsewhere the

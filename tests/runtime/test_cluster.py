@@ -8,6 +8,7 @@ executor the worker launched.
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 from upi_events import events, oracle
@@ -89,3 +90,30 @@ def test_warehouse_sinks_written_by_the_cluster_executors_equal_oracle(
     status = json.loads(srt(["status", "upi-per-minute", "--json"], srt_env).stdout)[0]
     app_id = status["spark_app_id"]
     assert app_id.startswith("app-") and list((cluster.worker_dir / app_id).glob("*/stderr"))
+
+
+def test_daemons_started_by_a_caller_ignoring_sigterm_still_stop_on_it(tmp_path, srt_env):
+    """A caller that ignores SIGTERM passes that on (Dagster's interrupt handling maps SIGTERM
+    onto an ignored SIGINT), and HotSpot keeps an inherited ignored SIGTERM ignored: `stop`
+    waited out its timeout for each daemon, then killed it."""
+    import subprocess
+
+    from tests.helpers import CLUSTER_SCRIPT, cluster_cmd
+
+    cluster_dir = tmp_path / "cluster"
+    env = {**srt_env, "SRT_CLUSTER_DIR": str(cluster_dir), "SRT_CLUSTER_STOP_TIMEOUT": "120"}
+    started = subprocess.run(
+        ["bash", str(CLUSTER_SCRIPT), "start", str(cluster_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN),
+    )
+    try:
+        assert started.returncode == 0, started.stderr[-3000:]
+    finally:
+        stopped = cluster_cmd("stop", cluster_dir, env)
+    assert stopped.returncode == 0 and "did not exit" not in stopped.stderr, stopped.stderr
+    for daemon in ("master", "worker"):
+        assert "RECEIVED SIGNAL TERM" in (cluster_dir / f"{daemon}.log").read_text(), daemon
