@@ -24,6 +24,9 @@ SCRIPT = textwrap.dedent("""
     spark = build_session(1, "local[1]")
     seen["proc"] = spark.sparkContext._gateway.proc
     assert spark.range(0, 100).selectExpr("sum(id) AS s").collect()[0].s == 4950
+    if __STOP__:  # as `srt run` ends its application before the exit handlers run
+        from stateful_runtime.runtime.session import stop_application
+        stop_application(spark)
 """)
 
 
@@ -59,14 +62,19 @@ def _exec(tmp_path, script: str, **env) -> subprocess.CompletedProcess:
     return done
 
 
-def _run(tmp_path, **env) -> str:
-    done = _exec(tmp_path, SCRIPT, **env)
+def _run(tmp_path, stop: bool = False, **env) -> str:
+    done = _exec(tmp_path, SCRIPT.replace("__STOP__", repr(stop)), **env)
     (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("jvm-exit")]
     return line
 
 
-def test_the_jvm_is_killed_once_its_context_stopped(tmp_path):
-    line = _run(tmp_path)
+@pytest.mark.parametrize("stopped_before", [False, True], ids=["at exit", "stopped before"])
+def test_the_jvm_is_killed_once_its_context_stopped(tmp_path, stopped_before):
+    """Whether the exit handler stops the context or the job ended its application before
+    (``stop_application``, as ``srt run`` does): PySpark's own stop left the handler a context
+    it could not tell from one that failed to stop, and the JVM's own shutdown was waited
+    for."""
+    line = _run(tmp_path, stop=stopped_before)
     assert line == "jvm-exit -9", line
     # Nothing of the JVM or its workers outlived the process: the scratch is gone too.
     assert [p.name for p in (tmp_path / f"srt-spark-{os.getuid()}").iterdir()] == []
