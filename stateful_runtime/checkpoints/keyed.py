@@ -382,8 +382,9 @@ def prune_records(operator: Path, parallelism: int) -> None:
 @functools.cache
 def schema() -> pa.Schema:
     """The columns of every keyed state file: key and value, binary. (pyarrow is imported
-    where a file is read or written: the driver's tick reader, which imports this module
-    through the checkpoint layout, starts in a process of its own at every query's start.)"""
+    where a file is read or written: what reads a checkpoint's layout alone, as `srt status`
+    and `srt savepoint list` do through :mod:`stateful_runtime.checkpoints.layout`, does not
+    load it.)"""
     import pyarrow as pa
 
     return pa.schema([("k", pa.binary()), ("v", pa.binary())])
