@@ -236,7 +236,10 @@ stop_one() {  # stop_one NAME: SIGTERM, wait for exit, SIGKILL after the timeout
         # A thread dump into the daemon's log (SIGQUIT) says what it waited on.
         log "$name (pid $pid) did not exit in ${STOP_TIMEOUT}s; its threads are in $DIR/$name.log; killing it"
         kill -QUIT "$pid" 2>/dev/null || true
-        sleep 1  # the dump's time to reach the log
+        for _ in $(seq 20); do  # up to 2 s for the dump to reach the log
+            grep -q "^Full thread dump" "$DIR/$name.log" 2>/dev/null && break
+            sleep 0.1
+        done
         kill -KILL "$pid" 2>/dev/null || true
     fi
     for kid in $kids; do

@@ -238,9 +238,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, srt_env: dict[str, str]) -
             cluster_dir, info["MASTER_URL"], info["MASTER_WEBUI_URL"], Path(info["WORKER_DIR"])
         )
     finally:
-        # 3 s, not the script's 30 s a daemon: in full runs both daemons have taken all of it,
-        # and no test needs their graceful exit (the script leaves their thread dumps in their
-        # logs, named by the warning).
+        # 3 s a daemon, not the script's 30 s: no test needs their graceful exit. One that
+        # does not exit in time is named by the warning, its thread dump in its log.
         stopped = cluster_cmd("stop", cluster_dir, {**env, "SRT_CLUSTER_STOP_TIMEOUT": "3"})
         assert stopped.returncode == 0, stopped.stderr[-4000:]
         if "did not exit" in stopped.stderr:

@@ -15,6 +15,5 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     root = tmp_path_factory.mktemp("kafka")
     broker = start_broker(root / "data")
     yield broker
-    # Its data goes with the session: no clean shutdown to wait for (after a suite's worth of
-    # transactions and killed clients, a SIGTERM'd broker has taken the whole 60 s).
+    # Its data goes with the session: no clean shutdown to wait for.
     broker.stop(signal.SIGKILL)
