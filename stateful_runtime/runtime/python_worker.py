@@ -17,14 +17,23 @@ module and runs it as ``python -m`` would, handing it that connection when it as
 The wait Spark bounds is then the interpreter's start and a connect. Anything else
 (the daemon, a worker it forks, a command that is not ``-m``) runs the interpreter unchanged.
 
+Where the driver started a forkserver (:mod:`stateful_runtime.runtime.forkserver`), every
+``-m`` start — a daemon, a worker started on its own (once connected) — is handed to it: the
+child it forks has pyspark, pyarrow, pandas and the runtime's worker modules imported already,
+and this process stays as the one Spark watches until the child ends. A start the server
+refuses runs here, as above.
+
 The session uses it when the job's Python workers run the driver's own interpreter
 (``session.worker_python``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import runpy
+import selectors
+import signal
 import socket
 import struct
 import sys
@@ -35,51 +44,115 @@ PORT = "PYTHON_WORKER_FACTORY_PORT"
 SOCK_PATH = "PYTHON_WORKER_FACTORY_SOCK_PATH"
 SECRET = "PYTHON_WORKER_FACTORY_SECRET"
 
+# The forkserver's socket path, in the environment the JVM and the processes it starts inherit;
+# ``off`` before the session starts: no server (every process Spark starts imports alone).
+ENV = "SRT_FORKSERVER"
+OFF = "off"
+# Settings an interpreter reads once, at its start: a child of the server has the server's,
+# so a start asking for other values is refused (Spark sets the first two for its workers).
+FIXED = (
+    "PYTHONHASHSEED",
+    "PYTHONUNBUFFERED",
+    "PYTHONDONTWRITEBYTECODE",
+    "PYTHONOPTIMIZE",
+    "PYTHONSAFEPATH",
+    "PYTHONWARNINGS",
+    "PYTHONFAULTHANDLER",
+    "PYTHONMALLOC",
+    "PYTHONUTF8",
+    "SPARK_TESTING",
+    "PYSPARK_ENABLE_NAMEDTUPLE_PATCH",
+)
+FRAME = struct.Struct("!I")  # a start's request: its length, then JSON
+MAX_FDS = 8  # file descriptors a start passes, at most
+
 
 def main() -> None:
     argv = sys.argv[1:]
-    if len(argv) < 2 or argv[0] != "-m" or not (PORT in os.environ or SOCK_PATH in os.environ):
+    if len(argv) < 2 or argv[0] != "-m":
         os.execv(sys.executable, [sys.executable, *argv])
-    module = argv[1]
-    sock, sockfile = _connect()
-    _hand_over(sock, sockfile)
-    sys.argv = [module, *argv[2:]]
+    simple = PORT in os.environ or SOCK_PATH in os.environ
+    conn = _connect() if simple else None
+    extra = [] if conn is None else [conn.fileno()]
+    code = run_forked(argv, [0, 1, 2, *extra])
+    if code is not None:
+        _exit_as(code)
+    if conn is None:
+        os.execv(sys.executable, [sys.executable, *argv])
+    sys.exit(run_module(argv[1:], extra))
+
+
+def _exit_as(code: int) -> None:
+    """End as the child did: with its exit code, or killed by the signal that ended it."""
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        code = 128 - code  # (a signal this process cannot die of)
+    sys.exit(code)
+
+
+def run_module(argv: list[str], extra: list[int]) -> int:
+    """Run module ``argv[0]`` with arguments ``argv[1:]`` as ``python -m`` would, in this
+    process; ``extra``: the connection to the JVM made for it (its file descriptor), handed
+    to PySpark's first ``local_connect_and_auth`` for the factory's address. Its exit status."""
+    if extra:
+        _hand_over(extra[0])
+    module = argv[0]
+    sys.argv = [module, *argv[1:]]
     sys.path.insert(0, os.getcwd())  # as `python -m` puts the working directory first
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            return stop.code or 0
+        print(stop.code, file=sys.stderr)
+        return 1
+    return 0
 
 
-def _connect() -> tuple[socket.socket, Any]:
-    """Connect back to the JVM as PySpark's ``local_connect_and_auth`` does."""
+def _connect() -> socket.socket:
+    """Connect back to the JVM as PySpark's ``local_connect_and_auth`` does, reading no byte
+    past the JVM's reply (the connection may be handed to another process)."""
     timeout = int(os.environ.get("SPARK_AUTH_SOCKET_TIMEOUT", 15))
-    buffer = int(os.environ.get("SPARK_BUFFER_SIZE", 65536))
     secret = os.environ.get(SECRET)
     path = os.environ.get(SOCK_PATH)
     if path is not None and secret is None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
         sock.connect(path)
-        return sock, sock.makefile("rwb", buffer)
+        return sock
     host = "::1" if os.environ.get("SPARK_PREFER_IPV6", "false").lower() == "true" else "127.0.0.1"
     sock = socket.create_connection((host, int(os.environ[PORT])), timeout=timeout)
-    sockfile = sock.makefile("rwb", buffer)
     assert secret is not None, f"{SECRET} is not set"
     token = secret.encode("utf-8")
-    sockfile.write(struct.pack("!i", len(token)) + token)
-    sockfile.flush()
-    (length,) = struct.unpack("!i", sockfile.read(4))
-    reply = sockfile.read(length).decode("utf-8")
+    sock.sendall(struct.pack("!i", len(token)) + token)
+    (length,) = struct.unpack("!i", _read(sock, 4))
+    reply = _read(sock, length).decode("utf-8")
     if reply != "ok":
         sock.close()
         raise RuntimeError(f"the JVM refused this Python worker's secret ({reply!r})")
-    return sock, sockfile
+    return sock
 
 
-def _hand_over(sock: socket.socket, sockfile: Any) -> None:
+def _read(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        more = sock.recv(n - len(data))
+        if not more:
+            raise RuntimeError("the JVM closed the connection while this worker authenticated")
+        data += more
+    return data
+
+
+def _hand_over(fd: int) -> None:
     """Make PySpark's first ``local_connect_and_auth`` for the factory's address return the
-    connection made, and every other call connect as before."""
+    connection made (file descriptor ``fd``), and every other call connect as before."""
     import pyspark.util
     import pyspark.worker_util
 
+    sock = socket.socket(fileno=fd)
+    sock.settimeout(int(os.environ.get("SPARK_AUTH_SOCKET_TIMEOUT", 15)))
+    sockfile = sock.makefile("rwb", int(os.environ.get("SPARK_BUFFER_SIZE", 65536)))
     original = pyspark.util.local_connect_and_auth
     address = os.environ.get(SOCK_PATH, os.environ.get(PORT))
     pending = [(sockfile, sock)]
@@ -91,3 +164,75 @@ def _hand_over(sock: socket.socket, sockfile: Any) -> None:
 
     pyspark.util.local_connect_and_auth = local_connect_and_auth  # type: ignore[assignment]
     pyspark.worker_util.local_connect_and_auth = local_connect_and_auth  # type: ignore[assignment]
+
+
+# -- the forkserver's client ------------------------------------------------------------------
+def interpreter_settings(env: dict[str, str]) -> dict[str, Any]:
+    """What of ``env`` an interpreter fixes at its start (a flag set to any non-empty value
+    counts as set)."""
+    flags = ("PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONSAFEPATH")
+    out: dict[str, Any] = {}
+    for name in FIXED:
+        value = env.get(name) or None
+        out[name] = (value is not None) if name in flags else value
+    return out
+
+
+# -- the client side (``srt-python``) -------------------------------------------------------------
+def run_forked(argv: list[str], streams: list[int]) -> int | None:
+    """Start ``python <argv>`` as a child of the server with file descriptors ``streams``
+    (stdin, stdout, stderr, then any the command's module expects) and this process's
+    environment and working directory; wait for it and return its exit status
+    (:func:`os.waitstatus_to_exitcode`). None when the server is not there or refuses (the
+    caller runs the interpreter itself; nothing was started)."""
+    path = os.environ.get(ENV)
+    if not path or path == OFF:
+        return None
+    try:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(path)
+        request = json.dumps(
+            {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "python": sys.executable}
+        ).encode()
+        socket.send_fds(conn, [FRAME.pack(len(request)) + request], streams)
+        reply = conn.makefile("rb")
+        first = reply.readline().split()
+    except OSError:
+        return None
+    if len(first) != 2 or first[0] != b"pid":
+        conn.close()
+        return None  # refused (or the server is ending): no child was started
+    pid = int(first[1])
+
+    def forward(signum: int, frame: Any) -> None:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    signal.signal(signal.SIGTERM, forward)
+    # The child has the streams now: this process holds no end of them, so a reader of the
+    # child's output sees its end when the child ends.
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in streams:
+        os.dup2(null, fd) if fd <= 2 else os.close(fd)
+    try:
+        last = reply.readline().split()
+    except OSError:
+        last = []
+    if len(last) == 2 and last[0] == b"exit":
+        return os.waitstatus_to_exitcode(int(last[1]))
+    return _wait_gone(pid)  # the server ended first: the child's status went with it
+
+
+def _wait_gone(pid: int) -> int:
+    """Wait for ``pid`` (not this process's child) to end; its status is unknown: 1."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return 1
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        sel.select()
+    os.close(fd)
+    return 1

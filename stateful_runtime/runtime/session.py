@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from stateful_runtime._process import process_dir
 from stateful_runtime.exceptions import ConfigError
+from stateful_runtime.runtime import forkserver
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -428,6 +429,9 @@ def build_session(
     ``log_file``, a JVM started now logs Spark's warnings there and only errors to stderr (a job
     process's terminal shows the job, not Spark's start-up)."""
     os.environ["PYSPARK_PYTHON"] = worker_python(os.environ.get("PYSPARK_PYTHON"))
+    if os.path.basename(os.environ["PYSPARK_PYTHON"]) == "srt-python":
+        # before the JVM starts: it, and the processes it starts, inherit the server's socket
+        forkserver.start(log_file)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
