@@ -26,13 +26,13 @@ before. The server ends when the driver does (its stdin closes).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import selectors
 import signal
 import socket
 import sys
-import tempfile
 from typing import Any
 
 from stateful_runtime.runtime.python_worker import (
@@ -64,6 +64,8 @@ PRELOAD = (
     "stateful_runtime.operators.ticks",
     "stateful_runtime.runtime.batch_writes",
 )
+_SOCKET_PATH_MAX = 100  # bytes of a Unix socket's path (108 on Linux, with its NUL)
+
 # -- the server ------------------------------------------------------------------------------------
 _started: list[Any] = []  # this process's server (its Popen), once started
 
@@ -81,8 +83,14 @@ def start(log: str | os.PathLike[str] | None = None) -> str | None:
         return None
     import subprocess
 
-    directory = tempfile.mkdtemp(prefix="srt-forkserver-")  # the user's alone (0700)
-    path = os.path.join(directory, "socket")
+    from stateful_runtime._process import process_dir
+
+    try:  # this process's (0700), removed when it ends, or by a later one if it is killed
+        path = str(process_dir("srt-forkserver") / "socket")
+    except OSError:
+        return None
+    if len(path.encode()) > _SOCKET_PATH_MAX:
+        return None  # a temp directory too deep for a Unix socket: every start imports alone
     env = {**os.environ, **SERVER_SETTINGS}
     env.pop(ENV, None)
     errors = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115
@@ -291,6 +299,9 @@ def main() -> None:
         except Exception:  # noqa: BLE001 (an optional module: its importer pays for it)
             pass
     os.register_at_fork(after_in_child=_reseed_numpy)
+    # What the imports made is never garbage: a child's collections skip it, and leave its
+    # pages shared with the server's (freeze_worker_heap does the same in a worker).
+    gc.freeze()
     try:
         server.serve()
     finally:
