@@ -70,11 +70,15 @@ _SOCKET_PATH_MAX = 100  # bytes of a Unix socket's path (108 on Linux, with its 
 _started: list[Any] = []  # this process's server (its Popen), once started
 
 
-def start(log: str | os.PathLike[str] | None = None) -> str | None:
+def start(
+    directory: str | os.PathLike[str] | None = None, log: str | os.PathLike[str] | None = None
+) -> str | None:
     """Start this process's forkserver (once) and name its socket in the environment
     (:data:`ENV`), so that a JVM started after this finds it; the socket's path, or None on a
-    platform without one. ``log``: where the server's own errors go (appended; else nowhere:
-    it holds none of this process's streams, whose readers wait for their end)."""
+    platform without one. ``directory``: a private directory of this process for the socket
+    (the session's scratch; else one of its own). ``log``: where the server's own errors go
+    (appended; else nowhere: it holds none of this process's streams, whose readers wait for
+    their end)."""
     if _started:
         return os.environ.get(ENV)
     if os.environ.get(ENV) == OFF:
@@ -86,7 +90,7 @@ def start(log: str | os.PathLike[str] | None = None) -> str | None:
     from stateful_runtime._process import process_dir
 
     try:  # this process's (0700), removed when it ends, or by a later one if it is killed
-        path = str(process_dir("srt-forkserver") / "socket")
+        path = os.path.join(directory or process_dir("srt-forkserver"), "forkserver.sock")
     except OSError:
         return None
     if len(path.encode()) > _SOCKET_PATH_MAX:
@@ -242,9 +246,17 @@ def _child(server: _Server, conn: socket.socket, request: dict[str, Any], fds: l
     try:
         conn.close()
         server.close_in_child()
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        # the signals as the caller had them (the JVM starts its Python processes ignoring
+        # the job's stop signals, which go to the whole process group)
+        ignored = set(request.get("ignored", ()))
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGINT):
+            if sig in ignored:
+                signal.signal(sig, signal.SIG_IGN)
+            elif sig == signal.SIGINT:
+                signal.signal(sig, signal.default_int_handler)
+            else:
+                signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, request.get("blocked", ()))
         for target, fd in enumerate(fds[:3]):
             os.dup2(fd, target)
             if fd > 2 and fd not in fds[:target]:
@@ -254,8 +266,13 @@ def _child(server: _Server, conn: socket.socket, request: dict[str, Any], fds: l
         os.environ.clear()
         os.environ.update(env)
         os.chdir(request["cwd"])
+        # PYTHONPATH's entries, as an interpreter puts them first, but for those inside the
+        # pyspark imported here (Spark puts its zips of it first; a worker's interpreter drops
+        # them too, platform/bootstrap.sh)
+        pyspark = sys.modules.get("pyspark")
+        inside = os.path.dirname(pyspark.__file__ or "/") + os.sep if pyspark else None
         for entry in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):
-            if entry not in sys.path:
+            if entry not in sys.path and not (inside and entry.startswith(inside)):
                 sys.path.insert(0, entry)
         # run as __main__ as `python -m` runs it, not over the copy imported here
         sys.modules.pop(request["argv"][1], None)
@@ -306,11 +323,10 @@ def main() -> None:
         server.serve()
     finally:
         server.listener.close()
-        for name in (path, os.path.dirname(path)):
-            try:
-                os.unlink(name) if name == path else os.rmdir(name)
-            except OSError:
-                pass
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 if __name__ == "__main__":

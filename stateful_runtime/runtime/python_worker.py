@@ -63,6 +63,7 @@ FIXED = (
     "SPARK_TESTING",
     "PYSPARK_ENABLE_NAMEDTUPLE_PATCH",
 )
+_STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a child ignores those its caller did
 FRAME = struct.Struct("!I")  # a start's request: its length, then JSON
 MAX_FDS = 8  # file descriptors a start passes, at most
 
@@ -191,8 +192,16 @@ def run_forked(argv: list[str], streams: list[int]) -> int | None:
     try:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(path)
+        ignored = [s for s in _STOPS if signal.getsignal(s) == signal.SIG_IGN]
         request = json.dumps(
-            {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "python": sys.executable}
+            {
+                "argv": argv,
+                "env": dict(os.environ),
+                "cwd": os.getcwd(),
+                "python": sys.executable,
+                "ignored": ignored,
+                "blocked": sorted(signal.pthread_sigmask(signal.SIG_BLOCK, ())),
+            }
         ).encode()
         socket.send_fds(conn, [FRAME.pack(len(request)) + request], streams)
         reply = conn.makefile("rb")
@@ -210,7 +219,15 @@ def run_forked(argv: list[str], streams: list[int]) -> int | None:
         except ProcessLookupError:
             pass
 
-    signal.signal(signal.SIGTERM, forward)
+    # Spark stops what it started with SIGTERM to the process. A daemon leaves the job's
+    # process group at once (pyspark.daemon): so does this process for it, and then only a
+    # SIGTERM meant for it arrives, to be passed on. Any other child stays in the group, as
+    # this process does, and takes the group's signals as this one would have.
+    if argv[1] == "pyspark.daemon":
+        os.setpgid(0, 0)
+        signal.signal(signal.SIGTERM, forward)
+    elif signal.SIGTERM not in ignored:
+        signal.signal(signal.SIGTERM, forward)
     # The child has the streams now: this process holds no end of them, so a reader of the
     # child's output sees its end when the child ends.
     null = os.open(os.devnull, os.O_RDWR)

@@ -428,11 +428,7 @@ def build_session(
     """Start (or reuse) the process's SparkSession with the runtime's settings. With
     ``log_file``, a JVM started now logs Spark's warnings there and only errors to stderr (a job
     process's terminal shows the job, not Spark's start-up)."""
-    os.environ["PYSPARK_PYTHON"] = worker_python(os.environ.get("PYSPARK_PYTHON"))
-    if os.path.basename(os.environ["PYSPARK_PYTHON"]) == "srt-python":
-        # before the JVM starts: it, and the processes it starts, inherit the server's socket
-        forkserver.start(log_file)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    workers = os.environ["PYSPARK_PYTHON"] = worker_python(os.environ.get("PYSPARK_PYTHON"))
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
@@ -440,6 +436,13 @@ def build_session(
     master = master or default_master()
     conf = spark_conf(parallelism, master, job_log=log_file is not None)
     scratch = _scratch_conf(master)
+    driver = os.environ.get("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if os.path.basename(workers) == "srt-python":
+        # before the JVM starts: it, and the processes it starts, inherit the server's socket
+        forkserver.start(scratch.get("spark.local.dir"), log_file)
+        if os.path.realpath(driver) == os.path.realpath(sys.executable):
+            driver = workers  # the driver's own Python processes (a data source lookup) too
+    os.environ["PYSPARK_DRIVER_PYTHON"] = driver
     for key, value in scratch.items():
         conf[key] = f"{conf[key]} {value}" if key.endswith("JavaOptions") else value
     conf.update(extra or {})

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyspark
 import pytest
 
 from stateful_runtime.runtime import forkserver
@@ -38,6 +39,8 @@ print(json.dumps({
     "probe_env": os.environ.get("PROBE"),
     "hash": hash("srt"),
     "preloaded": "pyarrow" in sys.modules,
+    "path": sys.path,
+    "sigterm_ignored": __import__("signal").getsignal(15) == __import__("signal").SIG_IGN,
 }), flush=True)
 if mode == "exit":
     sys.exit(int(sys.argv[2]))
@@ -58,6 +61,9 @@ if mode == "connect":
 """
 
 
+_SPARK_ZIP = str(Path(pyspark.__file__).parent / "python" / "lib" / "pyspark.zip")
+
+
 class Server:
     def __init__(self, tmp_path: Path) -> None:
         self.path = str(tmp_path / "fs" / "socket")
@@ -74,7 +80,8 @@ class Server:
         self.env = {
             **env,
             ENV: self.path,
-            "PYTHONPATH": str(tmp_path),
+            # Spark puts its zips of pyspark first: the preloaded pyspark stands
+            "PYTHONPATH": os.pathsep.join([_SPARK_ZIP, str(tmp_path)]),
             "PROBE": "passed",
         }
         self.cwd = tmp_path
@@ -126,6 +133,7 @@ def test_a_start_is_forked_from_the_server_with_the_callers_streams_and_status(s
         check=True,
     )
     assert seen["hash"] == int(fresh.stdout)  # Spark's PYTHONHASHSEED=0, as a fresh one
+    assert str(server.cwd) in seen["path"] and _SPARK_ZIP not in seen["path"]
 
     proc = server.start("stdin", stdin=subprocess.PIPE)
     out, _ = proc.communicate(b"through the server", timeout=30)
@@ -191,7 +199,32 @@ def test_the_server_ends_with_its_driver(server):
     assert server.proc.stdin is not None
     server.proc.stdin.close()  # the driver ended
     assert server.proc.wait(timeout=30) == 0
-    assert not os.path.exists(server.path) and not os.path.exists(os.path.dirname(server.path))
+    assert not os.path.exists(server.path)
+
+
+def test_a_child_takes_the_groups_stop_signals_as_its_caller_would(server):
+    """The JVM starts its Python processes ignoring SIGINT and SIGTERM, and a stop of the job
+    signals its whole process group: the child ignores them as the caller did (the job stops
+    its queries first), and a SIGKILL of the caller still takes it."""
+
+    def ignoring() -> None:
+        os.setpgid(0, 0)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+
+    proc = server.start("wait", preexec_fn=ignoring)
+    seen = _report(proc)
+    child = seen["pid"]
+    assert seen["sigterm_ignored"] and seen["ppid"] == server.proc.pid
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        os.killpg(proc.pid, sig)  # srt-python's group, as a job's stop reaches it
+        os.kill(child, sig)  # and the child's own
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=2)
+    assert not _gone(child)
+    proc.kill()
+    proc.wait()
+    poll(lambda: _gone(child), 10, "the child of a killed srt-python ending")
 
 
 def test_the_jobs_python_processes_come_from_the_server(spark):
