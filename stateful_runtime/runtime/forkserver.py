@@ -117,7 +117,6 @@ def start(
 
 class _Server:
     def __init__(self, path: str) -> None:
-        self.path = path
         self.settings = interpreter_settings(dict(os.environ))
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
@@ -277,9 +276,7 @@ def _child(server: _Server, conn: socket.socket, request: dict[str, Any], fds: l
         # run as __main__ as `python -m` runs it, not over the copy imported here
         sys.modules.pop(request["argv"][1], None)
 
-        code = run_module(request["argv"][1:], extra)
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        code = run_module(request["argv"][1:], extra)  # (its SystemExit is its status)
     except BaseException:
         import traceback
 

@@ -73,12 +73,12 @@ def main() -> None:
     if len(argv) < 2 or argv[0] != "-m":
         os.execv(sys.executable, [sys.executable, *argv])
     simple = PORT in os.environ or SOCK_PATH in os.environ
-    conn = _connect() if simple else None
-    extra = [] if conn is None else [conn.fileno()]
+    # the connection's descriptor alone, owned by whoever runs the module (here or a child)
+    extra = [_connect().detach()] if simple else []
     code = run_forked(argv, [0, 1, 2, *extra])
     if code is not None:
         _exit_as(code)
-    if conn is None:
+    if not extra:
         os.execv(sys.executable, [sys.executable, *argv])
     sys.exit(run_module(argv[1:], extra))
 
@@ -232,7 +232,11 @@ def run_forked(argv: list[str], streams: list[int]) -> int | None:
     # child's output sees its end when the child ends.
     null = os.open(os.devnull, os.O_RDWR)
     for fd in streams:
-        os.dup2(null, fd) if fd <= 2 else os.close(fd)
+        if fd <= 2:
+            os.dup2(null, fd)
+        else:
+            os.close(fd)
+    os.close(null)
     try:
         last = reply.readline().split()
     except OSError:

@@ -165,9 +165,11 @@ def test_sigterm_reaches_the_child_and_a_killed_srt_python_takes_its_child(serve
     poll(lambda: _gone(child), 10, "the child of a killed srt-python ending")
 
 
-def test_the_connection_to_the_jvm_is_handed_over_with_nothing_read_past_the_reply(server):
+@pytest.mark.parametrize("case", ["forked", "no server"])
+def test_the_connection_to_the_jvm_is_handed_over_with_nothing_read_past_the_reply(server, case):
     """A worker Spark starts on its own connects and authenticates in ``srt-python``; the
-    JVM's first message may follow its reply at once, and the child reads it whole."""
+    JVM's first message may follow its reply at once, and the module reads it whole, in a
+    child of the server or, without one, in ``srt-python`` itself."""
     secret = "s3cret"
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
@@ -185,13 +187,16 @@ def test_the_connection_to_the_jvm_is_handed_over_with_nothing_read_past_the_rep
     thread = threading.Thread(target=jvm, daemon=True)
     thread.start()
     env = {"PYTHON_WORKER_FACTORY_PORT": str(port), "PYTHON_WORKER_FACTORY_SECRET": secret}
+    if case == "no server":
+        env[ENV] = "/nowhere"
     proc = server.start("connect", env=env)
     seen = _report(proc)
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == b"hello"
     assert proc.wait(timeout=30) == 0
     thread.join(10)
-    assert got == [b"bye"] and seen["ppid"] == server.proc.pid
+    assert got == [b"bye"]
+    assert seen["ppid"] == (server.proc.pid if case == "forked" else os.getpid())
     listener.close()
 
 
