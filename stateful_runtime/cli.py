@@ -100,8 +100,14 @@ def _log_cmd(args: argparse.Namespace) -> int:
 
     log = EventLog(args.log_dir)
     if args.log_cmd == "create":
-        info = log.create_topic(args.topic, args.partitions, exist_ok=args.exist_ok)
-        print(f"created topic {info.name} with {info.partitions} partitions in {args.log_dir}")
+        from stateful_runtime.connectors.formats.json import schema_from_ddl
+
+        schema = schema_from_ddl(args.schema) if args.schema else None
+        info = log.create_topic(args.topic, args.partitions, exist_ok=args.exist_ok, schema=schema)
+        stored = f", records stored parsed as ({args.schema})" if schema is not None else ""
+        print(
+            f"created topic {info.name} with {info.partitions} partitions in {args.log_dir}{stored}"
+        )
     elif args.log_cmd == "append":
         out = append_input(
             log,
@@ -143,7 +149,8 @@ def _log_cmd(args: argparse.Namespace) -> int:
             print(f"stopped; end offsets {writer.end_offsets()}", flush=True)
     elif args.log_cmd == "info":
         ends = log.reader(args.topic).end_offsets()
-        key = log.topic(args.topic).key
+        info = log.topic(args.topic)
+        key = info.key
         print(
             json.dumps(
                 {
@@ -153,6 +160,8 @@ def _log_cmd(args: argparse.Namespace) -> int:
                     "records": sum(ends.values()),
                     # placed by this field's key groups (its first append was keyed by it)
                     "key": key.to_json() if key is not None else None,
+                    # records stored parsed into these fields too (created with --schema)
+                    "schema": info.schema.simpleString() if info.schema is not None else None,
                 }
             )
         )
@@ -726,6 +735,13 @@ def _parser() -> argparse.ArgumentParser:
         if name == "create":
             c.add_argument("--partitions", type=_count(1), required=True)
             c.add_argument("--exist-ok", action="store_true")
+            c.add_argument(
+                "--schema",
+                metavar="FIELDS",
+                help="the records' fields, e.g. 'txn_id string, amount_paise bigint': each "
+                "append is stored parsed into them as well, and a job whose source declares the "
+                "same fields and types reads those columns instead of parsing JSON",
+            )
         if name in ("append", "serve"):
             c.add_argument("--key-field", help="JSON field whose value keys each record")
             c.add_argument(

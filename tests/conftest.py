@@ -34,6 +34,7 @@ pytest.register_assert_rewrite(
 
 from tests.helpers import (  # noqa: E402  (after the assert-rewrite registration)
     LONGEST_FILES,
+    UPI_SCHEMA,
     VENV_BIN,
     ClickHouseServer,
     Cluster,
@@ -124,7 +125,7 @@ def upi(tmp_path: Path) -> Iterator[UpiWorkspace]:
     from stateful_runtime.connectors.eventlog import EventLog
 
     ws = UpiWorkspace(tmp_path)
-    EventLog(ws.log_dir).create_topic("upi-payments", ws.partitions)
+    EventLog(ws.log_dir).create_topic("upi-payments", ws.partitions, schema=UPI_SCHEMA)
     yield ws
 
 

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
     from stateful_runtime import StreamJob
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -191,6 +193,19 @@ def wait_for_commit(
         return last is not None and last > floor
 
     wait_for(newer, proc, log, "new committed batch", timeout)
+
+
+def _upi_schema() -> StructType:
+    from upi_per_minute import PAYMENT
+
+    from stateful_runtime.connectors.formats.json import to_struct
+
+    return to_struct(PAYMENT)
+
+
+# The UPI example's record schema: the `upi` fixture's and the kill trials' topics store their
+# records parsed into it (a topic with a schema); other tests' topics have none.
+UPI_SCHEMA = _upi_schema()
 
 
 @dataclass

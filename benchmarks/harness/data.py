@@ -59,6 +59,17 @@ STREAM_KEYS = {
     "jrefunds": "txn_id",
     "jtiers": "merchant_id",
 }
+# Each stream's record schema, as its jobs declare it (benchmarks/jobs/): the event log stores
+# the records parsed into it at append (a topic with a schema), so the jobs parse no JSON.
+_PAYMENT = "txn_id string, merchant_id string, amount_paise bigint, ts_ms bigint"
+STREAM_SCHEMAS = {
+    "upi": _PAYMENT,
+    "upi200k": _PAYMENT,
+    "bids": "auction bigint, bidder bigint, price bigint, channel string, url string, ts_ms bigint",
+    "jpay": _PAYMENT,
+    "jrefunds": "refund_id string, txn_id string, refund_paise bigint, ts_ms bigint",
+    "jtiers": "merchant_id string, tier string, ts_ms bigint",
+}
 # The join streams' topics have one partition. Spark keeps one watermark per source, the
 # maximum over its partitions, and a micro-batch splits its records between the partitions by
 # count, so at 10 events a second two partitions drift tens of seconds apart in event time and
@@ -250,7 +261,7 @@ def prepare(
 
     if stream in ONE_PARTITION:
         partitions = 1
-    d = root / f"{stream}-{events}-s{seed}-p{parts}-t{partitions}"
+    d = root / f"{stream}-{events}-s{seed}-p{parts}-t{partitions}-parsed"
     meta = d / "inputs.json"
     key = STREAM_KEYS[stream]
     if meta.exists():
@@ -283,7 +294,11 @@ def prepare(
         p.write_bytes(b"\n".join(chunk) + b"\n")
         part_paths.append(p)
     log_dir = d / "log"
-    EventLog(log_dir).create_topic(stream, partitions)
+    from stateful_runtime.connectors.formats.json import schema_from_ddl
+
+    EventLog(log_dir).create_topic(
+        stream, partitions, schema=schema_from_ddl(STREAM_SCHEMAS[stream])
+    )
     with EventLog(log_dir).writer(stream) as w:
         key_topic(w, key, lines[0])  # keyed by its key field, as `srt log append` keys it
         for i in range(0, len(lines), APPEND_BATCH):

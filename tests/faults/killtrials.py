@@ -48,7 +48,14 @@ from tests.faults.harness import (
     sink_batch,
     upi_oracle,
 )
-from tests.helpers import UpiWorkspace, append_lines, kill_group, srt, srt_background
+from tests.helpers import (
+    UPI_SCHEMA,
+    UpiWorkspace,
+    append_lines,
+    kill_group,
+    srt,
+    srt_background,
+)
 
 FAULT = "kill -9 of the job's process group"
 TORN = "kill -9 + torn newest commits/N"
@@ -256,7 +263,7 @@ def run_kill_trials(
     if cfg.keyed:
         ws.job = KEYED_JOB
         ws.extra["operator"] = cfg.operator
-    EventLog(ws.log_dir).create_topic(TOPIC, cfg.partitions)
+    EventLog(ws.log_dir).create_topic(TOPIC, cfg.partitions, schema=UPI_SCHEMA)
     source = events(
         cfg.events,
         merchants=30,

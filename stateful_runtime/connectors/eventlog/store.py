@@ -3,12 +3,15 @@
 Layout of a log directory::
 
     <log_dir>/<topic>/topic.json   {"format_version": 1, "topic": ..., "partitions": N,
-                                    "key": {"field": F, "type": "str" | "int"} (a keyed topic)}
+                                    "key": {"field": F, "type": "str" | "int"} (a keyed topic),
+                                    "schema": Spark StructType JSON (a topic with a schema)}
     <log_dir>/<topic>/store/       one RocksDB database holding every partition
 
 Keys in the store (all big-endian so that byte order is offset order):
 
     b"r" + partition:u32 + offset:u64  -> record (see ``_encode``)
+    b"c" + partition:u32 + offset:u64  -> a topic with a schema: the records of that partition
+                                          from that offset on, parsed (an Arrow record batch)
     b"e" + partition:u32               -> next offset of the partition (its end offset)
     b"p" + producer id (utf-8)         -> last sequence appended by that idempotent producer
     b"m"                               -> {"partitions": N} as created (checked against
@@ -27,6 +30,16 @@ with ``g * N // 128 == p``; :func:`key_partition`). A job keyed by ``F`` with ``
 partitions then reads, decodes and runs its keyed operator in one task per partition, without a
 shuffle (``runtime/dataframes.py``). Every later append must be keyed by ``F``; other topics
 place records by :func:`partition_for`.
+
+Topics with a schema. A topic created with a record schema (``srt log create --schema``,
+:meth:`EventLog.create_topic`) stores each append decoded as well as byte for byte: the values
+of each partition parsed once, at append, into typed Arrow columns and the reason each record
+that does not fit is refused (``formats.json.parse_json``), one Arrow record batch per partition
+and append (at most :data:`BLOCK_ROWS` rows), in the append's WriteBatch. A job whose source
+declares the same fields and types reads those columns (:meth:`TopicReader.read_parsed`) and
+parses no JSON; its required fields and event time are judged at read as before, so a record
+gets the same verdict and reason either way. The schema is fixed at creation: every record of
+the topic has its columns.
 
 Concurrency: one writer process per topic (RocksDB's lock); any number of readers in other
 processes, each a RocksDB *secondary* instance that tails the writer's WAL on ``catch_up``.
@@ -47,6 +60,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.sql.types import StructType
 from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from stateful_runtime._process import process_dir
@@ -71,6 +85,8 @@ _BULK_CUTS = 8
 # Below this many records too: the bulk cut's numpy and Arrow calls cost more than a slice
 # each.
 _BULK_MIN = 256
+# Rows per stored block of parsed records (a topic with a schema): one Arrow batch of the read.
+BLOCK_ROWS = 65_536
 
 
 @dataclass(frozen=True)
@@ -106,6 +122,7 @@ class TopicInfo:
     partitions: int
     path: Path
     key: TopicKey | None = None
+    schema: StructType | None = None  # a topic with a schema (see the module doc)
 
     def partition_of(self, key: bytes | None, value: bytes) -> int:
         """The partition an append without one of its own puts a record in: a keyed topic's
@@ -217,15 +234,28 @@ class EventLog:
         *,
         exist_ok: bool = False,
         key: TopicKey | None = None,
+        schema: StructType | None = None,
     ) -> TopicInfo:
+        """Create ``topic``; with ``schema``, a topic with a schema (see the module doc), whose
+        fields must be of types the JSON decoder reads (``formats.json.arrow_schema``)."""
+        from stateful_runtime.connectors.formats.json import parsed_schema
+
         if partitions < 1:
             raise LogError(f"a topic needs at least one partition, got {partitions}")
+        if schema is not None:
+            parsed_schema(schema)  # raises ConfigError naming a field it cannot decode
         tdir = self._topic_dir(topic)
         meta = tdir / "topic.json"
         if meta.exists():
             info = self.topic(topic)
-            if exist_ok and info.partitions == partitions:
+            if exist_ok and info.partitions == partitions and same_fields(info.schema, schema):
                 return info
+            if exist_ok and info.partitions == partitions:
+                raise LogError(
+                    f"topic {topic!r} exists with schema {_shown(info.schema)}, not "
+                    f"{_shown(schema)}; a topic's schema is fixed when it is created (create "
+                    f"another topic, or leave --schema out to use this one as it is)"
+                )
             raise TopicExistsError(str(self.log_dir), topic, info.partitions)
         tdir.mkdir(parents=True, exist_ok=True)
         # Create the store first, then publish topic.json atomically: a crash in between leaves
@@ -233,7 +263,7 @@ class EventLog:
         db = _open_primary(topic, tdir / "store")
         db[_META] = json.dumps({"partitions": partitions}).encode()
         db.close()
-        info = TopicInfo(topic, partitions, tdir, key)
+        info = TopicInfo(topic, partitions, tdir, key, schema)
         _write_info(info)
         return info
 
@@ -271,8 +301,20 @@ class EventLog:
             or key.get("type") not in KEY_TYPES
         ):
             raise CorruptLogError(topic, str(meta), f"topic.json's key is not one: {key!r}")
+        schema = None
+        if data.get("schema") is not None:
+            try:
+                schema = StructType.fromJson(data["schema"])
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise CorruptLogError(
+                    topic, str(meta), f"topic.json's schema is not one ({exc!r})"
+                ) from None
         return TopicInfo(
-            topic, parts, meta.parent, TopicKey(key["field"], key["type"]) if key else None
+            topic,
+            parts,
+            meta.parent,
+            TopicKey(key["field"], key["type"]) if key else None,
+            schema,
         )
 
     def topics(self) -> list[TopicInfo]:
@@ -300,9 +342,23 @@ def _write_info(info: TopicInfo) -> None:
     }
     if info.key is not None:
         data["key"] = info.key.to_json()
+    if info.schema is not None:
+        data["schema"] = info.schema.jsonValue()
     tmp = info.path / "topic.json.tmp"
     tmp.write_text(json.dumps(data))
     os.replace(tmp, info.path / "topic.json")
+
+
+def same_fields(a: StructType | None, b: StructType | None) -> bool:
+    """Whether two record schemas parse JSON alike: the same field names and types in the same
+    order (nullability aside: it is judged after parsing), or both None."""
+    if a is None or b is None:
+        return a is b
+    return [(f.name, f.dataType) for f in a.fields] == [(f.name, f.dataType) for f in b.fields]
+
+
+def _shown(schema: StructType | None) -> str:
+    return "none" if schema is None else f"({schema.simpleString()[7:-1]})"
 
 
 def _scan(db: Rdict, prefix: bytes) -> dict[bytes, bytes]:
@@ -408,9 +464,9 @@ class TopicWriter:
         raw = self._db.get(b"p" + producer_id.encode())
         return struct.unpack(">q", raw)[0] if raw else None
 
-    def _encoded(self, records: Iterable[Record]) -> Iterator[tuple[int, bytes]]:
-        """Each record with its partition (its own, or :meth:`TopicInfo.partition_of`'s) and
-        its bytes, all stamped with one append time."""
+    def _encoded(self, records: Iterable[Record]) -> Iterator[tuple[int, bytes, bytes]]:
+        """Each record with its partition (its own, or :meth:`TopicInfo.partition_of`'s), its
+        bytes and its value, all stamped with one append time."""
         now_ms = int(time.time() * 1000)
         info = self.info
         placed: dict[bytes | None, int] = {}  # a keyed topic's, by key (a hash in Python)
@@ -423,7 +479,7 @@ class TopicWriter:
                 p = placed.get(rec.key, -1)
                 if p < 0:
                     p = placed[rec.key] = info.partition_of(rec.key, rec.value)
-            yield p, _encode(rec, now_ms)
+            yield p, _encode(rec, now_ms), rec.value
 
     def append_sequenced(self, records: Iterable[Record], sequences: Mapping[str, int]) -> int:
         """Append records and set several producers' sequences in the same WriteBatch (``srt
@@ -461,21 +517,22 @@ class TopicWriter:
         now_ms = int(time.time() * 1000)
         n_parts = self.info.partitions
 
-        def encoded() -> Iterator[tuple[int, bytes]]:
+        def encoded() -> Iterator[tuple[int, bytes, bytes]]:
             for value, key in zip(values, keys, strict=True):
-                yield partition_for(key, value, n_parts), _encode_raw(key, value, now_ms)
+                yield partition_for(key, value, n_parts), _encode_raw(key, value, now_ms), value
 
         return self._write(encoded(), producer_id, sequence)
 
     def _write(
         self,
-        encoded: Iterable[tuple[int, bytes]],
+        encoded: Iterable[tuple[int, bytes, bytes]],
         producer_id: str | None,
         sequence: int | None,
         sequences: Mapping[str, int] | None = None,
     ) -> int:
-        """One WriteBatch: the (partition, encoded record) pairs at the partitions' ends, the
-        new ends and the producers' sequences."""
+        """One WriteBatch: the (partition, encoded record, value) triples at the partitions'
+        ends, a topic with a schema's parsed blocks of them, the new ends and the producers'
+        sequences."""
         if (producer_id is None) != (sequence is None):
             raise LogError("append: give producer_id and sequence together, or neither")
         if producer_id is not None:
@@ -487,12 +544,19 @@ class TopicWriter:
         batch = WriteBatch(raw_mode=True)
         put, pack = batch.put, _REC.pack
         count = 0
-        for p, raw in encoded:
+        schema = self.info.schema
+        values: list[list[bytes]] = [[] for _ in range(n_parts)] if schema is not None else []
+        for p, raw, value in encoded:
             if p >= n_parts:
                 raise LogError(f"partition {p} out of range for topic {self.info.name!r}")
             put(b"r" + pack(p, ends[p]), raw)
+            if schema is not None:
+                values[p].append(value)
             ends[p] += 1
             count += 1
+        if schema is not None:
+            for p, block in _blocks(values, self._ends, schema):
+                put(b"c" + pack(p, block[0]), block[1])
         for p in range(n_parts):
             if ends[p] != self._ends[p]:
                 batch.put(b"e" + _PART.pack(p), _OFF.pack(ends[p]))
@@ -531,6 +595,19 @@ class TopicWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _blocks(
+    values: list[list[bytes]], starts: list[int], schema: StructType
+) -> Iterator[tuple[int, tuple[int, bytes]]]:
+    """Each partition's appended values parsed (``formats.json.parse_json``), as stored blocks:
+    (partition, (first offset, the Arrow record batch's bytes)), at most BLOCK_ROWS rows each."""
+    from stateful_runtime.connectors.formats.json import parse_json
+
+    for p, part in enumerate(values):
+        for lo in range(0, len(part), BLOCK_ROWS):
+            parsed = parse_json(part[lo : lo + BLOCK_ROWS], schema).combine_chunks()
+            yield p, (starts[p] + lo, parsed.to_batches()[0].serialize().to_pybytes())
 
 
 class TopicReader:
@@ -666,6 +743,47 @@ class TopicReader:
             self._check_lengths(partition, start, raws)  # raises: a record is short
         assert values is not None
         return values
+
+    def read_parsed(self, partition: int, start: int, end: int) -> pa.Table:
+        """A topic with a schema: the records of ``[start, end)`` as parsed at append (the
+        topic schema's fields and ``_error``, see ``formats.json.parse_json``), from the stored
+        blocks: no JSON is parsed."""
+        from stateful_runtime.connectors.formats.json import parsed_schema
+
+        if self.info.schema is None:
+            raise LogError(f"topic {self.info.name!r} has no schema: its records are not parsed")
+        schema = parsed_schema(self.info.schema)
+        if start >= end:
+            return schema.empty_table()
+        it = self._db.iter()
+        it.seek_for_prev(b"c" + _REC.pack(partition, start))
+        upper = b"c" + _REC.pack(partition, end)
+        batches = []
+        at = start  # the first offset not covered yet
+        try:
+            while it.valid() and at < end:
+                key = it.key()
+                if key >= upper or key[:1] != b"c":
+                    break
+                p, first = _REC.unpack_from(key, 1)
+                if p == partition:
+                    batch = pa.ipc.read_record_batch(pa.py_buffer(it.value()), schema)
+                    if first > at or first + batch.num_rows <= at:  # not the block holding `at`
+                        break
+                    batches.append(batch.slice(at - first, end - at))
+                    at = first + batch.num_rows
+                it.next()
+            it.status()
+        except Exception as exc:  # noqa: BLE001 - rocksdict raises bare exceptions, Arrow its own
+            raise self._corrupt(exc, f"reading partition {partition}'s parsed records") from None
+        if at < end:
+            raise CorruptLogError(
+                self.info.name,
+                str(self.info.path / "store"),
+                f"partition {partition}: offset {at} has no parsed block (asked for "
+                f"[{start}, {end}))",
+            )
+        return pa.Table.from_batches(batches, schema)
 
     def _scan(self, partition: int, start: int, end: int) -> list[bytes]:
         """The stored records of ``[start, end)``: one bounded RocksDB iteration in Rust

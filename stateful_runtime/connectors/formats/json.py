@@ -74,7 +74,7 @@ import io
 import json
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -254,6 +254,44 @@ def to_struct(schema: StructType | Mapping[str, Any]) -> StructType:
                 f"field {name!r}: unsupported type {tp!r}; use one of str, int, float, bool, "
                 f"or a pyspark.sql.types DataType"
             )
+    return StructType(fields)
+
+
+# The field types a schema string (`srt log create --schema`) names, as Spark's DDL spells them.
+_DDL_TYPES: dict[str, DataType] = {
+    "string": StringType(),
+    "bigint": LongType(),
+    "long": LongType(),
+    "int": IntegerType(),
+    "integer": IntegerType(),
+    "double": DoubleType(),
+    "boolean": BooleanType(),
+}
+
+
+def schema_from_ddl(text: str) -> StructType:
+    """A record schema from ``"name type, name type, ..."`` (Spark's DDL for the types JSON
+    decoding reads: string, bigint, int, double, boolean; ``NOT NULL`` after a type makes the
+    field required, as a job's plain ``{name: type}`` field is)."""
+    fields = []
+    for part in text.split(","):
+        words = part.split()
+        required = [w.lower() for w in words[2:]] == ["not", "null"]
+        if len(words) < 2 or (len(words) > 2 and not required):
+            raise ConfigError(
+                f"schema {text!r}: each field is 'name type' (or 'name type NOT NULL'), "
+                f"got {part.strip()!r}"
+            )
+        name, kind = words[0], words[1].lower()
+        if kind not in _DDL_TYPES:
+            raise ConfigError(
+                f"schema {text!r}: field {name!r} has type {words[1]!r}; JSON decoding reads "
+                f"{', '.join(sorted(set(_DDL_TYPES) - {'long', 'integer'}))}"
+            )
+        fields.append(StructField(name, _DDL_TYPES[kind], not required))
+    names = [f.name for f in fields]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"schema {text!r}: a field is named twice")
     return StructType(fields)
 
 
@@ -467,6 +505,7 @@ class _Plan:
         self.bounds = bounds if bounds is not None and bounds != TimeBounds() else None
         self.schema = arrow_schema(schema)
         self.out = output_schema(self.schema)
+        self.parsed = self.schema.append(pa.field(ERROR_COLUMN, pa.string()))
         self.required = [f.name for f in schema.fields if not f.nullable]
         field, self.time_unit = event_time or (None, "ms")
         # A field outside the record (a source's metadata column) is the source's business.
@@ -547,6 +586,7 @@ class _Span:
 
 
 def _slow(lines: _Span, plan: _Plan) -> pa.Table:
+    """The judge's parse of each record: the declared fields and ``_error`` (the parsed form)."""
     names = plan.schema.names
     cols: dict[str, list[Any]] = {n: [] for n in names}
     errors: list[str | None] = []
@@ -570,9 +610,7 @@ def _slow(lines: _Span, plan: _Plan) -> pa.Table:
             cols[n].append(None if error else row.get(n))
         errors.append(error)
     arrays = [pa.array(cols[f.name], type=f.type) for f in plan.schema]
-    return _finish(
-        pa.Table.from_arrays(arrays, schema=plan.schema), pa.array(errors, pa.string()), lines, plan
-    )
+    return pa.Table.from_arrays([*arrays, pa.array(errors, pa.string())], schema=plan.parsed)
 
 
 # -- the fast path ----------------------------------------------------------------------------
@@ -668,7 +706,8 @@ def _nonfinite(buf: bytes, a: np.ndarray) -> bool:
 
 
 def _fast(lines: _Span, buf: bytes, plan: _Plan) -> pa.Table | None:
-    """Arrow's parse of screened records, or None if Arrow refuses or rows do not match."""
+    """Arrow's parse of screened records (the parsed form), or None if Arrow refuses or rows do
+    not match."""
     try:
         table = pajson.read_json(
             io.BytesIO(buf),
@@ -683,12 +722,15 @@ def _fast(lines: _Span, buf: bytes, plan: _Plan) -> pa.Table | None:
     for name in plan.doubles:  # an integer literal past 1.8e308 reads as inf: the judge says why
         if not pc.all(pc.is_finite(table.column(name))).as_py():
             return None
-    return _finish(table, pa.nulls(len(lines), pa.string()), lines, plan)
+    return table.append_column(plan.parsed.field(ERROR_COLUMN), pa.nulls(len(lines), pa.string()))
 
 
-def _finish(table: pa.Table, error: pa.Array, lines: _Span, plan: _Plan) -> pa.Table:
-    """Checks shared by both paths (required fields, event time); bad rows nulled, raw kept."""
-    n = len(lines)
+def _finish(parsed: pa.Table, raw: Callable[[], pa.Array], plan: _Plan) -> pa.Table:
+    """Checks shared by both paths and by records parsed earlier (required fields, event time)
+    on a parsed table; bad rows nulled, their bytes (``raw()``, asked only then) kept."""
+    n = parsed.num_rows
+    table = parsed.drop_columns([ERROR_COLUMN])
+    error = parsed.column(ERROR_COLUMN).combine_chunks()
     if plan.time_field is not None:
         error = _check_event_time(
             plan.time_field, plan.time_unit, table.column(plan.time_field), error, plan.bounds
@@ -702,14 +744,14 @@ def _finish(table: pa.Table, error: pa.Array, lines: _Span, plan: _Plan) -> pa.T
             if isinstance(error, pa.ChunkedArray):
                 error = error.combine_chunks()
     if error.null_count == n:
-        raw = pa.nulls(n, pa.binary())
+        raw_col = pa.nulls(n, pa.binary())
     else:
         bad = pc.is_valid(error)
-        raw = pc.if_else(bad, lines.array(), pa.scalar(None, pa.binary()))
+        raw_col = pc.if_else(bad, raw(), pa.scalar(None, pa.binary()))
         table = pa.Table.from_arrays(
             [pc.if_else(bad, pa.scalar(None, c.type), c) for c in table.columns], schema=plan.schema
         )
-    return pa.Table.from_arrays([*table.columns, error, raw], schema=plan.out)
+    return pa.Table.from_arrays([*table.columns, error, raw_col], schema=plan.out)
 
 
 def _check_event_time(
@@ -866,11 +908,46 @@ def decode_json(
         One row per record, in order; the module docstring's table says which are good.
     """
     plan = _Plan(schema, event_time, bounds)
-    parts: list[pa.Table] = []
-    if len(lines):
-        records = _Span.of(lines)
-        for i in range(0, len(lines), CHUNK):
-            _decode_chunk(records[i : i + CHUNK], plan, parts)
-    if not parts:
+    if not len(lines):
         return plan.out.empty_table()
+    records = _Span.of(lines)
+    return _finish(_parse(records, plan), records.array, plan)
+
+
+def parse_json(lines: Sequence[bytes] | pa.Array, schema: StructType) -> pa.Table:
+    """The first half of :func:`decode_json`, which depends only on the fields' names and types
+    (in order): the declared fields and ``_error``, the reason a record is not a JSON object of
+    those types (null for the others; null and missing values are not judged yet). The event
+    log stores this for a topic with a schema, and :func:`finish_parsed` completes it."""
+    plan = _Plan(schema, None)
+    return _parse(_Span.of(lines), plan) if len(lines) else plan.parsed.empty_table()
+
+
+def parsed_schema(schema: StructType) -> pa.Schema:
+    """The Arrow schema of :func:`parse_json`'s result for ``schema``."""
+    return _Plan(schema, None).parsed
+
+
+def finish_parsed(
+    parsed: pa.Table,
+    raw: Callable[[], pa.Array],
+    schema: StructType,
+    *,
+    event_time: tuple[str, str] | None = None,
+    bounds: TimeBounds | None = None,
+) -> pa.Table:
+    """:func:`decode_json`'s result from :func:`parse_json`'s (``parsed``, of the same names and
+    types as ``schema``): the required fields, the event time and ``bounds`` judged, the bytes of
+    each bad record (``raw()``: the records as a binary array, asked for only if one is bad)
+    kept. Equal to ``decode_json`` of the same records, whatever ``schema``'s nullability."""
+    plan = _Plan(schema, event_time, bounds)
+    if not parsed.num_rows:
+        return plan.out.empty_table()
+    return _finish(parsed.cast(plan.parsed), raw, plan)
+
+
+def _parse(records: _Span, plan: _Plan) -> pa.Table:
+    parts: list[pa.Table] = []
+    for i in range(0, len(records), CHUNK):
+        _decode_chunk(records[i : i + CHUNK], plan, parts)
     return pa.concat_tables(parts)
