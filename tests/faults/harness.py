@@ -54,6 +54,43 @@ def log_lines(log_dir: Path, ends: Mapping[str, int] | None, topic: str = TOPIC)
     return [r.value for p, end in sorted(ends.items()) for r in reader.read(int(p), 0, int(end))]
 
 
+class LogCopy:
+    """The input topic's values, each read from the log once: a trial run's checks ask for the
+    same prefixes again and again (and the kill trials, for every trial, for a longer one)."""
+
+    def __init__(self, log_dir: Path, topic: str = TOPIC) -> None:
+        self.log_dir, self.topic = log_dir, topic
+        self.parts: dict[int, list[bytes]] = {}
+        self._oracles: dict[frozenset, Counts] = {}
+
+    def lines(self, ends: Mapping[str, int] | None) -> list[bytes]:
+        """:func:`log_lines` of ``ends``, reading only offsets not read before."""
+        from stateful_runtime.connectors.eventlog import EventLog
+
+        if not ends:
+            return []
+        reader = None
+        out: list[bytes] = []
+        try:
+            for p, end in sorted(ends.items()):
+                have = self.parts.setdefault(int(p), [])
+                if len(have) < int(end):
+                    reader = reader or EventLog(self.log_dir).reader(self.topic)
+                    have += reader.read_values(int(p), len(have), int(end))
+                out += have[: int(end)]
+        finally:
+            if reader is not None:
+                reader.close()
+        return out
+
+    def oracle(self, ends: Mapping[str, int] | None) -> Counts:
+        """:func:`upi_oracle` of :meth:`lines`, computed once per ``ends``."""
+        key = frozenset((ends or {}).items())
+        if key not in self._oracles:
+            self._oracles[key] = upi_oracle(self.lines(ends))
+        return self._oracles[key]
+
+
 def batch_offsets(qdir: Path, batch: int) -> dict[str, int] | None:
     """The source offsets (end of the batch) Spark logged for ``batch``; None for batch -1.
     A batch whose plan a checkpoint fallback moved aside (the sink may still hold it until its

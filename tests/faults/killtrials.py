@@ -38,13 +38,13 @@ from tests.faults.harness import (
     QUERY,
     TOPIC,
     Comparison,
+    LogCopy,
     TrialLog,
     batch_offsets,
     compare,
     damage,
     dead_letters,
     duckdb_counts,
-    log_lines,
     sink_batch,
     upi_oracle,
 )
@@ -179,7 +179,7 @@ def _bad(lines: list[bytes]) -> list[bytes]:
     )
 
 
-def _check(ws: Any) -> tuple[int, int, int, str]:
+def _check(ws: Any, log: LogCopy) -> tuple[int, int, int, str]:
     """The table against the oracle of what the sink's ledger claims, and the dead letters
     against the bad records of the committed input: (ledger batch, lost, duplicated, detail)."""
     from collections import Counter
@@ -187,7 +187,7 @@ def _check(ws: Any) -> tuple[int, int, int, str]:
     qdir = ws.checkpoint_dir / QUERY
     b = sink_batch(ws.database)
     table = duckdb_counts(ws.database)
-    cmp = compare(table, upi_oracle(log_lines(ws.log_dir, batch_offsets(qdir, b))))
+    cmp = compare(table, log.oracle(batch_offsets(qdir, b)))
     detail = "" if cmp.exact else str(cmp)
     if not cmp.exact:
         # After a checkpoint fallback the sink's ledger is rewound, but its table keeps the
@@ -201,9 +201,9 @@ def _check(ws: Any) -> tuple[int, int, int, str]:
         ]:
             if f.name.isdigit() and int(f.name) > b:
                 ends = {k: int(v) for k, v in json.loads(f.read_text().splitlines()[2]).items()}
-                forgotten.append(upi_oracle(log_lines(ws.log_dir, ends)))
+                forgotten.append(log.oracle(ends))
         if any(compare(table, o).exact for o in forgotten) or _each_window_at_a_batch_end(
-            table, [upi_oracle(log_lines(ws.log_dir, batch_offsets(qdir, b))), *forgotten]
+            table, [log.oracle(batch_offsets(qdir, b)), *forgotten]
         ):
             cmp, detail = Comparison(), ""
     # Published once their batch is committed (a commit a fallback later set aside included):
@@ -215,7 +215,7 @@ def _check(ws: Any) -> tuple[int, int, int, str]:
     ]:
         for k, v in json.loads(f.read_text().splitlines()[2]).items():
             read[k] = max(read.get(k, 0), int(v))
-    extra = Counter(dead_letters(ws.log_dir)) - Counter(_bad(log_lines(ws.log_dir, read)))
+    extra = Counter(dead_letters(ws.log_dir)) - Counter(_bad(log.lines(read)))
     if extra:
         detail += f" {sum(extra.values())} dead letter(s) beyond the committed input's bad records"
     return b, cmp.lost, cmp.duplicated, detail.strip()
@@ -277,6 +277,7 @@ def run_kill_trials(
     qdir = ws.checkpoint_dir / QUERY
     first_commit_s: list[float] = []
     out = Outcome(cfg.seed)
+    copy = LogCopy(ws.log_dir)  # the input, read from the log once over all the trials
     for i in range(cfg.trials):
         before = _committed(qdir)
         read = sum((batch_offsets(qdir, before) or {}).values())
@@ -314,7 +315,7 @@ def run_kill_trials(
             kill_group(proc)
         committed = _committed(qdir)
         planned = QueryLayout(qdir).last_planned()
-        b, lost, dup, detail = _check(ws)
+        b, lost, dup, detail = _check(ws, copy)
         if exited is not None:
             detail = (
                 f"the job exited ({exited}) before its kill: {log.read_text()[-1500:]} " + detail
