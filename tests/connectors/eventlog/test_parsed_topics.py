@@ -25,7 +25,7 @@ from stateful_runtime.connectors.formats.json import (
     to_struct,
 )
 from stateful_runtime.exceptions import ConfigError, LogError
-from tests.connectors.formats.test_json_properties import SCHEMA, records
+from tests.connectors.formats.json_records import SCHEMA, records
 from tests.helpers import srt
 
 # The topic's schema: the job's fields and types, each nullable (nullability is the job's).
