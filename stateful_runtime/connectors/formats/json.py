@@ -24,6 +24,12 @@ where it must equal the judge's:
 * the checks after parsing (required fields, event time) are the same vectorised code for both
   paths.
 
+**Two halves.** :func:`parse_json` (the screen, the fast path, the judge) depends only on the
+fields' names and types: typed columns and the structural reason a record is refused.
+:func:`finish_parsed` judges what the job decides (required fields, event time, the batch's
+bounds) and keeps the bad records' bytes. :func:`decode_json` is the two in a row; the event log
+stores the first half of a topic with a schema at append (``eventlog/store.py``).
+
 Outcomes (``*`` = dead letter, with the reason shown; the tests name each class):
 
 ==============================================  ==============================================
