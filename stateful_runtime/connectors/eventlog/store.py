@@ -555,8 +555,8 @@ class TopicWriter:
             ends[p] += 1
             count += 1
         if schema is not None:
-            for p, block in _blocks(values, self._ends, schema):
-                put(b"c" + pack(p, block[0]), block[1])
+            for p, first, block in _blocks(values, self._ends, schema):
+                put(b"c" + pack(p, first), block)
         for p in range(n_parts):
             if ends[p] != self._ends[p]:
                 batch.put(b"e" + _PART.pack(p), _OFF.pack(ends[p]))
@@ -599,15 +599,15 @@ class TopicWriter:
 
 def _blocks(
     values: list[list[bytes]], starts: list[int], schema: StructType
-) -> Iterator[tuple[int, tuple[int, bytes]]]:
+) -> Iterator[tuple[int, int, bytes]]:
     """Each partition's appended values parsed (``formats.json.parse_json``), as stored blocks:
-    (partition, (first offset, the Arrow record batch's bytes)), at most BLOCK_ROWS rows each."""
+    (partition, first offset, the Arrow record batch's bytes), at most BLOCK_ROWS rows each."""
     from stateful_runtime.connectors.formats.json import parse_json
 
     for p, part in enumerate(values):
         for lo in range(0, len(part), BLOCK_ROWS):
             parsed = parse_json(part[lo : lo + BLOCK_ROWS], schema).combine_chunks()
-            yield p, (starts[p] + lo, parsed.to_batches()[0].serialize().to_pybytes())
+            yield p, starts[p] + lo, parsed.to_batches()[0].serialize().to_pybytes()
 
 
 class TopicReader:
