@@ -77,8 +77,9 @@ rootLogger.appenderRef.out.ref = out
 logger.server.name = kafka.server.KafkaRaftServer
 logger.server.level = INFO
 EOF
+  # (--cluster-id=ID: an id may start with '-', which the parser takes for an option if apart)
   cluster="${SRT_KAFKA_CLUSTER_ID:-$(python3 -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')}"
-  "${java[@]}" kafka.tools.StorageTool format --ignore-formatted -t "$cluster" -c "$props.tmp" >/dev/null \
+  "${java[@]}" kafka.tools.StorageTool format --ignore-formatted --cluster-id="$cluster" -c "$props.tmp" >/dev/null \
     || die "formatting $DATA/logs failed (see above)"
   mv "$props.tmp" "$props"
 fi

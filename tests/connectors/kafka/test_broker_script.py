@@ -1,8 +1,9 @@
 """platform/kafka-broker.sh, the broker the tests and a developer run: its stop signal works
-whatever its caller ignores."""
+whatever its caller ignores, and it formats with any cluster id Kafka makes."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -17,7 +18,10 @@ def test_a_broker_started_by_a_caller_ignoring_sigterm_still_stops_cleanly_on_it
     """A caller that ignores SIGTERM (a suite or a scheduler started in the background, whose
     ignored SIGINT a library mapped SIGTERM onto, as Dagster's interrupt handling does) passes
     it on to what it starts, and HotSpot keeps an inherited ignored SIGTERM ignored: the broker
-    would outlive its stop until killed, with no clean shutdown."""
+    would outlive its stop until killed, with no clean shutdown.
+
+    Its cluster id starts with '-', as one in 64 random ids does: the format's argument
+    parser took such an id apart from its option for an option of its own."""
     _require_jars()
     port = free_port()
     with (tmp_path / "kafka.log").open("w") as log:
@@ -26,6 +30,7 @@ def test_a_broker_started_by_a_caller_ignoring_sigterm_still_stops_cleanly_on_it
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env={**os.environ, "SRT_KAFKA_CLUSTER_ID": "-" + "A" * 21},
             preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN),
         )
     try:
