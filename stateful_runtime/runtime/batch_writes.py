@@ -80,6 +80,74 @@ REPORT_SCHEMA = pa.schema(
 )
 
 
+# How Spark's stop of a query reaches a batch in flight, in the JVM: the thread interrupted in a
+# wait, or the batch's job cancelled (``SPARK_JOB_CANCELLED``, "Query ... was stopped").
+INTERRUPTIONS = frozenset(
+    {
+        "java.lang.InterruptedException",
+        "java.io.InterruptedIOException",
+        "java.nio.channels.ClosedByInterruptException",
+    }
+)
+CALLING = "An error occurred while calling "  # py4j's words for a Java call that threw
+
+
+class BatchInterrupted(Exception):  # noqa: N818 - a stop's interruption, not an error
+    """A stop that did not wait for the batch in flight interrupted it (``query.stop()``: a
+    second stop signal, or a batch longer than the stop's drain); the batch is replayed on
+    restart.
+
+    Spark learns that a Python ``foreachBatch`` was interrupted, not failed, only by matching
+    the text of its traceback against ``Py4JJavaError: An error occurred while calling ...
+    java.lang.InterruptedException`` (or its two kin). Its pattern recurses once per character
+    after that line, and the JVM's stack overflows past one or two thousand of them: the Java
+    stack trace py4j puts there is ten times that, and the query thread died of
+    ``StackOverflowError`` in the job's log. A cancelled job is not in the pattern at all: the
+    query failed instead of stopping. This exception's traceback ends with that line, naming
+    the interruption, and what Spark said (raised ``from None``: no chained traceback before
+    it)."""
+
+
+def interrupted(error: BaseException) -> BatchInterrupted | None:
+    """``error`` (raised in a ``foreachBatch``, or what it was raised while handling) as the
+    stop's interruption of the batch in flight, or None if it is anything else."""
+    from py4j.protocol import Py4JJavaError
+
+    seen: BaseException | None = error
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, Py4JJavaError):
+            try:
+                said = _stopped_by(seen.java_exception)
+            except Exception:  # noqa: BLE001 - the gateway gone: not a stop's interruption
+                return None
+            if said is not None:
+                call = str(seen.errmsg).removeprefix(CALLING).strip()
+                return BatchInterrupted(
+                    f"py4j.protocol.Py4JJavaError: {CALLING}{call}\n"
+                    f": java.lang.InterruptedException: {said}"
+                )
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _stopped_by(java: Any) -> str | None:
+    """What a Java exception (or one of its causes) says of the query's stop, or None."""
+    for _ in range(16):
+        if java is None:
+            return None
+        name = java.getClass().getName()
+        if name in INTERRUPTIONS:
+            return name
+        if name == "org.apache.spark.SparkException":
+            message = str(java.getMessage())
+            if java.getCondition() == "SPARK_JOB_CANCELLED" and " was stopped" in message:
+                return message
+        java = java.getCause()
+    return None
+
+
 @dataclass(frozen=True)
 class SinkWrite:
     """What a micro-batch's sink writes took: rows given to the sinks (after a partitioned

@@ -63,7 +63,7 @@ from stateful_runtime.runtime import (
     stop_signals,
     warmup,
 )
-from stateful_runtime.runtime.batch_writes import BatchWriter
+from stateful_runtime.runtime.batch_writes import BatchWriter, interrupted
 from stateful_runtime.runtime.console import Console
 from stateful_runtime.runtime.dataframes import (
     SINGLE_WATERMARK,
@@ -172,7 +172,13 @@ def _foreach_batch(
     watermarks: InputWatermarks | None = None,
 ) -> Callable[[DataFrame, int], None]:
     def write(df: DataFrame, batch_id: int) -> None:
-        done = writer.write(df, batch_id)
+        try:
+            done = writer.write(df, batch_id)
+        except Exception as exc:
+            stop = interrupted(exc)
+            if stop is None:
+                raise
+            raise stop from None
         if watermarks is not None:  # before Spark commits the batch
             watermarks.after_batch(batch_id)
         timings[(writer.query.name, batch_id)] = (done.ms, done.rows)

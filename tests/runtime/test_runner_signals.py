@@ -159,3 +159,79 @@ def test_sigint_and_sigterm_stop_cleanly_at_any_moment_and_restart_exactly(upi, 
         if line.startswith(b"{not") or b'"ten"' in line or b'"amount_paise"' not in line
     )
     assert dead == bad  # each dead letter exactly once across the stops
+
+
+HELD_JOB = '''
+import os, time
+from stateful_runtime import LogSink, LogSource, StreamJob, WatermarkStrategy
+
+DEFAULTS = {
+    "source.log_dir": "srt-data/log",
+    "source.topic": "upi-payments",
+    "checkpoint.dir": "srt-data/checkpoints",
+    "checkpoint.interval_s": 0.5,
+}
+PAYMENT = {"txn_id": str, "merchant_id": str, "amount_paise": int, "ts_ms": int}
+
+
+def held(payment):  # in a Python worker: the driver waits in a Java call meanwhile
+    open(os.environ["SRT_TEST_REACHED"], "a").close()
+    while not os.path.exists(os.environ["SRT_TEST_GATE"]):
+        time.sleep(0.05)
+    return payment
+
+
+def build(config):
+    job = StreamJob.from_config("held", config)
+    payments = job.from_source(
+        LogSource.from_config(config, PAYMENT),
+        WatermarkStrategy.for_monotonous_timestamps().with_timestamp_field("ts_ms"),
+        name="payments",
+    )
+    payments.map(held).sink_to(LogSink(config["source.log_dir"], "held-out"), name="out")
+    return job
+'''
+
+
+def test_a_second_signal_interrupts_the_batch_in_flight_as_a_stop_and_it_is_replayed(
+    upi, srt_env, tmp_path
+):
+    """The second signal stops the query without waiting: Spark interrupts the batch in the
+    middle of a Java call of the job's foreachBatch. Spark must take that for a stop (its
+    check of the interruption once overflowed the JVM's stack on the traceback's length: a
+    StackOverflowError in the log), and the batch is replayed, whole, on restart."""
+    fed = list(events(40, merchants=3, rate_per_s=10, disorder_ms=0, seed=5))
+    append_lines(upi.log_dir, fed)
+    job = tmp_path / "held.py"
+    job.write_text(HELD_JOB)
+    gate, reached = tmp_path / "gate", tmp_path / "reached"
+    env = {**srt_env, "SRT_TEST_GATE": str(gate), "SRT_TEST_REACHED": str(reached)}
+    args = ["run", str(job), "--set", f"source.log_dir={upi.log_dir}"]
+    args += ["--set", f"checkpoint.dir={tmp_path / 'checkpoints'}"]
+    log = tmp_path / "held.log"
+    proc = srt_background(args, env, log)
+    try:
+        wait_for(reached.exists, proc, log, "the batch in the held map")
+        _send(proc, signal.SIGINT, True)
+        wait_for(lambda: "stopping" in log.read_text(), proc, log, "stopping")
+        _send(proc, signal.SIGINT, True)
+        code = proc.wait(timeout=180)
+    finally:
+        kill_group(proc)
+    out = log.read_text()
+    assert code == 0, out[-3000:]
+    assert not [w for w in NOISE if w in out], out[-3000:]
+    assert (registry.require("held")["state"], registry.require("held")["stopped_by"]) == (
+        "STOPPED",
+        "SIGINT",
+    )
+    gate.touch()
+    final = srt([*args, "--available-now"], env)
+    assert final.returncode == 0, final.stdout[-2000:] + final.stderr[-3000:]
+    reader = EventLog(upi.log_dir).reader("held-out")
+    got = sorted(
+        json.loads(r.value)["txn_id"]
+        for p, e in reader.end_offsets().items()
+        for r in reader.read(p, 0, e)
+    )
+    assert got == sorted(json.loads(line)["txn_id"] for line in fed)
