@@ -134,16 +134,12 @@ def start(spark: SparkSession, slots: int, modules: Sequence[str] = ()) -> threa
     return thread
 
 
-def _running_tasks(spark: SparkSession) -> int:
-    """Tasks the application's executors are running now (the status tracker's view)."""
-    tracker = spark.sparkContext._jsc.sc().statusTracker()  # type: ignore[union-attr]
-    return sum(int(e.numRunningTasks()) for e in tracker.getExecutorInfos())
-
-
 def settle(spark: SparkSession, timeout: float = 30.0) -> bool:
     """Before Spark stops: cancel a warm-up read still running, wait (up to ``timeout``) for
     its thread and then for its killed tasks to end, so none is cut off by the stop (and logs
     errors after the run's summary). True if nothing of it is left running."""
+    from stateful_runtime.runtime.session import tasks_ended
+
     alive = [t for t in _RUNNING if t.is_alive()]
     _RUNNING[:] = alive
     if not alive:
@@ -154,9 +150,7 @@ def settle(spark: SparkSession, timeout: float = 30.0) -> bool:
         for thread in alive:
             thread.join(max(0.0, deadline - time.monotonic()))
         # The job is cancelled at once; its tasks end as their kill reaches them.
-        while _running_tasks(spark) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        settled = not _running_tasks(spark)
+        settled = tasks_ended(spark, max(0.0, deadline - time.monotonic()))
     except Exception:  # noqa: BLE001 - a context already stopping: nothing left to wait for
         settled = False
     _RUNNING[:] = [t for t in alive if t.is_alive()]

@@ -43,6 +43,7 @@ from typing import Any
 import pytest
 from upi_events import events
 
+from stateful_runtime.runtime.session import JIT_ENV
 from tests.helpers import ROOT, VENV_BIN, append_lines, require
 
 pytestmark = pytest.mark.slow
@@ -244,6 +245,8 @@ def dagster_dev(tmp_path: Path) -> Iterator[DagsterDev]:
         "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         "SPARK_LOCAL_IP": "127.0.0.1",
         "PYSPARK_PYTHON": str(VENV_BIN / "python"),
+        # The jobs Dagster launches run seconds on a few hundred events: C1 only, as srt_env's.
+        JIT_ENV: os.environ.get(JIT_ENV, "quick"),
     }
     port = _free_port()
     log = tmp_path / "dagster-dev.log"

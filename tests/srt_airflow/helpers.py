@@ -47,7 +47,10 @@ class AirflowHome:
         return self.root / "airflow.db"
 
     def env(self) -> dict[str, str]:
+        from stateful_runtime.runtime.session import JIT_ENV
+
         env = dict(os.environ)
+        env.setdefault(JIT_ENV, "quick")  # the jobs it starts run seconds: C1 only (srt_env)
         connection = {
             "conn_type": "srt",
             "extra": {"srt_home": str(self.srt_home), "working_directory": str(self.work)},
