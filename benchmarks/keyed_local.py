@@ -219,6 +219,11 @@ def run(workload: str, events: int, batch: int, merchants: int) -> dict:
         print(f"  {workload} tick batch: {tick_s:.2f} s", flush=True)
     finally:
         keyed_store.KeyedStore.commit = commit  # type: ignore[method-assign]
+        # A snapshot still being written aside must not find its directory gone.
+        for writers in keyed_store._writers.values():
+            for writer in writers:
+                writer.wait()
+        keyed_store._writers.clear()
         shutil.rmtree(work, ignore_errors=True)
     return {
         "workload": workload,
