@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -110,6 +109,7 @@ _ENDING: set[int] = set()
 
 
 _STOPPED_CLEANLY: set[int] = set()  # id() of the contexts stop_application stopped cleanly
+TASKS_END_TIMEOUT_S = 10.0  # what the end of a run waits for cancelled tasks to end
 
 
 def stop_application(spark: SparkSession) -> None:
@@ -125,31 +125,9 @@ def stop_application(spark: SparkSession) -> None:
     # A query stopped with a batch in flight (a second stop signal) had its job cancelled; its
     # tasks end as their kill reaches them (a Python worker's). One cut off by the context's
     # stop logs an ERROR about a block already gone.
-    tasks_ended(spark, TASKS_END_TIMEOUT_S)
+    warmup.tasks_ended(spark, TASKS_END_TIMEOUT_S)
     if _stop_context(spark):
         _STOPPED_CLEANLY.add(id(sc))
-
-
-TASKS_END_TIMEOUT_S = 10.0
-
-
-def running_tasks(spark: SparkSession) -> int:
-    """Tasks the application's executors are running now (the status tracker's view)."""
-    tracker = spark.sparkContext._jsc.sc().statusTracker()  # type: ignore[union-attr]
-    return sum(int(e.numRunningTasks()) for e in tracker.getExecutorInfos())
-
-
-def tasks_ended(spark: SparkSession, timeout: float) -> bool:
-    """Wait (up to ``timeout`` s) until the application runs no task; True if none runs."""
-    deadline = time.monotonic() + timeout
-    try:
-        while running_tasks(spark):
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
-    except Exception:  # noqa: BLE001 - a context already stopping: nothing left to wait for
-        return False
-    return True
 
 
 def _stop_context(spark: SparkSession) -> bool:

@@ -134,12 +134,29 @@ def start(spark: SparkSession, slots: int, modules: Sequence[str] = ()) -> threa
     return thread
 
 
+def running_tasks(spark: SparkSession) -> int:
+    """Tasks the application's executors are running now (the status tracker's view)."""
+    tracker = spark.sparkContext._jsc.sc().statusTracker()  # type: ignore[union-attr]
+    return sum(int(e.numRunningTasks()) for e in tracker.getExecutorInfos())
+
+
+def tasks_ended(spark: SparkSession, timeout: float) -> bool:
+    """Wait (up to ``timeout`` s) until the application runs no task; True if none runs."""
+    deadline = time.monotonic() + timeout
+    try:
+        while running_tasks(spark):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+    except Exception:  # noqa: BLE001 - a context already stopping: nothing left to wait for
+        return False
+    return True
+
+
 def settle(spark: SparkSession, timeout: float = 30.0) -> bool:
     """Before Spark stops: cancel a warm-up read still running, wait (up to ``timeout``) for
     its thread and then for its killed tasks to end, so none is cut off by the stop (and logs
     errors after the run's summary). True if nothing of it is left running."""
-    from stateful_runtime.runtime.session import tasks_ended
-
     alive = [t for t in _RUNNING if t.is_alive()]
     _RUNNING[:] = alive
     if not alive:

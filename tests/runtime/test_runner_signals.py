@@ -161,7 +161,7 @@ def test_sigint_and_sigterm_stop_cleanly_at_any_moment_and_restart_exactly(upi, 
     assert dead == bad  # each dead letter exactly once across the stops
 
 
-HELD_JOB = '''
+HELD_JOB = """
 import os, time
 from stateful_runtime import LogSink, LogSource, StreamJob, WatermarkStrategy
 
@@ -190,7 +190,7 @@ def build(config):
     )
     payments.map(held).sink_to(LogSink(config["source.log_dir"], "held-out"), name="out")
     return job
-'''
+"""
 
 
 def test_a_second_signal_interrupts_the_batch_in_flight_as_a_stop_and_it_is_replayed(
