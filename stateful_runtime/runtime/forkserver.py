@@ -2,7 +2,7 @@
 that has already imported what they import.
 
 A job's JVM starts a Python process of its own for each part of the work PySpark does in
-Python: a daemon per worker module (the executors' workers, and a data source's lookup,
+Python: a daemon per worker module (the executors' workers, and a data source's
 creation and planning), and one runner per Python streaming source. Each is a fresh
 interpreter that imports pyspark, pyarrow and pandas (0.2-0.5 s of CPU), one after another on
 the query's start, and every worker the daemon forks imports the job's modules again
@@ -51,7 +51,6 @@ SERVER_SETTINGS = {"PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "YES"}
 PRELOAD = (
     "pyspark.daemon",
     "pyspark.worker",
-    "pyspark.sql.worker.lookup_data_sources",
     "pyspark.sql.worker.create_data_source",
     "pyspark.sql.worker.plan_data_source_read",
     "pyspark.sql.worker.python_streaming_sink_runner",

@@ -367,13 +367,25 @@ def _environment(name: str, value: str | None) -> Iterator[None]:
 JVM_IGNORES = (signal.SIGINT, signal.SIGTERM)
 
 
-class _IgnoringStopSignals(dict):  # type: ignore[type-arg]
+# The driver JVM runs ``PYSPARK_DRIVER_PYTHON`` for one thing: a lookup of "static" Python data
+# sources (pip packages named ``pyspark_*``), before the first data source registers, when that
+# name is a command (``command -v``). A job reads only the runtime's own sources, registered by
+# name, so its JVM gets a name that is no command: one Python process fewer on every start, and
+# the first batch ~0.3 s sooner (UPI on 3,000 events, 8 alternating runs).
+NO_STATIC_DATA_SOURCES = "srt-no-static-python-data-sources"
+
+
+class _JvmPopen(dict):  # type: ignore[type-arg]
     """``popen_kwargs`` for PySpark's ``launch_gateway``, which sets its own ``preexec_fn``
-    (SIGINT ignored) in them: the function it sets ignores :data:`JVM_IGNORES` as well."""
+    (SIGINT ignored) and ``env`` in them: the function it sets ignores :data:`JVM_IGNORES` as
+    well, and the JVM's environment names :data:`NO_STATIC_DATA_SOURCES` as the driver's
+    Python (this process's own environment keeps its value)."""
 
     def __setitem__(self, key: str, value: Any) -> None:
         if key == "preexec_fn":
             value = _ignore_stop_signals(value)
+        elif key == "env":
+            value = {**value, "PYSPARK_DRIVER_PYTHON": NO_STATIC_DATA_SOURCES}
         super().__setitem__(key, value)
 
 
@@ -398,9 +410,7 @@ def _launch_jvm(conf: dict[str, str]) -> None:
     spark_conf = SparkConf(loadDefaults=False)
     for key, value in conf.items():
         spark_conf.set(key, value)
-    SparkContext._ensure_initialized(
-        gateway=launch_gateway(spark_conf, popen_kwargs=_IgnoringStopSignals())
-    )
+    SparkContext._ensure_initialized(gateway=launch_gateway(spark_conf, popen_kwargs=_JvmPopen()))
 
 
 def default_master() -> str:
@@ -441,13 +451,9 @@ def build_session(
     master = master or default_master()
     conf = spark_conf(parallelism, master, job_log=log_file is not None)
     scratch = _scratch_conf(master)
-    driver = os.environ.get("PYSPARK_DRIVER_PYTHON", sys.executable)
     if os.path.basename(workers) == "srt-python":
         # before the JVM starts: it, and the processes it starts, inherit the server's socket
         forkserver.start(scratch.get("spark.local.dir"), log_file)
-        if os.path.realpath(driver) == os.path.realpath(sys.executable):
-            driver = workers  # the driver's own Python processes (a data source lookup) too
-    os.environ["PYSPARK_DRIVER_PYTHON"] = driver
     for key, value in scratch.items():
         conf[key] = f"{conf[key]} {value}" if key.endswith("JavaOptions") else value
     conf.update(extra or {})

@@ -38,6 +38,40 @@ def test_the_driver_jvm_runs_from_the_venvs_class_archive(spark):
     assert str(session.class_archive()) in maps, "the JVM did not map the class archive"
 
 
+def test_the_driver_jvm_never_looks_up_static_python_data_sources(spark):
+    """Spark's driver runs ``PYSPARK_DRIVER_PYTHON`` only to look up pip-installed Python data
+    sources when a data source first registers: a Python process (and a daemon that stays) on
+    every job's start, for sources no job reads. The JVM's environment names no command, and
+    after a registration no process of the JVM runs the lookup."""
+    import os
+    import shutil
+
+    import psutil
+    from pyspark.sql.datasource import DataSource
+
+    jvm = spark.sparkContext._jvm
+    named = jvm.java.lang.System.getenv("PYSPARK_DRIVER_PYTHON")
+    assert named == session.NO_STATIC_DATA_SOURCES and shutil.which(named) is None
+    assert os.environ.get("PYSPARK_DRIVER_PYTHON") != named  # this process's own is kept
+
+    class Probe(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "srt_probe_lookup"
+
+    spark.dataSource.register(Probe)
+
+    def command(p: psutil.Process) -> str:
+        try:
+            return " ".join(p.cmdline())
+        except psutil.Error:  # ended (or a zombie) since listed
+            return ""
+
+    pid = jvm.java.lang.ProcessHandle.current().pid()
+    started = [command(p) for p in psutil.Process(pid).children(recursive=True)]
+    assert not [c for c in started if "lookup_data_sources" in c], started
+
+
 def test_a_local_masters_jvm_leaves_c2_to_the_hottest_code(spark):
     """One JVM runs every task of a local job beside its Python workers: HotSpot's optimising
     compiler at its default thresholds takes cores from the batches for minutes (session.py
