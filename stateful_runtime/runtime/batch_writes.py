@@ -102,7 +102,7 @@ class BatchInterrupted(Exception):  # noqa: N818 - a stop's interruption, not an
     java.lang.InterruptedException`` (or its two kin). Its pattern recurses once per character
     after that line, and the JVM's stack overflows past one or two thousand of them: the Java
     stack trace py4j puts there is ten times that, and the query thread died of
-    ``StackOverflowError`` in the job's log. A cancelled job is not in the pattern at all: the
+    ``StackOverflowError`` on the job's terminal. A cancelled job is not in the pattern at all: the
     query failed instead of stopping. This exception's traceback ends with that line, naming
     the interruption, and what Spark said (raised ``from None``: no chained traceback before
     it)."""

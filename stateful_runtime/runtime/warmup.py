@@ -134,7 +134,7 @@ def start(spark: SparkSession, slots: int, modules: Sequence[str] = ()) -> threa
     return thread
 
 
-def running_tasks(spark: SparkSession) -> int:
+def _running_tasks(spark: SparkSession) -> int:
     """Tasks the application's executors are running now (the status tracker's view)."""
     tracker = spark.sparkContext._jsc.sc().statusTracker()  # type: ignore[union-attr]
     return sum(int(e.numRunningTasks()) for e in tracker.getExecutorInfos())
@@ -144,7 +144,7 @@ def tasks_ended(spark: SparkSession, timeout: float) -> bool:
     """Wait (up to ``timeout`` s) until the application runs no task; True if none runs."""
     deadline = time.monotonic() + timeout
     try:
-        while running_tasks(spark):
+        while _running_tasks(spark):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.05)
