@@ -5,6 +5,13 @@ for old ids is removed once the watermark passes their expiry. First occurrences
 exactly once, to the topic ``upi-payments-deduped``.
 
     srt run examples/deduplicate_payments.py --available-now
+
+From Kafka instead (``source.keyed_by``: the topic's producers place records by the key groups
+of txn_id, ``KafkaSink(partition_by="txn_id")``, so each partition is read in the task that
+keeps its state, without a shuffle, when ``parallelism`` equals its partitions):
+
+    srt run examples/deduplicate_payments.py --set source.kind=kafka \
+        --set source.bootstrap_servers=127.0.0.1:9092 --set source.keyed_by=txn_id
 """
 
 from __future__ import annotations
@@ -14,18 +21,21 @@ from datetime import timedelta
 from stateful_runtime import (
     KeyedProcessFunction,
     LogSink,
-    LogSource,
     StateTtlConfig,
     StreamJob,
     TimeDomain,
     ValueStateDescriptor,
     WatermarkStrategy,
+    source_from_config,
 )
 
 DEFAULTS = {
+    "source.kind": "log",  # or "kafka"
     "source.log_dir": "srt-data/log",
     "source.topic": "upi-payments",
     "source.max_records_per_batch": 100_000,
+    "source.bootstrap_servers": "",  # Kafka
+    "source.keyed_by": "",  # Kafka: the field its producers place records by (see above)
     "sink.topic": "upi-payments-deduped",
     "checkpoint.dir": "srt-data/checkpoints/deduplicate-payments",
     "checkpoint.interval_s": 2.0,
@@ -59,7 +69,7 @@ class Deduplicator(KeyedProcessFunction):
 def build(config: dict) -> StreamJob:
     job = StreamJob.from_config("deduplicate-payments", config)
     payments = job.from_source(
-        LogSource.from_config(config, PAYMENT),
+        source_from_config(config, PAYMENT),
         WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5)).with_timestamp_field(
             "ts_ms"
         ),

@@ -5,6 +5,13 @@ timer that resets the counter a minute after the first payment. Alerts are upser
 by (merchant_id, window_start_ms), so the row carries the latest count of the tripped minute.
 
     srt run examples/fraud_rate_limit.py --available-now
+
+From Kafka instead (``source.keyed_by``: the topic's producers place records by the key groups
+of merchant_id, ``KafkaSink(partition_by="merchant_id")``, so each partition is read in the
+task that keeps its state, without a shuffle, when ``parallelism`` equals its partitions):
+
+    srt run examples/fraud_rate_limit.py --set source.kind=kafka \
+        --set source.bootstrap_servers=127.0.0.1:9092 --set source.keyed_by=merchant_id
 """
 
 from __future__ import annotations
@@ -15,18 +22,21 @@ from dbt_sink import DuckDBUpsertSink
 from stateful_runtime import (
     Context,
     KeyedProcessFunction,
-    LogSource,
     RuntimeContext,
     StreamJob,
     ValueStateDescriptor,
     WatermarkStrategy,
+    source_from_config,
 )
 from stateful_runtime.functions import to_ms
 
 DEFAULTS = {
+    "source.kind": "log",  # or "kafka"
     "source.log_dir": "srt-data/log",
     "source.topic": "upi-payments",
     "source.max_records_per_batch": 100_000,
+    "source.bootstrap_servers": "",  # Kafka
+    "source.keyed_by": "",  # Kafka: the field its producers place records by (see above)
     "sink.database": "srt-data/upi.duckdb",
     "sink.table": "rate_limit_alerts",
     "checkpoint.dir": "srt-data/checkpoints/fraud-rate-limit",
@@ -73,7 +83,7 @@ class FraudCounter(KeyedProcessFunction):
 def build(config: dict) -> StreamJob:
     job = StreamJob.from_config("fraud-rate-limit", config)
     payments = job.from_source(
-        LogSource.from_config(config, PAYMENT),
+        source_from_config(config, PAYMENT),
         WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5)).with_timestamp_field(
             "ts_ms"
         ),

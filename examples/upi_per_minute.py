@@ -55,6 +55,7 @@ DEFAULTS = {
     "sink.kind": "duckdb",
     "sink.kafka_topic": "upi-counts",
     "sink.delivery": "exactly_once",  # or "at_least_once"
+    "sink.partition_by": "",  # Kafka: an output column placing records by its key groups
     "sink.database": "srt-data/upi.duckdb",  # duckdb
     "sink.dsn": "",  # postgres: postgresql://user@host:port/database
     "sink.url": "",  # clickhouse: clickhouse://user@host:port/database (native protocol)

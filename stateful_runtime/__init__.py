@@ -42,6 +42,7 @@ _EXPORTS = {
     "Source": "connectors.base",
     "LogSource": "connectors.eventlog.source",
     "KafkaSource": "connectors.kafka.source",
+    "key_partition": "checkpoints.keyed",
     "AggregateFunction": "state",
     "AggregatingStateDescriptor": "state",
     "ListStateDescriptor": "state",
@@ -79,6 +80,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from stateful_runtime.aggregates import Aggregate, Avg, Count, Max, Min, Sum
+    from stateful_runtime.checkpoints.keyed import key_partition
     from stateful_runtime.connectors.base import Sink, Source
     from stateful_runtime.connectors.config import sinks_from_config, source_from_config
     from stateful_runtime.connectors.eventlog.sink import LogSink

@@ -182,6 +182,16 @@ def owner_of(group: int, parallelism: int, max_parallelism: int = MAX_PARALLELIS
     return group * parallelism // max_parallelism
 
 
+def key_partition(value: str | int | None, partitions: int) -> int:
+    """The partition of ``partitions`` that owns the key group of a single-field key
+    ``value`` (a string, or an int read as a bigint; None hashes to Spark's seed): where a
+    keyed topic places a record, so that a job keyed by that field reads each partition in
+    the task that keeps its state (an event-log topic keyed at its first append, a Kafka
+    topic its producers place so: ``KafkaSink(partition_by=...)``, or ``produce(...,
+    partition=key_partition(record[field], n))``)."""
+    return owner_of(key_group([value]), partitions)
+
+
 def group_prefix(group: int) -> bytes:
     """The first bytes of every stored key of key group ``group``."""
     return group.to_bytes(GROUP_BYTES, "big")

@@ -387,8 +387,8 @@ class ArrowKeyedOperator:
                 f"{low.as_py() if low.as_py() < lo else high.as_py()} was read from partition "
                 f"{owner_of(groups.start, self.parallelism)} of {self.placed_by}, "
                 f"whose records should be of key groups {lo}..{hi - 1}: the topic's records "
-                f"are not placed by the job's key (appended with another key's values?); "
-                f"nothing of the batch is committed"
+                f"are not placed by the job's key (appended or produced with another key, or "
+                f"another partitioner?); nothing of the batch is committed"
             )
         if not lo <= low.as_py() <= high.as_py() < hi:
             raise StateError(

@@ -320,6 +320,7 @@ def test_a_union_fires_its_cleanup_timers_at_the_final_watermark(
         "        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5))\n"
         '        .with_timestamp_field("ts_ms"), name="bank-source"))\n',
     )
+    union.write_text(f"{union.read_text()}\nfrom stateful_runtime import LogSource  # noqa: E402\n")
     EventLog(log).create_topic("bank-payments", 1)
     settings = {"source.max_records_per_batch": 500, "checkpoint.dir": tmp_path / "ck"}
     for n, part in enumerate((lines[:1_500], lines[1_500:])):

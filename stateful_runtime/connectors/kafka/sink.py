@@ -38,6 +38,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from stateful_runtime.checkpoints.keyed import key_partition
 from stateful_runtime.connectors.base import Sink, SinkSummary
 from stateful_runtime.connectors.formats.json import encode_records
 from stateful_runtime.connectors.kafka import client as kafka_client
@@ -148,6 +149,12 @@ class KafkaSink(Sink):
         producers: transactional producers (one transaction each per batch); output partition
             ``p`` goes through producer ``p % producers``.
         partitions: partition count if the sink creates the topic.
+        partition_by: an output column (a string or an integer) whose key group places each
+            record: partition ``p`` of ``n`` holds the keys a job keyed by that column keeps
+            in its state partition ``p`` of ``n`` (:func:`~stateful_runtime.checkpoints.
+            keyed.key_partition`), so a job reading the topic with ``KafkaSource(keyed_by=
+            column)`` and ``parallelism=n`` runs without a shuffle. Without ``key``, the
+            column's value is also the record's key.
         client_config: extra librdkafka settings (``security.protocol``, ``sasl.*``, ``ssl.*``,
             ``compression.type``...); secrets never appear in logs or ``explain()``.
         transaction_timeout_ms: broker aborts a transaction left open this long (zombie).
@@ -168,6 +175,7 @@ class KafkaSink(Sink):
         partitions: int = 1,
         client_config: Mapping[str, Any] | None = None,
         transaction_timeout_ms: int = 60_000,
+        partition_by: str | None = None,
     ) -> None:
         if delivery not in DELIVERY:
             raise ConfigError(f"delivery must be one of {DELIVERY}, got {delivery!r}")
@@ -180,6 +188,7 @@ class KafkaSink(Sink):
         self.delivery = delivery
         self.producers = producers
         self.partitions = partitions
+        self.partition_by = partition_by or None
         self.transaction_timeout_ms = transaction_timeout_ms
         self._producers: list[Any] = []
         self._ids: list[str] = []
@@ -207,6 +216,7 @@ class KafkaSink(Sink):
             key=key,
             delivery=config.get("sink.delivery", "exactly_once"),
             client_config=kafka_client.client_settings(config),
+            partition_by=config.get("sink.partition_by") or None,
         )
 
     def default_name(self) -> str:
@@ -374,10 +384,35 @@ class KafkaSink(Sink):
         keys: Sequence[bytes | None] = [None] * len(values)
         if self.key_columns:
             keys = encode_records(batch.select(list(self.key_columns)))
+        if self.partition_by is not None:
+            placed = self._placed(batch)
+            if not self.key_columns:
+                keys = [None if v is None else str(v).encode() for v in placed]
+            parts = self._parts
+            return [
+                (key_partition(v, parts), key, value)
+                for v, key, value in zip(placed, keys, values, strict=True)
+            ]
         return [
             (_partition_for(key, i, self._parts), key, value)
             for i, (key, value) in enumerate(zip(keys, values, strict=True))
         ]
+
+    def _placed(self, batch: pa.Table) -> list[Any]:
+        """The values of ``partition_by`` that place ``batch``'s records."""
+        column = self.partition_by
+        if column not in batch.column_names:
+            raise ConfigError(
+                f"Kafka sink {self.topic!r}: partition_by={column!r} is not an output column "
+                f"(the output has {batch.column_names}); name one of them"
+            )
+        values = batch.column(column)
+        if not (pa.types.is_string(values.type) or pa.types.is_integer(values.type)):
+            raise ConfigError(
+                f"Kafka sink {self.topic!r}: partition_by={column!r} is a {values.type} "
+                f"column; records are placed by the key group of a string or an integer"
+            )
+        return values.to_pylist()
 
     def write_batch(self, batch: pa.Table, batch_id: int) -> None:
         from confluent_kafka import KafkaException

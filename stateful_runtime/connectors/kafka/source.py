@@ -8,6 +8,15 @@ in the checkpoint only) and yields Arrow batches decoded by :mod:`..formats.json
 
 Partitions are aligned in event time (Flink's per-split watermarks, with idleness) as for
 every source: :mod:`..alignment`.
+
+A topic whose producers place records by the key groups of a field (``KafkaSink(partition_by=
+...)``, or ``partition=key_partition(value, n)`` when producing) is declared so by the job
+(``keyed_by``): a job keyed by that field reads it without a shuffle (the planner's choice,
+``Source.key_placement``). The job cannot see the producers, so it checks: at start, the
+newest records of every partition (:data:`PLACEMENT_SAMPLE` each) must be where their key
+group belongs; in the tasks, every record (the keyed operator refuses one of a key group its
+partition does not own); and each batch, the topic's partition count against the one the job
+started with (a topic given more partitions moves keys between them).
 """
 
 from __future__ import annotations
@@ -40,11 +49,13 @@ from pyspark.sql.types import (
 )
 
 from stateful_runtime._process import freeze_worker_heap
+from stateful_runtime.checkpoints.keyed import key_group, key_groups, owner_of
 from stateful_runtime.connectors import alignment, event_time
 from stateful_runtime.connectors.alignment import EventTimeAlignment
 from stateful_runtime.connectors.base import (
     OFFSET,
     PARTITION,
+    KeyPlacement,
     Source,
     read_stream,
     stream_schema,
@@ -85,6 +96,12 @@ _LEADER_MOVING = frozenset(
     }
 )
 LEADER_WAIT_S = 60.0
+# The newest records of each partition a job reading a topic ``keyed_by`` a field checks at
+# start for their placement.
+PLACEMENT_SAMPLE = 200
+# The option of a read whose Spark partition p is the topic's partition p, whole, and the
+# partition count the job planned it with (Source.read_stream's by_partition).
+BY_PARTITION = "by_partition"
 # The job setting that lets a job go on over records deleted before it read them.
 DATA_LOSS_SETTING = "source.fail_on_data_loss"
 META = ("kafka_topic", "kafka_key", "kafka_timestamp_ms", "kafka_headers")
@@ -152,6 +169,10 @@ class KafkaSource(Source):
             (:class:`~stateful_runtime.exceptions.SourceDataLostError`); False: the job goes
             on from the oldest record left, saying each range it skipped (Spark's
             ``failOnDataLoss``).
+        keyed_by: the field (a string or an integer of ``schema``) whose key groups the
+            topic's producers place records by (see the module doc): a job keyed by it, with
+            as many state partitions as the topic has, reads each partition in the task that
+            keeps its state, without a shuffle. One topic only.
     """
 
     def __init__(
@@ -168,6 +189,7 @@ class KafkaSource(Source):
         metadata_columns: bool = False,
         name: str | None = None,
         fail_on_data_loss: bool = True,
+        keyed_by: str | None = None,
     ) -> None:
         if isinstance(topics, str):
             topics = [topics]
@@ -196,6 +218,9 @@ class KafkaSource(Source):
         clash = [f for f in self.schema.fieldNames() if f in META] if metadata_columns else []
         if clash:
             raise ConfigError(f"schema field(s) {clash} clash with the Kafka metadata columns")
+        self.keyed_by = keyed_by or None
+        if self.keyed_by is not None:
+            _check_keyed_by(self.keyed_by, self.topics, self.schema)
 
     @classmethod
     def from_config(
@@ -217,6 +242,7 @@ class KafkaSource(Source):
             client_config=kafka_client.client_settings(config),
             fail_on_data_loss=str(config.get(DATA_LOSS_SETTING, True)).lower()
             not in ("false", "0", "no"),
+            keyed_by=config.get("source.keyed_by") or None,
         )
 
     def describe(self) -> str:
@@ -227,6 +253,7 @@ class KafkaSource(Source):
             f"Kafka {what} on {self.config['bootstrap.servers']} (from "
             f"{self.starting_offsets}, max {limit} records/batch, read_committed, "
             f"per-partition event-time alignment, JSON → {self.schema.simpleString()}"
+            + (f", placed by the key groups of {self.keyed_by!r}" if self.keyed_by else "")
             + (f", client settings {settings}" if settings else "")
             + ")"
         )
@@ -238,6 +265,68 @@ class KafkaSource(Source):
                 f"Kafka source: no topic matches {self.pattern!r} on "
                 f"{self.config['bootstrap.servers']}; create one or fix the pattern"
             )
+
+    def key_placement(self) -> KeyPlacement | None:
+        """The placement ``keyed_by`` declares, into the topic's partitions as they are now."""
+        if self.keyed_by is None:
+            return None
+        [topic] = self.topics
+        partitions = check_cluster(self.config, self.topics)[topic]
+        kind = self.schema[self.keyed_by].dataType.simpleString()
+        return KeyPlacement(self.keyed_by, kind, partitions, f"Kafka topic {topic!r}")
+
+    def check_placement(self, partitions: int) -> None:
+        """Refuse, before the job reads anything, a topic whose newest records
+        (:data:`PLACEMENT_SAMPLE` a partition) are not where the key groups of ``keyed_by``
+        place them among ``partitions`` (the producers use Kafka's own partitioner, or
+        another field)."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        [topic] = self.topics
+        c = Consumer(
+            quiet({**self.config, "group.id": "srt-placement", "enable.partition.eof": True})
+        )
+        try:
+            for p in range(partitions):
+                lo, hi = c.get_watermark_offsets(
+                    TopicPartition(topic, p), timeout=METADATA_TIMEOUT_S
+                )
+                start = max(lo, hi - PLACEMENT_SAMPLE)
+                if start >= hi:
+                    continue
+                c.assign([TopicPartition(topic, p, start)])
+                for offset, value in _sample(c, hi):
+                    misplaced = self._misplaced(value, p, partitions)
+                    if misplaced is not None:
+                        raise ConfigError(
+                            f"Kafka source {self.name}: the job declares topic {topic!r} "
+                            f"placed by the key groups of {self.keyed_by!r} (keyed_by), but "
+                            f"{topic}:{p} offset {offset} holds {self.keyed_by}="
+                            f"{misplaced!r}, whose key group {key_group([misplaced])} belongs "
+                            f"to partition {owner_of(key_group([misplaced]), partitions)} of "
+                            f"{partitions}: its producers place records otherwise (Kafka's own "
+                            f"partitioner?). Produce with KafkaSink(partition_by="
+                            f"{self.keyed_by!r}) or partition=key_partition(value, "
+                            f"{partitions}) (stateful_runtime.checkpoints.keyed), or drop "
+                            f"keyed_by (source.keyed_by) to read it with a shuffle; nothing "
+                            f"was read"
+                        )
+        finally:
+            c.close()
+
+    def _misplaced(self, value: bytes | None, partition: int, partitions: int) -> Any:
+        """The ``keyed_by`` value of a record that is not in the partition owning its key
+        group (None: it is, or the record does not decode: the job dead-letters it)."""
+        try:
+            record = json.loads(value or b"")
+        except ValueError:
+            return None
+        found = record.get(self.keyed_by) if isinstance(record, dict) else None
+        if not isinstance(found, str | int) or isinstance(found, bool):
+            return None
+        if key_group([found]) in key_groups(partition, partitions):
+            return None
+        return found
 
     def decode(
         self,
@@ -260,13 +349,14 @@ class KafkaSource(Source):
         *,
         by_partition: bool = False,
     ) -> DataFrame:
-        assert not by_partition, "a Kafka topic's key placement is not known"
         self.check()
-        return read_stream(
-            spark,
-            KafkaDataSource,
-            self.options(dead_letter_staging, watermark, late_watermark_of, query_checkpoint),
-        )
+        options = self.options(dead_letter_staging, watermark, late_watermark_of, query_checkpoint)
+        if by_partition:
+            placement = self.key_placement()
+            assert placement is not None, "by_partition needs keyed_by"
+            self.check_placement(placement.partitions)
+            options[BY_PARTITION] = str(placement.partitions)
+        return read_stream(spark, KafkaDataSource, options)
 
     def options(
         self,
@@ -570,10 +660,34 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         out = []
         late = alignment.late_before_ms(self.options)
         bounds = event_time.batch_bounds(self.options)
+        placed = self.options.get(BY_PARTITION)
+        if placed:  # Spark's partition p is the topic's, whole, empty ones included
+            return self._placed_splits(int(placed), start, end, late, bounds)
         for key, lo, hi in split_ranges(start, end, MAX_SPLIT_RECORDS):
             topic, p = key.rsplit(":", 1)
             out.append(KafkaSplit(topic, int(p), lo, hi, late, bounds))
         return out
+
+    def _placed_splits(
+        self, planned: int, start: dict, end: dict, late: int | None, bounds: TimeBounds | None
+    ) -> list[KafkaSplit]:
+        [topic] = self.topics
+        now = sorted(int(k.rsplit(":", 1)[1]) for k in end)
+        if now != list(range(planned)):
+            raise ConfigError(
+                f"Kafka source {self.options.get('name', 'kafka')}: topic {topic!r} has "
+                f"{len(now)} partitions, the job started reading it with {planned}, each in "
+                f"the task of its state partition (keyed_by): with more partitions its "
+                f"producers place a key elsewhere. Nothing of the batch was committed; restart "
+                f"the job: it reads the topic with a shuffle while its parallelism differs "
+                f"from the partition count (srt explain says which)"
+            )
+        return [
+            KafkaSplit(
+                topic, p, int(start.get(f"{topic}:{p}", 0)), int(end[f"{topic}:{p}"]), late, bounds
+            )
+            for p in now
+        ]
 
     # -- executor side ----------------------------------------------------------------------
     def _fetch(self, split: KafkaSplit) -> tuple[list[bytes], list[Any], list[int]]:
@@ -673,3 +787,41 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.align.record(key, split.start, split.end, tables)
         for table in tables:
             yield from table.to_batches()
+
+
+def _check_keyed_by(field: str, topics: list[str], schema: StructType) -> None:
+    if len(topics) != 1:
+        raise ConfigError(
+            f"KafkaSource(keyed_by={field!r}) reads one topic (its partitions hold the key "
+            f"groups of a job's state partitions), not {topics or 'a pattern'}"
+        )
+    if field not in schema.fieldNames():
+        raise ConfigError(
+            f"KafkaSource(keyed_by={field!r}): not a field of the schema {schema.fieldNames()}"
+        )
+    kind = schema[field].dataType.simpleString()
+    if kind not in ("string", "bigint"):
+        raise ConfigError(
+            f"KafkaSource(keyed_by={field!r}) is a {kind} field; records are placed by the "
+            f"key group of a string or an integer field"
+        )
+
+
+def _sample(consumer: Any, end: int) -> Iterator[tuple[int, bytes | None]]:
+    """(offset, value) of the assigned partition's records up to ``end`` (committed ones)."""
+    from confluent_kafka import KafkaError
+
+    deadline = time.monotonic() + READ_TIMEOUT_S
+    while time.monotonic() < deadline:
+        for m in consumer.consume(PLACEMENT_SAMPLE, 0.1):
+            err = m.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    return
+                raise ConfigError(f"Kafka read for the placement check: {err}")
+            if m.offset() >= end:
+                return
+            yield m.offset(), m.value()
+            if m.offset() == end - 1:
+                return
+    raise ConfigError(f"Kafka read for the placement check: offsets up to {end} not read")
