@@ -30,6 +30,8 @@ _EXPORTS = {
     "ProcessWindowFunction": "functions",
     "TimeWindow": "functions",
     "RuntimeContext": "functions",
+    "RetryPolicy": "functions",
+    "worker_resource": "functions",
     "TimerService": "functions",
     "CheckpointConfig": "job",
     "StreamJob": "job",
@@ -95,9 +97,11 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         KeyedProcessFunction,
         OutputTag,
         ProcessWindowFunction,
+        RetryPolicy,
         RuntimeContext,
         TimerService,
         TimeWindow,
+        worker_resource,
     )
     from stateful_runtime.job import CheckpointConfig, StreamJob
     from stateful_runtime.joins import (

@@ -607,3 +607,104 @@ class ProcessWindowFunction:
         self, key: Any, window: TimeWindow, elements: list[dict[str, Any]]
     ) -> Iterator[dict[str, Any]]:
         raise NotImplementedError
+
+
+def _seconds(name: str, value: timedelta | float | int | None) -> float | None:
+    if value is None:
+        return None
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
+        raise ConfigError(f"{name}={value!r}: give a positive timedelta (or seconds)")
+    return float(seconds)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How ``map_async`` retries a call that raised or timed out: up to ``max_attempts`` calls
+    in all, waiting ``backoff`` before the second, twice as long before each next one (at most
+    ``max_backoff``); an exception not among ``retry_on`` is not retried. A record whose last
+    attempt still fails is dead-lettered with the step, the attempts and the last exception.
+    """
+
+    max_attempts: int = 3
+    backoff: timedelta = timedelta(milliseconds=100)
+    max_backoff: timedelta = timedelta(seconds=5)
+    retry_on: tuple[type[BaseException], ...] = (Exception,)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
+            raise ConfigError(f"RetryPolicy(max_attempts={self.max_attempts!r}): give a count")
+        if self.max_attempts < 1:
+            raise ConfigError("RetryPolicy(max_attempts=...) must be >= 1 (1: no retry)")
+        for name in ("backoff", "max_backoff"):
+            if not isinstance(getattr(self, name), timedelta):
+                raise ConfigError(f"RetryPolicy({name}=...) takes a timedelta")
+        if not isinstance(self.retry_on, tuple) or not all(
+            isinstance(t, type) and issubclass(t, BaseException) for t in self.retry_on
+        ):
+            raise ConfigError("RetryPolicy(retry_on=...) takes a tuple of exception classes")
+
+    def wait_s(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt ``attempt`` (1-based)."""
+        return min(
+            self.backoff.total_seconds() * 2 ** (attempt - 1), self.max_backoff.total_seconds()
+        )
+
+
+@dataclass(frozen=True)
+class AsyncCall:
+    """How a ``map_async`` step calls its ``async def`` function: at most ``capacity`` calls
+    in flight per parallel instance (a Python worker's task), each given ``timeout_s``, retried
+    by ``retry``, at most ``rate_per_s`` started a second per instance (None: no limit), the
+    outputs in input order (``ordered``) or in completion order within the batch."""
+
+    capacity: int = 100
+    timeout_s: float = 10.0
+    retry: RetryPolicy = RetryPolicy()
+    ordered: bool = True
+    rate_per_s: float | None = None
+
+    @staticmethod
+    def of(
+        capacity: int,
+        timeout: timedelta | float,
+        retry: RetryPolicy | None,
+        ordered: bool,
+        rate_per_s: float | None,
+    ) -> AsyncCall:
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ConfigError(f"map_async(capacity={capacity!r}): give a count >= 1")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ConfigError(f"map_async(retry={retry!r}): give a RetryPolicy")
+        timeout_s = _seconds("map_async(timeout)", timeout)
+        assert timeout_s is not None
+        return AsyncCall(
+            capacity,
+            timeout_s,
+            retry or RetryPolicy(),
+            bool(ordered),
+            _seconds("map_async(rate_per_s)", rate_per_s),
+        )
+
+    def describe(self) -> str:
+        attempts = self.retry.max_attempts
+        return (
+            f"up to {self.capacity} calls in flight, {self.timeout_s:g} s each, "
+            f"{attempts} attempt{'s' if attempts > 1 else ''}"
+            + (f", at most {self.rate_per_s:g}/s" if self.rate_per_s else "")
+            + (", in input order" if self.ordered else ", in completion order")
+        )
+
+
+_RESOURCES: dict[str, Any] = {}
+
+
+def worker_resource(name: str, make: Callable[[], Any]) -> Any:
+    """The Python worker's ``name`` resource, made by ``make()`` on first use and kept for the
+    worker's life: a client a ``map_async`` function calls through (``httpx.AsyncClient``, a
+    connection pool), set up once per worker rather than per batch. (A job file's own globals
+    do not last: Spark hands each task the function anew.)"""
+    found = _RESOURCES.get(name)
+    if found is None:
+        found = _RESOURCES[name] = make()
+    return found

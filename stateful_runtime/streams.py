@@ -20,6 +20,7 @@ from stateful_runtime.connectors.formats.json import to_struct
 from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.functions import (
     CO_INPUT,
+    AsyncCall,
     BroadcastProcess,
     CoInput,
     CoProcess,
@@ -28,6 +29,7 @@ from stateful_runtime.functions import (
     KeyedProcessFunction,
     OutputTag,
     ProcessWindowFunction,
+    RetryPolicy,
     function_name,
 )
 from stateful_runtime.joins import (
@@ -70,22 +72,33 @@ class FilterNode:
 @dataclass(frozen=True)
 class MapNode:
     """A stateless Python function over every record (``map``: one record out per record in;
-    ``flat_map``: any number). Each output record keeps its input's event time."""
+    ``flat_map``: any number; with ``call``, an ``async def`` called concurrently:
+    ``map_async``). Each output record keeps its input's event time."""
 
     parent: Node
     function: Callable[[dict[str, Any]], Any]
     output_schema: StructType
     flat: bool
     name: str
+    call: AsyncCall | None = None
 
     @property
     def kind(self) -> str:
         """The method that made the step, as plans and messages name it."""
-        return _map_kind(self.flat)
+        return _map_kind(self.flat, self.call is not None)
 
 
-def _map_kind(flat: bool) -> str:
-    return "flat_map" if flat else "map"
+def _is_async(function: Callable) -> bool:
+    """Whether calling ``function`` gives a coroutine (an ``async def``, or an object whose
+    ``__call__`` is one)."""
+    import inspect
+
+    call = type(function).__call__ if not inspect.isroutine(function) else None
+    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(call)
+
+
+def _map_kind(flat: bool, calls: bool = False) -> str:
+    return ("flat_map" if flat else "map") + ("_async" if calls else "")
 
 
 @dataclass(frozen=True)
@@ -229,12 +242,71 @@ class DataStream:
         records, each with ``output``'s columns and its input's event time. See :meth:`map`."""
         return self._map(function, output, name, flat=True)
 
-    def _map(
-        self, function: Callable, output: Mapping[str, Any] | None, name: str | None, *, flat: bool
+    def map_async(
+        self,
+        function: Callable[[dict[str, Any]], Any],
+        *,
+        output: Mapping[str, Any] | None = None,
+        capacity: int = 100,
+        timeout: timedelta | float = timedelta(seconds=10),
+        retry: RetryPolicy | None = None,
+        ordered: bool = True,
+        rate_per_s: float | None = None,
+        name: str | None = None,
     ) -> DataStream:
-        kind = _map_kind(flat)
+        """Flink's Async I/O: ``async def function(record) -> record``, a call to a service per
+        record (a model's score over HTTP, a lookup in a database), up to ``capacity`` calls in
+        flight per parallel instance on an event loop of its Python worker, over whole Arrow
+        batches. A call that raises or runs past ``timeout`` is retried by ``retry``
+        (:class:`~stateful_runtime.functions.RetryPolicy`: 3 attempts, backoff from 100 ms);
+        one that still fails is dead-lettered with the step, the attempts and the last
+        exception, and the batch commits, unless the step's error bounds trip (a service down
+        for every call stops the job: ``errors.max_fraction``). ``ordered=False`` emits in
+        completion order within the batch; ``rate_per_s`` caps the calls started a second per
+        instance. Every call of a batch ends before the batch commits, so nothing is in flight
+        across a checkpoint; a batch replayed after a crash calls again (pass an idempotency
+        key, e.g. the record's id, to a service that must not see a call twice). Clients (an
+        ``httpx.AsyncClient``, a connection pool) are made once per worker: keep them in a
+        module-level variable created on first use; the worker's event loop lives as long as
+        the worker. Otherwise as :meth:`map`."""
+        call = AsyncCall.of(capacity, timeout, retry, ordered, rate_per_s)
+        return self._map(function, output, name, flat=False, call=call)
+
+    def flat_map_async(
+        self,
+        function: Callable[[dict[str, Any]], Any],
+        *,
+        output: Mapping[str, Any] | None = None,
+        capacity: int = 100,
+        timeout: timedelta | float = timedelta(seconds=10),
+        retry: RetryPolicy | None = None,
+        ordered: bool = True,
+        rate_per_s: float | None = None,
+        name: str | None = None,
+    ) -> DataStream:
+        """:meth:`map_async` whose function returns any number of output records (a list)."""
+        call = AsyncCall.of(capacity, timeout, retry, ordered, rate_per_s)
+        return self._map(function, output, name, flat=True, call=call)
+
+    def _map(
+        self,
+        function: Callable,
+        output: Mapping[str, Any] | None,
+        name: str | None,
+        *,
+        flat: bool,
+        call: AsyncCall | None = None,
+    ) -> DataStream:
+        kind = _map_kind(flat, call is not None)
         if not callable(function):
             raise ConfigError(f"{kind} takes a function of one record (a dict), got {function!r}")
+        if (call is not None) != _is_async(function):
+            raise ConfigError(
+                f"{kind} takes "
+                + ("an async def function" if call is not None else "a plain (not async) function")
+                + f" of one record, got {function!r}"
+                + ("" if call is not None else "; use map_async for an async def")
+            )
         if isinstance(self.node, ProcessNode | WindowNode | SideOutputNode):
             raise ConfigError(
                 f"{kind} applies before a window or process function in this "
@@ -249,7 +321,7 @@ class DataStream:
             if name is not None
             else getattr(function, "__name__", None) or type(function).__name__
         )
-        node = MapNode(self.node, function, schema, flat, label)
+        node = MapNode(self.node, function, schema, flat, label, call)
         return DataStream(self.job, node)
 
     def union(self, *others: DataStream) -> DataStream:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pyspark import cloudpickle
 
-from stateful_runtime import LogSink, LogSource, StreamJob, WatermarkStrategy
+from stateful_runtime import LogSink, StreamJob, WatermarkStrategy, source_from_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import fraud_rate_limit  # noqa: E402
@@ -20,6 +20,9 @@ import fraud_rate_limit  # noqa: E402
 cloudpickle.register_pickle_by_value(fraud_rate_limit)
 
 DEFAULTS = {
+    "source.kind": "log",  # or "kafka" (benchmarks/kafka_keyed.py)
+    "source.bootstrap_servers": "",
+    "source.keyed_by": "",
     "source.log_dir": "srt-data/bench/log",
     "source.topic": "upi200k",
     "source.max_records_per_batch": 250_000,
@@ -35,7 +38,7 @@ DEFAULTS = {
 def build(config: dict) -> StreamJob:
     job = StreamJob.from_config("bench-fraud", config)
     payments = job.from_source(
-        LogSource.from_config(config, fraud_rate_limit.PAYMENT),
+        source_from_config(config, fraud_rate_limit.PAYMENT),
         WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=5)).with_timestamp_field(
             "ts_ms"
         ),

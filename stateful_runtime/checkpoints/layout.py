@@ -61,7 +61,6 @@ _PENDING_REWIND = "_rewind.json"
 _QUARANTINE = "_quarantine"
 _DEAD_LETTERS = "_dead_letters"
 _STEPS = ".steps"
-_EVENT_TIME = ".event-time"
 # Spark's checkpoint of one query.
 _OFFSETS, _COMMITS, _STATE = "offsets", "commits", "state"
 _METADATA, _SOURCES = "metadata", "sources"
@@ -295,12 +294,6 @@ class CheckpointLock:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-
-def event_time_stats(staging: str | os.PathLike[str]) -> Path:
-    """The event-time alignment directory of the source whose dead letters are staged in
-    ``staging`` (:meth:`CheckpointLayout.dead_letters`), beside that directory."""
-    return Path(str(staging).rstrip("/") + _EVENT_TIME)
 
 
 @dataclass(frozen=True, init=False)

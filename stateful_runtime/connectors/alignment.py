@@ -4,53 +4,41 @@ Spark keeps one watermark per query: the maximum event time seen minus the out-o
 bound. A partition that lags the others in event time (a smaller backlog share, a slow
 producer) would see its records fall behind that watermark and be dropped as late. Flink
 tracks a watermark per partition and takes the minimum; we get the same effect by alignment in
-the source (Flink's watermark alignment):
+the source (Flink's watermark alignment), at *plan time*: both sources read one record's event
+time cheaply (the event log one RocksDB read, Kafka one fetch by the driver's consumer, each
+read once), so :func:`bound_by_event_time` cuts each partition's range where its event time
+passes the slowest partition's end by more than the bound, before and after the batch's
+record cap is shared: no record of a batch moves the watermark past records another
+partition has not read yet.
 
-* every read task records the largest event time of its split in a small stats file
-  (:meth:`EventTimeAlignment.record`, next to the dead-letter staging directory);
-* when planning the next batch, the driver holds back at its start offset every partition more
-  than the bound ahead of the slowest *active* partition (:meth:`EventTimeAlignment.hold_back`),
-  before the batch's record cap is shared among the rest;
-* a partition with nothing new to read for longer than ``WatermarkStrategy.with_idleness`` is
-  idle and holds nobody back; without idleness a silent partition stalls the others (Flink's
-  behaviour too).
-
-This *recorded* alignment works at batch granularity: it cannot stop a partition from covering
-more than the bound within one batch (the watermark then passes the slow partition's next
-records). The frontiers live in the driver (the first batch after a restart is not held back),
-and a bounded (``--available-now``) run never waits. Kafka uses it.
-
-A source that can read one record's event time cheaply (the embedded event log: one RocksDB
-read) aligns at *plan time* instead, which has no such gap: :func:`bound_by_event_time` cuts
-each partition's range where its event time passes the slowest partition's end by more than
-the bound.
+A partition with nothing new to read is silent. On Kafka it holds the others (Flink without
+idleness) until it has been silent for longer than ``WatermarkStrategy.with_idleness``
+(:class:`Idleness`, :func:`hold_for_silent`): they are cut where they pass its last record's
+event time by more than the bound; a bounded (``--available-now``) run never waits. The event
+log's silent partitions hold nobody (idle at once).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.types import LongType, StructField
 
-from stateful_runtime.checkpoints.layout import QueryLayout, event_time_stats
-from stateful_runtime.connectors.base import ERROR
+from stateful_runtime.checkpoints.layout import QueryLayout
 
 if TYPE_CHECKING:
     from stateful_runtime.watermarks import WatermarkStrategy
 
 
 def options(watermark: WatermarkStrategy | None) -> dict[str, str]:
-    """DataSource options that switch alignment on (the recording side also needs the query's
-    dead-letter staging directory)."""
+    """DataSource options that switch alignment on."""
     if watermark is None or not watermark.timestamp_field:
         return {}
     return {
@@ -63,95 +51,50 @@ def options(watermark: WatermarkStrategy | None) -> dict[str, str]:
     }
 
 
-def _max_ms(values: pa.Array, unit: str) -> int | None:
-    """Largest event time of a column in ms (``unit``: ms, s or timestamp)."""
-    if unit == "timestamp":
-        values = pc.cast(values, pa.timestamp("ms")).cast(pa.int64())
-    top = pc.max(values).as_py()
-    if top is None:
-        return None
-    return int(top) * 1000 if unit == "s" else int(top)
+class Idleness:
+    """Driver side: when each partition's listed end last grew, which tells a silent partition
+    that still holds the others from an idle one (``idleness_ms``; none: never idle)."""
 
-
-class EventTimeAlignment:
-    """Driver and task sides of alignment for one source reader (None if not configured)."""
-
-    def __init__(self, opts: Mapping[str, str], staging: str) -> None:
-        self.field = opts["event_time_field"]
-        self.unit = opts.get("event_time_unit", "ms")
-        self.drift_ms = int(opts.get("max_drift_ms") or 0)
+    def __init__(self, opts: Mapping[str, str]) -> None:
         idle = opts.get("idleness_ms")
         self.idle_s = int(idle) / 1e3 if idle else None
-        self.stats = event_time_stats(staging)
-        self.frontier: dict[str, float] = {}
         self._arrival: dict[str, float] = {}
         self._seen_end: dict[str, int] = {}
 
-    @classmethod
-    def of(cls, opts: Mapping[str, str]) -> EventTimeAlignment | None:
-        staging = opts.get("dead_letter_staging")
-        return cls(opts, staging) if staging and opts.get("event_time_field") else None
-
-    # -- task side ---------------------------------------------------------------------------
-    def record(self, key: str, start: int, end: int, tables: Sequence[pa.Table]) -> None:
-        """Record the largest event time of the good records of split ``key[start:end]``."""
-        tops = [
-            _max_ms(t.filter(pc.is_null(t.column(ERROR))).column(self.field), self.unit)
-            for t in tables
-        ]
-        known = [t for t in tops if t is not None]
-        if not known:
-            return
-        self.stats.mkdir(parents=True, exist_ok=True)
-        final = self.stats / f"{key}-{start}-{end}.json"
-        tmp = self.stats / f".{final.name}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps({"max": max(known)}))
-        os.replace(tmp, final)
-
-    # -- driver side -------------------------------------------------------------------------
-    def _refresh(self) -> None:
-        if not self.stats.is_dir():
-            return
-        for f in self.stats.glob("*.json"):
-            key = f.name[:-5].rsplit("-", 2)[0]
-            try:
-                top = json.loads(f.read_text())["max"]
-            except (OSError, ValueError, KeyError):
-                continue
-            if top > self.frontier.get(key, -math.inf):
-                self.frontier[key] = top
-            f.unlink(missing_ok=True)
-
-    def hold_back(
-        self, start: Mapping[str, int], ends: dict[str, int], *, bounded: bool
-    ) -> dict[str, int]:
-        """``ends`` with every partition that runs ahead in event time of the slowest active
-        one held at its start offset."""
+    def holding(self, start: Mapping[str, int], listed: Mapping[str, int]) -> list[str]:
+        """The partitions with nothing new to read in ``listed`` that are not idle yet."""
         now = time.monotonic()
-        for k, e in ends.items():
+        for k, e in listed.items():
             if e > self._seen_end.get(k, -1):
                 self._seen_end[k] = e
                 self._arrival[k] = now
-        self._refresh()
+        return [
+            k
+            for k, e in listed.items()
+            if e <= start.get(k, 0)
+            and (self.idle_s is None or now - self._arrival.get(k, now) < self.idle_s)
+        ]
 
-        def idle(k: str) -> bool:
-            return (
-                self.idle_s is not None
-                and ends[k] <= start.get(k, 0)
-                and now - self._arrival.get(k, now) >= self.idle_s
-            )
 
-        active = [self.frontier.get(k, -math.inf) for k in ends if not idle(k)]
-        if not active:
-            return ends
-        low = min(active)
-        out = {
-            k: (start.get(k, 0) if self.frontier.get(k, -math.inf) > low + self.drift_ms else v)
-            for k, v in ends.items()
-        }
-        if bounded and all(out[k] <= start.get(k, 0) for k in out):
-            return ends  # a bounded (availableNow) run never waits
-        return out
+def hold_for_silent(
+    start: Mapping[str, int],
+    ends: dict[str, int],
+    silent: list[str],
+    time_at: Callable[[str, int], int | None],
+    drift_ms: int,
+    *,
+    bounded: bool,
+) -> dict[str, int]:
+    """Cut every partition's range where its event time passes the last record read of the
+    slowest of the ``silent`` partitions by more than ``drift_ms`` (a silent partition that
+    holds no record holds nobody). A ``bounded`` run is never held whole."""
+    lasts = [t for k in silent if (t := _last_time(k, 0, start.get(k, 0), time_at)) is not None]
+    if not lasts:
+        return ends
+    out = _cut(start, ends, time_at, min(lasts) + drift_ms, _last_times(start, ends, time_at))
+    if bounded and all(out[k] <= start.get(k, 0) for k in out):
+        return ends
+    return out
 
 
 # -- plan-time alignment (sources that can read one record's event time cheaply) ----------------
@@ -187,6 +130,55 @@ def record_time(value: bytes, field: str, unit: str) -> int | None:
 LOOK_BACK = 32
 
 
+def _last_time(
+    key: str, lo: int, end: int, time_at: Callable[[str, int], int | None]
+) -> int | None:
+    """The event time of the last record before ``end`` that has one (looking back at most
+    :data:`LOOK_BACK` records, not before ``lo``)."""
+    for o in range(end - 1, max(lo, end - LOOK_BACK) - 1, -1):
+        t = time_at(key, o)
+        if t is not None:
+            return t
+    return None
+
+
+def _last_times(
+    start: Mapping[str, int], ends: Mapping[str, int], time_at: Callable[[str, int], int | None]
+) -> dict[str, int]:
+    """The event time of the last record of each partition's range that has one."""
+    return {
+        k: t
+        for k, e in ends.items()
+        if (t := _last_time(k, start.get(k, 0), e, time_at)) is not None
+    }
+
+
+def _cut(
+    start: Mapping[str, int],
+    ends: dict[str, int],
+    time_at: Callable[[str, int], int | None],
+    target: int,
+    last: Mapping[str, int],
+) -> dict[str, int]:
+    """``ends`` with every partition's range (whose last event time is ``last``'s) ending
+    before its first record past ``target`` (a bisection: partitions are ordered in event
+    time up to the bound)."""
+    out = dict(ends)
+    for k, t in last.items():
+        if t <= target:
+            continue
+        lo, hi = start.get(k, 0), ends[k]
+        while lo < hi:  # first offset in [lo, hi) past the target
+            mid = (lo + hi) // 2
+            tm = time_at(k, mid)
+            if tm is not None and tm > target:
+                hi = mid
+            else:
+                lo = mid + 1
+        out[k] = lo
+    return out
+
+
 def bound_by_event_time(
     start: Mapping[str, int],
     ends: dict[str, int],
@@ -197,33 +189,12 @@ def bound_by_event_time(
     more than ``drift_ms``, so that no record of this batch moves the watermark past records
     the slowest partition has not read yet. ``time_at(partition, offset)`` reads one record's
     event time. Partitions are assumed ordered in event time up to ``drift_ms`` (a bisection
-    finds the cut); a partition with nothing to read does not hold the others (it counts as
-    idle at once)."""
-    last: dict[str, int] = {}
-    for k, e in ends.items():
-        lo = start.get(k, 0)
-        for o in range(e - 1, max(lo, e - LOOK_BACK) - 1, -1):
-            t = time_at(k, o)
-            if t is not None:
-                last[k] = t
-                break
+    finds the cut); a partition with nothing to read does not hold the others here
+    (:func:`hold_for_silent` does)."""
+    last = _last_times(start, ends, time_at)
     if len(last) < 2:
         return ends
-    target = min(last.values()) + drift_ms
-    out = dict(ends)
-    for k, t in last.items():
-        if t <= target:
-            continue
-        lo, hi = start.get(k, 0), ends[k]  # first offset in [lo, hi) past the target
-        while lo < hi:
-            mid = (lo + hi) // 2
-            tm = time_at(k, mid)
-            if tm is not None and tm > target:
-                hi = mid
-            else:
-                lo = mid + 1
-        out[k] = lo
-    return out
+    return _cut(start, ends, time_at, min(last.values()) + drift_ms, last)
 
 
 # -- the late-event watermark of a batch (exact accounting of late records) ---------------------

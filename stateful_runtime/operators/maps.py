@@ -13,12 +13,14 @@ offset, which name a record the function fails on (it is dead-lettered:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
 
 from stateful_runtime._process import freeze_worker_heap
+from stateful_runtime.functions import AsyncCall
 from stateful_runtime.job import ErrorPolicy
 from stateful_runtime.operators.isolation import StepGuard, describe, origins
 
@@ -42,6 +44,7 @@ class MapOperator:
         guard: StepGuard | None = None,
     ) -> None:
         self.name, self.function, self.flat = name, function, flat
+        self.kind = "flat_map" if flat else "map"
         self.fields, self.output, self.carried = fields, output, carried
         self.guard = guard if guard is not None else StepGuard(name, "?", ErrorPolicy(), None)
 
@@ -52,13 +55,13 @@ class MapOperator:
                 yield self.apply(batch)
         self.guard.stage()  # before the task reports success: a retry writes the same file
 
-    def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        records = batch.select(self.fields).to_pylist()
-        fn, out, flat = self.function, [], self.flat
-        kind = "flat_map" if flat else "map"
+    def _outputs(self, records: list[dict[str, Any]]) -> tuple[list[Any], list[int] | None, dict]:
+        """The function's outputs of ``records``, the input row of each (None: output ``i``
+        is of record ``i``, a failed one's :data:`_FAILED`), and the records it failed on
+        (row → why, exception)."""
+        fn, out, flat, kind = self.function, [], self.flat, self.kind
         rows: list[int] | None = [] if flat else None
         failed: dict[int, tuple[str, BaseException | None]] = {}
-        self.guard.seen += len(records)
         for i, record in enumerate(records):
             try:
                 result = fn(record)
@@ -72,6 +75,13 @@ class MapOperator:
                 failed[i] = (f"the {kind} function raised {describe(exc)}", exc)
                 if not flat:
                     out.append(_FAILED)  # keeps out[i] the output of records[i]
+        return out, rows, failed
+
+    def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        records = batch.select(self.fields).to_pylist()
+        self.guard.seen += len(records)
+        out, rows, failed = self._outputs(records)
+        kind = self.kind
         if failed or next((r for r in out if not isinstance(r, Mapping)), _NONE) is not _NONE:
             self._not_records(out, rows, failed, kind)
         if failed:
@@ -157,3 +167,120 @@ def _unfit(out: list[Mapping[str, Any]], schema: pa.Schema) -> Iterator[tuple[in
             pa.RecordBatch.from_pylist([record], schema=schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
             yield j, str(exc)
+
+
+class AsyncMapOperator(MapOperator):
+    """``map_async`` / ``flat_map_async``: the function is an ``async def``, called for a
+    batch's records on the worker's event loop, at most ``call.capacity`` at once, each with
+    its timeout and retries (:class:`~stateful_runtime.functions.AsyncCall`); the batch's
+    outputs go on once every call of it ended (in input order, or in completion order)."""
+
+    def __init__(
+        self,
+        name: str,
+        function: Callable[[dict[str, Any]], Any],
+        flat: bool,
+        fields: list[str],
+        output: pa.Schema,
+        carried: list[str],
+        call: AsyncCall,
+        guard: StepGuard | None = None,
+    ) -> None:
+        super().__init__(name, function, flat, fields, output, carried, guard)
+        self.call = call
+        self.kind += "_async"
+
+    def _outputs(self, records: list[dict[str, Any]]) -> tuple[list[Any], list[int] | None, dict]:
+        results: list[Any] = [_FAILED] * len(records)
+        done: list[int] = []  # input rows in completion order
+        failed: dict[int, tuple[str, BaseException | None]] = {}
+        _worker_loop().run_until_complete(self._call_all(records, results, done, failed))
+        order = range(len(records)) if self.call.ordered else done
+        if not self.flat:
+            return [results[i] for i in order], None if self.call.ordered else list(order), failed
+        out: list[Any] = []
+        rows: list[int] = []
+        for i in order:
+            if i in failed:
+                continue
+            produced = results[i]
+            out.extend(produced)
+            rows.extend([i] * len(produced))
+        return out, rows, failed
+
+    async def _call_all(
+        self,
+        records: list[dict[str, Any]],
+        results: list[Any],
+        done: list[int],
+        failed: dict[int, tuple[str, BaseException | None]],
+    ) -> None:
+        todo = iter(enumerate(records))
+        pace = _Pace(self.call.rate_per_s)
+
+        async def caller() -> None:
+            for i, record in todo:  # shared by the callers: each takes the next record
+                try:
+                    results[i] = await self._call_one(record, pace)
+                except _Failed as exc:
+                    failed[i] = (exc.why, exc.cause)
+                done.append(i)
+
+        await asyncio.gather(*(caller() for _ in range(min(self.call.capacity, len(records)))))
+
+    async def _call_one(self, record: dict[str, Any], pace: _Pace) -> Any:
+        retry, timeout = self.call.retry, self.call.timeout_s
+        last: BaseException | None = None
+        attempt = 0
+        for attempt in range(1, retry.max_attempts + 1):
+            await pace.wait()
+            try:
+                result = await asyncio.wait_for(self.function(record), timeout)
+                return (list(result) if result is not None else []) if self.flat else result
+            except Exception as exc:
+                last = (
+                    TimeoutError(f"no answer within {timeout:g} s")
+                    if isinstance(exc, TimeoutError) and not str(exc)
+                    else exc
+                )
+                if attempt == retry.max_attempts or not isinstance(exc, retry.retry_on):
+                    break
+                await asyncio.sleep(retry.wait_s(attempt))
+        assert last is not None
+        raise _Failed(
+            f"the {self.kind} function failed {attempt} time(s), last: {describe(last)}", last
+        )
+
+
+class _Failed(Exception):
+    def __init__(self, why: str, cause: BaseException) -> None:
+        self.why, self.cause = why, cause
+
+
+class _Pace:
+    """At most ``rate`` call starts a second (None: no limit), on the worker's loop."""
+
+    def __init__(self, rate: float | None) -> None:
+        self.gap = 1.0 / rate if rate else 0.0
+        self.next = 0.0
+
+    async def wait(self) -> None:
+        if not self.gap:
+            return
+        now = asyncio.get_running_loop().time()
+        at = max(now, self.next)
+        self.next = at + self.gap
+        if at > now:
+            await asyncio.sleep(at - now)
+
+
+_LOOP: asyncio.AbstractEventLoop | None = None
+
+
+def _worker_loop() -> asyncio.AbstractEventLoop:
+    """The Python worker's event loop, for as long as the worker lives: clients a function
+    made on it (an HTTP client's connections, a database pool) serve its later batches."""
+    global _LOOP
+    if _LOOP is None or _LOOP.is_closed():
+        _LOOP = asyncio.new_event_loop()
+    return _LOOP

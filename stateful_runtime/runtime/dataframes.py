@@ -536,7 +536,7 @@ def _map(df: DataFrame, node: MapNode, query: QueryPlan) -> DataFrame:
     their metadata, the watermark's among them."""
     from pyspark.sql.types import StructType
 
-    from stateful_runtime.operators.maps import MapOperator
+    from stateful_runtime.operators.maps import AsyncMapOperator, MapOperator
 
     fields = record_schema(node.parent).fieldNames()
     carried = [f for f in df.schema.fields if f.name not in fields]
@@ -545,13 +545,12 @@ def _map(df: DataFrame, node: MapNode, query: QueryPlan) -> DataFrame:
         raise PlanError(
             f"map {node.name!r}: output column(s) {clash} are reserved by the runtime; rename them"
         )
-    operator = MapOperator(
-        node.name,
-        node.function,
-        node.flat,
-        fields,
-        arrow_schema(node.output_schema),
-        [f.name for f in carried],
-        step_guard(query, node.name),
+    args = (node.name, node.function, node.flat, fields, arrow_schema(node.output_schema))
+    carried_names = [f.name for f in carried]
+    guard = step_guard(query, node.name)
+    operator = (
+        MapOperator(*args, carried_names, guard)
+        if node.call is None
+        else AsyncMapOperator(*args, carried_names, node.call, guard)
     )
     return df.mapInArrow(operator, StructType([*node.output_schema.fields, *carried]))

@@ -151,8 +151,9 @@ def _node_step(node: PlannedNode, parallelism: int) -> str:
         return f"filter {node.condition}"
     if isinstance(node, MapNode):
         what = getattr(node.function, "__qualname__", None) or type(node.function).__name__
+        calls = f" ({node.call.describe()})" if node.call is not None else ""
         return (
-            f"{node.kind} {node.name}: {what} in Python "
+            f"{node.kind} {node.name}: {what} in Python{calls} "
             f"over whole Arrow batches → {', '.join(node.output_schema.fieldNames())}"
         )
     if isinstance(node, CoInputNode):

@@ -19,7 +19,6 @@ from stateful_runtime.checkpoints.layout import (
     QueryLayout,
     claim,
     crc_sidecar,
-    event_time_stats,
     state_version,
 )
 from stateful_runtime.checkpoints.verify import verify
@@ -77,9 +76,6 @@ def test_a_checkpoint_directory_names_each_of_its_parts(tmp_path):
     assert root.pending_rewind == tmp_path / "_rewind.json"
     assert root.quarantine == tmp_path / "_quarantine"
     assert root.dead_letters("payments") == tmp_path / "_dead_letters" / "payments"
-    assert event_time_stats(f"{root.dead_letters('payments')}/") == (
-        tmp_path / "_dead_letters" / "payments.event-time"
-    )
     q = root.query("counts")
     assert q == QueryLayout(tmp_path / "counts") and q.root == tmp_path / "counts"
     assert (q.offsets(7), q.commit(7)) == (q.root / "offsets" / "7", q.root / "commits" / "7")

@@ -16,7 +16,7 @@ import duckdb
 import pytest
 from upi_events import oracle
 
-from stateful_runtime.connectors.alignment import bound_by_event_time
+from stateful_runtime.connectors.alignment import Idleness, bound_by_event_time, hold_for_silent
 from stateful_runtime.connectors.eventlog import EventLog
 from stateful_runtime.connectors.eventlog.store import Record
 from stateful_runtime.runtime.loader import load_job_file
@@ -49,6 +49,32 @@ def test_bound_cuts_the_partition_running_ahead():
         )["0"]
         == 6
     )
+
+
+def test_a_silent_partition_holds_the_others_at_its_last_record_until_idle(monkeypatch):
+    """Flink without idleness: a partition with nothing new holds every other where it passes
+    the silent one's last record by more than the bound; once silent for longer than the
+    idleness it holds nobody, and a bounded run is never held whole."""
+    times = {"0": [i * 1000 for i in range(100)], "1": [i * 100 for i in range(100)]}
+    clock = [100.0]
+    monkeypatch.setattr("stateful_runtime.connectors.alignment.time.monotonic", lambda: clock[0])
+    idle = Idleness({"idleness_ms": "2000"})
+    start, ends = {"0": 10, "1": 50}, {"0": 60, "1": 50}  # 1 read to 4.9 s, nothing new
+    silent = idle.holding(start, ends)
+    assert silent == ["1"]
+
+    def held(silent: list[str], bounded: bool = False) -> dict[str, int]:
+        return hold_for_silent(start, ends, silent, lambda p, o: times[p][o], 500, bounded=bounded)
+
+    assert held(silent) == {"0": 10, "1": 50}  # 0 is at 10 s already: nothing to read
+    assert held(silent, bounded=True) == ends
+    assert hold_for_silent(
+        {"0": 0, "1": 50}, ends, silent, lambda p, o: times[p][o], 500, bounded=False
+    ) == {"0": 6, "1": 50}  # up to 5.4 s
+    clock[0] += 2.5
+    assert idle.holding(start, ends) == []
+    assert held([]) == ends
+    assert Idleness({}).holding(start, ends) == ["1"]  # without idleness: silent for ever
 
 
 @pytest.mark.slow

@@ -51,7 +51,6 @@ from pyspark.sql.types import (
 from stateful_runtime._process import freeze_worker_heap
 from stateful_runtime.checkpoints.keyed import key_group, key_groups, owner_of
 from stateful_runtime.connectors import alignment, event_time
-from stateful_runtime.connectors.alignment import EventTimeAlignment
 from stateful_runtime.connectors.base import (
     OFFSET,
     PARTITION,
@@ -432,7 +431,9 @@ class KafkaSplit(InputPartition):
     bounds: TimeBounds | None = None  # the event times the batch accepts
 
 
-_CONSUMERS: dict[tuple[str, str], Any] = {}
+_CONSUMERS: dict[tuple[str, str, str], Any] = {}
+_UNREAD = object()
+_TIMES_KEPT = 100_000  # event times of single records a reader keeps for its next plans
 
 
 def _topic_partition(key: str) -> tuple[str, int]:
@@ -441,19 +442,19 @@ def _topic_partition(key: str) -> tuple[str, int]:
     return topic, int(partition)
 
 
-def _consumer(config_json: str, reset: str) -> Any:
+def _consumer(config_json: str, reset: str, group: str = "srt-source") -> Any:
     """One consumer per Python worker process, client config and offset reset (workers are
     reused). ``reset``: what a read of an offset the broker no longer holds does: ``error``
     (the job refuses data loss) or ``earliest``."""
     from confluent_kafka import Consumer
 
-    c = _CONSUMERS.get((config_json, reset))
+    c = _CONSUMERS.get((config_json, reset, group))
     if c is None:
         c = Consumer(
             quiet(
                 {
                     **json.loads(config_json),
-                    "group.id": "srt-source",
+                    "group.id": group,
                     "enable.auto.commit": False,
                     "isolation.level": "read_committed",
                     "enable.partition.eof": True,
@@ -470,8 +471,32 @@ def _consumer(config_json: str, reset: str) -> Any:
                 }
             )
         )
-        _CONSUMERS[(config_json, reset)] = c
+        _CONSUMERS[(config_json, reset, group)] = c
     return c
+
+
+def _probe_consumer(config: Mapping[str, Any]) -> Any:
+    """The driver's consumer of single records (plan-time alignment): each fetch asks for as
+    little as the broker can send (one record batch) and nothing is fetched ahead."""
+    from confluent_kafka import Consumer
+
+    return Consumer(
+        quiet(
+            {
+                **config,
+                "group.id": "srt-alignment",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+                "allow.auto.create.topics": False,
+                "auto.offset.reset": "error",
+                "max.partition.fetch.bytes": 1,
+                "queued.min.messages": 1,
+                "fetch.wait.max.ms": 1,
+                "fetch.queue.backoff.ms": 1,
+            }
+        )
+    )
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -486,9 +511,15 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         max_rows = options.get("max_records_per_batch")
         self.max_rows = int(max_rows) if max_rows else None
         self.staging = options.get("dead_letter_staging")
-        self.align = EventTimeAlignment.of(options)
+        self.idleness = alignment.Idleness(options)
         time_field = options.get("event_time_field")
         self.event_time = (time_field, options.get("event_time_unit", "ms")) if time_field else None
+        self.drift_ms = int(options.get("max_drift_ms") or 0)
+        # (partition, offset) → its record's event time (None: no record, or no time there),
+        # or the record's value until it is asked for
+        self._times: dict[tuple[str, int], int | bytes | None] = {}
+        self._timer: Any = None  # the driver's consumer for plan-time alignment
+        self._plausible = event_time.plan_filter(options)  # (renewed by each plan)
         self.target: dict[str, int] | None = None
         self._admin: Any = None
         self._latest: dict[str, int] | None = None
@@ -620,11 +651,59 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ends = self._ends() if self.target is None else self.target
         self._latest = ends if self.target is None else None
         start = self._with_new_partitions(start, ends)
-        if self.align is not None:  # held-back partitions first, so the cap goes to the others
-            ends = self.align.hold_back(start, ends, bounded=self.target is not None)
-        return self.cap.limit(
+        # Event-time alignment (alignment's module doc): the partitions a silent one holds
+        # first, so the cap goes to the others; the cut at the slowest end; the cap; and the
+        # cut again (the cap ends partitions at different event times), as the event log plans.
+        if self.event_time is not None:
+            # A record the policy refuses has no event time here, as in the batch.
+            self._plausible = event_time.plan_filter(self.options)
+            silent = self.idleness.holding(start, ends)
+            ends = alignment.hold_for_silent(
+                start, ends, silent, self._time_at, self.drift_ms, bounded=self.target is not None
+            )
+            ends = alignment.bound_by_event_time(start, ends, self._time_at, self.drift_ms)
+        capped = self.cap.limit(
             start, ends, limit.max_rows if isinstance(limit, ReadMaxRows) else None
         )
+        if capped != ends and self.event_time is not None:
+            capped = alignment.bound_by_event_time(start, capped, self._time_at, self.drift_ms)
+        return capped
+
+    def _time_at(self, key: str, offset: int) -> int | None:
+        """The event time of the record at ``offset`` of partition ``key`` (None: none there,
+        a transaction's marker or a record without a plausible event time), read once by the
+        driver's own consumer (records never change). A fetch brings the record's batch from
+        there on: the times of all of it are kept (the next probes of a bisection are near)."""
+        found = self._times.get((key, offset), _UNREAD)
+        if type(found) is bytes:  # fetched, parsed when asked for
+            assert self.event_time is not None
+            found = self._times[(key, offset)] = alignment.record_time(found, *self.event_time)
+        if found is not _UNREAD:
+            return self._plausible(found)  # type: ignore[arg-type]
+        from confluent_kafka import TopicPartition
+
+        if self._timer is None:
+            self._timer = _probe_consumer(self.config)
+        topic, partition = _topic_partition(key)
+        self._timer.assign([TopicPartition(topic, partition, offset)])
+        msgs: list[Any] = []
+        deadline = time.monotonic() + METADATA_TIMEOUT_S
+        while not msgs and time.monotonic() < deadline:
+            msgs = self._timer.consume(1, 0.05)
+        msgs += self._timer.consume(1_000, 0)  # the rest of what the fetch brought
+        if len(self._times) >= _TIMES_KEPT:
+            self._times.clear()
+        at = offset
+        for m in msgs:  # an error (the partition's end) ends the run
+            if m.error() is not None or m.offset() < at:
+                break
+            for gap in range(at, m.offset()):  # markers, aborted records
+                self._times[(key, gap)] = None
+            self._times[(key, m.offset())] = m.value() or b""
+            at = m.offset() + 1
+        if (key, offset) not in self._times:
+            self._times[(key, offset)] = None
+        return self._time_at(key, offset)
 
     def reportLatestOffset(self) -> dict:
         # Spark asks right after latestOffset, for the lag in the batch's progress: the ends
@@ -783,8 +862,6 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         key = f"{split.topic}:{split.partition}"
         if self.staging is not None and tables:
             stage(self.staging, key, split.start, split.end, pa.concat_tables(tables))
-        if self.align is not None and tables:
-            self.align.record(key, split.start, split.end, tables)
         for table in tables:
             yield from table.to_batches()
 

@@ -1,0 +1,156 @@
+"""map_async on Spark against a real HTTP service on 127.0.0.1 (httpx's async client, one per
+Python worker): every payment scored, in batches of concurrent calls; a call the service
+refuses once is retried, a payment it always refuses is one dead letter with the step, the
+attempts and the last error, and the rest commit; a second run over more payments scores only
+the new ones."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from time import sleep
+
+import pytest
+
+from stateful_runtime.connectors.eventlog import EventLog
+from tests.helpers import append_lines, read_topic
+from tests.operators.helpers import run
+
+pytestmark = pytest.mark.slow
+
+T0 = 1_767_225_600_000
+
+SCORED_JOB = """
+from datetime import timedelta
+
+import httpx
+
+from stateful_runtime import (LogSink, LogSource, RetryPolicy, StreamJob, WatermarkStrategy,
+                              worker_resource)
+
+DEFAULTS = {"source.log_dir": "log", "source.topic": "payments", "sink.log_dir": "out",
+            "checkpoint.dir": "ck", "source.max_records_per_batch": 200, "parallelism": 2,
+            "score.url": "http://127.0.0.1:1"}
+PAYMENT = {"txn_id": str, "amount_paise": int, "ts_ms": int}
+
+
+def build(config):
+    url = config["score.url"]
+
+    async def score(payment):
+        client = worker_resource("scorer", lambda: httpx.AsyncClient(base_url=url, timeout=5))
+        answer = await client.post("/score", json=payment)
+        answer.raise_for_status()
+        return {"txn_id": payment["txn_id"], "score": answer.json()["score"]}
+
+    job = StreamJob.from_config("scored", config)
+    payments = job.from_source(
+        LogSource.from_config(config, PAYMENT),
+        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=2))
+        .with_timestamp_field("ts_ms"), name="payments")
+    (payments.map_async(score, output={"txn_id": str, "score": int}, capacity=16,
+                        retry=RetryPolicy(3, backoff=timedelta(milliseconds=20)), name="score")
+     .sink_to(LogSink(config["sink.log_dir"], "scored"), name="scored-out"))
+    return job
+"""
+
+
+class ScoreService:
+    """A model server: ``score = amount % 97`` after 20 ms; txn ids ending in 7 are refused
+    always (503), ids ending in 3 on their first call only; counts calls per id and the most
+    in flight at once."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+        self.in_flight = self.most = 0
+        self.lock = threading.Lock()
+        service = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                txn = body["txn_id"]
+                with service.lock:
+                    service.calls[txn] += 1
+                    first = service.calls[txn] == 1
+                    service.in_flight += 1
+                    service.most = max(service.most, service.in_flight)
+                sleep(0.02)
+                with service.lock:
+                    service.in_flight -= 1
+                if txn.endswith("7") or (txn.endswith("3") and first):
+                    self.send_response(503)
+                    self.end_headers()
+                    return
+                answer = json.dumps({"score": body["amount_paise"] % 97}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 256  # (5 by default: concurrent connects were refused)
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def _rows(log, topic: str) -> list[dict]:
+    reader = EventLog(log).reader(topic)
+    return [
+        json.loads(r.value)
+        for p, end in reader.end_offsets().items()
+        for r in reader.read(p, 0, end)
+    ]
+
+
+@pytest.fixture
+def service():
+    service = ScoreService()
+    yield service
+    service.server.shutdown()
+    service.server.server_close()
+
+
+def test_payments_scored_by_a_service_with_retries_and_dead_letters(spark, tmp_path, service):
+    job = tmp_path / "scored.py"
+    job.write_text(SCORED_JOB)
+    log = tmp_path / "log"
+    EventLog(log).create_topic("payments", 2)
+    payments = [
+        {"txn_id": f"t{i}", "amount_paise": 1_000 + i * 7, "ts_ms": T0 + i * 100}
+        for i in range(600)
+    ]
+    settings = {
+        "sink.log_dir": str(tmp_path / "out"),
+        "score.url": service.url,
+        "checkpoint.dir": str(tmp_path / "ck"),
+    }
+    for part in (payments[:400], payments[400:]):
+        append_lines(log, [json.dumps(p).encode() for p in part], "payments", "txn_id")
+        run(str(job), tmp_path, **settings)
+    got = _rows(tmp_path / "out", "scored")
+    refused = {p["txn_id"] for p in payments if p["txn_id"].endswith("7")}
+    assert sorted((r["txn_id"], r["score"]) for r in got) == sorted(
+        (p["txn_id"], p["amount_paise"] % 97) for p in payments if p["txn_id"] not in refused
+    )
+    dead = read_topic(log, "payments-dlq")
+    assert sorted(json.loads(d.value)["txn_id"] for d in dead) == sorted(refused)
+    assert {d.headers["step"] for d in dead} == {"score"}
+    error = dead[0].headers["error"]
+    assert "the map_async function failed 3 time(s), last: HTTPStatusError" in error, error
+    assert "503" in error
+    # Every payment called once a run, a refused-once one twice, a refused one 3 times; the
+    # calls of a task ran concurrently.
+    assert {t: n for t, n in service.calls.items() if n != 1} == {
+        **{p["txn_id"]: 2 for p in payments if p["txn_id"].endswith("3")},
+        **dict.fromkeys(refused, 3),
+    }
+    assert service.most > 2
