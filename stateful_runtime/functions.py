@@ -701,7 +701,7 @@ _RESOURCES: dict[str, Any] = {}
 
 def worker_resource(name: str, make: Callable[[], Any]) -> Any:
     """The Python worker's ``name`` resource, made by ``make()`` on first use and kept for the
-    worker's life: a client a ``map_async`` function calls through (``httpx.AsyncClient``, a
+    worker's life: a client a ``map_async`` function calls through (``aiohttp.ClientSession``, a
     connection pool), set up once per worker rather than per batch. (A job file's own globals
     do not last: Spark hands each task the function anew.)"""
     found = _RESOURCES.get(name)

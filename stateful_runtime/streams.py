@@ -266,9 +266,9 @@ class DataStream:
         instance. Every call of a batch ends before the batch commits, so nothing is in flight
         across a checkpoint; a batch replayed after a crash calls again (pass an idempotency
         key, e.g. the record's id, to a service that must not see a call twice). Clients (an
-        ``httpx.AsyncClient``, a connection pool) are made once per worker: keep them in a
-        module-level variable created on first use; the worker's event loop lives as long as
-        the worker. Otherwise as :meth:`map`."""
+        ``aiohttp.ClientSession``, a connection pool) are made once per worker with
+        :func:`~stateful_runtime.functions.worker_resource`; the worker's event loop lives as
+        long as the worker. Otherwise as :meth:`map`."""
         call = AsyncCall.of(capacity, timeout, retry, ordered, rate_per_s)
         return self._map(function, output, name, flat=False, call=call)
 
