@@ -70,6 +70,8 @@ class StepGuard:
         self.rejects = rejects if rejects is not None else StepRejects(None, step)
         self.seen = 0  # records the step was given in this task
         self.rejected = 0
+        # What failing this often means, in the advice of the bounds' errors.
+        self.failing = "a function that fails {how} is a bug to fix, not bad data"
         self._run = 0  # rejects in a row
         self._last = -2
 
@@ -107,8 +109,8 @@ class StepGuard:
                 origin=where,
                 advice=(
                     f"The step rejected {self._run} records in a row "
-                    f"(errors.max_consecutive={self.errors.max_consecutive}): a function that "
-                    f"fails for every record is a bug to fix, not bad data; nothing was "
+                    f"(errors.max_consecutive={self.errors.max_consecutive}): "
+                    f"{self.failing.format(how='for every record')}; nothing was "
                     f"dead-lettered for this batch. Raise the bound with --set "
                     f"errors.max_consecutive=N if these records are bad."
                 ),
@@ -139,8 +141,8 @@ class StepGuard:
                 origin=origin(self.source, partition, offset),
                 advice=(
                     f"The step rejected {self.rejected} of the {self.seen} records of one task "
-                    f"(errors.max_fraction={errors.max_fraction:g}): a function that fails "
-                    f"this often is a bug to fix, not bad data; nothing was dead-lettered for "
+                    f"(errors.max_fraction={errors.max_fraction:g}): "
+                    f"{self.failing.format(how='this often')}; nothing was dead-lettered for "
                     f"this batch. Raise the bound with --set errors.max_fraction=F (1: none) if "
                     f"these records are bad."
                 ),

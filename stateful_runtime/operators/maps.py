@@ -189,6 +189,11 @@ class AsyncMapOperator(MapOperator):
         super().__init__(name, function, flat, fields, output, carried, guard)
         self.call = call
         self.kind += "_async"
+        self.guard.failing = (
+            "calls that fail {how} mean the service is down or refusing, not bad records: "
+            "the job stops rather than dead-letter the stream, and the batch is replayed when "
+            "it runs again (once the service answers)"
+        )
 
     def _outputs(self, records: list[dict[str, Any]]) -> tuple[list[Any], list[int] | None, dict]:
         results: list[Any] = [_FAILED] * len(records)
@@ -233,9 +238,11 @@ class AsyncMapOperator(MapOperator):
         last: BaseException | None = None
         attempt = 0
         for attempt in range(1, retry.max_attempts + 1):
-            await pace.wait()
+            if pace.gap:
+                await pace.wait()
             try:
-                result = await asyncio.wait_for(self.function(record), timeout)
+                async with asyncio.timeout(timeout):  # (no task of its own, as wait_for makes)
+                    result = await self.function(record)
                 return (list(result) if result is not None else []) if self.flat else result
             except Exception as exc:
                 last = (

@@ -7,16 +7,13 @@ the new ones."""
 from __future__ import annotations
 
 import json
-import threading
-from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from time import sleep
 
 import pytest
 
 from stateful_runtime.connectors.eventlog import EventLog
 from tests.helpers import append_lines, read_topic
 from tests.operators.helpers import run
+from tests.operators.score_service import ScoreService
 
 pytestmark = pytest.mark.slow
 
@@ -55,51 +52,6 @@ def build(config):
      .sink_to(LogSink(config["sink.log_dir"], "scored"), name="scored-out"))
     return job
 """
-
-
-class ScoreService:
-    """A model server: ``score = amount % 97`` after 20 ms; txn ids ending in 7 are refused
-    always (503), ids ending in 3 on their first call only; counts calls per id and the most
-    in flight at once."""
-
-    def __init__(self) -> None:
-        self.calls: Counter[str] = Counter()
-        self.in_flight = self.most = 0
-        self.lock = threading.Lock()
-        service = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:  # quiet
-                pass
-
-            def do_POST(self) -> None:  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                txn = body["txn_id"]
-                with service.lock:
-                    service.calls[txn] += 1
-                    first = service.calls[txn] == 1
-                    service.in_flight += 1
-                    service.most = max(service.most, service.in_flight)
-                sleep(0.02)
-                with service.lock:
-                    service.in_flight -= 1
-                if txn.endswith("7") or (txn.endswith("3") and first):
-                    self.send_response(503)
-                    self.end_headers()
-                    return
-                answer = json.dumps({"score": body["amount_paise"] % 97}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-        class Server(ThreadingHTTPServer):
-            request_queue_size = 256  # (5 by default: concurrent connects were refused)
-
-        self.server = Server(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
 def _rows(log, topic: str) -> list[dict]:
