@@ -8,7 +8,8 @@ commits, and health as numbers Dagster plots.
   Downstream automation (the table's checks, dbt models) and freshness policies react to these.
 * :func:`plot_metadata` — a job's health as float/int metadata with units in the labels
   (input and processing rates over the run's last batches, rows per batch, lag, checkpoint
-  age, batch duration, state size, records in/out/dead letters/late),
+  age, batch duration, state size, records in/out/dead letters/late, and each ``map_async``
+  step's calls, retries, failures and latency percentiles),
   which the asset page's **Plots** tab graphs over time.
 """
 
@@ -85,6 +86,12 @@ def plot_metadata(status: JobStatus) -> dict[str, MetadataValue]:
             values[label] = _number(_batch(health.batch, key), kind)
         for key, label in _RECORDS:
             values[label] = _number(getattr(health.records, key, None), int)
+        for step, calls in sorted((health.calls or {}).items()):
+            values[f"{step}: calls (this run)"] = _number(calls.calls, int)
+            values[f"{step}: retried calls (this run)"] = _number(calls.retries, int)
+            values[f"{step}: records failed after retries (this run)"] = _number(calls.failed, int)
+            values[f"{step}: call latency p50 (ms)"] = _number(calls.percentile_ms(0.5), float)
+            values[f"{step}: call latency p99 (ms)"] = _number(calls.percentile_ms(0.99), float)
         out.update({f"{prefix}{label}": v for label, v in values.items() if v is not None})
     endpoint = control_endpoint(status)
     if endpoint is not None:

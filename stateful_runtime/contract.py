@@ -275,6 +275,69 @@ class CheckpointFacts:
         )
 
 
+# The upper bounds (ms) of the latency buckets a map_async step counts its calls in; the last
+# bucket holds every call past the last bound.
+CALL_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 30_000)
+
+
+@dataclass(frozen=True)
+class CallStats:
+    """A ``map_async`` step's calls to its service, this run (summed over its tasks; a task
+    Spark ran twice counts twice).
+
+    Attributes:
+        calls: calls made (every attempt).
+        retries: calls that were a retry of a failed one.
+        failed: records whose last attempt failed (dead-lettered, or the job stopped).
+        buckets: calls per latency bucket (:data:`CALL_BUCKETS_MS`, then one past the last).
+    """
+
+    calls: int = 0
+    retries: int = 0
+    failed: int = 0
+    buckets: tuple[int, ...] = (0,) * (len(CALL_BUCKETS_MS) + 1)
+
+    def __add__(self, other: CallStats) -> CallStats:
+        return CallStats(
+            self.calls + other.calls,
+            self.retries + other.retries,
+            self.failed + other.failed,
+            tuple(a + b for a, b in zip(self.buckets, other.buckets, strict=True)),
+        )
+
+    def percentile_ms(self, q: float) -> float | None:
+        """The upper bound of the bucket holding the ``q`` quantile of the calls' latency
+        (None: no call; past the last bound: the last bound)."""
+        if not self.calls:
+            return None
+        rank, seen = q * sum(self.buckets), 0
+        for bound, n in zip((*CALL_BUCKETS_MS, CALL_BUCKETS_MS[-1]), self.buckets, strict=True):
+            seen += n
+            if seen >= rank and n:
+                return float(bound)
+        return float(CALL_BUCKETS_MS[-1])
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "calls": self.calls,
+            "retries": self.retries,
+            "failed": self.failed,
+            "p50_ms": self.percentile_ms(0.5),
+            "p99_ms": self.percentile_ms(0.99),
+            "buckets": list(self.buckets),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CallStats:
+        buckets = tuple(int(n) for n in data.get("buckets") or ())
+        return cls(
+            int(data.get("calls") or 0),
+            int(data.get("retries") or 0),
+            int(data.get("failed") or 0),
+            buckets if len(buckets) == len(CALL_BUCKETS_MS) + 1 else cls().buckets,
+        )
+
+
 @dataclass(frozen=True)
 class RecordCounts:
     """Where the records a query read from its source went, this run: ``input`` (read) =
@@ -496,6 +559,7 @@ class QueryHealth:
         records: where the source's records went, this run.
         mirror: the checkpoint mirror's last upload.
         dead_letters: the query's dead letters (None: it owns no dead-letter topic).
+        calls: its ``map_async`` steps' calls this run, by step (None: it has none).
     """
 
     batch: BatchHealth | None = None
@@ -503,6 +567,7 @@ class QueryHealth:
     records: RecordCounts | None = None
     mirror: MirrorHealth | None = None
     dead_letters: DeadLetterView | None = None
+    calls: Mapping[str, CallStats] | None = None
 
     @property
     def last_committed_batch(self) -> int | None:
@@ -549,6 +614,8 @@ class QueryHealth:
             out["dead_letters_in_topic"] = d.in_topic
             out["dead_letter_reasons"] = dict(d.by_reason)
             out["dead_letter_samples"] = [x.to_json() for x in d.samples]
+        if self.calls is not None:
+            out["calls"] = {step: c.to_json() for step, c in self.calls.items()}
         return out
 
     @classmethod
@@ -600,6 +667,9 @@ class QueryHealth:
             records=None if records is None else RecordCounts.from_json(records),
             mirror=mirror,
             dead_letters=dead,
+            calls=None
+            if data.get("calls") is None
+            else {str(k): CallStats.from_json(v) for k, v in data["calls"].items()},
         )
 
 

@@ -14,12 +14,15 @@ offset, which name a record the function fails on (it is dead-lettered:
 from __future__ import annotations
 
 import asyncio
+import bisect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
+from pyspark.accumulators import AccumulatorParam
 
 from stateful_runtime._process import freeze_worker_heap
+from stateful_runtime.contract import CALL_BUCKETS_MS, CallStats
 from stateful_runtime.functions import AsyncCall
 from stateful_runtime.job import ErrorPolicy
 from stateful_runtime.operators.isolation import StepGuard, describe, origins
@@ -189,11 +192,21 @@ class AsyncMapOperator(MapOperator):
         super().__init__(name, function, flat, fields, output, carried, guard)
         self.call = call
         self.kind += "_async"
+        # The driver's accumulator of the step's call statistics (runtime/dataframes.py),
+        # added to once a task (None: not counted).
+        self.stats: Any = None
+        self._tally = _Tally()
         self.guard.failing = (
             "calls that fail {how} mean the service is down or refusing, not bad records: "
             "the job stops rather than dead-letter the stream, and the batch is replayed when "
             "it runs again (once the service answers)"
         )
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        self._tally = _Tally()
+        yield from super().__call__(batches)
+        if self.stats is not None:
+            self.stats.add({self.name: self._tally.stats()})
 
     def _outputs(self, records: list[dict[str, Any]]) -> tuple[list[Any], list[int] | None, dict]:
         results: list[Any] = [_FAILED] * len(records)
@@ -234,17 +247,21 @@ class AsyncMapOperator(MapOperator):
         await asyncio.gather(*(caller() for _ in range(min(self.call.capacity, len(records)))))
 
     async def _call_one(self, record: dict[str, Any], pace: _Pace) -> Any:
-        retry, timeout = self.call.retry, self.call.timeout_s
+        retry, timeout, tally = self.call.retry, self.call.timeout_s, self._tally
+        clock = asyncio.get_running_loop().time
         last: BaseException | None = None
         attempt = 0
         for attempt in range(1, retry.max_attempts + 1):
             if pace.gap:
                 await pace.wait()
+            started = clock()
             try:
                 async with asyncio.timeout(timeout):  # (no task of its own, as wait_for makes)
                     result = await self.function(record)
+                tally.call(attempt, clock() - started)
                 return (list(result) if result is not None else []) if self.flat else result
             except Exception as exc:
+                tally.call(attempt, clock() - started)
                 last = (
                     TimeoutError(f"no answer within {timeout:g} s")
                     if isinstance(exc, TimeoutError) and not str(exc)
@@ -254,9 +271,40 @@ class AsyncMapOperator(MapOperator):
                     break
                 await asyncio.sleep(retry.wait_s(attempt))
         assert last is not None
+        tally.failed += 1
         raise _Failed(
             f"the {self.kind} function failed {attempt} time(s), last: {describe(last)}", last
         )
+
+
+class _Tally:
+    """A task's calls: counts and latency buckets (``contract.CallStats``)."""
+
+    def __init__(self) -> None:
+        self.calls = self.retries = self.failed = 0
+        self.buckets = [0] * (len(CALL_BUCKETS_MS) + 1)
+
+    def call(self, attempt: int, seconds: float) -> None:
+        self.calls += 1
+        self.retries += attempt > 1
+        self.buckets[bisect.bisect_left(CALL_BUCKETS_MS, seconds * 1000)] += 1
+
+    def stats(self) -> CallStats:
+        return CallStats(self.calls, self.retries, self.failed, tuple(self.buckets))
+
+
+class CallStatsParam(AccumulatorParam):
+    """The accumulator of a query's ``map_async`` steps: step → :class:`CallStats`."""
+
+    def zero(self, value: dict[str, CallStats]) -> dict[str, CallStats]:
+        return {}
+
+    def addInPlace(  # noqa: N802 (PySpark's name)
+        self, a: dict[str, CallStats], b: dict[str, CallStats]
+    ) -> dict[str, CallStats]:
+        for step, stats in b.items():
+            a[step] = a[step] + stats if step in a else stats
+        return a
 
 
 class _Failed(Exception):

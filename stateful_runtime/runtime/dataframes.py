@@ -98,6 +98,7 @@ def build(
     name (or, for a query of one source, that source's)."""
     if not isinstance(skips, Mapping):
         skips = {query.source.name: skips}
+    _CALL_STATS.pop(query.name, None)  # (counted anew for this run)
     frames = []
     for i in query.inputs:
         df = read_source(
@@ -530,6 +531,27 @@ def _as_rows_of(rows: DataFrame, like: StructType) -> DataFrame:
     return rows.select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in like.fields])
 
 
+# Each query's accumulator of its map_async steps' calls (driver side, read by the runner).
+_CALL_STATS: dict[str, Any] = {}
+
+
+def call_stats(spark: SparkSession, query: str) -> Any:
+    """Query ``query``'s accumulator of its ``map_async`` steps' calls (one for all of its
+    steps: step → ``contract.CallStats``), made on first use in a :func:`build`."""
+    from stateful_runtime.operators.maps import CallStatsParam
+
+    acc = _CALL_STATS.get(query)
+    if acc is None:
+        acc = _CALL_STATS[query] = spark.sparkContext.accumulator({}, CallStatsParam())
+    return acc
+
+
+def calls_of(query: str) -> dict[str, Any] | None:
+    """The calls of query ``query``'s ``map_async`` steps this run (None: it has none)."""
+    acc = _CALL_STATS.get(query)
+    return None if acc is None else dict(acc.value)
+
+
 def _map(df: DataFrame, node: MapNode, query: QueryPlan) -> DataFrame:
     """A stateless Python function over whole Arrow batches (Spark's ``mapInArrow``); the
     columns it does not see (event time, the late-data bound) are carried to its outputs with
@@ -548,9 +570,9 @@ def _map(df: DataFrame, node: MapNode, query: QueryPlan) -> DataFrame:
     args = (node.name, node.function, node.flat, fields, arrow_schema(node.output_schema))
     carried_names = [f.name for f in carried]
     guard = step_guard(query, node.name)
-    operator = (
-        MapOperator(*args, carried_names, guard)
-        if node.call is None
-        else AsyncMapOperator(*args, carried_names, node.call, guard)
-    )
+    if node.call is None:
+        operator = MapOperator(*args, carried_names, guard)
+    else:
+        operator = AsyncMapOperator(*args, carried_names, node.call, guard)
+        operator.stats = call_stats(df.sparkSession, query.name)
     return df.mapInArrow(operator, StructType([*node.output_schema.fields, *carried]))

@@ -47,7 +47,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -55,6 +55,7 @@ from typing import Any
 
 from stateful_runtime import masking
 from stateful_runtime.contract import (
+    CALL_BUCKETS_MS,
     EndpointAddress,
     ErrorDocument,
     ErrorKind,
@@ -369,10 +370,45 @@ def metrics_text(health: JobHealth) -> bytes:
                 if h.batch is not None:
                     late.add_metric([job, q], float(h.batch.late_rows_dropped_this_run))
             yield late
+            yield from _call_metrics(job, queries)
 
     reg = CollectorRegistry(auto_describe=False)
     reg.register(_Collector())
     return generate_latest(reg)
+
+
+def _call_metrics(job: str, queries: Mapping[str, QueryHealth]) -> Iterator[Any]:
+    """The ``map_async`` steps' calls this run: counters and a latency histogram."""
+    from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+    labels = ["job", "query", "step"]
+    counters = {
+        "calls": CounterMetricFamily(
+            "srt_step_calls", "service calls made (this run)", labels=labels
+        ),
+        "retries": CounterMetricFamily(
+            "srt_step_call_retries", "calls that retried a failed one (this run)", labels=labels
+        ),
+        "failed": CounterMetricFamily(
+            "srt_step_call_failures",
+            "records whose last call failed (this run)",
+            labels=labels,
+        ),
+    }
+    latency = HistogramMetricFamily(
+        "srt_step_call_seconds", "service call latency (this run)", labels=labels
+    )
+    for q, h in sorted(queries.items()):
+        for step, calls in sorted((h.calls or {}).items()):
+            for attribute, family in counters.items():
+                family.add_metric([job, q, step], float(getattr(calls, attribute)))
+            running, buckets = 0, []
+            for bound, n in zip((*CALL_BUCKETS_MS, math.inf), calls.buckets, strict=True):
+                running += n
+                buckets.append((str(bound / 1000) if bound != math.inf else "+Inf", running))
+            latency.add_metric([job, q, step], buckets, sum_value=None)
+    yield from counters.values()
+    yield latency
 
 
 class _Server(ThreadingHTTPServer):

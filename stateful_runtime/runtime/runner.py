@@ -68,6 +68,7 @@ from stateful_runtime.runtime.console import Console
 from stateful_runtime.runtime.dataframes import (
     SINGLE_WATERMARK,
     build,
+    calls_of,
     refuse_speculation,
     source_metrics,
 )
@@ -1021,6 +1022,7 @@ class JobRunner:
             ),
             checkpoint=checkpoint_facts(run.checkpoint_dir).committed(),
             records=run.records.counts(run.plan.source_names),
+            calls=calls_of(run.plan.name),
         )
         assert run.health.batch is not None
         self.console.batch(run.plan, run.health.batch)

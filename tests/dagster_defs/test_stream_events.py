@@ -80,3 +80,38 @@ def test_a_stopped_job_reports_every_committed_batch(tmp_path):
         {},
     )
     assert (event.metadata["first batch"].value, event.metadata["last batch"].value) == (0, 2)
+
+
+def test_a_map_async_steps_calls_are_plotted_from_the_jobs_health():
+    """The health's ``calls`` (a map_async step's calls this run, as the job process reports
+    them) become numbers the asset page plots: calls, retries, failures, p50 and p99."""
+    from dagster_defs._stream_events import plot_metadata
+    from stateful_runtime.contract import CALL_BUCKETS_MS
+
+    buckets = [0] * (len(CALL_BUCKETS_MS) + 1)
+    buckets[CALL_BUCKETS_MS.index(20)] = 98  # 98 calls of 10-20 ms, 2 of 200-500 ms
+    buckets[CALL_BUCKETS_MS.index(500)] = 2
+    table = UPI_JOB.sink_tables[0]
+    status = JobStatus.from_json(
+        {
+            "job": UPI_JOB.name,
+            "state": "RUNNING",
+            "alive": True,
+            "live": True,
+            "queries": {table.query: {"checkpoint_dir": "/nonexistent"}},
+            "health": {
+                table.query: {
+                    "last_batch": 3,
+                    "calls": {
+                        "score": {"calls": 100, "retries": 7, "failed": 1, "buckets": buckets}
+                    },
+                }
+            },
+        }
+    )
+    plotted = {k: v.value for k, v in plot_metadata(status).items()}
+    assert plotted["score: calls (this run)"] == 100
+    assert plotted["score: retried calls (this run)"] == 7
+    assert plotted["score: records failed after retries (this run)"] == 1
+    assert plotted["score: call latency p50 (ms)"] == 20.0
+    assert plotted["score: call latency p99 (ms)"] == 500.0

@@ -6,13 +6,16 @@ the new ones."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
 
 from stateful_runtime.connectors.eventlog import EventLog
+from stateful_runtime.contract import QueryHealth
+from stateful_runtime.runtime.loader import load_job_file
+from stateful_runtime.runtime.runner import JobRunner
 from tests.helpers import append_lines, read_topic
-from tests.operators.helpers import run
 from tests.operators.score_service import ScoreService
 
 pytestmark = pytest.mark.slow
@@ -81,13 +84,24 @@ def test_payments_scored_by_a_service_with_retries_and_dead_letters(spark, tmp_p
         for i in range(600)
     ]
     settings = {
+        "source.log_dir": str(log),
         "sink.log_dir": str(tmp_path / "out"),
         "score.url": service.url,
         "checkpoint.dir": str(tmp_path / "ck"),
     }
     for part in (payments[:400], payments[400:]):
         append_lines(log, [json.dumps(p).encode() for p in part], "payments", "txn_id")
-        run(str(job), tmp_path, **settings)
+        before = sum(service.calls.values())
+        runner = JobRunner(load_job_file(job, settings), available_now=True, out=io.StringIO())
+        assert runner.run() == 0
+        # The step's calls this run, as `srt status`, /health and Dagster show them.
+        calls = runner.runs[0].health.calls["score"]
+        assert calls.calls == sum(service.calls.values()) - before
+        assert calls.retries == calls.calls - len(part)
+        assert calls.failed == sum(1 for p in part if p["txn_id"].endswith("7"))
+        assert calls.percentile_ms(0.5) >= 20  # the service answers after 20 ms
+        health = runner.runs[0].health
+        assert QueryHealth.from_json(health.to_json()).calls == health.calls
     got = _rows(tmp_path / "out", "scored")
     refused = {p["txn_id"] for p in payments if p["txn_id"].endswith("7")}
     assert sorted((r["txn_id"], r["score"]) for r in got) == sorted(

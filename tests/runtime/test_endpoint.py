@@ -441,3 +441,33 @@ def test_post_stop_with_a_savepoint(job: Job):
     # Nothing was committed after the savepoint: it holds the final batch.
     [status] = job.srt("status", JOB)
     assert status["queries"]["upi-counts"]["last_committed_batch"] == sp["batches"]["upi-counts"]
+
+
+def test_a_map_async_steps_calls_are_prometheus_counters_and_a_latency_histogram():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from stateful_runtime.contract import (
+        CALL_BUCKETS_MS,
+        CallStats,
+        JobHealth,
+        JobState,
+        QueryHealth,
+    )
+    from stateful_runtime.runtime.endpoint import metrics_text
+
+    buckets = [0] * (len(CALL_BUCKETS_MS) + 1)
+    buckets[CALL_BUCKETS_MS.index(20)], buckets[-1] = 9, 1  # 9 calls of 10-20 ms, 1 past 30 s
+    calls = CallStats(calls=10, retries=3, failed=1, buckets=tuple(buckets))
+    health = JobHealth("j", 1, JobState.RUNNING, 0.0, {"q": QueryHealth(calls={"score": calls})})
+    samples = {
+        (s.name, s.labels.get("le")): s.value
+        for f in text_string_to_metric_families(metrics_text(health).decode())
+        for s in f.samples
+        if s.labels.get("step") == "score"
+    }
+    assert samples[("srt_step_calls_total", None)] == 10
+    assert samples[("srt_step_call_retries_total", None)] == 3
+    assert samples[("srt_step_call_failures_total", None)] == 1
+    assert samples[("srt_step_call_seconds_bucket", "0.01")] == 0
+    assert samples[("srt_step_call_seconds_bucket", "0.02")] == 9
+    assert samples[("srt_step_call_seconds_bucket", "+Inf")] == 10
