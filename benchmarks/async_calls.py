@@ -3,13 +3,14 @@ HTTP call, and against what the capacity allows (``capacity / latency`` per work
 
     .venv/bin/python benchmarks/async_calls.py --events 100000 --sync-events 2000
 
-Starts a model server in a process of its own (asyncio, HTTP/1.1 keep-alive, every answer
-after ``--latency-ms``), appends UPI payments to an event-log topic, then runs
-``benchmarks/jobs/scored_payments.py`` (``srt run --available-now`` in a child, ``local[2]``,
-parallelism 2) with ``map_async`` at ``--capacity`` and with a ``map`` making the same call
-synchronously. Per run: the steady events/s (rows after the first batch over the time from its
-commit to the last) and the whole process's; the ratio async ÷ sync, and async ÷ the ceiling
-``workers × capacity ÷ latency``. The server shares the machine's cores with the job.
+Starts the example's model server (``examples/model_server.py``: asyncio, HTTP/1.1
+keep-alive, every answer after ``--latency-ms``) in a process of its own, appends UPI payments
+to an event-log topic, then runs ``benchmarks/jobs/scored_payments.py`` (``srt run
+--available-now`` in a child, ``local[2]``, parallelism 2) with ``map_async`` at
+``--capacity`` and with a ``map`` making the same call synchronously. Per run: the steady
+events/s (rows after the first batch over the time from its commit to the last) and the whole
+process's; the ratio async ÷ sync, and async ÷ the ceiling ``workers × capacity ÷ latency``.
+The server shares the machine's cores with the job.
 
 Writes ``benchmarks/results/async_calls.json``.
 """
@@ -17,7 +18,6 @@ Writes ``benchmarks/results/async_calls.json``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import subprocess
@@ -32,34 +32,9 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 JOB = ROOT / "benchmarks" / "jobs" / "scored_payments.py"
+SERVER = ROOT / "examples" / "model_server.py"
 CHILD = ROOT / "benchmarks" / "harness" / "srt_child.py"
 WORKERS = 2
-
-
-async def _serve(port: int, latency_s: float) -> None:
-    async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":", 1)[1])
-                body = json.loads(await reader.readexactly(length))
-                await asyncio.sleep(latency_s)
-                answer = json.dumps({"score": body["amount_paise"] % 97}).encode()
-                writer.write(
-                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                    + b"Content-Length: %d\r\n\r\n" % len(answer)
-                    + answer
-                )
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            writer.close()
-
-    server = await asyncio.start_server(connection, "127.0.0.1", port, backlog=1024)
-    async with server:
-        await server.serve_forever()
 
 
 def run_job(url: str, work: Path, mode: str, capacity: int, events: int) -> dict:
@@ -99,11 +74,7 @@ def main() -> None:
     ap.add_argument("--sync-events", type=int, default=2_000)
     ap.add_argument("--capacity", type=int, default=100)
     ap.add_argument("--latency-ms", type=float, default=20.0)
-    ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.serve:
-        asyncio.run(_serve(a.serve, a.latency_ms / 1000))
-        return
 
     from benchmarks.harness.data import upi_events
     from stateful_runtime.connectors.eventlog import EventLog
@@ -111,7 +82,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="srt-async-calls-"))
     port = 8700 + os.getpid() % 1000
     server = subprocess.Popen(
-        [sys.executable, __file__, "--serve", str(port), "--latency-ms", str(a.latency_ms)]
+        [sys.executable, str(SERVER), "--port", str(port), "--latency-ms", str(a.latency_ms)]
     )
     try:
         log = EventLog(work / "log")

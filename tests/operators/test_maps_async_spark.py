@@ -119,3 +119,54 @@ def test_payments_scored_by_a_service_with_retries_and_dead_letters(spark, tmp_p
         **dict.fromkeys(refused, 3),
     }
     assert service.most > 2
+
+
+def test_the_scored_payments_example_upserts_each_payments_score(spark, tmp_path):
+    """examples/scored_payments.py against examples/model_server.py: every payment's score in
+    the DuckDB table, keyed by txn_id."""
+    import socket
+    import subprocess
+    import sys
+
+    from tests.helpers import EXAMPLES, poll
+    from tests.operators.helpers import run, table
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, str(EXAMPLES / "model_server.py"), "--port", str(port)]
+    )
+    try:
+
+        def listening() -> bool:
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", port)) == 0
+
+        poll(listening, 30, "the model server listening")
+        lines = [
+            json.dumps(
+                {
+                    "txn_id": f"t{i}",
+                    "merchant_id": f"M{i % 9}",
+                    "amount_paise": 500 + i * 31,
+                    "ts_ms": T0 + i * 50,
+                }
+            ).encode()
+            for i in range(800)
+        ]
+        EventLog(tmp_path / "log").create_topic("upi-payments", 2)
+        append_lines(tmp_path / "log", lines)
+        db = tmp_path / "scores.duckdb"
+        run(
+            "scored_payments.py",
+            tmp_path,
+            **{"sink.database": db, "score.url": f"http://127.0.0.1:{port}"},
+        )
+    finally:
+        server.terminate()
+        server.wait(10)
+    got = dict(table(db, "SELECT txn_id, score FROM payment_scores"))
+    assert got == {
+        json.loads(line)["txn_id"]: json.loads(line)["amount_paise"] % 97 for line in lines
+    }
