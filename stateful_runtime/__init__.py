@@ -30,8 +30,8 @@ _EXPORTS = {
     "ProcessWindowFunction": "functions",
     "TimeWindow": "functions",
     "RuntimeContext": "functions",
-    "RetryPolicy": "functions",
-    "worker_resource": "functions",
+    "RetryPolicy": "calls",
+    "worker_resource": "calls",
     "TimerService": "functions",
     "CheckpointConfig": "job",
     "StreamJob": "job",
@@ -82,6 +82,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from stateful_runtime.aggregates import Aggregate, Avg, Count, Max, Min, Sum
+    from stateful_runtime.calls import RetryPolicy, worker_resource
     from stateful_runtime.checkpoints.keyed import key_partition
     from stateful_runtime.connectors.base import Sink, Source
     from stateful_runtime.connectors.config import sinks_from_config, source_from_config
@@ -97,11 +98,9 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         KeyedProcessFunction,
         OutputTag,
         ProcessWindowFunction,
-        RetryPolicy,
         RuntimeContext,
         TimerService,
         TimeWindow,
-        worker_resource,
     )
     from stateful_runtime.job import CheckpointConfig, StreamJob
     from stateful_runtime.joins import (

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.types import StructField, StructType, TimestampNTZType
 
 from stateful_runtime.aggregates import Aggregate, Count
+from stateful_runtime.calls import AsyncCall, AsyncLookup, RetryPolicy
 from stateful_runtime.connectors.base import Sink, Source
 from stateful_runtime.connectors.formats.json import to_struct
 from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.functions import (
     CO_INPUT,
-    AsyncCall,
     BroadcastProcess,
     CoInput,
     CoProcess,
@@ -29,7 +29,6 @@ from stateful_runtime.functions import (
     KeyedProcessFunction,
     OutputTag,
     ProcessWindowFunction,
-    RetryPolicy,
     function_name,
 )
 from stateful_runtime.joins import (
@@ -441,6 +440,44 @@ class KeyedStream:
         if not function.output_schema:
             raise ConfigError(f"{type(function).__name__} must declare output_schema")
         return DataStream(self.job, ProcessNode(self.node, function, check_name("operator", name)))
+
+    def enrich_async(
+        self,
+        lookup: Callable[[Any], Any],
+        *,
+        output: Mapping[str, Any],
+        ttl: timedelta = timedelta(hours=1),
+        capacity: int = 100,
+        timeout: timedelta | float = timedelta(seconds=10),
+        retry: RetryPolicy | None = None,
+        rate_per_s: float | None = None,
+        name: str,
+    ) -> DataStream:
+        """Each record with the fields ``await lookup(key)`` answers for its key (a dict; the
+        fields of ``output``, ``{field: type}``, added to the record's), the answer kept in
+        keyed state for ``ttl`` of event time: a key is looked up once per ``ttl``, not per
+        record (a customer's tier fetched once an hour; a replay looks up as the live run
+        did). A batch's keys without a fresh
+        answer are looked up at once before its records, as :meth:`DataStream.map_async`
+        calls (``capacity``, ``timeout``, ``retry``, ``rate_per_s``); a key whose lookup keeps
+        failing fails each of its records (a dead letter with the reason). The cache is the
+        operator's keyed state (``lookup``), checkpointed and savepointed with the job."""
+        if not _is_async(lookup):
+            raise ConfigError(f"enrich_async takes an async def lookup of the key, got {lookup!r}")
+        call = AsyncCall.of(capacity, timeout, retry, True, rate_per_s)
+        if not isinstance(ttl, timedelta) or ttl <= timedelta(0):
+            raise ConfigError(f"enrich_async(ttl={ttl!r}): give a positive timedelta")
+        added = to_struct(output)
+        record = record_schema(self.node)
+        clash = [f for f in added.fieldNames() if f in record.fieldNames()]
+        if not added.fields or clash:
+            raise ConfigError(
+                f"enrich_async(output=...) names the lookup's fields, none of the record's "
+                f"({clash or 'none given'})"
+            )
+        schema = StructType([*record.fields, *added.fields])
+        function = AsyncLookup(lookup, schema, added.fieldNames(), ttl, call)
+        return self.process(function, name=name)
 
     def connect(self, other: KeyedStream | BroadcastStream) -> Any:
         """Flink's ``connect``: this keyed stream and ``other`` as the two inputs of one

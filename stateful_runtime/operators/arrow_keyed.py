@@ -63,6 +63,7 @@ from stateful_runtime.job import RocksDBMemory
 from stateful_runtime.operators.isolation import (
     ORIGIN_OFFSET,
     ORIGIN_PARTITION,
+    SERVICE_FAILING,
     StepGuard,
 )
 from stateful_runtime.operators.keyed import KeyedOperator, Origin, ReadsShared
@@ -255,6 +256,9 @@ class ArrowKeyedOperator:
         self.keys, self.fields, self.time_field = list(keys), list(fields), time_field
         self.output, self.checkpoint, self.parallelism = output, checkpoint, parallelism
         self.main_columns = [f.name for f in output if f.name not in (TAG, SIDE)]
+        # The driver's accumulator of the function's service calls (an enrich_async lookup's
+        # ``tally``), added to once a task (None: not counted).
+        self.stats: Any = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -314,6 +318,8 @@ class ArrowKeyedOperator:
         store = KeyedStore(store_dir(self.checkpoint, self.name, partition), memory=self.memory)
         store.open(batch)
         try:
+            if getattr(self.fn, "tally", None) is not None and self.guard is not None:
+                self.guard.failing = SERVICE_FAILING  # (a lookup's calls)
             task = KeyedTask(self.fn, self.guard, store, groups, watermark, now, shared=shared)
             op, backend = task.op, task.backend
             self.out: list[dict[str, Any]] = []
@@ -335,6 +341,9 @@ class ArrowKeyedOperator:
             op.close()
             yield from self._flush(force=True)
             version = task.commit()
+            tally = getattr(op.fn, "tally", None)
+            if self.stats is not None and tally is not None:
+                self.stats.add({self.name: tally.stats()})
             # The attempt's token to the driver, which records it once the batch's output
             # (this row with it) is written: only then is the version this attempt's.
             yield self._commit_row(partition, version, store.token)
@@ -413,6 +422,16 @@ class ArrowKeyedOperator:
         single = key_columns[0] if len(key_columns) == 1 else None
         process = op.process
         starts.append(n)
+        prefetch = getattr(op.fn, "prefetch", None)
+        if prefetch is not None:  # (a lookup: the batch's keys without an answer, at once)
+            needs_lookup = op.fn.needs_lookup  # type: ignore[attr-defined]
+            wanted = []
+            for s in starts[:-1]:
+                backend.group = group_column[s]
+                key = (single[s],) if single is not None else tuple(c[s] for c in key_columns)
+                if op.visit(key, needs_lookup):
+                    wanted.append(key[0] if len(key) == 1 else key)
+            prefetch(wanted)
         for j in range(len(starts) - 1):
             s = where.lo = starts[j]
             e = where.hi = starts[j + 1]

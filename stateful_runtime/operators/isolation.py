@@ -52,6 +52,15 @@ def origin(source: str, partition: int | None, offset: int | None) -> str:
     return f"{source}:{partition}:{offset}"
 
 
+# What a step's failures mean when it calls a service (map_async, enrich_async), in the
+# advice of the bounds' errors.
+SERVICE_FAILING = (
+    "calls that fail {how} mean the service is down or refusing, not bad records: the job "
+    "stops rather than dead-letter the stream, and the batch is replayed when it runs again "
+    "(once the service answers)"
+)
+
+
 class StepGuard:
     """One task's treatment of the records one step cannot process.
 

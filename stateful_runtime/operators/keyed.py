@@ -477,6 +477,19 @@ class KeyedOperator:
             if isinstance(cell, EventTtlValueCell | EventTtlMapCell)
         }
 
+    def visit(self, key: tuple, call: Callable[[], Any]) -> Any:
+        """``call()`` in ``key``'s turn, outside a user call: what it reads is the key's state
+        (a lookup's ``needs_lookup``, before the batch's elements)."""
+        backend = self.backend
+        assert backend is not None
+        self.current_key = key
+        backend.begin_key(key)
+        try:
+            return call()
+        finally:
+            self._txn.flush()
+            backend.end_key()
+
     def fire(self, key: tuple, ts: int) -> None:
         """A timer of ``key`` at ``ts`` fired (the backend has already removed it)."""
         backend = self.backend

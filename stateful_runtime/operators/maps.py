@@ -13,8 +13,6 @@ offset, which name a record the function fails on (it is dead-lettered:
 
 from __future__ import annotations
 
-import asyncio
-import bisect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -22,10 +20,10 @@ import pyarrow as pa
 from pyspark.accumulators import AccumulatorParam
 
 from stateful_runtime._process import freeze_worker_heap
-from stateful_runtime.contract import CALL_BUCKETS_MS, CallStats
-from stateful_runtime.functions import AsyncCall
+from stateful_runtime.calls import AsyncCall, Caller, Tally
+from stateful_runtime.contract import CallStats
 from stateful_runtime.job import ErrorPolicy
-from stateful_runtime.operators.isolation import StepGuard, describe, origins
+from stateful_runtime.operators.isolation import SERVICE_FAILING, StepGuard, describe, origins
 
 
 class MapOperator:
@@ -175,8 +173,8 @@ def _unfit(out: list[Mapping[str, Any]], schema: pa.Schema) -> Iterator[tuple[in
 class AsyncMapOperator(MapOperator):
     """``map_async`` / ``flat_map_async``: the function is an ``async def``, called for a
     batch's records on the worker's event loop, at most ``call.capacity`` at once, each with
-    its timeout and retries (:class:`~stateful_runtime.functions.AsyncCall`); the batch's
-    outputs go on once every call of it ended (in input order, or in completion order)."""
+    its timeout and retries (:class:`~stateful_runtime.calls.Caller`); the batch's outputs go
+    on once every call of it ended (in input order, or in completion order)."""
 
     def __init__(
         self,
@@ -192,105 +190,44 @@ class AsyncMapOperator(MapOperator):
         super().__init__(name, function, flat, fields, output, carried, guard)
         self.call = call
         self.kind += "_async"
+        self.guard.failing = SERVICE_FAILING
         # The driver's accumulator of the step's call statistics (runtime/dataframes.py),
         # added to once a task (None: not counted).
         self.stats: Any = None
-        self._tally = _Tally()
-        self.guard.failing = (
-            "calls that fail {how} mean the service is down or refusing, not bad records: "
-            "the job stops rather than dead-letter the stream, and the batch is replayed when "
-            "it runs again (once the service answers)"
-        )
+        self._tally = Tally()
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        self._tally = _Tally()
+        self._tally = Tally()
         yield from super().__call__(batches)
         if self.stats is not None:
             self.stats.add({self.name: self._tally.stats()})
 
     def _outputs(self, records: list[dict[str, Any]]) -> tuple[list[Any], list[int] | None, dict]:
-        results: list[Any] = [_FAILED] * len(records)
-        done: list[int] = []  # input rows in completion order
-        failed: dict[int, tuple[str, BaseException | None]] = {}
-        _worker_loop().run_until_complete(self._call_all(records, results, done, failed))
+        results, done, failures = Caller(self.function, self.call, self._tally).run(records)
+        failed: dict[int, tuple[str, BaseException | None]] = {
+            i: (
+                f"the {self.kind} function failed {f.attempts} time(s), last: {describe(f.last)}",
+                f.last,
+            )
+            for i, f in failures.items()
+        }
         order = range(len(records)) if self.call.ordered else done
         if not self.flat:
-            return [results[i] for i in order], None if self.call.ordered else list(order), failed
+            mapped = [_FAILED if i in failed else results[i] for i in order]
+            return mapped, None if self.call.ordered else list(order), failed
         out: list[Any] = []
         rows: list[int] = []
         for i in order:
             if i in failed:
                 continue
-            produced = results[i]
+            try:
+                produced = list(results[i]) if results[i] is not None else []
+            except TypeError as exc:
+                failed[i] = (f"the {self.kind} function returned {describe(exc)}", exc)
+                continue
             out.extend(produced)
             rows.extend([i] * len(produced))
         return out, rows, failed
-
-    async def _call_all(
-        self,
-        records: list[dict[str, Any]],
-        results: list[Any],
-        done: list[int],
-        failed: dict[int, tuple[str, BaseException | None]],
-    ) -> None:
-        todo = iter(enumerate(records))
-        pace = _Pace(self.call.rate_per_s)
-
-        async def caller() -> None:
-            for i, record in todo:  # shared by the callers: each takes the next record
-                try:
-                    results[i] = await self._call_one(record, pace)
-                except _Failed as exc:
-                    failed[i] = (exc.why, exc.cause)
-                done.append(i)
-
-        await asyncio.gather(*(caller() for _ in range(min(self.call.capacity, len(records)))))
-
-    async def _call_one(self, record: dict[str, Any], pace: _Pace) -> Any:
-        retry, timeout, tally = self.call.retry, self.call.timeout_s, self._tally
-        clock = asyncio.get_running_loop().time
-        last: BaseException | None = None
-        attempt = 0
-        for attempt in range(1, retry.max_attempts + 1):
-            if pace.gap:
-                await pace.wait()
-            started = clock()
-            try:
-                async with asyncio.timeout(timeout):  # (no task of its own, as wait_for makes)
-                    result = await self.function(record)
-                tally.call(attempt, clock() - started)
-                return (list(result) if result is not None else []) if self.flat else result
-            except Exception as exc:
-                tally.call(attempt, clock() - started)
-                last = (
-                    TimeoutError(f"no answer within {timeout:g} s")
-                    if isinstance(exc, TimeoutError) and not str(exc)
-                    else exc
-                )
-                if attempt == retry.max_attempts or not isinstance(exc, retry.retry_on):
-                    break
-                await asyncio.sleep(retry.wait_s(attempt))
-        assert last is not None
-        tally.failed += 1
-        raise _Failed(
-            f"the {self.kind} function failed {attempt} time(s), last: {describe(last)}", last
-        )
-
-
-class _Tally:
-    """A task's calls: counts and latency buckets (``contract.CallStats``)."""
-
-    def __init__(self) -> None:
-        self.calls = self.retries = self.failed = 0
-        self.buckets = [0] * (len(CALL_BUCKETS_MS) + 1)
-
-    def call(self, attempt: int, seconds: float) -> None:
-        self.calls += 1
-        self.retries += attempt > 1
-        self.buckets[bisect.bisect_left(CALL_BUCKETS_MS, seconds * 1000)] += 1
-
-    def stats(self) -> CallStats:
-        return CallStats(self.calls, self.retries, self.failed, tuple(self.buckets))
 
 
 class CallStatsParam(AccumulatorParam):
@@ -305,37 +242,3 @@ class CallStatsParam(AccumulatorParam):
         for step, stats in b.items():
             a[step] = a[step] + stats if step in a else stats
         return a
-
-
-class _Failed(Exception):
-    def __init__(self, why: str, cause: BaseException) -> None:
-        self.why, self.cause = why, cause
-
-
-class _Pace:
-    """At most ``rate`` call starts a second (None: no limit), on the worker's loop."""
-
-    def __init__(self, rate: float | None) -> None:
-        self.gap = 1.0 / rate if rate else 0.0
-        self.next = 0.0
-
-    async def wait(self) -> None:
-        if not self.gap:
-            return
-        now = asyncio.get_running_loop().time()
-        at = max(now, self.next)
-        self.next = at + self.gap
-        if at > now:
-            await asyncio.sleep(at - now)
-
-
-_LOOP: asyncio.AbstractEventLoop | None = None
-
-
-def _worker_loop() -> asyncio.AbstractEventLoop:
-    """The Python worker's event loop, for as long as the worker lives: clients a function
-    made on it (an HTTP client's connections, a database pool) serve its later batches."""
-    global _LOOP
-    if _LOOP is None or _LOOP.is_closed():
-        _LOOP = asyncio.new_event_loop()
-    return _LOOP

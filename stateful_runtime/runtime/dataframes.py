@@ -426,6 +426,8 @@ def _process(
         query.rocksdb,
         placed_by=query.copartitioned.where if query.by_partition and query.copartitioned else None,
     )
+    if getattr(fn, "tally", None) is not None:  # an enrich_async lookup's calls
+        operator.stats = call_stats(shuffled.sparkSession, query.name)
     out = shuffled.mapInArrow(operator, out_struct)
     if query.watermark_carrier:
         out = out.unionByName(_watermark_carrier(shuffled, out_struct))

@@ -1,4 +1,5 @@
-"""A model server on 127.0.0.1 for map_async's tests: ``score = amount % 97`` over HTTP."""
+"""A model server on 127.0.0.1 for map_async's and enrich_async's tests: ``score = amount %
+97`` for a POSTed payment, a merchant's tier for ``GET /tier/<merchant>``."""
 
 from __future__ import annotations
 
@@ -29,6 +30,23 @@ class ScoreService:
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args) -> None:  # quiet
                 pass
+
+            def do_GET(self) -> None:  # noqa: N802
+                """``/tier/<merchant>``: the merchant's tier (``T<n % 3>``), merchant M7's
+                refused always."""
+                merchant = self.path.rsplit("/", 1)[-1]
+                with service.lock:
+                    service.calls[self.path] += 1
+                if merchant == "M7":
+                    self.send_response(503)
+                    self.end_headers()
+                    return
+                answer = json.dumps({"tier": f"T{int(merchant[1:]) % 3}"}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
 
             def do_POST(self) -> None:  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))

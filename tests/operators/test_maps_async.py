@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stateful_runtime import CheckpointConfig, StreamJob
+from stateful_runtime.calls import AsyncCall, RetryPolicy
 from stateful_runtime.exceptions import ConfigError, UserFunctionError
-from stateful_runtime.functions import AsyncCall, RetryPolicy
 from stateful_runtime.job import ErrorPolicy
 from stateful_runtime.operators.isolation import ORIGIN_OFFSET, StepGuard
 from stateful_runtime.operators.maps import AsyncMapOperator

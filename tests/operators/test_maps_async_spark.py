@@ -170,3 +170,86 @@ def test_the_scored_payments_example_upserts_each_payments_score(spark, tmp_path
     assert got == {
         json.loads(line)["txn_id"]: json.loads(line)["amount_paise"] % 97 for line in lines
     }
+
+
+TIERED_JOB = """
+from datetime import timedelta
+
+import aiohttp
+
+from stateful_runtime import (LogSink, LogSource, RetryPolicy, StreamJob, WatermarkStrategy,
+                              worker_resource)
+
+DEFAULTS = {"source.log_dir": "log", "source.topic": "payments", "sink.log_dir": "out",
+            "checkpoint.dir": "ck", "source.max_records_per_batch": 200, "parallelism": 2,
+            "score.url": "http://127.0.0.1:1"}
+PAYMENT = {"txn_id": str, "merchant_id": str, "ts_ms": int}
+
+
+def build(config):
+    url = config["score.url"]
+
+    async def tier_of(merchant):
+        client = worker_resource("tiers", lambda: aiohttp.ClientSession(url))
+        async with client.get(f"/tier/{merchant}") as answer:
+            answer.raise_for_status()
+            return await answer.json()
+
+    job = StreamJob.from_config("tiered", config)
+    payments = job.from_source(
+        LogSource.from_config(config, PAYMENT),
+        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=2))
+        .with_timestamp_field("ts_ms"), name="payments")
+    (payments.key_by("merchant_id")
+     .enrich_async(tier_of, output={"tier": str}, ttl=timedelta(hours=1), capacity=4,
+                   retry=RetryPolicy(2, backoff=timedelta(milliseconds=10)), name="tiers")
+     .sink_to(LogSink(config["sink.log_dir"], "tiered"), name="tiered-out"))
+    return job
+"""
+
+
+def test_a_keyed_lookup_is_called_once_per_key_and_cached_in_keyed_state(spark, tmp_path, service):
+    """enrich_async: each payment with its merchant's tier; a merchant is looked up once
+    (its answer kept in keyed state for an hour), across the run's batches and across a
+    restart from the checkpoint; a merchant whose lookup keeps failing makes each of its
+    payments a dead letter, the rest commit."""
+    job = tmp_path / "tiered.py"
+    job.write_text(TIERED_JOB)
+    log = tmp_path / "log"
+    EventLog(log).create_topic("payments", 2)
+
+    def merchant(i: int) -> str:  # M7's lookups fail: 10 payments of 900, within the bounds
+        return "M7" if i % 90 == 7 else f"M{i % 9 if i % 9 != 7 else 8}"
+
+    payments = [
+        {"txn_id": f"t{i}", "merchant_id": merchant(i), "ts_ms": T0 + i * 100} for i in range(900)
+    ]
+    settings = {
+        "source.log_dir": str(log),
+        "sink.log_dir": str(tmp_path / "out"),
+        "score.url": service.url,
+        "checkpoint.dir": str(tmp_path / "ck"),
+    }
+    for part in (payments[:600], payments[600:]):
+        append_lines(log, [json.dumps(p).encode() for p in part], "payments", "merchant_id")
+        runner = JobRunner(load_job_file(job, settings), available_now=True, out=io.StringIO())
+        assert runner.run() == 0
+    calls = {path: n for path, n in service.calls.items() if path.startswith("/tier/")}
+    assert {p: n for p, n in calls.items() if p != "/tier/M7"} == {
+        f"/tier/M{m}": 1 for m in range(9) if m != 7
+    }
+    assert calls["/tier/M7"] >= 2  # tried twice in every batch that held M7's payments
+    got = _rows(tmp_path / "out", "tiered")
+    assert sorted((r["txn_id"], r["tier"]) for r in got) == sorted(
+        (p["txn_id"], f"T{int(p['merchant_id'][1:]) % 3}")
+        for p in payments
+        if p["merchant_id"] != "M7"
+    )
+    dead = read_topic(log, "payments-dlq")
+    assert sorted(json.loads(d.value)["txn_id"] for d in dead) == sorted(
+        p["txn_id"] for p in payments if p["merchant_id"] == "M7"
+    )
+    error = dead[0].headers["error"]
+    assert "CallFailed: failed 2 time(s), last: ClientResponseError: 503" in error, error
+    lookups = runner.runs[0].health.calls["tiers"]
+    assert lookups.failed >= 1 and lookups.calls >= 2  # (the second run: M7's only)
