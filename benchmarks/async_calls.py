@@ -33,13 +33,13 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 JOB = ROOT / "benchmarks" / "jobs" / "scored_payments.py"
 SERVER = ROOT / "examples" / "model_server.py"
-CHILD = ROOT / "benchmarks" / "harness" / "srt_child.py"
 WORKERS = 2
 
 
 def run_job(url: str, work: Path, mode: str, capacity: int, events: int) -> dict:
+    from benchmarks.harness.srt_child import run_to_end
+
     ck = Path(tempfile.mkdtemp(prefix=f"{mode}-", dir=work))
-    result = work / f"{ck.name}.json"
     sets = {
         "source.log_dir": str(work / "log"),
         "sink.log_dir": str(ck / "out"),
@@ -51,21 +51,7 @@ def run_job(url: str, work: Path, mode: str, capacity: int, events: int) -> dict
         # several batches a run, for a steady rate after the first
         "source.max_records_per_batch": str(max(events // 10, 1)),
     }
-    args = [sys.executable, str(CHILD), "--job", str(JOB), "--result", str(result)]
-    args += [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
-    t0 = time.time()
-    subprocess.run(args, check=True, cwd=work, stdout=subprocess.DEVNULL)
-    wall = time.time() - t0
-    out = json.loads(result.read_text())
-    batches = [b for b in out["batches"] if b["rows"]]
-    rows = sum(b["rows"] for b in batches)
-    assert rows == events, f"read {rows} of {events}"
-    steady_s = batches[-1]["t"] - batches[0]["t"]
-    return {
-        "whole": events / wall,
-        "steady": (rows - batches[0]["rows"]) / steady_s if steady_s > 0 else None,
-        "batches": len(batches),
-    }
+    return run_to_end(JOB, sets, work, events)
 
 
 def main() -> None:

@@ -23,10 +23,8 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +33,6 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 JOB = ROOT / "benchmarks" / "jobs" / "fraud_counter.py"
-CHILD = ROOT / "benchmarks" / "harness" / "srt_child.py"
 PARTITIONS = 2
 
 
@@ -58,8 +55,9 @@ def produce(bootstrap: str, topic: str, lines: list[bytes], placed: bool) -> Non
 
 
 def run_job(bootstrap: str, topic: str, keyed: bool, work: Path, events: int) -> dict:
+    from benchmarks.harness.srt_child import run_to_end
+
     ck = Path(tempfile.mkdtemp(prefix="ck-", dir=work))
-    result = work / f"{ck.name}.json"
     sets = {
         "source.kind": "kafka",
         "source.bootstrap_servers": bootstrap,
@@ -69,23 +67,7 @@ def run_job(bootstrap: str, topic: str, keyed: bool, work: Path, events: int) ->
         "checkpoint.dir": str(ck / "checkpoints"),
         "parallelism": str(PARTITIONS),
     }
-    args = [sys.executable, str(CHILD), "--job", str(JOB), "--result", str(result)]
-    args += [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
-    t0 = time.time()
-    subprocess.run(args, check=True, cwd=work, stdout=subprocess.DEVNULL)
-    wall = time.time() - t0
-    out = json.loads(result.read_text())
-    batches = [b for b in out["batches"] if b["rows"]]
-    rows = sum(b["rows"] for b in batches)
-    assert rows == events, f"read {rows} of {events}"
-    steady_rows = rows - batches[0]["rows"]
-    steady_s = batches[-1]["t"] - batches[0]["t"]
-    return {
-        "whole": events / wall,
-        "steady": steady_rows / steady_s if steady_s > 0 else None,
-        "first_commit_s": batches[0]["t"] - t0,
-        "batches": len(batches),
-    }
+    return run_to_end(JOB, sets, work, events)
 
 
 def main() -> None:

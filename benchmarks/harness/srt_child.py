@@ -19,6 +19,7 @@ import io
 import json
 import sys
 import time
+from pathlib import Path
 
 T_IMPORT = time.time()
 
@@ -88,6 +89,33 @@ def main() -> int:
     with open(a.result, "w") as f:
         json.dump(result, f, default=str)
     return code
+
+
+def run_to_end(job: Path, sets: dict[str, str], work: Path, events: int) -> dict:
+    """Run ``job`` with ``sets`` in a child of this script to the end of its input (``events``
+    records, checked): whole-process events/s (over the child's wall time), steady events/s
+    (the rows after the first batch over the time from its commit to the last), the first
+    commit's time from the child's start, and the batches."""
+    import subprocess
+    import tempfile
+
+    result = Path(tempfile.mkstemp(prefix="run-", suffix=".json", dir=work)[1])
+    args = [sys.executable, __file__, "--job", str(job), "--result", str(result)]
+    args += [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    t0 = time.time()
+    subprocess.run(args, check=True, cwd=work, stdout=subprocess.DEVNULL)
+    wall = time.time() - t0
+    out = json.loads(result.read_text())
+    batches = [b for b in out["batches"] if b["rows"]]
+    rows = sum(b["rows"] for b in batches)
+    assert rows == events, f"read {rows} of {events}"
+    steady_s = batches[-1]["t"] - batches[0]["t"]
+    return {
+        "whole": events / wall,
+        "steady": (rows - batches[0]["rows"]) / steady_s if steady_s > 0 else None,
+        "first_commit_s": batches[0]["t"] - t0,
+        "batches": len(batches),
+    }
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 """kill -9 of a job calling a service from the stream (``map_async``), the service slow and
 failing at random.
 
-Payments are scored by a model server on 127.0.0.1 (5-60 ms an answer, one call in five
-refused, never twice in a row for an id; ids ending in 7 always refused) through ``map_async``
-into a DuckDB table upserted by txn_id. The job is killed (its whole process group) at random
-points, then drained with ``--available-now``: the table must hold every payment the service
-scores, with its score, and no other; each always-refused payment is one dead letter, whatever
-the kills hit (a batch replayed after a kill calls the service again and writes the same rows).
+``examples/scored_payments.py`` scores payments through a model server on 127.0.0.1 (5-60 ms
+an answer, one call in five refused, never twice in a row for an id; ids ending in 7 always
+refused) with ``map_async`` into a DuckDB table upserted by txn_id. The job is killed (its
+whole process group) at random points, then drained with ``--available-now``: the table must
+hold every payment the service scores, with its score, and no other; each always-refused
+payment is one dead letter, whatever the kills hit (a batch replayed after a kill calls the
+service again and writes the same rows).
 
 Seeded: ``SRT_FAULT_SEED`` replays a run's kill points and the service's luck.
 """
@@ -21,7 +22,7 @@ import pytest
 
 from stateful_runtime.connectors.eventlog import EventLog
 from tests.faults.harness import TrialLog, kill_at_random_points
-from tests.helpers import append_lines, read_topic, srt
+from tests.helpers import EXAMPLES, append_lines, read_topic, srt
 from tests.operators.helpers import table
 from tests.operators.score_service import ScoreService
 
@@ -31,43 +32,6 @@ FAULT = "kill -9 of the job's process group (map_async calls in flight, the serv
 KILLS = int(os.environ.get("SRT_FAULT_ASYNC_KILLS", "2"))
 T0 = 1_767_225_600_000
 
-JOB = """
-from datetime import timedelta
-
-import aiohttp
-
-from dbt_sink import DuckDBUpsertSink
-from stateful_runtime import (LogSource, RetryPolicy, StreamJob, WatermarkStrategy,
-                              worker_resource)
-
-DEFAULTS = {"source.log_dir": "log", "source.topic": "payments", "sink.database": "out.duckdb",
-            "checkpoint.dir": "ck", "checkpoint.interval_s": 0.5,
-            "source.max_records_per_batch": 150, "parallelism": 2,
-            "score.url": "http://127.0.0.1:1"}
-PAYMENT = {"txn_id": str, "amount_paise": int, "ts_ms": int}
-
-
-def build(config):
-    url = config["score.url"]
-
-    async def score(payment):
-        client = worker_resource("scorer", lambda: aiohttp.ClientSession(url))
-        async with client.post("/score", json=payment) as answer:
-            answer.raise_for_status()
-            return {"txn_id": payment["txn_id"], "score": (await answer.json())["score"]}
-
-    job = StreamJob.from_config("scored-kill", config)
-    payments = job.from_source(
-        LogSource.from_config(config, PAYMENT),
-        WatermarkStrategy.for_bounded_out_of_orderness(timedelta(seconds=2))
-        .with_timestamp_field("ts_ms"), name="payments")
-    (payments.map_async(score, output={"txn_id": str, "score": int}, capacity=8,
-                        retry=RetryPolicy(3, backoff=timedelta(milliseconds=20)), name="score")
-     .sink_to(DuckDBUpsertSink(config["sink.database"], "scores", key=("txn_id",)),
-              name="scores"))
-    return job
-"""
-
 
 def test_a_job_calling_a_flaky_service_killed_at_random_points_drains_to_the_oracle(
     tmp_path, job_env, trials: TrialLog
@@ -75,24 +39,33 @@ def test_a_job_calling_a_flaky_service_killed_at_random_points_drains_to_the_ora
     seed = int(os.environ.get("SRT_FAULT_SEED") or random.randrange(1 << 31))
     service = ScoreService(flaky=random.Random(seed))
     try:
-        job = tmp_path / "scored_kill.py"
-        job.write_text(JOB)
         log_dir, db, ckpt = tmp_path / "log", tmp_path / "out.duckdb", tmp_path / "ck"
         payments = [
-            {"txn_id": f"t{i}", "amount_paise": 1_000 + i * 13, "ts_ms": T0 + i * 100}
+            {
+                "txn_id": f"t{i}",
+                "merchant_id": f"M{i % 7}",
+                "amount_paise": 1_000 + i * 13,
+                "ts_ms": T0 + i * 100,
+            }
             for i in range(1_500)
         ]
-        EventLog(log_dir).create_topic("payments", 2)
-        append_lines(log_dir, [json.dumps(p).encode() for p in payments], "payments", "txn_id")
+        EventLog(log_dir).create_topic("upi-payments", 2)
+        append_lines(log_dir, [json.dumps(p).encode() for p in payments])
         sets = {
             "source.log_dir": log_dir,
             "sink.database": db,
             "checkpoint.dir": ckpt,
             "score.url": service.url,
+            "checkpoint.interval_s": 0.5,
+            "source.max_records_per_batch": 150,
         }
-        args = ["run", str(job), *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
+        args = [
+            "run",
+            str(EXAMPLES / "scored_payments.py"),
+            *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")],
+        ]
         points = kill_at_random_points(
-            args, job_env, ckpt / "scores", KILLS, random.Random(seed), tmp_path
+            args, job_env, ckpt / "payment-scores", KILLS, random.Random(seed), tmp_path
         )
         final = srt([*args, "--available-now"], job_env, timeout=900)
     finally:
@@ -100,8 +73,8 @@ def test_a_job_calling_a_flaky_service_killed_at_random_points_drains_to_the_ora
         service.server.server_close()
     refused = sorted(p["txn_id"] for p in payments if p["txn_id"].endswith("7"))
     expected = {p["txn_id"]: p["amount_paise"] % 97 for p in payments if p["txn_id"] not in refused}
-    got = dict(table(db, "SELECT txn_id, score FROM scores"))
-    letters = sorted(json.loads(m.value)["txn_id"] for m in read_topic(log_dir, "payments-dlq"))
+    got = dict(table(db, "SELECT txn_id, score FROM payment_scores"))
+    letters = sorted(json.loads(m.value)["txn_id"] for m in read_topic(log_dir, "upi-payments-dlq"))
     why = [] if final.returncode == 0 else [f"the drain exited {final.returncode}"]
     if got != expected:
         why.append(
@@ -113,7 +86,7 @@ def test_a_job_calling_a_flaky_service_killed_at_random_points_drains_to_the_ora
         why.append(f"dead letters: {len(letters)} for {len(refused)} refused payments")
     trials.record(
         fault=FAULT,
-        input="1,500 payments, 2 partitions, 150 a batch; map_async capacity 8, 3 attempts",
+        input="1,500 payments, 2 partitions, 150 a batch; map_async capacity 100, 3 attempts",
         result="FAIL" if why else "pass",
         seed=seed,
         detail="; ".join(why) or f"killed {'; '.join(points)}; drain = oracle",

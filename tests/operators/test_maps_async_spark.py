@@ -58,12 +58,7 @@ def build(config):
 
 
 def _rows(log, topic: str) -> list[dict]:
-    reader = EventLog(log).reader(topic)
-    return [
-        json.loads(r.value)
-        for p, end in reader.end_offsets().items()
-        for r in reader.read(p, 0, end)
-    ]
+    return [json.loads(r.value) for r in read_topic(log, topic)]
 
 
 @pytest.fixture
