@@ -248,3 +248,48 @@ def test_a_keyed_lookup_is_called_once_per_key_and_cached_in_keyed_state(spark, 
     assert "CallFailed: failed 2 time(s), last: ClientResponseError: 503" in error, error
     lookups = runner.runs[0].health.calls["tiers"]
     assert lookups.failed >= 1 and lookups.calls >= 2  # (the second run: M7's only)
+
+
+def test_the_tier_lookup_example_reads_postgresql_once_per_merchant(spark, tmp_path, pg_dsn):
+    """examples/merchant_tier_lookup.py against a real PostgreSQL (psycopg's async pool, one
+    per worker): every payment with its merchant's tier; a merchant missing from the table is
+    a dead letter per payment, and the rest commit."""
+    import psycopg
+
+    from tests.operators.helpers import run, table
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE merchants (merchant_id text PRIMARY KEY, tier text)")
+        for m in range(8):
+            conn.execute("INSERT INTO merchants VALUES (%s, %s)", (f"M{m}", f"T{m % 3}"))
+    lines = [
+        json.dumps(
+            {
+                "txn_id": f"t{i}",
+                "merchant_id": "M99" if i % 100 == 5 else f"M{i % 8}",
+                "amount_paise": 100 + i,
+                "ts_ms": T0 + i * 50,
+            }
+        ).encode()
+        for i in range(1_000)
+    ]
+    EventLog(tmp_path / "log").create_topic("upi-payments", 2)
+    append_lines(tmp_path / "log", lines)
+    db = tmp_path / "tiers.duckdb"
+    run(
+        "merchant_tier_lookup.py",
+        tmp_path,
+        **{"sink.database": db, "lookup.dsn": pg_dsn, "source.max_records_per_batch": 250},
+    )
+    payments = [json.loads(line) for line in lines]
+    got = dict(table(db, "SELECT txn_id, tier FROM payment_tiers"))
+    assert got == {
+        p["txn_id"]: f"T{int(p['merchant_id'][1:]) % 3}"
+        for p in payments
+        if p["merchant_id"] != "M99"
+    }
+    dead = read_topic(tmp_path / "log", "upi-payments-dlq")
+    assert sorted(json.loads(d.value)["txn_id"] for d in dead) == sorted(
+        p["txn_id"] for p in payments if p["merchant_id"] == "M99"
+    )
+    assert "merchant 'M99' is not in table merchants" in dead[0].headers["error"]
