@@ -88,6 +88,7 @@ def plot_metadata(status: JobStatus) -> dict[str, MetadataValue]:
             values[label] = _number(getattr(health.records, key, None), int)
         for step, calls in sorted((health.calls or {}).items()):
             values[f"{step}: calls (this run)"] = _number(calls.calls, int)
+            values[f"{step}: call rate (calls/s, last batch)"] = _number(calls.rate_per_s, float)
             values[f"{step}: retried calls (this run)"] = _number(calls.retries, int)
             values[f"{step}: records failed after retries (this run)"] = _number(calls.failed, int)
             values[f"{step}: call latency p50 (ms)"] = _number(calls.percentile_ms(0.5), float)

@@ -290,12 +290,14 @@ class CallStats:
         retries: calls that were a retry of a failed one.
         failed: records whose last attempt failed (dead-lettered, or the job stopped).
         buckets: calls per latency bucket (:data:`CALL_BUCKETS_MS`, then one past the last).
+        rate_per_s: calls a second since the query's previous batch (None: its first).
     """
 
     calls: int = 0
     retries: int = 0
     failed: int = 0
     buckets: tuple[int, ...] = (0,) * (len(CALL_BUCKETS_MS) + 1)
+    rate_per_s: float | None = None
 
     def __add__(self, other: CallStats) -> CallStats:
         return CallStats(
@@ -325,6 +327,7 @@ class CallStats:
             "p50_ms": self.percentile_ms(0.5),
             "p99_ms": self.percentile_ms(0.99),
             "buckets": list(self.buckets),
+            "rate_per_s": self.rate_per_s,
         }
 
     @classmethod
@@ -335,6 +338,7 @@ class CallStats:
             int(data.get("retries") or 0),
             int(data.get("failed") or 0),
             buckets if len(buckets) == len(CALL_BUCKETS_MS) + 1 else cls().buckets,
+            _float(data.get("rate_per_s")),
         )
 
 

@@ -28,6 +28,7 @@ from stateful_runtime.checkpoints.mirror import CheckpointMirror, MirrorSync
 from stateful_runtime.checkpoints.verify import disk_full
 from stateful_runtime.contract import (
     RATE_BATCHES,
+    CallStats,
     DeadLetterView,
     ErrorDocument,
     JobState,
@@ -201,6 +202,8 @@ class _Running:
     records: Records = field(default_factory=Records)
     # The run's last batches that ran: the rates over time (contract.BatchHealth.recent).
     recent: deque[RecentBatch] = field(default_factory=lambda: deque(maxlen=RATE_BATCHES))
+    # When the last batch was heard of, and its map_async steps' calls then (for their rate).
+    calls_seen: tuple[float, dict[str, int]] | None = None
 
 
 def savepoint_root(job: Any) -> str:
@@ -1022,7 +1025,7 @@ class JobRunner:
             ),
             checkpoint=checkpoint_facts(run.checkpoint_dir).committed(),
             records=run.records.counts(run.plan.source_names),
-            calls=calls_of(run.plan.name),
+            calls=self._calls(run),
         )
         assert run.health.batch is not None
         self.console.batch(run.plan, run.health.batch)
@@ -1037,6 +1040,23 @@ class JobRunner:
             run.health,
             progress,
         )
+
+    @staticmethod
+    def _calls(run: _Running) -> dict[str, CallStats] | None:
+        """The query's map_async steps' calls this run, each with its rate since the query's
+        previous batch."""
+        calls = calls_of(run.plan.name)
+        if calls is None:
+            return None
+        now = time.monotonic()
+        if run.calls_seen is not None and now > run.calls_seen[0]:
+            then, before = run.calls_seen
+            calls = {
+                step: replace(c, rate_per_s=(c.calls - before.get(step, 0)) / (now - then))
+                for step, c in calls.items()
+            }
+        run.calls_seen = (now, {step: c.calls for step, c in calls.items()})
+        return calls
 
     def _health(self) -> dict[str, Any]:
         """Each query's health as the registry entry keeps it."""

@@ -103,7 +103,13 @@ def test_a_map_async_steps_calls_are_plotted_from_the_jobs_health():
                 table.query: {
                     "last_batch": 3,
                     "calls": {
-                        "score": {"calls": 100, "retries": 7, "failed": 1, "buckets": buckets}
+                        "score": {
+                            "calls": 100,
+                            "retries": 7,
+                            "failed": 1,
+                            "buckets": buckets,
+                            "rate_per_s": 12.5,
+                        }
                     },
                 }
             },
@@ -115,3 +121,4 @@ def test_a_map_async_steps_calls_are_plotted_from_the_jobs_health():
     assert plotted["score: records failed after retries (this run)"] == 1
     assert plotted["score: call latency p50 (ms)"] == 20.0
     assert plotted["score: call latency p99 (ms)"] == 500.0
+    assert plotted["score: call rate (calls/s, last batch)"] == 12.5
