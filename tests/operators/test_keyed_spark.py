@@ -20,18 +20,9 @@ from stateful_runtime.connectors.eventlog import EventLog
 from stateful_runtime.planner import QueryPlan
 from tests.helpers import EXAMPLES, append_lines
 from tests.operators.helpers import crash_before_commit, run, table
+from tests.operators.payments import T0, H, M, assert_deduplicated, dedup_lines, payment
 
 pytestmark = pytest.mark.slow
-
-M = 60_000
-H = 60 * M
-T0 = 1_767_225_600_000
-
-
-def payment(i: int, merchant: str, ts: int, amount: int = 100, txn: str | None = None) -> bytes:
-    return json.dumps(
-        {"txn_id": txn or f"t{i}", "merchant_id": merchant, "amount_paise": amount, "ts_ms": ts}
-    ).encode()
 
 
 @pytest.fixture
@@ -144,7 +135,7 @@ def test_the_deduplicator_on_a_topic_placed_by_its_key_runs_without_a_shuffle(
 
     log = tmp_path / "log"
     EventLog(log).create_topic("upi-payments", 2)
-    lines = _dedup_lines()
+    lines = dedup_lines()
     settings = {
         "source.log_dir": str(log),
         "checkpoint.dir": str(tmp_path / "ck"),
@@ -172,7 +163,7 @@ def test_the_deduplicator_on_a_topic_placed_by_its_key_runs_without_a_shuffle(
         assert code == 0, out
         assert "MapInArrow" in plan and "Exchange" not in plan, plan
     assert EventLog(log).topic("upi-payments").key is not None
-    _assert_deduplicated(log, lines)
+    assert_deduplicated(log, lines)
     query = QueryLayout(tmp_path / "ck" / "deduplicator")
     # (a run whose last batch moved the watermark past no cleanup ends without one)
     assert _ticks(query) and _batches_without_data(query) >= 1
@@ -189,37 +180,8 @@ def test_the_deduplicator_on_a_topic_placed_by_its_key_runs_without_a_shuffle(
     assert query.last_committed() == last
 
 
-def _dedup_lines() -> list[bytes]:
-    rng = random.Random(5)
-    lines = []
-    for i in range(3_000):
-        ts = T0 + i * 60_000  # 50 hours of event time
-        txn = f"t{rng.randint(0, 400)}"  # ids repeat within and beyond 24 h
-        lines.append(payment(i, f"M{i % 7}", ts, txn=txn))
-    return lines
-
-
-def _assert_deduplicated(log, lines: list[bytes]) -> None:
-    expected, stamped = [], {}
-    for line in lines:
-        e = json.loads(line)
-        if e["txn_id"] in stamped and e["ts_ms"] < stamped[e["txn_id"]] + 24 * H:
-            continue
-        stamped[e["txn_id"]] = e["ts_ms"]
-        expected.append(e)
-    reader = EventLog(log).reader("upi-payments-deduped")
-    got = [
-        json.loads(r.value)
-        for p, end in reader.end_offsets().items()
-        for r in reader.read(p, 0, end)
-    ]
-    key = lambda e: (e["txn_id"], e["ts_ms"])  # noqa: E731
-    assert sorted(got, key=key) == sorted(expected, key=key)
-    assert len(expected) < len(lines)
-
-
 def test_deduplicator_with_event_time_ttl(spark, tmp_path, log):
-    lines = _dedup_lines()
+    lines = dedup_lines()
     for part in (lines[:1_500], lines[1_500:]):
         append_lines(log, part)
         run(
@@ -227,7 +189,7 @@ def test_deduplicator_with_event_time_ttl(spark, tmp_path, log):
             tmp_path,
             **{"source.max_records_per_batch": 500},
         )
-    _assert_deduplicated(log, lines)
+    assert_deduplicated(log, lines)
 
 
 def test_ttl_cleanups_run_in_sparks_batches_and_old_checkpoints_keep_their_sources(
@@ -242,7 +204,7 @@ def test_ttl_cleanups_run_in_sparks_batches_and_old_checkpoints_keep_their_sourc
     its ticks on; one written before TTL-only functions read ticks reads none, and the runner
     fires those cleanups itself as the run ends (a batch it logs without Spark, no
     output)."""
-    lines = _dedup_lines()
+    lines = dedup_lines()
     with_timer = _dedup_variant(
         tmp_path,
         "deduplicate_with_timer",
@@ -262,7 +224,7 @@ def test_ttl_cleanups_run_in_sparks_batches_and_old_checkpoints_keep_their_sourc
     assert _batches_without_data(query) == 0
     append_lines(log, lines[1_000:2_000])
     run("deduplicate_payments.py", tmp_path, **settings)
-    _assert_deduplicated(log, lines[:2_000])
+    assert_deduplicated(log, lines[:2_000])
     # the ticks read on: the run ends with the batch of the cleanups its final watermark made
     # due, and none of them is left stored
     assert _ticks(query) and _batches_without_data(query) == 1
@@ -284,7 +246,7 @@ def test_ttl_cleanups_run_in_sparks_batches_and_old_checkpoints_keep_their_sourc
         for out in (first, second):
             fired = "fired the state cleanup timers due at the final watermark" in out
             assert fired == (written_with == "no ticks"), out
-        _assert_deduplicated(fresh / "log", lines)
+        assert_deduplicated(fresh / "log", lines)
         query = QueryLayout(fresh / "ck" / "deduplicator")
         assert _ticks(query) == (written_with == "ticks")
         assert _carriers(query) == 0 and _batches_without_data(query) == 2
@@ -309,7 +271,7 @@ def test_a_union_fires_its_cleanup_timers_at_the_final_watermark(
     ends with the cleanups its final watermark made due fired, as for one input (in Spark's
     batch of ticks, or by the runner for a checkpoint written without them), and the next run
     resumes each input's watermark from the batch before it."""
-    lines = _dedup_lines()
+    lines = dedup_lines()
     union = _dedup_variant(
         tmp_path,
         "deduplicate_union",
@@ -337,7 +299,7 @@ def test_a_union_fires_its_cleanup_timers_at_the_final_watermark(
         fired = "fired the state cleanup timers due at the final watermark" in out
         assert fired == (written_with == "no ticks"), out
     assert _ticks(QueryLayout(tmp_path / "ck" / "deduplicator")) == (written_with == "ticks")
-    _assert_deduplicated(log, lines)
+    assert_deduplicated(log, lines)
     _assert_cleaned_up(QueryLayout(tmp_path / "ck" / "deduplicator"), tmp_path / "ck")
 
 

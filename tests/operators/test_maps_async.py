@@ -20,7 +20,7 @@ from stateful_runtime.exceptions import ConfigError, UserFunctionError
 from stateful_runtime.job import ErrorPolicy
 from stateful_runtime.operators.isolation import ORIGIN_OFFSET, StepGuard
 from stateful_runtime.operators.maps import AsyncMapOperator
-from tests.operators.test_maps import CARRIED, NO_BOUND, OUT, batch
+from tests.operators.map_batches import CARRIED, NO_BOUND, OUT, batch
 
 FAST = RetryPolicy(max_attempts=3, backoff=timedelta(milliseconds=1))
 

@@ -95,7 +95,8 @@ def test_payments_scored_by_a_service_with_retries_and_dead_letters(spark, tmp_p
         assert calls.retries == calls.calls - len(part)
         assert calls.failed == sum(1 for p in part if p["txn_id"].endswith("7"))
         assert calls.percentile_ms(0.5) >= 20  # the service answers after 20 ms
-        assert calls.rate_per_s is not None and calls.rate_per_s > 0  # (since the last batch)
+        if len(part) > 200:  # (a run of more than one batch: a rate since the one before)
+            assert calls.rate_per_s is not None and calls.rate_per_s > 0
         health = runner.runs[0].health
         assert QueryHealth.from_json(health.to_json()).calls == health.calls
     got = _rows(tmp_path / "out", "scored")

@@ -20,13 +20,7 @@ from stateful_runtime.planner import plan
 from stateful_runtime.runtime.loader import load_job_file
 from stateful_runtime.runtime.runner import JobRunner
 from tests.helpers import EXAMPLES
-from tests.operators.test_keyed_spark import (
-    T0,
-    H,
-    _assert_deduplicated,
-    _dedup_lines,
-    payment,
-)
+from tests.operators.payments import T0, H, assert_deduplicated, dedup_lines, payment
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +70,7 @@ def test_a_topic_placed_by_the_sink_is_read_without_a_shuffle_and_checked(
     nothing. Given a third partition, the job reads the topic with a shuffle (the plan says
     why) and its state is the same: the output still equals the oracle."""
     topic = "pay-by-txn"
-    lines = _dedup_lines()
+    lines = dedup_lines()
     sink = KafkaSink(kafka.bootstrap, topic, partitions=2, partition_by="txn_id")
     sink.open("producer", "q")
     settings = _settings(kafka, tmp_path, topic)
@@ -92,7 +86,7 @@ def test_a_topic_placed_by_the_sink_is_read_without_a_shuffle_and_checked(
     for m in kafka.read(topic):
         assert m.partition() == key_partition(json.loads(m.value())["txn_id"], 2)
         assert m.key() == json.loads(m.value())["txn_id"].encode()
-    _assert_deduplicated(tmp_path / "log", lines[:2_500])
+    assert_deduplicated(tmp_path / "log", lines[:2_500])
 
     # A payment of t1 in the partition that does not own t1's key group, then enough placed
     # records after it that the start's look at the newest ones does not see it.
@@ -123,7 +117,7 @@ def test_a_topic_given_more_partitions_is_read_with_a_shuffle_and_the_state_carr
     from confluent_kafka.admin import NewPartitions
 
     topic = "pay-grows"
-    lines = _dedup_lines()
+    lines = dedup_lines()
     sink = KafkaSink(kafka.bootstrap, topic, partitions=2, partition_by="txn_id")
     sink.open("producer", "q")
     sink.write_batch(_rows(lines[:1_500]), 0)
@@ -153,7 +147,7 @@ def test_a_topic_given_more_partitions_is_read_with_a_shuffle_and_the_state_carr
     assert code == 0, out
     assert "into 3 partitions, the job has 2 state partitions" in reason, reason
     assert "Exchange" in spark_plan
-    _assert_deduplicated(tmp_path / "log", lines)
+    assert_deduplicated(tmp_path / "log", lines)
 
 
 def test_a_topic_placed_by_kafkas_partitioner_is_refused_at_start_by_name(kafka, tmp_path):
@@ -162,7 +156,7 @@ def test_a_topic_placed_by_kafkas_partitioner_is_refused_at_start_by_name(kafka,
     refused before it reads anything, saying how to produce it or to drop the declaration."""
     topic = "pay-by-kafka"
     kafka.create_topic(topic, 2)
-    lines = _dedup_lines()[:300]
+    lines = dedup_lines()[:300]
     kafka.produce(topic, [(json.loads(line)["txn_id"].encode(), line) for line in lines])
     source = KafkaSource(kafka.bootstrap, topic, SCHEMA, keyed_by="txn_id")
     with pytest.raises(ConfigError, match="its producers place records otherwise") as refused:
