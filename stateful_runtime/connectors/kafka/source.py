@@ -431,7 +431,7 @@ class KafkaSplit(InputPartition):
     bounds: TimeBounds | None = None  # the event times the batch accepts
 
 
-_CONSUMERS: dict[tuple[str, str, str], Any] = {}
+_CONSUMERS: dict[tuple[str, str], Any] = {}
 _UNREAD = object()
 _TIMES_KEPT = 100_000  # event times of single records a reader keeps for its next plans
 
@@ -442,19 +442,19 @@ def _topic_partition(key: str) -> tuple[str, int]:
     return topic, int(partition)
 
 
-def _consumer(config_json: str, reset: str, group: str = "srt-source") -> Any:
+def _consumer(config_json: str, reset: str) -> Any:
     """One consumer per Python worker process, client config and offset reset (workers are
     reused). ``reset``: what a read of an offset the broker no longer holds does: ``error``
     (the job refuses data loss) or ``earliest``."""
     from confluent_kafka import Consumer
 
-    c = _CONSUMERS.get((config_json, reset, group))
+    c = _CONSUMERS.get((config_json, reset))
     if c is None:
         c = Consumer(
             quiet(
                 {
                     **json.loads(config_json),
-                    "group.id": group,
+                    "group.id": "srt-source",
                     "enable.auto.commit": False,
                     "isolation.level": "read_committed",
                     "enable.partition.eof": True,
@@ -471,7 +471,7 @@ def _consumer(config_json: str, reset: str, group: str = "srt-source") -> Any:
                 }
             )
         )
-        _CONSUMERS[(config_json, reset, group)] = c
+        _CONSUMERS[(config_json, reset)] = c
     return c
 
 
