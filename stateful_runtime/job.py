@@ -369,6 +369,7 @@ EVENT_TIME_KEYS: Mapping[str, str] = {
     "floor": "floor",
     "max_ahead_s": "max_ahead_of_processing_time",
     "max_ahead_of_watermark_s": "max_ahead_of_watermark",
+    "max_ahead_of_stream_s": "max_ahead_of_stream",
 }
 
 

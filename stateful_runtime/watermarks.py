@@ -14,6 +14,10 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # A producer's clock may run ahead of the job's by minutes (NTP steps, a laptop waking up); an
 # hour more than covers it, and bounds how far one bad record can drag the watermark ahead.
 DEFAULT_MAX_AHEAD = timedelta(hours=1)
+# A record an hour ahead of both the watermark and the records that follow it in its partition
+# is a mistyped timestamp, not the stream: in a replay of history (where the batch's processing
+# time says nothing) it would move the watermark that far and turn the records after it late.
+DEFAULT_MAX_AHEAD_OF_STREAM = timedelta(hours=1)
 _UNSET: Any = object()
 
 
@@ -55,25 +59,45 @@ class EventTimePolicy:
             at the start of its batch; None (the default) is off. A batch whose watermark is not
             set yet (the first of a query) is not bounded by it. Set it when processing time says
             little (a replay of history) but event time advances steadily.
+        max_ahead_of_stream: how far an event time may lie ahead of both the source's watermark
+            at the start of its batch and the records that follow it in its partition (the
+            median of the next few; for a partition's last record of the batch, of those before
+            it): an outlier, not the stream moving on. Records that move forward together (a
+            stream resuming after days of silence, a backfill's batch) are not refused. Judged
+            within the batch's logged offsets, so a replay refuses the same records. Default
+            1 hour; None: off.
     """
 
     floor: datetime | None = EPOCH
     max_ahead_of_processing_time: timedelta | None = DEFAULT_MAX_AHEAD
     max_ahead_of_watermark: timedelta | None = None
+    max_ahead_of_stream: timedelta | None = DEFAULT_MAX_AHEAD_OF_STREAM
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "floor", _instant("floor", self.floor))
-        for name in ("max_ahead_of_processing_time", "max_ahead_of_watermark"):
+        for name in (
+            "max_ahead_of_processing_time",
+            "max_ahead_of_watermark",
+            "max_ahead_of_stream",
+        ):
             object.__setattr__(self, name, _bound(name, getattr(self, name)))
+        if self.max_ahead_of_stream is not None and self.max_ahead_of_stream <= timedelta(0):
+            raise ConfigError(
+                "max_ahead_of_stream takes a positive datetime.timedelta or None (off), "
+                f"got {self.max_ahead_of_stream!r}"
+            )
 
     def describe(self) -> str:
         floor = "none" if self.floor is None else _iso(self.floor)
         ahead = self.max_ahead_of_processing_time
         wm = self.max_ahead_of_watermark
+        stream = self.max_ahead_of_stream
         return (
             f"event times accepted from {floor}, at most "
-            f"{'(off)' if ahead is None else ahead} ahead of the batch's processing time and "
-            f"{'(off)' if wm is None else wm} ahead of the watermark; others are dead letters"
+            f"{'(off)' if ahead is None else ahead} ahead of the batch's processing time, "
+            f"{'(off)' if wm is None else wm} ahead of the watermark and "
+            f"{'(off)' if stream is None else stream} ahead of the watermark and the stream "
+            f"at once; others are dead letters"
         )
 
 
@@ -126,6 +150,7 @@ class WatermarkStrategy:
         floor: datetime | None = _UNSET,
         max_ahead_of_processing_time: timedelta | None = _UNSET,
         max_ahead_of_watermark: timedelta | None = _UNSET,
+        max_ahead_of_stream: timedelta | None = _UNSET,
     ) -> WatermarkStrategy:
         """Which event times this source accepts (:class:`EventTimePolicy`); a setting not
         given keeps its value, None switches a bound off. E.g. a replay of 2019's records with
@@ -142,6 +167,7 @@ class WatermarkStrategy:
                 ("floor", floor),
                 ("max_ahead_of_processing_time", max_ahead_of_processing_time),
                 ("max_ahead_of_watermark", max_ahead_of_watermark),
+                ("max_ahead_of_stream", max_ahead_of_stream),
             )
             if v is not _UNSET
         }

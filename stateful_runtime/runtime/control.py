@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -661,21 +661,53 @@ def _count(
     windows: dict[int, int],
 ) -> dict[str, int]:
     import numpy as np
+    import pyarrow as pa
     import pyarrow.compute as pc
 
+    from stateful_runtime.connectors import event_time as event_time_policy
     from stateful_runtime.connectors.base import ERROR
+    from stateful_runtime.connectors.event_time import STREAM_CONTEXT
+    from stateful_runtime.connectors.eventlog.source import MAX_SPLIT_RECORDS
+    from stateful_runtime.connectors.ranges import split_ranges
 
     ts_field, unit = event_time
     scale = 1000 if unit == "s" else 1
     records = good_total = dead = 0
     starts: dict[str, int] = {}
+
+    def split(p: int, lo: int, hi: int, through: int, bounds: Any) -> Iterator[tuple]:
+        """(raw values, decoded) of a read task's split, its outliers refused as the task does
+        (the event log's splits: ``MAX_SPLIT_RECORDS`` of a partition's range in a batch)."""
+        chunks = [
+            reader.read_values(p, c, min(hi, c + READ_CHUNK)) for c in range(lo, hi, READ_CHUNK)
+        ]
+        tables = [source.decode(v, event_time=event_time, bounds=bounds) for v in chunks]
+        if bounds is not None:
+            tables = event_time_policy.refuse_outliers(
+                tables,
+                ts_field,
+                unit,
+                bounds,
+                raw=lambda i: pa.array(chunks[i], pa.binary()),
+                after=lambda: event_time_policy.good_times(
+                    reader.read_values(p, hi, min(through, hi + 4 * STREAM_CONTEXT)),
+                    ts_field,
+                    unit,
+                    bounds,
+                ),
+            )
+        return zip(chunks, tables, strict=True)
+
     for ends, bounds in spans:
         for p, end in sorted(ends.items(), key=lambda kv: int(kv[0])):
             first = starts.get(p, 0)
             starts[p] = max(first, end)
-            for lo in range(first, end, READ_CHUNK):
-                values = reader.read_values(int(p), lo, min(end, lo + READ_CHUNK))
-                decoded = source.decode(values, event_time=event_time, bounds=bounds)
+            pieces = [
+                piece
+                for _, lo, hi in split_ranges({p: first}, {p: end}, MAX_SPLIT_RECORDS)
+                for piece in split(int(p), lo, hi, end, bounds)
+            ]
+            for values, decoded in pieces:
                 good = pc.is_null(decoded.column(ERROR))
                 ts = decoded.column(ts_field).filter(good).drop_null()
                 records += len(values)

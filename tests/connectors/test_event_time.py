@@ -9,6 +9,8 @@ import math
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -78,7 +80,10 @@ def test_the_watermark_bound_is_off_by_default_and_not_applied_before_a_watermar
 
 def test_every_bound_can_be_switched_off():
     off = WM.with_event_time_policy(
-        floor=None, max_ahead_of_processing_time=None, max_ahead_of_watermark=None
+        floor=None,
+        max_ahead_of_processing_time=None,
+        max_ahead_of_watermark=None,
+        max_ahead_of_stream=None,
     )
     assert event_time.bounds(_opts(off), NOW, NOW) is None
     assert _errors([_line(-5), _line(4_102_444_800_000)], None) == [None, None]
@@ -186,3 +191,158 @@ def test_a_double_event_time_is_judged_by_its_value(t, b):
     [error] = table.column("_error").to_pylist()
     assert (error is not None) == _outside(b, t)
     assert not math.isnan(t)
+
+
+# -- outliers relative to the stream (issue 41) ---------------------------------------------------
+
+DAY = 24 * HOUR
+STREAM = TimeBounds(stream_ms=HOUR)  # the default policy's stream bound, no watermark yet
+
+
+def _judge(
+    times: list[int], b: TimeBounds = STREAM, chunk: int = 7, after: list[int] | None = None
+) -> list[str | None]:
+    """The errors a split of ``times`` (decoded ``chunk`` records a table, as a read task's
+    tables) gets, outliers included."""
+    lines = [_line(t) for t in times]
+    tables = [
+        decode_json(lines[i : i + chunk], SCHEMA, event_time=("ts", "ms"), bounds=b)
+        for i in range(0, len(lines), chunk)
+    ]
+    asked = []
+
+    def more() -> list[int]:
+        asked.append(True)
+        return after or []
+
+    out = event_time.refuse_outliers(
+        tables, "ts", "ms", b, lambda i: pa.array(lines[i * chunk : (i + 1) * chunk]), more
+    )
+    errors = [e for t in out for e in t.column("_error").to_pylist()]
+    raws = [r for t in out for r in t.column("_raw").to_pylist()]
+    assert [r for r, e in zip(raws, errors, strict=True) if e is not None] == [
+        line for line, e in zip(lines, errors, strict=True) if e is not None
+    ]
+    return errors
+
+
+def test_a_record_far_ahead_of_the_stream_and_the_watermark_is_refused_with_why():
+    times = [NOW + i * 1000 for i in range(40)]
+    times[20] = NOW + 60 * DAY
+    errors = _judge(times, TimeBounds(stream_ms=HOUR, watermark_ms=NOW - 5000))
+    assert [i for i, e in enumerate(errors) if e] == [20]
+    assert errors[20] == (
+        f"event time 'ts' {iso_ms(NOW + 60 * DAY)} is an outlier: 60.0 days ahead of its "
+        f"partition's records around it in the batch (median {iso_ms(NOW + 24_500)}, the next "
+        f"8) and 60.0 days ahead of the watermark {iso_ms(NOW - 5000)}; "
+        "max_ahead_of_stream 1:00:00"
+    )
+
+
+def test_a_stream_that_moves_on_together_is_not_refused():
+    resumed = [NOW + i for i in range(30)] + [NOW + 3 * DAY + i for i in range(30)]
+    assert not any(_judge(resumed))
+    # A whole batch far ahead of the watermark (a catch-up after days of silence).
+    later = [NOW + 5 * DAY + i * 10 for i in range(50)]
+    assert not any(_judge(later, TimeBounds(stream_ms=HOUR, watermark_ms=NOW)))
+    # Within the bound of the watermark, nothing is judged: the records after it went back.
+    near = [NOW + i for i in range(20)]
+    near[5] = NOW + HOUR - 1
+    assert not any(_judge(near, TimeBounds(stream_ms=HOUR, watermark_ms=NOW)))
+
+
+def test_the_last_records_are_judged_by_what_follows_in_the_batch_else_by_those_before():
+    times = [NOW + i for i in range(20)]
+    times[-1] = NOW + 60 * DAY
+    assert [i for i, e in enumerate(_judge(times)) if e] == [19]
+    # Records after the split in its batch show the stream moved on.
+    assert not any(_judge(times, after=[NOW + 60 * DAY + i for i in range(1, 9)]))
+    # One record alone is judged by nothing.
+    assert _judge([NOW + 60 * DAY]) == [None]
+    assert event_time.stream_outliers(np.array([]), np.array([]), STREAM)[0].size == 0
+
+
+def test_the_stream_bound_can_be_set_and_switched_off():
+    times = [NOW + i for i in range(10)] + [NOW + 2 * HOUR] + [NOW + 10 + i for i in range(10)]
+    assert _judge(times)[10] is not None
+    assert not any(_judge(times, TimeBounds(stream_ms=3 * HOUR)))
+    assert not any(_judge(times, TimeBounds()))
+    opts = _opts(WM.with_event_time_policy(max_ahead_of_stream=timedelta(minutes=5)))
+    b = event_time.bounds(opts, NOW, NOW - 1)
+    assert b is not None and (b.stream_ms, b.watermark_ms) == (300_000, NOW - 1)
+    with pytest.raises(ConfigError, match="positive"):
+        EventTimePolicy(max_ahead_of_stream=timedelta(0))
+
+
+def _hold(times: dict[str, list[int]], start: dict, ends: dict, listed: dict, **kw) -> dict:
+    def time_at(k: str, o: int) -> int | None:
+        return times[k][o] if 0 <= o < len(times[k]) else None
+
+    return event_time.hold_trailing_jump(start, ends, listed, time_at, HOUR, **kw)
+
+
+def test_a_plan_moves_a_short_run_ahead_at_a_range_end_to_a_later_batch():
+    base = [NOW + i for i in range(30)]
+    gap = NOW + 3 * DAY
+    for run in range(1, event_time.MOVED_ON):
+        times = {"0": base + [gap + i for i in range(run)]}
+        n = len(times["0"])
+        assert _hold(times, {"0": 10}, {"0": n}, {"0": n}, bounded=False) == {"0": 30}
+        # A bounded run's last batch reads them; a capped one leaves them to the next.
+        assert _hold(times, {"0": 10}, {"0": n}, {"0": n}, bounded=True) == {"0": n}
+    long_run = {"0": base + [gap + i for i in range(event_time.MOVED_ON)]}
+    n = len(long_run["0"])
+    assert _hold(long_run, {"0": 0}, {"0": n}, {"0": n}, bounded=False) == {"0": n}
+    # The run is the whole range and more follows: the range reaches over it.
+    times = {"0": base + [gap, gap + 1] + [gap + 2 + i for i in range(20)]}
+    assert _hold(times, {"0": 30}, {"0": 32}, {"0": 52}, bounded=True) == {
+        "0": 32 + event_time.STREAM_CONTEXT + event_time.MOVED_ON
+    }
+    # Outliers at a live end wait for what follows; a plain end is left alone.
+    outliers = {"0": base + [NOW + 60 * DAY, NOW + 61 * DAY]}
+    assert _hold(outliers, {"0": 0}, {"0": 32}, {"0": 32}, bounded=False) == {"0": 30}
+    assert _hold({"0": base}, {"0": 0}, {"0": 30}, {"0": 30}, bounded=False) == {"0": 30}
+
+
+segments_st = st.lists(
+    st.tuples(
+        st.integers(event_time.MOVED_ON, 40),  # records in the segment
+        st.integers(2 * HOUR, 30 * DAY),  # the pause before it
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    segments_st,
+    st.lists(st.tuples(st.integers(0, 10**6), st.integers(HOUR + 1, 90 * DAY)), max_size=6),
+    st.integers(0, 10**9),
+    st.integers(1, 9),
+)
+def test_outliers_injected_into_any_stream_are_refused_and_nothing_else(
+    segments, injected, seed, chunk
+):
+    """Streams of segments (each ≥ MOVED_ON records, out of order within 5 s, after pauses of
+    hours to weeks) with isolated records from far ahead injected: each outlier refused, every
+    other record kept, with any chunking of the split."""
+    rng = np.random.default_rng(seed)
+    times: list[int] = []
+    t = NOW
+    for n, pause in segments:
+        t += pause
+        steps = np.cumsum(rng.integers(0, 2000, n))
+        times += [int(t + s - rng.integers(0, 5000)) for s in steps]
+        t += int(steps[-1])
+    top = max(times)
+    at = sorted({p % (len(times) + 1) for p, _ in injected})
+    at = [p for i, p in enumerate(at) if i == 0 or p > at[i - 1] + 1]  # isolated
+    stream = list(times)
+    outliers = []
+    for p, ahead in reversed(list(zip(at, [a for _, a in injected], strict=False))):
+        stream.insert(p, top + ahead)
+    outliers = [i for i, v in enumerate(stream) if v > top]
+    errors = _judge(stream, TimeBounds(stream_ms=HOUR, watermark_ms=NOW), chunk=chunk)
+    assert [i for i, e in enumerate(errors) if e] == outliers
+    assert all("is an outlier" in errors[i] for i in outliers)  # type: ignore[operator]

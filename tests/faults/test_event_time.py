@@ -27,7 +27,10 @@ NEGATIVE = b'{"txn_id":"negative","merchant_id":"M001","amount_paise":100,"ts_ms
 # dead-letter topic's mark for the partition lies past the year-2100 record.
 BAD = b'{"txn_id":"bad","merchant_id":"M001","amount_paise":"ten","ts_ms":1767225600000}'
 DELAY_MS = 5_000  # the UPI job's bounded out-of-orderness
-POLICY_OFF = ["--set", "event_time.floor=off", "--set", "event_time.max_ahead_s=off"]
+POLICY_OFF = [
+    *("--set", "event_time.floor=off", "--set", "event_time.max_ahead_s=off"),
+    *("--set", "event_time.max_ahead_of_stream_s=off"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +73,24 @@ def _watermarks(ws: UpiWorkspace) -> list[int]:
 
 def _good_max(good: list[bytes]) -> int:
     return max(json.loads(line)["ts_ms"] for line in good)
+
+
+def _reconciled(table: dict, srt_env: dict[str, str]) -> tuple[dict[int, int], dict[int, int]]:
+    """(payments per closed window in the table, per window as `srt reconcile` counts the
+    log by the batches' own bounds)."""
+    reconciled = json.loads(
+        srt(
+            ["reconcile", "upi-per-minute", "--query", "upi-counts", "--window", "1m", "--json"],
+            srt_env,
+        ).stdout
+    )
+    closed = {int(w): n for w, n in reconciled["windows"].items()}
+    in_table: dict[int, int] = {}
+    for (_, start), (payments, _) in table.items():
+        ms = int(start.replace(tzinfo=UTC).timestamp() * 1000)  # DuckDB's naive UTC
+        if ms + 60_000 <= reconciled["watermark_ms"]:
+            in_table[ms] = in_table.get(ms, 0) + payments
+    return in_table, closed
 
 
 def test_implausible_event_times_are_dead_letters_and_never_move_the_watermark(
@@ -118,8 +139,57 @@ def test_implausible_event_times_are_dead_letters_and_never_move_the_watermark(
     explained = srt(["explain", str(EXAMPLES / "upi_per_minute.py"), "--no-spark"], srt_env)
     assert (
         "event-time policy: event times accepted from 1970-01-01T00:00:00Z, at most 1:00:00 "
-        "ahead of the batch's processing time and (off) ahead of the watermark"
+        "ahead of the batch's processing time, (off) ahead of the watermark and 1:00:00 ahead "
+        "of the watermark and the stream at once"
     ) in explained.stdout
+
+
+def test_a_replay_refuses_an_outlier_and_keeps_a_stream_that_resumed_after_days(
+    tmp_path, srt_env, trials_log
+):
+    """Last year's payments replayed (the batch's processing time says nothing): one record
+    stamped 60 days after its neighbours (still before today) is a dead letter saying why, and
+    a stream that resumed after 3 silent days is not refused. Before the stream bound, the
+    record moved the watermark 60 days and every payment after it was late."""
+    ws = _workspace(tmp_path)
+    day = 86_400_000
+    first = list(events(24_000, merchants=10, rate_per_s=20, disorder_ms=4_000, seed=41))
+    resumed_at = _good_max(first) + 3 * day
+    resumed = list(
+        events(4_000, merchants=10, rate_per_s=20, disorder_ms=4_000, seed=42, start_ms=resumed_at)
+    )
+    ts = json.loads(first[12_000])["ts_ms"] + 60 * day
+    outlier = b'{"txn_id":"outlier","merchant_id":"M003","amount_paise":100,"ts_ms":%d}' % ts
+    good = first + resumed
+    append_lines(ws.log_dir, first[:12_000] + [outlier] + first[12_000:] + resumed)
+    result = srt(ws.run_args("--available-now"), srt_env)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    dead = _dead_letters(ws)
+    records = _records(srt_env)
+    top = max(_watermarks(ws))
+    held = (
+        list(dead) == [outlier]
+        and records["late"] == 0
+        and top <= _good_max(good) - DELAY_MS
+        and ws.table() == oracle(good)
+    )
+    trials_log.record(
+        fault="an outlier in a replay of history",
+        input="28,000 payments of last year, one 60 days ahead, a resumption after 3 days",
+        result="pass" if held else "FAIL",
+        watermark_max=top,
+        records=records,
+        reasons=sorted(dead.values()),
+    )
+    assert list(dead) == [outlier]
+    assert "is an outlier: 60.0 days ahead of its partition's records" in dead[outlier]
+    assert dead[outlier].endswith("; max_ahead_of_stream 1:00:00")
+    assert records == {**records, "dead_letters": 1, "late": 0, "output": len(good)}
+    assert top <= _good_max(good) - DELAY_MS
+    assert ws.table() == oracle(good)
+    in_table, closed = _reconciled(ws.table(), srt_env)  # the outlier is no window's
+    assert in_table == closed and len(closed) == 25  # 20 minutes, and 3 after 3 days
 
 
 def test_rewind_brings_back_a_poisoned_checkpoint_with_its_state(tmp_path, srt_env, trials_log):
@@ -165,18 +235,7 @@ def test_rewind_brings_back_a_poisoned_checkpoint_with_its_state(tmp_path, srt_e
     dead = _dead_letters(ws)
     table = ws.table()
     stale = {k: v for k, v in table.items() if k[1].year >= 2100}
-    reconciled = json.loads(
-        srt(
-            ["reconcile", "upi-per-minute", "--query", "upi-counts", "--window", "1m", "--json"],
-            srt_env,
-        ).stdout
-    )
-    closed = {int(w): n for w, n in reconciled["windows"].items()}
-    in_table: dict[int, int] = {}
-    for (_, start), (payments, _) in table.items():
-        ms = int(start.replace(tzinfo=UTC).timestamp() * 1000)  # DuckDB's naive UTC
-        if ms + 60_000 <= reconciled["watermark_ms"]:
-            in_table[ms] = in_table.get(ms, 0) + payments
+    in_table, closed = _reconciled(table, srt_env)
     held = (
         records["late"] == 0
         and sorted(dead) == sorted([FUTURE, NEGATIVE, BAD])

@@ -221,6 +221,7 @@ class LogSplit(InputPartition):
     end: int
     late_before: int | None = None  # the batch's late-event watermark, when asked for
     bounds: TimeBounds | None = None  # the event times the batch accepts
+    through: int | None = None  # where the partition's range in the batch ends
 
 
 class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -255,7 +256,7 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.target = self._ends()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        ends = self._ends() if self.target is None else self.target
+        ends = listed = self._ends() if self.target is None else self.target
         # Event-time cut first (so the cap is shared over what may be read), then the cap,
         # then the cut again (the cap ends partitions at different event times).
         if self.time_field:
@@ -275,6 +276,15 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             }
         if capped != ends and self.time_field:
             capped = alignment.bound_by_event_time(start, capped, time_at, self.drift_ms)
+        if self.time_field:
+            capped = event_time.hold_trailing_jump(
+                start,
+                capped,
+                listed,
+                time_at,
+                event_time.stream_ms(self.options),
+                bounded=self.target is not None,
+            )
         return capped
 
     def _time_at(self, partition: str, offset: int) -> int | None:
@@ -294,11 +304,11 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         bounds = event_time.batch_bounds(self.options)
         if self.options.get(BY_PARTITION) == "true":  # Spark's partition p is the topic's
             return [
-                LogSplit(int(p), int(start.get(p, 0)), int(hi), late, bounds)
+                LogSplit(int(p), int(start.get(p, 0)), int(hi), late, bounds, int(hi))
                 for p, hi in ordered.items()
             ]
         return [
-            LogSplit(int(p), lo, hi, late, bounds)
+            LogSplit(int(p), lo, hi, late, bounds, int(ordered[p]))
             for p, lo, hi in split_ranges(start, ordered, MAX_SPLIT_RECORDS)
         ]
 
@@ -328,6 +338,19 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     PARTITION, pa.array(np.full(hi - lo, partition.partition, np.int32))
                 ).append_column(OFFSET, pa.array(np.arange(lo, hi, dtype=np.int64)))
             )
+        if self.time_field and partition.bounds is not None:
+            tables = event_time.refuse_outliers(
+                tables,
+                self.time_field,
+                self.time_unit,
+                partition.bounds,
+                raw=lambda i: reader.read_value_array(
+                    partition.partition,
+                    partition.start + i * ARROW_BATCH_ROWS,
+                    min(partition.end, partition.start + (i + 1) * ARROW_BATCH_ROWS),
+                ),
+                after=lambda: self._times_after(reader, partition),
+            )
         if self.staging is not None and tables:
             # Staged before any row reaches Spark, so a committed batch always has its file.
             stage(
@@ -339,6 +362,13 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
         for table in tables:
             yield from table.to_batches()
+
+    def _times_after(self, reader: TopicReader, split: LogSplit) -> list[int]:
+        """Event times of the good records after ``split`` in its batch (a few)."""
+        assert self.time_field is not None and split.bounds is not None
+        stop = min(split.through or split.end, split.end + 4 * event_time.STREAM_CONTEXT)
+        values = reader.read_values(split.partition, split.end, stop) if stop > split.end else []
+        return event_time.good_times(values, self.time_field, self.time_unit, split.bounds)
 
 
 def decode_range(

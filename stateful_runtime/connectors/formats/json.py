@@ -334,6 +334,10 @@ class TimeBounds:
         ceiling_from: what that instant is, e.g. ``"the batch's processing time"``.
         ceiling_setting: the setting and its value, e.g. ``"max_ahead_of_processing_time
             1:00:00"``.
+        stream_ms: how far a record may lie ahead of both the watermark and the records around
+            it in its partition (None: not judged; applied per split by the source,
+            :func:`stateful_runtime.connectors.event_time.refuse_outliers`).
+        watermark_ms: the source's watermark at the start of the batch (0: none yet).
     """
 
     floor_ms: int | None = None
@@ -342,6 +346,8 @@ class TimeBounds:
     ceiling_from_ms: int = 0
     ceiling_from: str = ""
     ceiling_setting: str = ""
+    stream_ms: int | None = None
+    watermark_ms: int = 0
 
     def reason(self, name: str, ms: float, shown: str) -> str | None:
         """Why event time ``ms`` (shown as ``shown``, the record's own value) is refused, or

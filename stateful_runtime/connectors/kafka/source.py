@@ -27,7 +27,7 @@ import re
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -429,6 +429,7 @@ class KafkaSplit(InputPartition):
     end: int
     late_before: int | None = None  # the batch's late-event watermark, when asked for
     bounds: TimeBounds | None = None  # the event times the batch accepts
+    through: int | None = None  # where the partition's range in the batch ends
 
 
 _CONSUMERS: dict[tuple[str, str], Any] = {}
@@ -648,7 +649,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {**self._earliest([_topic_partition(k) for k in new]), **start}
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        ends = self._ends() if self.target is None else self.target
+        ends = listed = self._ends() if self.target is None else self.target
         self._latest = ends if self.target is None else None
         start = self._with_new_partitions(start, ends)
         # Event-time alignment (alignment's module doc): the partitions a silent one holds
@@ -667,6 +668,18 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         )
         if capped != ends and self.event_time is not None:
             capped = alignment.bound_by_event_time(start, capped, self._time_at, self.drift_ms)
+        if self.event_time is not None and event_time.stream_ms(self.options) is not None:
+            for k, e in capped.items():  # one fetch brings the records the check reads
+                if e > int(start.get(k, 0)):
+                    self._time_at(k, max(0, e - event_time.STREAM_CONTEXT - event_time.MOVED_ON))
+            capped = event_time.hold_trailing_jump(
+                start,
+                capped,
+                listed,
+                self._time_at,
+                event_time.stream_ms(self.options),
+                bounded=self.target is not None,
+            )
         return capped
 
     def _time_at(self, key: str, offset: int) -> int | None:
@@ -744,7 +757,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return self._placed_splits(int(placed), start, end, late, bounds)
         for key, lo, hi in split_ranges(start, end, MAX_SPLIT_RECORDS):
             topic, p = key.rsplit(":", 1)
-            out.append(KafkaSplit(topic, int(p), lo, hi, late, bounds))
+            out.append(KafkaSplit(topic, int(p), lo, hi, late, bounds, int(end[key])))
         return out
 
     def _placed_splits(
@@ -763,7 +776,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
         return [
             KafkaSplit(
-                topic, p, int(start.get(f"{topic}:{p}", 0)), int(end[f"{topic}:{p}"]), late, bounds
+                topic,
+                p,
+                int(start.get(f"{topic}:{p}", 0)),
+                int(end[f"{topic}:{p}"]),
+                late,
+                bounds,
+                int(end[f"{topic}:{p}"]),
             )
             for p in now
         ]
@@ -859,11 +878,30 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     PARTITION, pa.array(np.full(hi - lo, split.partition, np.int32))
                 ).append_column(OFFSET, pa.array(np.asarray(offsets[lo:hi], np.int64)))
             )
+        if self.event_time is not None and split.bounds is not None:
+            tables = event_time.refuse_outliers(
+                tables,
+                *self.event_time,
+                split.bounds,
+                raw=lambda i: pa.array(
+                    values[i * ARROW_BATCH_ROWS : (i + 1) * ARROW_BATCH_ROWS], pa.binary()
+                ),
+                after=lambda: self._times_after(split),
+            )
         key = f"{split.topic}:{split.partition}"
         if self.staging is not None and tables:
             stage(self.staging, key, split.start, split.end, pa.concat_tables(tables))
         for table in tables:
             yield from table.to_batches()
+
+    def _times_after(self, split: KafkaSplit) -> list[int]:
+        """Event times of the good records after ``split`` in its batch (a few)."""
+        assert self.event_time is not None and split.bounds is not None
+        stop = min(split.through or split.end, split.end + 4 * event_time.STREAM_CONTEXT)
+        if stop <= split.end:
+            return []
+        values, _, _ = self._fetch(replace(split, start=split.end, end=stop))
+        return event_time.good_times(values, *self.event_time, split.bounds)
 
 
 def _check_keyed_by(field: str, topics: list[str], schema: StructType) -> None:
