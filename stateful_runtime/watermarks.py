@@ -61,11 +61,11 @@ class EventTimePolicy:
             little (a replay of history) but event time advances steadily.
         max_ahead_of_stream: how far an event time may lie ahead of both the source's watermark
             at the start of its batch and the records that follow it in its partition (the
-            median of the next few; for a partition's last record of the batch, of those before
-            it): an outlier, not the stream moving on. Records that move forward together (a
-            stream resuming after days of silence, a backfill's batch) are not refused. Judged
-            within the batch's logged offsets, so a replay refuses the same records. Default
-            1 hour; None: off.
+            median of the next 8 in the batch; a partition's last record of a batch is not
+            judged): an outlier, not the stream moving on. Records that move forward together
+            (a stream resuming after days of silence, a backfill's batch) are not refused.
+            Judged within the batch's logged offsets, so a replay refuses the same records.
+            Default 1 hour; None: off.
     """
 
     floor: datetime | None = EPOCH

@@ -66,6 +66,9 @@ class Source(ABC):
 
     name: str
     schema: StructType
+    # Whether a partition with nothing new stops holding the others (in the source's event-time
+    # alignment and the per-partition watermark) at once, without ``with_idleness``.
+    silent_partitions_idle: ClassVar[bool] = False
 
     def check(self) -> None:
         """Fail fast, before Spark starts, if the source cannot be read (missing topic...)."""

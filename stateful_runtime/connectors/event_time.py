@@ -15,10 +15,9 @@ An outlier is judged against the stream too (``max_ahead_of_stream``): each read
 split is decoded, refuses a record that lies that far ahead of both the batch's watermark and
 the records that follow it in its partition (:func:`refuse_outliers`). What follows a split's
 last records is read from the rest of the batch's range (the offsets are logged, so a replay
-sees the same); a partition's last records of a batch are judged by those before them, so the
-driver ends a partition's range before a short run of records that jumped that far ahead
-(:func:`hold_trailing_jump`): a later batch reads them with the records after them, which tell
-a stream that moved on from outliers.
+sees the same). A partition's last record of a batch has nothing after it and is not judged,
+so a range the planner cuts (the record cap, the alignment) reaches a few records past a
+record that jumped ahead (:func:`reach_past_jump`).
 """
 
 from __future__ import annotations
@@ -155,48 +154,41 @@ def plan_filter(opts: Mapping[str, str]) -> Callable[[int | None], int | None]:
 
 # -- outliers relative to the stream -------------------------------------------------------------
 
-# How many records around a record it is judged against (the median of the next ones).
+# How many records after a record it is judged against (their median).
 STREAM_CONTEXT = 8
 
 
-def stream_outliers(
-    ms: np.ndarray, after: np.ndarray, bounds: TimeBounds
-) -> tuple[np.ndarray, np.ndarray]:
-    """The outliers of a split: for each record, the event time it was judged against (the
-    median of the :data:`STREAM_CONTEXT` good records after it; for the partition's last record
-    of the batch, of those before it; a record alone is never one) where it lies more than
-    ``bounds.stream_ms`` ahead of both that and the batch's watermark, else NaN; and whether
-    that was the records before it. ``ms``: the split's event times in offset order, NaN for a
-    record refused already; ``after``: those of the good records following the split in its
-    batch."""
+def stream_outliers(ms: np.ndarray, after: np.ndarray, bounds: TimeBounds) -> np.ndarray:
+    """The outliers of a split: for each record, the median event time of the
+    :data:`STREAM_CONTEXT` good records after it in its batch where it lies more than
+    ``bounds.stream_ms`` ahead of both that and the batch's watermark, else NaN. A record with
+    none after it in the batch is not judged: one record cannot tell a stream that moved on
+    (a sparse topic's next record hours later) from an outlier. ``ms``: the split's event times
+    in offset order, NaN for a record refused already; ``after``: those of the good records
+    following the split in its batch."""
     out = np.full(len(ms), np.nan)
-    by_before = np.zeros(len(ms), bool)
     if bounds.stream_ms is None:
-        return out, by_before
+        return out
     good = np.flatnonzero(~np.isnan(ms))
     times = ms[good]
     candidates = np.flatnonzero(times > bounds.watermark_ms + bounds.stream_ms)
     if not len(candidates):
-        return out, by_before
+        return out
     k = STREAM_CONTEXT
     following = np.concatenate([times[1:], np.asarray(after, np.float64), np.full(k, np.nan)])
     windows = np.lib.stride_tricks.sliding_window_view(following, k)[candidates]
-    ref = np.full(len(candidates), np.nan)
     seen = ~np.isnan(windows).all(axis=1)
     # A median below t - bound needs a successor below it: the cheap test first.
     low = np.zeros(len(candidates), bool)
     with np.errstate(all="ignore"):
         low[seen] = np.nanmin(windows[seen], axis=1) < times[candidates[seen]] - bounds.stream_ms
-    if low.any():
-        ref[low] = np.nanmedian(windows[low], axis=1)
-    for i in np.flatnonzero(~seen):  # the partition's last record of the batch
-        j = candidates[i]
-        if j:
-            ref[i] = np.median(times[max(0, j - k) : j])
+    if not low.any():
+        return out
+    ref = np.full(len(candidates), np.nan)
+    ref[low] = np.nanmedian(windows[low], axis=1)
     flagged = times[candidates] > ref + bounds.stream_ms  # NaN: never
     out[good[candidates[flagged]]] = ref[flagged]
-    by_before[good[candidates[flagged & ~seen]]] = True
-    return out, by_before
+    return out
 
 
 def _event_ms(table: pa.Table, field: str, unit: str) -> np.ndarray:
@@ -213,8 +205,7 @@ def _event_ms(table: pa.Table, field: str, unit: str) -> np.ndarray:
         values = np.array([_iso_ms(v) for v in col.to_pylist()], np.float64)
     else:
         return np.full(len(table), np.nan)
-    values = np.where(bad.to_numpy(zero_copy_only=False), np.nan, values.astype(np.float64))
-    return values
+    return np.where(bad.to_numpy(zero_copy_only=False), np.nan, values.astype(np.float64))
 
 
 def _iso_ms(text: str | None) -> float:
@@ -249,19 +240,17 @@ def refuse_outliers(
         return out
     near_end = np.flatnonzero(~np.isnan(ms))[-STREAM_CONTEXT:]
     later = np.asarray(after() if doubt[near_end].any() else (), np.float64)
-    ref, by_before = stream_outliers(ms, later, bounds)
+    ref = stream_outliers(ms, later, bounds)
     at = 0
     for i, table in enumerate(out):
-        part = ref[at : at + table.num_rows]
+        part, times = ref[at : at + table.num_rows], ms[at : at + table.num_rows]
         at += table.num_rows
         hit = ~np.isnan(part)
         if not hit.any():
             continue
-        times = ms[at - table.num_rows : at]
-        before = by_before[at - table.num_rows : at]
         why = pa.array(
             [
-                _outlier_reason(field, times[j], part[j], before[j], bounds) if hit[j] else None
+                _outlier_reason(field, times[j], part[j], bounds) if hit[j] else None
                 for j in range(len(part))
             ],
             pa.string(),
@@ -275,78 +264,44 @@ def refuse_outliers(
     return out
 
 
-def _outlier_reason(field: str, t: float, ref: float, before: bool, bounds: TimeBounds) -> str:
+def _outlier_reason(field: str, t: float, ref: float, bounds: TimeBounds) -> str:
     assert bounds.stream_ms is not None
     wm = bounds.watermark_ms
-    which = f"the {STREAM_CONTEXT} before it" if before else f"the next {STREAM_CONTEXT}"
     return (
-        f"event time {field!r} {iso_ms(t)} is an outlier: {span(t - ref)} ahead of its "
-        f"partition's records around it in the batch (median {iso_ms(ref)}, {which}) and "
+        f"event time {field!r} {iso_ms(t)} is an outlier: {span(t - ref)} ahead of the records "
+        f"after it in its partition (median of the next {STREAM_CONTEXT} {iso_ms(ref)}) and "
         + (f"{span(t - wm)} ahead of the watermark {iso_ms(wm)}" if wm else "no watermark yet")
         + f"; max_ahead_of_stream {timedelta(milliseconds=bounds.stream_ms)}"
     )
 
 
-# A stream that moved on shows it within this many records (the last of them then has more
-# than half of the records before it it is judged by on its side): a shorter run of records
-# ahead at the end of a partition's range is moved out of the batch (:func:`hold_trailing_jump`).
-MOVED_ON = STREAM_CONTEXT // 2 + 2
-
-
-def _run_ahead(
-    key: str, end: int, time_at: Callable[[str, int], int | None], stream_ms: int
-) -> int | None:
-    """Where the records before ``end`` that all lie more than ``stream_ms`` past the median
-    of the :data:`STREAM_CONTEXT` before them begin, when they are fewer than
-    :data:`MOVED_ON` (else, or if there are none, None)."""
-    found: list[tuple[int, int]] = []  # (offset, event time), newest first
-    o = end - 1
-    while o >= max(0, end - 4 * LOOK_BACK) and len(found) < MOVED_ON + STREAM_CONTEXT:
-        if (t := time_at(key, o)) is not None:
-            found.append((o, t))
-        o -= 1
-    run = 0
-    for n in range(1, MOVED_ON + 1):
-        base = [t for _, t in found[n : n + STREAM_CONTEXT]]
-        if not base:
-            break
-        floor = float(np.median(base)) + stream_ms
-        if all(t > floor for _, t in found[:n]):
-            run = n
-    return found[run - 1][0] if 0 < run < MOVED_ON else None
-
-
-def hold_trailing_jump(
+def reach_past_jump(
     start: Mapping[str, int],
     ends: dict[str, int],
     listed: Mapping[str, int],
     time_at: Callable[[str, int], int | None],
     stream_ms: int | None,
-    *,
-    bounded: bool,
 ) -> dict[str, int]:
-    """Driver side: ``ends`` with no partition's range ending in a run of fewer than
-    :data:`MOVED_ON` records that jumped more than ``stream_ms`` ahead of the records before
-    them. In the batch they would be judged by the records before them only, which cannot tell
-    a stream that moved on (resumed after a pause) from outliers. The range ends before them,
-    so a later batch reads them with the records after them (a live stream at its end waits
-    for those); a range that would be left empty while records after them exist reaches over
-    them instead. A bounded run's last batch reads them as they are. Records without an event
-    time (bad ones, a transaction's markers) are skipped."""
+    """Driver side: ``ends`` with every partition's range that a cap or the alignment cut
+    right after a record that jumped more than ``stream_ms`` past the one before it (while
+    more records exist) reaching :data:`STREAM_CONTEXT` records further, so that the batch
+    judges it by the records after it (a range's last record is not judged). Records without
+    an event time (bad ones, a transaction's markers) are skipped."""
     if stream_ms is None:
         return ends
     out = dict(ends)
     for k, end in ends.items():
         lo, last = start.get(k, 0), listed.get(k, end)
-        if end <= lo or (bounded and end >= last):
+        if end <= lo or end >= last:
             continue
-        run = _run_ahead(k, end, time_at, stream_ms)
-        if run is None:
-            continue
-        if run > lo or end >= last:
-            out[k] = max(lo, run)
-        else:  # the run is the whole range and more follows: read the run with what follows
-            out[k] = min(last, end + STREAM_CONTEXT + MOVED_ON)
+        found: list[int] = []
+        for o in range(end - 1, max(lo, end - LOOK_BACK) - 1, -1):
+            if (t := time_at(k, o)) is not None:
+                found.append(t)
+                if len(found) == 2:
+                    break
+        if len(found) == 2 and found[0] > found[1] + stream_ms:
+            out[k] = min(last, end + STREAM_CONTEXT)
     return out
 
 

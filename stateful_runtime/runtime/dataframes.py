@@ -36,7 +36,12 @@ from stateful_runtime.planner import (
     QueryPath,
     QueryPlan,
 )
-from stateful_runtime.runtime.input_watermarks import EVENT_TIME_MAX, resumes
+from stateful_runtime.runtime.input_watermarks import (
+    SLOTS,
+    resumes,
+    slot_metric,
+    tracks_partitions,
+)
 from stateful_runtime.runtime.session import arrow_schema
 from stateful_runtime.state import TimeDomain
 from stateful_runtime.streams import (
@@ -108,7 +113,7 @@ def build(
             late_watermark_of=checkpoint if query.path is QueryPath.NATIVE else None,
             query_checkpoint=checkpoint,
             metrics=source_metrics(query, i.source.name),
-            event_time_max=resumes(query),
+            partition_times=resumes(query) or tracks_partitions(query),
             by_partition=query.by_partition,
         )
         if skips.get(i.source.name):
@@ -242,14 +247,14 @@ def read_source(
     late_watermark_of: str | None = None,
     query_checkpoint: str | None = None,
     metrics: str = SOURCE_METRICS,
-    event_time_max: bool = False,
+    partition_times: bool = False,
     by_partition: bool = False,
 ) -> DataFrame:
     """The source's good records with event time and watermark; ``metrics`` names the
-    observed metric counting its records (and, with ``event_time_max``, taking the largest
-    event time of its good records: the input's watermark kept across restarts,
-    :mod:`stateful_runtime.runtime.input_watermarks`); ``by_partition``: Spark's partition
-    ``p`` is the source's (``QueryPlan.by_partition``)."""
+    observed metric counting its records (and, with ``partition_times``, taking the largest
+    event time of the good records of each slot of its partitions: the input's watermark per
+    partition and across restarts, :mod:`stateful_runtime.runtime.input_watermarks`);
+    ``by_partition``: Spark's partition ``p`` is the source's (``QueryPlan.by_partition``)."""
     from pyspark.sql import functions as F
 
     df = src.source.read_stream(
@@ -266,9 +271,10 @@ def read_source(
         F.count(F.lit(1)).alias("input"),
         F.sum(F.when(F.col(ERROR).isNotNull(), 1).otherwise(0)).alias("dead_letters"),
     ]
-    if event_time_max:
+    if partition_times and src.watermark.timestamp_field:
         good = F.when(F.col(ERROR).isNull(), F.unix_millis(_event_time_column(src)))
-        counts.append(F.max(good).alias(EVENT_TIME_MAX))
+        slot = F.pmod(F.col(PARTITION), F.lit(SLOTS))
+        counts += [F.max(F.when(slot == i, good)).alias(slot_metric(i)) for i in range(SLOTS)]
     df = df.observe(metrics, *counts)
     # Each record keeps its source partition and offset (:data:`ORIGIN_COLUMNS`): a step
     # that cannot process it names it, in its dead letter or in the message that stops the job.

@@ -24,6 +24,22 @@ So the runtime keeps each input's watermark with the batch and starts from it:
   :meth:`InputWatermarks.after_batch` gives Spark's tracker each input's watermark as of the
   last committed batch (and the query's, their minimum, when it is ahead of the logged one).
 
+One watermark per partition (Flink's per-split watermarks). Spark's watermark of an input is
+its largest event time less the bound, over all its partitions: a partition behind the others
+(a slow producer, a smaller share of a backlog) would see its records late. So every query with
+a stateful step tracks each input's partitions: the source's metrics observe the largest event
+time of each partition's good records (partition ``p`` in slot ``p %`` :data:`SLOTS`), the
+runner folds them into each partition's event time after the batch (kept in the same file, so a
+restart and a savepoint carry them), and the input's watermark is the smallest over its active
+partitions less the bound (idle ones left out: a partition without records for the source's
+``with_idleness`` timeout in batch processing time; at once for the event log, whose silent
+partitions hold nobody, and in a bounded run; a Kafka partition without idleness holds the
+others as long as it is silent, as in Flink; all idle: the largest, Spark's own). Before Spark
+updates its watermark after the batch, the batch's ``EventTimeWatermarkExec`` statistics are
+set to that value (Spark takes ``max - delay`` from them, and only ever raises its watermark),
+so Spark's windows, the keyed operators' timers and the late-record filter all go by it. A
+re-run of a batch computes the same from the same records and its logged processing time.
+
 The tracker is Spark's (4.3: ``MicroBatchExecution.watermarkTracker``); its per-input map is
 private, set by reflection. Spark names the map's entries by the plan's ``EventTimeWatermark``
 nodes, one per input in the order of the query's inputs (a plan that reads its inputs twice
@@ -54,14 +70,44 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 NAME = "srt_resume"
-EVENT_TIME_MAX = "event_time_max"  # each input's observed metric: largest event time (ms)
+EVENT_TIME_MAX = "event_time_max"  # each input's observed metrics: largest event time (ms),
+SLOTS = 16  # of the partitions p with p % SLOTS == i, as "event_time_max_<i>"
 RETAIN = 100  # files kept (Spark's spark.sql.streaming.minBatchesToRetain)
+
+
+def slot_metric(slot: int) -> str:
+    return f"{EVENT_TIME_MAX}_{slot}"
 
 
 def resumes(query: QueryPlan) -> bool:
     """Whether ``query`` keeps its inputs' watermarks (several inputs, a stateful step, and a
     checkpoint that was not written before the runtime kept them)."""
     return query.union and bool(query.stateful_operators) and query.input_watermarks
+
+
+def tracks_partitions(query: QueryPlan) -> bool:
+    """Whether ``query`` keeps a watermark per partition of its inputs (a stateful step, whose
+    watermark matters, over inputs with event time)."""
+    return bool(query.stateful_operators) and all(
+        i.source.watermark.timestamp_field for i in query.inputs
+    )
+
+
+def idle_after_ms(query: QueryPlan, *, bounded: bool) -> list[int | None]:
+    """Per input, how long a partition without records stays active (ms of batch processing
+    time; None: for ever): the source's ``with_idleness``, else at once for the event log (its
+    silent partitions hold nobody in its alignment either) and in a bounded run (every
+    partition is read to its end), and for ever on Kafka (Flink without idleness)."""
+    out: list[int | None] = []
+    for i in query.inputs:
+        idle = i.source.watermark.idleness
+        if idle is not None:
+            out.append(_delay_ms(idle))
+        elif bounded or i.source.source.silent_partitions_idle:
+            out.append(0)
+        else:
+            out.append(None)
+    return out
 
 
 def _delay_ms(delay: timedelta) -> int:
@@ -79,26 +125,44 @@ class InputWatermarks:
         name: str,
         checkpoint: str,
         metrics: Mapping[str, str],
+        *,
+        bounded: bool = False,
     ) -> None:
-        """``name``: the Spark query's; ``metrics``: each input's observed metric, by name."""
+        """``name``: the Spark query's; ``metrics``: each input's observed metric, by name;
+        ``bounded``: an ``--available-now`` run."""
         self.spark = spark
         self.spark_name = name
         self.metrics = metrics
         self.layout = QueryLayout(checkpoint)
         self.names = [i.source.name for i in query.inputs]
         self.delays = [_delay_ms(i.source.watermark.max_out_of_orderness) for i in query.inputs]
+        self.idle_after = idle_after_ms(query, bounded=bounded)
+        self.resumes = resumes(query)
         self.resumed = False
         self.execution: Any = None
+
+    def _saved(self, batch: int) -> dict[str, Any]:
+        path = self.layout.input_watermarks_upto(batch)
+        try:
+            found = json.loads(path.read_text()) if path is not None else {}
+        except (OSError, ValueError):
+            found = {}
+        return found if isinstance(found, dict) else {}
 
     def saved(self, batch: int) -> dict[str, int | None]:
         """Each input's watermark after the newest batch at or before ``batch`` that recorded
         them (None: no record of that input yet)."""
-        path = self.layout.input_watermarks_upto(batch)
-        try:
-            found = json.loads(path.read_text())["inputs"] if path is not None else {}
-        except (OSError, ValueError, KeyError):
-            found = {}
+        found = self._saved(batch).get("inputs", {})
         return {n: found.get(n) for n in self.names}
+
+    def partitions(self, batch: int) -> dict[str, dict[int, tuple[int, int]]]:
+        """Each input's partitions (slots) after the newest batch at or before ``batch``:
+        slot → (largest event time, processing time of the last batch with a record of it)."""
+        found = self._saved(batch).get("partitions", {})
+        return {
+            n: {int(k): (int(v[0]), int(v[1])) for k, v in found.get(n, {}).items()}
+            for n in self.names
+        }
 
     def after_batch(self, batch: int) -> None:
         """In ``foreachBatch`` of ``batch``, after its sinks ran (before Spark commits it)."""
@@ -106,20 +170,62 @@ class InputWatermarks:
         before = self.saved(batch - 1)
         if not self.resumed:
             self.resumed = True
-            if execution is not None:
+            if execution is not None and self.resumes:
                 self._resume(execution, before)
-        maxima = _observed_maxima(execution, self.metrics) if execution is not None else {}
+        observed = _observed_slots(execution, self.metrics) if execution is not None else {}
+        at, _ = self.layout.batch_times(batch)
+        at = int(at) if at is not None else 0
+        parts = self.partitions(batch - 1)
         after = dict(before)
-        for name, delay in zip(self.names, self.delays, strict=True):
-            top, was = maxima.get(name), after[name]
-            if top is not None and (was is None or top - delay > was):
-                after[name] = top - delay
+        for name, delay, idle in zip(self.names, self.delays, self.idle_after, strict=True):
+            mine = parts[name]
+            for slot, top in observed.get(name, {}).items():
+                seen = mine.get(slot)
+                mine[slot] = (top if seen is None else max(top, seen[0]), at)
+            if not mine:
+                continue
+            active = [t for t, seen in mine.values() if idle is None or at - seen <= idle]
+            wm = (min(active) if active else max(t for t, _ in mine.values())) - delay
+            kept = after[name]
+            if kept is None or wm > kept:  # a watermark never goes back
+                after[name] = wm
+        if execution is not None:
+            self._hold(execution, after)
         self.layout.input_watermarks.mkdir(parents=True, exist_ok=True)
         final = self.layout.input_watermarks / str(batch)
         tmp = final.with_name(f".{batch}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"inputs": after}))
+        record = {
+            "inputs": after,
+            "partitions": {
+                n: {str(k): list(v) for k, v in sorted(parts[n].items())} for n in self.names
+            },
+        }
+        tmp.write_text(json.dumps(record))
         os.replace(tmp, final)
         (self.layout.input_watermarks / str(batch - RETAIN)).unlink(missing_ok=True)
+
+    def _hold(self, execution: Any, watermarks: Mapping[str, int | None]) -> None:
+        """Give Spark's watermark update after this batch each input's watermark: each
+        input's ``EventTimeWatermarkExec`` statistics hold its watermark plus its bound."""
+        try:
+            nodes = _watermark_execs(execution)
+            if len(nodes) != len(self.names):
+                raise ValueError(f"{len(nodes)} watermark operators for {len(self.names)} inputs")
+            for node, name, delay in zip(nodes, self.names, self.delays, strict=True):
+                wm = watermarks[name]
+                if wm is None:
+                    continue
+                stats = node.eventTimeStats()
+                stats.reset()
+                stats.add(wm + delay)
+        except Exception as e:  # noqa: BLE001 - Spark's private classes differ: its own
+            if not getattr(self, "_warned", False):
+                self._warned = True
+                log.warning(
+                    "each partition's watermark could not be given to Spark (%s): the "
+                    "watermark is the largest event time of all partitions less the bound",
+                    e,
+                )
 
     def _execution(self) -> Any:
         """Spark's execution of this query (its MicroBatchExecution), None if not found."""
@@ -150,32 +256,58 @@ class InputWatermarks:
                 tracker.setWatermark(lowest)
 
 
-def _observed_maxima(execution: Any, metrics: Mapping[str, str]) -> dict[str, int]:
-    """Each input's largest event time (ms) of good records in the batch Spark is running."""
+def _observed_slots(execution: Any, metrics: Mapping[str, str]) -> dict[str, dict[int, int]]:
+    """Each input's largest event time (ms) of good records per slot of partitions in the
+    batch Spark is running (slots without records left out)."""
     observed = execution.lastExecution().observedMetrics()
-    out = {}
+    out: dict[str, dict[int, int]] = {}
     for name, metric in metrics.items():
         row = observed.get(metric)
         if row.isEmpty():
             continue
         row = row.get()
-        at = row.fieldIndex(EVENT_TIME_MAX)
-        if not row.isNullAt(at):
-            out[name] = int(row.getLong(at))
+        mine = out.setdefault(name, {})
+        for slot in range(SLOTS):
+            at = row.fieldIndex(slot_metric(slot))
+            if not row.isNullAt(at):
+                mine[slot] = int(row.getLong(at))
     return out
 
 
-def _set_inputs(spark: SparkSession, tracker: Any, plan: Any, values: Sequence[int | None]) -> None:
-    """Spark's tracker's watermark of every ``EventTimeWatermark`` node of ``plan``: the
-    value of its input (one node per input, in their order; None: left as it is)."""
-    nodes: dict[str, Any] = {}  # by id, in the order first met (a plan reading an input
-    stack = [plan]  # twice shares its node)
-    while stack:  # pre-order, as Spark collects them
+def _watermark_execs(execution: Any) -> list[Any]:
+    """The ``EventTimeWatermarkExec`` operators of the batch Spark is running, in the order
+    of the query's inputs (the logical plan's ``EventTimeWatermark`` nodes, pre-order, as
+    :func:`_set_inputs` finds them)."""
+    order = [n.toString() for n in _watermark_nodes(execution.logicalPlan()).values()]
+    found: dict[str, Any] = {}
+    stack = [execution.lastExecution().executedPlan()]
+    while stack:
+        node = stack.pop()
+        if node.getClass().getSimpleName() == "EventTimeWatermarkExec":
+            found[node.nodeId().toString()] = node
+        children = node.children()
+        stack.extend(children.apply(k) for k in range(children.size()))
+    return [found[k] for k in order if k in found]
+
+
+def _watermark_nodes(plan: Any) -> dict[str, Any]:
+    """The plan's ``EventTimeWatermark`` node ids by their text, in the order first met
+    (pre-order, as Spark collects them; a plan reading an input twice shares its node)."""
+    nodes: dict[str, Any] = {}
+    stack = [plan]
+    while stack:
         node = stack.pop()
         if node.getClass().getSimpleName() == "EventTimeWatermark":
             nodes.setdefault(node.nodeId().toString(), node.nodeId())
         children = node.children()
         stack.extend(children.apply(k) for k in reversed(range(children.size())))
+    return nodes
+
+
+def _set_inputs(spark: SparkSession, tracker: Any, plan: Any, values: Sequence[int | None]) -> None:
+    """Spark's tracker's watermark of every ``EventTimeWatermark`` node of ``plan``: the
+    value of its input (one node per input, in their order; None: left as it is)."""
+    nodes = _watermark_nodes(plan)
     if len(nodes) != len(values):
         raise ValueError(f"{len(nodes)} watermark nodes for {len(values)} inputs")
     jvm, gateway = spark.sparkContext._jvm, spark.sparkContext._gateway

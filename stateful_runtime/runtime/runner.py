@@ -75,7 +75,11 @@ from stateful_runtime.runtime.dataframes import (
 )
 from stateful_runtime.runtime.endpoint import ControlEndpoint
 from stateful_runtime.runtime.endpoint_handlers import RunnerHandlers
-from stateful_runtime.runtime.input_watermarks import InputWatermarks, resumes
+from stateful_runtime.runtime.input_watermarks import (
+    InputWatermarks,
+    resumes,
+    tracks_partitions,
+)
 from stateful_runtime.runtime.progress import (
     Records,
     SampledDeadLetters,
@@ -944,9 +948,9 @@ class JobRunner:
         self._open_sinks(q)
         name = f"{self.job.name}.{q.name}"
         watermarks = None
-        if resumes(q):
+        if resumes(q) or tracks_partitions(q):
             metrics = {n: source_metrics(q, n) for n in q.source_names}
-            watermarks = InputWatermarks(spark, q, name, qdir, metrics)
+            watermarks = InputWatermarks(spark, q, name, qdir, metrics, bounded=self.available_now)
         writer = (
             df.writeStream.queryName(name)
             .outputMode(q.output_mode)

@@ -232,16 +232,17 @@ def test_a_record_far_ahead_of_the_stream_and_the_watermark_is_refused_with_why(
     errors = _judge(times, TimeBounds(stream_ms=HOUR, watermark_ms=NOW - 5000))
     assert [i for i, e in enumerate(errors) if e] == [20]
     assert errors[20] == (
-        f"event time 'ts' {iso_ms(NOW + 60 * DAY)} is an outlier: 60.0 days ahead of its "
-        f"partition's records around it in the batch (median {iso_ms(NOW + 24_500)}, the next "
-        f"8) and 60.0 days ahead of the watermark {iso_ms(NOW - 5000)}; "
-        "max_ahead_of_stream 1:00:00"
+        f"event time 'ts' {iso_ms(NOW + 60 * DAY)} is an outlier: 60.0 days ahead of the "
+        f"records after it in its partition (median of the next 8 {iso_ms(NOW + 24_500)}) and "
+        f"60.0 days ahead of the watermark {iso_ms(NOW - 5000)}; max_ahead_of_stream 1:00:00"
     )
 
 
 def test_a_stream_that_moves_on_together_is_not_refused():
     resumed = [NOW + i for i in range(30)] + [NOW + 3 * DAY + i for i in range(30)]
     assert not any(_judge(resumed))
+    # A sparse topic's next record hours later, last of its batch: nothing says it is wrong.
+    assert not any(_judge([NOW + i for i in range(30)] + [NOW + 5 * HOUR]))
     # A whole batch far ahead of the watermark (a catch-up after days of silence).
     later = [NOW + 5 * DAY + i * 10 for i in range(50)]
     assert not any(_judge(later, TimeBounds(stream_ms=HOUR, watermark_ms=NOW)))
@@ -251,15 +252,16 @@ def test_a_stream_that_moves_on_together_is_not_refused():
     assert not any(_judge(near, TimeBounds(stream_ms=HOUR, watermark_ms=NOW)))
 
 
-def test_the_last_records_are_judged_by_what_follows_in_the_batch_else_by_those_before():
+def test_a_split_reads_what_follows_it_in_its_batch():
     times = [NOW + i for i in range(20)]
     times[-1] = NOW + 60 * DAY
-    assert [i for i, e in enumerate(_judge(times)) if e] == [19]
-    # Records after the split in its batch show the stream moved on.
+    assert not any(_judge(times))  # nothing after it: not judged
+    refused = _judge(times, after=[NOW + 20 + i for i in range(8)])
+    assert [i for i, e in enumerate(refused) if e] == [19]
+    # Records after the split that moved on with it.
     assert not any(_judge(times, after=[NOW + 60 * DAY + i for i in range(1, 9)]))
-    # One record alone is judged by nothing.
     assert _judge([NOW + 60 * DAY]) == [None]
-    assert event_time.stream_outliers(np.array([]), np.array([]), STREAM)[0].size == 0
+    assert event_time.stream_outliers(np.array([]), np.array([]), STREAM).size == 0
 
 
 def test_the_stream_bound_can_be_set_and_switched_off():
@@ -274,39 +276,26 @@ def test_the_stream_bound_can_be_set_and_switched_off():
         EventTimePolicy(max_ahead_of_stream=timedelta(0))
 
 
-def _hold(times: dict[str, list[int]], start: dict, ends: dict, listed: dict, **kw) -> dict:
-    def time_at(k: str, o: int) -> int | None:
-        return times[k][o] if 0 <= o < len(times[k]) else None
-
-    return event_time.hold_trailing_jump(start, ends, listed, time_at, HOUR, **kw)
-
-
-def test_a_plan_moves_a_short_run_ahead_at_a_range_end_to_a_later_batch():
+def test_a_range_cut_right_after_a_jump_reaches_past_it():
     base = [NOW + i for i in range(30)]
-    gap = NOW + 3 * DAY
-    for run in range(1, event_time.MOVED_ON):
-        times = {"0": base + [gap + i for i in range(run)]}
-        n = len(times["0"])
-        assert _hold(times, {"0": 10}, {"0": n}, {"0": n}, bounded=False) == {"0": 30}
-        # A bounded run's last batch reads them; a capped one leaves them to the next.
-        assert _hold(times, {"0": 10}, {"0": n}, {"0": n}, bounded=True) == {"0": n}
-    long_run = {"0": base + [gap + i for i in range(event_time.MOVED_ON)]}
-    n = len(long_run["0"])
-    assert _hold(long_run, {"0": 0}, {"0": n}, {"0": n}, bounded=False) == {"0": n}
-    # The run is the whole range and more follows: the range reaches over it.
-    times = {"0": base + [gap, gap + 1] + [gap + 2 + i for i in range(20)]}
-    assert _hold(times, {"0": 30}, {"0": 32}, {"0": 52}, bounded=True) == {
-        "0": 32 + event_time.STREAM_CONTEXT + event_time.MOVED_ON
-    }
-    # Outliers at a live end wait for what follows; a plain end is left alone.
-    outliers = {"0": base + [NOW + 60 * DAY, NOW + 61 * DAY]}
-    assert _hold(outliers, {"0": 0}, {"0": 32}, {"0": 32}, bounded=False) == {"0": 30}
-    assert _hold({"0": base}, {"0": 0}, {"0": 30}, {"0": 30}, bounded=False) == {"0": 30}
+    times = {"0": [*base, NOW + 60 * DAY, *(NOW + 31 + i for i in range(20))]}
+
+    def reach(start: int, end: int, listed: int) -> int:
+        def time_at(k: str, o: int) -> int | None:
+            return times[k][o] if 0 <= o < len(times[k]) else None
+
+        out = event_time.reach_past_jump({"0": start}, {"0": end}, {"0": listed}, time_at, HOUR)
+        return out["0"]
+
+    assert reach(0, 31, 51) == 31 + event_time.STREAM_CONTEXT  # cut right after the jump
+    assert reach(0, 31, 31) == 31  # the partition's end: nothing to reach
+    assert reach(0, 30, 51) == 30 and reach(0, 40, 51) == 40  # no jump at the cut
+    assert reach(30, 31, 51) == 31  # the jump alone in the range: nothing before it to compare
 
 
 segments_st = st.lists(
     st.tuples(
-        st.integers(event_time.MOVED_ON, 40),  # records in the segment
+        st.integers(1, 40),  # records in the segment
         st.integers(2 * HOUR, 30 * DAY),  # the pause before it
     ),
     min_size=1,
@@ -324,9 +313,9 @@ segments_st = st.lists(
 def test_outliers_injected_into_any_stream_are_refused_and_nothing_else(
     segments, injected, seed, chunk
 ):
-    """Streams of segments (each ≥ MOVED_ON records, out of order within 5 s, after pauses of
-    hours to weeks) with isolated records from far ahead injected: each outlier refused, every
-    other record kept, with any chunking of the split."""
+    """Streams of segments (out of order within 5 s, after pauses of hours to weeks, a single
+    record after a pause too) with records from far ahead injected, never two in a row nor
+    last: each outlier refused, every other record kept, with any chunking of the split."""
     rng = np.random.default_rng(seed)
     times: list[int] = []
     t = NOW
@@ -336,11 +325,10 @@ def test_outliers_injected_into_any_stream_are_refused_and_nothing_else(
         times += [int(t + s - rng.integers(0, 5000)) for s in steps]
         t += int(steps[-1])
     top = max(times)
-    at = sorted({p % (len(times) + 1) for p, _ in injected})
-    at = [p for i, p in enumerate(at) if i == 0 or p > at[i - 1] + 1]  # isolated
+    at = sorted({p % len(times) for p, _ in injected})
+    at = [p for i, p in enumerate(at) if i == 0 or p > at[i - 1] + 1]  # isolated, never last
     stream = list(times)
-    outliers = []
-    for p, ahead in reversed(list(zip(at, [a for _, a in injected], strict=False))):
+    for p, (_, ahead) in reversed(list(zip(at, injected, strict=False))):
         stream.insert(p, top + ahead)
     outliers = [i for i, v in enumerate(stream) if v > top]
     errors = _judge(stream, TimeBounds(stream_ms=HOUR, watermark_ms=NOW), chunk=chunk)

@@ -77,6 +77,8 @@ class LogSource(Source):
         dead_letter_topic: topic for records that fail to decode (default ``<topic>-dlq``).
     """
 
+    silent_partitions_idle = True  # (alignment's module doc)
+
     def __init__(
         self,
         log_dir: str,
@@ -277,13 +279,12 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if capped != ends and self.time_field:
             capped = alignment.bound_by_event_time(start, capped, time_at, self.drift_ms)
         if self.time_field:
-            capped = event_time.hold_trailing_jump(
+            capped = event_time.reach_past_jump(
                 start,
                 capped,
                 listed,
                 time_at,
                 event_time.stream_ms(self.options),
-                bounded=self.target is not None,
             )
         return capped
 

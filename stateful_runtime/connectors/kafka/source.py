@@ -670,15 +670,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             capped = alignment.bound_by_event_time(start, capped, self._time_at, self.drift_ms)
         if self.event_time is not None and event_time.stream_ms(self.options) is not None:
             for k, e in capped.items():  # one fetch brings the records the check reads
-                if e > int(start.get(k, 0)):
-                    self._time_at(k, max(0, e - event_time.STREAM_CONTEXT - event_time.MOVED_ON))
-            capped = event_time.hold_trailing_jump(
+                if int(start.get(k, 0)) < e < int(listed.get(k, e)):
+                    self._time_at(k, max(0, e - 2))
+            capped = event_time.reach_past_jump(
                 start,
                 capped,
                 listed,
                 self._time_at,
                 event_time.stream_ms(self.options),
-                bounded=self.target is not None,
             )
         return capped
 
