@@ -95,13 +95,14 @@ def tracks_partitions(query: QueryPlan) -> bool:
 
 def idle_after_ms(query: QueryPlan, *, bounded: bool) -> list[int | None]:
     """Per input, how long a partition without records stays active (ms of batch processing
-    time; None: for ever): the source's ``with_idleness``, else at once for the event log (its
-    silent partitions hold nobody in its alignment either) and in a bounded run (every
-    partition is read to its end), and for ever on Kafka (Flink without idleness)."""
+    time; None: for ever): at once in a bounded run (every partition is read to its end, a
+    partition the alignment holds back is ahead) and for the event log (its silent partitions
+    hold nobody in its alignment either), else the source's ``with_idleness``, else for ever
+    (Kafka: Flink without idleness)."""
     out: list[int | None] = []
     for i in query.inputs:
         idle = i.source.watermark.idleness
-        if idle is not None:
+        if idle is not None and not bounded:
             out.append(_delay_ms(idle))
         elif bounded or i.source.source.silent_partitions_idle:
             out.append(0)
