@@ -71,6 +71,7 @@ HEALTH_FIELDS = (
     "recent_processed_rows_per_s",
     "lag_records",
     "watermark",
+    "watermark_held_by",
     "state_rows",
     "state_bytes",
     "late_rows_dropped",

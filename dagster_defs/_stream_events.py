@@ -86,6 +86,9 @@ def plot_metadata(status: JobStatus) -> dict[str, MetadataValue]:
             values[label] = _number(_batch(health.batch, key), kind)
         for key, label in _RECORDS:
             values[label] = _number(getattr(health.records, key, None), int)
+        behind = _batch(health.batch, "event_time_lag_by_partition") or {}
+        for part, ms in sorted(behind.items()):
+            values[f"event-time lag of {part} (ms)"] = _number(ms, int)
         for step, calls in sorted((health.calls or {}).items()):
             values[f"{step}: calls (this run)"] = _number(calls.calls, int)
             values[f"{step}: call rate (calls/s, last batch)"] = _number(calls.rate_per_s, float)

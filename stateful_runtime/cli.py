@@ -295,7 +295,18 @@ def _status_cmd(args: argparse.Namespace) -> int:
                     f"{h.checkpoint_age_s} s, {b and b.processed_rows_per_s} rows/s, "
                     f"watermark {b and b.watermark}, state rows {b and b.state_rows}, "
                     f"lag {b and b.lag_records}"
+                    + (
+                        f", watermark held by {b.watermark_held_by}"
+                        if b and b.watermark_held_by
+                        else ""
+                    )
                 )
+                behind = (b and b.event_time_lag_by_partition) or {}
+                if len(behind) > 1:
+                    print(
+                        "    event-time lag by partition: "
+                        + ", ".join(f"{k} {ms / 1000:,.1f} s" for k, ms in behind.items())
+                    )
     return 0
 
 

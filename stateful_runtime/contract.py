@@ -405,6 +405,13 @@ class BatchHealth:
         state_bytes: memory the state store uses.
         lag_records: records in the source not yet read (None: the source does not say).
         lag_by_partition: the same per source partition.
+        event_time_lag_by_partition: per source partition (``<source>:<partition>``), how far
+            its newest event time trails its source's newest partition's (ms): a partition far
+            behind holds the watermark back (None: a stateless query). With more than
+            ``input_watermarks.SLOTS`` (16) partitions, partition ``p`` is counted with
+            ``p % 16``.
+        watermark_held_by: the partition whose event time the watermark follows, when one
+            partition of several holds it (None: none, or the source's newest).
         updated_at: when the report was read (ISO 8601, UTC).
         late_rows_dropped: records of this batch behind the watermark (dropped, or to a late
             side output), counted one by one.
@@ -428,6 +435,8 @@ class BatchHealth:
     state_bytes: int = 0
     lag_records: int | None = None
     lag_by_partition: Mapping[str, int] | None = None
+    event_time_lag_by_partition: Mapping[str, int] | None = None
+    watermark_held_by: str | None = None
     updated_at: str | None = None
     late_rows_dropped: int = 0
     late_rows_dropped_this_run: int = 0
@@ -600,6 +609,12 @@ class QueryHealth:
                 state_bytes=b.state_bytes,
                 lag_records=b.lag_records,
                 lag_by_partition=None if b.lag_by_partition is None else dict(b.lag_by_partition),
+                event_time_lag_by_partition=(
+                    None
+                    if b.event_time_lag_by_partition is None
+                    else dict(b.event_time_lag_by_partition)
+                ),
+                watermark_held_by=b.watermark_held_by,
                 updated_at=b.updated_at,
                 late_rows_dropped=b.late_rows_dropped,
                 late_rows_dropped_this_run=b.late_rows_dropped_this_run,
@@ -627,6 +642,7 @@ class QueryHealth:
         batch = None
         if "last_batch" in data:
             lag = data.get("lag_by_partition")
+            behind = data.get("event_time_lag_by_partition")
             batch = BatchHealth(
                 last_batch=_int(data.get("last_batch")),
                 input_rows=_int(data.get("input_rows")),
@@ -638,6 +654,10 @@ class QueryHealth:
                 state_bytes=int(data.get("state_bytes") or 0),
                 lag_records=_int(data.get("lag_records")),
                 lag_by_partition=None if lag is None else {str(p): int(n) for p, n in lag.items()},
+                event_time_lag_by_partition=(
+                    None if behind is None else {str(p): int(n) for p, n in behind.items()}
+                ),
+                watermark_held_by=_str(data.get("watermark_held_by")),
                 updated_at=_str(data.get("updated_at")),
                 late_rows_dropped=int(data.get("late_rows_dropped") or 0),
                 late_rows_dropped_this_run=int(data.get("late_rows_dropped_this_run") or 0),

@@ -50,8 +50,9 @@ class Console:
             f"{_fmt_int(h.batch_duration_ms)} ms",
         ]
         if query.stateful_operators:
+            held = f" (held by {h.watermark_held_by})" if h.watermark_held_by else ""
             parts += [
-                f"watermark {h.watermark or '-'}",
+                f"watermark {h.watermark or '-'}{held}",
                 f"state {_fmt_int(h.state_rows)} rows",
                 f"late-dropped {_fmt_int(h.late_rows_dropped_this_run)}",
             ]

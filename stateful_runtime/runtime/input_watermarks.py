@@ -141,6 +141,10 @@ class InputWatermarks:
         self.resumes = resumes(query)
         self.resumed = False
         self.execution: Any = None
+        # After the last batch: each partition's event-time lag behind its source's newest
+        # (ms, by "<source>:<partition>") and the partition holding the watermark, if one is.
+        self.lag_by_partition: dict[str, int] | None = None
+        self.held_by: str | None = None
 
     def _saved(self, batch: int) -> dict[str, Any]:
         path = self.layout.input_watermarks_upto(batch)
@@ -178,6 +182,8 @@ class InputWatermarks:
         at = int(at) if at is not None else 0
         parts = self.partitions(batch - 1)
         after = dict(before)
+        lags: dict[str, int] = {}
+        held: list[tuple[int, str]] = []
         for name, delay, idle in zip(self.names, self.delays, self.idle_after, strict=True):
             mine = parts[name]
             for slot, top in observed.get(name, {}).items():
@@ -185,11 +191,18 @@ class InputWatermarks:
                 mine[slot] = (top if seen is None else max(top, seen[0]), at)
             if not mine:
                 continue
-            active = [t for t, seen in mine.values() if idle is None or at - seen <= idle]
-            wm = (min(active) if active else max(t for t, _ in mine.values())) - delay
+            newest = max(t for t, _ in mine.values())
+            lags.update({f"{name}:{k}": newest - t for k, (t, _) in sorted(mine.items())})
+            active = {k: t for k, (t, seen) in mine.items() if idle is None or at - seen <= idle}
+            wm = (min(active.values()) if active else newest) - delay
             kept = after[name]
             if kept is None or wm > kept:  # a watermark never goes back
                 after[name] = wm
+            if len(mine) > 1 and active and min(active.values()) < newest:
+                slot = min(active, key=lambda k: (active[k], k))
+                held.append((active[slot] - delay, f"{name}:{slot}"))
+        self.lag_by_partition = lags or None
+        self.held_by = min(held)[1] if held else None
         if execution is not None:
             self._hold(execution, after)
         self.layout.input_watermarks.mkdir(parents=True, exist_ok=True)

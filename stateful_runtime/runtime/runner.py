@@ -208,6 +208,8 @@ class _Running:
     recent: deque[RecentBatch] = field(default_factory=lambda: deque(maxlen=RATE_BATCHES))
     # When the last batch was heard of, and its map_async steps' calls then (for their rate).
     calls_seen: tuple[float, dict[str, int]] | None = None
+    # Its inputs' watermarks per partition (runtime/input_watermarks.py), if it keeps them.
+    watermarks: InputWatermarks | None = None
 
 
 def savepoint_root(job: Any) -> str:
@@ -962,7 +964,7 @@ class JobRunner:
         else:
             secs = self.job.checkpoint.interval.total_seconds()
             writer = writer.trigger(processingTime=f"{secs} seconds")
-        run = _Running(q, writer.start(), qdir, batch_writer)
+        run = _Running(q, writer.start(), qdir, batch_writer, watermarks=watermarks)
         sink_check.record_started(self.layout.query(q.name), q)
         run.records.dead_letters += self._published_early.pop(q.name, 0)
         return run
@@ -1020,13 +1022,20 @@ class JobRunner:
         late = run.records.add(progress, run.plan.source_names)
         if (ran_batch := recent_batch(progress)) is not None:
             run.recent.append(ran_batch)
+        batch = batch_health(
+            progress,
+            late_rows=late,
+            late_rows_this_run=run.records.late,
+            recent=tuple(run.recent),
+        )
+        if run.watermarks is not None:
+            batch = replace(
+                batch,
+                event_time_lag_by_partition=run.watermarks.lag_by_partition,
+                watermark_held_by=run.watermarks.held_by,
+            )
         run.health = QueryHealth(
-            batch=batch_health(
-                progress,
-                late_rows=late,
-                late_rows_this_run=run.records.late,
-                recent=tuple(run.recent),
-            ),
+            batch=batch,
             checkpoint=checkpoint_facts(run.checkpoint_dir).committed(),
             records=run.records.counts(run.plan.source_names),
             calls=self._calls(run),

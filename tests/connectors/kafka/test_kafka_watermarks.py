@@ -17,7 +17,7 @@ from upi_events import START_MS, oracle
 
 from stateful_runtime.checkpoints.layout import QueryLayout
 from tests.faults.harness import duckdb_counts
-from tests.helpers import EXAMPLES, srt_background, wait_for
+from tests.helpers import EXAMPLES, poll, srt, srt_background, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -73,6 +73,20 @@ def test_a_partition_ten_minutes_behind_loses_nothing_to_a_faster_one(kafka, tmp
             [(None, v, 0) for v in [late_one, *more_slow]] + [(None, v, 1) for v in more_fast],
         )
         wait_for(lambda: read_to({f"{topic}:0": 704, f"{topic}:1": 108}), proc, log, "phase 2")
+
+        # `srt status` (and Dagster, from the same health) shows each partition's event-time
+        # lag and which partition holds the watermark.
+        def health() -> dict:
+            out = srt(["status", "upi-per-minute", "--json"], srt_env)
+            found = json.loads(out.stdout)[0]["health"].get("upi-counts", {}) if out.stdout else {}
+            return found if found.get("watermark_held_by") else {}
+
+        shown = poll(health, 60, "the partitions' event times in srt status")
+        assert shown["event_time_lag_by_partition"] == {"upi-source:0": 5_000, "upi-source:1": 0}
+        assert shown["watermark_held_by"] == "upi-source:0"
+        text = srt(["status", "upi-per-minute"], srt_env).stdout
+        assert "watermark held by upi-source:0" in text
+        assert "event-time lag by partition: upi-source:0 5.0 s, upi-source:1 0.0 s" in text
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
