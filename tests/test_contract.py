@@ -64,6 +64,8 @@ HEALTH = {
     "state_bytes": 1000,
     "lag_records": 10,
     "lag_by_partition": {"0": 10, "1": 0},
+    "event_time_lag_by_partition": {"payments:0": 0, "payments:1": 600_000},
+    "watermark_held_by": "payments:1",
     "updated_at": "2024-01-01T00:00:05Z",
     "late_rows_dropped": 2,
     "late_rows_dropped_this_run": 2,

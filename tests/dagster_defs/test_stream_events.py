@@ -122,3 +122,30 @@ def test_a_map_async_steps_calls_are_plotted_from_the_jobs_health():
     assert plotted["score: call latency p50 (ms)"] == 20.0
     assert plotted["score: call latency p99 (ms)"] == 500.0
     assert plotted["score: call rate (calls/s, last batch)"] == 12.5
+
+
+def test_each_partitions_event_time_lag_is_plotted_from_the_jobs_health():
+    """A partition far behind its source's newest holds the watermark: the asset page plots
+    each partition's event-time lag."""
+    from dagster_defs._stream_events import plot_metadata
+
+    table = UPI_JOB.sink_tables[0]
+    status = JobStatus.from_json(
+        {
+            "job": UPI_JOB.name,
+            "state": "RUNNING",
+            "alive": True,
+            "live": True,
+            "queries": {table.query: {"checkpoint_dir": "/nonexistent"}},
+            "health": {
+                table.query: {
+                    "last_batch": 3,
+                    "event_time_lag_by_partition": {"upi:0": 0, "upi:1": 600_000},
+                    "watermark_held_by": "upi:1",
+                }
+            },
+        }
+    )
+    plotted = {k: v.value for k, v in plot_metadata(status).items()}
+    assert plotted["event-time lag of upi:1 (ms)"] == 600_000
+    assert plotted["event-time lag of upi:0 (ms)"] == 0

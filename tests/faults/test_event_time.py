@@ -183,7 +183,9 @@ def test_a_replay_refuses_an_outlier_and_keeps_a_stream_that_resumed_after_days(
         reasons=sorted(dead.values()),
     )
     assert list(dead) == [outlier]
-    assert "is an outlier: 60.0 days ahead of the records after it in its partition" in dead[outlier]
+    assert (
+        "is an outlier: 60.0 days ahead of the records after it in its partition" in dead[outlier]
+    )
     assert dead[outlier].endswith("; max_ahead_of_stream 1:00:00")
     assert records == {**records, "dead_letters": 1, "late": 0, "output": len(good)}
     assert top <= _good_max(good) - DELAY_MS
