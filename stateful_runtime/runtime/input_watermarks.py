@@ -186,21 +186,17 @@ class InputWatermarks:
         held: list[tuple[int, str]] = []
         for name, delay, idle in zip(self.names, self.delays, self.idle_after, strict=True):
             mine = parts[name]
-            for slot, top in observed.get(name, {}).items():
-                seen = mine.get(slot)
-                mine[slot] = (top if seen is None else max(top, seen[0]), at)
+            fold(mine, observed.get(name, {}), at)
             if not mine:
                 continue
             newest = max(t for t, _ in mine.values())
             lags.update({f"{name}:{k}": newest - t for k, (t, _) in sorted(mine.items())})
-            active = {k: t for k, (t, seen) in mine.items() if idle is None or at - seen <= idle}
-            wm = (min(active.values()) if active else newest) - delay
+            top, holder = holding(mine, at, idle)
             kept = after[name]
-            if kept is None or wm > kept:  # a watermark never goes back
-                after[name] = wm
-            if len(mine) > 1 and active and min(active.values()) < newest:
-                slot = min(active, key=lambda k: (active[k], k))
-                held.append((active[slot] - delay, f"{name}:{slot}"))
+            if kept is None or top - delay > kept:  # a watermark never goes back
+                after[name] = top - delay
+            if holder is not None and after[name] == top - delay:
+                held.append((top - delay, f"{name}:{holder}"))
         self.lag_by_partition = lags or None
         self.held_by = min(held)[1] if held else None
         if execution is not None:
@@ -268,6 +264,31 @@ class InputWatermarks:
             lowest = min(w for w in saved.values() if w is not None)
             if lowest > tracker.currentWatermark():
                 tracker.setWatermark(lowest)
+
+
+def fold(partitions: dict[int, tuple[int, int]], observed: Mapping[int, int], at: int) -> None:
+    """Each partition's (newest event time, processing time of its last batch with a record)
+    after a batch planned at ``at`` whose records' newest event times were ``observed``."""
+    for slot, top in observed.items():
+        seen = partitions.get(slot)
+        partitions[slot] = (top if seen is None else max(top, seen[0]), at)
+
+
+def holding(
+    partitions: Mapping[int, tuple[int, int]], at: int, idle_ms: int | None
+) -> tuple[int, int | None]:
+    """The event time the input's watermark follows after the batch planned at ``at`` (its
+    watermark plus the bound), and the partition holding it back if one of several does:
+    the oldest newest event time of the active partitions (those with a record within
+    ``idle_ms`` of ``at``; None: for ever), or the newest of all when all are idle."""
+    newest = max(t for t, _ in partitions.values())
+    active = {
+        k: t for k, (t, seen) in partitions.items() if idle_ms is None or at - seen <= idle_ms
+    }
+    if not active:
+        return newest, None
+    slot = min(active, key=lambda k: (active[k], k))
+    return active[slot], (slot if len(partitions) > 1 and active[slot] < newest else None)
 
 
 def _observed_slots(execution: Any, metrics: Mapping[str, str]) -> dict[str, dict[int, int]]:
