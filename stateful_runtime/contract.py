@@ -407,9 +407,7 @@ class BatchHealth:
         lag_by_partition: the same per source partition.
         event_time_lag_by_partition: per source partition (``<source>:<partition>``), how far
             its newest event time trails its source's newest partition's (ms): a partition far
-            behind holds the watermark back (None: a stateless query). With more than
-            ``input_watermarks.SLOTS`` (16) partitions, partition ``p`` is counted with
-            ``p % 16``.
+            behind holds the watermark back (None: a stateless query).
         watermark_held_by: the partition whose event time the watermark follows, when one
             partition of several holds it (None: none, or the source's newest).
         updated_at: when the report was read (ISO 8601, UTC).

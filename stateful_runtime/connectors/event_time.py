@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
 from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.connectors.alignment import LOOK_BACK, record_time
@@ -321,3 +322,43 @@ def good_times(values: Sequence[bytes], field: str, unit: str, bounds: TimeBound
 def stream_ms(opts: Mapping[str, str]) -> int | None:
     """The source's ``max_ahead_of_stream`` (ms), None if off or without event time."""
     return _int(opts, MAX_AHEAD_OF_STREAM) if opts.get("event_time_field") else None
+
+
+# -- what a split reports of its event times (one watermark per partition) ----------------------
+
+# A column every event-time source adds last: null but on a split's first row, which carries
+# the split's partition and the newest event time of its good records (outliers refused), for
+# the query's observed metrics (runtime/input_watermarks.py): one value a split, not a
+# conditional aggregate a record.
+SPLIT_TIMES = "_split_times"
+SPLIT_TIMES_TYPE = StructType(
+    [StructField("partition", IntegerType(), True), StructField("max_ms", LongType(), True)]
+)
+_SPLIT_TIMES_ARROW = pa.struct([("partition", pa.int32()), ("max_ms", pa.int64())])
+
+
+def split_times_fields(opts: Mapping[str, str]) -> tuple[StructField, ...]:
+    """The column's schema field for a source with event time (else none)."""
+    return (
+        (StructField(SPLIT_TIMES, SPLIT_TIMES_TYPE, True),) if opts.get("event_time_field") else ()
+    )
+
+
+def with_split_times(
+    tables: Sequence[pa.Table], partition: int, field: str, unit: str
+) -> list[pa.Table]:
+    """A split's final tables with :data:`SPLIT_TIMES` appended."""
+    out = list(tables)
+    if not out:
+        return out
+    ms = np.concatenate([_event_ms(t, field, unit) for t in out])
+    top = None if np.isnan(ms).all() else int(np.nanmax(ms))
+    for i, table in enumerate(out):
+        n = table.num_rows
+        if i == 0 and top is not None and n:
+            values = [{"partition": partition, "max_ms": top}] + [None] * (n - 1)
+            col = pa.array(values, _SPLIT_TIMES_ARROW)
+        else:
+            col = pa.nulls(n, _SPLIT_TIMES_ARROW)
+        out[i] = table.append_column(SPLIT_TIMES, col)
+    return out

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from stateful_runtime.connectors.alignment import LATE_BEFORE
 from stateful_runtime.connectors.base import ERROR, OFFSET, PARTITION, RAW
+from stateful_runtime.connectors.event_time import SPLIT_TIMES
 from stateful_runtime.exceptions import ConfigError, PlanError
 from stateful_runtime.functions import LATE_MARK, UNION_INPUT
 from stateful_runtime.joins import JoinOperator
@@ -37,9 +38,8 @@ from stateful_runtime.planner import (
     QueryPlan,
 )
 from stateful_runtime.runtime.input_watermarks import (
-    SLOTS,
+    PARTITION_TIMES,
     resumes,
-    slot_metric,
     tracks_partitions,
 )
 from stateful_runtime.runtime.session import arrow_schema
@@ -271,11 +271,12 @@ def read_source(
         F.count(F.lit(1)).alias("input"),
         F.sum(F.when(F.col(ERROR).isNotNull(), 1).otherwise(0)).alias("dead_letters"),
     ]
-    if partition_times and src.watermark.timestamp_field:
-        good = F.when(F.col(ERROR).isNull(), F.unix_millis(_event_time_column(src)))
-        slot = F.pmod(F.col(PARTITION), F.lit(SLOTS))
-        counts += [F.max(F.when(slot == i, good)).alias(slot_metric(i)) for i in range(SLOTS)]
+    if partition_times and SPLIT_TIMES in df.columns:
+        # One value a split (its first row's; nulls are skipped): each partition's newest.
+        counts.append(F.collect_list(SPLIT_TIMES).alias(PARTITION_TIMES))
     df = df.observe(metrics, *counts)
+    if SPLIT_TIMES in df.columns:
+        df = df.drop(SPLIT_TIMES)
     # Each record keeps its source partition and offset (:data:`ORIGIN_COLUMNS`): a step
     # that cannot process it names it, in its dead letter or in the message that stops the job.
     df = (

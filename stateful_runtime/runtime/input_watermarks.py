@@ -27,8 +27,9 @@ So the runtime keeps each input's watermark with the batch and starts from it:
 One watermark per partition (Flink's per-split watermarks). Spark's watermark of an input is
 its largest event time less the bound, over all its partitions: a partition behind the others
 (a slow producer, a smaller share of a backlog) would see its records late. So every query with
-a stateful step tracks each input's partitions: the source's metrics observe the largest event
-time of each partition's good records (partition ``p`` in slot ``p %`` :data:`SLOTS`), the
+a stateful step tracks each input's partitions: the source's metrics observe the newest event
+time of each split's good records (each read task reports it once, on its split's first row:
+``event_time.SPLIT_TIMES``), the
 runner folds them into each partition's event time after the batch (kept in the same file, so a
 restart and a savepoint carry them), and the input's watermark is the smallest over its active
 partitions less the bound (idle ones left out: a partition without records for the source's
@@ -70,13 +71,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 NAME = "srt_resume"
-EVENT_TIME_MAX = "event_time_max"  # each input's observed metrics: largest event time (ms),
-SLOTS = 16  # of the partitions p with p % SLOTS == i, as "event_time_max_<i>"
+# Each input's observed metric: its splits' (partition, newest event time in ms) of the batch
+# (``event_time.SPLIT_TIMES``, one row a split).
+PARTITION_TIMES = "partition_times"
 RETAIN = 100  # files kept (Spark's spark.sql.streaming.minBatchesToRetain)
-
-
-def slot_metric(slot: int) -> str:
-    return f"{EVENT_TIME_MAX}_{slot}"
 
 
 def resumes(query: QueryPlan) -> bool:
@@ -161,8 +159,8 @@ class InputWatermarks:
         return {n: found.get(n) for n in self.names}
 
     def partitions(self, batch: int) -> dict[str, dict[int, tuple[int, int]]]:
-        """Each input's partitions (slots) after the newest batch at or before ``batch``:
-        slot → (largest event time, processing time of the last batch with a record of it)."""
+        """Each input's partitions after the newest batch at or before ``batch``: partition →
+        (newest event time, processing time of the last batch with a record of it)."""
         found = self._saved(batch).get("partitions", {})
         return {
             n: {int(k): (int(v[0]), int(v[1])) for k, v in found.get(n, {}).items()}
@@ -177,7 +175,7 @@ class InputWatermarks:
             self.resumed = True
             if execution is not None and self.resumes:
                 self._resume(execution, before)
-        observed = _observed_slots(execution, self.metrics) if execution is not None else {}
+        observed = _observed_partitions(execution, self.metrics) if execution is not None else {}
         at, _ = self.layout.batch_times(batch)
         at = int(at) if at is not None else 0
         parts = self.partitions(batch - 1)
@@ -269,9 +267,9 @@ class InputWatermarks:
 def fold(partitions: dict[int, tuple[int, int]], observed: Mapping[int, int], at: int) -> None:
     """Each partition's (newest event time, processing time of its last batch with a record)
     after a batch planned at ``at`` whose records' newest event times were ``observed``."""
-    for slot, top in observed.items():
-        seen = partitions.get(slot)
-        partitions[slot] = (top if seen is None else max(top, seen[0]), at)
+    for k, top in observed.items():
+        seen = partitions.get(k)
+        partitions[k] = (top if seen is None else max(top, seen[0]), at)
 
 
 def holding(
@@ -287,13 +285,13 @@ def holding(
     }
     if not active:
         return newest, None
-    slot = min(active, key=lambda k: (active[k], k))
-    return active[slot], (slot if len(partitions) > 1 and active[slot] < newest else None)
+    oldest = min(active, key=lambda k: (active[k], k))
+    return active[oldest], (oldest if len(partitions) > 1 and active[oldest] < newest else None)
 
 
-def _observed_slots(execution: Any, metrics: Mapping[str, str]) -> dict[str, dict[int, int]]:
-    """Each input's largest event time (ms) of good records per slot of partitions in the
-    batch Spark is running (slots without records left out)."""
+def _observed_partitions(execution: Any, metrics: Mapping[str, str]) -> dict[str, dict[int, int]]:
+    """Each input's newest event time (ms) of good records per partition in the batch Spark is
+    running (partitions without records left out)."""
     observed = execution.lastExecution().observedMetrics()
     out: dict[str, dict[int, int]] = {}
     for name, metric in metrics.items():
@@ -301,11 +299,12 @@ def _observed_slots(execution: Any, metrics: Mapping[str, str]) -> dict[str, dic
         if row.isEmpty():
             continue
         row = row.get()
+        splits = row.getList(row.fieldIndex(PARTITION_TIMES))
         mine = out.setdefault(name, {})
-        for slot in range(SLOTS):
-            at = row.fieldIndex(slot_metric(slot))
-            if not row.isNullAt(at):
-                mine[slot] = int(row.getLong(at))
+        for k in range(splits.size()):
+            split = splits.get(k)
+            p, top = int(split.getInt(0)), int(split.getLong(1))
+            mine[p] = max(top, mine.get(p, top))
     return out
 
 

@@ -207,10 +207,11 @@ class EventLogDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> StructType:
-        return stream_schema(
+        out = stream_schema(
             StructType.fromJson(json.loads(self.options["schema"])),
             alignment.late_before_fields(self.options),
         )
+        return StructType([*out.fields, *event_time.split_times_fields(self.options)])
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return EventLogStreamReader(self.options)
@@ -360,6 +361,10 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 partition.start,
                 partition.end,
                 pa.concat_tables(tables),
+            )
+        if self.time_field:
+            tables = event_time.with_split_times(
+                tables, partition.partition, self.time_field, self.time_unit
             )
         for table in tables:
             yield from table.to_batches()

@@ -412,10 +412,11 @@ class KafkaDataSource(DataSource):
 
     def schema(self) -> StructType:
         extra = METADATA_FIELDS if self.options.get("metadata_columns") else ()
-        return stream_schema(
+        out = stream_schema(
             StructType.fromJson(json.loads(self.options["schema"])),
             extra + alignment.late_before_fields(self.options),
         )
+        return StructType([*out.fields, *event_time.split_times_fields(self.options)])
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return KafkaStreamReader(self.options)
@@ -890,6 +891,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         key = f"{split.topic}:{split.partition}"
         if self.staging is not None and tables:
             stage(self.staging, key, split.start, split.end, pa.concat_tables(tables))
+        if self.event_time is not None:
+            tables = event_time.with_split_times(tables, split.partition, *self.event_time)
         for table in tables:
             yield from table.to_batches()
 
