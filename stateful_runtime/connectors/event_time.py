@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.types import IntegerType, LongType, StructField, StructType
+from pyspark.sql.types import LongType, StructField
 
 from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.connectors.alignment import LOOK_BACK, record_time
@@ -327,27 +327,37 @@ def stream_ms(opts: Mapping[str, str]) -> int | None:
 # -- what a split reports of its event times (one watermark per partition) ----------------------
 
 # A column every event-time source adds last: null but on a split's first row, which carries
-# the split's partition and the newest event time of its good records (outliers refused), for
-# the query's observed metrics (runtime/input_watermarks.py): one value a split, not a
-# conditional aggregate a record.
+# the split's partition and the newest event time of its good records (outliers refused) as
+# one number (:func:`split_time`), for the query's observed metrics
+# (runtime/input_watermarks.py): one value a split, not a conditional aggregate a record (Spark
+# evaluates observed metrics row by row), and a plain long (cheaper to bring into Spark's rows
+# than a struct).
 SPLIT_TIMES = "_split_times"
-SPLIT_TIMES_TYPE = StructType(
-    [StructField("partition", IntegerType(), True), StructField("max_ms", LongType(), True)]
-)
-_SPLIT_TIMES_ARROW = pa.struct([("partition", pa.int32()), ("max_ms", pa.int64())])
+_MS_BITS = 42  # event times below 2^42 ms (the year 2109); partitions below 2^21
+
+
+def split_time(partition: int, max_ms: int) -> int:
+    """(partition, newest event time) as the one number :data:`SPLIT_TIMES` carries."""
+    return (partition << _MS_BITS) | max_ms
+
+
+def of_split_time(value: int) -> tuple[int, int]:
+    """The (partition, newest event time) of a :data:`SPLIT_TIMES` value."""
+    return value >> _MS_BITS, value & ((1 << _MS_BITS) - 1)
 
 
 def split_times_fields(opts: Mapping[str, str]) -> tuple[StructField, ...]:
     """The column's schema field for a source with event time (else none)."""
-    return (
-        (StructField(SPLIT_TIMES, SPLIT_TIMES_TYPE, True),) if opts.get("event_time_field") else ()
-    )
+    if not opts.get("event_time_field"):
+        return ()
+    return (StructField(SPLIT_TIMES, LongType(), True),)
 
 
 def with_split_times(
     tables: Sequence[pa.Table], partition: int, field: str, unit: str
 ) -> list[pa.Table]:
-    """A split's final tables with :data:`SPLIT_TIMES` appended."""
+    """A split's final tables with :data:`SPLIT_TIMES` appended (a split whose newest event
+    time lies outside 1970..2109 reports none: the policy's floor refuses the first)."""
     out = list(tables)
     if not out:
         return out
@@ -355,10 +365,13 @@ def with_split_times(
     top = None if np.isnan(ms).all() else int(np.nanmax(ms))
     for i, table in enumerate(out):
         n = table.num_rows
-        if i == 0 and top is not None and n:
-            values = [{"partition": partition, "max_ms": top}] + [None] * (n - 1)
-            col = pa.array(values, _SPLIT_TIMES_ARROW)
+        if i == 0 and top is not None and n and 0 <= top < 1 << _MS_BITS:
+            mask = np.ones(n, bool)
+            mask[0] = False
+            values = np.zeros(n, np.int64)
+            values[0] = split_time(partition, top)
+            col = pa.array(values, pa.int64(), mask=mask)
         else:
-            col = pa.nulls(n, _SPLIT_TIMES_ARROW)
+            col = pa.nulls(n, pa.int64())
         out[i] = table.append_column(SPLIT_TIMES, col)
     return out

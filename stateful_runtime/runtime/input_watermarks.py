@@ -62,6 +62,7 @@ from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailable
 from pyspark.sql.types import LongType, StructField, StructType
 
 from stateful_runtime.checkpoints.layout import QueryLayout
+from stateful_runtime.connectors.event_time import of_split_time
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -302,8 +303,7 @@ def _observed_partitions(execution: Any, metrics: Mapping[str, str]) -> dict[str
         splits = row.getList(row.fieldIndex(PARTITION_TIMES))
         mine = out.setdefault(name, {})
         for k in range(splits.size()):
-            split = splits.get(k)
-            p, top = int(split.getInt(0)), int(split.getLong(1))
+            p, top = of_split_time(int(splits.get(k)))
             mine[p] = max(top, mine.get(p, top))
     return out
 
