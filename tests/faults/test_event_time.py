@@ -192,6 +192,17 @@ def test_a_replay_refuses_an_outlier_and_keeps_a_stream_that_resumed_after_days(
     assert ws.table() == oracle(good)
     in_table, closed = _reconciled(ws.table(), srt_env)  # the outlier is no window's
     assert in_table == closed and len(closed) == 25  # 20 minutes, and 3 after 3 days
+    # Each partition's newest event time is kept with the batch (the outlier's not).
+    query = QueryLayout(ws.checkpoint_dir / "upi-counts")
+    kept = query.input_watermarks_upto(query.last_committed() or 0)
+    assert kept is not None
+    [(_, parts)] = json.loads(kept.read_text())["partitions"].items()
+    reader = EventLog(ws.log_dir).reader("upi-payments")
+    newest = {
+        p: max(json.loads(r.value)["ts_ms"] for r in reader.read(p, 0, end) if r.value != outlier)
+        for p, end in reader.end_offsets().items()
+    }
+    assert {int(k): v[0] for k, v in parts.items()} == newest
 
 
 def test_rewind_brings_back_a_poisoned_checkpoint_with_its_state(tmp_path, srt_env, trials_log):
