@@ -75,6 +75,39 @@ def _good_max(good: list[bytes]) -> int:
     return max(json.loads(line)["ts_ms"] for line in good)
 
 
+def _drain_and_record(
+    ws: UpiWorkspace,
+    srt_env: dict[str, str],
+    trials_log: TrialLog,
+    good: list[bytes],
+    refused: list[bytes],
+    **trial: str,
+) -> tuple[dict[bytes, str], dict, int]:
+    """Run the job to the end of its log and record the trial: passed when exactly
+    ``refused`` are dead letters, nothing is late, no watermark passed the good records' and
+    the table is the oracle's. (dead letters by value, the run's record counts, the highest
+    watermark logged.)"""
+    result = srt(ws.run_args("--available-now"), srt_env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    dead = _dead_letters(ws)
+    records = _records(srt_env)
+    top = max(_watermarks(ws))
+    held = (
+        sorted(dead) == sorted(refused)
+        and top <= _good_max(good) - DELAY_MS
+        and records["late"] == 0
+        and ws.table() == oracle(good)
+    )
+    trials_log.record(
+        **trial,
+        result="pass" if held else "FAIL",
+        watermark_max=top,
+        records=records,
+        reasons=sorted(dead.values()),
+    )
+    return dead, records, top
+
+
 def _reconciled(table: dict, srt_env: dict[str, str]) -> tuple[dict[int, int], dict[int, int]]:
     """(payments per closed window in the table, per window as `srt reconcile` counts the
     log by the batches' own bounds)."""
@@ -99,25 +132,14 @@ def test_implausible_event_times_are_dead_letters_and_never_move_the_watermark(
     ws = _workspace(tmp_path)
     good, lines = _corpus()
     append_lines(ws.log_dir, lines)
-    result = srt(ws.run_args("--available-now"), srt_env)
-    assert result.returncode == 0, result.stderr[-3000:]
-
-    dead = _dead_letters(ws)
-    records = _records(srt_env)
-    top = max(_watermarks(ws))
-    held = (
-        sorted(dead) == sorted([FUTURE, NEGATIVE, BAD])
-        and top <= _good_max(good) - DELAY_MS
-        and records["late"] == 0
-        and ws.table() == oracle(good)
-    )
-    trials_log.record(
+    dead, records, top = _drain_and_record(
+        ws,
+        srt_env,
+        trials_log,
+        good,
+        [FUTURE, NEGATIVE, BAD],
         fault="implausible event time",
         input="a year-2100 and a pre-1970 record among 20,000 payments",
-        result="pass" if held else "FAIL",
-        watermark_max=top,
-        records=records,
-        reasons=sorted(dead.values()),
     )
     assert sorted(dead) == sorted([FUTURE, NEGATIVE, BAD])
     assert dead[FUTURE].startswith("event time 'ts_ms' 2100-01-01T00:00:00Z (4102444800000 ms) is")
@@ -162,25 +184,14 @@ def test_a_replay_refuses_an_outlier_and_keeps_a_stream_that_resumed_after_days(
     outlier = b'{"txn_id":"outlier","merchant_id":"M003","amount_paise":100,"ts_ms":%d}' % ts
     good = first + resumed
     append_lines(ws.log_dir, first[:12_000] + [outlier] + first[12_000:] + resumed)
-    result = srt(ws.run_args("--available-now"), srt_env)
-    assert result.returncode == 0, result.stderr[-3000:]
-
-    dead = _dead_letters(ws)
-    records = _records(srt_env)
-    top = max(_watermarks(ws))
-    held = (
-        list(dead) == [outlier]
-        and records["late"] == 0
-        and top <= _good_max(good) - DELAY_MS
-        and ws.table() == oracle(good)
-    )
-    trials_log.record(
+    dead, records, top = _drain_and_record(
+        ws,
+        srt_env,
+        trials_log,
+        good,
+        [outlier],
         fault="an outlier in a replay of history",
         input="28,000 payments of last year, one 60 days ahead, a resumption after 3 days",
-        result="pass" if held else "FAIL",
-        watermark_max=top,
-        records=records,
-        reasons=sorted(dead.values()),
     )
     assert list(dead) == [outlier]
     assert (
