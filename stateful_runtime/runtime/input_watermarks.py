@@ -300,6 +300,8 @@ def _observed_partitions(execution: Any, metrics: Mapping[str, str]) -> dict[str
         if row.isEmpty():
             continue
         row = row.get()
+        if PARTITION_TIMES not in list(row.schema().fieldNames()):
+            continue  # a source that reports no split times (none of its own: Spark's alone)
         splits = row.getList(row.fieldIndex(PARTITION_TIMES))
         mine = out.setdefault(name, {})
         for k in range(splits.size()):
