@@ -219,22 +219,45 @@ def _iso_ms(text: str | None) -> float:
     return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp() * 1000
 
 
-def refuse_outliers(
+def event_ms(tables: Sequence[pa.Table], field: str, unit: str) -> np.ndarray:
+    """The event time (ms) of each record of a split's decoded tables, NaN for a refused one."""
+    if not tables or field not in tables[0].column_names:
+        return np.full(sum(t.num_rows for t in tables), np.nan)
+    return np.concatenate([_event_ms(t, field, unit) for t in tables])
+
+
+def judge_split(
     tables: Sequence[pa.Table],
+    partition: int,
     field: str,
     unit: str,
     bounds: TimeBounds | None,
     raw: Callable[[int], pa.Array],
     after: Callable[[], Sequence[int]],
 ) -> list[pa.Table]:
-    """A split's decoded tables (in offset order) with its outliers (:func:`stream_outliers`)
-    refused: the reason in the error column, their bytes (``raw(i)``: table ``i``'s) kept.
-    ``after()``: the event times of the good records after the split in its batch (at most
+    """What a read task does to its split's decoded tables once: its outliers refused
+    (:func:`refuse_outliers`), then :data:`SPLIT_TIMES` appended (:func:`with_split_times`),
+    the event times read once for both."""
+    ms = event_ms(tables, field, unit)
+    return with_split_times(refuse_outliers(tables, ms, field, bounds, raw, after), partition, ms)
+
+
+def refuse_outliers(
+    tables: Sequence[pa.Table],
+    ms: np.ndarray,
+    field: str,
+    bounds: TimeBounds | None,
+    raw: Callable[[int], pa.Array],
+    after: Callable[[], Sequence[int]],
+) -> list[pa.Table]:
+    """A split's decoded tables (in offset order, event times ``ms``: :func:`event_ms`) with its
+    outliers (:func:`stream_outliers`) refused: the reason in the error column, their bytes
+    (``raw(i)``: table ``i``'s) kept, their event times in ``ms`` set to NaN. ``after()``: the
+    event times of the good records after the split in its batch (at most
     :data:`STREAM_CONTEXT`; asked only when a record near the split's end is in doubt)."""
     out = list(tables)
-    if bounds is None or bounds.stream_ms is None or not out or field not in out[0].column_names:
+    if bounds is None or bounds.stream_ms is None or not out:
         return out
-    ms = np.concatenate([_event_ms(t, field, unit) for t in out])
     with np.errstate(invalid="ignore"):
         doubt = ms > bounds.watermark_ms + bounds.stream_ms
     if not doubt.any():
@@ -242,9 +265,11 @@ def refuse_outliers(
     near_end = np.flatnonzero(~np.isnan(ms))[-STREAM_CONTEXT:]
     later = np.asarray(after() if doubt[near_end].any() else (), np.float64)
     ref = stream_outliers(ms, later, bounds)
+    judged = ms.copy()
+    ms[~np.isnan(ref)] = np.nan
     at = 0
     for i, table in enumerate(out):
-        part, times = ref[at : at + table.num_rows], ms[at : at + table.num_rows]
+        part, times = ref[at : at + table.num_rows], judged[at : at + table.num_rows]
         at += table.num_rows
         hit = ~np.isnan(part)
         if not hit.any():
@@ -306,13 +331,25 @@ def reach_past_jump(
     return out
 
 
-def good_times(values: Sequence[bytes], field: str, unit: str, bounds: TimeBounds) -> list[int]:
-    """Event times of the raw records ``values`` that have one the batch accepts, at most
-    :data:`STREAM_CONTEXT` (what follows a split, for :func:`refuse_outliers`)."""
+def times_after(
+    read: Callable[[int, int], Sequence[bytes]],
+    end: int,
+    through: int | None,
+    field: str,
+    unit: str,
+    bounds: TimeBounds | None,
+) -> list[int]:
+    """What follows a split ending at ``end`` in its batch (whose range in the partition ends
+    at ``through``), for :func:`refuse_outliers`: the event times of the first
+    :data:`STREAM_CONTEXT` records the batch accepts among the next few, ``read(lo, hi)``
+    giving raw records."""
+    stop = min(through if through is not None else end, end + 4 * STREAM_CONTEXT)
+    if stop <= end:
+        return []
     out = []
-    for v in values:
+    for v in read(end, stop):
         t = record_time(v, field, unit)
-        if t is not None and bounds.reason(field, t, "") is None:
+        if t is not None and (bounds is None or bounds.reason(field, t, "") is None):
             out.append(t)
             if len(out) == STREAM_CONTEXT:
                 break
@@ -353,15 +390,13 @@ def split_times_fields(opts: Mapping[str, str]) -> tuple[StructField, ...]:
     return (StructField(SPLIT_TIMES, LongType(), True),)
 
 
-def with_split_times(
-    tables: Sequence[pa.Table], partition: int, field: str, unit: str
-) -> list[pa.Table]:
-    """A split's final tables with :data:`SPLIT_TIMES` appended (a split whose newest event
-    time lies outside 1970..2109 reports none: the policy's floor refuses the first)."""
+def with_split_times(tables: Sequence[pa.Table], partition: int, ms: np.ndarray) -> list[pa.Table]:
+    """A split's final tables (event times ``ms``, NaN for refused records) with
+    :data:`SPLIT_TIMES` appended (a split whose newest event time lies outside 1970..2109
+    reports none: the policy's floor refuses the first)."""
     out = list(tables)
     if not out:
         return out
-    ms = np.concatenate([_event_ms(t, field, unit) for t in out])
     top = None if np.isnan(ms).all() else int(np.nanmax(ms))
     for i, table in enumerate(out):
         n = table.num_rows

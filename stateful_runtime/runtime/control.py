@@ -660,13 +660,14 @@ def _count(
     watermark_ms: int,
     windows: dict[int, int],
 ) -> dict[str, int]:
+    from functools import partial
+
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
     from stateful_runtime.connectors import event_time as event_time_policy
     from stateful_runtime.connectors.base import ERROR
-    from stateful_runtime.connectors.event_time import STREAM_CONTEXT
     from stateful_runtime.connectors.eventlog.source import MAX_SPLIT_RECORDS
     from stateful_runtime.connectors.ranges import split_ranges
 
@@ -685,15 +686,12 @@ def _count(
         if bounds is not None:
             tables = event_time_policy.refuse_outliers(
                 tables,
+                event_time_policy.event_ms(tables, ts_field, unit),
                 ts_field,
-                unit,
                 bounds,
                 raw=lambda i: pa.array(chunks[i], pa.binary()),
-                after=lambda: event_time_policy.good_times(
-                    reader.read_values(p, hi, min(through, hi + 4 * STREAM_CONTEXT)),
-                    ts_field,
-                    unit,
-                    bounds,
+                after=lambda: event_time_policy.times_after(
+                    partial(reader.read_values, p), hi, through, ts_field, unit, bounds
                 ),
             )
         return zip(chunks, tables, strict=True)

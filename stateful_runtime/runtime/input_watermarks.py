@@ -156,22 +156,26 @@ class InputWatermarks:
     def saved(self, batch: int) -> dict[str, int | None]:
         """Each input's watermark after the newest batch at or before ``batch`` that recorded
         them (None: no record of that input yet)."""
-        found = self._saved(batch).get("inputs", {})
-        return {n: found.get(n) for n in self.names}
+        return self._inputs(self._saved(batch))
 
-    def partitions(self, batch: int) -> dict[str, dict[int, tuple[int, int]]]:
-        """Each input's partitions after the newest batch at or before ``batch``: partition →
-        (newest event time, processing time of the last batch with a record of it)."""
-        found = self._saved(batch).get("partitions", {})
+    def _inputs(self, found: Mapping[str, Any]) -> dict[str, int | None]:
+        inputs = found.get("inputs", {})
+        return {n: inputs.get(n) for n in self.names}
+
+    def _partitions(self, found: Mapping[str, Any]) -> dict[str, dict[int, tuple[int, int]]]:
+        """Each input's partitions in a saved record: partition → (newest event time,
+        processing time of the last batch with a record of it)."""
+        parts = found.get("partitions", {})
         return {
-            n: {int(k): (int(v[0]), int(v[1])) for k, v in found.get(n, {}).items()}
+            n: {int(k): (int(v[0]), int(v[1])) for k, v in parts.get(n, {}).items()}
             for n in self.names
         }
 
     def after_batch(self, batch: int) -> None:
         """In ``foreachBatch`` of ``batch``, after its sinks ran (before Spark commits it)."""
         execution = self._execution()
-        before = self.saved(batch - 1)
+        found = self._saved(batch - 1)
+        before = self._inputs(found)
         if not self.resumed:
             self.resumed = True
             if execution is not None and self.resumes:
@@ -179,7 +183,7 @@ class InputWatermarks:
         observed = _observed_partitions(execution, self.metrics) if execution is not None else {}
         at, _ = self.layout.batch_times(batch)
         at = int(at) if at is not None else 0
-        parts = self.partitions(batch - 1)
+        parts = self._partitions(found)
         after = dict(before)
         lags: dict[str, int] = {}
         held: list[tuple[int, str]] = []

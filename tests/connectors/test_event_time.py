@@ -215,9 +215,13 @@ def _judge(
         asked.append(True)
         return after or []
 
+    ms = event_time.event_ms(tables, "ts", "ms")
     out = event_time.refuse_outliers(
-        tables, "ts", "ms", b, lambda i: pa.array(lines[i * chunk : (i + 1) * chunk]), more
+        tables, ms, "ts", b, lambda i: pa.array(lines[i * chunk : (i + 1) * chunk]), more
     )
+    errors = [e for t in out for e in t.column("_error").to_pylist()]
+    # The refused records' event times are gone for what follows (the split's newest).
+    assert [math.isnan(t) for t in ms] == [e is not None for e in errors]
     errors = [e for t in out for e in t.column("_error").to_pylist()]
     raws = [r for t in out for r in t.column("_raw").to_pylist()]
     assert [r for r, e in zip(raws, errors, strict=True) if e is not None] == [

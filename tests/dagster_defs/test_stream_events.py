@@ -91,28 +91,17 @@ def test_a_map_async_steps_calls_are_plotted_from_the_jobs_health():
     buckets = [0] * (len(CALL_BUCKETS_MS) + 1)
     buckets[CALL_BUCKETS_MS.index(20)] = 98  # 98 calls of 10-20 ms, 2 of 200-500 ms
     buckets[CALL_BUCKETS_MS.index(500)] = 2
-    table = UPI_JOB.sink_tables[0]
-    status = JobStatus.from_json(
+    status = _running_with(
         {
-            "job": UPI_JOB.name,
-            "state": "RUNNING",
-            "alive": True,
-            "live": True,
-            "queries": {table.query: {"checkpoint_dir": "/nonexistent"}},
-            "health": {
-                table.query: {
-                    "last_batch": 3,
-                    "calls": {
-                        "score": {
-                            "calls": 100,
-                            "retries": 7,
-                            "failed": 1,
-                            "buckets": buckets,
-                            "rate_per_s": 12.5,
-                        }
-                    },
+            "calls": {
+                "score": {
+                    "calls": 100,
+                    "retries": 7,
+                    "failed": 1,
+                    "buckets": buckets,
+                    "rate_per_s": 12.5,
                 }
-            },
+            }
         }
     )
     plotted = {k: v.value for k, v in plot_metadata(status).items()}
@@ -129,23 +118,27 @@ def test_each_partitions_event_time_lag_is_plotted_from_the_jobs_health():
     each partition's event-time lag."""
     from dagster_defs._stream_events import plot_metadata
 
+    status = _running_with(
+        {
+            "event_time_lag_by_partition": {"upi:0": 0, "upi:1": 600_000},
+            "watermark_held_by": "upi:1",
+        }
+    )
+    plotted = {k: v.value for k, v in plot_metadata(status).items()}
+    assert plotted["event-time lag of upi:1 (ms)"] == 600_000
+    assert plotted["event-time lag of upi:0 (ms)"] == 0
+
+
+def _running_with(health: dict) -> JobStatus:
+    """The UPI job running, its query's last batch (3) reported with ``health``."""
     table = UPI_JOB.sink_tables[0]
-    status = JobStatus.from_json(
+    return JobStatus.from_json(
         {
             "job": UPI_JOB.name,
             "state": "RUNNING",
             "alive": True,
             "live": True,
             "queries": {table.query: {"checkpoint_dir": "/nonexistent"}},
-            "health": {
-                table.query: {
-                    "last_batch": 3,
-                    "event_time_lag_by_partition": {"upi:0": 0, "upi:1": 600_000},
-                    "watermark_held_by": "upi:1",
-                }
-            },
+            "health": {table.query: {"last_batch": 3, **health}},
         }
     )
-    plotted = {k: v.value for k, v in plot_metadata(status).items()}
-    assert plotted["event-time lag of upi:1 (ms)"] == 600_000
-    assert plotted["event-time lag of upi:0 (ms)"] == 0

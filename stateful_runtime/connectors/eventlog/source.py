@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -340,18 +341,27 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     PARTITION, pa.array(np.full(hi - lo, partition.partition, np.int32))
                 ).append_column(OFFSET, pa.array(np.arange(lo, hi, dtype=np.int64)))
             )
-        if self.time_field and partition.bounds is not None:
-            tables = event_time.refuse_outliers(
+        if self.time_field:
+            field, unit, bounds = self.time_field, self.time_unit, partition.bounds
+            tables = event_time.judge_split(
                 tables,
-                self.time_field,
-                self.time_unit,
-                partition.bounds,
+                partition.partition,
+                field,
+                unit,
+                bounds,
                 raw=lambda i: reader.read_value_array(
                     partition.partition,
                     partition.start + i * ARROW_BATCH_ROWS,
                     min(partition.end, partition.start + (i + 1) * ARROW_BATCH_ROWS),
                 ),
-                after=lambda: self._times_after(reader, partition),
+                after=lambda: event_time.times_after(
+                    partial(reader.read_values, partition.partition),
+                    partition.end,
+                    partition.through,
+                    field,
+                    unit,
+                    bounds,
+                ),
             )
         if self.staging is not None and tables:
             # Staged before any row reaches Spark, so a committed batch always has its file.
@@ -362,19 +372,8 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 partition.end,
                 pa.concat_tables(tables),
             )
-        if self.time_field:
-            tables = event_time.with_split_times(
-                tables, partition.partition, self.time_field, self.time_unit
-            )
         for table in tables:
             yield from table.to_batches()
-
-    def _times_after(self, reader: TopicReader, split: LogSplit) -> list[int]:
-        """Event times of the good records after ``split`` in its batch (a few)."""
-        assert self.time_field is not None and split.bounds is not None
-        stop = min(split.through or split.end, split.end + 4 * event_time.STREAM_CONTEXT)
-        values = reader.read_values(split.partition, split.end, stop) if stop > split.end else []
-        return event_time.good_times(values, self.time_field, self.time_unit, split.bounds)
 
 
 def decode_range(

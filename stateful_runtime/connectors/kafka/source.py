@@ -878,32 +878,31 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     PARTITION, pa.array(np.full(hi - lo, split.partition, np.int32))
                 ).append_column(OFFSET, pa.array(np.asarray(offsets[lo:hi], np.int64)))
             )
-        if self.event_time is not None and split.bounds is not None:
-            tables = event_time.refuse_outliers(
+        if self.event_time is not None:
+            field, unit = self.event_time
+            tables = event_time.judge_split(
                 tables,
-                *self.event_time,
+                split.partition,
+                field,
+                unit,
                 split.bounds,
                 raw=lambda i: pa.array(
                     values[i * ARROW_BATCH_ROWS : (i + 1) * ARROW_BATCH_ROWS], pa.binary()
                 ),
-                after=lambda: self._times_after(split),
+                after=lambda: event_time.times_after(
+                    lambda lo, hi: self._fetch(replace(split, start=lo, end=hi))[0],
+                    split.end,
+                    split.through,
+                    field,
+                    unit,
+                    split.bounds,
+                ),
             )
         key = f"{split.topic}:{split.partition}"
         if self.staging is not None and tables:
             stage(self.staging, key, split.start, split.end, pa.concat_tables(tables))
-        if self.event_time is not None:
-            tables = event_time.with_split_times(tables, split.partition, *self.event_time)
         for table in tables:
             yield from table.to_batches()
-
-    def _times_after(self, split: KafkaSplit) -> list[int]:
-        """Event times of the good records after ``split`` in its batch (a few)."""
-        assert self.event_time is not None and split.bounds is not None
-        stop = min(split.through or split.end, split.end + 4 * event_time.STREAM_CONTEXT)
-        if stop <= split.end:
-            return []
-        values, _, _ = self._fetch(replace(split, start=split.end, end=stop))
-        return event_time.good_times(values, *self.event_time, split.bounds)
 
 
 def _check_keyed_by(field: str, topics: list[str], schema: StructType) -> None:
