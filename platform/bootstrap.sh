@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Create .venv with Python 3.11 and install the project (editable) with the given extras.
-#   platform/bootstrap.sh            runtime only
+#   platform/bootstrap.sh            runtime only, with Hadoop's S3A jars for checkpoints on S3
+#                                    (the pinned JVM artifact set `s3`, platform/jvm-artifacts.sh)
 #   platform/bootstrap.sh dev        + Dagster, dbt, Great Expectations, the test services'
 #                                    Python packages, Debian's chromium, clickhouse-server and
 #                                    postgresql (platform/install-services.sh), the pinned JVM
 #                                    artifacts from Maven Central (platform/jvm-artifacts.sh:
-#                                    Apache Kafka's broker), then Airflow (the `airflow` extra,
+#                                    every set, Apache Kafka's broker too), then Airflow (the `airflow` extra,
 #                                    for srt_airflow) constrained to what those resolved
 #   platform/bootstrap.sh airflow    runtime + Airflow only (the provider without Dagster)
 #
@@ -62,6 +63,10 @@ if [ "$extras" = dev ]; then
       "python3.11 -m venv .venv-airflow && .venv-airflow/bin/pip install -e '.[airflow,dev]'" >&2
     exit 1
   fi
+fi
+if [ "$extras" != dev ]; then
+  # Checkpoints on S3 need them; a run with local checkpoints does not (it says so if asked).
+  platform/jvm-artifacts.sh s3 || optional "Hadoop's S3A jars (jvm-artifacts.sh s3)"
 fi
 if [ "$extras" = dev ]; then
   platform/jvm-artifacts.sh || optional "the pinned JVM artifacts (jvm-artifacts.sh)"

@@ -9,13 +9,21 @@
 #                                        already there with their pinned checksum are kept: no network
 #                                        after the first run. A jar whose checksum differs from the
 #                                        lock is refused, never used.
-#   platform/jvm-artifacts.sh lock SET GROUP:ARTIFACT:VERSION...
+#   platform/jvm-artifacts.sh lock SET [--exclude GROUP:ARTIFACT]... [--provided DIR]
+#                                  GROUP:ARTIFACT:VERSION...
 #                                        re-pin SET: resolve these coordinates with their runtime
-#                                        dependencies and write every jar's checksum into the lock
-#                                        (a maintainer's step when a version moves; commit the lock).
+#                                        dependencies (less each --exclude, and less every jar whose
+#                                        artifact DIR already holds at some version: PySpark's jars)
+#                                        and write every jar's checksum into the lock (a
+#                                        maintainer's step when a version moves; commit the lock).
 #
 # Sets: kafka = Apache Kafka's broker (KRaft), started by the tests' fixtures and by
-# platform/kafka-broker.sh.
+# platform/kafka-broker.sh. s3 = Hadoop's S3A filesystem at PySpark's Hadoop version, for
+# checkpoints on S3 (checkpoint.dir=s3://...; put on Spark's classpath by the runtime):
+#   platform/jvm-artifacts.sh lock s3 --exclude software.amazon.awssdk:bundle \
+#     --provided .venv/lib/python3.11/site-packages/pyspark/jars org.apache.hadoop:hadoop-aws:3.5.0 \
+#     software.amazon.awssdk:s3:2.35.4 software.amazon.awssdk:sts:2.35.4 \
+#     software.amazon.awssdk:s3-transfer-manager:2.35.4 software.amazon.awssdk:apache-client:2.35.4
 set -euo pipefail
 cd "$(dirname "$0")/.."
 lock=platform/jvm-artifacts.lock
@@ -36,7 +44,9 @@ die() { echo "jvm-artifacts: $*" >&2; exit 1; }
 # Where pinned jars are fetched from (a mirror of Maven Central's layout may stand in).
 repo=${SRT_MAVEN_REPO:-https://repo1.maven.org/maven2}
 
-# A pom whose dependencies are the given coordinates (with theirs: what "lock" pins).
+# A pom whose dependencies are the given coordinates (with theirs: what "lock" pins), less
+# the artifacts in $excludes.
+excludes=()
 pom() {
   echo '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>'
   echo '<groupId>srt.local</groupId><artifactId>jvm-artifacts</artifactId><version>0</version>'
@@ -45,7 +55,13 @@ pom() {
   for c in "$@"; do
     IFS=: read -r g a v <<<"$c"
     echo "<dependency><groupId>$g</groupId><artifactId>$a</artifactId><version>$v</version>"
-    echo '</dependency>'
+    echo '<exclusions>'
+    local x xg xa
+    for x in "${excludes[@]}"; do
+      IFS=: read -r xg xa <<<"$x"
+      echo "<exclusion><groupId>$xg</groupId><artifactId>$xa</artifactId></exclusion>"
+    done
+    echo '</exclusions></dependency>'
   done
   echo '</dependencies></project>'
 }
@@ -55,6 +71,15 @@ jar_name() { local g a v; IFS=: read -r g a v <<<"$1"; echo "$g.$a-$v.jar"; }
 if [ "${1:-}" = lock ]; then
   [ $# -ge 3 ] || die "usage: platform/jvm-artifacts.sh lock SET GROUP:ARTIFACT:VERSION..."
   set_name=$2; shift 2
+  provided=
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --exclude) excludes+=("$2"); shift 2 ;;
+      --provided) provided=$2; shift 2 ;;
+      *) break ;;
+    esac
+  done
+  [ $# -gt 0 ] || die "lock $set_name: no coordinates given"
   command -v mvn >/dev/null || die "Maven (mvn) is not on PATH; e.g. apt-get install maven"
   work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
   pom "$@" >"$work/pom.xml"
@@ -67,6 +92,9 @@ if [ "${1:-}" = lock ]; then
   grep -v "^$set_name " "$lock" 2>/dev/null >"$new" || true
   # "$dep:list" lines: "   group:artifact:jar:version:scope" (a classifier adds a field).
   grep -E '^ +[^ :]+:[^ :]+:jar:' "$work/list.txt" | awk '{print $1}' | while IFS=: read -r g a _ v _; do
+    if [ -n "$provided" ] && compgen -G "$provided/$a-[0-9]*.jar" >/dev/null; then
+      continue  # already on Spark's classpath (its version wins there anyway)
+    fi
     sum=$(sha256sum "$work/jars/$g.$a-$v.jar" | cut -d' ' -f1)
     echo "$set_name $g:$a:$v $sum"
   done | sort >>"$new"

@@ -60,6 +60,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stateful_runtime.checkpoints.storage import fill_file, read_arrow
 from stateful_runtime.exceptions import StateError
 
 if TYPE_CHECKING:
@@ -319,17 +320,9 @@ def record(operator: Path, version: int, tokens: Mapping[int, str] | Mapping[str
 
 
 def _put(final: Path, fill: Callable[[Path], object]) -> Path:
-    """``fill`` a temporary file beside ``final``, sync it, then rename it to ``final``: a
-    reader sees the whole file or none."""
-    tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        fill(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """``fill`` a temporary file, then put it at ``final``: a reader sees the whole file or
+    none."""
+    fill_file(final, fill)
     return final
 
 
@@ -424,7 +417,7 @@ def token(path: Path) -> str | None:
 
     if not path.exists():
         return None
-    with pa.OSFile(str(path)) as f:
+    with read_arrow(path) as f:
         meta = pa.ipc.open_file(f).schema.metadata or {}
     return meta.get(b"token", b"").decode()
 
@@ -441,7 +434,7 @@ def problem(path: Path) -> str | None:
             return f"not a readable commit record ({exc})"
         return None
     try:
-        with pa.memory_map(str(path)) as source:
+        with read_arrow(path) as source:
             reader = pa.ipc.open_file(source)
             if not reader.schema.equals(schema()):
                 return f"not a keyed state file (columns {reader.schema.names})"
@@ -467,7 +460,7 @@ def rows(
     import pyarrow as pa
 
     try:
-        with pa.memory_map(str(path)) as source:
+        with read_arrow(path) as source:
             reader = pa.ipc.open_file(source)
             previous = (reader.schema.metadata or {}).get(b"format") == PREVIOUS_FORMAT.encode()
             for i in range(reader.num_record_batches):

@@ -38,6 +38,7 @@ import json
 import os
 import pwd
 import re
+import socket
 import time
 import zipfile
 from collections.abc import Sequence
@@ -46,10 +47,13 @@ from pathlib import Path
 from typing import Any
 
 from stateful_runtime.checkpoints import keyed
+from stateful_runtime.checkpoints.storage import S3Path, checkpoint_path, write_file
 from stateful_runtime.exceptions import (
+    AlreadyExistsError,
     CheckpointOwnershipError,
     ConfigError,
     JobLockedError,
+    StorageError,
     UnsafeCheckpointDirError,
 )
 from stateful_runtime.names import Name
@@ -83,7 +87,7 @@ class CheckpointLayout:
     root: Path
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
-        object.__setattr__(self, "root", Path(root))
+        object.__setattr__(self, "root", checkpoint_path(root))
 
     @property
     def marker(self) -> Path:
@@ -118,7 +122,7 @@ class CheckpointLayout:
         if not self.root.is_dir():
             return []
         ours = {_MARKER, _LOCK, _PENDING_REWIND, _QUARANTINE, _DEAD_LETTERS}
-        temporary = {f".{n}.tmp" for n in (_MARKER, _PENDING_REWIND)}
+        temporary = [f".{n}." for n in (_MARKER, _PENDING_REWIND)]  # write_file's temporaries
         queries: set[str] = set()
         if self.marker.is_file():
             try:
@@ -128,7 +132,9 @@ class CheckpointLayout:
                 pass
         out = []
         for p in self.root.iterdir():
-            if p.name in ours or p.name in temporary:
+            if p.name in ours or (
+                p.name.endswith(".tmp") and any(p.name.startswith(t) for t in temporary)
+            ):
                 continue
             if p.is_dir() and not p.is_symlink() and (p.name in queries or _spark_query(p)):
                 continue
@@ -143,9 +149,9 @@ class CheckpointLayout:
         aside), a directory holding anything but a lock must also carry the marker.
 
         The one check before every claim, move and delete of a checkpoint directory."""
-        root = Path(os.path.abspath(self.root))
+        root = self.root if isinstance(self.root, S3Path) else Path(os.path.abspath(self.root))
         resolved = root.resolve()
-        for what, place in _protected_places():
+        for what, place in [] if isinstance(root, S3Path) else _protected_places():
             if resolved == place:
                 raise UnsafeCheckpointDirError(str(root), f"is {what}")
             if place.is_relative_to(resolved):
@@ -169,7 +175,10 @@ class CheckpointLayout:
     def lock(self, job: str, holder: dict[str, Any]) -> CheckpointLock:
         """Take the exclusive lock of the job's process on this directory (created if need be),
         or raise :class:`JobLockedError` naming the process that holds it. ``holder`` (``pid``,
-        ``run_id``, ``since``) is written into the lock file for the refusals of others."""
+        ``run_id``, ``since``) is written into the lock file for the refusals of others. On S3
+        the lock is a lease (:class:`LeaseLock`)."""
+        if isinstance(self.lock_file, S3Path):
+            return LeaseLock.acquire(self.lock_file, job, holder)
         return CheckpointLock.acquire(self.lock_file, job, holder)
 
     def dead_letters(self, source: str) -> Path:
@@ -296,6 +305,87 @@ class CheckpointLock:
             self._fd = -1
 
 
+class LeaseLock(CheckpointLock):
+    """The job's lock on a checkpoint on S3, which has no ``flock``: the object ``_lock``,
+    created only if absent (a conditional write), naming its holder and renewed
+    (:meth:`renew`) while the job runs. A holder that is gone gives the lock up: a process of
+    this host that no longer exists at once; any other once its lease has not been renewed for
+    :data:`LEASE_S` (a process killed on another machine)."""
+
+    LEASE_S = 120.0
+
+    def __init__(self, path: Path, holder: dict[str, Any]) -> None:
+        super().__init__(path, -1, holder)
+        self._renewed = 0.0
+
+    @classmethod
+    def acquire(cls, path: Path, job: str, holder: dict[str, Any]) -> LeaseLock:
+        assert isinstance(path, S3Path)
+        lock = cls(path, {**holder, "host": socket.gethostname()})
+        for _ in range(3):
+            try:
+                path.write_bytes(lock._document(), create_only=True)
+            except AlreadyExistsError:
+                held = cls.holder_of(path)
+                if not cls._gone(path, held):
+                    raise JobLockedError(job, str(path.parent), held) from None
+                path.unlink(missing_ok=True)  # the holder is gone: its lease lapses
+                continue
+            lock._renewed = time.monotonic()
+            return lock
+        raise JobLockedError(job, str(path.parent), cls.holder_of(path))
+
+    @staticmethod
+    def _gone(path: S3Path, held: dict[str, Any]) -> bool:
+        if held.get("host") == socket.gethostname() and isinstance(held.get("pid"), int):
+            try:
+                os.kill(held["pid"], 0)
+            except ProcessLookupError:
+                return True
+            except PermissionError:
+                return False
+            return False
+        try:
+            age = time.time() - path.stat().st_mtime
+        except FileNotFoundError:
+            return True
+        return age > LeaseLock.LEASE_S
+
+    @staticmethod
+    def holder_of(path: Path) -> dict[str, Any]:
+        try:
+            data = json.loads(path.read_text() or "null")
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _document(self) -> bytes:
+        return json.dumps(self.holder).encode()
+
+    def _write(self) -> None:
+        self.path.write_bytes(self._document())
+        self._renewed = time.monotonic()
+
+    def renew(self) -> None:
+        """Renew the lease (a third of it at most since the last renewal)."""
+        if time.monotonic() - self._renewed > self.LEASE_S / 3:
+            self._write()
+
+    def follow(self, new_root: Path) -> None:
+        raise StorageError(
+            f"{self.path.parent}: a checkpoint on S3 cannot be replaced while locked (a restore "
+            f"or a fresh start over it); restore into a new checkpoint.dir instead"
+        )
+
+    def settle(self) -> None:
+        pass
+
+    def release(self, *, tidy: bool = False) -> None:
+        if self._renewed and self.holder_of(self.path).get("run_id") == self.holder.get("run_id"):
+            self.path.unlink(missing_ok=True)
+        self._renewed = 0.0
+
+
 @dataclass(frozen=True, init=False)
 class QueryLayout:
     """One query's checkpoint directory, and the one reader of Spark's logs in it.
@@ -311,7 +401,7 @@ class QueryLayout:
     root: Path
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
-        object.__setattr__(self, "root", Path(root))
+        object.__setattr__(self, "root", checkpoint_path(root))
 
     # -- where things are ---------------------------------------------------------------------
     @property
@@ -553,9 +643,7 @@ class QueryLayout:
             (self.offsets(batch + 1), "\n".join(entry)),
             (self.commit(batch + 1), self.commit(batch).read_text()),
         ):
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_text(text)
-            os.replace(tmp, path)
+            write_file(path, text)
 
     def next_watermark_ms(self, batch: int) -> int | None:
         """The watermark committed ``batch`` left for the next (``nextBatchWatermarkMs``)."""
@@ -576,7 +664,7 @@ def claim(
 ) -> Path:
     """Bind ``directory`` to ``job`` (first run) or check that it is bound to ``job``; record the
     running code's queries and state fingerprint (what a savepoint of it will carry)."""
-    path = Path(directory).resolve()
+    path = checkpoint_path(directory).resolve()
     CheckpointLayout(path).check_owned()
     path.mkdir(parents=True, exist_ok=True)
     marker = CheckpointLayout(path).marker
@@ -623,10 +711,7 @@ def owner(directory: str | Path) -> dict:
 
 def write_marker(directory: Path, data: dict) -> None:
     """Write the ownership marker (atomically): the one place it is written."""
-    marker = CheckpointLayout(directory).marker
-    tmp = marker.with_name(f".{marker.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, marker)
+    write_file(CheckpointLayout(directory).marker, json.dumps(data, indent=2))
 
 
 def _read_marker(marker: Path) -> dict:

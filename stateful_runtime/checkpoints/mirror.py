@@ -40,7 +40,7 @@ from stateful_runtime.checkpoints.manifest import (
     seal_mismatch,
     sha256_file,
 )
-from stateful_runtime.checkpoints.storage import Store, open_store
+from stateful_runtime.checkpoints.storage import Store, checkpoint_path, open_store
 from stateful_runtime.exceptions import SavepointError, StorageError
 
 PREFIX = "_mirror/"
@@ -67,7 +67,7 @@ class CheckpointMirror:
     def __init__(
         self, checkpoint_dir: str | Path, location: str, warn: Callable[[str], None] | None = None
     ) -> None:
-        self.checkpoint_dir = Path(checkpoint_dir).resolve()
+        self.checkpoint_dir = checkpoint_path(checkpoint_dir).resolve()
         self.store = open_store(location)
         self.location = location
         # path -> {"size", "sha256"} of every file already in the mirror (from its newest

@@ -26,6 +26,7 @@ from stateful_runtime.checkpoints.layout import (
     crc_sidecar,
 )
 from stateful_runtime.checkpoints.manifest import utc
+from stateful_runtime.checkpoints.storage import checkpoint_path, write_file
 from stateful_runtime.contract import QueryRewound
 from stateful_runtime.exceptions import ConfigError, StatefulRuntimeError
 from stateful_runtime.instants import iso_ms, span
@@ -53,6 +54,7 @@ class CorruptCheckpointError(ConfigError):
     ) -> None:
         self.checkpoint, self.problems = checkpoint, problems
         self.savepoint, self.mirror = savepoint, mirror
+        where = checkpoint_path(checkpoint).parent
         ways = []
         if savepoint:
             ways.append(
@@ -61,13 +63,13 @@ class CorruptCheckpointError(ConfigError):
             )
         if mirror:
             ways.append(
-                f"from the checkpoint mirror: move {Path(checkpoint).parent} aside, then "
+                f"from the checkpoint mirror: move {where} aside, then "
                 f"`srt run {job_file} --restore-from {mirror}`"
             )
         if not ways:
             ways.append(
                 f"there is no savepoint ({savepoint_note}) and no checkpoint mirror: "
-                f"to start over, move {Path(checkpoint).parent} aside (the job reads its "
+                f"to start over, move {where} aside (the job reads its "
                 f"sources from the start again; its sinks keep what they hold)"
             )
         lines = "\n".join(f"  - {p}" for p in problems)
@@ -129,9 +131,7 @@ def _set_pending(ckpt: Path, query: str, batch: int | None) -> None:
     if not pending:
         target.unlink(missing_ok=True)
         return
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(json.dumps(pending))
-    os.replace(tmp, target)
+    write_file(target, json.dumps(pending))
 
 
 @dataclass
@@ -241,7 +241,7 @@ def recover(
     :class:`CorruptCheckpointError` naming every file, the newest savepoint and the mirror to
     restore from; then nothing moves.
     """
-    ckpt = Path(checkpoint_dir).resolve()
+    ckpt = checkpoint_path(checkpoint_dir).resolve()
     CheckpointLayout(ckpt).check_owned()  # files move only inside a checkpoint of ours
     job = layout.owner(ckpt)["job"]
     rec = Recovery(checkpoint=ckpt)
@@ -396,7 +396,7 @@ def rewind(
         One :class:`~stateful_runtime.contract.QueryRewound` per query rewound, and the
         quarantine directory (None on a dry run or when nothing was found).
     """
-    ckpt = Path(checkpoint_dir).resolve()
+    ckpt = checkpoint_path(checkpoint_dir).resolve()
     layout_ = CheckpointLayout(ckpt)
     layout_.check_owned(moving=True)
     if query is not None and query not in queries:

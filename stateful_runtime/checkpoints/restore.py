@@ -25,6 +25,7 @@ from stateful_runtime.checkpoints.manifest import (
     sha256_file,
     utc,
 )
+from stateful_runtime.checkpoints.storage import checkpoint_path
 from stateful_runtime.exceptions import (
     ConfigError,
     IncompatibleSavepointError,
@@ -293,7 +294,7 @@ def restore(
     dropped = check_compatible(
         sp.manifest.get("fingerprint") or {}, new_fingerprint, allow_non_restored, sp.location
     )
-    ckpt = Path(checkpoint_dir).resolve()
+    ckpt = checkpoint_path(checkpoint_dir).resolve()
     # What is there is moved aside whole: only a checkpoint of this runtime, nothing else.
     CheckpointLayout(ckpt).check_owned(moving=True)
     restored_queries = [
@@ -369,7 +370,7 @@ def restore_job(
     location) or from the newest snapshot of the checkpoint mirror at ``restore_from``."""
     from stateful_runtime.checkpoints import mirror, savepoints
 
-    ckpt = Path(checkpoint_dir).resolve()
+    ckpt = checkpoint_path(checkpoint_dir).resolve()
     if from_savepoint and restore_from:
         raise ConfigError("give --from-savepoint or --restore-from, not both")
     if from_savepoint:

@@ -45,7 +45,7 @@ from stateful_runtime.checkpoints.manifest import (
     sha256_file,
     utc,
 )
-from stateful_runtime.checkpoints.storage import Store, open_store
+from stateful_runtime.checkpoints.storage import Store, checkpoint_path, open_store
 from stateful_runtime.exceptions import AlreadyExistsError, SavepointError, StorageError
 from stateful_runtime.names import InvalidNameError, Name, check_name
 
@@ -75,7 +75,7 @@ def create(
     kept for 100 batches (``minBatchesToRetain``), far longer than a copy takes.
     ``_fail_after_files`` stops the copy half-way (tests of crash safety).
     """
-    ckpt = Path(checkpoint_dir).resolve()
+    ckpt = checkpoint_path(checkpoint_dir).resolve()
     owner = layout.owner(ckpt)
     job = owner["job"]
     store = open_store(target)

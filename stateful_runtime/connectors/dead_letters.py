@@ -60,6 +60,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from stateful_runtime.checkpoints.layout import QueryLayout
+from stateful_runtime.checkpoints.storage import checkpoint_path, fill_file, read_arrow, write_file
 from stateful_runtime.connectors.base import ERROR, OFFSET, PARTITION, RAW
 
 if TYPE_CHECKING:
@@ -86,19 +87,13 @@ def stage(directory: str, partition: int | str, start: int, end: int, decoded: p
     bad = decoded.filter(pc.is_valid(decoded.column(ERROR))).select(COLUMNS)
     if not bad.num_rows:
         return 0
-    path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    final = path / f"{partition}-{start}-{end}{SUFFIX}"
-    tmp = path / f".{final.name}.{os.getpid()}.tmp"
-    with ipc.new_file(str(tmp), bad.schema) as writer:
-        writer.write_table(bad)
-    os.replace(tmp, final)
+    _write_table(checkpoint_path(directory) / f"{partition}-{start}-{end}{SUFFIX}", bad)
     return bad.num_rows
 
 
 def staged(directory: str) -> list[tuple[str, int, int, Path]]:
     """Staged splits as (partition key, start, end, path), in offset order per partition."""
-    path = Path(directory)
+    path = checkpoint_path(directory)
     if not path.is_dir():
         return []
     out = []
@@ -132,17 +127,13 @@ def note_replay(directory: str, starts: Mapping[str, int], sink: DeadLetterSink,
                 "below": int(mark),
                 "published": sorted(sink.published_offsets(_key(key), int(start), mark)),
             }
-    path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    tmp = path / f".{REPLAY}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(notes))
-    os.replace(tmp, path / REPLAY)
+    write_file(checkpoint_path(directory) / REPLAY, json.dumps(notes))
     return sum(1 for k in starts if k in notes)
 
 
 def _replays(directory: str) -> dict[str, dict]:
     try:
-        return dict(json.loads((Path(directory) / REPLAY).read_text()))
+        return dict(json.loads((checkpoint_path(directory) / REPLAY).read_text()))
     except FileNotFoundError:
         return {}
 
@@ -165,8 +156,7 @@ def publish(directory: str, committed: Mapping[str, int], sink: DeadLetterSink) 
             replay = replays.get(key)
             if end <= mark and replay is None:
                 continue  # in the topic already (a re-run, or a range planned again)
-            with ipc.open_file(str(path)) as reader:
-                table = reader.read_all()
+            table = _read(path)
             if replay is not None and start < replay["below"]:
                 done += _publish_replayed(sink, writer, table, key, end, replay)
             if end <= mark:
@@ -179,9 +169,9 @@ def publish(directory: str, committed: Mapping[str, int], sink: DeadLetterSink) 
     settled = {k: v for k, v in replays.items() if int(committed.get(k, 0)) < v["below"]}
     if settled != replays:  # the replay has passed the mark: the note is done
         if settled:
-            (Path(directory) / REPLAY).write_text(json.dumps(settled))
+            (checkpoint_path(directory) / REPLAY).write_text(json.dumps(settled))
         else:
-            (Path(directory) / REPLAY).unlink(missing_ok=True)
+            (checkpoint_path(directory) / REPLAY).unlink(missing_ok=True)
     return done
 
 
@@ -297,13 +287,10 @@ class StepRejects:
             batch, partition = running_batch()
         raw, error, part, offset = (list(c) for c in zip(*self.rows, strict=True))
         table = pa.table([raw, error, part, offset, [self.step] * len(raw)], schema=STEP_SCHEMA)
-        path = Path(self.directory)
-        path.mkdir(parents=True, exist_ok=True)
-        final = path / f"{batch}-{_quote(self.step)}-{partition}{SUFFIX}"
-        tmp = path / f".{final.name}.{os.getpid()}.tmp"
-        with ipc.new_file(str(tmp), table.schema) as writer:
-            writer.write_table(table)
-        os.replace(tmp, final)
+        _write_table(
+            checkpoint_path(self.directory) / f"{batch}-{_quote(self.step)}-{partition}{SUFFIX}",
+            table,
+        )
         return table.num_rows
 
 
@@ -316,7 +303,7 @@ def _quote(step: str) -> str:
 
 def staged_steps(directory: str) -> list[tuple[int, Path]]:
     """Staged step files as (batch, path), in batch order."""
-    path = Path(directory)
+    path = checkpoint_path(directory)
     if not path.is_dir():
         return []
     out = []
@@ -370,8 +357,16 @@ def publish_steps(directory: str, query: QueryLayout, sink: DeadLetterSink) -> i
 
 
 def _read(path: Path) -> pa.Table:
-    with ipc.open_file(str(path)) as reader:
+    with read_arrow(path) as source, ipc.open_file(source) as reader:
         return reader.read_all()
+
+
+def _write_table(final: Path, table: pa.Table) -> None:
+    def fill(tmp: Path) -> None:
+        with ipc.new_file(str(tmp), table.schema) as writer:
+            writer.write_table(table)
+
+    fill_file(final, fill)
 
 
 def _publish_batch(

@@ -51,6 +51,7 @@ from stateful_runtime.checkpoints.keyed import (
     spark_hash_int,
 )
 from stateful_runtime.checkpoints.layout import QueryLayout
+from stateful_runtime.checkpoints.storage import checkpoint_path
 from stateful_runtime.exceptions import StateError
 from stateful_runtime.functions import (
     BROADCAST_KEY,
@@ -87,7 +88,7 @@ FLUSH_ROWS = 10_000
 
 def store_dir(query_checkpoint: str | Path, operator: str, partition: int) -> Path:
     """A state partition's directory in a query's checkpoint."""
-    return Path(query_checkpoint) / KEYED_DIR / operator / str(partition)
+    return checkpoint_path(query_checkpoint) / KEYED_DIR / operator / str(partition)
 
 
 # -- routing: key group -> Spark partition -------------------------------------------------------

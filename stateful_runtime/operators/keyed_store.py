@@ -81,6 +81,7 @@ from rocksdict import (
 
 from stateful_runtime.checkpoints import keyed as files
 from stateful_runtime.checkpoints.keyed import MAX_PARALLELISM, group_prefix, key_groups
+from stateful_runtime.checkpoints.storage import checkpoint_path
 from stateful_runtime.exceptions import StateError
 from stateful_runtime.job import RocksDBMemory
 
@@ -182,7 +183,7 @@ class KeyedStore:
         local: Path | None = None,
         memory: RocksDBMemory | None = None,
     ) -> None:
-        self.checkpoint = Path(checkpoint)
+        self.checkpoint = checkpoint_path(checkpoint)
         self.memory = memory or RocksDBMemory.default()
         digest = hashlib.sha256(str(self.checkpoint.resolve()).encode()).hexdigest()[:20]
         self.local = local if local is not None else local_root() / digest
@@ -584,7 +585,9 @@ def _writer_main(argv: list[str]) -> int:
     last snapshot written (more of them while snapshots fail; nothing is cleaned either)."""
     aside, checkpoint, version, token, retain, parent = argv
     try:
-        write_snapshot(Path(aside), Path(checkpoint), int(version), token, int(retain), int(parent))
+        write_snapshot(
+            Path(aside), checkpoint_path(checkpoint), int(version), token, int(retain), int(parent)
+        )
     except _Orphaned:
         return 0
     except Exception as exc:

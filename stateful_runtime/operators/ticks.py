@@ -32,9 +32,7 @@ watermark, in event time).
 from __future__ import annotations
 
 import json
-import os
 import time
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -49,6 +47,7 @@ from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 from pyspark.sql.types import LongType, StructField, StructType
 
 from stateful_runtime.checkpoints.layout import QueryLayout
+from stateful_runtime.checkpoints.storage import checkpoint_path, write_file
 
 NAME = "srt_ticks"
 NEXT_TIMER = "next-timer.json"
@@ -56,10 +55,7 @@ NEXT_TIMER = "next-timer.json"
 
 def write_next_timer(partition_dir: Path, version: int, due: int | None) -> None:
     """Record the partition's earliest timer after version ``version`` (replaced whole)."""
-    final = partition_dir / NEXT_TIMER
-    tmp = final.with_name(f".{NEXT_TIMER}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(json.dumps({"version": version, "due": due}))
-    os.replace(tmp, final)
+    write_file(partition_dir / NEXT_TIMER, json.dumps({"version": version, "due": due}))
 
 
 def earliest_due(query_checkpoint: str, partition_dirs: Sequence[Path], now: int) -> int | None:
@@ -88,7 +84,7 @@ class TickStreamReader(DataSourceStreamReader):
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self.query = options["checkpoint"]
-        self.partition_dirs = [Path(p) for p in json.loads(options["partitions"])]
+        self.partition_dirs = [checkpoint_path(p) for p in json.loads(options["partitions"])]
         # Spark's noDataMicroBatches off: no batch without new data, for timers either
         self.ticks = options.get("no_data_batches", "true") != "false"
         self.splits = int(options.get("splits", "0"))

@@ -43,6 +43,7 @@ import pyarrow.compute as pc
 
 from stateful_runtime._process import freeze_worker_heap
 from stateful_runtime.checkpoints import keyed
+from stateful_runtime.checkpoints.storage import checkpoint_path
 from stateful_runtime.connectors.base import (
     SEQUENCE,
     PartitionedSink,
@@ -205,7 +206,7 @@ class BatchWriter:
         # it wrote (record_keyed_commits).
         self.keyed: Path | None = None
         if checkpoint is not None and query.process is not None:
-            self.keyed = Path(checkpoint) / keyed.KEYED_DIR / query.process.name
+            self.keyed = checkpoint_path(checkpoint) / keyed.KEYED_DIR / query.process.name
         # A sink that found its table without the batches it had written (dropped, truncated
         # while the job runs): the batch fails, and the runner ends the run with this error.
         self.refused: SinkDataLostError | None = None

@@ -34,6 +34,7 @@ from typing import Any
 from stateful_runtime import masking
 from stateful_runtime.checkpoints import layout
 from stateful_runtime.checkpoints.layout import QueryLayout
+from stateful_runtime.checkpoints.storage import checkpoint_path
 from stateful_runtime.contract import (
     CheckpointRewind,
     HealthSource,
@@ -742,7 +743,7 @@ def rewind_checkpoint(
     from stateful_runtime.runtime.loader import load_job_file
 
     job = load_job_file(job_file, overrides).job
-    ckpt = Path(job.checkpoint.dir).resolve()
+    ckpt = checkpoint_path(job.checkpoint.dir).resolve()
     if not CheckpointLayout(ckpt).marker.is_file():
         raise ConfigError(
             f"{ckpt} is not a checkpoint of job {job.name!r} (no marker): nothing to rewind; "

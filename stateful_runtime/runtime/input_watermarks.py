@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -62,6 +61,7 @@ from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailable
 from pyspark.sql.types import LongType, StructField, StructType
 
 from stateful_runtime.checkpoints.layout import QueryLayout
+from stateful_runtime.checkpoints.storage import write_file
 from stateful_runtime.connectors.event_time import of_split_time
 
 if TYPE_CHECKING:
@@ -204,17 +204,13 @@ class InputWatermarks:
         self.held_by = min(held)[1] if held else None
         if execution is not None:
             self._hold(execution, after)
-        self.layout.input_watermarks.mkdir(parents=True, exist_ok=True)
-        final = self.layout.input_watermarks / str(batch)
-        tmp = final.with_name(f".{batch}.{os.getpid()}.tmp")
         record = {
             "inputs": after,
             "partitions": {
                 n: {str(k): list(v) for k, v in sorted(parts[n].items())} for n in self.names
             },
         }
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, final)
+        write_file(self.layout.input_watermarks / str(batch), json.dumps(record))
         (self.layout.input_watermarks / str(batch - RETAIN)).unlink(missing_ok=True)
 
     def _hold(self, execution: Any, watermarks: Mapping[str, int | None]) -> None:

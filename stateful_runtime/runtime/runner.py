@@ -19,12 +19,12 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from stateful_runtime.checkpoints import layout, manifest, migrate, recovery, restore, savepoints
-from stateful_runtime.checkpoints.layout import CheckpointLayout, CheckpointLock
+from stateful_runtime.checkpoints.layout import CheckpointLayout, CheckpointLock, LeaseLock
 from stateful_runtime.checkpoints.mirror import CheckpointMirror, MirrorSync
+from stateful_runtime.checkpoints.storage import S3Path, checkpoint_path, s3a_url
 from stateful_runtime.checkpoints.verify import disk_full
 from stateful_runtime.contract import (
     RATE_BATCHES,
@@ -91,7 +91,7 @@ from stateful_runtime.runtime.progress import (
     now_iso,
     recent_batch,
 )
-from stateful_runtime.runtime.session import arrow_schema, build_session, default_master
+from stateful_runtime.runtime.session import arrow_schema, build_session, default_master, s3_conf
 from stateful_runtime.state import TimeDomain
 from stateful_runtime.streams import ProcessNode
 
@@ -346,7 +346,7 @@ class JobRunner:
         if available_now:
             self._check_available_now()
         self.fingerprint = manifest.fingerprint(self.job.name, self.plan.queries)
-        self.checkpoint_dir = Path(self.job.checkpoint.dir).resolve()
+        self.checkpoint_dir = checkpoint_path(self.job.checkpoint.dir).resolve()
         self.layout = CheckpointLayout(self.checkpoint_dir)
         # Taken first by prepare(); held until run() ends.
         self.checkpoint_lock: CheckpointLock | None = None
@@ -525,7 +525,12 @@ class JobRunner:
         log = registry.job_file(self.job.name, ".log")
         spark_output.divert(log)
         try:
-            spark = self.spark = build_session(self.job.parallelism, self.master, log_file=log)
+            spark = self.spark = build_session(
+                self.job.parallelism,
+                self.master,
+                s3_conf() if isinstance(self.checkpoint_dir, S3Path) else None,
+                log_file=log,
+            )
         except KeyboardInterrupt:  # PySpark's handler, for the moment its context starts
             if self.signals is not None:
                 self.signals.note(StopSignal.SIGINT)
@@ -574,6 +579,8 @@ class JobRunner:
         """Wait until every query ends or a stop is requested; True if a query failed."""
         while True:
             self._wake.clear()
+            if isinstance(self.checkpoint_lock, LeaseLock):
+                self.checkpoint_lock.renew()
             self._report()
             if self._failed():
                 return True
@@ -956,7 +963,7 @@ class JobRunner:
         writer = (
             df.writeStream.queryName(name)
             .outputMode(q.output_mode)
-            .option("checkpointLocation", qdir)
+            .option("checkpointLocation", s3a_url(checkpoint_path(qdir)))
             .foreachBatch(_foreach_batch(batch_writer, self._timings, watermarks))
         )
         if self.available_now:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stateful_runtime._process import process_dir
+from stateful_runtime.checkpoints.storage import s3_endpoint
 from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.runtime import forkserver
 
@@ -297,6 +298,56 @@ def spark_conf(parallelism: int, master: str, *, job_log: bool = False) -> dict[
             "(?i)url|uri|dsn|config|password|secret|token|credential|key"
         ),
     }
+
+
+# -- checkpoints on S3 -------------------------------------------------------------------------
+# What a job whose checkpoint.dir is s3://... needs: Hadoop's S3A filesystem (the pinned jar set
+# ``s3``, platform/jvm-artifacts.sh) for Spark's logs and state files, and the S3 settings of
+# this process (endpoint, region, credentials) for the executors' Python workers, which write
+# the keyed state files through boto3.
+S3_ENVIRONMENT = (
+    "AWS_ENDPOINT_URL",
+    "SRT_S3_ENDPOINT_URL",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+)
+
+
+def jar_set(name: str) -> list[Path]:
+    """The jars of a pinned set (platform/jvm-artifacts.sh puts them under the venv)."""
+    return sorted((Path(sys.prefix) / "share" / "stateful-runtime" / "jars" / name).glob("*.jar"))
+
+
+def s3_conf() -> dict[str, str]:
+    """Spark's settings for a checkpoint on S3: the S3A jars, S3A's endpoint (path-style
+    against an S3-compatible one), region and the AWS settings of this process, which the
+    executors get as well. Credentials come from AWS's chain (environment, profile, instance
+    role): none is written into the settings."""
+    jars = jar_set("s3")
+    if not any(j.name.startswith("org.apache.hadoop.hadoop-aws-") for j in jars):
+        raise ConfigError(
+            "checkpoint.dir is on S3 but Hadoop's S3A jars are not installed in this venv; run "
+            "platform/bootstrap.sh (it fetches the pinned set 's3': platform/jvm-artifacts.sh s3)"
+        )
+    conf = {"spark.jars": ",".join(str(j) for j in jars)}
+    endpoint = s3_endpoint()
+    if endpoint:
+        conf["spark.hadoop.fs.s3a.endpoint"] = endpoint
+        conf["spark.hadoop.fs.s3a.path.style.access"] = "true"
+        conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] = str(
+            endpoint.startswith("https:")
+        ).lower()
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        conf["spark.hadoop.fs.s3a.endpoint.region"] = region
+    for name in S3_ENVIRONMENT:
+        if os.environ.get(name):
+            conf[f"spark.executorEnv.{name}"] = os.environ[name]
+    return conf
 
 
 # -- scratch space: a killed job leaves none behind ------------------------------------------

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from stateful_runtime.checkpoints.layout import CheckpointLayout, QueryLayout
+from stateful_runtime.checkpoints.storage import write_file
 from stateful_runtime.exceptions import ConfigError, SinkDataLostError
 from stateful_runtime.masking import mask_value
 from stateful_runtime.planner import QueryPlan
@@ -85,14 +86,10 @@ def write_record(
     (:func:`record_no_output`) are kept unless ``no_output`` is given."""
     if no_output is None:
         no_output = _no_output(query)
-    path = record_path(query)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
     doc: dict[str, Any] = {"format_version": RECORD_FORMAT, "sinks": dict(sinks)}
     if no_output:
         doc["no_output"] = sorted(set(no_output))
-    tmp.write_text(json.dumps(doc, indent=1))
-    os.replace(tmp, path)
+    write_file(record_path(query), json.dumps(doc, indent=1))
 
 
 def _no_output(query: QueryLayout) -> list[int]:

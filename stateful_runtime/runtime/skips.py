@@ -15,11 +15,11 @@ once (the step dead-letter protocol), and counts as a dead letter in the job's a
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from stateful_runtime.checkpoints.storage import write_file
 from stateful_runtime.exceptions import ConfigError
 
 Skip = tuple[str, int, int]
@@ -77,13 +77,7 @@ def record(path: Path, new: Iterable[Skip]) -> dict[str, set[tuple[int, int]]]:
     after = listed(skips)
     if after == before:
         return skips
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w") as out:
-        json.dump([list(s) for s in after], out)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
+    write_file(path, json.dumps([list(s) for s in after]), sync=True)
     return skips
 
 
