@@ -693,11 +693,16 @@ def _state_cmd(args: argparse.Namespace) -> int:
         needs_spark,
         summary,
     )
-    from stateful_runtime.runtime.session import build_session
+    from stateful_runtime.checkpoints.storage import is_s3
+    from stateful_runtime.runtime.session import build_session, s3_conf
 
     with checkpoint_of(args.location, _roots(args)) as ckpt:
         # Keyed state is read from its files, without Spark (native windows' through Spark).
-        spark = build_session(1, args.master) if needs_spark(ckpt, args.operator) else None
+        spark = (
+            build_session(1, args.master, s3_conf() if is_s3(ckpt) else None)
+            if needs_spark(ckpt, args.operator)
+            else None
+        )
         rows = inspect(
             spark, ckpt, operator=args.operator, state=args.state, key=args.key, limit=args.limit
         )

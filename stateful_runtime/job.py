@@ -98,6 +98,12 @@ class CheckpointConfig:
             raise ConfigError(
                 f"checkpoint interval must be 0 s or more (checkpoint.interval_s), got {shown}"
             )
+        if self.mirror and str(self.dir).startswith("s3://"):
+            raise ConfigError(
+                f"checkpoint.mirror copies a checkpoint on a disk to durable storage; the "
+                f"checkpoint {self.dir} is on S3 already: drop checkpoint.mirror (savepoints, "
+                f"`srt savepoint create`, copy it elsewhere)"
+            )
         for root in self.savepoint_roots:
             if not (root.startswith("s3://") or root.startswith("/")):
                 raise ConfigError(

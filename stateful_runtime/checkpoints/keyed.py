@@ -52,7 +52,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import os
 import pickle
 import struct
 import uuid
@@ -610,7 +609,7 @@ def publish(staged: list[Path]) -> None:
     only some in place (a crash half way) sees the others' versions missing and falls back to
     the batch before the rescale, moving these aside (their version is a later one)."""
     for path in sorted(staged, key=lambda p: p.name.endswith(COMMIT)):
-        os.replace(path, path.parent.parent / path.name)
+        path.replace(path.parent.parent / path.name)  # (a rename; on S3 a copy and a delete)
         with contextlib.suppress(OSError):
             path.parent.rmdir()
 

@@ -12,7 +12,6 @@ and the mirror to restore from (:mod:`~stateful_runtime.checkpoints.restore`).
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -213,10 +212,10 @@ def _unfinished_writes(query: QueryLayout) -> list[str]:
 
 def _move(src: Path, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(src, dest)
+    src.replace(dest)  # (a rename; on S3 a copy and a delete)
     side = crc_sidecar(src)
     if side.exists():
-        os.replace(side, crc_sidecar(dest))
+        side.replace(crc_sidecar(dest))
 
 
 def recover(

@@ -10,6 +10,7 @@ import os
 import re
 import secrets
 import shutil
+import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -25,7 +26,13 @@ from stateful_runtime.checkpoints.manifest import (
     sha256_file,
     utc,
 )
-from stateful_runtime.checkpoints.storage import checkpoint_path
+from stateful_runtime.checkpoints.storage import (
+    S3Path,
+    checkpoint_path,
+    is_s3,
+    s3a_url,
+    upload_tree,
+)
 from stateful_runtime.exceptions import (
     ConfigError,
     IncompatibleSavepointError,
@@ -258,11 +265,33 @@ def relocate_operator_metadata(query: QueryLayout, final: QueryLayout) -> None:
         body = json.loads(lines[1])
         for store_info in body.get("stateStoreInfo", []):
             store_info["stateSchemaFilePaths"] = [
-                f"file:{final.state_path(p)}" for p in store_info.get("stateSchemaFilePaths", [])
+                _hadoop_url(final.state_path(p)) for p in store_info.get("stateSchemaFilePaths", [])
             ]
         meta.write_text("\n".join([lines[0], json.dumps(body), *lines[2:]]))
         # Hadoop's checksum of the file as it was would fail its next read.
         meta.with_name(f".{meta.name}.crc").unlink(missing_ok=True)
+
+
+def _hadoop_url(path: str) -> str:
+    """A file of a checkpoint as Spark's Hadoop filesystem names it."""
+    return s3a_url(checkpoint_path(path)) if is_s3(path) else f"file:{path}"
+
+
+def _replace_on_s3(ckpt: Path, staging: Path) -> Path | None:
+    """Put the checkpoint laid out in the local directory ``staging`` at ``ckpt`` on S3, what
+    was there moved aside first (a copy and a delete per object: S3 has no rename), the job's
+    lock lease left in place. Returns where the previous checkpoint went."""
+    lock_name = CheckpointLayout(ckpt).lock_file.name
+    previous = [p for p in ckpt.iterdir() if p.name != lock_name]
+    moved_aside = None
+    if previous:
+        moved_aside = ckpt.with_name(
+            f"{ckpt.name}.before-restore-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
+        )
+        for p in previous:
+            p.replace(moved_aside / p.name)
+    upload_tree(staging, ckpt)
+    return moved_aside
 
 
 def restore(
@@ -300,6 +329,12 @@ def restore(
     restored_queries = [
         q for q in sp.manifest["queries"] if q in new_fingerprint.get("queries", {})
     ]
+    if isinstance(ckpt, S3Path):  # laid out on this disk, then put in place on S3
+        with tempfile.TemporaryDirectory(prefix="srt-restore-") as scratch:
+            staging = Path(scratch) / "checkpoint"
+            materialize(sp, staging, restored_queries, final=ckpt)
+            moved_aside = _replace_on_s3(ckpt, staging)
+        return _restored(sp, ckpt, new_fingerprint, restored_queries, dropped, moved_aside)
     staging = ckpt.with_name(f"{ckpt.name}.restore-{secrets.token_hex(3)}")
     materialize(sp, staging, restored_queries, final=ckpt)
     if lock is not None:
@@ -330,6 +365,18 @@ def restore(
         ) from None
     if lock is not None:
         lock.settle()
+    return _restored(sp, ckpt, new_fingerprint, restored_queries, dropped, moved_aside)
+
+
+def _restored(
+    sp: Savepoint,
+    ckpt: Path,
+    new_fingerprint: dict[str, Any],
+    restored_queries: list[str],
+    dropped: Any,
+    moved_aside: Path | None,
+) -> dict[str, Any]:
+    """Write the restored checkpoint's marker; what was restored (for the registry)."""
     marker = {
         "format_version": layout.FORMAT_VERSION,
         "job": sp.job,

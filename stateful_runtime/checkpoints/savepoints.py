@@ -45,7 +45,7 @@ from stateful_runtime.checkpoints.manifest import (
     sha256_file,
     utc,
 )
-from stateful_runtime.checkpoints.storage import Store, checkpoint_path, open_store
+from stateful_runtime.checkpoints.storage import Store, checkpoint_path, local_copy, open_store
 from stateful_runtime.exceptions import AlreadyExistsError, SavepointError, StorageError
 from stateful_runtime.names import InvalidNameError, Name, check_name
 
@@ -114,8 +114,11 @@ def create(
     for i, (key, path) in enumerate(files):
         if _fail_after_files is not None and i >= _fail_after_files:
             raise SavepointError(f"savepoint {sid} interrupted after {i} files (test hook)")
-        entries.append({"path": key, "size": path.stat().st_size, "sha256": sha256_file(path)})
-        store.put_file(path, f"{sid}/{key}")
+        with local_copy(path) as local:  # (a checkpoint on S3: each file read once)
+            entries.append(
+                {"path": key, "size": local.stat().st_size, "sha256": sha256_file(local)}
+            )
+            store.put_file(local, f"{sid}/{key}")
     manifest = new_manifest(kind, sid, owner, queries, entries)
     try:
         store.put_bytes(

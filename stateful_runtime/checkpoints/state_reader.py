@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from stateful_runtime.checkpoints import keyed, layout, restore, savepoints
 from stateful_runtime.checkpoints.layout import CheckpointLayout, QueryLayout
+from stateful_runtime.checkpoints.storage import checkpoint_path, s3a_url
 from stateful_runtime.exceptions import ConfigError
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ TIMER_STATE = "timer"  # the state name timer rows are shown under
 def checkpoint_of(ref: str, roots: list[str]) -> Iterator[Path]:
     """A checkpoint directory for ``ref``: itself if it is one, else the savepoint laid out in
     a temporary directory."""
-    path = Path(ref)
+    path = checkpoint_path(ref)
     if CheckpointLayout(path).marker.is_file():
         yield path.resolve()
         return
@@ -274,7 +275,7 @@ def inspect(
         for name in names:
             reader = (
                 spark.read.format("statestore")
-                .option("path", str(query.root))
+                .option("path", s3a_url(query.root))
                 .option("operatorId", OPERATOR_ID)
                 .option("batchId", batch)
             )

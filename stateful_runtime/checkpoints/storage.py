@@ -22,6 +22,7 @@ multipart uploads (boto3's transfer manager, 8 MiB parts).
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import io
 import os
@@ -286,7 +287,13 @@ def checkpoint_path(location: str | os.PathLike[str]) -> Path:
         return location
     text = str(location)
     if text.startswith(S3_SCHEME):
-        return S3Path(text)
+        path = S3Path(text)
+        if not path.bucket or not path.key:
+            raise ConfigError(
+                f"{text!r} names no bucket and prefix; write s3://bucket/prefix (a checkpoint "
+                f"is a prefix inside a bucket)"
+            )
+        return path
     if "://" in text:
         raise ConfigError(
             f"unsupported checkpoint location {text!r}: use a local path or s3://bucket/prefix"
@@ -610,6 +617,31 @@ def fill_file(final: Path, fill: Callable[[Path], object], *, sync: bool = True)
         tmp.unlink(missing_ok=True)
         raise
     return final
+
+
+@contextlib.contextmanager
+def local_copy(path: Path) -> Iterator[Path]:
+    """``path`` as a local file for as long as the block runs: itself, or a download of an
+    object on S3 (removed afterwards)."""
+    if not isinstance(path, S3Path):
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="srt-get-") as scratch:
+        local = Path(scratch) / path.name
+        path.download(local)
+        yield local
+
+
+def upload_tree(local: Path, dest: Path) -> None:
+    """Copy every file below the local directory ``local`` to ``dest`` (on S3 or local), in the
+    same places."""
+    for f in sorted(p for p in local.rglob("*") if p.is_file()):
+        target = dest / f.relative_to(local).as_posix()
+        if isinstance(target, S3Path):
+            target.upload(f)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, target)
 
 
 def read_arrow(path: Path) -> Any:

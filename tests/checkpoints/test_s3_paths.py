@@ -49,8 +49,9 @@ def test_names_are_those_of_the_url(root: S3Path):
     assert (root / "q" / "commits" / "3").relative_to(root).as_posix() == "q/commits/3"
     assert s3a_url(root / "q") == "s3a://" + f"{root}/q".removeprefix("s3://")
     assert checkpoint_path(str(root)) == root and checkpoint_path(root) is root
-    with pytest.raises(ConfigError, match="s3://bucket/prefix"):
-        checkpoint_path("gs://bucket/prefix")
+    for wrong in ("gs://bucket/prefix", "s3://bucket", "s3://"):
+        with pytest.raises(ConfigError, match="s3://bucket/prefix"):
+            checkpoint_path(wrong)
 
 
 def test_files_and_directories(root: S3Path, s3: S3Endpoint):

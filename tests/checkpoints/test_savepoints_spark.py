@@ -454,3 +454,52 @@ def test_keyed_state_through_savepoint_rescale_damage_and_mirror(upi, tmp_path, 
     assert manifest.check(sp2) == []  # sizes only: a restore verifies checksums as it copies
     with pytest.raises(manifest.ManifestMismatchError, match=re.escape(entry["path"])):
         check_state(job, overrides, sp2.location)
+
+
+def test_a_checkpoint_on_s3_through_savepoint_restore_in_place_rescale_and_inspect(
+    upi, tmp_path, srt_env, s3
+):
+    """Keyed state with ``checkpoint.dir=s3://...`` (the real `srt`: its JVM starts with the
+    S3A jars): a savepoint of it to S3, a restore from it into the same checkpoint (the one
+    there moved aside on S3) rescaling 2 → 3, and `srt state inspect` of the checkpoint on
+    S3: the counts equal the oracle's after each step."""
+    job = counter_job(tmp_path / "counter.py")
+    parts = [LINES[:6_000], LINES[6_000:12_000]]
+    base = f"s3://{s3.bucket}/savepoint-flow"
+    ckpt, roots = f"{base}/ck", f"{base}/savepoints"
+    db = tmp_path / "c.duckdb"
+
+    def run(*more: str, parallelism: int) -> str:
+        sets = {
+            "source.log_dir": upi.log_dir,
+            "sink.database": db,
+            "checkpoint.dir": ckpt,
+            "parallelism": parallelism,
+        }
+        args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+        done = srt(["run", str(job), "--available-now", *args, *more], srt_env, timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done.stdout
+
+    append_lines(upi.log_dir, parts[0])
+    run(parallelism=2)
+    assert counts(db) == {m: (c,) for m, c in expected_counts(parts[0]).items()}
+
+    sp = savepoints.create(ckpt, roots)
+    assert sp.location == f"{roots}/{sp.id}"
+    assert any("/keyed/counter/1/" in f["path"] for f in sp.manifest["files"])
+    assert manifest.check(sp) == []
+
+    append_lines(upi.log_dir, parts[1])
+    out = run("--from-savepoint", sp.location, parallelism=3)
+    assert f"into {ckpt}" in out and f"kept in {ckpt}.before-restore-" in out, out
+    assert "rescaling the state of counter from 2 to 3 partitions" in out, out
+    assert counts(db) == {m: (c,) for m, c in expected_counts(LINES[:12_000]).items()}
+    keys = s3.keys("savepoint-flow/ck/counter/keyed/counter/")
+    assert {k.split("/")[5] for k in keys if k.endswith(".delta")} >= {"0", "1", "2"}
+
+    shown = srt(["state", "inspect", ckpt, "--key", "M007"], srt_env)
+    assert shown.returncode == 0, shown.stderr
+    head, *table = shown.stdout.splitlines()
+    assert head.startswith("counter/counter (batch ") and "3 partitions" in head, head
+    assert f" {expected_counts(LINES[:12_000])['M007']} " in table[1]
