@@ -159,12 +159,6 @@ def s3_endpoint() -> str | None:
     return os.environ.get("SRT_S3_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL") or None
 
 
-def s3_client() -> Any:
-    import boto3
-
-    return boto3.client("s3", endpoint_url=s3_endpoint())
-
-
 _clients: dict[int, Any] = {}
 _clients_lock = threading.Lock()
 
@@ -175,102 +169,48 @@ def _shared_client() -> Any:
     with _clients_lock:
         client = _clients.get(os.getpid())
         if client is None:
-            client = _clients[os.getpid()] = s3_client()
+            import boto3
+
+            client = _clients[os.getpid()] = boto3.client("s3", endpoint_url=s3_endpoint())
         return client
 
 
 class S3Store(Store):
-    def __init__(self, url: str, client: Any = None) -> None:
-        rest = url.removeprefix("s3://")
+    """Objects under ``s3://bucket/prefix``: an :class:`S3Path` makes the requests."""
+
+    def __init__(self, url: str) -> None:
+        rest = url.removeprefix(S3_SCHEME).strip("/")
         self.bucket, _, prefix = rest.partition("/")
         if not self.bucket:
             raise ConfigError(f"{url!r} names no bucket; write s3://bucket/prefix")
-        self.prefix = prefix.strip("/")
-        self.url = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
-        self.client = client or s3_client()
-
-    def _key(self, key: str) -> str:
-        return f"{self.prefix}/{key}" if self.prefix else key
-
-    def _call(self, what: str, fn: Any, **kwargs: Any) -> Any:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            return fn(**kwargs)
-        except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "")
-            if code in ("PreconditionFailed", "ConditionalRequestConflict"):
-                raise AlreadyExistsError(f"{self.url}: {what} already exists") from None
-            hint = f"; create the bucket {self.bucket!r} first" if code == "NoSuchBucket" else ""
-            raise StorageError(f"{self.url}: {what} failed: {code or exc}{hint}") from None
-        except BotoCoreError as exc:
-            raise StorageError(
-                f"{self.url}: {what} failed: {exc}. Check AWS credentials and the endpoint "
-                f"(AWS_ENDPOINT_URL or SRT_S3_ENDPOINT_URL)"
-            ) from None
+        self.prefix = prefix
+        self.root = S3Path(S3_SCHEME + rest)
+        self.url = str(self.root)
 
     def put_file(self, local: Path, key: str) -> None:
-        from boto3.s3.transfer import TransferConfig
-
-        config = TransferConfig(
-            multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_THRESHOLD
-        )
-        self._call(
-            f"upload of {key}",
-            self.client.upload_file,
-            Filename=str(local),
-            Bucket=self.bucket,
-            Key=self._key(key),
-            Config=config,
-        )
+        (self.root / key).upload(local)
 
     def put_bytes(self, key: str, data: bytes, *, create_only: bool = False) -> None:
-        extra = {"IfNoneMatch": "*"} if create_only else {}
-        self._call(
-            f"write of {key}",
-            self.client.put_object,
-            Bucket=self.bucket,
-            Key=self._key(key),
-            Body=data,
-            **extra,
-        )
+        (self.root / key).write_bytes(data, create_only=create_only)
 
     def get_bytes(self, key: str) -> bytes:
-        obj = self._call(
-            f"read of {key}", self.client.get_object, Bucket=self.bucket, Key=self._key(key)
-        )
-        return obj["Body"].read()
+        try:
+            return (self.root / key).read_bytes()
+        except FileNotFoundError as exc:
+            raise StorageError(str(exc)) from None
 
     def get_file(self, key: str, local: Path) -> None:
-        local.parent.mkdir(parents=True, exist_ok=True)
-        self._call(
-            f"download of {key}",
-            self.client.download_file,
-            Bucket=self.bucket,
-            Key=self._key(key),
-            Filename=str(local),
-        )
+        try:
+            (self.root / key).download(local)
+        except FileNotFoundError as exc:
+            raise StorageError(str(exc)) from None
 
     def list(self, prefix: str = "") -> Iterator[StoredObject]:
-        paginator = self.client.get_paginator("list_objects_v2")
-        full = self._key(prefix) if prefix else (f"{self.prefix}/" if self.prefix else "")
-        pages = self._call(
-            "listing", lambda: list(paginator.paginate(Bucket=self.bucket, Prefix=full))
-        )
-        cut = len(self.prefix) + 1 if self.prefix else 0
-        for page in pages:
-            for obj in page.get("Contents", []):
-                yield StoredObject(obj["Key"][cut:], obj["Size"], obj["LastModified"].timestamp())
+        for o in self.root.objects(prefix):
+            yield StoredObject(o["Name"], o["Size"], o["LastModified"].timestamp())
 
     def delete(self, keys: Sequence[str]) -> None:
-        for i in range(0, len(keys), 1000):
-            chunk = [{"Key": self._key(k)} for k in keys[i : i + 1000]]
-            self._call(
-                "delete",
-                self.client.delete_objects,
-                Bucket=self.bucket,
-                Delete={"Objects": chunk, "Quiet": True},
-            )
+        self.root.delete_objects(keys)
 
 
 S3_SCHEME = "s3://"
@@ -385,34 +325,45 @@ class S3Path(PosixPath):
             ) from None
 
     # -- listing -----------------------------------------------------------------------------
-    def _list(self, *, recursive: bool) -> tuple[list[str], list[dict[str, Any]]]:
-        """(sub-prefixes, objects) under this directory: one level, or every object below."""
-        prefix = f"{self.key}/" if self.key else ""
-        kwargs: dict[str, Any] = {"Prefix": prefix}
-        if not recursive:
+    def objects(self, prefix: str = "", *, delimiter: bool = False) -> list[dict[str, Any]]:
+        """The objects whose keys start with this directory's and then ``prefix`` (S3's
+        listing entries, each with ``Name``: its key relative to this directory); with
+        ``delimiter``, one level only, sub-directories as ``{"Name": name, "Dir": True}``."""
+        base = f"{self.key}/" if self.key else ""
+        kwargs: dict[str, Any] = {"Prefix": base + prefix}
+        if delimiter:
             kwargs["Delimiter"] = "/"
-        dirs: list[str] = []
-        objects: list[dict[str, Any]] = []
+        out: list[dict[str, Any]] = []
         paginator = _shared_client().get_paginator("list_objects_v2")
-        for page in self._call(
+        pages = self._call(
             "listing", lambda Bucket: list(paginator.paginate(Bucket=Bucket, **kwargs))
-        ):
-            dirs += [p["Prefix"][len(prefix) :].rstrip("/") for p in page.get("CommonPrefixes", [])]
-            objects += page.get("Contents", [])
-        for o in objects:
-            o["Name"] = o["Key"][len(prefix) :]
-        return dirs, objects
+        )
+        for page in pages:
+            for d in page.get("CommonPrefixes", []):
+                out.append({"Name": d["Prefix"][len(base) :].rstrip("/"), "Dir": True})
+            for o in page.get("Contents", []):
+                out.append({**o, "Name": o["Key"][len(base) :]})
+        return out
+
+    def delete_objects(self, names: Sequence[str]) -> None:
+        """Delete the objects of these keys relative to this directory, 1,000 a request."""
+        base = f"{self.key}/" if self.key else ""
+        for i in range(0, len(names), 1000):
+            self._call(
+                "delete",
+                _shared_client().delete_objects,
+                Delete={"Objects": [{"Key": base + n} for n in names[i : i + 1000]], "Quiet": True},
+            )
 
     def iterdir(self) -> Generator[S3Path, None, None]:
-        dirs, objects = self._list(recursive=False)
         # An empty directory and a missing one are the same on S3: neither has an entry.
-        for name in sorted({*dirs, *(o["Name"] for o in objects if o["Name"])}):
+        for name in sorted({o["Name"] for o in self.objects(delimiter=True) if o["Name"]}):
             yield self / name
 
     def _below(self) -> set[str]:
         """Every object and directory below this one, relative to it."""
         out: set[str] = set()
-        for o in self._list(recursive=True)[1]:
+        for o in self.objects():
             parts = o["Name"].rstrip("/").split("/")
             for i in range(1, len(parts) + 1):
                 out.add("/".join(parts[:i]))
@@ -548,24 +499,26 @@ class S3Path(PosixPath):
             raise FileExistsError(f"{self} exists")
 
     def rmdir(self) -> None:
-        if any(True for _ in self._list(recursive=False)[1]) or self._list(recursive=False)[0]:
+        if any(o["Name"] for o in self.objects(delimiter=True)):
             raise OSError(f"{self} is not empty")
 
     def replace(self, target: str | os.PathLike[str]) -> S3Path:  # type: ignore[override]
         """A copy and a delete: not atomic (S3 has no rename)."""
         dest = target if isinstance(target, S3Path) else S3Path(str(target))
-        if dest.is_dir() or self.is_dir():
-            for rel in sorted(self._below()):
-                src = self / rel
-                if src.is_file():
-                    src.replace(dest / rel)
+        if not self.is_file():  # a directory: each object below it
+            for o in self.objects():
+                if not o["Name"].endswith("/"):
+                    (self / o["Name"]).replace(dest / o["Name"])
             return dest
-        self._call(
-            "copy",
-            _shared_client().copy_object,
-            Key=dest.key,
-            CopySource={"Bucket": self.bucket, "Key": self.key},
-        ) if dest.bucket == self.bucket else dest.write_bytes(self.read_bytes())
+        if dest.bucket == self.bucket:
+            self._call(
+                "copy",
+                _shared_client().copy_object,
+                Key=dest.key,
+                CopySource={"Bucket": self.bucket, "Key": self.key},
+            )
+        else:
+            dest.write_bytes(self.read_bytes())
         self.unlink(missing_ok=True)
         return dest
 
@@ -573,13 +526,7 @@ class S3Path(PosixPath):
 
     def remove_tree(self) -> None:
         """Delete every object below this directory."""
-        keys = [o["Key"] for o in self._list(recursive=True)[1]]
-        for i in range(0, len(keys), 1000):
-            self._call(
-                "delete",
-                _shared_client().delete_objects,
-                Delete={"Objects": [{"Key": k} for k in keys[i : i + 1000]], "Quiet": True},
-            )
+        self.delete_objects([o["Name"] for o in self.objects()])
 
 
 def write_file(path: Path, data: bytes | str, *, sync: bool = False) -> None:
