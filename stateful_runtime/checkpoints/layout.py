@@ -307,30 +307,39 @@ class CheckpointLock:
 
 class LeaseLock(CheckpointLock):
     """The job's lock on a checkpoint on S3, which has no ``flock``: the object ``_lock``,
-    created only if absent (a conditional write), naming its holder and renewed
-    (:meth:`renew`) while the job runs. A holder that is gone gives the lock up: a process of
-    this host that no longer exists at once; any other once its lease has not been renewed for
-    :data:`LEASE_S` (a process killed on another machine)."""
+    naming its holder, created only if absent and rewritten only over the version its writer
+    last saw (S3's conditional writes), so two processes never both hold it. The holder renews
+    it while the job runs (:meth:`renew`); a holder that is gone gives it up: a process of this
+    host that no longer exists at once, any other once its lease has not been renewed for
+    :data:`LEASE_S` (a process killed on another machine). A holder that finds its lease taken
+    over (it stalled longer than that) stops: :meth:`renew` raises."""
 
     LEASE_S = 120.0
 
     def __init__(self, path: Path, holder: dict[str, Any]) -> None:
         super().__init__(path, -1, holder)
+        self._etag: str | None = None  # the version of _lock this process wrote last
         self._renewed = 0.0
 
     @classmethod
     def acquire(cls, path: Path, job: str, holder: dict[str, Any]) -> LeaseLock:
         assert isinstance(path, S3Path)
         lock = cls(path, {**holder, "host": socket.gethostname()})
-        for _ in range(3):
+        for _ in range(5):
             try:
-                path.write_bytes(lock._document(), create_only=True)
+                lock._etag = path.put(lock._document(), create_only=True)
             except AlreadyExistsError:
-                held = cls.holder_of(path)
+                try:
+                    raw, etag = path.read_versioned()
+                except FileNotFoundError:
+                    continue  # released meanwhile: try to create it again
+                held = cls._parse(raw)
                 if not cls._gone(path, held):
                     raise JobLockedError(job, str(path.parent), held) from None
-                path.unlink(missing_ok=True)  # the holder is gone: its lease lapses
-                continue
+                try:  # take it over from the one that is gone, unless another did first
+                    lock._etag = path.put(lock._document(), if_match=etag)
+                except (AlreadyExistsError, FileNotFoundError):
+                    continue
             lock._renewed = time.monotonic()
             return lock
         raise JobLockedError(job, str(path.parent), cls.holder_of(path))
@@ -352,22 +361,42 @@ class LeaseLock(CheckpointLock):
         return age > LeaseLock.LEASE_S
 
     @staticmethod
-    def holder_of(path: Path) -> dict[str, Any]:
+    def _parse(raw: bytes) -> dict[str, Any]:
         try:
-            data = json.loads(path.read_text() or "null")
-        except (OSError, ValueError):
+            data = json.loads(raw or b"null")
+        except ValueError:
             return {}
         return data if isinstance(data, dict) else {}
+
+    @staticmethod
+    def holder_of(path: Path) -> dict[str, Any]:
+        try:
+            return LeaseLock._parse(path.read_bytes())
+        except OSError:
+            return {}
 
     def _document(self) -> bytes:
         return json.dumps(self.holder).encode()
 
     def _write(self) -> None:
-        self.path.write_bytes(self._document())
+        assert isinstance(self.path, S3Path)
+        try:
+            self._etag = self.path.put(self._document(), if_match=self._etag)
+        except (AlreadyExistsError, FileNotFoundError):
+            held = self.holder_of(self.path)
+            self._etag = None
+            who = ", ".join(f"{k} {held[k]}" for k in ("host", "pid", "run_id") if k in held)
+            raise StorageError(
+                f"{self.path}: this process's lease on the checkpoint lapsed and "
+                + (f"another process took it over ({who})" if who else "the lease is gone")
+                + f": the job stops here, committing nothing more (a stall of over "
+                f"{self.LEASE_S:.0f} s, or S3 unreachable that long)"
+            ) from None
         self._renewed = time.monotonic()
 
     def renew(self) -> None:
-        """Renew the lease (a third of it at most since the last renewal)."""
+        """Renew the lease (once a third of it has passed since the last renewal); raises
+        :class:`StorageError` if another process has taken it over."""
         if time.monotonic() - self._renewed > self.LEASE_S / 3:
             self._write()
 
@@ -381,9 +410,12 @@ class LeaseLock(CheckpointLock):
         pass
 
     def release(self, *, tidy: bool = False) -> None:
-        if self._renewed and self.holder_of(self.path).get("run_id") == self.holder.get("run_id"):
+        """Delete the lease if it is still this process's."""
+        if self._etag is not None and self.holder_of(self.path).get("run_id") == self.holder.get(
+            "run_id"
+        ):
             self.path.unlink(missing_ok=True)
-        self._renewed = 0.0
+        self._etag = None
 
 
 @dataclass(frozen=True, init=False)

@@ -422,16 +422,30 @@ class S3Path(PosixPath):
         return bool(got.get("KeyCount"))
 
     def read_bytes(self) -> bytes:
-        return self._call("read", _shared_client().get_object, Key=self.key)["Body"].read()  # type: ignore[no-any-return]
+        return self.read_versioned()[0]
+
+    def read_versioned(self) -> tuple[bytes, str]:
+        """The object's bytes and its ETag (what :meth:`put` can be made conditional on)."""
+        got = self._call("read", _shared_client().get_object, Key=self.key)
+        return got["Body"].read(), got["ETag"]
 
     def read_text(self, encoding: str | None = None, errors: str | None = None) -> str:
         return self.read_bytes().decode(encoding or "utf-8", errors or "strict")
 
     def write_bytes(self, data: Any, *, create_only: bool = False) -> int:  # type: ignore[override]
-        extra = {"IfNoneMatch": "*"} if create_only else {}
         body = bytes(data)
-        self._call("write", _shared_client().put_object, Key=self.key, Body=body, **extra)
+        self.put(body, create_only=create_only)
         return len(body)
+
+    def put(self, data: bytes, *, create_only: bool = False, if_match: str | None = None) -> str:
+        """Write the object whole; returns its ETag. ``create_only``: only if there is none;
+        ``if_match``: only over the object of that ETag (both :class:`AlreadyExistsError`
+        otherwise: S3's conditional writes)."""
+        extra: dict[str, str] = {"IfNoneMatch": "*"} if create_only else {}
+        if if_match is not None:
+            extra["IfMatch"] = if_match
+        put = self._call("write", _shared_client().put_object, Key=self.key, Body=data, **extra)
+        return str(put["ETag"])
 
     def write_text(  # type: ignore[override]
         self,

@@ -160,7 +160,12 @@ def test_the_lock_is_a_lease(root: S3Path, monkeypatch):
         layout.lock("job-a", {"pid": os.getpid(), "run_id": "r5"})
     monkeypatch.setattr(LeaseLock, "LEASE_S", -1.0)
     again = layout.lock("job-a", {"pid": os.getpid(), "run_id": "r5"})
-    # A lock another process took over since is not released by the one that lost it.
+    again.renew()  # renewed over its own version
+    assert json.loads(layout.lock_file.read_text())["run_id"] == "r5"
+    # Taken over meanwhile (this process stalled past its lease): the renewal says so and the
+    # job stops; the release leaves the new holder's lease alone.
     layout.lock_file.write_text(json.dumps({"pid": 1, "run_id": "r6", "host": "elsewhere"}))
+    with pytest.raises(StorageError, match="another process took it over .*run_id r6"):
+        again.renew()
     again.release()
     assert json.loads(layout.lock_file.read_text())["run_id"] == "r6"
