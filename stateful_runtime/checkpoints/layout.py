@@ -181,6 +181,13 @@ class CheckpointLayout:
             return LeaseLock.acquire(self.lock_file, job, holder)
         return CheckpointLock.acquire(self.lock_file, job, holder)
 
+    def move_contents(self, to: Path) -> None:
+        """Move everything in the directory but the lock to ``to`` (a checkpoint on S3, which
+        cannot be renamed whole: object by object, the job's lease staying where it is)."""
+        for p in self.root.iterdir():
+            if p.name != _LOCK:
+                p.replace(to / p.name)
+
     def dead_letters(self, source: str) -> Path:
         """Where the rejected records of ``source`` are staged until their batch commits."""
         return self.root / _DEAD_LETTERS / source

@@ -279,17 +279,14 @@ def _hadoop_url(path: str) -> str:
 
 def _replace_on_s3(ckpt: Path, staging: Path) -> Path | None:
     """Put the checkpoint laid out in the local directory ``staging`` at ``ckpt`` on S3, what
-    was there moved aside first (a copy and a delete per object: S3 has no rename), the job's
-    lock lease left in place. Returns where the previous checkpoint went."""
-    lock_name = CheckpointLayout(ckpt).lock_file.name
-    previous = [p for p in ckpt.iterdir() if p.name != lock_name]
+    was there moved aside first (the job's lease left in place). Returns where the previous
+    checkpoint went."""
     moved_aside = None
-    if previous:
+    if any(p.name != CheckpointLayout(ckpt).lock_file.name for p in ckpt.iterdir()):
         moved_aside = ckpt.with_name(
             f"{ckpt.name}.before-restore-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
         )
-        for p in previous:
-            p.replace(moved_aside / p.name)
+        CheckpointLayout(ckpt).move_contents(moved_aside)
     upload_tree(staging, ckpt)
     return moved_aside
 

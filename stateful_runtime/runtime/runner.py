@@ -19,6 +19,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from stateful_runtime.checkpoints import layout, manifest, migrate, recovery, restore, savepoints
@@ -849,6 +850,18 @@ class JobRunner:
         aside = ckpt.with_name(
             f"{ckpt.name}.before-replay-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
         )
+        if isinstance(ckpt, S3Path):  # no rename of a prefix: its objects move, the lease stays
+            self.layout.move_contents(aside)
+        else:
+            self._swap_for_fresh(ckpt, aside)
+        self.console.say(
+            f"replaying into fresh sink tables from the sources: the checkpoint that was "
+            f"there is kept in {aside}"
+        )
+
+    def _swap_for_fresh(self, ckpt: Path, aside: Path) -> None:
+        """Rename the checkpoint directory to ``aside`` and an empty one, locked first, into
+        its place."""
         fresh = ckpt.with_name(f".{ckpt.name}.replay-{uuid.uuid4().hex[:6]}")
         fresh.mkdir()
         if self.checkpoint_lock is not None:
@@ -857,10 +870,6 @@ class JobRunner:
         os.replace(fresh, ckpt)
         if self.checkpoint_lock is not None:
             self.checkpoint_lock.settle()
-        self.console.say(
-            f"replaying into fresh sink tables from the sources: the checkpoint that was "
-            f"there is kept in {aside}"
-        )
 
     def _check_sinks(self) -> None:
         """Each warehouse sink's table against the checkpoint (:mod:`.sink_check`): a table or
