@@ -67,6 +67,7 @@ _SOCKET_PATH_MAX = 100  # bytes of a Unix socket's path (108 on Linux, with its 
 
 # -- the server ------------------------------------------------------------------------------------
 _started: list[Any] = []  # this process's server (its Popen), once started
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}  # the job's: never the server's
 
 
 def start(
@@ -97,6 +98,11 @@ def start(
     env = {**os.environ, **SERVER_SETTINGS}
     env.pop(ENV, None)
     errors = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115
+    # The server starts with the stop signals blocked (a blocked mask survives exec): a stop
+    # sent to the job's group while its interpreter starts stays pending until main() has set
+    # them ignored, instead of interrupting its imports with a traceback. This thread's own
+    # mask is back as it was right after, and what arrived meanwhile is delivered then.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", __name__, path],
@@ -107,6 +113,7 @@ def start(
             close_fds=True,
         )
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         if log is not None:
             errors.close()  # type: ignore[union-attr]
     _started.append(proc)
@@ -300,9 +307,11 @@ def _reseed_numpy() -> None:
 
 def main() -> None:
     path = sys.argv[1]
-    # The driver's stop signals are the driver's to handle; this server ends with it.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # The driver's stop signals are the driver's to handle; this server ends with it. They
+    # arrive blocked (start()): ignored first, then unblocked, any pending one is dropped.
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     server = _Server(path)  # listening before the imports: an early start waits, it is not refused
     import importlib
 

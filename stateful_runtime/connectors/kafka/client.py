@@ -138,7 +138,29 @@ def ensure_topic(
     except KafkaException as exc:
         if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
             raise
+    _await_leaders(admin, topic)
     return partitions
+
+
+def _await_leaders(admin: Any, topic: str) -> None:
+    """Wait until the brokers' metadata gives every partition of a topic just created a
+    leader: the controller answers CreateTopics before then, and a client asking a partition's
+    offsets in between is told "Unknown partition"."""
+    import time
+
+    deadline = time.monotonic() + METADATA_TIMEOUT_S
+    while True:
+        meta = admin.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics.get(topic)
+        if (
+            meta is not None
+            and meta.error is None
+            and meta.partitions
+            and all(p.leader >= 0 and p.error is None for p in meta.partitions.values())
+        ):
+            return
+        if time.monotonic() > deadline:
+            return  # what the caller asks next says what is wrong, by name
+        time.sleep(0.05)
 
 
 def topic_max_message_bytes(config: Mapping[str, Any], topic: str) -> int | None:
