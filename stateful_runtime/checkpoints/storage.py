@@ -520,9 +520,13 @@ class S3Path(PosixPath):
         """A copy and a delete: not atomic (S3 has no rename)."""
         dest = target if isinstance(target, S3Path) else S3Path(str(target))
         if not self.is_file():  # a directory: each object below it
+            markers = []  # S3A's empty "directory/" objects: dropped, never moved
             for o in self.objects():
-                if not o["Name"].endswith("/"):
+                if not o["Name"] or o["Name"].endswith("/"):
+                    markers.append(o["Name"])
+                else:
                     (self / o["Name"]).replace(dest / o["Name"])
+            self.delete_objects(markers)
             return dest
         if dest.bucket == self.bucket:
             self._call(

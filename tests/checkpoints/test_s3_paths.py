@@ -84,6 +84,14 @@ def test_files_and_directories(root: S3Path, s3: S3Endpoint):
     with pytest.raises(FileNotFoundError):
         (q / "g").unlink()
 
+    # A directory moves object by object; S3A's markers of it and below it are dropped.
+    s3.client().put_object(Bucket=s3.bucket, Key=f"{q.key}/state/", Body=b"")
+    (q / "state").replace(q / "moved")
+    assert [p.relative_to(q).as_posix() for p in q.rglob("*.changelog")] == [
+        "moved/0/1/2.changelog"
+    ]
+    assert not (q / "state").exists()
+
     (q / "once").write_bytes(b"1", create_only=True)
     with pytest.raises(AlreadyExistsError):
         (q / "once").write_bytes(b"2", create_only=True)
