@@ -313,16 +313,9 @@ def record(operator: Path, version: int, tokens: Mapping[int, str] | Mapping[str
         "version": version,
         "tokens": {str(p): t for p, t in tokens.items()},
     }
-    return _put(
+    return fill_file(
         record_path(operator, version), lambda tmp: tmp.write_bytes(json.dumps(doc).encode())
     )
-
-
-def _put(final: Path, fill: Callable[[Path], object]) -> Path:
-    """``fill`` a temporary file, then put it at ``final``: a reader sees the whole file or
-    none."""
-    fill_file(final, fill)
-    return final
 
 
 def versions(directory: Path, suffix: str) -> list[int]:
@@ -407,7 +400,7 @@ def write(
             for batch in batches:
                 writer.write_batch(batch)
 
-    return _put(file(directory, version, suffix, token), fill)
+    return fill_file(file(directory, version, suffix, token), fill)
 
 
 def token(path: Path) -> str | None:
