@@ -1,7 +1,8 @@
 """The sections after throughput: Kafka source, latency, scale-out, profiles.
 
 * ``kafka`` — ``benchmarks/kafka_throughput.py`` at 1M events: the runtime's Kafka source (read
-  + decode, ``--available-now``) against a raw confluent-kafka consumer of the same topic.
+  + decode, ``--available-now``) against a raw confluent-kafka consumer of the same topic, bare
+  and parsing the values with Arrow's JSON reader.
 * ``latency`` — the pass-through job ``benchmarks/jobs/latency_passthrough.py`` (Kafka source ->
   Kafka exactly-once sink, 0.2 s trigger) on a Apache Kafka broker; a feeder produces at fixed
   rates (5k, 20k, 50k events/s), each event carrying its produce time; a read_committed
@@ -121,6 +122,8 @@ def kafka(
         "source_events_per_s": src["events_per_s"],
         "raw_events_per_s": src["raw_consumer_per_s"],
         "ratio": src["ratio"],
+        "decoding_events_per_s": src.get("raw_consumer_decoding_per_s"),
+        "ratio_to_decoding": src.get("ratio_to_decoding"),
         "reps": src.get("reps", 1),
         "runs": src.get("runs"),
         "sink": r.get("sink"),

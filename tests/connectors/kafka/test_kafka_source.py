@@ -70,7 +70,10 @@ def test_secrets_never_in_describe_offsets_explain_or_registry(kafka, tmp_path, 
     job.from_source(
         src, WatermarkStrategy.for_monotonous_timestamps().with_timestamp_field("ts_ms"), name="s"
     ).sink_to(__import__("stateful_runtime").LogSink(str(tmp_path / "log"), "o"))
-    assert SECRET not in explain(plan(job)) and SECRET not in src.describe()
+    shown = explain(plan(job))
+    assert SECRET not in shown and SECRET not in src.describe()
+    # The planner says which reader reads the topic, and why not Spark's connector.
+    assert "read by the runtime's reader" in shown and "not Spark's Kafka connector" in shown
     assert SECRET not in json.dumps(KafkaStreamReader(src.options()).initialOffset())
     assert SECRET not in json.dumps(mask_config({"kafka.sasl.password": SECRET}))
     assert mask_config({"kafka.sasl.password": "env:PW"}) == {"kafka.sasl.password": "env:PW"}
