@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -834,7 +834,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                             raise RuntimeError(f"Kafka read {split}: {err}")
                         eof = eof or m.offset() >= split.end
                     msgs = [m for m in msgs if m.error() is None]
-                offs = list(map(Message.offset, msgs))
+                # (a message without an error has its offset)
+                offs = cast(list[int], list(map(Message.offset, msgs)))
                 cut = bisect.bisect_left(offs, split.end)
                 past_end = cut < len(offs)
                 if past_end:
@@ -843,7 +844,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     got = list(map(Message.value, msgs))
                     if None in got:  # a tombstone: no value
                         got = [v or b"" for v in got]
-                    values += got
+                    values += cast(list[bytes], got)
                     offsets += offs
                     if self.metadata:
                         metas += [(m.key(), m.timestamp()[1], m.headers()) for m in msgs]
