@@ -513,7 +513,11 @@ class ReferenceRuntime(StreamingRuntime):
         return Path(os.environ.get("SRT_BENCH_REFERENCE", "")).resolve()
 
     def available(self) -> str | None:
-        if not (self.root / PROJECT_PYTHON.relative_to(ROOT)).exists():
+        # Unset, the path would resolve to the working directory: this checkout again.
+        if (
+            not os.environ.get("SRT_BENCH_REFERENCE")
+            or not (self.root / PROJECT_PYTHON.relative_to(ROOT)).exists()
+        ):
             return (
                 "SRT_BENCH_REFERENCE must name another checkout with its .venv "
                 "(platform/bootstrap.sh there)"
