@@ -41,7 +41,7 @@ def raw_consume(bootstrap: str, topic: str, partitions: int, n: int, decode: boo
     """Records/s of one consumer reading ``n`` records; ``decode``: each 65,536 values also
     parsed by Arrow's JSON reader, untyped and unchecked (what any decoding reader pays)."""
     import pyarrow.json as pajson
-    from confluent_kafka import Consumer, Message, TopicPartition
+    from confluent_kafka import Consumer, TopicPartition
 
     c = Consumer(
         {
@@ -62,7 +62,7 @@ def raw_consume(bootstrap: str, topic: str, partitions: int, n: int, decode: boo
         msgs = c.consume(10_000, 1.0)
         got += sum(1 for m in msgs if not m.error())
         if decode:
-            values += map(Message.value, msgs)
+            values += [m.value() for m in msgs if not m.error()]
             if len(values) >= 65_536 or got >= n:
                 pajson.read_json(io.BytesIO(b"\n".join(values)))
                 values = []

@@ -797,7 +797,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- executor side ----------------------------------------------------------------------
     def _fetch(self, split: KafkaSplit) -> tuple[list[bytes], list[Any], list[int]]:
         """The split's record values (with their offsets and, if asked, metadata), read in
-        bulk: the per-message work is list comprehensions, not a Python loop."""
+        bulk: the per-message work is ``map`` over the messages' C methods, not a Python
+        loop."""
         from confluent_kafka import KafkaError, Message, TopicPartition
 
         c = _consumer(self.config_json, "error" if self.fail_on_data_loss else "earliest")

@@ -267,3 +267,21 @@ def test_implausible_event_times_are_dead_letters_of_the_kafka_source(spark, kaf
         with ipc.open_file(str(path)) as f:
             dead += f.read_all().column("_raw").to_pylist()
     assert sorted(dead) == sorted([future, negative])
+
+
+def test_a_record_without_a_value_is_read_as_a_bad_record_at_its_offset(kafka):
+    """A tombstone (a record whose value is null: a compacted topic's delete) among records
+    reads as an empty record that fails the decode, at its own offset, and the records around
+    it read as they are (the bulk read takes values out of a fetch whole)."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    kafka.create_topic("tomb", 1)
+    kafka.produce("tomb", [(b"k", None if i == 3 else _rec(i, BASE + i)) for i in range(6)])
+    reader = KafkaStreamReader(KafkaSource(kafka.bootstrap, "tomb", SCHEMA).options())
+    start = reader.initialOffset()
+    [split] = reader.partitions(start, reader.latestOffset(start, ReadAllAvailable()))
+    rows = [r for b in reader.read(split) for r in b.to_pylist()]
+    assert [r["_offset"] for r in rows] == list(range(6))
+    assert [r["id"] for r in rows] == [0, 1, 2, None, 4, 5]
+    assert (rows[3]["_error"], rows[3]["_raw"]) == ("empty record", b"")
+    assert [r["_error"] for r in rows[:3] + rows[4:]] == [None] * 5
