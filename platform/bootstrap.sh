@@ -84,9 +84,21 @@ site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purel
 zips="$site/pyspark/python/lib/"
 echo "import sys; sys.path[:] = [p for p in sys.path if not p.startswith('$zips')]" \
   > "$site/srt-pyspark-bytecode.pth"
+# The runtime's JVM classes (a local master's file system without a `chmod` process per
+# checkpoint file: stateful_runtime/runtime/session.py), built once per venv with the JDK's javac.
+share=.venv/share/stateful-runtime
+if [ ! -s "$share/srt-jvm.jar" ]; then
+  if command -v javac >/dev/null; then
+    platform/jvm-classes.sh || echo "bootstrap: continuing without the runtime's JVM classes" >&2
+  else
+    echo "bootstrap: no javac (a JRE, not a JDK): jobs write checkpoints through Hadoop's" \
+      "own local file system (a chmod process per file)" >&2
+  fi
+fi
 # Spark's driver JVM starts ~2 s faster from a class archive (stateful_runtime/runtime/session.py);
-# built once per venv (delete .venv/share/stateful-runtime to rebuild after a Spark upgrade).
-if [ ! -s .venv/share/stateful-runtime/spark-classes.jsa.sealed ]; then
+# built once per venv, and again when the JVM classes on the driver's class path change (delete
+# .venv/share/stateful-runtime to rebuild both after a Spark upgrade).
+if [ ! -s "$share/spark-classes.jsa.sealed" ] || [ "$share/srt-jvm.jar" -nt "$share/spark-classes.jsa.sealed" ]; then
   platform/class-archive.sh \
     || echo "bootstrap: continuing without Spark's class archive (slower start-up)" >&2
 fi

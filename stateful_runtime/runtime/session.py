@@ -208,6 +208,29 @@ def _end_jvm(
         pass
 
 
+# -- the local file system of a local master ---------------------------------------------------
+# Spark writes each checkpoint file (offsets, commits, state store changelogs and snapshots) and
+# its .crc through Hadoop's local file system, which, without Hadoop's native library (pip's
+# PySpark has none), sets the file's permissions by forking a `chmod` process: two per file, ~7
+# ms and a process spawn from the driver JVM each, on the batch's critical path. A local master
+# uses the venv's NioLocalFileSystem instead (platform/jvm/, built by platform/jvm-classes.sh):
+# Hadoop's LocalFileSystem with chmod(2) through Java. A cluster's executors keep Hadoop's own
+# (they run elsewhere, without this venv). The jar is on the driver's class path, so the class
+# archive is built with it (platform/bootstrap.sh builds the jar first).
+LOCAL_FS_CLASS = "statefulruntime.hadoop.NioLocalFileSystem"
+
+
+def jvm_classes() -> Path:
+    return Path(sys.prefix) / "share" / "stateful-runtime" / "srt-jvm.jar"
+
+
+def _local_fs_conf(master: str) -> dict[str, str]:
+    jar = jvm_classes()
+    if not master.startswith("local") or not jar.is_file():
+        return {}
+    return {"spark.driver.extraClassPath": str(jar), "spark.hadoop.fs.file.impl": LOCAL_FS_CLASS}
+
+
 def _class_archive_options() -> str:
     dump = os.environ.get(CLASS_ARCHIVE_DUMP_ENV)
     if dump:
@@ -297,6 +320,7 @@ def spark_conf(parallelism: int, master: str, *, job_log: bool = False) -> dict[
         "spark.sql.redaction.options.regex": (
             "(?i)url|uri|dsn|config|password|secret|token|credential|key"
         ),
+        **_local_fs_conf(master),
     }
 
 

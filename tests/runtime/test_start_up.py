@@ -1,7 +1,8 @@
 """Start-up costs the venv removes (platform/bootstrap.sh): Spark's Python workers import the
 installed pyspark with cached bytecode, not the copy in pyspark.zip that Spark puts first on
 their path (compiled from source in every new worker); the driver JVM maps a class archive
-of the classes a job loads instead of loading and verifying them from the jars."""
+of the classes a job loads instead of loading and verifying them from the jars; a local
+master's file system sets a checkpoint file's mode without a `chmod` process."""
 
 from __future__ import annotations
 
@@ -26,6 +27,29 @@ def test_workers_import_pyspark_with_cached_bytecode(spark):
     )
     assert ".zip" not in pyspark_file and ".zip" not in py4j_file, (pyspark_file, py4j_file)
     assert not [p for p in spark_paths if p.endswith(".zip")], spark_paths
+
+
+def test_a_local_masters_checkpoint_files_get_their_mode_from_chmod_not_a_process(spark, tmp_path):
+    """Hadoop's local file system forks `chmod` for every file it creates and its .crc; a
+    local master's driver uses the venv's NioLocalFileSystem (platform/jvm-classes.sh, run by
+    bootstrap), which sets the same mode through Java."""
+    assert session.jvm_classes().is_file(), "platform/bootstrap.sh did not build srt-jvm.jar"
+    jvm = spark.sparkContext._jvm
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    fs = jvm.org.apache.hadoop.fs.FileSystem.get(jvm.java.net.URI("file:///"), conf)
+    assert fs.getClass().getName() == session.LOCAL_FS_CLASS
+    out = fs.create(jvm.org.apache.hadoop.fs.Path(str(tmp_path / "offsets" / "0")), True)
+    out.write(1)
+    out.close()
+    made = jvm.org.apache.hadoop.fs.permission.FsPermission
+    want = made.getFileDefault().applyUMask(made.getUMask(conf)).toShort()
+    assert (tmp_path / "offsets" / "0").stat().st_mode & 0o7777 == want
+    assert (tmp_path / "offsets" / ".0.crc").stat().st_mode & 0o7777 == want
+    assert (tmp_path / "offsets").stat().st_mode & 0o7777 == (
+        made.getDirDefault().applyUMask(made.getUMask(conf)).toShort()
+    )
+    # A cluster's executors run elsewhere, without the venv: Hadoop's own file system there.
+    assert "spark.hadoop.fs.file.impl" not in session.spark_conf(2, "spark://127.0.0.1:7077")
 
 
 def test_the_driver_jvm_runs_from_the_venvs_class_archive(spark):
