@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +22,46 @@ from stateful_runtime import masking
 from stateful_runtime.exceptions import ConfigError
 
 METADATA_TIMEOUT_S = 10.0
+# A partition's leadership moving (a broker shut down, a leader elected) answers offset
+# requests with these for a moment: a new leader answers OFFSET_NOT_AVAILABLE until its high
+# watermark has caught up.
+LEADER_MOVING = frozenset(
+    {
+        5,  # LEADER_NOT_AVAILABLE
+        6,  # NOT_LEADER_OR_FOLLOWER
+        7,  # REQUEST_TIMED_OUT
+        74,  # FENCED_LEADER_EPOCH
+        75,  # UNKNOWN_LEADER_EPOCH
+        78,  # OFFSET_NOT_AVAILABLE
+    }
+)
+LEADER_WAIT_S = 60.0  # how long a moving leadership is asked again before its error stands
+
+
+def leader_moving(exc: Exception) -> bool:
+    """Whether ``exc`` (a KafkaException) is a partition's leadership moving."""
+    err: Any = exc.args[0] if exc.args else None
+    return (err.code() if hasattr(err, "code") else None) in LEADER_MOVING
+
+
+def watermark_offsets(consumer: Any, tp: Any) -> tuple[int, int]:
+    """``consumer.get_watermark_offsets(tp)`` (low, high), asked again with backoff for up to
+    :data:`LEADER_WAIT_S` while the partition's leadership moves; any other error, or one
+    that lasts, stands. Without it a job whose dead letters or sink markers were read at the
+    moment a leader moved stopped (found by the cluster trial of tests/faults)."""
+    from confluent_kafka import KafkaException
+
+    deadline, pause = time.monotonic() + LEADER_WAIT_S, 0.1
+    while True:
+        try:
+            return consumer.get_watermark_offsets(tp, timeout=METADATA_TIMEOUT_S)
+        except KafkaException as exc:
+            if not leader_moving(exc) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)  # backoff before asking a moving leadership again
+        pause = min(pause * 2, 2.0)
+
+
 CONTROL_SUFFIX = ".srt-commits"
 
 
@@ -221,7 +262,7 @@ class CommitMarkers:
         )
         try:
             tp = TopicPartition(self.topic, 0)
-            low, high = consumer.get_watermark_offsets(tp, timeout=METADATA_TIMEOUT_S)
+            low, high = watermark_offsets(consumer, tp)
             out: dict[str, dict[str, Any]] = {}
             if high <= low:
                 return out

@@ -20,6 +20,7 @@ from stateful_runtime.connectors.kafka.client import (
     ensure_topic,
     produce,
     quiet,
+    watermark_offsets,
 )
 
 
@@ -89,9 +90,7 @@ class KafkaDeadLetterSink:
             parts = list(meta.topics[self.topic].partitions) if self.topic in meta.topics else []
             todo = set()
             for dp in parts:
-                low, high = consumer.get_watermark_offsets(
-                    TopicPartition(self.topic, dp), timeout=METADATA_TIMEOUT_S
-                )
+                low, high = watermark_offsets(consumer, TopicPartition(self.topic, dp))
                 if high > low:
                     todo.add(dp)
             consumer.assign([TopicPartition(self.topic, dp, 0) for dp in todo])

@@ -49,6 +49,7 @@ from stateful_runtime.connectors.kafka.client import (
     produce,
     quiet,
     topic_max_message_bytes,
+    watermark_offsets,
 )
 from stateful_runtime.exceptions import ConfigError, SinkError
 from stateful_runtime.masking import mask_config
@@ -508,8 +509,7 @@ def end_offsets(config: Mapping[str, Any], topic: str) -> dict[int, int]:
         if meta is None:
             return {}
         return {
-            p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=METADATA_TIMEOUT_S)[1]
-            for p in sorted(meta.partitions)
+            p: watermark_offsets(c, TopicPartition(topic, p))[1] for p in sorted(meta.partitions)
         }
     finally:
         c.close()

@@ -63,10 +63,13 @@ from stateful_runtime.connectors.dead_letters import stage
 from stateful_runtime.connectors.formats.json import TimeBounds, decode_json, to_struct
 from stateful_runtime.connectors.kafka import client as kafka_client
 from stateful_runtime.connectors.kafka.client import (
+    LEADER_WAIT_S,
     METADATA_TIMEOUT_S,
     admin_client,
     check_cluster,
+    leader_moving,
     quiet,
+    watermark_offsets,
 )
 from stateful_runtime.connectors.kafka.dead_letters import KafkaDeadLetterSink
 from stateful_runtime.connectors.ranges import BatchCap, split_ranges
@@ -90,18 +93,6 @@ READER = (
 )
 # How long a task waits for offsets it was told exist (an open transaction holds them back).
 READ_TIMEOUT_S = 120.0
-# A partition's leadership moving answers offset requests with these for a moment.
-_LEADER_MOVING = frozenset(
-    {
-        5,  # LEADER_NOT_AVAILABLE
-        6,  # NOT_LEADER_OR_FOLLOWER
-        7,  # REQUEST_TIMED_OUT
-        74,  # FENCED_LEADER_EPOCH
-        75,  # UNKNOWN_LEADER_EPOCH
-        78,  # OFFSET_NOT_AVAILABLE
-    }
-)
-LEADER_WAIT_S = 60.0
 # The newest records of each partition a job reading a topic ``keyed_by`` a field checks at
 # start for their placement.
 PLACEMENT_SAMPLE = 200
@@ -294,9 +285,7 @@ class KafkaSource(Source):
         )
         try:
             for p in range(partitions):
-                lo, hi = c.get_watermark_offsets(
-                    TopicPartition(topic, p), timeout=METADATA_TIMEOUT_S
-                )
+                lo, hi = watermark_offsets(c, TopicPartition(topic, p))
                 start = max(lo, hi - PLACEMENT_SAMPLE)
                 if start >= hi:
                     continue
@@ -568,9 +557,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     f"{tp.topic}:{tp.partition}": f.result().offset for tp, f in futures.items()
                 }
             except KafkaException as exc:
-                err: Any = exc.args[0] if exc.args else None
-                code = err.code() if hasattr(err, "code") else None
-                if code not in _LEADER_MOVING or time.monotonic() + pause > deadline:
+                if not leader_moving(exc) or time.monotonic() + pause > deadline:
                     raise
             else:
                 # After a partition's leader moved, librdkafka's admin client keeps asking the
