@@ -85,9 +85,10 @@ zips="$site/pyspark/python/lib/"
 echo "import sys; sys.path[:] = [p for p in sys.path if not p.startswith('$zips')]" \
   > "$site/srt-pyspark-bytecode.pth"
 # The runtime's JVM classes (a local master's file system without a `chmod` process per
-# checkpoint file: stateful_runtime/runtime/session.py), built once per venv with the JDK's javac.
+# checkpoint file: stateful_runtime/runtime/session.py), built with the JDK's javac once per venv
+# and again when their source is newer.
 share=.venv/share/stateful-runtime
-if [ ! -s "$share/srt-jvm.jar" ]; then
+if [ ! -s "$share/srt-jvm.jar" ] || [ -n "$(find platform/jvm -name '*.java' -newer "$share/srt-jvm.jar")" ]; then
   if command -v javac >/dev/null; then
     platform/jvm-classes.sh || echo "bootstrap: continuing without the runtime's JVM classes" >&2
   else

@@ -215,9 +215,12 @@ def _end_jvm(
 # ms and a process spawn from the driver JVM each, on the batch's critical path. A local master
 # uses the venv's NioLocalFileSystem instead (platform/jvm/, built by platform/jvm-classes.sh):
 # Hadoop's LocalFileSystem with chmod(2) through Java. A cluster's executors keep Hadoop's own
-# (they run elsewhere, without this venv). The jar is on the driver's class path, so the class
-# archive is built with it (platform/bootstrap.sh builds the jar first).
+# (they run elsewhere, without this venv). The jar goes at the end of the driver's class path
+# through spark-submit's SPARK_DIST_CLASSPATH, not ``spark.driver.extraClassPath``, which would
+# replace a user's own (spark-defaults.conf); the class archive is built with it
+# (platform/bootstrap.sh builds the jar first).
 LOCAL_FS_CLASS = "statefulruntime.hadoop.NioLocalFileSystem"
+DIST_CLASSPATH_ENV = "SPARK_DIST_CLASSPATH"
 
 
 def jvm_classes() -> Path:
@@ -228,7 +231,16 @@ def _local_fs_conf(master: str) -> dict[str, str]:
     jar = jvm_classes()
     if not master.startswith("local") or not jar.is_file():
         return {}
-    return {"spark.driver.extraClassPath": str(jar), "spark.hadoop.fs.file.impl": LOCAL_FS_CLASS}
+    return {"spark.hadoop.fs.file.impl": LOCAL_FS_CLASS}
+
+
+def _dist_classpath(conf: dict[str, str]) -> str | None:
+    """SPARK_DIST_CLASSPATH for a JVM started with ``conf``: the environment's, with the
+    runtime's jar appended when ``conf`` uses its file system (None: leave it as it is)."""
+    if conf.get("spark.hadoop.fs.file.impl") != LOCAL_FS_CLASS:
+        return None
+    before = os.environ.get(DIST_CLASSPATH_ENV)
+    return f"{before}{os.pathsep}{jvm_classes()}" if before else str(jvm_classes())
 
 
 def _class_archive_options() -> str:
@@ -540,7 +552,10 @@ def build_session(
     main = threading.current_thread() is threading.main_thread()
     sigint = signal.getsignal(signal.SIGINT) if main else None
     try:
-        with _environment(LOG_FILE_ENV, None if log_file is None else str(log_file)):
+        with (
+            _environment(LOG_FILE_ENV, None if log_file is None else str(log_file)),
+            _environment(DIST_CLASSPATH_ENV, _dist_classpath(conf)),
+        ):
             _launch_jvm(conf)
             spark = builder.getOrCreate()  # a JVM started here reads the log file's name
     finally:

@@ -48,6 +48,8 @@ def test_a_local_masters_checkpoint_files_get_their_mode_from_chmod_not_a_proces
     assert (tmp_path / "offsets").stat().st_mode & 0o7777 == (
         made.getDirDefault().applyUMask(made.getUMask(conf)).toShort()
     )
+    # On the class path's end, beside a user's spark.driver.extraClassPath, not instead of it.
+    assert "spark.driver.extraClassPath" not in session.spark_conf(2, "local[2]")
     # A cluster's executors run elsewhere, without the venv: Hadoop's own file system there.
     assert "spark.hadoop.fs.file.impl" not in session.spark_conf(2, "spark://127.0.0.1:7077")
 
