@@ -234,12 +234,17 @@ def judge_split(
     bounds: TimeBounds | None,
     raw: Callable[[int], pa.Array],
     after: Callable[[], Sequence[int]],
+    *,
+    ends_run: bool = False,
 ) -> list[pa.Table]:
     """What a read task does to its split's decoded tables once: its outliers refused
     (:func:`refuse_outliers`), then :data:`SPLIT_TIMES` appended (:func:`with_split_times`),
-    the event times read once for both."""
+    the event times read once for both. ``ends_run``: the split reaches its partition's end
+    in a bounded run."""
     ms = event_ms(tables, field, unit)
-    return with_split_times(refuse_outliers(tables, ms, field, bounds, raw, after), partition, ms)
+    return with_split_times(
+        refuse_outliers(tables, ms, field, bounds, raw, after), partition, ms, ends_run=ends_run
+    )
 
 
 def refuse_outliers(
@@ -364,8 +369,9 @@ def stream_ms(opts: Mapping[str, str]) -> int | None:
 # -- what a split reports of its event times (one watermark per partition) ----------------------
 
 # A column every event-time source adds last: null but on a split's first row, which carries
-# the split's partition and the newest event time of its good records (outliers refused) as
-# one number (:func:`split_time`), for the query's observed metrics
+# the split's partition, the newest event time of its good records (outliers refused) and
+# whether the split reads its partition to the end of a bounded run, as one number
+# (:func:`split_time`), for the query's observed metrics
 # (runtime/input_watermarks.py): one value a split, not a conditional aggregate a record (Spark
 # evaluates observed metrics row by row), and a plain long (cheaper to bring into Spark's rows
 # than a struct).
@@ -373,14 +379,19 @@ SPLIT_TIMES = "_split_times"
 _MS_BITS = 42  # event times below 2^42 ms (the year 2109); partitions below 2^21
 
 
-def split_time(partition: int, max_ms: int) -> int:
-    """(partition, newest event time) as the one number :data:`SPLIT_TIMES` carries."""
-    return (partition << _MS_BITS) | max_ms
+def split_time(partition: int, max_ms: int, *, ends_run: bool = False) -> int:
+    """(partition, newest event time, whether the split ends the partition's bounded run) as
+    the one number :data:`SPLIT_TIMES` carries (the last: its bits inverted, so negative)."""
+    value = (partition << _MS_BITS) | max_ms
+    return ~value if ends_run else value
 
 
-def of_split_time(value: int) -> tuple[int, int]:
-    """The (partition, newest event time) of a :data:`SPLIT_TIMES` value."""
-    return value >> _MS_BITS, value & ((1 << _MS_BITS) - 1)
+def of_split_time(value: int) -> tuple[int, int, bool]:
+    """The (partition, newest event time, ends the run) of a :data:`SPLIT_TIMES` value."""
+    ends_run = value < 0
+    if ends_run:
+        value = ~value
+    return value >> _MS_BITS, value & ((1 << _MS_BITS) - 1), ends_run
 
 
 def split_times_fields(opts: Mapping[str, str]) -> tuple[StructField, ...]:
@@ -390,7 +401,9 @@ def split_times_fields(opts: Mapping[str, str]) -> tuple[StructField, ...]:
     return (StructField(SPLIT_TIMES, LongType(), True),)
 
 
-def with_split_times(tables: Sequence[pa.Table], partition: int, ms: np.ndarray) -> list[pa.Table]:
+def with_split_times(
+    tables: Sequence[pa.Table], partition: int, ms: np.ndarray, *, ends_run: bool = False
+) -> list[pa.Table]:
     """A split's final tables (event times ``ms``, NaN for refused records) with
     :data:`SPLIT_TIMES` appended (a split whose newest event time lies outside 1970..2109
     reports none: the policy's floor refuses the first)."""
@@ -404,7 +417,7 @@ def with_split_times(tables: Sequence[pa.Table], partition: int, ms: np.ndarray)
             mask = np.ones(n, bool)
             mask[0] = False
             values = np.zeros(n, np.int64)
-            values[0] = split_time(partition, top)
+            values[0] = split_time(partition, top, ends_run=ends_run)
             col = pa.array(values, pa.int64(), mask=mask)
         else:
             col = pa.nulls(n, pa.int64())

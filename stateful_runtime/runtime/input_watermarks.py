@@ -29,17 +29,24 @@ its largest event time less the bound, over all its partitions: a partition behi
 (a slow producer, a smaller share of a backlog) would see its records late. So every query with
 a stateful step tracks each input's partitions: the source's metrics observe the newest event
 time of each split's good records (each read task reports it once, on its split's first row:
-``event_time.SPLIT_TIMES``), the
-runner folds them into each partition's event time after the batch (kept in the same file, so a
-restart and a savepoint carry them), and the input's watermark is the smallest over its active
-partitions less the bound (idle ones left out: a partition without records for the source's
-``with_idleness`` timeout in batch processing time; at once for the event log, whose silent
-partitions hold nobody, and in a bounded run; a Kafka partition without idleness holds the
-others as long as it is silent, as in Flink; all idle: the largest, Spark's own). Before Spark
-updates its watermark after the batch, the batch's ``EventTimeWatermarkExec`` statistics are
-set to that value (Spark takes ``max - delay`` from them, and only ever raises its watermark),
-so Spark's windows, the keyed operators' timers and the late-record filter all go by it. A
-re-run of a batch computes the same from the same records and its logged processing time.
+``event_time.SPLIT_TIMES``), the runner folds them into each partition's event time after the
+batch (kept in the same file, so a restart and a savepoint carry them), and the input's
+watermark is the smallest over its active partitions less the bound. Idle ones are left out:
+
+* a partition without records for the source's ``with_idleness`` timeout in batch processing
+  time;
+* at once for the event log, whose silent partitions hold nobody;
+* in a bounded run, a partition without records in the batch, and one the batch read to the
+  run's end (its split says so): the batch that reads the last records moves the watermark to
+  the end, so one batch without data, not two, fires what it closes;
+* a Kafka partition without idleness holds the others as long as it is silent, as in Flink;
+* all idle: the largest, Spark's own.
+
+Before Spark updates its watermark after the batch, the batch's ``EventTimeWatermarkExec``
+statistics are set to that value (Spark takes ``max - delay`` from them, and only ever raises
+its watermark), so Spark's windows, the keyed operators' timers and the late-record filter all
+go by it. A re-run of a batch computes the same from the same records and its logged
+processing time (in a bounded run, against that run's end).
 
 The tracker is Spark's (4.3: ``MicroBatchExecution.watermarkTracker``); its per-input map is
 private, set by reflection. Spark names the map's entries by the plan's ``EventTimeWatermark``
@@ -52,7 +59,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -189,12 +196,14 @@ class InputWatermarks:
         held: list[tuple[int, str]] = []
         for name, delay, idle in zip(self.names, self.delays, self.idle_after, strict=True):
             mine = parts[name]
-            fold(mine, observed.get(name, {}), at)
+            seen = observed.get(name, {})
+            fold(mine, {k: t for k, (t, _) in seen.items()}, at)
             if not mine:
                 continue
             newest = max(t for t, _ in mine.values())
             lags.update({f"{name}:{k}": newest - t for k, (t, _) in sorted(mine.items())})
-            top, holder = holding(mine, at, idle)
+            ended = {k for k, (_, last) in seen.items() if last}
+            top, holder = holding(mine, at, idle, ended)
             kept = after[name]
             if kept is None or top - delay > kept:  # a watermark never goes back
                 after[name] = top - delay
@@ -274,15 +283,21 @@ def fold(partitions: dict[int, tuple[int, int]], observed: Mapping[int, int], at
 
 
 def holding(
-    partitions: Mapping[int, tuple[int, int]], at: int, idle_ms: int | None
+    partitions: Mapping[int, tuple[int, int]],
+    at: int,
+    idle_ms: int | None,
+    ended: Collection[int] = (),
 ) -> tuple[int, int | None]:
     """The event time the input's watermark follows after the batch planned at ``at`` (its
     watermark plus the bound), and the partition holding it back if one of several does:
     the oldest newest event time of the active partitions (those with a record within
-    ``idle_ms`` of ``at``; None: for ever), or the newest of all when all are idle."""
+    ``idle_ms`` of ``at``, None: for ever; ``ended``, read to the end of a bounded run in this
+    batch, are idle at once), or the newest of all when all are idle."""
     newest = max(t for t, _ in partitions.values())
     active = {
-        k: t for k, (t, seen) in partitions.items() if idle_ms is None or at - seen <= idle_ms
+        k: t
+        for k, (t, seen) in partitions.items()
+        if k not in ended and (idle_ms is None or at - seen <= idle_ms)
     }
     if not active:
         return newest, None
@@ -290,11 +305,14 @@ def holding(
     return active[oldest], (oldest if len(partitions) > 1 and active[oldest] < newest else None)
 
 
-def _observed_partitions(execution: Any, metrics: Mapping[str, str]) -> dict[str, dict[int, int]]:
+def _observed_partitions(
+    execution: Any, metrics: Mapping[str, str]
+) -> dict[str, dict[int, tuple[int, bool]]]:
     """Each input's newest event time (ms) of good records per partition in the batch Spark is
-    running (partitions without records left out)."""
+    running, and whether the batch read the partition to the end of a bounded run (partitions
+    without records left out)."""
     observed = execution.lastExecution().observedMetrics()
-    out: dict[str, dict[int, int]] = {}
+    out: dict[str, dict[int, tuple[int, bool]]] = {}
     for name, metric in metrics.items():
         row = observed.get(metric)
         if row.isEmpty():
@@ -305,8 +323,9 @@ def _observed_partitions(execution: Any, metrics: Mapping[str, str]) -> dict[str
         splits = row.getList(row.fieldIndex(PARTITION_TIMES))
         mine = out.setdefault(name, {})
         for k in range(splits.size()):
-            p, top = of_split_time(int(splits.get(k)))
-            mine[p] = max(top, mine.get(p, top))
+            p, top, ends_run = of_split_time(int(splits.get(k)))
+            before, ended = mine.get(p, (top, False))
+            mine[p] = (max(top, before), ended or ends_run)
     return out
 
 

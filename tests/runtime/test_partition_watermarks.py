@@ -8,6 +8,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from stateful_runtime.connectors.event_time import of_split_time, split_time
 from stateful_runtime.runtime.input_watermarks import fold, holding
 
 T = 1_767_225_600_000  # a batch's processing time
@@ -41,6 +42,24 @@ def test_a_partition_without_records_for_the_idleness_stops_holding():
     fold(parts, {0: 5_000}, T + 100_000)
     # Back, behind the other: it is followed (the watermark itself never goes back).
     assert holding(parts, T + 100_000, 0) == (5_000, 0)
+
+
+def test_a_partition_read_to_the_end_of_a_bounded_run_is_idle_after_that_batch():
+    parts: dict[int, tuple[int, int]] = {}
+    fold(parts, {0: 1_000, 1: 50_000, 2: 20_000}, T)
+    # Partitions 0 and 2 reached the run's end in this batch, partition 1 did not: it holds.
+    assert holding(parts, T, 0, ended={0, 2}) == (50_000, None)
+    assert holding(parts, T, 0, ended={1}) == (1_000, 0)
+    # The batch that reads the last records of every partition: the newest of all.
+    assert holding(parts, T, 0, ended={0, 1, 2}) == (50_000, None)
+    assert holding(parts, T, 0) == (1_000, 0)
+
+
+@given(st.integers(0, (1 << 21) - 1), st.integers(0, (1 << 42) - 1), st.booleans())
+def test_a_split_time_carries_its_partition_newest_time_and_run_end(partition, ms, ends_run):
+    value = split_time(partition, ms, ends_run=ends_run)
+    assert -(1 << 63) <= value < 1 << 63  # a Spark long
+    assert of_split_time(value) == (partition, ms, ends_run)
 
 
 @given(

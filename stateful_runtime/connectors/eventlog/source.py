@@ -226,6 +226,7 @@ class LogSplit(InputPartition):
     late_before: int | None = None  # the batch's late-event watermark, when asked for
     bounds: TimeBounds | None = None  # the event times the batch accepts
     through: int | None = None  # where the partition's range in the batch ends
+    ends_run: bool = False  # the split reads its partition to the end of a bounded run
 
 
 class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -305,15 +306,23 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ordered = dict(sorted(end.items(), key=lambda kv: int(kv[0])))
         late = alignment.late_before_ms(self.options)
         bounds = event_time.batch_bounds(self.options)
+        ends_run = self._ends_run
         if self.options.get(BY_PARTITION) == "true":  # Spark's partition p is the topic's
             return [
-                LogSplit(int(p), int(start.get(p, 0)), int(hi), late, bounds, int(hi))
+                LogSplit(
+                    int(p), int(start.get(p, 0)), int(hi), late, bounds, int(hi), ends_run(p, hi)
+                )
                 for p, hi in ordered.items()
             ]
         return [
-            LogSplit(int(p), lo, hi, late, bounds, int(ordered[p]))
+            LogSplit(int(p), lo, hi, late, bounds, int(ordered[p]), ends_run(p, hi))
             for p, lo, hi in split_ranges(start, ordered, MAX_SPLIT_RECORDS)
         ]
+
+    def _ends_run(self, partition: str, hi: int) -> bool:
+        """Whether a split ending at ``hi`` reads ``partition`` to the end of this bounded run
+        (its partition counts as idle after the batch: input_watermarks)."""
+        return self.target is not None and partition in self.target and hi >= self.target[partition]
 
     def read(self, partition: LogSplit) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         freeze_worker_heap()
@@ -362,6 +371,7 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     unit,
                     bounds,
                 ),
+                ends_run=partition.ends_run,
             )
         if self.staging is not None and tables:
             # Staged before any row reaches Spark, so a committed batch always has its file.

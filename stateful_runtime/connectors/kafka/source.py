@@ -427,6 +427,7 @@ class KafkaSplit(InputPartition):
     late_before: int | None = None  # the batch's late-event watermark, when asked for
     bounds: TimeBounds | None = None  # the event times the batch accepts
     through: int | None = None  # where the partition's range in the batch ends
+    ends_run: bool = False  # the split reads its partition to the end of a bounded run
 
 
 _CONSUMERS: dict[tuple[str, str], Any] = {}
@@ -751,8 +752,17 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return self._placed_splits(int(placed), start, end, late, bounds)
         for key, lo, hi in split_ranges(start, end, MAX_SPLIT_RECORDS):
             topic, p = key.rsplit(":", 1)
-            out.append(KafkaSplit(topic, int(p), lo, hi, late, bounds, int(end[key])))
+            out.append(
+                KafkaSplit(
+                    topic, int(p), lo, hi, late, bounds, int(end[key]), self._ends_run(key, hi)
+                )
+            )
         return out
+
+    def _ends_run(self, key: str, hi: int) -> bool:
+        """Whether a split ending at ``hi`` reads partition ``key`` to the end of this
+        bounded run (its partition counts as idle after the batch: input_watermarks)."""
+        return self.target is not None and key in self.target and hi >= int(self.target[key])
 
     def _placed_splits(
         self, planned: int, start: dict, end: dict, late: int | None, bounds: TimeBounds | None
@@ -777,6 +787,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 late,
                 bounds,
                 int(end[f"{topic}:{p}"]),
+                self._ends_run(f"{topic}:{p}", int(end[f"{topic}:{p}"])),
             )
             for p in now
         ]
@@ -897,6 +908,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     unit,
                     split.bounds,
                 ),
+                ends_run=split.ends_run,
             )
         key = f"{split.topic}:{split.partition}"
         if self.staging is not None and tables:
