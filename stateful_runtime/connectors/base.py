@@ -73,6 +73,12 @@ class Source(ABC):
     def check(self) -> None:
         """Fail fast, before Spark starts, if the source cannot be read (missing topic...)."""
 
+    def records_held(self) -> int | None:
+        """How many records the source holds now, summed over its partitions: a bound on what
+        a bounded (``--available-now``) run started now reads (None: it cannot be told
+        cheaply). The runner sizes the run's JIT by it (``runtime/session.py``)."""
+        return None
+
     def key_placement(self) -> KeyPlacement | None:
         """How the source's records are placed in its partitions by a key, when they are
         (None: they are not, or it cannot be known): what lets a job keyed by that key read

@@ -35,10 +35,13 @@ class Console:
     def error(self, text: str) -> None:
         print(f"[{self.job}] {text}", file=sys.stderr, flush=True)
 
-    def running(self, queries: int, master: str, checkpoint_dir: Path) -> None:
+    def running(
+        self, queries: int, master: str, checkpoint_dir: Path, note: str | None = None
+    ) -> None:
         self.say(
-            f"running {queries} {'query' if queries == 1 else 'queries'} on {master}; "
-            f"checkpoints in {checkpoint_dir}"
+            f"running {queries} {'query' if queries == 1 else 'queries'} on {master}"
+            + (f" ({note})" if note else "")
+            + f"; checkpoints in {checkpoint_dir}"
         )
 
     def batch(self, query: QueryPlan, h: BatchHealth) -> None:

@@ -92,7 +92,14 @@ from stateful_runtime.runtime.progress import (
     now_iso,
     recent_batch,
 )
-from stateful_runtime.runtime.session import arrow_schema, build_session, default_master, s3_conf
+from stateful_runtime.runtime.session import (
+    arrow_schema,
+    build_session,
+    default_master,
+    s3_conf,
+    short_run,
+    sized_jit_note,
+)
 from stateful_runtime.state import TimeDomain
 from stateful_runtime.streams import ProcessNode
 
@@ -378,6 +385,7 @@ class JobRunner:
         # SIGINT/SIGTERM (:mod:`.stop_signals`): caught by ``srt run`` from its start, or by
         # run(); the first asks for a stop, a second abandons the batch in flight.
         self.signals = signals
+        self._jit_note: str | None = None  # the JIT the run's size chose (console.running)
         self._hurry = threading.Event()
         self._registered = False
 
@@ -525,12 +533,16 @@ class JobRunner:
         # terminal.
         log = registry.job_file(self.job.name, ".log")
         spark_output.divert(log)
+        held = [s.source.records_held() for s in self.job.sources] if self.available_now else []
+        short = short_run(self.available_now, held)
+        self._jit_note = sized_jit_note(self.master, short, sum(n or 0 for n in held))
         try:
             spark = self.spark = build_session(
                 self.job.parallelism,
                 self.master,
                 s3_conf() if isinstance(self.checkpoint_dir, S3Path) else None,
                 log_file=log,
+                short_run=short,
             )
         except KeyboardInterrupt:  # PySpark's handler, for the moment its context starts
             if self.signals is not None:
@@ -574,7 +586,7 @@ class JobRunner:
             return
         registry.update(self.job.name, state=JobState.RUNNING)
         self.state = JobState.RUNNING
-        self.console.running(len(self.runs), self.master, self.checkpoint_dir)
+        self.console.running(len(self.runs), self.master, self.checkpoint_dir, self._jit_note)
 
     def monitor(self) -> bool:
         """Wait until every query ends or a stop is requested; True if a query failed."""

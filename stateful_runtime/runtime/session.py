@@ -78,8 +78,12 @@ def seal_class_archive(dumped: str | Path) -> Path:
 # HotSpot's default: UPI on 1M events start 8.0 -> 6.8 s, steady 229k -> 319k events/s; on
 # 10M, steady 413k -> 471k; latency at 20k events/s p99 1.1 s -> 0.83 s. ``SRT_JVM_JIT``
 # chooses another mode: ``quick`` (C1 only: the fastest start, 5.9 s, and lowest latency, p99
-# 0.6-0.7 s, but steady state 361k on 10M events) or ``full`` (HotSpot's default). Cluster
-# executors, long-lived on their own cores, keep HotSpot's default unless a mode is set.
+# 0.6-0.7 s, but steady state 361k on 10M events) or ``full`` (HotSpot's default). A bounded
+# run on a local master whose sources hold at most SHORT_RUN_RECORDS records ends before C2
+# pays back, so it gets ``quick`` unless a mode is set: at 1M events ``quick`` was 4-17% ahead
+# whole process on four workloads, at 2M ``hot`` 2-5% ahead on three (NOTES.md, "The JIT of a
+# local master"). Cluster executors, long-lived on their own cores, keep HotSpot's default
+# unless a mode is set.
 JIT_ENV = "SRT_JVM_JIT"
 JIT_MODES = {
     "hot": (
@@ -91,8 +95,25 @@ JIT_MODES = {
 }
 
 
-def _jit_options(master: str) -> dict[str, str]:
-    """The JIT options for the driver's and the executors' JVMs (``""``: HotSpot's default)."""
+SHORT_RUN_RECORDS = 1_000_000
+
+
+def short_run(available_now: bool, held: list[int | None]) -> bool:
+    """Whether a run is short enough for C1 only: bounded, and its sources' records
+    (``Source.records_held``, each known) at most :data:`SHORT_RUN_RECORDS` in all."""
+    return available_now and None not in held and sum(n or 0 for n in held) <= SHORT_RUN_RECORDS
+
+
+def sized_jit_note(master: str, short: bool, records: int) -> str | None:
+    """What ``srt run`` says when the run's size chose its JVM's JIT (None: it did not)."""
+    if not short or not master.startswith("local") or os.environ.get(JIT_ENV, "").strip():
+        return None
+    return f"a bounded run of {records:,} records: its JVM compiles with C1 only ({JIT_ENV})"
+
+
+def _jit_options(master: str, short: bool = False) -> dict[str, str]:
+    """The JIT options for the driver's and the executors' JVMs (``""``: HotSpot's default);
+    ``short``: a run :func:`short_run` says ends before C2 pays back."""
     choice = os.environ.get(JIT_ENV, "").strip().lower()
     if choice and choice not in JIT_MODES:
         raise ConfigError(
@@ -101,7 +122,7 @@ def _jit_options(master: str) -> dict[str, str]:
             f"'full' (HotSpot's default)"
         )
     if master.startswith("local"):  # no executors: the driver's JVM runs the tasks
-        return {"driver": JIT_MODES[choice or "hot"], "executor": ""}
+        return {"driver": JIT_MODES[choice or ("quick" if short else "hot")], "executor": ""}
     return {"driver": JIT_MODES[choice or "full"], "executor": JIT_MODES[choice or "full"]}
 
 
@@ -277,12 +298,15 @@ def with_task_retries(master: str) -> str:
     return f"local[{m['threads'] or 1},{LOCAL_TASK_ATTEMPTS}]"
 
 
-def spark_conf(parallelism: int, master: str, *, job_log: bool = False) -> dict[str, str]:
+def spark_conf(
+    parallelism: int, master: str, *, job_log: bool = False, short_run: bool = False
+) -> dict[str, str]:
     """Settings every job runs with (``--master`` and parallelism are the job's; ``job_log``:
-    the driver logs to the file ``$SRT_SPARK_LOG`` names, and only errors to stderr)."""
+    the driver logs to the file ``$SRT_SPARK_LOG`` names, and only errors to stderr;
+    ``short_run``: a bounded run :func:`short_run` says is short)."""
     java_opts = f"-Dlog4j2.configurationFile=file:{LOG4J}"
     driver_log = f"-Dlog4j2.configurationFile=file:{LOG4J_JOB if job_log else LOG4J}"
-    jit = _jit_options(master)
+    jit = _jit_options(master, short_run)
     return {
         "spark.master": with_task_retries(master),
         "spark.app.name": "stateful-runtime",
@@ -526,17 +550,19 @@ def build_session(
     extra: dict[str, str] | None = None,
     *,
     log_file: str | Path | None = None,
+    short_run: bool = False,
 ) -> SparkSession:
     """Start (or reuse) the process's SparkSession with the runtime's settings. With
     ``log_file``, a JVM started now logs Spark's warnings there and only errors to stderr (a job
-    process's terminal shows the job, not Spark's start-up)."""
+    process's terminal shows the job, not Spark's start-up); ``short_run``: a bounded run
+    :func:`short_run` says is short (a local master's JVM compiles with C1 only)."""
     workers = os.environ["PYSPARK_PYTHON"] = worker_python(os.environ.get("PYSPARK_PYTHON"))
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder
     master = master or default_master()
-    conf = spark_conf(parallelism, master, job_log=log_file is not None)
+    conf = spark_conf(parallelism, master, job_log=log_file is not None, short_run=short_run)
     scratch = _scratch_conf(master)
     if os.path.basename(workers) == "srt-python":
         # before the JVM starts: it, and the processes it starts, inherit the server's socket

@@ -111,22 +111,35 @@ def test_a_local_masters_jvm_leaves_c2_to_the_hottest_code(spark):
 
 
 @pytest.mark.parametrize(
-    "choice, master, driver, executor",
+    "choice, master, short, driver, executor",
     [
-        ("", "local[2]", "hot", "full"),
-        ("", "spark://127.0.0.1:7077", "full", "full"),
-        ("full", "local[2]", "full", "full"),
-        ("quick", "spark://127.0.0.1:7077", "quick", "quick"),
-        (" Quick ", "local[*]", "quick", "full"),
+        ("", "local[2]", False, "hot", "full"),
+        ("", "local[2]", True, "quick", "full"),  # a short bounded run: C2 never pays back
+        ("", "spark://127.0.0.1:7077", False, "full", "full"),
+        ("", "spark://127.0.0.1:7077", True, "full", "full"),
+        ("full", "local[2]", False, "full", "full"),
+        ("hot", "local[2]", True, "hot", "full"),  # a choice stands, whatever the run's size
+        ("quick", "spark://127.0.0.1:7077", False, "quick", "quick"),
+        (" Quick ", "local[*]", False, "quick", "full"),
     ],
 )
-def test_the_jit_choice(monkeypatch, choice, master, driver, executor):
+def test_the_jit_choice(monkeypatch, choice, master, short, driver, executor):
     monkeypatch.setenv(session.JIT_ENV, choice)
-    conf = session.spark_conf(2, master)
+    conf = session.spark_conf(2, master, short_run=short)
     for role, mode in (("driver", driver), ("executor", executor)):
         opts = conf[f"spark.{role}.extraJavaOptions"]
         present = {name for name, flags in session.JIT_MODES.items() if flags and flags in opts}
         assert present == ({mode} if session.JIT_MODES[mode] else set()), (role, opts)
+
+
+def test_a_run_is_short_when_bounded_and_its_sources_hold_few_records():
+    few, many = session.SHORT_RUN_RECORDS // 2, session.SHORT_RUN_RECORDS
+    assert session.short_run(True, [few])
+    assert session.short_run(True, [few, few])  # at the bound
+    assert not session.short_run(True, [few, few + 1])  # over it, in all
+    assert not session.short_run(False, [few])  # an unbounded run lives on
+    assert not session.short_run(True, [few, None])  # a source that cannot say
+    assert not session.short_run(True, [many + 1])
 
 
 def test_a_misspelt_jit_choice_says_what_to_use(monkeypatch):

@@ -263,6 +263,28 @@ class KafkaSource(Source):
                 f"{self.config['bootstrap.servers']}; create one or fix the pattern"
             )
 
+    def records_held(self) -> int | None:
+        from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+        try:
+            counts = check_cluster(self.config, self.topics or None, self.pattern)
+            c = Consumer(quiet({**self.config, "group.id": "srt-size"}))
+        except (ConfigError, KafkaException):
+            return None
+        try:
+            return sum(
+                hi - lo
+                for topic, n in counts.items()
+                for p in range(n)
+                for lo, hi in [
+                    c.get_watermark_offsets(TopicPartition(topic, p), timeout=METADATA_TIMEOUT_S)
+                ]
+            )
+        except KafkaException:
+            return None
+        finally:
+            c.close()
+
     def key_placement(self) -> KeyPlacement | None:
         """The placement ``keyed_by`` declares, into the topic's partitions as they are now."""
         if self.keyed_by is None:

@@ -46,6 +46,9 @@ def test_starting_offsets_discovery_and_errors(kafka):
         KafkaSource(kafka.bootstrap, "nope", SCHEMA).check()
     with pytest.raises(ConfigError, match="cannot reach the cluster"):
         KafkaSource("127.0.0.1:1", "so", SCHEMA).check()
+    # What a bounded run reads at most (its JIT's size): the topics' records, or None.
+    assert KafkaSource(kafka.bootstrap, "so", SCHEMA).records_held() == 10
+    assert KafkaSource("127.0.0.1:1", "so", SCHEMA).records_held() is None
     # Pattern subscription sees a topic (and partitions) created later.
     reader = KafkaStreamReader(
         KafkaSource(kafka.bootstrap, pattern="so.*", schema=SCHEMA).options()
@@ -204,6 +207,7 @@ def test_records_deleted_before_the_job_read_them_are_refused_by_name(kafka, cap
     admin = kafka.admin()
     gone = admin.delete_records([TopicPartition("retained", 1, 4)])
     [f.result(10) for f in gone.values()]
+    assert KafkaSource(kafka.bootstrap, "retained", SCHEMA).records_held() == 16  # 4 deleted
 
     with pytest.raises(SourceDataLostError, match=r"retained:1 offsets 0\.\.3 \(4 records\)"):
         reader.partitions(start, end)
