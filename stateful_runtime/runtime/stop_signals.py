@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +42,7 @@ class StopSignals:
         self.received: list[StopSignal] = []
         self._listeners: list[Callable[[StopSignal], None]] = []
         self._previous: dict[int, Any] = {}
+        self._unraisable: Callable[[Any], Any] = sys.unraisablehook
         # The first signal raises StopRequested (before Spark starts); once it raised, or once
         # this is turned off, signals are only recorded.
         self.interrupt = True
@@ -54,13 +56,25 @@ class StopSignals:
         """Catch :data:`CAUGHT` in this process (only its main thread can)."""
         if threading.current_thread() is threading.main_thread() and not self._previous:
             self._previous = {sig: signal.signal(sig, self._handle) for sig in CAUGHT}
+            self._unraisable = sys.unraisablehook
+            sys.unraisablehook = self._unraisable_hook
         return self
 
     def restore(self) -> None:
         """Give the signals back to the handlers they had before :meth:`install`."""
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        if self._previous and sys.unraisablehook == self._unraisable_hook:
+            sys.unraisablehook = self._unraisable
         self._previous = {}
+
+    def _unraisable_hook(self, unraisable: Any) -> None:
+        # The first signal's StopRequested, raised where Python cannot unwind (a weakref
+        # callback such as an import's module lock has, a __del__), is dropped there with an
+        # "Exception ignored" traceback. The stop stands all the same: it is recorded, and the
+        # runner hears it before it starts anything. So it is not printed.
+        if not isinstance(unraisable.exc_value, StopRequested):
+            self._unraisable(unraisable)
 
     def listen(self, listener: Callable[[StopSignal], None]) -> None:
         """Tell ``listener`` of each signal from now on (and of those already received)."""
