@@ -385,7 +385,6 @@ class JobRunner:
         # SIGINT/SIGTERM (:mod:`.stop_signals`): caught by ``srt run`` from its start, or by
         # run(); the first asks for a stop, a second abandons the batch in flight.
         self.signals = signals
-        self._jit_note: str | None = None  # the JIT the run's size chose (console.running)
         self._hurry = threading.Event()
         self._registered = False
 
@@ -535,7 +534,7 @@ class JobRunner:
         spark_output.divert(log)
         held = [s.source.records_held() for s in self.job.sources] if self.available_now else []
         short = short_run(self.available_now, held)
-        self._jit_note = sized_jit_note(self.master, short, sum(n or 0 for n in held))
+        jit_note = sized_jit_note(self.master, short, sum(n or 0 for n in held))
         try:
             spark = self.spark = build_session(
                 self.job.parallelism,
@@ -586,7 +585,7 @@ class JobRunner:
             return
         registry.update(self.job.name, state=JobState.RUNNING)
         self.state = JobState.RUNNING
-        self.console.running(len(self.runs), self.master, self.checkpoint_dir, self._jit_note)
+        self.console.running(len(self.runs), self.master, self.checkpoint_dir, jit_note)
 
     def monitor(self) -> bool:
         """Wait until every query ends or a stop is requested; True if a query failed."""

@@ -104,16 +104,8 @@ def short_run(available_now: bool, held: list[int | None]) -> bool:
     return available_now and None not in held and sum(n or 0 for n in held) <= SHORT_RUN_RECORDS
 
 
-def sized_jit_note(master: str, short: bool, records: int) -> str | None:
-    """What ``srt run`` says when the run's size chose its JVM's JIT (None: it did not)."""
-    if not short or not master.startswith("local") or os.environ.get(JIT_ENV, "").strip():
-        return None
-    return f"a bounded run of {records:,} records: its JVM compiles with C1 only ({JIT_ENV})"
-
-
-def _jit_options(master: str, short: bool = False) -> dict[str, str]:
-    """The JIT options for the driver's and the executors' JVMs (``""``: HotSpot's default);
-    ``short``: a run :func:`short_run` says ends before C2 pays back."""
+def _jit_choice() -> str:
+    """The mode ``SRT_JVM_JIT`` sets (``""``: none)."""
     choice = os.environ.get(JIT_ENV, "").strip().lower()
     if choice and choice not in JIT_MODES:
         raise ConfigError(
@@ -121,6 +113,20 @@ def _jit_options(master: str, short: bool = False) -> dict[str, str]:
             f"code only, the default on a local master), 'quick' (C1 only) or "
             f"'full' (HotSpot's default)"
         )
+    return choice
+
+
+def sized_jit_note(master: str, short: bool, records: int) -> str | None:
+    """What ``srt run`` says when the run's size chose its JVM's JIT (None: it did not)."""
+    if not short or not master.startswith("local") or _jit_choice():
+        return None
+    return f"a bounded run of {records:,} records: its JVM compiles with C1 only ({JIT_ENV})"
+
+
+def _jit_options(master: str, short: bool = False) -> dict[str, str]:
+    """The JIT options for the driver's and the executors' JVMs (``""``: HotSpot's default);
+    ``short``: a run :func:`short_run` says ends before C2 pays back."""
+    choice = _jit_choice()
     if master.startswith("local"):  # no executors: the driver's JVM runs the tasks
         return {"driver": JIT_MODES[choice or ("quick" if short else "hot")], "executor": ""}
     return {"driver": JIT_MODES[choice or "full"], "executor": JIT_MODES[choice or "full"]}

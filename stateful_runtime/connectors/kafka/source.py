@@ -276,9 +276,7 @@ class KafkaSource(Source):
                 hi - lo
                 for topic, n in counts.items()
                 for p in range(n)
-                for lo, hi in [
-                    c.get_watermark_offsets(TopicPartition(topic, p), timeout=METADATA_TIMEOUT_S)
-                ]
+                for lo, hi in [watermark_offsets(c, TopicPartition(topic, p))]
             )
         except KafkaException:
             return None
