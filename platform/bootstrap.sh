@@ -75,6 +75,13 @@ if [ "$extras" = dev ]; then
   (cd examples/dbt_upi && ../../.venv/bin/dbt parse --quiet --profiles-dir .) \
     || echo "bootstrap: continuing without the dbt manifest (the definitions parse it at load)" >&2
 fi
+# The project is installed editable, so its modules are imported from this tree, where pip
+# compiles nothing; and where PYTHONDONTWRITEBYTECODE is set (some images set it) no process
+# caches what it compiled, so every `srt` command, job driver and forkserver compiled the
+# runtime again (~0.3 CPU-s each; NOTES.md, "Start-up and the job process"). Compiled once here
+# instead; a module edited since is compiled again in memory (its bytecode no longer matches).
+.venv/bin/python -m compileall -q -j 0 stateful_runtime dagster_defs dbt_sink srt_airflow \
+  examples >/dev/null
 # Spark puts pyspark.zip and py4j's zip first on its Python workers' PYTHONPATH, and modules
 # imported from a zip are compiled from source in every new worker (no bytecode cache): 0.4-0.5 s
 # per worker process on a quiet machine, most of a planning worker's life. The same pyspark and

@@ -6,6 +6,7 @@ the Kafka side of its :class:`~stateful_runtime.connectors.base.DeadLetterSink` 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -95,8 +96,21 @@ class KafkaDeadLetterSink:
                     todo.add(dp)
             consumer.assign([TopicPartition(self.topic, dp, 0) for dp in todo])
             out: set[int] = set()
+            # consume(n, timeout) returns only once it holds n messages or the timeout passed,
+            # so it is asked briefly and often: the loop ends at each partition's end, not at a
+            # timeout's (a rewind waited 10 s per call on a topic of a few records).
+            stalled = time.monotonic() + METADATA_TIMEOUT_S
             while todo:
-                for m in consumer.consume(1000, METADATA_TIMEOUT_S):
+                got = consumer.consume(1000, 0.1)
+                if got:
+                    stalled = time.monotonic() + METADATA_TIMEOUT_S
+                elif time.monotonic() > stalled:
+                    raise RuntimeError(
+                        f"reading dead-letter topic {self.topic}: partitions {sorted(todo)} "
+                        f"gave nothing for {METADATA_TIMEOUT_S:.0f} s; check that the "
+                        f"cluster is up, then run the rewind again (nothing was rewound)"
+                    )
+                for m in got:
                     err = m.error()
                     if err is not None:
                         if err.code() == KafkaError._PARTITION_EOF:
