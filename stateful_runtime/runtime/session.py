@@ -78,7 +78,8 @@ def seal_class_archive(dumped: str | Path) -> Path:
 # HotSpot's default: UPI on 1M events start 8.0 -> 6.8 s, steady 229k -> 319k events/s; on
 # 10M, steady 413k -> 471k; latency at 20k events/s p99 1.1 s -> 0.83 s. ``SRT_JVM_JIT``
 # chooses another mode: ``quick`` (C1 only: the fastest start, 5.9 s, and lowest latency, p99
-# 0.6-0.7 s, but steady state 361k on 10M events) or ``full`` (HotSpot's default). A bounded
+# 0.6-0.7 s, but steady state 361k on 10M events; with the serial collector on a local master,
+# SERIAL_GC below) or ``full`` (HotSpot's default). A bounded
 # run on a local master whose sources hold at most SHORT_RUN_RECORDS records ends before C2
 # pays back, so it gets ``quick`` unless a mode is set: at 1M events ``quick`` was 4-17% ahead
 # whole process on four workloads, at 2M ``hot`` 2-5% ahead on three (NOTES.md, "The JIT of a
@@ -123,13 +124,31 @@ def sized_jit_note(master: str, short: bool, records: int) -> str | None:
     return f"a bounded run of {records:,} records: its JVM compiles with C1 only ({JIT_ENV})"
 
 
+# A local master's JVM in ``quick`` mode also takes the serial collector: G1's concurrent
+# threads and regions are work a short run's small heap never pays back on 2 cores (NOTES.md,
+# "The JIT of a local master": less CPU and memory a run). Not where the environment already
+# chooses a collector (two choices stop the JVM), nor on a cluster's long-lived executors.
+SERIAL_GC = "-XX:+UseSerialGC"
+_GC_CHOSEN = re.compile(r"-XX:[+]Use\w*GC\b")
+
+
 def _jit_options(master: str, short: bool = False) -> dict[str, str]:
     """The JIT options for the driver's and the executors' JVMs (``""``: HotSpot's default);
     ``short``: a run :func:`short_run` says ends before C2 pays back."""
     choice = _jit_choice()
     if master.startswith("local"):  # no executors: the driver's JVM runs the tasks
-        return {"driver": JIT_MODES[choice or ("quick" if short else "hot")], "executor": ""}
+        mode = choice or ("quick" if short else "hot")
+        driver = JIT_MODES[mode]
+        if mode == "quick" and not any(
+            _GC_CHOSEN.search(os.environ.get(v, "")) for v in _JVM_OPTION_VARS
+        ):
+            driver = f"{driver} {SERIAL_GC}"
+        return {"driver": driver, "executor": ""}
     return {"driver": JIT_MODES[choice or "full"], "executor": JIT_MODES[choice or "full"]}
+
+
+# Where a JVM also reads options from its environment.
+_JVM_OPTION_VARS = ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")
 
 
 _JVM_EXIT_S = 30.0  # how long a process's exit waits for its JVM (a dump: 300 s)

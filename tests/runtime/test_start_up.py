@@ -125,11 +125,26 @@ def test_a_local_masters_jvm_leaves_c2_to_the_hottest_code(spark):
 )
 def test_the_jit_choice(monkeypatch, choice, master, short, driver, executor):
     monkeypatch.setenv(session.JIT_ENV, choice)
+    for var in session._JVM_OPTION_VARS:
+        monkeypatch.delenv(var, raising=False)
     conf = session.spark_conf(2, master, short_run=short)
     for role, mode in (("driver", driver), ("executor", executor)):
         opts = conf[f"spark.{role}.extraJavaOptions"]
         present = {name for name, flags in session.JIT_MODES.items() if flags and flags in opts}
         assert present == ({mode} if session.JIT_MODES[mode] else set()), (role, opts)
+        # C1 only on a local master: the serial collector too; never on a cluster's executors
+        serial = mode == "quick" and master.startswith("local") and role == "driver"
+        assert (session.SERIAL_GC in opts) == serial, (role, opts)
+
+
+def test_a_collector_chosen_by_the_environment_is_not_chosen_again(monkeypatch):
+    """Two collector choices stop the JVM: a short run leaves the environment's alone."""
+    monkeypatch.setenv(session.JIT_ENV, "")
+    for var in session._JVM_OPTION_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-Xss2m -XX:+UseParallelGC")
+    opts = session.spark_conf(2, "local[2]", short_run=True)["spark.driver.extraJavaOptions"]
+    assert session.JIT_MODES["quick"] in opts and session.SERIAL_GC not in opts
 
 
 def test_a_run_is_short_when_bounded_and_its_sources_hold_few_records():
