@@ -49,15 +49,20 @@ esac
 PYTHONWARNINGS=ignore::UserWarning .venv/bin/python -m pip install -q -e "$spec"
 if [ "$extras" = dev ]; then
   # Airflow shares the venv with Dagster, Spark and dbt only if it moves none of their versions:
-  # it is installed constrained to everything the dev extras resolved (pip freeze), the way
+  # it is resolved together with the dev extras, constrained to the versions of Spark, Dagster,
+  # dbt and their data libraries (pandas, numpy, pyarrow) that the dev extras resolved, the way
   # Airflow's own constraint files pin an install. A conflict stops here with pip's reason
-  # rather than downgrading a Dagster or Spark dependency (NOTES.md, "Airflow beside Dagster").
+  # rather than downgrading one of them (NOTES.md, "Airflow beside Dagster"). Everything else
+  # may move to what both need: constraining every package the dev extras resolved left pip
+  # nothing when one of them was a release whose companions were not out yet (opentelemetry-api
+  # 1.45.3 before its SDK 1.45.3), and pip gave up after 9 minutes of backtracking.
   constraints=$(mktemp)
   trap 'rm -f "$constraints"' EXIT
   # (a package installed from a direct URL cannot be a constraint: left out)
-  .venv/bin/python -m pip freeze --exclude-editable | grep -v ' @ ' > "$constraints" || true
-  if ! PYTHONWARNINGS=ignore::UserWarning .venv/bin/python -m pip install -q -e ".[airflow]" \
-      -c "$constraints"; then
+  .venv/bin/python -m pip freeze --exclude-editable | grep -v ' @ ' \
+    | grep -i -E '^(pyspark|dagster|dbt|pandas|numpy|pyarrow)' > "$constraints" || true
+  if ! PYTHONWARNINGS=ignore::UserWarning .venv/bin/python -m pip install -q \
+      -e "${spec%]},airflow]" -c "$constraints"; then
     echo "bootstrap: apache-airflow does not install beside the versions the dev extras" \
       "resolved (see pip's reason above); install it in a venv of its own:" \
       "python3.11 -m venv .venv-airflow && .venv-airflow/bin/pip install -e '.[airflow,dev]'" >&2
