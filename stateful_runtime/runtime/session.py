@@ -130,6 +130,7 @@ def sized_jit_note(master: str, short: bool, records: int) -> str | None:
 # chooses a collector (two choices stop the JVM), nor on a cluster's long-lived executors.
 SERIAL_GC = "-XX:+UseSerialGC"
 _GC_CHOSEN = re.compile(r"-XX:[+]Use\w*GC\b")
+_JVM_OPTION_VARS = ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")  # read by a JVM too
 
 
 def _jit_options(master: str, short: bool = False) -> dict[str, str]:
@@ -145,10 +146,6 @@ def _jit_options(master: str, short: bool = False) -> dict[str, str]:
             driver = f"{driver} {SERIAL_GC}"
         return {"driver": driver, "executor": ""}
     return {"driver": JIT_MODES[choice or "full"], "executor": JIT_MODES[choice or "full"]}
-
-
-# Where a JVM also reads options from its environment.
-_JVM_OPTION_VARS = ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")
 
 
 _JVM_EXIT_S = 30.0  # how long a process's exit waits for its JVM (a dump: 300 s)
