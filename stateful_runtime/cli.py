@@ -239,7 +239,8 @@ def _explain_cmd(args: argparse.Namespace) -> int:
     if not args.no_spark:
         from stateful_runtime.runtime.session import build_session
 
-        spark = build_session(job.parallelism, args.master)
+        # Planning only, no batch: a short run's JVM (C1 only) starts sooner.
+        spark = build_session(job.parallelism, args.master, short_run=True)
     planned = plan(job)
     text = masking.mask_text(explain(planned, spark))
     if args.json:

@@ -98,8 +98,8 @@ def srt_env(srt_home: Path) -> dict[str, str]:
     A test's job runs seconds on a few thousand events: C2, even at the default mode's raised
     thresholds, compiles for its whole life on a core of the 2-core machine and never pays
     back (a 3,000-event UPI run: 9.4-10.2 s of CPU in the default mode, 6.9-7.6 s with C1
-    only; NOTES.md). The default mode itself is tested in tests/runtime/test_start_up.py, on
-    the in-process session, which this does not change."""
+    only; NOTES.md). The in-process session (``spark``) runs so as well; the default mode's
+    options are tested on a JVM of their own (tests/runtime/test_start_up.py)."""
     from stateful_runtime.runtime.session import JIT_ENV
 
     env = dict(os.environ)
@@ -112,10 +112,13 @@ def srt_env(srt_home: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def spark(srt_home: Path):
-    """One local SparkSession for the whole test session (start-up costs ~5.5 s)."""
+    """One local SparkSession for the whole test session (start-up costs ~5.5 s). Its JVM
+    compiles with C1 only, as a short run's (``short_run``): the tests' queries run seconds
+    each, and C2 compiling for the session's life on a core of the 2-core machine never paid
+    back (seven files of its tests: 78-84 CPU-s in the default mode, 63-68 with C1 only)."""
     from stateful_runtime.runtime.session import build_session
 
-    session = build_session(parallelism=2, master="local[2]")
+    session = build_session(parallelism=2, master="local[2]", short_run=True)
     yield session
     session.stop()
 

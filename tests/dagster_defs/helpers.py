@@ -23,6 +23,7 @@ from upi_events import START_MS, events
 from dagster_defs import DuckDBWarehouse, StreamingJobSpec, StreamingRuntime, build_definitions
 from stateful_runtime.connectors.eventlog import EventLog
 from stateful_runtime.runtime import launcher, registry
+from stateful_runtime.runtime.session import JIT_ENV
 from tests.helpers import EXAMPLES, ROOT, UpiWorkspace, append_lines
 
 DEFINITIONS = EXAMPLES / "definitions.py"
@@ -137,18 +138,22 @@ def live_job(
     }
     defs = build_definitions([job_spec], resources=resources)
     state = Live(ws, defs, {**defs.resources}, job_spec)  # type: ignore[arg-type]
-    before = os.environ.get("SRT_HOME")
-    os.environ["SRT_HOME"] = srt_home
+    # The jobs Dagster launches inherit this process's environment: they run seconds on a few
+    # thousand events, so their JVMs compile with C1 only, as srt_env's (tests/conftest.py).
+    settings = {"SRT_HOME": srt_home, JIT_ENV: os.environ.get(JIT_ENV, "quick")}
+    before = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
     try:
         yield state
     finally:
         entry = registry.read(JOB) or {}
         for pid in {*state.pids, entry.get("pid")} - {None}:
             launcher.signal_group(int(pid), signal.SIGKILL)  # type: ignore[arg-type]
-        if before is None:
-            os.environ.pop("SRT_HOME", None)
-        else:
-            os.environ["SRT_HOME"] = before
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @dataclass

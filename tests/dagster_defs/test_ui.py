@@ -456,6 +456,14 @@ def settle(page: Any) -> None:
     quiet(page)
 
 
+def away(page: Any) -> None:
+    """Park the browser on a blank page while the test polls Dagster's own state: an open
+    page of the UI polls and renders all the while (a run's page streams its logs), and the
+    browser took ~50 CPU-s of the flow. Each step opens its page again to check and photograph
+    what the wait established."""
+    page.goto("about:blank")
+
+
 def quiet(page: Any) -> None:
     """Before a photograph: poll until the page has made no request for 500 ms (Playwright's
     networkidle: charts and lists have their data), for at most 10 s (the UI polls some
@@ -534,18 +542,20 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
                 60,
                 "the materialisation run",
             )
-            page.goto(f"{dev.url}/runs/{run['runId']}")
+            away(page)
             dev.wait(
                 lambda: run_status(run["runId"]) in ("SUCCESS", "FAILURE", "CANCELED"),
                 600,
                 "the job asset's run to finish",
             )
+            page.goto(f"{dev.url}/runs/{run['runId']}")
             return run["runId"]
 
         run_id = materialize_job()
         status = run_status(run_id)
         assert status == "SUCCESS", f"run {run_id} ended {status}:\n{dev.log_tail()}"
         expect(page.get_by_text("Success").first).to_be_visible()
+        quiet(page)
         shot(page, "02-run-success")
         assert _srt_state(dev) == "RUNNING"
         # The health sensor's observation: state and the control endpoint's link.
@@ -557,6 +567,7 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
 
         # 3. The sink table materialises by itself (no run: the health sensor reports the
         #    stream's commits), and its checks run by automation and pass.
+        away(page)
         runless = dev.wait(
             lambda: [m for m in _materializations(dev, SINK_ASSET) if not m["runId"]],
             240,
@@ -597,6 +608,7 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
         shot(page, "05-sink-checks")
 
         # 4. The dbt model builds by automation after the table it reads.
+        away(page)
         model = dev.wait(
             lambda: _materializations(dev, MODEL_ASSET),
             420,
@@ -636,6 +648,7 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
 
         # 6. The job's health is its asset checks, re-judged every sensor tick: all pass, and
         #    the dead letters (every 499th event is malformed) are counted by reason.
+        away(page)
         health = dev.wait(
             lambda: (
                 (h := _health(dev))
@@ -658,6 +671,7 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
         old = int((_srt_status(dev) or {})["pid"])
         killed_at = time.time()
         os.killpg(old, signal.SIGKILL)
+        away(page)
         red = dev.wait(
             lambda: next(
                 (
@@ -678,6 +692,7 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
         expect(page.get_by_text("restarted as pid").first).to_be_visible()
         quiet(page)
         shot(page, "08b-job-killed-restarted")
+        away(page)
         dev.wait(
             lambda: (
                 (st := _srt_status(dev)) and st.get("pid") != old and st.get("state") == "RUNNING"
@@ -696,6 +711,7 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
         shot(page, "08c-job-overview-after-restart")
         # The alert: the daemon launched one run of streaming_job_crashed for this crash, and
         # it failed with the condition and the restart (what run-failure sensors fire on).
+        away(page)
         alert = dev.wait(
             lambda: next(
                 (r for r in _crash_runs(dev) if r["status"] == "FAILURE" and r["failures"]),
@@ -741,9 +757,11 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
             60,
             "the stop run to start",
         )
-        page.goto(f"{dev.url}/runs/{stop_run['runId']}")
+        away(page)
         dev.wait(lambda: run_status(stop_run["runId"]) == "SUCCESS", 300, "the stop run to succeed")
+        page.goto(f"{dev.url}/runs/{stop_run['runId']}")
         expect(page.get_by_text("Success").first).to_be_visible()
+        quiet(page)
         shot(page, "09-stop-run")
         assert _srt_state(dev) == "STOPPED"
         # The asset's events list the stop op's observation (state STOPPED; srt agrees above).
@@ -753,6 +771,7 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
         quiet(page)
         shot(page, "10-job-stopped")
         # Stopped on purpose: the running check warns (yellow), neither failed nor green.
+        away(page)
         warned = dev.wait(
             lambda: (
                 (e := _health(dev).get("running"))
@@ -790,6 +809,7 @@ def test_user_flow_in_the_dagster_ui(dagster_dev: DagsterDev) -> None:
             60,
             "the savepoint run to start",
         )
+        away(page)
         dev.wait(
             lambda: run_status(sp_run["runId"]) == "SUCCESS", 300, "the savepoint run to succeed"
         )

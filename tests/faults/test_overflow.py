@@ -149,7 +149,7 @@ def test_sums_past_int64_commit_exactly_on_the_window_operator(
     lines = _corpus()
     append_lines(upi.log_dir, lines)
     upi.extra["source.max_records_per_batch"] = "20"
-    explain = srt(["explain", str(job_file), *upi.sets()], srt_env)
+    explain = srt(["explain", str(job_file), "--no-spark", *upi.sets()], srt_env)
     assert explain.returncode == 0 and "window operator" in explain.stdout, explain.stdout
     result = srt(["run", str(job_file), *upi.sets(), "--available-now"], srt_env)
     assert result.returncode == 0, result.stderr[-3000:]

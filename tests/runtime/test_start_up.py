@@ -98,16 +98,46 @@ def test_the_driver_jvm_never_looks_up_static_python_data_sources(spark):
     assert not [c for c in started if "lookup_data_sources" in c], started
 
 
-def test_a_local_masters_jvm_leaves_c2_to_the_hottest_code(spark):
+def test_a_local_masters_jvm_leaves_c2_to_the_hottest_code(monkeypatch):
     """One JVM runs every task of a local job beside its Python workers: HotSpot's optimising
     compiler at its default thresholds takes cores from the batches for minutes (session.py
-    says what it cost)."""
+    says what it cost). The default mode's options, as a JVM reads them."""
+    monkeypatch.delenv(session.JIT_ENV, raising=False)
+    opts = session.spark_conf(2, "local[2]")["spark.driver.extraJavaOptions"]
+    flags = _final_flags(opts)
+    assert flags["Tier4InvocationThreshold"] == "100000"
+    assert flags["TieredStopAtLevel"] == "4"  # C2 still compiles
+
+
+def test_the_options_of_the_mode_reach_the_driver_jvm(spark):
+    """The in-process session is a short run's (tests/conftest.py): its JVM took the options
+    through Spark's launch, C1 only and the serial collector."""
     jvm = spark.sparkContext._jvm
     bean = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
         jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
     )
-    assert bean.getVMOption("Tier4InvocationThreshold").getValue() == "100000"
-    assert bean.getVMOption("TieredStopAtLevel").getValue() == "4"  # C2 still compiles
+    assert bean.getVMOption("TieredStopAtLevel").getValue() == "1"
+    assert bean.getVMOption("UseSerialGC").getValue() == "true"
+
+
+def _final_flags(options: str) -> dict[str, str]:
+    """HotSpot's final value of every flag under ``options`` (``-XX:+PrintFlagsFinal``)."""
+    import shlex
+    import subprocess
+
+    out = subprocess.run(
+        ["java", *shlex.split(options), "-XX:+PrintFlagsFinal", "-version"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    flags = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[2] == "=":
+            flags[parts[1]] = parts[3]
+    return flags
 
 
 @pytest.mark.parametrize(
