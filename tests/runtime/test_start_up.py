@@ -110,14 +110,15 @@ def test_a_local_masters_jvm_leaves_c2_to_the_hottest_code(monkeypatch):
 
 
 def test_the_options_of_the_mode_reach_the_driver_jvm(spark):
-    """The in-process session is a short run's (tests/conftest.py): its JVM took the options
-    through Spark's launch, C1 only and the serial collector."""
+    """The JIT and collector the session chose (a short run's in the suite, tests/conftest.py,
+    unless the environment chooses) are its driver JVM's: Spark's launch passed them on."""
+    chosen = _final_flags(spark.sparkContext.getConf().get("spark.driver.extraJavaOptions"))
     jvm = spark.sparkContext._jvm
     bean = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
         jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
     )
-    assert bean.getVMOption("TieredStopAtLevel").getValue() == "1"
-    assert bean.getVMOption("UseSerialGC").getValue() == "true"
+    for flag in ("TieredStopAtLevel", "Tier4InvocationThreshold", "UseSerialGC", "UseG1GC"):
+        assert bean.getVMOption(flag).getValue() == chosen[flag], flag
 
 
 def _final_flags(options: str) -> dict[str, str]:
