@@ -43,6 +43,7 @@ from tests.helpers import (  # noqa: E402  (after the assert-rewrite registratio
     UpiWorkspace,
     cluster_cmd,
     env_file,
+    environment,
     free_port,
     pg_binary,
     require,
@@ -147,18 +148,12 @@ def s3(srt_env: dict[str, str]) -> Iterator[S3Endpoint]:
         "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": "us-east-1",
     }
-    saved = {k: os.environ.get(k) for k in settings}
-    os.environ.update(settings)
     srt_env.update(settings)
-    endpoint = S3Endpoint(settings["AWS_ENDPOINT_URL"], "srt-test")
-    endpoint.client().create_bucket(Bucket=endpoint.bucket)
-    yield endpoint
+    with environment(settings):
+        endpoint = S3Endpoint(settings["AWS_ENDPOINT_URL"], "srt-test")
+        endpoint.client().create_bucket(Bucket=endpoint.bucket)
+        yield endpoint
     server.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
 
 
 @pytest.fixture(scope="session")

@@ -92,6 +92,22 @@ def require(available: object, what: str, how: str) -> None:
 
 
 @contextmanager
+def environment(settings: dict[str, str]) -> Iterator[None]:
+    """``settings`` in this process's environment (and so its children's) for the block; each
+    name as it was before afterwards, whatever else changed meanwhile."""
+    before = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextmanager
 def small_tmpfs(mnt: Path, size: str) -> Iterator[Path]:
     """A tmpfs of ``size`` mounted at the new directory ``mnt`` (root with CAP_SYS_ADMIN), for
     the disk-full trials; unmounted afterwards."""

@@ -24,7 +24,7 @@ from dagster_defs import DuckDBWarehouse, StreamingJobSpec, StreamingRuntime, bu
 from stateful_runtime.connectors.eventlog import EventLog
 from stateful_runtime.runtime import launcher, registry
 from stateful_runtime.runtime.session import JIT_ENV
-from tests.helpers import EXAMPLES, ROOT, UpiWorkspace, append_lines
+from tests.helpers import EXAMPLES, ROOT, UpiWorkspace, append_lines, environment
 
 DEFINITIONS = EXAMPLES / "definitions.py"
 
@@ -141,19 +141,13 @@ def live_job(
     # The jobs Dagster launches inherit this process's environment: they run seconds on a few
     # thousand events, so their JVMs compile with C1 only, as srt_env's (tests/conftest.py).
     settings = {"SRT_HOME": srt_home, JIT_ENV: os.environ.get(JIT_ENV, "quick")}
-    before = {k: os.environ.get(k) for k in settings}
-    os.environ.update(settings)
-    try:
-        yield state
-    finally:
-        entry = registry.read(JOB) or {}
-        for pid in {*state.pids, entry.get("pid")} - {None}:
-            launcher.signal_group(int(pid), signal.SIGKILL)  # type: ignore[arg-type]
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with environment(settings):
+        try:
+            yield state
+        finally:
+            entry = registry.read(JOB) or {}
+            for pid in {*state.pids, entry.get("pid")} - {None}:
+                launcher.signal_group(int(pid), signal.SIGKILL)  # type: ignore[arg-type]
 
 
 @dataclass
