@@ -210,9 +210,13 @@ def ensure_running(
         return Launch(job, proc.pid, True, log, [masking.mask_text(c) for c in command], current)
 
 
-def _failure(job: str, pid: int, what: str) -> JobError:
+def _failure(job: str, pid: int, what: str, entry: dict[str, Any] | None = None) -> JobError:
+    """The job's end as its waiter reports it: the error its entry recorded with the state (a
+    failed start writes it before it prints it: the log may not hold it yet), then the log."""
     log = log_path(job)
-    return JobError(f"job {job!r} (pid {pid}) {what}; its log {log} ends with:\n{tail(log)}")
+    error = (entry or {}).get("error") or {}
+    why = f": {error['message']}" if isinstance(error, dict) and error.get("message") else ""
+    return JobError(f"job {job!r} (pid {pid}) {what}{why}; its log {log} ends with:\n{tail(log)}")
 
 
 def wait_until(
@@ -233,7 +237,7 @@ def wait_until(
             if ready(entry):
                 return entry
             if entry.get("state") in ("FAILED", "FINISHED", "STOPPED"):
-                raise _failure(job, pid, f"ended with state {entry['state']} before {what}")
+                raise _failure(job, pid, f"ended with state {entry['state']} before {what}", entry)
         if not registry.pid_alive(pid):
             if entry.get("pid") == pid and entry.get("state") == "STARTING":
                 # It died before registering itself (bad config, missing topic): say so, or the
