@@ -160,7 +160,7 @@ def expected_counts(lines) -> Counter:
 
 
 def test_savepoint_while_running_then_stop_with_savepoint_upgrade_and_restore(
-    upi, tmp_path, srt_env
+    spark, upi, tmp_path, srt_env
 ):
     """Savepoint of a running job (it keeps running), stop-with-savepoint, new code with a new
     output column restored from it: counts are exact (exactly once across the upgrade); an
@@ -218,17 +218,19 @@ def test_savepoint_while_running_then_stop_with_savepoint_upgrade_and_restore(
     assert all(got[m][1] == 2 * want[m] for m in touched)
 
     # The early savepoint (taken mid-run) into a fresh directory: replays everything after it.
-    fresh = [*sets[:4], "--set", f"checkpoint.dir={tmp_path / 'ck-early'}", *sets[6:]]
-    again = srt(
-        ["run", str(v2), *fresh, "--available-now", "--from-savepoint", early["location"]], srt_env
-    )
-    assert again.returncode == 0, again.stderr[-3000:]
+    # (On the shared session: the CLI's restore was the run above.)
+    fresh = {
+        "source.log_dir": upi.log_dir,
+        "sink.database": db,
+        "checkpoint.dir": tmp_path / "ck-early",
+        "savepoint.dir": roots,
+    }
+    run_job(v2, fresh, from_savepoint=early["location"])
     assert {m: p for m, (p, _) in counts(db, "merchant_id, payments, payments_x2").items()} == want
 
     # Retention never disposes of the savepoint the registered job was restored from, also
     # after a plain restart of the restored job.
-    plain = srt(["run", str(v2), *fresh, "--available-now"], srt_env)
-    assert plain.returncode == 0, plain.stderr[-3000:]
+    run_job(v2, fresh)
     pruned = srt(["savepoint", "prune", "payment-counter", "--keep", "1"], srt_env)
     assert pruned.returncode == 0, pruned.stderr
     assert "0 disposed" in pruned.stdout
