@@ -95,6 +95,7 @@ class Source(ABC):
         query_checkpoint: str | None = None,
         *,
         by_partition: bool = False,
+        accounting: Mapping[str, str] | None = None,
     ) -> DataFrame:
         """The decoded stream, good and bad records alike. With ``dead_letter_staging``, each
         read task also stages its split's rejected records there
@@ -106,7 +107,10 @@ class Source(ABC):
         judged against its batch's processing time and watermark as logged in
         ``query_checkpoint`` (the query's checkpoint directory). With ``by_partition`` (a
         source with a :meth:`key_placement`), each batch reads one split per partition, the
-        split of partition ``p`` being Spark's partition ``p``, empty ones included."""
+        split of partition ``p`` being Spark's partition ``p``, empty ones included. With
+        ``accounting`` (the options :func:`~stateful_runtime.connectors.accounting.option`
+        gives), each read task reports its split
+        (:func:`~stateful_runtime.connectors.accounting.report`)."""
 
     @abstractmethod
     def dead_letter_sink(self, job: str) -> DeadLetterSink:

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.types import LongType, StructField
 
 from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.connectors.alignment import LOOK_BACK, record_time
@@ -228,23 +227,17 @@ def event_ms(tables: Sequence[pa.Table], field: str, unit: str) -> np.ndarray:
 
 def judge_split(
     tables: Sequence[pa.Table],
-    partition: int,
     field: str,
     unit: str,
     bounds: TimeBounds | None,
     raw: Callable[[int], pa.Array],
     after: Callable[[], Sequence[int]],
-    *,
-    ends_run: bool = False,
-) -> list[pa.Table]:
+) -> tuple[list[pa.Table], int | None]:
     """What a read task does to its split's decoded tables once: its outliers refused
-    (:func:`refuse_outliers`), then :data:`SPLIT_TIMES` appended (:func:`with_split_times`),
-    the event times read once for both. ``ends_run``: the split reaches its partition's end
-    in a bounded run."""
+    (:func:`refuse_outliers`), and the newest event time of its good records
+    (:func:`newest_ms`), the event times read once for both."""
     ms = event_ms(tables, field, unit)
-    return with_split_times(
-        refuse_outliers(tables, ms, field, bounds, raw, after), partition, ms, ends_run=ends_run
-    )
+    return refuse_outliers(tables, ms, field, bounds, raw, after), newest_ms(ms)
 
 
 def refuse_outliers(
@@ -368,58 +361,14 @@ def stream_ms(opts: Mapping[str, str]) -> int | None:
 
 # -- what a split reports of its event times (one watermark per partition) ----------------------
 
-# A column every event-time source adds last: null but on a split's first row, which carries
-# the split's partition, the newest event time of its good records (outliers refused) and
-# whether the split reads its partition to the end of a bounded run, as one number
-# (:func:`split_time`), for the query's observed metrics
-# (runtime/input_watermarks.py): one value a split, not a conditional aggregate a record (Spark
-# evaluates observed metrics row by row), and a plain long (cheaper to bring into Spark's rows
-# than a struct).
-SPLIT_TIMES = "_split_times"
-_MS_BITS = 42  # event times below 2^42 ms (the year 2109); partitions below 2^21
+_MS_LIMIT = 1 << 42  # event times a split reports: 1970..2109 (ms)
 
 
-def split_time(partition: int, max_ms: int, *, ends_run: bool = False) -> int:
-    """(partition, newest event time, whether the split ends the partition's bounded run) as
-    the one number :data:`SPLIT_TIMES` carries (the last: its bits inverted, so negative)."""
-    value = (partition << _MS_BITS) | max_ms
-    return ~value if ends_run else value
-
-
-def of_split_time(value: int) -> tuple[int, int, bool]:
-    """The (partition, newest event time, ends the run) of a :data:`SPLIT_TIMES` value."""
-    ends_run = value < 0
-    if ends_run:
-        value = ~value
-    return value >> _MS_BITS, value & ((1 << _MS_BITS) - 1), ends_run
-
-
-def split_times_fields(opts: Mapping[str, str]) -> tuple[StructField, ...]:
-    """The column's schema field for a source with event time (else none)."""
-    if not opts.get("event_time_field"):
-        return ()
-    return (StructField(SPLIT_TIMES, LongType(), True),)
-
-
-def with_split_times(
-    tables: Sequence[pa.Table], partition: int, ms: np.ndarray, *, ends_run: bool = False
-) -> list[pa.Table]:
-    """A split's final tables (event times ``ms``, NaN for refused records) with
-    :data:`SPLIT_TIMES` appended (a split whose newest event time lies outside 1970..2109
-    reports none: the policy's floor refuses the first)."""
-    out = list(tables)
-    if not out:
-        return out
-    top = None if np.isnan(ms).all() else int(np.nanmax(ms))
-    for i, table in enumerate(out):
-        n = table.num_rows
-        if i == 0 and top is not None and n and 0 <= top < 1 << _MS_BITS:
-            mask = np.ones(n, bool)
-            mask[0] = False
-            values = np.zeros(n, np.int64)
-            values[0] = split_time(partition, top, ends_run=ends_run)
-            col = pa.array(values, pa.int64(), mask=mask)
-        else:
-            col = pa.nulls(n, pa.int64())
-        out[i] = table.append_column(SPLIT_TIMES, col)
-    return out
+def newest_ms(ms: np.ndarray) -> int | None:
+    """The newest of a split's event times of good records (``ms``, NaN for refused ones),
+    as its read task reports it (``connectors.accounting``); None outside 1970..2109 (the
+    policy's floor refuses the first) or without any."""
+    if not len(ms) or np.isnan(ms).all():
+        return None
+    top = int(np.nanmax(ms))
+    return top if 0 <= top < _MS_LIMIT else None

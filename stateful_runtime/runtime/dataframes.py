@@ -1,13 +1,14 @@
 """Builds a planned query's streaming DataFrame (:class:`~stateful_runtime.planner.QueryPlan`
 is the data; this is where it meets Spark).
 
-The source's good records get an event-time column and Spark's watermark; the per-batch
-accounting is attached as observed metrics (:data:`SOURCE_METRICS`: records read and rejected;
-:data:`LATE_METRICS`: records behind the watermark), which the job process reads from each
-batch's progress report. Then each node in order: filters in the JVM, maps as ``mapInArrow``
-over whole Arrow batches, a native window as ``groupBy(window | session_window)``, a process
-function (the window operator, connected streams, broadcast state, the joins) repartitioned by
-key group and run over whole Arrow batches with its state in the worker's RocksDB
+The source's good records get an event-time column and Spark's watermark. Records read and
+rejected are counted by the read tasks themselves (:mod:`stateful_runtime.connectors.accounting`:
+no Spark node looks at the rows for it); records behind the watermark as observed metrics
+(:data:`LATE_METRICS`), which the job process reads from each batch's progress report. Then
+each node in order: filters in the JVM, maps as ``mapInArrow`` over whole Arrow batches, a
+native window as ``groupBy(window | session_window)``, a process function (the window
+operator, connected streams, broadcast state, the joins) repartitioned by key group and run
+over whole Arrow batches with its state in the worker's RocksDB
 (:mod:`stateful_runtime.operators.arrow_keyed`).
 """
 
@@ -18,9 +19,9 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from stateful_runtime.connectors import accounting
 from stateful_runtime.connectors.alignment import LATE_BEFORE
 from stateful_runtime.connectors.base import ERROR, OFFSET, PARTITION, RAW
-from stateful_runtime.connectors.event_time import SPLIT_TIMES
 from stateful_runtime.exceptions import ConfigError, PlanError
 from stateful_runtime.functions import LATE_MARK, UNION_INPUT
 from stateful_runtime.joins import JoinOperator
@@ -37,11 +38,7 @@ from stateful_runtime.planner import (
     QueryPath,
     QueryPlan,
 )
-from stateful_runtime.runtime.input_watermarks import (
-    PARTITION_TIMES,
-    resumes,
-    tracks_partitions,
-)
+from stateful_runtime.runtime.input_watermarks import resumes
 from stateful_runtime.runtime.session import arrow_schema
 from stateful_runtime.state import TimeDomain
 from stateful_runtime.streams import (
@@ -85,9 +82,8 @@ def refuse_speculation(setting: str) -> None:
         )
 
 
-# Names of the observed metrics (Spark progress ``observedMetrics``) the job's accounting
-# reads: per source, records read and rejected; per window operator, records that came late.
-SOURCE_METRICS = "srt_source"
+# The observed metric (Spark progress ``observedMetrics``) of the records a window operator
+# found late.
 LATE_METRICS = "srt_late"
 
 
@@ -112,9 +108,8 @@ def build(
             i.dead_letters.staging if i.dead_letters is not None else None,
             late_watermark_of=checkpoint if query.path is QueryPath.NATIVE else None,
             query_checkpoint=checkpoint,
-            metrics=source_metrics(query, i.source.name),
-            partition_times=resumes(query) or tracks_partitions(query),
             by_partition=query.by_partition,
+            report_to=query.name,
         )
         if skips.get(i.source.name):
             df = _skip(df, query, skips[i.source.name], i.source.name)
@@ -159,11 +154,6 @@ def _resume_batch(spark: SparkSession, checkpoint: str, like: DataFrame) -> Data
 
     resume = read_stream(spark, ResumeDataSource, {"checkpoint": checkpoint})
     return resume.select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in like.schema.fields])
-
-
-def source_metrics(query: QueryPlan, source: str) -> str:
-    """The name of the observed metric counting one source's records in ``query``'s batches."""
-    return f"{SOURCE_METRICS}:{source}" if query.union else SOURCE_METRICS
 
 
 def _steps(
@@ -246,15 +236,13 @@ def read_source(
     staging: str | None = None,
     late_watermark_of: str | None = None,
     query_checkpoint: str | None = None,
-    metrics: str = SOURCE_METRICS,
-    partition_times: bool = False,
     by_partition: bool = False,
+    report_to: str | None = None,
 ) -> DataFrame:
-    """The source's good records with event time and watermark; ``metrics`` names the
-    observed metric counting its records (and, with ``partition_times``, taking the largest
-    event time of the good records of each slot of its partitions: the input's watermark per
-    partition and across restarts, :mod:`stateful_runtime.runtime.input_watermarks`);
-    ``by_partition``: Spark's partition ``p`` is the source's (``QueryPlan.by_partition``)."""
+    """The source's good records with event time and watermark; ``by_partition``: Spark's
+    partition ``p`` is the source's (``QueryPlan.by_partition``); ``report_to``: the query
+    whose batches count the source's records (its read tasks report each split:
+    :mod:`stateful_runtime.connectors.accounting`)."""
     from pyspark.sql import functions as F
 
     df = src.source.read_stream(
@@ -264,19 +252,8 @@ def read_source(
         late_watermark_of=late_watermark_of,
         query_checkpoint=query_checkpoint,
         by_partition=by_partition,
+        accounting=accounting.option(spark, report_to, src.name) if report_to else None,
     )
-    # Per-batch accounting of the source (in Spark's progress as observed metrics): every
-    # record read, and those rejected (dead letters); late ones are counted downstream.
-    counts = [
-        F.count(F.lit(1)).alias("input"),
-        F.sum(F.when(F.col(ERROR).isNotNull(), 1).otherwise(0)).alias("dead_letters"),
-    ]
-    if partition_times and SPLIT_TIMES in df.columns:
-        # One value a split (its first row's; nulls are skipped): each partition's newest.
-        counts.append(F.collect_list(SPLIT_TIMES).alias(PARTITION_TIMES))
-    df = df.observe(metrics, *counts)
-    if SPLIT_TIMES in df.columns:
-        df = df.drop(SPLIT_TIMES)
     # Each record keeps its source partition and offset (:data:`ORIGIN_COLUMNS`): a step
     # that cannot process it names it, in its dead letter or in the message that stops the job.
     df = (

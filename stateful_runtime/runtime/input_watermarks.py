@@ -10,8 +10,9 @@ a restart with nothing new fires nothing.
 
 So the runtime keeps each input's watermark with the batch and starts from it:
 
-* each input's source metrics also observe the largest event time of its good records
-  (``dataframes.read_source``); in the query's ``foreachBatch``, after the sinks wrote batch N
+* each input's read tasks also report the largest event time of their split's good records
+  (:mod:`stateful_runtime.connectors.accounting`); in the query's ``foreachBatch``, after the
+  sinks wrote batch N
   and before Spark commits it, :meth:`InputWatermarks.after_batch` folds them into the
   watermarks after batch N-1, as Spark's tracker does (an input's watermark is its largest
   event time less its out-of-orderness bound, and never goes back), and writes
@@ -27,9 +28,9 @@ So the runtime keeps each input's watermark with the batch and starts from it:
 One watermark per partition (Flink's per-split watermarks). Spark's watermark of an input is
 its largest event time less the bound, over all its partitions: a partition behind the others
 (a slow producer, a smaller share of a backlog) would see its records late. So every query with
-a stateful step tracks each input's partitions: the source's metrics observe the newest event
-time of each split's good records (each read task reports it once, on its split's first row:
-``event_time.SPLIT_TIMES``), the runner folds them into each partition's event time after the
+a stateful step tracks each input's partitions: each read task reports the newest event time
+of its split's good records (``connectors.accounting``), the runner folds them into each
+partition's event time after the
 batch (kept in the same file, so a restart and a savepoint carry them), and the input's
 watermark is the smallest over its active partitions less the bound. Idle ones are left out:
 
@@ -69,19 +70,16 @@ from pyspark.sql.types import LongType, StructField, StructType
 
 from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.checkpoints.storage import write_file
-from stateful_runtime.connectors.event_time import of_split_time
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from stateful_runtime.connectors.accounting import BatchCounts
     from stateful_runtime.planner import QueryPlan
 
 log = logging.getLogger(__name__)
 
 NAME = "srt_resume"
-# Each input's observed metric: its splits' (partition, newest event time in ms) of the batch
-# (``event_time.SPLIT_TIMES``, one row a split).
-PARTITION_TIMES = "partition_times"
 RETAIN = 100  # files kept (Spark's spark.sql.streaming.minBatchesToRetain)
 
 
@@ -131,15 +129,12 @@ class InputWatermarks:
         query: QueryPlan,
         name: str,
         checkpoint: str,
-        metrics: Mapping[str, str],
         *,
         bounded: bool = False,
     ) -> None:
-        """``name``: the Spark query's; ``metrics``: each input's observed metric, by name;
-        ``bounded``: an ``--available-now`` run."""
+        """``name``: the Spark query's; ``bounded``: an ``--available-now`` run."""
         self.spark = spark
         self.spark_name = name
-        self.metrics = metrics
         self.layout = QueryLayout(checkpoint)
         self.names = [i.source.name for i in query.inputs]
         self.delays = [_delay_ms(i.source.watermark.max_out_of_orderness) for i in query.inputs]
@@ -178,8 +173,9 @@ class InputWatermarks:
             for n in self.names
         }
 
-    def after_batch(self, batch: int) -> None:
-        """In ``foreachBatch`` of ``batch``, after its sinks ran (before Spark commits it)."""
+    def after_batch(self, batch: int, counted: Mapping[str, BatchCounts]) -> None:
+        """In ``foreachBatch`` of ``batch``, after its sinks ran (before Spark commits it);
+        ``counted``: what each input's read tasks reported of the batch, by source name."""
         execution = self._execution()
         found = self._saved(batch - 1)
         before = self._inputs(found)
@@ -187,7 +183,6 @@ class InputWatermarks:
             self.resumed = True
             if execution is not None and self.resumes:
                 self._resume(execution, before)
-        observed = _observed_partitions(execution, self.metrics) if execution is not None else {}
         at, _ = self.layout.batch_times(batch)
         at = int(at) if at is not None else 0
         parts = self._partitions(found)
@@ -196,7 +191,8 @@ class InputWatermarks:
         held: list[tuple[int, str]] = []
         for name, delay, idle in zip(self.names, self.delays, self.idle_after, strict=True):
             mine = parts[name]
-            seen = observed.get(name, {})
+            reported = counted.get(name)
+            seen = (reported.partition_times if reported is not None else None) or {}
             fold(mine, {k: t for k, (t, _) in seen.items()}, at)
             if not mine:
                 continue
@@ -303,30 +299,6 @@ def holding(
         return newest, None
     oldest = min(active, key=lambda k: (active[k], k))
     return active[oldest], (oldest if len(partitions) > 1 and active[oldest] < newest else None)
-
-
-def _observed_partitions(
-    execution: Any, metrics: Mapping[str, str]
-) -> dict[str, dict[int, tuple[int, bool]]]:
-    """Each input's newest event time (ms) of good records per partition in the batch Spark is
-    running, and whether the batch read the partition to the end of a bounded run (partitions
-    without records left out)."""
-    observed = execution.lastExecution().observedMetrics()
-    out: dict[str, dict[int, tuple[int, bool]]] = {}
-    for name, metric in metrics.items():
-        row = observed.get(metric)
-        if row.isEmpty():
-            continue
-        row = row.get()
-        if PARTITION_TIMES not in list(row.schema().fieldNames()):
-            continue  # a source that reports no split times (none of its own: Spark's alone)
-        splits = row.getList(row.fieldIndex(PARTITION_TIMES))
-        mine = out.setdefault(name, {})
-        for k in range(splits.size()):
-            p, top, ends_run = of_split_time(int(splits.get(k)))
-            before, ended = mine.get(p, (top, False))
-            mine[p] = (max(top, before), ended or ends_run)
-    return out
 
 
 def _watermark_execs(execution: Any) -> list[Any]:

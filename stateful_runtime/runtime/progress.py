@@ -3,7 +3,8 @@
 * :func:`checkpoint_facts` — a query's checkpoint now (last committed batch, its age, the batch
   in flight): the one reader of those facts, for the job process, its control endpoint and
   ``srt status``.
-* :class:`Records` — the records a query read, counted per batch from Spark's progress reports.
+* :class:`Records` — the records a query read, counted per batch (its sources' read tasks'
+  reports and Spark's progress reports).
 * :func:`batch_health` / :func:`new_progress` — Spark's progress reports read into
   :class:`~stateful_runtime.contract.BatchHealth`.
 
@@ -34,6 +35,8 @@ from stateful_runtime.contract import (
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
+
+    from stateful_runtime.connectors.accounting import BatchCounts
 
 
 def now_iso() -> str:
@@ -76,9 +79,9 @@ class Records:
     output). ``input`` and ``dead_letters`` are counted where the source's frame is read,
     ``late`` where the window drops them (Spark's native window, or the window operator).
 
-    A union's query counts each input apart too (``by_source``, from the observed metric
-    ``srt_source:<source>`` and the stateful operator's ``late:<source>``); the totals hold them
-    all, and the records its steps rejected."""
+    A union's query counts each input apart too (``by_source``, from its read tasks' reports
+    and the stateful operator's ``late:<source>``); the totals hold them all, and the records
+    its steps rejected."""
 
     input: int = 0
     dead_letters: int = 0
@@ -89,26 +92,31 @@ class Records:
     def output(self) -> int:
         return self.input - self.dead_letters - self.late
 
-    def add(self, progress: Mapping[str, Any], sources: Sequence[str] = ()) -> int:
-        """Count one batch's progress report in (``sources``: a union's inputs, by name);
-        returns the batch's late records."""
+    def add(
+        self,
+        progress: Mapping[str, Any],
+        counted: Mapping[str, BatchCounts],
+        sources: Sequence[str] = (),
+    ) -> int:
+        """Count one batch in: its sources' ``counted`` records (by source name: what its read
+        tasks reported) and its progress report's late records (``sources``: a union's inputs,
+        by name); returns the batch's late records."""
         # Named where the query's DataFrame observes them; imported here, as that module
         # imports Spark and ``srt status`` reads checkpoint facts from this one without it.
-        from stateful_runtime.runtime.dataframes import LATE_METRICS, SOURCE_METRICS
+        from stateful_runtime.runtime.dataframes import LATE_METRICS
 
         observed = progress.get("observedMetrics") or {}
         lates = _metrics(observed.get(LATE_METRICS))
         for name in sources if len(sources) > 1 else ():
             one = self.by_source.setdefault(name, Records())
-            counted = _metrics(observed.get(f"{SOURCE_METRICS}:{name}"))
-            one.input += int(counted.get("input") or 0)
-            one.dead_letters += int(counted.get("dead_letters") or 0)
             one.late += int(lates.get(f"late:{name}") or 0)
-            self.input += int(counted.get("input") or 0)
-            self.dead_letters += int(counted.get("dead_letters") or 0)
-        source = _metrics(observed.get(SOURCE_METRICS))
-        self.input += int(source.get("input") or 0)
-        self.dead_letters += int(source.get("dead_letters") or 0)
+        for name, batch in counted.items():
+            self.input += batch.records
+            self.dead_letters += batch.dead_letters
+            if len(sources) > 1:
+                one = self.by_source.setdefault(name, Records())
+                one.input += batch.records
+                one.dead_letters += batch.dead_letters
         late = int(lates.get("late") or 0)
         self.late += late
         return late

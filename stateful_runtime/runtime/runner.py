@@ -27,6 +27,7 @@ from stateful_runtime.checkpoints.layout import CheckpointLayout, CheckpointLock
 from stateful_runtime.checkpoints.mirror import CheckpointMirror, MirrorSync
 from stateful_runtime.checkpoints.storage import S3Path, checkpoint_path, s3a_url
 from stateful_runtime.checkpoints.verify import disk_full
+from stateful_runtime.connectors import accounting
 from stateful_runtime.contract import (
     RATE_BATCHES,
     CallStats,
@@ -72,7 +73,6 @@ from stateful_runtime.runtime.dataframes import (
     build,
     calls_of,
     refuse_speculation,
-    source_metrics,
 )
 from stateful_runtime.runtime.endpoint import ControlEndpoint
 from stateful_runtime.runtime.endpoint_handlers import RunnerHandlers
@@ -180,9 +180,20 @@ def _wake_on_progress(wake: threading.Event) -> Any:
     return Wake()
 
 
+@dataclass(frozen=True)
+class _Written:
+    """What a query's ``foreachBatch`` knows of its batch, for the batch's commit report: the
+    sinks' write (ms, rows) and what its sources' read tasks counted, by source."""
+
+    ms: float
+    rows: int
+    counted: dict[str, accounting.BatchCounts]
+
+
 def _foreach_batch(
+    spark: SparkSession,
     writer: BatchWriter,
-    timings: dict[tuple[str, int], tuple[float, int]],
+    written: dict[tuple[str, int], _Written],
     watermarks: InputWatermarks | None = None,
 ) -> Callable[[DataFrame, int], None]:
     def write(df: DataFrame, batch_id: int) -> None:
@@ -193,9 +204,11 @@ def _foreach_batch(
             if stop is None:
                 raise
             raise stop from None
+        # Every read task of the batch has reported once its sinks' write ran.
+        counted = accounting.take(spark, writer.query.name, batch_id)
         if watermarks is not None:  # before Spark commits the batch
-            watermarks.after_batch(batch_id)
-        timings[(writer.query.name, batch_id)] = (done.ms, done.rows)
+            watermarks.after_batch(batch_id, counted)
+        written[(writer.query.name, batch_id)] = _Written(done.ms, done.rows, counted)
 
     return write
 
@@ -372,7 +385,7 @@ class JobRunner:
         # Launched by Dagster with a webserver to report to: each commit is pushed at once.
         if (push := dagster_push.from_env(self.job.name, self.console.say)) is not None:
             self.on_batch.append(push)
-        self._timings: dict[tuple[str, int], tuple[float, int]] = {}
+        self._written: dict[tuple[str, int], _Written] = {}
         self._stop = threading.Event()
         # Set by Spark's listener on every progress report and query end, and by a stop: the
         # monitor reacts at once instead of at its next poll.
@@ -978,13 +991,12 @@ class JobRunner:
         name = f"{self.job.name}.{q.name}"
         watermarks = None
         if resumes(q) or tracks_partitions(q):
-            metrics = {n: source_metrics(q, n) for n in q.source_names}
-            watermarks = InputWatermarks(spark, q, name, qdir, metrics, bounded=self.available_now)
+            watermarks = InputWatermarks(spark, q, name, qdir, bounded=self.available_now)
         writer = (
             df.writeStream.queryName(name)
             .outputMode(q.output_mode)
             .option("checkpointLocation", s3a_url(checkpoint_path(qdir)))
-            .foreachBatch(_foreach_batch(batch_writer, self._timings, watermarks))
+            .foreachBatch(_foreach_batch(spark, batch_writer, self._written, watermarks))
         )
         if self.available_now:
             writer = writer.trigger(availableNow=True)
@@ -1046,7 +1058,9 @@ class JobRunner:
         """A query's committed batch: its health and progress line; what listeners hear."""
         # Late records counted one by one (Spark's numRowsDroppedByWatermark counts groups
         # after the partial aggregation): dropped, or to a late side output.
-        late = run.records.add(progress, run.plan.source_names)
+        written = self._written.pop((run.plan.name, progress["batchId"]), None)
+        counted = written.counted if written is not None else {}
+        late = run.records.add(progress, counted, run.plan.source_names)
         if (ran_batch := recent_batch(progress)) is not None:
             run.recent.append(ran_batch)
         batch = batch_health(
@@ -1069,14 +1083,13 @@ class JobRunner:
         )
         assert run.health.batch is not None
         self.console.batch(run.plan, run.health.batch)
-        ms, rows = self._timings.pop((run.plan.name, progress["batchId"]), (None, None))
         return BatchCommitted(
             self.job.name,
             run.plan.name,
             progress["batchId"],
             progress.get("numInputRows") or 0,
-            ms,
-            rows,
+            written.ms if written is not None else None,
+            written.rows if written is not None else None,
             run.health,
             progress,
         )

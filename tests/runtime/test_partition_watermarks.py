@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stateful_runtime.connectors.event_time import of_split_time, split_time
+from stateful_runtime.connectors.accounting import BatchCounts, SplitReport
 from stateful_runtime.runtime.input_watermarks import fold, holding
 
 T = 1_767_225_600_000  # a batch's processing time
@@ -55,11 +55,23 @@ def test_a_partition_read_to_the_end_of_a_bounded_run_is_idle_after_that_batch()
     assert holding(parts, T, 0) == (1_000, 0)
 
 
-@given(st.integers(0, (1 << 21) - 1), st.integers(0, (1 << 42) - 1), st.booleans())
-def test_a_split_time_carries_its_partition_newest_time_and_run_end(partition, ms, ends_run):
-    value = split_time(partition, ms, ends_run=ends_run)
-    assert -(1 << 63) <= value < 1 << 63  # a Spark long
-    assert of_split_time(value) == (partition, ms, ends_run)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.none() | st.integers(0, 10**12), st.booleans()),
+        max_size=12,
+    )
+)
+def test_a_batch_keeps_each_partitions_newest_time_over_its_splits(splits):
+    counts = BatchCounts()
+    for partition, ms, ends_run in splits:
+        counts.add(SplitReport(5, 1, partition, ms, ends_run))
+    assert (counts.records, counts.dead_letters) == (5 * len(splits), len(splits))
+    timed = [(p, ms, e) for p, ms, e in splits if ms is not None]
+    expected = {
+        p: (max(ms for q, ms, _ in timed if q == p), any(e for q, _, e in timed if q == p))
+        for p in {p for p, _, _ in timed}
+    }
+    assert (counts.partition_times or {}) == expected
 
 
 @given(

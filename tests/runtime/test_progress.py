@@ -11,6 +11,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
+from stateful_runtime.connectors.accounting import BatchCounts
 from stateful_runtime.contract import (
     CheckpointFacts,
     QueryHealth,
@@ -127,13 +128,10 @@ def test_records_and_batch_health_from_a_progress_report():
         "eventTime": {"watermark": "2024-01-01T00:00:00.000Z"},
         "stateOperators": [{"numRowsTotal": 4, "memoryUsedBytes": 1000}],
         "sources": [{"endOffset": '{"0": 90, "1": 10}', "latestOffset": {"0": 100, "1": 10}}],
-        "observedMetrics": {
-            "srt_source": {"input": 100, "dead_letters": 3},
-            "srt_late": {"late": 2},
-        },
+        "observedMetrics": {"srt_late": {"late": 2}},
     }
     records = Records()
-    late = records.add(progress)
+    late = records.add(progress, {"payments": BatchCounts(100, 3)})
     assert (late, records.input, records.output) == (2, 100, 95)
     health = batch_health(progress, late_rows=late, late_rows_this_run=records.late)
     assert (health.last_batch, health.state_rows, health.state_bytes) == (7, 4, 1000)
@@ -160,15 +158,12 @@ def test_a_unions_records_are_counted_per_input_and_its_lag_over_every_input():
             {"endOffset": {"0": 5}, "latestOffset": {"0": 9}},
             {"endOffset": {"bank:0": 7}, "latestOffset": {"bank:0": 8}},
         ],
-        "observedMetrics": {
-            "srt_source:app": {"input": 50, "dead_letters": 1},
-            "srt_source:bank": {"input": 20, "dead_letters": 2},
-            "srt_late": {"late": 4, "late:app": 0, "late:bank": 4},
-        },
+        "observedMetrics": {"srt_late": {"late": 4, "late:app": 0, "late:bank": 4}},
     }
+    counted = {"app": BatchCounts(50, 1), "bank": BatchCounts(20, 2)}
     records = Records()
-    assert records.add(progress, ["app", "bank"]) == 4
-    records.add(progress, ["app", "bank"])
+    assert records.add(progress, counted, ["app", "bank"]) == 4
+    records.add(progress, counted, ["app", "bank"])
     counts = records.counts(["app", "bank"])
     assert (counts.source, counts.input, counts.dead_letters, counts.late) == (
         "app+bank",

@@ -27,7 +27,7 @@ from pyspark.sql.types import (
 )
 
 from stateful_runtime._process import freeze_worker_heap
-from stateful_runtime.connectors import alignment, event_time
+from stateful_runtime.connectors import accounting, alignment, event_time
 from stateful_runtime.connectors.base import (
     OFFSET,
     PARTITION,
@@ -186,6 +186,7 @@ class LogSource(Source):
         query_checkpoint: str | None = None,
         *,
         by_partition: bool = False,
+        accounting: Mapping[str, str] | None = None,
     ) -> DataFrame:
         info = EventLog(self.log_dir).topic(self.topic)
         options = {
@@ -204,6 +205,7 @@ class LogSource(Source):
             options[alignment.LATE_WATERMARK_OF] = late_watermark_of
         if by_partition:
             options[BY_PARTITION] = "true"
+        options.update(accounting or {})
         return read_stream(spark, EventLogDataSource, options)
 
     def dead_letter_sink(self, job: str) -> EventLogDeadLetterSink:
@@ -224,7 +226,7 @@ class EventLogDataSource(DataSource):
             StructType.fromJson(json.loads(self.options["schema"])),
             alignment.late_before_fields(self.options),
         )
-        return StructType([*out.fields, *event_time.split_times_fields(self.options)])
+        return out
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return EventLogStreamReader(self.options)
@@ -362,11 +364,11 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     PARTITION, pa.array(np.full(hi - lo, partition.partition, np.int32))
                 ).append_column(OFFSET, pa.array(np.arange(lo, hi, dtype=np.int64)))
             )
+        newest = None
         if self.time_field:
             field, unit, bounds = self.time_field, self.time_unit, partition.bounds
-            tables = event_time.judge_split(
+            tables, newest = event_time.judge_split(
                 tables,
-                partition.partition,
                 field,
                 unit,
                 bounds,
@@ -383,7 +385,6 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     unit,
                     bounds,
                 ),
-                ends_run=partition.ends_run,
             )
         if self.staging is not None and tables:
             # Staged before any row reaches Spark, so a committed batch always has its file.
@@ -394,6 +395,15 @@ class EventLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 partition.end,
                 pa.concat_tables(tables),
             )
+        accounting.report(
+            self.options,
+            partition.partition,
+            partition.start,
+            partition.partition,
+            tables,
+            newest,
+            ends_run=partition.ends_run,
+        )
         for table in tables:
             yield from table.to_batches()
 

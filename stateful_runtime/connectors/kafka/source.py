@@ -50,7 +50,7 @@ from pyspark.sql.types import (
 
 from stateful_runtime._process import freeze_worker_heap
 from stateful_runtime.checkpoints.keyed import key_group, key_groups, owner_of
-from stateful_runtime.connectors import alignment, event_time
+from stateful_runtime.connectors import accounting, alignment, event_time
 from stateful_runtime.connectors.base import (
     OFFSET,
     PARTITION,
@@ -363,6 +363,7 @@ class KafkaSource(Source):
         query_checkpoint: str | None = None,
         *,
         by_partition: bool = False,
+        accounting: Mapping[str, str] | None = None,
     ) -> DataFrame:
         self.check()
         options = self.options(dead_letter_staging, watermark, late_watermark_of, query_checkpoint)
@@ -371,6 +372,7 @@ class KafkaSource(Source):
             assert placement is not None, "by_partition needs keyed_by"
             self.check_placement(placement.partitions)
             options[BY_PARTITION] = str(placement.partitions)
+        options.update(accounting or {})
         return read_stream(spark, KafkaDataSource, options)
 
     def options(
@@ -432,7 +434,7 @@ class KafkaDataSource(DataSource):
             StructType.fromJson(json.loads(self.options["schema"])),
             extra + alignment.late_before_fields(self.options),
         )
-        return StructType([*out.fields, *event_time.split_times_fields(self.options)])
+        return out
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return KafkaStreamReader(self.options)
@@ -909,11 +911,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     PARTITION, pa.array(np.full(hi - lo, split.partition, np.int32))
                 ).append_column(OFFSET, pa.array(np.asarray(offsets[lo:hi], np.int64)))
             )
+        newest = None
         if self.event_time is not None:
             field, unit = self.event_time
-            tables = event_time.judge_split(
+            tables, newest = event_time.judge_split(
                 tables,
-                split.partition,
                 field,
                 unit,
                 split.bounds,
@@ -928,11 +930,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     unit,
                     split.bounds,
                 ),
-                ends_run=split.ends_run,
             )
         key = f"{split.topic}:{split.partition}"
         if self.staging is not None and tables:
             stage(self.staging, key, split.start, split.end, pa.concat_tables(tables))
+        accounting.report(
+            self.options, key, split.start, split.partition, tables, newest, ends_run=split.ends_run
+        )
         for table in tables:
             yield from table.to_batches()
 
