@@ -235,6 +235,9 @@ class QueryPlan:
     # The source's placement when its records are in the partitions that keep their keys'
     # state (copartitioning): see by_partition
     copartitioned: KeyPlacement | None = None
+    # Whether the copartitioned source's records need nothing of Spark's before the keyed
+    # operator (no filter, an event time read as Spark reads it): see keyed_read
+    keyed_read_fits: bool = False
 
     @property
     def by_partition(self) -> bool:
@@ -245,6 +248,13 @@ class QueryPlan:
         Timer ticks come in as splits of their own after the source's
         (``runtime/dataframes.py``)."""
         return self.copartitioned is not None and not self.watermark_carrier
+
+    @property
+    def keyed_read(self) -> bool:
+        """Whether the keyed operator runs inside its source's read, in the same Python task
+        (:mod:`stateful_runtime.operators.keyed_read`): a source read ``by_partition`` whose
+        records reach the operator with nothing of Spark's between them (no filter)."""
+        return self.by_partition and self.keyed_read_fits and self.process is not None
 
     @property
     def watermark_carrier(self) -> bool:
@@ -535,7 +545,7 @@ def _query(job: StreamJob, p: _Pipeline, inputs: tuple[QueryInput, ...]) -> Quer
     steps = StepDeadLetters(
         str(layout.step_dead_letters(p.name)), inputs[0].source.source.dead_letter_sink(job.name)
     )
-    placement, why = _copartitioning(nodes, inputs, job.parallelism)
+    placement, why, fits = _copartitioning(nodes, inputs, job.parallelism)
     return QueryPlan(
         p.name,
         inputs,
@@ -549,21 +559,23 @@ def _query(job: StreamJob, p: _Pipeline, inputs: tuple[QueryInput, ...]) -> Quer
         job.errors,
         job.rocksdb,
         copartitioned=placement,
+        keyed_read_fits=fits,
     )
 
 
 def _copartitioning(
     nodes: tuple[PlannedNode, ...], inputs: tuple[QueryInput, ...], parallelism: int
-) -> tuple[KeyPlacement | None, str]:
+) -> tuple[KeyPlacement | None, str, bool]:
     """Whether a keyed operator's source is placed by its key groups (``QueryPlan.
-    by_partition``), and what to say of it: why its records are not shuffled, or what keeps
-    a source placed by a key from being read so."""
+    by_partition``), what to say of it (why its records are not shuffled, or what keeps a
+    source placed by a key from being read so), and whether the operator can run in the
+    source's read (``QueryPlan.keyed_read``)."""
     proc = next((n for n in reversed(nodes) if isinstance(n, ProcessNode)), None)
     if proc is None or len(inputs) != 1 or isinstance(proc.function, BroadcastProcess):
-        return None, ""
+        return None, "", False
     placement = inputs[0].source.source.key_placement()
     if placement is None:
-        return None, ""
+        return None, "", False
     keys = tuple(proc.parent.keys) if isinstance(proc.parent, KeyByNode) else ()
     schema = inputs[0].source.source.schema
     field_type = (
@@ -574,24 +586,60 @@ def _copartitioning(
     steps = [*inputs[0].nodes, *nodes[: nodes.index(proc)]]
     where = f"{placement.where} is placed by the key groups of {placement.field!r}"
     if keys != (placement.field,):
-        return None, f"{where}, not of the job's key {list(keys)}: records are shuffled"
+        return None, f"{where}, not of the job's key {list(keys)}: records are shuffled", False
     if field_type != placement.spark_type:
-        return None, (
-            f"{where} as a {placement.spark_type}, the job reads it as a {field_type}: "
-            f"records are shuffled"
+        return (
+            None,
+            (
+                f"{where} as a {placement.spark_type}, the job reads it as a {field_type}: "
+                f"records are shuffled"
+            ),
+            False,
         )
     if any(not isinstance(n, (FilterNode, KeyByNode)) for n in steps):
-        return None, f"{where}, but a map before the key may change it: records are shuffled"
+        return None, f"{where}, but a map before the key may change it: records are shuffled", False
     if placement.partitions != parallelism:
-        return None, (
-            f"{where} into {placement.partitions} partitions, the job has {parallelism} state "
-            f"partitions (parallelism): records are shuffled; parallelism="
-            f"{placement.partitions} reads each partition in the task that keeps its state"
+        return (
+            None,
+            (
+                f"{where} into {placement.partitions} partitions, the job has {parallelism} state "
+                f"partitions (parallelism): records are shuffled; parallelism="
+                f"{placement.partitions} reads each partition in the task that keeps its state"
+            ),
+            False,
         )
-    return placement, (
+    read = (
         f"{where} into as many partitions as the job's state partitions: each partition is "
         f"read, decoded and processed in one task, without a shuffle"
     )
+    wm = inputs[0].source.watermark
+    time_type = (
+        schema[wm.timestamp_field].dataType.simpleString()
+        if wm.timestamp_field in schema.fieldNames()
+        else None
+    )
+    if any(isinstance(n, FilterNode) for n in steps):
+        return (
+            placement,
+            f"{read}; the filter before the key runs in Spark, between the read's Python "
+            f"worker and the operator's",
+            False,
+        )
+    if not (
+        time_type == "timestamp" or (time_type in _INTEGERS and wm.timestamp_unit in ("ms", "s"))
+    ):
+        return (
+            placement,
+            (
+                f"{read}; an event time of type {time_type} ({wm.timestamp_unit}) is read by "
+                f"Spark, between the read's Python worker and the operator's"
+            ),
+            False,
+        )
+    return placement, f"{read}, the operator in the read's own Python worker", True
+
+
+_INTEGERS = ("tinyint", "smallint", "int", "bigint")
 
 
 def plan(job: StreamJob) -> Plan:

@@ -63,6 +63,7 @@ from stateful_runtime.checkpoints.storage import fill_file, read_arrow
 from stateful_runtime.exceptions import StateError
 
 if TYPE_CHECKING:
+    import numpy as np
     import pyarrow as pa
 
 MAX_PARALLELISM = 128
@@ -167,6 +168,86 @@ def key_group(values: Sequence[Any]) -> int:
     """The key group of a key (its fields' values): ``pmod(hash(key fields), 128)``, what the
     JVM computes for each record of the job (``runtime/dataframes.py``)."""
     return spark_hash(values) % MAX_PARALLELISM
+
+
+def column_key_groups(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """The key group of each value of a single-field key column (a string, or an integer
+    hashed as a bigint; a null hashes to Spark's seed), as :func:`key_group` gives one, over
+    the whole column at once (numpy: ~50 ns a value where :func:`key_group` takes µs)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    seed = np.uint32(42)
+    if pa.types.is_integer(column.type):
+        values = column.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+        words = values.astype(np.uint64)
+        h = _np_mix_h1(
+            np.full(len(values), seed), _np_mix_k1((words & 0xFFFFFFFF).astype(np.uint32))
+        )
+        h = _np_fmix(_np_mix_h1(h, _np_mix_k1((words >> 32).astype(np.uint32))), 8)
+    else:
+        column = column.cast(pa.large_binary())
+        _, offsets_buf, data_buf = column.buffers()
+        offsets = np.frombuffer(offsets_buf, np.int64)[
+            column.offset : column.offset + len(column) + 1
+        ]
+        data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+        data = np.concatenate([data, np.zeros(4, np.uint8)])
+        starts, lengths = offsets[:-1], np.diff(offsets)
+        last = len(data) - 4  # (rows past their value's end read anything, and drop it)
+        h = np.full(len(column), seed)
+        for w in range(int(lengths.max(initial=0)) // 4):
+            at = np.minimum(starts + 4 * w, last)
+            word = (
+                data[at].astype(np.uint32)
+                | data[at + 1].astype(np.uint32) << 8
+                | data[at + 2].astype(np.uint32) << 16
+                | data[at + 3].astype(np.uint32) << 24
+            )
+            whole = lengths >= 4 * (w + 1)
+            h = np.where(whole, _np_mix_h1(h, _np_mix_k1(word)), h)
+        aligned = lengths - lengths % 4
+        for t in range(3):  # each byte left over on its own, sign-extended
+            left = aligned + t < lengths
+            byte = data[np.where(left, starts + aligned + t, 0)].astype(np.int8)
+            k1 = byte.astype(np.int32).astype(np.uint32)
+            h = np.where(left, _np_mix_h1(h, _np_mix_k1(k1)), h)
+        h = _np_fmix(h, lengths.astype(np.uint32))
+    if column.null_count:  # a null leaves the hash at the seed
+        h = np.where(column.is_null().to_numpy(zero_copy_only=False), seed, h)
+    # pmod(hash, 128) of the signed hash is its low bits: 2^32 is a multiple of 128
+    return (h & np.uint32(MAX_PARALLELISM - 1)).astype(np.int32)
+
+
+def _np_rotl(x: np.ndarray, r: int) -> np.ndarray:
+    import numpy as np
+
+    return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
+
+
+def _np_mix_k1(k1: np.ndarray) -> np.ndarray:
+    import numpy as np
+
+    return _np_rotl(k1 * np.uint32(0xCC9E2D51), 15) * np.uint32(0x1B873593)
+
+
+def _np_mix_h1(h1: np.ndarray, k1: np.ndarray) -> np.ndarray:
+    import numpy as np
+
+    return _np_rotl(h1 ^ k1, 13) * np.uint32(5) + np.uint32(0xE6546B64)
+
+
+def _np_fmix(h1: np.ndarray, length: Any) -> np.ndarray:
+    import numpy as np
+
+    h1 = h1 ^ np.uint32(length) if isinstance(length, int) else h1 ^ length
+    h1 ^= h1 >> np.uint32(16)
+    h1 = h1 * np.uint32(0x85EBCA6B)
+    h1 ^= h1 >> np.uint32(13)
+    h1 = h1 * np.uint32(0xC2B2AE35)
+    return h1 ^ (h1 >> np.uint32(16))
 
 
 def key_groups(partition: int, parallelism: int, max_parallelism: int = MAX_PARALLELISM) -> range:

@@ -86,9 +86,8 @@ class Source(ABC):
         return None
 
     @abstractmethod
-    def read_stream(
+    def data_source(
         self,
-        spark: SparkSession,
         dead_letter_staging: str | None = None,
         watermark: WatermarkStrategy | None = None,
         late_watermark_of: str | None = None,
@@ -96,8 +95,9 @@ class Source(ABC):
         *,
         by_partition: bool = False,
         accounting: Mapping[str, str] | None = None,
-    ) -> DataFrame:
-        """The decoded stream, good and bad records alike. With ``dead_letter_staging``, each
+    ) -> tuple[type[DataSource], dict[str, str]]:
+        """The Python DataSource that reads the decoded stream, good and bad records alike, and
+        its options (:meth:`read_stream` reads it). With ``dead_letter_staging``, each
         read task also stages its split's rejected records there
         (:func:`stateful_runtime.connectors.dead_letters.stage`). With ``watermark``, a source
         may align its partitions in event time (:mod:`stateful_runtime.connectors.alignment`).
@@ -111,6 +111,30 @@ class Source(ABC):
         ``accounting`` (the options :func:`~stateful_runtime.connectors.accounting.option`
         gives), each read task reports its split
         (:func:`~stateful_runtime.connectors.accounting.report`)."""
+
+    def read_stream(
+        self,
+        spark: SparkSession,
+        dead_letter_staging: str | None = None,
+        watermark: WatermarkStrategy | None = None,
+        late_watermark_of: str | None = None,
+        query_checkpoint: str | None = None,
+        *,
+        by_partition: bool = False,
+        accounting: Mapping[str, str] | None = None,
+    ) -> DataFrame:
+        """The decoded stream as a streaming DataFrame (see :meth:`data_source`)."""
+        return read_stream(
+            spark,
+            *self.data_source(
+                dead_letter_staging,
+                watermark,
+                late_watermark_of,
+                query_checkpoint,
+                by_partition=by_partition,
+                accounting=accounting,
+            ),
+        )
 
     @abstractmethod
     def dead_letter_sink(self, job: str) -> DeadLetterSink:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from stateful_runtime.connectors import accounting
 from stateful_runtime.connectors.alignment import LATE_BEFORE
@@ -100,6 +100,10 @@ def build(
     if not isinstance(skips, Mapping):
         skips = {query.source.name: skips}
     _CALL_STATS.pop(query.name, None)  # (counted anew for this run)
+    if query.keyed_read and checkpoint is not None and not skips.get(query.source.name):
+        i = query.inputs[0]
+        staging = i.dead_letters.staging if i.dead_letters is not None else None
+        return _keyed_read(spark, query, checkpoint, staging)
     frames = []
     for i in query.inputs:
         df = read_source(
@@ -352,22 +356,16 @@ def _process(
     (:data:`SINGLE_WATERMARK`, set by the runner while it starts the query)."""
     from pyspark.sql import functions as F
 
-    from stateful_runtime.connectors.formats.json import to_struct
     from stateful_runtime.functions import BroadcastProcess
-    from stateful_runtime.operators.arrow_keyed import (
-        KEY_GROUP,
-        ROUTE,
-        ArrowKeyedOperator,
-        route_values,
-    )
+    from stateful_runtime.operators.arrow_keyed import KEY_GROUP, ROUTE, route_values
     from stateful_runtime.operators.keyed_store import MAX_PARALLELISM
-    from stateful_runtime.operators.output import TAG, TS, output_struct
+    from stateful_runtime.operators.output import TAG, TS
 
     fn = node.function
     parallelism = query.parallelism
     keys = list(node.parent.keys)
     fields = [c for c in df.columns if c not in (EVENT_TIME, *ORIGIN_COLUMNS, UNION_INPUT)]
-    out_struct = output_struct(to_struct(fn.output_schema))
+    operator, out_struct = _keyed_operator(df.sparkSession, node, query, checkpoint, fields)
     df = df.withColumn(TS, F.unix_millis(EVENT_TIME))
     df = df.withColumn(KEY_GROUP, F.pmod(F.hash(*keys), F.lit(MAX_PARALLELISM)))
     if isinstance(fn, BroadcastProcess):
@@ -375,14 +373,16 @@ def _process(
         df = _broadcast_copies(df, parallelism)
     ticks = None
     if query.ticks is not None and checkpoint is not None:
-        ticks = _timer_ticks(
-            df.sparkSession,
-            checkpoint,
-            node.name,
-            parallelism,
-            query.ticks,
+        ticks = _as_rows_of(
+            _timer_ticks(
+                df.sparkSession,
+                checkpoint,
+                node.name,
+                parallelism,
+                query.ticks,
+                splits=parallelism if query.by_partition else 0,
+            ),
             df.schema,
-            splits=parallelism if query.by_partition else 0,
         )
     if query.by_partition:
         # The source's partition p holds exactly the keys of partition p's key groups: the
@@ -397,27 +397,102 @@ def _process(
         owner = F.floor(F.col(KEY_GROUP) * parallelism / MAX_PARALLELISM).cast("int") + 1
         df = df.withColumn(ROUTE, F.element_at(routes, owner))
         shuffled = df.repartition(parallelism, ROUTE)
-    operator = ArrowKeyedOperator(
-        fn,
-        node.name,
-        keys,
-        fields,
-        TS,
-        arrow_schema(out_struct),
-        checkpoint,
-        parallelism,
-        step_guard(query, node.name),
-        query.rocksdb,
-        placed_by=query.copartitioned.where if query.by_partition and query.copartitioned else None,
-    )
-    if getattr(fn, "tally", None) is not None:  # an enrich_async lookup's calls
-        operator.stats = call_stats(shuffled.sparkSession, query.name)
     out = shuffled.mapInArrow(operator, out_struct)
     if query.watermark_carrier:
         out = out.unionByName(_watermark_carrier(shuffled, out_struct))
     if ticks is not None and not query.by_partition:
         out = out.unionByName(_as_rows_of(ticks, out_struct))
     return _observe_late(out, fn, TAG, query)
+
+
+def _keyed_operator(
+    spark: SparkSession,
+    node: ProcessNode,
+    query: QueryPlan,
+    checkpoint: str | None,
+    fields: Sequence[str],
+) -> tuple[Any, StructType]:
+    """The process node's operator over records of ``fields``, and its output's schema."""
+    from stateful_runtime.connectors.formats.json import to_struct
+    from stateful_runtime.operators.arrow_keyed import ArrowKeyedOperator
+    from stateful_runtime.operators.output import TS, output_struct
+
+    fn = node.function
+    out_struct = output_struct(to_struct(fn.output_schema))
+    operator = ArrowKeyedOperator(
+        fn,
+        node.name,
+        list(node.parent.keys),
+        fields,
+        TS,
+        arrow_schema(out_struct),
+        checkpoint,
+        query.parallelism,
+        step_guard(query, node.name),
+        query.rocksdb,
+        placed_by=query.copartitioned.where if query.by_partition and query.copartitioned else None,
+    )
+    if getattr(fn, "tally", None) is not None:  # an enrich_async lookup's calls
+        operator.stats = call_stats(spark, query.name)
+    return operator, out_struct
+
+
+def _keyed_read(
+    spark: SparkSession, query: QueryPlan, checkpoint: str | None, staging: str | None
+) -> DataFrame:
+    """The query's keyed operator inside its source's read (``QueryPlan.keyed_read``:
+    :mod:`stateful_runtime.operators.keyed_read`), with its timer ticks; Spark's watermark
+    node over the output, which the query's input watermarks set
+    (:mod:`stateful_runtime.runtime.input_watermarks`)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    from stateful_runtime.connectors.base import read_stream
+    from stateful_runtime.operators import keyed_read
+    from stateful_runtime.operators.output import TAG
+
+    src = query.source
+    node = query.process
+    assert node is not None and checkpoint is not None
+    wm = src.watermark
+    assert wm.timestamp_field is not None
+    inner, inner_options = src.source.data_source(
+        staging,
+        watermark=wm,
+        query_checkpoint=checkpoint,
+        by_partition=True,
+        accounting=accounting.option(spark, query.name, src.name),
+    )
+    schema = cast(StructType, inner(inner_options).schema())  # (the runtime's sources')
+    fields = [f for f in schema.fields if f.name not in (ERROR, RAW, PARTITION, OFFSET)]
+    operator, out_struct = _keyed_operator(spark, node, query, checkpoint, [f.name for f in fields])
+    options = keyed_read.options(
+        inner,
+        inner_options,
+        operator,
+        out_struct,
+        fields=arrow_schema(StructType(fields)),
+        key=node.parent.keys[0],
+        event_time=(wm.timestamp_field, wm.timestamp_unit),
+    )
+    out = read_stream(spark, keyed_read.KeyedReadDataSource, options)
+    # Spark's watermark over no column of the records: the input watermarks set it
+    delay = wm.max_out_of_orderness
+    interval = spark_interval(delay) if delay.total_seconds() > 0 else "0 seconds"
+    out = (
+        out.withColumn(EVENT_TIME, F.lit(None).cast("timestamp"))
+        .withWatermark(EVENT_TIME, interval)
+        .drop(EVENT_TIME)
+    )
+    if query.ticks is not None:
+        ticks_source, ticks_options = _tick_options(
+            spark, checkpoint, node.name, query.parallelism, query.ticks, query.parallelism
+        )
+        ticks = keyed_read.options(
+            ticks_source, ticks_options, operator, out_struct, after_source_of=checkpoint
+        )
+        out = out.unionByName(read_stream(spark, keyed_read.KeyedReadDataSource, ticks))
+    return _observe_late(out, node.function, TAG, query)
 
 
 def _watermark_carrier(shuffled: DataFrame, like: StructType) -> DataFrame:
@@ -491,13 +566,27 @@ def _timer_ticks(
     operator: str,
     parallelism: int,
     domain: TimeDomain,
-    like: StructType,
     splits: int,
 ) -> DataFrame:
-    """No rows (with the columns of ``like``), from a source whose offset moves when a timer
-    of ``operator`` in ``domain`` is due (:mod:`stateful_runtime.operators.ticks`): Spark
-    runs that batch. ``splits``: the empty splits it gives a batch it moved in."""
+    """No rows, from a source whose offset moves when a timer of ``operator`` in ``domain``
+    is due (:mod:`stateful_runtime.operators.ticks`): Spark runs that batch. ``splits``: the
+    empty splits it gives a batch it moved in."""
     from stateful_runtime.connectors.base import read_stream
+
+    return read_stream(
+        spark, *_tick_options(spark, checkpoint, operator, parallelism, domain, splits)
+    )
+
+
+def _tick_options(
+    spark: SparkSession,
+    checkpoint: str,
+    operator: str,
+    parallelism: int,
+    domain: TimeDomain,
+    splits: int,
+) -> tuple[type, dict[str, str]]:
+    """The timer ticks' DataSource and options (see :func:`_timer_ticks`)."""
     from stateful_runtime.operators.arrow_keyed import store_dir
     from stateful_runtime.operators.ticks import TickDataSource
 
@@ -507,7 +596,7 @@ def _timer_ticks(
         options["domain"] = "event"
     if (spark.conf.get(NO_DATA_BATCHES, "true") or "").lower() == "false":
         options["no_data_batches"] = "false"  # as for Spark's own operators: none
-    return _as_rows_of(read_stream(spark, TickDataSource, options), like)
+    return TickDataSource, options
 
 
 def _as_rows_of(rows: DataFrame, like: StructType) -> DataFrame:

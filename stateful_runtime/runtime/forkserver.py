@@ -60,6 +60,7 @@ PRELOAD = (
     "pandas",
     "stateful_runtime.connectors.eventlog.source",
     "stateful_runtime.operators.arrow_keyed",
+    "stateful_runtime.operators.keyed_read",
     "stateful_runtime.operators.ticks",
     "stateful_runtime.runtime.batch_writes",
 )

@@ -168,6 +168,21 @@ def _lag(progress: Mapping[str, Any]) -> tuple[int | None, dict[str, int] | None
     return sum(by_partition.values()), by_partition
 
 
+def counted_input(progress: Mapping[str, Any], records: int) -> Mapping[str, Any]:
+    """A progress report with Spark's input rows (and the rates of them) replaced by
+    ``records``, what the batch's read tasks counted (``connectors/accounting.py``): where the
+    keyed operator runs inside its source's read (``operators/keyed_read.py``), the rows Spark
+    sees are the operator's output, not the records read."""
+    seen = int(progress.get("numInputRows") or 0)
+    if seen == records:
+        return progress
+    out = {**progress, "numInputRows": records}
+    for rate in ("inputRowsPerSecond", "processedRowsPerSecond"):
+        if progress.get(rate) is not None:
+            out[rate] = float(progress[rate]) * records / seen if seen else 0.0
+    return out
+
+
 def recent_batch(progress: Mapping[str, Any]) -> RecentBatch | None:
     """A batch that ran, as the rates over time count it (None: its report lacks the time)."""
     try:

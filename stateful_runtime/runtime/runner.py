@@ -86,6 +86,7 @@ from stateful_runtime.runtime.progress import (
     SampledDeadLetters,
     batch_health,
     checkpoint_facts,
+    counted_input,
     idle_health,
     merge_views,
     new_progress,
@@ -1060,6 +1061,8 @@ class JobRunner:
         # after the partial aggregation): dropped, or to a late side output.
         written = self._written.pop((run.plan.name, progress["batchId"]), None)
         counted = written.counted if written is not None else {}
+        if written is not None:
+            progress = dict(counted_input(progress, sum(c.records for c in counted.values())))
         late = run.records.add(progress, counted, run.plan.source_names)
         if (ran_batch := recent_batch(progress)) is not None:
             run.recent.append(ran_batch)

@@ -28,7 +28,7 @@ from stateful_runtime import (
     TumblingEventTimeWindows,
     ValueStateDescriptor,
 )
-from stateful_runtime.checkpoints.keyed import COMMIT_TAG, key_group
+from stateful_runtime.checkpoints.keyed import COMMIT_TAG, column_key_groups, key_group
 from stateful_runtime.exceptions import StateError
 from stateful_runtime.functions import CO_INPUT, UNION_INPUT, CoInput, CoProcess, to_datetime
 from stateful_runtime.joins import (
@@ -219,6 +219,17 @@ def test_key_groups_computed_in_python_are_the_ones_spark_computes(spark):
         values = dict(zip(fields, row, strict=True))
         mine = [key_group([values[f] for f in k]) for k in keys]
         assert mine == list(groups), row
+    # a whole column at once (a keyed source's read: operators/keyed_read.py), sliced too
+    for n, field in ((0, "s"), (1, "i")):
+        column = pa.array([r[n] for r in rows], pa.string() if field == "s" else pa.int64())
+        assert list(column_key_groups(column)) == [g[str(n)] for g in got]
+        assert list(column_key_groups(column.slice(7, 50))) == [g[str(n)] for g in got[7:57]]
+
+
+@given(st.lists(st.text(max_size=23) | st.none()), st.lists(st.integers(-(2**63), 2**63 - 1)))
+def test_a_columns_key_groups_are_each_values_key_group(texts, ints):
+    assert list(column_key_groups(pa.array(texts, pa.string()))) == [key_group([t]) for t in texts]
+    assert list(column_key_groups(pa.array(ints, pa.int64()))) == [key_group([i]) for i in ints]
 
 
 @given(st.integers(1, MAX_PARALLELISM))

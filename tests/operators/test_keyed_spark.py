@@ -122,12 +122,13 @@ def test_the_deduplicator_on_a_topic_placed_by_its_key_runs_without_a_shuffle(
     spark, tmp_path, capsys
 ):
     """The topic's first append keyed by txn_id placed it by the key groups the job's state
-    uses, into as many partitions as the job's: each partition is read, decoded and processed
-    in one task (no exchange in Spark's plan), across a restart, and the output equals the
-    oracle's. The TTL cleanups' timer ticks come in as splits of their own: each run ends with
-    a batch of ticks alone, whose tasks (one per state partition, the source read nothing)
-    fire the cleanups. A record placed otherwise (an append that names its partition) stops
-    the batch, committing nothing, and says why."""
+    uses, into as many partitions as the job's: each partition is read, decoded and processed in
+    one Python task (no exchange, no mapInArrow in Spark's plan), across a restart, and the
+    output equals the oracle's. The TTL cleanups' timer ticks come in as splits of their own:
+    each run ends with a batch of ticks alone, whose tasks (one per state partition, the source
+    read nothing) run the operator over no records and fire the cleanups. A record placed
+    otherwise (an append that names its partition) stops the batch, committing nothing, and says
+    why."""
     from stateful_runtime.connectors.eventlog import Record
     from stateful_runtime.connectors.eventlog.ingest import key_topic
     from stateful_runtime.runtime.loader import load_job_file
@@ -143,6 +144,8 @@ def test_the_deduplicator_on_a_topic_placed_by_its_key_runs_without_a_shuffle(
         "source.max_records_per_batch": "500",
     }
 
+    records: list = []
+
     def run_job() -> tuple[int, str, str]:
         out = io.StringIO()
         runner = JobRunner(
@@ -153,15 +156,22 @@ def test_the_deduplicator_on_a_topic_placed_by_its_key_runs_without_a_shuffle(
         code = runner.run()
         execution = runner.runs[0].query._jsq.streamingQuery().lastExecution()
         plan = execution.executedPlan().toString() if execution is not None else ""
+        records.append(runner.runs[0].records)
         return code, plan, out.getvalue()
 
-    for part in (lines[:1_500], lines[1_500:]):
+    # Two records that do not decode (dead letters of the read, counted as read).
+    bad = [b"not json", json.dumps({"txn_id": "t-bad", "ts_ms": "soon"}).encode()]
+    for part in (lines[:1_500] + bad, lines[1_500:]):
         with EventLog(log).writer("upi-payments") as w:
             key_topic(w, "txn_id", part[0])
         append_lines(log, part, key="txn_id")
         code, plan, out = run_job()
         assert code == 0, out
-        assert "MapInArrow" in plan and "Exchange" not in plan, plan
+        # the operator inside the source's read: no exchange, no second Python worker
+        assert "MapInArrow" not in plan and "Exchange" not in plan, plan
+        # what the run read, as its read tasks counted it (Spark sees the operator's output)
+        dead = 2 if part[-1] is bad[-1] else 0
+        assert (records[-1].input, records[-1].dead_letters) == (len(part), dead)
     assert EventLog(log).topic("upi-payments").key is not None
     assert_deduplicated(log, lines)
     query = QueryLayout(tmp_path / "ck" / "deduplicator")

@@ -23,6 +23,7 @@ from stateful_runtime.runtime.progress import (
     Records,
     batch_health,
     checkpoint_facts,
+    counted_input,
     idle_health,
     new_progress,
     recent_batch,
@@ -311,3 +312,17 @@ def test_a_steps_rejects_count_under_the_step_and_merge_with_the_sources(tmp_pat
         "step enrich: ValueError": 1,
     }
     assert merged.in_topic == 3 and len(merged.samples) == 2
+
+
+def test_a_batchs_input_rows_are_the_records_its_read_tasks_counted():
+    """Where the keyed operator runs inside its source's read, Spark's input rows are the
+    operator's output: the report takes the records read instead, its rates scaled alike."""
+    progress = {"numInputRows": 40, "inputRowsPerSecond": 20.0, "processedRowsPerSecond": 80.0}
+    counted = counted_input(progress, 1_000)
+    assert counted == {
+        "numInputRows": 1_000,
+        "inputRowsPerSecond": 500.0,
+        "processedRowsPerSecond": 2_000.0,
+    }
+    assert counted_input(progress, 40) is progress
+    assert counted_input({**progress, "numInputRows": 0}, 0)["numInputRows"] == 0

@@ -33,7 +33,6 @@ from stateful_runtime.connectors.base import (
     PARTITION,
     KeyPlacement,
     Source,
-    read_stream,
     stream_schema,
 )
 from stateful_runtime.connectors.dead_letters import stage
@@ -50,8 +49,6 @@ from stateful_runtime.connectors.ranges import BatchCap, split_ranges
 from stateful_runtime.exceptions import ConfigError, LogError
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
-
     from stateful_runtime.watermarks import WatermarkStrategy
 
 FORMAT = "srt_log"
@@ -177,9 +174,8 @@ class LogSource(Source):
             info.key.field, spark_type, info.partitions, f"event-log topic {self.topic!r}"
         )
 
-    def read_stream(
+    def data_source(
         self,
-        spark: SparkSession,
         dead_letter_staging: str | None = None,
         watermark: WatermarkStrategy | None = None,
         late_watermark_of: str | None = None,
@@ -187,7 +183,7 @@ class LogSource(Source):
         *,
         by_partition: bool = False,
         accounting: Mapping[str, str] | None = None,
-    ) -> DataFrame:
+    ) -> tuple[type[DataSource], dict[str, str]]:
         info = EventLog(self.log_dir).topic(self.topic)
         options = {
             "log_dir": self.log_dir,
@@ -206,7 +202,7 @@ class LogSource(Source):
         if by_partition:
             options[BY_PARTITION] = "true"
         options.update(accounting or {})
-        return read_stream(spark, EventLogDataSource, options)
+        return EventLogDataSource, options
 
     def dead_letter_sink(self, job: str) -> EventLogDeadLetterSink:
         return EventLogDeadLetterSink(

@@ -56,7 +56,6 @@ from stateful_runtime.connectors.base import (
     PARTITION,
     KeyPlacement,
     Source,
-    read_stream,
     stream_schema,
 )
 from stateful_runtime.connectors.dead_letters import stage
@@ -77,8 +76,6 @@ from stateful_runtime.exceptions import ConfigError, SourceDataLostError, Statef
 from stateful_runtime.masking import mask_config
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
-
     from stateful_runtime.watermarks import WatermarkStrategy
 
 FORMAT = "srt_kafka"
@@ -354,9 +351,8 @@ class KafkaSource(Source):
         (with ``event_time`` and a batch's ``bounds``, as its read tasks judge event time)."""
         return decode_json(values, self.schema, event_time=event_time, bounds=bounds)
 
-    def read_stream(
+    def data_source(
         self,
-        spark: SparkSession,
         dead_letter_staging: str | None = None,
         watermark: WatermarkStrategy | None = None,
         late_watermark_of: str | None = None,
@@ -364,7 +360,7 @@ class KafkaSource(Source):
         *,
         by_partition: bool = False,
         accounting: Mapping[str, str] | None = None,
-    ) -> DataFrame:
+    ) -> tuple[type[DataSource], dict[str, str]]:
         self.check()
         options = self.options(dead_letter_staging, watermark, late_watermark_of, query_checkpoint)
         if by_partition:
@@ -373,7 +369,7 @@ class KafkaSource(Source):
             self.check_placement(placement.partitions)
             options[BY_PARTITION] = str(placement.partitions)
         options.update(accounting or {})
-        return read_stream(spark, KafkaDataSource, options)
+        return KafkaDataSource, options
 
     def options(
         self,

@@ -64,11 +64,11 @@ def test_a_topic_placed_by_the_sink_is_read_without_a_shuffle_and_checked(
     spark, kafka, tmp_path, capsys
 ):
     """The sink places each payment by the key group of its txn_id; the deduplicator keyed by
-    txn_id with as many state partitions reads each partition in one task (no exchange in
-    Spark's plan) across a restart, and its output equals the oracle's. A record placed
-    otherwise, older than what the start looks at, stops the batch in its task, committing
-    nothing. Given a third partition, the job reads the topic with a shuffle (the plan says
-    why) and its state is the same: the output still equals the oracle."""
+    txn_id with as many state partitions reads each partition in one Python task (no exchange,
+    no mapInArrow in Spark's plan) across a restart, and its output equals the oracle's. A
+    record placed otherwise, older than what the start looks at, stops the batch in its task,
+    committing nothing. Given a third partition, the job reads the topic with a shuffle (the
+    plan says why) and its state is the same: the output still equals the oracle."""
     topic = "pay-by-txn"
     lines = dedup_lines()
     sink = KafkaSink(kafka.bootstrap, topic, partitions=2, partition_by="txn_id")
@@ -79,7 +79,9 @@ def test_a_topic_placed_by_the_sink_is_read_without_a_shuffle_and_checked(
         code, spark_plan, out, reason = _run(settings)
         assert code == 0, out
         assert "without a shuffle" in reason, reason
-        assert "MapInArrow" in spark_plan and "Exchange" not in spark_plan, spark_plan
+        # the operator inside the source's read: no exchange, no second Python worker
+        assert "MapInArrow" not in spark_plan and "Exchange" not in spark_plan, spark_plan
+        assert "the operator in the read's own Python worker" in reason, reason
     sink.close()
     placed = {m.partition(): m for m in kafka.read(topic)}
     assert placed.keys() == {0, 1}
