@@ -96,6 +96,7 @@ def main() -> None:
     from confluent_kafka import Producer
     from upi_events import events
 
+    from stateful_runtime.connectors.base import read_stream
     from stateful_runtime.connectors.kafka.sink import KafkaSink
     from stateful_runtime.connectors.kafka.source import KafkaSource
     from stateful_runtime.runtime.session import build_session
@@ -121,7 +122,7 @@ def main() -> None:
         counts: list[int] = []
 
         def run_once(name: str) -> float:
-            df = src.read_stream(spark)
+            df = read_stream(spark, *src.data_source())
             t0 = time.perf_counter()
             q = (
                 df.writeStream.foreachBatch(lambda d, _: counts.append(d.count()))

@@ -57,8 +57,8 @@ class KeyPlacement:
 class Source(ABC):
     """A replayable source of records with offsets Spark keeps in its offset log.
 
-    ``read_stream`` returns a streaming DataFrame of the declared record fields plus
-    :data:`META_COLUMNS`. Records that do not decode into the declared schema are not dropped:
+    :meth:`data_source` names the Python DataSource that reads it: a streaming DataFrame of the
+    declared record fields plus :data:`META_COLUMNS`. Records that do not decode into the declared schema are not dropped:
     they come through with ``_error`` set, and the read tasks stage them per split; the job
     publishes them to :meth:`dead_letter_sink` once their micro-batch is committed
     (:mod:`stateful_runtime.connectors.dead_letters`).
@@ -97,8 +97,8 @@ class Source(ABC):
         accounting: Mapping[str, str] | None = None,
     ) -> tuple[type[DataSource], dict[str, str]]:
         """The Python DataSource that reads the decoded stream, good and bad records alike, and
-        its options (:meth:`read_stream` reads it). With ``dead_letter_staging``, each
-        read task also stages its split's rejected records there
+        its options (:func:`read_stream` reads them as a streaming DataFrame). With
+        ``dead_letter_staging``, each read task also stages its split's rejected records there
         (:func:`stateful_runtime.connectors.dead_letters.stage`). With ``watermark``, a source
         may align its partitions in event time (:mod:`stateful_runtime.connectors.alignment`).
         With ``late_watermark_of`` (a query's checkpoint directory), every record carries its
@@ -111,30 +111,6 @@ class Source(ABC):
         ``accounting`` (the options :func:`~stateful_runtime.connectors.accounting.option`
         gives), each read task reports its split
         (:func:`~stateful_runtime.connectors.accounting.report`)."""
-
-    def read_stream(
-        self,
-        spark: SparkSession,
-        dead_letter_staging: str | None = None,
-        watermark: WatermarkStrategy | None = None,
-        late_watermark_of: str | None = None,
-        query_checkpoint: str | None = None,
-        *,
-        by_partition: bool = False,
-        accounting: Mapping[str, str] | None = None,
-    ) -> DataFrame:
-        """The decoded stream as a streaming DataFrame (see :meth:`data_source`)."""
-        return read_stream(
-            spark,
-            *self.data_source(
-                dead_letter_staging,
-                watermark,
-                late_watermark_of,
-                query_checkpoint,
-                by_partition=by_partition,
-                accounting=accounting,
-            ),
-        )
 
     @abstractmethod
     def dead_letter_sink(self, job: str) -> DeadLetterSink:

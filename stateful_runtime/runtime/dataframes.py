@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from stateful_runtime.connectors import accounting
 from stateful_runtime.connectors.alignment import LATE_BEFORE
-from stateful_runtime.connectors.base import ERROR, OFFSET, PARTITION, RAW
+from stateful_runtime.connectors.base import ERROR, OFFSET, PARTITION, RAW, read_stream
 from stateful_runtime.exceptions import ConfigError, PlanError
 from stateful_runtime.functions import LATE_MARK, UNION_INPUT
 from stateful_runtime.joins import JoinOperator
@@ -153,7 +153,6 @@ def _resume_batch(spark: SparkSession, checkpoint: str, like: DataFrame) -> Data
     read last, so the inputs keep their lines of the offset log."""
     from pyspark.sql import functions as F
 
-    from stateful_runtime.connectors.base import read_stream
     from stateful_runtime.runtime.input_watermarks import ResumeDataSource
 
     resume = read_stream(spark, ResumeDataSource, {"checkpoint": checkpoint})
@@ -249,14 +248,16 @@ def read_source(
     :mod:`stateful_runtime.connectors.accounting`)."""
     from pyspark.sql import functions as F
 
-    df = src.source.read_stream(
+    df = read_stream(
         spark,
-        staging,
-        watermark=src.watermark,
-        late_watermark_of=late_watermark_of,
-        query_checkpoint=query_checkpoint,
-        by_partition=by_partition,
-        accounting=accounting.option(spark, report_to, src.name) if report_to else None,
+        *src.source.data_source(
+            staging,
+            watermark=src.watermark,
+            late_watermark_of=late_watermark_of,
+            query_checkpoint=query_checkpoint,
+            by_partition=by_partition,
+            accounting=accounting.option(spark, report_to, src.name) if report_to else None,
+        ),
     )
     # Each record keeps its source partition and offset (:data:`ORIGIN_COLUMNS`): a step
     # that cannot process it names it, in its dead letter or in the message that stops the job.
@@ -347,7 +348,7 @@ def _process(
     Spark runs a batch without new data only when a source offers new offsets or a stateful
     operator of its own asks for one, and ``mapInArrow`` is none. So the query of a function
     whose timers must fire without new input (``QueryPlan.ticks``) also reads the operator's
-    timer ticks (:func:`_timer_ticks`), a source of no rows whose offset moves when one of
+    timer ticks (:func:`_tick_options`), a source of no rows whose offset moves when one of
     its timers is due. A checkpoint written before the event-time ticks carries a
     deduplication that never sees a row instead (:func:`_watermark_carrier`,
     ``QueryPlan.watermark_carrier``), which makes Spark run a batch whenever the watermark
@@ -373,14 +374,13 @@ def _process(
         df = _broadcast_copies(df, parallelism)
     ticks = None
     if query.ticks is not None and checkpoint is not None:
+        splits = parallelism if query.by_partition else 0
         ticks = _as_rows_of(
-            _timer_ticks(
+            read_stream(
                 df.sparkSession,
-                checkpoint,
-                node.name,
-                parallelism,
-                query.ticks,
-                splits=parallelism if query.by_partition else 0,
+                *_tick_options(
+                    df.sparkSession, checkpoint, node.name, parallelism, query.ticks, splits
+                ),
             ),
             df.schema,
         )
@@ -447,7 +447,6 @@ def _keyed_read(
     from pyspark.sql import functions as F
     from pyspark.sql.types import StructType
 
-    from stateful_runtime.connectors.base import read_stream
     from stateful_runtime.operators import keyed_read
     from stateful_runtime.operators.output import TAG
 
@@ -560,24 +559,6 @@ def _broadcast_copies(df: DataFrame, parallelism: int) -> DataFrame:
     return df.withColumn(KEY_GROUP, group).drop(copy)
 
 
-def _timer_ticks(
-    spark: SparkSession,
-    checkpoint: str,
-    operator: str,
-    parallelism: int,
-    domain: TimeDomain,
-    splits: int,
-) -> DataFrame:
-    """No rows, from a source whose offset moves when a timer of ``operator`` in ``domain``
-    is due (:mod:`stateful_runtime.operators.ticks`): Spark runs that batch. ``splits``: the
-    empty splits it gives a batch it moved in."""
-    from stateful_runtime.connectors.base import read_stream
-
-    return read_stream(
-        spark, *_tick_options(spark, checkpoint, operator, parallelism, domain, splits)
-    )
-
-
 def _tick_options(
     spark: SparkSession,
     checkpoint: str,
@@ -586,7 +567,9 @@ def _tick_options(
     domain: TimeDomain,
     splits: int,
 ) -> tuple[type, dict[str, str]]:
-    """The timer ticks' DataSource and options (see :func:`_timer_ticks`)."""
+    """The timer ticks' DataSource and options: no rows, from a source whose offset moves when
+    a timer of ``operator`` in ``domain`` is due (:mod:`stateful_runtime.operators.ticks`):
+    Spark runs that batch. ``splits``: the empty splits it gives a batch it moved in."""
     from stateful_runtime.operators.arrow_keyed import store_dir
     from stateful_runtime.operators.ticks import TickDataSource
 

@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 
 from stateful_runtime import StreamJob, WatermarkStrategy
+from stateful_runtime.connectors.base import read_stream
 from stateful_runtime.connectors.kafka.source import KafkaSource, KafkaStreamReader
 from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.job import CheckpointConfig
@@ -111,7 +112,7 @@ def test_idle_partition_does_not_stall_windows(spark, kafka, tmp_path, idleness)
     if idleness:
         wm = wm.with_idleness(idleness)
     df = (
-        src.read_stream(spark, str(tmp_path / "stage"), watermark=wm)
+        read_stream(spark, *src.data_source(str(tmp_path / "stage"), watermark=wm))
         .filter(F.col("_error").isNull())
         .withColumn("et", F.timestamp_millis("ts_ms"))
         .withWatermark("et", "5 seconds")
@@ -250,9 +251,9 @@ def test_implausible_event_times_are_dead_letters_of_the_kafka_source(spark, kaf
     )
     ck, stage = tmp_path / "ck", tmp_path / "stage"
     rows: list = []
+    source = KafkaSource(kafka.bootstrap, topic, SCHEMA)
     q = (
-        KafkaSource(kafka.bootstrap, topic, SCHEMA)
-        .read_stream(spark, str(stage), watermark=wm, query_checkpoint=str(ck))
+        read_stream(spark, *source.data_source(str(stage), watermark=wm, query_checkpoint=str(ck)))
         .writeStream.foreachBatch(
             lambda d, _: rows.extend(d.select("id", "_error", "_raw").collect())
         )
