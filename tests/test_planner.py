@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from stateful_runtime import (
@@ -151,6 +151,8 @@ def test_a_keyed_function_reads_a_topic_placed_by_its_key_without_a_shuffle(tmp_
 
     keyed = query("deduplicate_payments.py", "by-txn")  # keyed by txn_id, TTL only
     assert keyed.by_partition and "without a shuffle" in keyed.reason
+    # nothing of Spark's between the read and the operator: the operator in the read's worker
+    assert keyed.keyed_read and "in the read's own Python worker" in keyed.reason
     assert keyed.copartitioned is not None and keyed.copartitioned.partitions == 2
     wider = query("deduplicate_payments.py", "by-txn", parallelism=4)
     assert not wider.by_partition and "parallelism=2" in wider.reason
@@ -163,3 +165,39 @@ def test_a_keyed_function_reads_a_topic_placed_by_its_key_without_a_shuffle(tmp_
     EventLog(log).create_topic("plain", 2)
     plain = query("deduplicate_payments.py", "plain")
     assert not plain.by_partition and "placed by" not in plain.reason
+
+
+def test_the_operator_runs_inside_the_read_only_where_spark_does_nothing_between(tmp_path):
+    """A filter before ``key_by`` is Spark's, and so is the event time of a string field: the
+    read and the operator then stay two Python workers in one task (``by_partition``, not
+    ``keyed_read``), and the plan says why; an event time in seconds or a timestamp is read
+    in Python as Spark reads it."""
+    from stateful_runtime import KeyedProcessFunction, LogSink
+    from stateful_runtime.connectors.eventlog import EventLog
+    from stateful_runtime.connectors.eventlog.store import TopicKey
+
+    log = tmp_path / "log"
+    EventLog(log).create_topic("by-m", 2, key=TopicKey("m", "str"))
+
+    class Count(KeyedProcessFunction):
+        output_schema = {"m": str}
+
+        def process_element(self, value, ctx):
+            return ()
+
+    def query(time_type: type, unit: str, *, filtered: bool = False):
+        job = StreamJob("j", parallelism=2, checkpoint=CheckpointConfig(str(tmp_path / "ck")))
+        wm = WatermarkStrategy.for_monotonous_timestamps().with_timestamp_field("t", unit)
+        stream = job.from_source(LogSource(str(log), "by-m", {"m": str, "t": time_type}), wm, "s")
+        if filtered:
+            stream = stream.filter("m != 'x'")
+        stream.key_by("m").process(Count(), name="c").sink_to(LogSink(str(log), "out"), name="o")
+        return plan(job).queries[0]
+
+    assert query(int, "ms").keyed_read and query(int, "s").keyed_read
+    assert query(datetime, "timestamp").keyed_read
+    text = query(str, "timestamp")
+    assert text.by_partition and not text.keyed_read and "is read by Spark" in text.reason
+    filtered = query(int, "ms", filtered=True)
+    assert filtered.by_partition and not filtered.keyed_read
+    assert "the filter before the key runs in Spark" in filtered.reason

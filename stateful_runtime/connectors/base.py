@@ -58,9 +58,10 @@ class Source(ABC):
     """A replayable source of records with offsets Spark keeps in its offset log.
 
     :meth:`data_source` names the Python DataSource that reads it: a streaming DataFrame of the
-    declared record fields plus :data:`META_COLUMNS`. Records that do not decode into the declared schema are not dropped:
-    they come through with ``_error`` set, and the read tasks stage them per split; the job
-    publishes them to :meth:`dead_letter_sink` once their micro-batch is committed
+    declared record fields plus :data:`META_COLUMNS`. Records that do not decode into the
+    declared schema are not dropped: they come through with ``_error`` set, and the read tasks
+    stage them per split; the job publishes them to :meth:`dead_letter_sink` once their
+    micro-batch is committed
     (:mod:`stateful_runtime.connectors.dead_letters`).
     """
 
