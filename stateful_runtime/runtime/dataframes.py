@@ -438,7 +438,7 @@ def _keyed_operator(
 
 
 def _keyed_read(
-    spark: SparkSession, query: QueryPlan, checkpoint: str | None, staging: str | None
+    spark: SparkSession, query: QueryPlan, checkpoint: str, staging: str | None
 ) -> DataFrame:
     """The query's keyed operator inside its source's read (``QueryPlan.keyed_read``:
     :mod:`stateful_runtime.operators.keyed_read`), with its timer ticks; Spark's watermark
@@ -452,7 +452,7 @@ def _keyed_read(
 
     src = query.source
     node = query.process
-    assert node is not None and checkpoint is not None
+    assert node is not None
     wm = src.watermark
     assert wm.timestamp_field is not None
     inner, inner_options = src.source.data_source(
