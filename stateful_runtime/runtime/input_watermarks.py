@@ -12,10 +12,9 @@ So the runtime keeps each input's watermark with the batch and starts from it:
 
 * each input's read tasks also report the largest event time of their split's good records
   (:mod:`stateful_runtime.connectors.accounting`); in the query's ``foreachBatch``, after the
-  sinks wrote batch N
-  and before Spark commits it, :meth:`InputWatermarks.after_batch` folds them into the
-  watermarks after batch N-1, as Spark's tracker does (an input's watermark is its largest
-  event time less its out-of-orderness bound, and never goes back), and writes
+  sinks wrote batch N and before Spark commits it, :meth:`InputWatermarks.after_batch` folds
+  them into the watermarks after batch N-1, as Spark's tracker does (an input's watermark is
+  its largest event time less its out-of-orderness bound, and never goes back), and writes
   ``<query>/input-watermarks/<N>`` (a replay of N writes it again; a savepoint of N holds it:
   ``QueryLayout.batch_files``);
 * a query of several inputs with a stateful step also reads :class:`ResumeDataSource`, a source
@@ -28,11 +27,11 @@ So the runtime keeps each input's watermark with the batch and starts from it:
 One watermark per partition (Flink's per-split watermarks). Spark's watermark of an input is
 its largest event time less the bound, over all its partitions: a partition behind the others
 (a slow producer, a smaller share of a backlog) would see its records late. So every query with
-a stateful step tracks each input's partitions: each read task reports the newest event time
-of its split's good records (``connectors.accounting``), the runner folds them into each
-partition's event time after the
-batch (kept in the same file, so a restart and a savepoint carry them), and the input's
-watermark is the smallest over its active partitions less the bound. Idle ones are left out:
+a stateful step tracks each input's partitions: each read task reports the newest event time of
+its split's good records (``connectors.accounting``), the runner folds them into each
+partition's event time after the batch (kept in the same file, so a restart and a savepoint
+carry them), and the input's watermark is the smallest over its active partitions less the
+bound. Idle ones are left out:
 
 * a partition without records for the source's ``with_idleness`` timeout in batch processing
   time;
