@@ -15,9 +15,11 @@ was ~12% of a keyed batch).
   branch) writes the same entry with the same counts, so nothing counts twice; Spark merges
   the updates of successful tasks only.
 * **Driver side**: :func:`option` (the source option that asks for reports, for one query and
-  source) and :func:`take` (a batch's reports, once its action ran: in the query's
-  ``foreachBatch``, after its sinks wrote). Spark merges a task's accumulator updates before it
-  counts the task done, so every split of the batch is there then.
+  source), :func:`take` (a batch's reports, once its action ran: in the query's
+  ``foreachBatch``, after its sinks wrote) and :func:`forget` (what a query's earlier run in
+  this application left untaken, when a run builds it anew). Spark merges a task's
+  accumulator updates before it counts the task done, so every split of the batch is there
+  then.
 
 A source read without the option (a test's, a benchmark's) reports nothing.
 """
@@ -141,6 +143,15 @@ def option(spark: SparkSession, query: str, source: str) -> dict[str, str]:
     """The source option that has its read tasks report to ``query`` of this application."""
     spec = pickle.dumps((_accumulator(spark), query, source))
     return {OPTION: base64.b64encode(spec).decode("ascii")}
+
+
+def forget(spark: SparkSession, query: str) -> None:
+    """Drop what reads of ``query`` left untaken in this application (a batch that failed
+    after its reads): a run that starts it anew, maybe from another checkpoint or savepoint,
+    plans its batches afresh, and a split of another boundary would count beside them."""
+    reports = _accumulator(spark).value
+    for k in [k for k in reports.copy() if k[0] == query]:
+        reports.pop(k, None)
 
 
 def take(spark: SparkSession, query: str, batch: int) -> dict[str, BatchCounts]:

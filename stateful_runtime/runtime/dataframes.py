@@ -100,6 +100,7 @@ def build(
     if not isinstance(skips, Mapping):
         skips = {query.source.name: skips}
     _CALL_STATS.pop(query.name, None)  # (counted anew for this run)
+    accounting.forget(spark, query.name)
     if query.keyed_read and checkpoint is not None and not skips.get(query.source.name):
         i = query.inputs[0]
         staging = i.dead_letters.staging if i.dead_letters is not None else None
