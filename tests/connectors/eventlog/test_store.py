@@ -113,31 +113,44 @@ def test_idempotent_producer_appends_a_sequence_once(tmp_path):
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(st.lists(st.tuples(st.binary(max_size=20), st.none() | st.binary(max_size=8)), max_size=30))
-def test_append_values_writes_what_append_of_the_same_records_writes(tmp_path, pairs):
-    """The sinks' fast path (value and key, no Record per row) places and encodes every
-    record as append does, and is idempotent per producer sequence the same way."""
+@given(
+    st.lists(st.tuples(st.binary(max_size=20), st.none() | st.binary(max_size=8)), max_size=30),
+    st.sampled_from([1, 3]),
+    st.booleans(),
+)
+def test_append_values_writes_what_append_of_the_same_records_writes(
+    tmp_path, pairs, partitions, keyless
+):
+    """The sinks' fast path (value and key, no Record per row; records without keys in one
+    pass) places and encodes every record as append does, from any offset, and is
+    idempotent per producer sequence the same way."""
+    if keyless:
+        pairs = [(v, None) for v, _ in pairs]
     log = EventLog(tmp_path / f"log-{len(os.listdir(tmp_path))}")
-    log.create_topic("a", 3)
-    log.create_topic("b", 3)
+    log.create_topic("a", partitions)
+    log.create_topic("b", partitions)
     wa, wb = log.writer("a"), log.writer("b")
     try:
-        assert (
-            wa.append([Record(v, k) for v, k in pairs], producer_id="p", sequence=4)
-            == wb.append_values(
-                [v for v, _ in pairs], [k for _, k in pairs], producer_id="p", sequence=4
+        for sequence in (4, 5):  # the second append starts at the first's ends
+            assert (
+                wa.append([Record(v, k) for v, k in pairs], producer_id="p", sequence=sequence)
+                == wb.append_values(
+                    [v for v, _ in pairs],
+                    [k for _, k in pairs],
+                    producer_id="p",
+                    sequence=sequence,
+                )
+                == len(pairs)
             )
-            == len(pairs)
-        )
-        assert wb.append_values([b"x"], [None], producer_id="p", sequence=4) == 0  # a replay
+        assert wb.append_values([b"x"], [None], producer_id="p", sequence=5) == 0  # a replay
         assert wa.end_offsets() == wb.end_offsets()
     finally:
         wa.close()
         wb.close()
     ra, rb = log.reader("a"), log.reader("b")
     for p, end in ra.end_offsets().items():
-        assert [(r.key, r.value, r.headers) for r in ra.read(p, 0, end)] == [
-            (r.key, r.value, r.headers) for r in rb.read(p, 0, end)
+        assert [(r.key, r.value, r.headers, r.offset) for r in ra.read(p, 0, end)] == [
+            (r.key, r.value, r.headers, r.offset) for r in rb.read(p, 0, end)
         ]
 
 
