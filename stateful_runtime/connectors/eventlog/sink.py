@@ -7,6 +7,7 @@ import pyarrow as pa
 from stateful_runtime.connectors.base import Sink, SinkSummary
 from stateful_runtime.connectors.eventlog.store import EventLog, TopicWriter
 from stateful_runtime.connectors.formats.json import encode_records
+from stateful_runtime.exceptions import ConfigError
 
 
 class LogSink(Sink):
@@ -18,7 +19,9 @@ class LogSink(Sink):
     Args:
         log_dir: the event log directory.
         topic: the output topic; created with ``partitions`` partitions if missing.
-        key_field: output column whose value keys the record (partitioning), or None.
+        key_field: output column whose value keys the record (partitioning), or None; a
+            topic keyed by a field (``srt log append --key-field``) takes only that field, and
+            places each record by its key group.
         partitions: partition count used when the topic has to be created.
     """
 
@@ -43,7 +46,17 @@ class LogSink(Sink):
     def open(self, job: str, query: str) -> None:
         log = EventLog(self.log_dir)
         log.create_topic(self.topic, self.partitions, exist_ok=True)
-        self._writer = log.writer(self.topic)
+        writer = log.writer(self.topic)
+        placed_by = writer.info.key
+        if placed_by is not None and self.key_field != placed_by.field:
+            writer.close()
+            raise ConfigError(
+                f"topic {self.topic!r} in {self.log_dir} is keyed by field {placed_by.field!r} "
+                f"(each record in the partition owning its key group), and this sink keys "
+                f"its records by {self.key_field or 'nothing'}: give "
+                f"LogSink(..., key_field={placed_by.field!r}), or write to another topic"
+            )
+        self._writer = writer
         self._producer = f"{job}/{query}"
 
     def _keys(self, batch: pa.Table) -> list[bytes | None]:

@@ -54,7 +54,7 @@ import struct
 import time
 import zlib
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -163,6 +163,23 @@ _Part = tuple[list[bytes], list[bytes]]
 
 def _parts(info: TopicInfo) -> list[_Part]:
     return [([], []) for _ in range(info.partitions)]
+
+
+def _placer(info: TopicInfo) -> Callable[[bytes | None, bytes], int]:
+    """:meth:`TopicInfo.partition_of` for one append (a keyed topic's once per key: a hash in
+    Python)."""
+    if info.key is None:
+        n = info.partitions
+        return lambda key, value: partition_for(key, value, n)
+    placed: dict[bytes | None, int] = {}
+
+    def place(key: bytes | None, value: bytes) -> int:
+        p = placed.get(key, -1)
+        if p < 0:
+            p = placed[key] = info.partition_of(key, value)
+        return p
+
+    return place
 
 
 _RECORD_KEY = np.dtype([("tag", "S1"), ("partition", ">u4"), ("offset", ">u8")])
@@ -493,16 +510,9 @@ class TopicWriter:
         now_ms = int(time.time() * 1000)
         info = self.info
         parts = _parts(info)
-        placed: dict[bytes | None, int] = {}  # a keyed topic's, by key (a hash in Python)
+        place = _placer(info)
         for rec in records:
-            if rec.partition >= 0:
-                p = rec.partition
-            elif info.key is None:
-                p = partition_for(rec.key, rec.value, info.partitions)
-            else:
-                p = placed.get(rec.key, -1)
-                if p < 0:
-                    p = placed[rec.key] = info.partition_of(rec.key, rec.value)
+            p = rec.partition if rec.partition >= 0 else place(rec.key, rec.value)
             if p >= len(parts):
                 raise LogError(f"partition {p} out of range for topic {info.name!r}")
             raws, values = parts[p]
@@ -541,7 +551,7 @@ class TopicWriter:
         sequence: int | None = None,
     ) -> int:
         """:meth:`append` for records that are a value and a key (or None) and nothing else,
-        stamped now and placed by :func:`partition_for`: the sinks' path, with no
+        stamped now and placed by :meth:`TopicInfo.partition_of`: the sinks' path, with no
         :class:`Record` per row (building them took 1.8 µs a row, twice the write itself), and
         records without keys, which share one header, built in one pass."""
         if len(values) != len(keys):
@@ -549,9 +559,10 @@ class TopicWriter:
         now_ms = int(time.time() * 1000)
         n_parts = self.info.partitions
         parts = _parts(self.info)
-        if any(key is not None for key in keys):
+        if self.info.key is not None or any(key is not None for key in keys):
+            place = _placer(self.info)
             for value, key in zip(values, keys, strict=True):
-                raws, part = parts[partition_for(key, value, n_parts)]
+                raws, part = parts[place(key, value)]
                 raws.append(_encode_raw(key, value, now_ms))
                 part.append(value)
         else:

@@ -7,13 +7,15 @@ from __future__ import annotations
 import io
 import json
 
+import pyarrow as pa
 import pytest
 
 from stateful_runtime.checkpoints.keyed import key_group, key_groups
 from stateful_runtime.connectors.eventlog import EventLog
 from stateful_runtime.connectors.eventlog.ingest import ingest_stream
+from stateful_runtime.connectors.eventlog.sink import LogSink
 from stateful_runtime.connectors.eventlog.store import TopicKey
-from stateful_runtime.exceptions import LogError
+from stateful_runtime.exceptions import ConfigError, LogError
 
 
 def _append(log: EventLog, topic: str, lines: list[bytes], key_field: str | None) -> None:
@@ -65,3 +67,32 @@ def test_a_topic_that_holds_records_placed_otherwise_stays_unkeyed(tmp_path):
     log.create_topic("f", 2)
     _append(log, "f", [b'{"k": 1.5}', b'{"k": "x"}'], "k")
     assert log.topic("f").key is None
+
+
+@pytest.mark.parametrize(
+    ("values", "kind"),
+    [([f"M{i:03d}" for i in range(200)], "str"), ([i * 7919 for i in range(200)], "int")],
+)
+def test_a_log_sink_places_its_rows_in_a_keyed_topic_by_the_key_groups_of_its_field(
+    tmp_path, values, kind
+):
+    """A job's output into a keyed topic lands where a job keyed by that field reads it
+    without a shuffle; a sink keyed otherwise is refused at its open, before it writes."""
+    log = EventLog(tmp_path)
+    log.create_topic("t", 3)
+    _append(log, "t", [json.dumps({"k": values[0], "n": -1}).encode()], "k")
+    sink = LogSink(str(tmp_path), "t", key_field="k", partitions=3)
+    sink.open("job", "q")
+    try:
+        sink.write_batch(pa.table({"k": values + [None], "n": list(range(len(values) + 1))}), 0)
+    finally:
+        sink.close()
+    placed = _placed_raw(log, "t")
+    assert len(placed) == len(values) + 2 and len({p for p, _ in placed}) == 3
+    for p, value in placed:
+        assert key_group([json.loads(value)["k"]]) in key_groups(p, 3), (p, value)
+    before = log.reader("t").end_offsets()
+    for other in ("n", None):
+        with pytest.raises(ConfigError, match="keyed by field 'k'.*key_field='k'"):
+            LogSink(str(tmp_path), "t", key_field=other, partitions=3).open("job", "q")
+    assert log.reader("t").end_offsets() == before
