@@ -29,7 +29,7 @@ from __future__ import annotations
 import base64
 import pickle
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pyspark.accumulators import AccumulatorParam
@@ -65,17 +65,16 @@ class BatchCounts:
 
     records: int = 0
     dead_letters: int = 0
-    partition_times: dict[int, tuple[int, bool]] | None = None
+    partition_times: dict[int, tuple[int, bool]] = field(default_factory=dict)
 
     def add(self, split: SplitReport) -> None:
         self.records += split.records
         self.dead_letters += split.dead_letters
         if split.newest_ms is None:
             return
-        times = self.partition_times if self.partition_times is not None else {}
+        times = self.partition_times
         newest, ended = times.get(split.partition, (split.newest_ms, False))
         times[split.partition] = (max(newest, split.newest_ms), ended or split.ends_run)
-        self.partition_times = times
 
 
 class _Merged(AccumulatorParam):

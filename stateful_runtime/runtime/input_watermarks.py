@@ -191,7 +191,7 @@ class InputWatermarks:
         for name, delay, idle in zip(self.names, self.delays, self.idle_after, strict=True):
             mine = parts[name]
             reported = counted.get(name)
-            seen = (reported.partition_times if reported is not None else None) or {}
+            seen = reported.partition_times if reported is not None else {}
             fold(mine, {k: t for k, (t, _) in seen.items()}, at)
             if not mine:
                 continue

@@ -71,7 +71,7 @@ def test_a_batch_keeps_each_partitions_newest_time_over_its_splits(splits):
         p: (max(ms for q, ms, _ in timed if q == p), any(e for q, _, e in timed if q == p))
         for p in {p for p, _, _ in timed}
     }
-    assert (counts.partition_times or {}) == expected
+    assert counts.partition_times == expected
 
 
 @given(
