@@ -385,17 +385,6 @@ def committed_token(directory: Path, version: int) -> str | None:
     return token(file(directory, version, DELTA))
 
 
-def deltas_after(directory: Path, version: int, token: str, upto: int) -> list[Path] | None:
-    """The committed deltas of versions ``version + 1`` to ``upto`` of this partition, in
-    order: what brings a copy of it at ``version``, made by the attempt of ``token``, to
-    ``upto``. None when that attempt's version is not the committed one (another attempt's,
-    or a version rewound and written again since) or a delta is missing."""
-    if version > upto or committed_token(directory, version) != token:
-        return None
-    deltas = [committed(directory, v, DELTA) for v in range(version + 1, upto + 1)]
-    return None if None in deltas else deltas  # type: ignore[return-value]
-
-
 def record(operator: Path, version: int, tokens: Mapping[int, str] | Mapping[str, str]) -> Path:
     """Record ``tokens`` (partition → token) as the committed attempts of ``version``: synced,
     then renamed into place (a batch run again records its own attempts)."""

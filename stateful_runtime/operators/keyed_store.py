@@ -255,14 +255,14 @@ class KeyedStore:
             return False
         if at and marker.get("layout") != files.FORMAT:  # a copy of the previous row layout
             return False
-        token = marker.get("token")
-        if not isinstance(token, str):
+        if files.committed_token(self.checkpoint, at) != marker.get("token"):
             return False
-        deltas = files.deltas_after(self.checkpoint, at, token, version)
-        if deltas is None:
+        deltas = [files.committed(self.checkpoint, v, _DELTA) for v in range(at + 1, version + 1)]
+        if None in deltas:
             return False
-        self.token = token
+        self.token = marker.get("token", "")
         for v, delta in enumerate(deltas, start=at + 1):
+            assert delta is not None
             self._apply(delta, v)
         return True
 

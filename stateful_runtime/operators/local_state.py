@@ -40,12 +40,10 @@ from stateful_runtime.checkpoints.keyed import (
     TIMER_ROW,
     decode_states,
     decode_ts,
-    deltas_after,
     encode_ts,
     key_group,
     parse_row,
 )
-from stateful_runtime.checkpoints.keyed import rows as file_rows
 from stateful_runtime.operators.backend import MapCell, StateBackend, ValueCell
 from stateful_runtime.operators.keyed_store import MAX_PARALLELISM, KeyedStore, group_prefix
 
@@ -373,8 +371,6 @@ class LocalBackend(StateBackend):
             raw = self.store.get(row)
             states = self.values[row] = None if raw is None else decode_states(raw)
             self.value_bytes += len(row) + (len(raw) if raw is not None else 0)
-        elif type(states) is bytes:  # a row another worker wrote (warm_values)
-            states = self.values[row] = decode_states(states)
         self.states, self.loaded = states, self.turn  # type: ignore[assignment]
         return states  # type: ignore[return-value]
 
@@ -619,8 +615,6 @@ class LocalBackend(StateBackend):
             if state_row not in values:
                 self._read_rows((state_row,))
             states = values[state_row]
-            if type(states) is bytes:  # a row another worker wrote (warm_values)
-                states = values[state_row] = decode_states(states)
             if states and _expire(states, ttl, decode_ts(row[GROUP_BYTES + 1 : _TS_END])):
                 dirty[state_row] = states
         return fired
@@ -667,45 +661,7 @@ def warm_values(store: KeyedStore) -> tuple[dict[bytes, Any], int] | None:
     if entry is None:
         return None
     version, token, values, size = entry
-    if (version, token) != (store.version, store.token):
-        added = _catch_up(store, version, token, values)
-        if added is None:
-            return None
-        size += added
-    return values, size
-
-
-class _PreviousLayout(Exception):
-    """A delta of the row layout before this one (its rows merge into the states before)."""
-
-
-def _previous_layout(row: bytes) -> bytes | None:
-    raise _PreviousLayout
-
-
-def _catch_up(store: KeyedStore, version: int, token: str, values: dict[bytes, Any]) -> int | None:
-    """Bring ``values``, which this process committed ``version`` of ``store``'s partition
-    with (attempt ``token``), to the store's version: another worker ran the partition's
-    batches since (Spark hands a reused worker whichever task comes next, so a partition
-    moves between a job's workers), and the rows their committed deltas wrote replace
-    ``values``' own, kept as stored (decoded when read: :meth:`LocalBackend.load`). The
-    stored bytes added; None when the versions in between are not all committed deltas of
-    this layout after ``version``'s attempt (the values are dropped)."""
-    assert store.version is not None
-    deltas = deltas_after(store.checkpoint, version, token, store.version)
-    if deltas is None:
-        return None
-    added = 0
-    try:
-        for path in deltas:
-            for rows, raws in file_rows(path, _previous_layout):
-                for row, raw in zip(rows, raws, strict=True):
-                    if row[GROUP_BYTES : GROUP_BYTES + 1] == STATE_ROW:
-                        values[row] = raw  # (None: the row was deleted)
-                        added += len(row) + (len(raw) if raw is not None else 0)
-    except _PreviousLayout:
-        return None
-    return added
+    return (values, size) if (version, token) == (store.version, store.token) else None
 
 
 def keep_values(store: KeyedStore, backend: LocalBackend) -> None:

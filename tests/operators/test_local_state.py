@@ -10,10 +10,8 @@ import pickle
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stateful_runtime import KeyedProcessFunction, ValueStateDescriptor
-from stateful_runtime.checkpoints.keyed import STATE_ROW, decode_states, key_group, parse_row
+from stateful_runtime.checkpoints.keyed import STATE_ROW, decode_states, parse_row
 from stateful_runtime.operators import local_state
-from stateful_runtime.operators.arrow_keyed import KeyedTask
 from stateful_runtime.operators.keyed_store import MAX_PARALLELISM, KeyedStore
 from stateful_runtime.operators.local_state import LocalBackend
 
@@ -180,92 +178,4 @@ def test_due_timers_stream_in_time_order_and_a_timer_removed_mid_pass_does_not_f
             b.end_key()
             b.flush()
     assert fired == [(5, ("d",)), (10, ("a",)), (20, ("a",)), (30, ("c",))]
-    store.close()
-
-
-class _Counts(KeyedProcessFunction):
-    """A count per key, cleared at its third element (a row written, then deleted)."""
-
-    output_schema = {"key": str, "count": int}
-
-    def open(self, ctx):
-        self.count = ctx.get_state(ValueStateDescriptor("count", int))
-
-    def process_element(self, event, ctx):
-        c = (self.count.value() or 0) + 1
-        if c == 3:
-            self.count.clear()
-        else:
-            self.count.update(c)
-        yield {"key": ctx.get_current_key(), "count": c}
-
-
-_BATCHES = [["a", "b", "c"], ["a", "b", "e"], ["a", "c", "e"], ["a", "b", "c", "d", "e"]]
-
-
-def _count_reads(store: KeyedStore, monkeypatch) -> list[int]:
-    """How many rows ``store`` is asked for from here on (one counter, updated in place)."""
-    counted = [0]
-    get, get_many = store.get, store.get_many
-
-    def one(row):
-        counted[0] += 1
-        return get(row)
-
-    def many(rows):
-        counted[0] += len(rows)
-        return get_many(rows)
-
-    monkeypatch.setattr(store, "get", one)
-    monkeypatch.setattr(store, "get_many", many)
-    return counted
-
-
-def _run_batches(tmp, workers: list[dict], monkeypatch) -> tuple[list[dict], list[int]]:
-    """Each of _BATCHES as a task of its own on partition 0, run by the worker (a ``_warm``
-    of its own) given for it; the outputs, and how many rows each task read from the store."""
-    store = KeyedStore(tmp / "ck" / "fn" / "0", tmp / "local")
-    out: list[dict] = []
-    reads: list[int] = []
-    for n, (keys, warm) in enumerate(zip(_BATCHES, workers, strict=True)):
-        monkeypatch.setattr(local_state, "_warm", warm)
-        store.open(n)
-        counted = _count_reads(store, monkeypatch)
-        task = KeyedTask(_Counts(), None, store, range(MAX_PARALLELISM), 0, 0)
-        for key in sorted(keys, key=lambda k: (key_group((k,)), k)):
-            task.process(key_group((key,)), (key,), [(0, {"k": key})])
-        task.op.close()
-        out += task.op.drain()[0]
-        task.commit()
-        store.publish()
-        store.close()
-        monkeypatch.undo()
-        reads.append(counted[0])
-    return out, reads
-
-
-def test_a_partition_back_on_a_worker_reads_what_another_worker_wrote_meanwhile(
-    tmp_path, monkeypatch
-):
-    """Spark hands a reused worker whichever partition's task comes next, so a partition's
-    batches move between a job's workers: a worker's kept values of an older version are
-    brought forward by the committed deltas written since (rows changed and deleted by the
-    other worker), read only where the task needs them, and the outputs are those of tasks
-    that read every row from the store."""
-    cold, cold_reads = _run_batches(tmp_path / "cold", [{}, {}, {}, {}], monkeypatch)
-    first, second = {}, {}
-    moved, moved_reads = _run_batches(
-        tmp_path / "moved", [first, second, first, first], monkeypatch
-    )
-    assert moved == cold
-    assert [r["count"] for r in cold if r["key"] == "a"] == [1, 2, 3, 1]
-    # the worker back on the partition read no row: the other's delta brought its rows
-    assert moved_reads[2] == 0 < cold_reads[2]
-    # a worker's values after a rewind (the version it committed written again by another
-    # attempt) are dropped, not brought forward
-    store = KeyedStore(tmp_path / "moved" / "ck" / "fn" / "0", tmp_path / "moved" / "local")
-    store.open(len(_BATCHES))
-    values = {b"stale": None}
-    assert local_state._catch_up(store, 1, "another attempt", values) is None
-    assert local_state._catch_up(store, len(_BATCHES) + 1, store.token, values) is None
     store.close()
