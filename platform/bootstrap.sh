@@ -91,10 +91,12 @@ fi
 # imported from a zip are compiled from source in every new worker (no bytecode cache): 0.4-0.5 s
 # per worker process on a quiet machine, most of a planning worker's life. The same pyspark and
 # py4j are installed in this venv with their bytecode cached, so the venv drops those two zips
-# from sys.path at start-up (site's .pth hook) and workers import the installed copies.
+# from sys.path at start-up (site's .pth hook) and workers import the installed copies (a driver
+# started from the merged jars names them under its Spark home, where they are not: dropped too).
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 zips="$site/pyspark/python/lib/"
-echo "import sys; sys.path[:] = [p for p in sys.path if not p.startswith('$zips')]" \
+merged="$(.venv/bin/python -c 'import sys; print(sys.prefix)')/share/stateful-runtime/spark-home/python/"
+echo "import sys; sys.path[:] = [p for p in sys.path if not p.startswith(('$zips', '$merged'))]" \
   > "$site/srt-pyspark-bytecode.pth"
 # The runtime's JVM classes (a local master's file system without a `chmod` process per
 # checkpoint file: stateful_runtime/runtime/session.py), built with the JDK's javac once per venv
@@ -108,10 +110,19 @@ if [ ! -s "$share/srt-jvm.jar" ] || [ -n "$(find platform/jvm -name '*.java' -ne
       "own local file system (a chmod process per file)" >&2
   fi
 fi
+# A local master's driver JVM starts from PySpark's jars merged into one
+# (stateful_runtime/runtime/spark_home.py: a lookup of a missing class searches one jar, not
+# 280); built once per venv, and again when PySpark's jars change.
+if ! .venv/bin/python -c 'import sys; from stateful_runtime.runtime.spark_home import merged_home
+sys.exit(merged_home() is None)'; then
+  .venv/bin/python -m stateful_runtime.runtime.spark_home \
+    || echo "bootstrap: continuing with PySpark's own jars (a slower start)" >&2
+fi
 # Spark's driver JVM starts ~2 s faster from a class archive (stateful_runtime/runtime/session.py);
 # built once per venv, and again when the JVM classes on the driver's class path change (delete
 # .venv/share/stateful-runtime to rebuild both after a Spark upgrade).
-if [ ! -s "$share/spark-classes.jsa.sealed" ] || [ "$share/srt-jvm.jar" -nt "$share/spark-classes.jsa.sealed" ]; then
+if [ ! -s "$share/spark-classes.jsa.sealed" ] || [ "$share/srt-jvm.jar" -nt "$share/spark-classes.jsa.sealed" ] \
+  || [ "$share/spark-home/stamp" -nt "$share/spark-classes.jsa.sealed" ]; then
   platform/class-archive.sh \
     || echo "bootstrap: continuing without Spark's class archive (slower start-up)" >&2
 fi

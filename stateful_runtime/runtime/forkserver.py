@@ -35,6 +35,7 @@ import socket
 import sys
 from typing import Any
 
+from stateful_runtime.runtime import spark_home
 from stateful_runtime.runtime.python_worker import (
     ENV,
     FRAME,
@@ -273,12 +274,14 @@ def _child(server: _Server, conn: socket.socket, request: dict[str, Any], fds: l
         os.environ.update(env)
         os.chdir(request["cwd"])
         # PYTHONPATH's entries, as an interpreter puts them first, but for those inside the
-        # pyspark imported here (Spark puts its zips of it first; a worker's interpreter drops
-        # them too, platform/bootstrap.sh)
+        # pyspark imported here or the merged Spark home (Spark puts its zips of pyspark first;
+        # a worker's interpreter drops them too, platform/bootstrap.sh)
         pyspark = sys.modules.get("pyspark")
-        inside = os.path.dirname(pyspark.__file__ or "/") + os.sep if pyspark else None
+        inside = [os.path.join(spark_home.home(), "")]
+        if pyspark is not None:
+            inside.append(os.path.dirname(pyspark.__file__ or "/") + os.sep)
         for entry in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):
-            if entry not in sys.path and not (inside and entry.startswith(inside)):
+            if entry not in sys.path and not entry.startswith(tuple(inside)):
                 sys.path.insert(0, entry)
         # run as __main__ as `python -m` runs it, not over the copy imported here
         sys.modules.pop(request["argv"][1], None)

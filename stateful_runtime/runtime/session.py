@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from stateful_runtime._process import process_dir
 from stateful_runtime.checkpoints.storage import s3_endpoint
 from stateful_runtime.exceptions import ConfigError
-from stateful_runtime.runtime import forkserver
+from stateful_runtime.runtime import forkserver, spark_home
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -532,6 +532,21 @@ def _ignore_stop_signals(before: Any) -> Any:
     return preexec
 
 
+def _driver_home(master: str) -> str | None:
+    """The Spark home a local master's JVM starts from: the one with PySpark's jars merged
+    (:mod:`stateful_runtime.runtime.spark_home`) when it is built and no Spark home is set."""
+    from pyspark import SparkContext
+
+    if (
+        not master.startswith("local")
+        or "SPARK_HOME" in os.environ
+        or SparkContext._gateway is not None
+    ):
+        return None
+    merged = spark_home.merged_home()
+    return str(merged) if merged is not None else None
+
+
 def _launch_jvm(conf: dict[str, str]) -> None:
     """Start the JVM PySpark's session will use, ignoring the job's stop signals, unless this
     process has one already."""
@@ -603,6 +618,7 @@ def build_session(
         with (
             _environment(LOG_FILE_ENV, None if log_file is None else str(log_file)),
             _environment(DIST_CLASSPATH_ENV, _dist_classpath(conf)),
+            _environment("SPARK_HOME", _driver_home(master)),
         ):
             _launch_jvm(conf)
             spark = builder.getOrCreate()  # a JVM started here reads the log file's name

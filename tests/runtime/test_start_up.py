@@ -1,16 +1,20 @@
 """Start-up costs the venv removes (platform/bootstrap.sh): Spark's Python workers import the
 installed pyspark with cached bytecode, not the copy in pyspark.zip that Spark puts first on
 their path (compiled from source in every new worker); the driver JVM maps a class archive
-of the classes a job loads instead of loading and verifying them from the jars; a local
-master's file system sets a checkpoint file's mode without a `chmod` process."""
+of the classes a job loads instead of loading and verifying them from the jars, and searches
+one jar, not PySpark's 280; a local master's file system sets a checkpoint file's mode
+without a `chmod` process."""
 
 from __future__ import annotations
 
+import io
+import struct
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from stateful_runtime.runtime import session
+from stateful_runtime.runtime import session, spark_home
 
 
 def test_workers_import_pyspark_with_cached_bytecode(spark):
@@ -62,6 +66,82 @@ def test_the_driver_jvm_runs_from_the_venvs_class_archive(spark):
     pid = jvm.java.lang.ProcessHandle.current().pid()
     maps = Path(f"/proc/{pid}/maps").read_text()
     assert str(session.class_archive()) in maps, "the JVM did not map the class archive"
+
+
+def test_the_driver_jvm_runs_from_pysparks_jars_merged_into_one(spark):
+    """A local master's JVM searches one jar for a class or resource, not PySpark's 280, and
+    what the jars list rather than define is all there: every jar's services (Spark's data
+    sources, Hadoop's file systems) and Log4j's plugins (the job's logging configuration
+    loads; without them Log4j falls back to its default)."""
+    home = spark_home.merged_home()
+    assert home is not None, "platform/bootstrap.sh did not merge PySpark's jars"
+    jvm = spark.sparkContext._jvm
+    path = jvm.java.lang.System.getProperty("java.class.path").split(":")
+    jars = [p for p in path if p.endswith(".jar") and "srt-jvm" not in p]
+    assert jars == [str(home / "jars" / spark_home.JAR)], path
+    logging = jvm.org.apache.logging.log4j.LogManager.getContext(False).getConfiguration()
+    assert logging.getClass().getSimpleName() == "PropertiesConfiguration"
+    assert spark.range(3).write.format("noop").mode("overwrite").save() is None
+    fs = jvm.org.apache.hadoop.fs.FileSystem
+    assert fs.getFileSystemClass("file", spark.sparkContext._jsc.hadoopConfiguration())
+
+
+def test_merged_jars_keep_each_name_once_and_every_listing(tmp_path):
+    def jar(name: str, entries: dict[str, bytes]) -> Path:
+        path = tmp_path / name
+        with zipfile.ZipFile(path, "w") as z:
+            for entry, data in entries.items():
+                z.writestr(entry, data)
+        return path
+
+    def plugins(*entries: tuple[str, str]) -> bytes:
+        return spark_home.merge_plugin_caches([_cache({"core": list(entries)})])
+
+    service = "META-INF/services/org.example.Service"
+    first = jar(
+        "a.jar",
+        {
+            "org/x/A.class": b"first",
+            service: b"org.a.One\n",
+            "META-INF/INDEX.LIST": b"JarIndex-Version: 1.0",
+            "META-INF/KEY.SF": b"signed",
+            spark_home._PLUGINS: plugins(("console", "org.a.Console")),
+        },
+    )
+    second = jar(
+        "b.jar",
+        {
+            "org/x/A.class": b"second",
+            "org/x/B.class": b"b",
+            service: b"org.b.Two",
+            spark_home._PLUGINS: plugins(("console", "org.b.Other"), ("file", "org.b.File")),
+        },
+    )
+    out = tmp_path / "merged.jar"
+    spark_home.merge([first, second], out)
+    with zipfile.ZipFile(out) as z:
+        names = z.namelist()
+        assert z.read("org/x/A.class") == b"first" and z.read("org/x/B.class") == b"b"
+        assert z.read(service).split() == [b"org.a.One", b"org.b.Two"]
+        assert "META-INF/INDEX.LIST" not in names and "META-INF/KEY.SF" not in names
+        assert b"Multi-Release: true" in z.read("META-INF/MANIFEST.MF")
+        merged = z.read(spark_home._PLUGINS)
+    assert merged == _cache({"core": [("console", "org.a.Console"), ("file", "org.b.File")]})
+    assert len(names) == len(set(names))
+
+
+def _cache(categories: dict[str, list[tuple[str, str]]]) -> bytes:
+    """A Log4j plugin cache as Log4j writes one (``PluginCache.writeCache``)."""
+    out = io.BytesIO()
+    out.write(struct.pack(">i", len(categories)))
+    for category, entries in categories.items():
+        out.write(struct.pack(">H", len(category)) + category.encode())
+        out.write(struct.pack(">i", len(entries)))
+        for key, cls in entries:
+            for text in (key, cls, key.title()):
+                out.write(struct.pack(">H", len(text)) + text.encode())
+            out.write(b"\x01\x00")
+    return out.getvalue()
 
 
 def test_the_driver_jvm_never_looks_up_static_python_data_sources(spark):
