@@ -95,7 +95,7 @@ fi
 # started from the merged jars names them under its Spark home, where they are not: dropped too).
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 zips="$site/pyspark/python/lib/"
-merged="$(.venv/bin/python -c 'import sys; print(sys.prefix)')/share/stateful-runtime/spark-home/python/"
+merged="$(.venv/bin/python -m stateful_runtime.runtime.spark_home --path)/python/"
 echo "import sys; sys.path[:] = [p for p in sys.path if not p.startswith(('$zips', '$merged'))]" \
   > "$site/srt-pyspark-bytecode.pth"
 # The runtime's JVM classes (a local master's file system without a `chmod` process per
@@ -113,11 +113,8 @@ fi
 # A local master's driver JVM starts from PySpark's jars merged into one
 # (stateful_runtime/runtime/spark_home.py: a lookup of a missing class searches one jar, not
 # 280); built once per venv, and again when PySpark's jars change.
-if ! .venv/bin/python -c 'import sys; from stateful_runtime.runtime.spark_home import merged_home
-sys.exit(merged_home() is None)'; then
-  .venv/bin/python -m stateful_runtime.runtime.spark_home \
-    || echo "bootstrap: continuing with PySpark's own jars (a slower start)" >&2
-fi
+.venv/bin/python -m stateful_runtime.runtime.spark_home \
+  || echo "bootstrap: continuing with PySpark's own jars (a slower start)" >&2
 # Spark's driver JVM starts ~2 s faster from a class archive (stateful_runtime/runtime/session.py);
 # built once per venv, and again when the JVM classes on the driver's class path change (delete
 # .venv/share/stateful-runtime to rebuild both after a Spark upgrade).

@@ -58,16 +58,18 @@ def _jars(spark_home: Path) -> list[Path]:
     return sorted((spark_home / "jars").glob("*.jar"))
 
 
+def built() -> bool:
+    """Whether the merged Spark home is built for the installed PySpark."""
+    try:
+        stamp = (home() / STAMP).read_text()
+    except OSError:
+        return False
+    return stamp == _stamp(_jars(pyspark_home()))
+
+
 def merged_home() -> Path | None:
     """The merged Spark home, if it is built for the installed PySpark and not turned off."""
-    if os.environ.get(ENV) == "off":
-        return None
-    target = home()
-    try:
-        stamp = (target / STAMP).read_text()
-    except OSError:
-        return None
-    return target if stamp == _stamp(_jars(pyspark_home())) else None
+    return home() if os.environ.get(ENV) != "off" and built() else None
 
 
 def build(target: Path | None = None) -> Path:
@@ -163,5 +165,8 @@ def _write_utf(out: io.BytesIO, text: str) -> None:
     out.write(struct.pack(">H", len(raw)) + raw)
 
 
-if __name__ == "__main__":  # platform/bootstrap.sh
-    print(f"spark home: {build()}")
+if __name__ == "__main__":  # platform/bootstrap.sh: build (when not built), or print its path
+    if sys.argv[1:] == ["--path"]:
+        print(home())
+    elif not built():
+        print(f"spark home: {build()}")

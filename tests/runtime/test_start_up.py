@@ -81,9 +81,28 @@ def test_the_driver_jvm_runs_from_pysparks_jars_merged_into_one(spark):
     assert jars == [str(home / "jars" / spark_home.JAR)], path
     logging = jvm.org.apache.logging.log4j.LogManager.getContext(False).getConfiguration()
     assert logging.getClass().getSimpleName() == "PropertiesConfiguration"
-    assert spark.range(3).write.format("noop").mode("overwrite").save() is None
-    fs = jvm.org.apache.hadoop.fs.FileSystem
-    assert fs.getFileSystemClass("file", spark.sparkContext._jsc.hadoopConfiguration())
+    # every jar's services, for every service the jars list
+    listed: dict[str, set[bytes]] = {}
+    for jar in sorted((spark_home.pyspark_home() / "jars").glob("*.jar")):
+        with zipfile.ZipFile(jar) as z:
+            for name in z.namelist():
+                if name.startswith("META-INF/services/") and not name.endswith("/"):
+                    listed.setdefault(name, set()).update(_services(z.read(name)))
+    with zipfile.ZipFile(home / "jars" / spark_home.JAR) as merged:
+        assert {name: _services(merged.read(name)) for name in listed} == listed
+    loader = jvm.java.util.ServiceLoader.load(
+        jvm.java.lang.Class.forName("org.apache.spark.sql.sources.DataSourceRegister")
+    )
+    found, it = set(), loader.iterator()
+    while it.hasNext():
+        found.add(it.next().shortName())
+    assert {"noop", "parquet", "json"} <= found
+
+
+def _services(raw: bytes) -> set[bytes]:
+    """The providers a services file lists (its comments and blank lines aside)."""
+    lines = (line.split(b"#")[0].strip() for line in raw.splitlines())
+    return {line for line in lines if line}
 
 
 def test_merged_jars_keep_each_name_once_and_every_listing(tmp_path):

@@ -59,9 +59,17 @@ class LogSink(Sink):
         self._writer = writer
         self._producer = f"{job}/{query}"
 
+    def check_schema(self, schema: pa.Schema) -> None:
+        if self.key_field is not None and self.key_field not in schema.names:
+            raise ConfigError(
+                f"LogSink of topic {self.topic!r}: key_field {self.key_field!r} is not a column "
+                f"of the stream's output ({', '.join(schema.names)}); name one of them, or "
+                f"key_field=None"
+            )
+
     def _keys(self, batch: pa.Table) -> list[bytes | None]:
         names = batch.column_names
-        if not self.key_field or self.key_field not in names:
+        if not self.key_field:
             return [None] * batch.num_rows
         column = batch.column(len(names) - 1 - names[::-1].index(self.key_field))
         return [None if key is None else str(key).encode() for key in column.to_pylist()]

@@ -96,3 +96,8 @@ def test_a_log_sink_places_its_rows_in_a_keyed_topic_by_the_key_groups_of_its_fi
         with pytest.raises(ConfigError, match="keyed by field 'k'.*key_field='k'"):
             LogSink(str(tmp_path), "t", key_field=other, partitions=3).open("job", "q")
     assert log.reader("t").end_offsets() == before
+    # a key that is no column of the output is refused before any batch, whatever the topic
+    output = pa.schema([("k", pa.string()), ("n", pa.int64())])
+    LogSink(str(tmp_path), "any", key_field="k").check_schema(output)
+    with pytest.raises(ConfigError, match="key_field 'key' is not a column.*k, n"):
+        LogSink(str(tmp_path), "any", key_field="key").check_schema(output)
