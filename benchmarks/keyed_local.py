@@ -26,6 +26,7 @@ Not a measure of the job: no shuffle, no JVM, no Arrow crossing; a ceiling for t
 from __future__ import annotations
 
 import argparse
+import gc
 import heapq
 import json
 import shutil
@@ -191,6 +192,10 @@ def run(workload: str, events: int, batch: int, merchants: int) -> dict:
             t = time.process_time()
             out_batches = list(op.run(n, 0, iter([arrow])))
             took = time.process_time() - t
+            # As a Spark worker after each task (pyspark/daemon.py): untimed, and it keeps the
+            # collector's full passes out of the next task, as there (NOTES.md, "Where
+            # FraudCounter's 150k stops").
+            gc.collect()
             # The last row is the task's commit row: recorded as the driver records it.
             commit_row = out_batches[-1].column(SIDE)[-1].as_py()
             record_keyed_commits(query / "keyed" / op.name, n, 1, [commit_row])

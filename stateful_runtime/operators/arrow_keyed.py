@@ -42,7 +42,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stateful_runtime._process import freeze_worker_heap
+from stateful_runtime._process import freeze_worker_heap, full_collections_deferred
 from stateful_runtime.checkpoints.keyed import (
     BROADCAST_ROW,
     COMMIT_TAG,
@@ -299,16 +299,17 @@ class ArrowKeyedOperator:
         """
         self.yielded = [0, 0]  # main and side rows handed to Spark
         self.skip = [0, 0]
-        if not getattr(self.fn, "writes_back_reads", False):
-            yield from self._run(batch, partition, batches, shared=False)
-            return
-        read: list[pa.RecordBatch] = []
-        try:
-            yield from self._run(batch, partition, _keeping(batches, read), shared=True)
-        except ReadsShared:
-            self.skip = self.yielded
-            self.yielded = [0, 0]
-            yield from self._run(batch, partition, itertools.chain(read, batches), shared=False)
+        with full_collections_deferred():
+            if not getattr(self.fn, "writes_back_reads", False):
+                yield from self._run(batch, partition, batches, shared=False)
+                return
+            read: list[pa.RecordBatch] = []
+            try:
+                yield from self._run(batch, partition, _keeping(batches, read), shared=True)
+            except ReadsShared:
+                self.skip = self.yielded
+                self.yielded = [0, 0]
+                yield from self._run(batch, partition, itertools.chain(read, batches), shared=False)
 
     def _run(
         self, batch: int, partition: int, batches: Iterator[pa.RecordBatch], shared: bool

@@ -4,6 +4,7 @@ replayed batch, the key-group routing."""
 
 from __future__ import annotations
 
+import gc
 import json
 import pickle
 import zlib
@@ -164,6 +165,47 @@ def test_a_worker_keeps_its_values_only_for_the_version_it_committed(tmp_path):
     assert _rows(op, 1, [_records([("a", 200)], 5)]) == [("a", 6, None)]
     _offsets(query, 2, 0)  # and this worker's own version 2 is used as it is
     assert _rows(op, 2, [_records([("a", 300)], 5)]) == [("a", 7, None)]
+
+
+class Hoarder(KeyedProcessFunction):
+    """Keeps what a task of many keys keeps: a long-lived object per record (the rows it read),
+    and says how many young collections the collector now waits for before a full one."""
+
+    output_schema = {"k": str, "n": int, "fired": int}
+
+    def __init__(self) -> None:
+        self.kept: list[dict] = []
+
+    def process_element(self, e, ctx):
+        self.kept.extend({"k": e["k"], "i": i} for i in range(200_000))
+        yield {"k": e["k"], "n": gc.get_threshold()[2]}
+
+
+def test_a_task_makes_no_full_collection_and_gives_the_collector_back_as_it_was(tmp_path):
+    """Python's collector walked a task's long-lived objects (its state) on every full pass;
+    a task leaves them to the full collection Spark's worker makes after it. Young
+    collections go on."""
+    query = tmp_path / "q"
+    op = ArrowKeyedOperator(
+        Hoarder(), "hoard", ["k"], ["k", "ts"], TS, OUTPUT, str(query), parallelism=1
+    )
+    _offsets(query, 0, 0)
+    collections: Counter = Counter()
+
+    def count(phase, info):
+        if phase == "stop":
+            collections[info["generation"]] += 1
+
+    before = gc.get_threshold()
+    gc.callbacks.append(count)
+    try:
+        rows = _rows(op, 0, [_records([("a", 100), ("b", 200)], 5)])
+    finally:
+        gc.callbacks.remove(count)
+    assert [k for k, _, _ in rows] == ["a", "b"]
+    assert all(waits > 1_000_000 for _, waits, _ in rows)  # no full pass in the task
+    assert collections[2] == 0 and collections[0] > 100
+    assert gc.get_threshold() == before
 
 
 def test_a_record_outside_the_tasks_key_groups_is_refused(tmp_path):
