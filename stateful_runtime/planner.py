@@ -257,6 +257,12 @@ class QueryPlan:
         return self.by_partition and self.keyed_read_fits and self.process is not None
 
     @property
+    def spark_state(self) -> bool:
+        """Whether Spark's own state store (its RocksDB, in the JVM) holds part of the
+        query's state: a native window, or the watermark carrier's deduplication."""
+        return self.watermark_carrier or any(isinstance(n, NativeWindowNode) for n in self.nodes)
+
+    @property
     def watermark_carrier(self) -> bool:
         """Whether the query carries the branch that makes Spark run a batch when the
         watermark moved (``runtime/dataframes.py``): only a checkpoint written with it does."""

@@ -28,6 +28,7 @@ def test_plan_chooses_native_path_and_explains_why(tmp_path):
     main = p.queries[0]
     assert main.path == "native" and main.output_mode == "update"
     assert main.stateful_operators == ["agg"]
+    assert main.spark_state  # (its window's state is in Spark's store)
     text = explain(p)
     assert "path: native" in text and "groupBy(window)" in text
     assert "filter v > 0" in text and "bounded out-of-orderness 0:00:02" in text
@@ -59,6 +60,7 @@ def test_reduce_runs_on_the_window_operator_with_the_source_fields(tmp_path):
     out.sink_to(LogSink(str(tmp_path / "log"), "out"))
     q = plan(job).queries[0]
     assert q.path == "window" and "reduce" in q.reason
+    assert not q.spark_state  # (the window operator's state is in the worker's RocksDB)
     assert "in the Python worker" in q.reason  # the why names where the state lives
     node = out.node
     h = window_harness(node.assigner, node.parent.keys, node.contents, timestamp_field="ts")

@@ -568,6 +568,7 @@ class JobRunner:
             spark,
             self.job.parallelism,
             warmup.importable([type(src.source).__module__ for src in self.job.sources]),
+            spark_state=any(q.spark_state for q in self.plan.queries),
         )
         self._listener = _wake_on_progress(self._wake)
         spark.streams.addListener(self._listener)

@@ -79,7 +79,9 @@ from stateful_runtime.runtime import warmup
 from stateful_runtime.runtime.session import build_session
 
 spark = build_session(2, "local[2]", log_file=LOG)
-thread = warmup.start(spark, 2, ["stateful_runtime.connectors.eventlog.source"])
+maps = f"/proc/{spark.sparkContext._gateway.proc.pid}/maps"
+print("rocksdb before", "librocksdbjni" in open(maps).read(), flush=True)
+thread = warmup.start(spark, 2, ["stateful_runtime.connectors.eventlog.source"], spark_state=True)
 # The job ends while the warm-up's tasks run (what a run with nothing to do does); then the
 # session stops, as `srt run` stops it. The warm-up read's stage is active from the moment its
 # tasks are scheduled (Spark's status store counts running tasks only every 100 ms: short
@@ -87,6 +89,7 @@ thread = warmup.start(spark, 2, ["stateful_runtime.connectors.eventlog.source"])
 tracker = spark.sparkContext.statusTracker()
 while thread.is_alive() and not tracker.getActiveStageIds():
     time.sleep(0.01)
+print("rocksdb after", "librocksdbjni" in open(maps).read(), flush=True)
 print("summary", flush=True)
 if SETTLE:
     warmup.settle(spark)
@@ -96,10 +99,14 @@ print("stopped", flush=True)
 
 
 @pytest.mark.slow
-def test_a_session_stopped_while_warming_up_prints_nothing_after(tmp_path):
-    """The warm-up read cut off by a stop printed ``Python worker exited unexpectedly
-    (crashed)`` and ``Block broadcast_0 does not exist`` after the run's summary; settle()
-    cancels it first (and the run's end calls it)."""
+def test_a_warm_up_loads_spark_states_library_and_a_stop_during_it_prints_nothing_after(
+    tmp_path,
+):
+    """A job whose state is partly Spark's has the JVM load RocksDB's library in the warm-up,
+    before the read (the first batch's state store did, on its critical path). The warm-up
+    read cut off by a stop printed ``Python worker exited unexpectedly (crashed)`` and
+    ``Block broadcast_0 does not exist`` after the run's summary; settle() cancels it first
+    (and the run's end calls it)."""
     env = {**os.environ, "SRT_SPARK_LOG": str(tmp_path / "spark.log")}
     script = SETTLE_SCRIPT.replace("LOG", repr(str(tmp_path / "spark.log")))
     out = subprocess.run(
@@ -110,6 +117,11 @@ def test_a_session_stopped_while_warming_up_prints_nothing_after(tmp_path):
         timeout=300,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.splitlines()[-2:] == ["summary", "stopped"]
+    assert out.stdout.splitlines()[-4:] == [
+        "rocksdb before False",
+        "rocksdb after True",
+        "summary",
+        "stopped",
+    ]
     errors = [line for line in out.stderr.splitlines() if " ERROR " in line or "Exception" in line]
     assert not errors, out.stderr[-3000:]
