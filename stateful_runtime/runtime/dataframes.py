@@ -19,6 +19,8 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
+from pyspark.sql.types import IntegerType, LongType, TimestampNTZType, TimestampType
+
 from stateful_runtime.connectors import accounting
 from stateful_runtime.connectors.alignment import LATE_BEFORE
 from stateful_runtime.connectors.base import ERROR, OFFSET, PARTITION, RAW, read_stream
@@ -60,6 +62,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
+# Casts name Spark's types as objects, never as text: text goes through Spark's SQL parser,
+# whose first use in a JVM (ANTLR's start) took ~60 ms of every job's start (an object, ~10).
 EVENT_TIME = "_event_time"
 SKIP_STEP = "skip"  # the step srt run --skip adds (dead letters name it)
 # Spark's conf for one watermark for every stateful operator of a query (before 3.5's
@@ -126,8 +130,8 @@ def build(
             # go out without them (by batch), never under another source's name.
             df = df.withColumns(
                 {
-                    ORIGIN_PARTITION: F.lit(None).cast("int"),
-                    ORIGIN_OFFSET: F.lit(None).cast("long"),
+                    ORIGIN_PARTITION: F.lit(None).cast(IntegerType()),
+                    ORIGIN_OFFSET: F.lit(None).cast(LongType()),
                     UNION_INPUT: F.lit(i.index),
                 }
             )
@@ -231,7 +235,7 @@ def _event_time_column(src: SourceNode):  # -> Column
         return F.timestamp_millis(col)
     if wm.timestamp_unit == "s":
         return F.timestamp_seconds(col)
-    return col.cast("timestamp")
+    return col.cast(TimestampType())
 
 
 def read_source(
@@ -332,8 +336,8 @@ def _window_aggregate(df: DataFrame, node: NativeWindowNode, query: QueryPlan) -
     # Session time zone is UTC, so the NTZ cast keeps the UTC wall clock.
     return grouped.select(
         *keys,
-        F.col("window.start").cast("timestamp_ntz").alias("window_start"),
-        F.col("window.end").cast("timestamp_ntz").alias("window_end"),
+        F.col("window.start").cast(TimestampNTZType()).alias("window_start"),
+        F.col("window.end").cast(TimestampNTZType()).alias("window_end"),
         *node.aggregates.keys(),
     )
 
@@ -395,7 +399,7 @@ def _process(
         shuffled = df if ticks is None else df.unionByName(ticks)
     else:
         routes = F.array(*[F.lit(v) for v in route_values(parallelism)])
-        owner = F.floor(F.col(KEY_GROUP) * parallelism / MAX_PARALLELISM).cast("int") + 1
+        owner = F.floor(F.col(KEY_GROUP) * parallelism / MAX_PARALLELISM).cast(IntegerType()) + 1
         df = df.withColumn(ROUTE, F.element_at(routes, owner))
         shuffled = df.repartition(parallelism, ROUTE)
     out = shuffled.mapInArrow(operator, out_struct)
@@ -480,7 +484,7 @@ def _keyed_read(
     delay = wm.max_out_of_orderness
     interval = spark_interval(delay) if delay.total_seconds() > 0 else "0 seconds"
     out = (
-        out.withColumn(EVENT_TIME, F.lit(None).cast("timestamp"))
+        out.withColumn(EVENT_TIME, F.lit(None).cast(TimestampType()))
         .withWatermark(EVENT_TIME, interval)
         .drop(EVENT_TIME)
     )
@@ -529,7 +533,7 @@ def _observe_late(out: DataFrame, fn: Any, tag_column: str, query: QueryPlan) ->
     is_late = F.col(tag_column).isin([t.name for t in tags] + [LATE_MARK])
     counts = [F.sum(F.when(is_late, 1).otherwise(0)).alias("late")]
     if query.union:
-        source = F.get_json_object(F.col(SIDE), f"$.{UNION_INPUT}").cast("int")
+        source = F.get_json_object(F.col(SIDE), f"$.{UNION_INPUT}").cast(IntegerType())
         counts += [
             F.sum(F.when(is_late & (source == i.index), 1).otherwise(0)).alias(
                 f"late:{i.source.name}"
