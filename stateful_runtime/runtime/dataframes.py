@@ -266,14 +266,20 @@ def read_source(
     )
     # Each record keeps its source partition and offset (:data:`ORIGIN_COLUMNS`): a step
     # that cannot process it names it, in its dead letter or in the message that stops the job.
-    df = (
-        df.filter(F.col(ERROR).isNull())
-        .drop(ERROR, RAW)
-        .withColumnsRenamed({PARTITION: ORIGIN_PARTITION, OFFSET: ORIGIN_OFFSET})
+    # (One projection for the drop, the renames and the event time: each DataFrame step is
+    # analysed on its own, ~20-80 ms apiece in a job's start.)
+    renamed = {PARTITION: ORIGIN_PARTITION, OFFSET: ORIGIN_OFFSET}
+    columns = [
+        F.col(c).alias(renamed[c]) if c in renamed else F.col(c)
+        for c in df.columns
+        if c not in (ERROR, RAW)
+    ]
+    df = df.filter(F.col(ERROR).isNull()).select(
+        *columns, _event_time_column(src).alias(EVENT_TIME)
     )
     delay = src.watermark.max_out_of_orderness
     interval = spark_interval(delay) if delay.total_seconds() > 0 else "0 seconds"
-    return df.withColumn(EVENT_TIME, _event_time_column(src)).withWatermark(EVENT_TIME, interval)
+    return df.withWatermark(EVENT_TIME, interval)
 
 
 def _micros(value: timedelta):  # -> Column
