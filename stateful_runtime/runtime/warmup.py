@@ -12,6 +12,10 @@ Spark then reuses for the job's first tasks. Once per Spark application (a sessi
 more jobs keeps its workers). The job never waits for it; if it fails, the first batch starts
 its workers itself, as before.
 
+A job whose state is partly Spark's (a native window) has the same thread load the RocksDB
+library of Spark's state store into the JVM first, which the first batch did on its way to
+the first commit.
+
 A run with nothing to do can end before the warm-up read has: Spark then stopped under its
 tasks, which logged ``Python worker exited unexpectedly (crashed)`` and ``Block broadcast_0 does
 not exist`` as errors after the run's summary. The read runs in its own job group, and
@@ -21,6 +25,7 @@ thread, so its tasks end while Spark still runs.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import threading
 import time
@@ -129,7 +134,9 @@ def start(
             # This thread's jobs (pinned to a JVM thread of its own): cancellable as one.
             spark.sparkContext.setJobGroup(GROUP, "srt worker warm-up", interruptOnCancel=True)
             if spark_state:
-                spark.sparkContext._jvm.org.rocksdb.RocksDB.loadLibrary()  # type: ignore[union-attr]
+                # (one that fails is the first batch's to load, or to say why it cannot)
+                with contextlib.suppress(Exception):
+                    spark.sparkContext._jvm.org.rocksdb.RocksDB.loadLibrary()  # type: ignore[union-attr]
             warm(spark, slots, modules)
             _WARMED.add(key)
         except Exception:  # noqa: BLE001 - only a head start; the job's own tasks start workers
