@@ -84,9 +84,9 @@ def full_collections_deferred() -> Iterator[None]:
     so a cycle that dies young is still freed. A keyed task keeps its state long-lived (the
     rows it read, ~125,000 dicts a task on the deduplication benchmark, and what a worker
     keeps for its next task), and each full pass walked it all again: 3-5 of them a task,
-    0.03-0.25 s of a 2-3 CPU-s task (NOTES.md, "Where FraudCounter's 150k stops"). Spark's
-    worker makes one after every task (``pyspark/daemon.py``); outside a worker, the next
-    full pass after the block."""
+    0.03-0.25 s of a 2-3 CPU-s task (NOTES.md, "A keyed task defers the collector's full
+    passes"). Spark's worker makes one after every task (``pyspark/daemon.py``); outside a
+    worker, the next full pass after the block."""
     thresholds = gc.get_threshold()
     gc.set_threshold(thresholds[0], thresholds[1], _NO_FULL_COLLECTION)
     try:

@@ -10,6 +10,9 @@ native window as ``groupBy(window | session_window)``, a process function (the w
 operator, connected streams, broadcast state, the joins) repartitioned by key group and run
 over whole Arrow batches with its state in the worker's RocksDB
 (:mod:`stateful_runtime.operators.arrow_keyed`).
+
+Casts name Spark's types as objects, never as text: text goes through Spark's SQL parser,
+whose first use in a JVM (ANTLR's start) took ~60 ms of every job's start (an object, ~10).
 """
 
 from __future__ import annotations
@@ -62,8 +65,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-# Casts name Spark's types as objects, never as text: text goes through Spark's SQL parser,
-# whose first use in a JVM (ANTLR's start) took ~60 ms of every job's start (an object, ~10).
 EVENT_TIME = "_event_time"
 SKIP_STEP = "skip"  # the step srt run --skip adds (dead letters name it)
 # Spark's conf for one watermark for every stateful operator of a query (before 3.5's
