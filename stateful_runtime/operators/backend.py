@@ -58,6 +58,11 @@ class MapCell(ABC):
 
 
 class StateBackend(ABC):
+    # Set by the operator when every timer it registers is its key's only one, at the
+    # expiry of the key's only state (an event-time TTL value, ``operators/ttl.py``): a
+    # backend may then clear a key's state at such a timer unread (``LocalBackend.expire``).
+    sole_expiry = False
+
     @abstractmethod
     def value_cell(self, name: str, processing_ttl_ms: int | None) -> ValueCell:
         """A cell holding one value (lists are values too); TTL in processing time."""

@@ -140,6 +140,9 @@ class KeyedOperator:
         user = has_on_timer(self.fn)
         # Which kinds of timer fire here; only with both does a timestamp need its record.
         self._kinds = (_USER if user else 0) | (_TTL if self.ttl_cells else 0)
+        only = self.cells[0][1] if len(self.cells) == 1 else None
+        if self._kinds == _TTL and isinstance(only, EventTtlValueCell):
+            only.sole = backend.sole_expiry = True
         # Only a user's on_timer acts visibly on a due timer ahead of a key's elements: TTL
         # expiry only drops values that reads already treat as gone. Skipping it saves listing
         # the key's timers (a round trip to Spark's state store per key and batch).

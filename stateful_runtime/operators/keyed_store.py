@@ -361,13 +361,9 @@ class KeyedStore:
     def scan(self, start: bytes, stop: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Rows with ``start <= key < stop``, in key order."""
         assert self.db is not None
-        opts = ReadOptions()
+        opts = ReadOptions()  # held by this frame while the iterator lives
         opts.set_iterate_upper_bound(stop)
-        it = self.db.iter(opts)
-        it.seek(start)
-        while it.valid():
-            yield it.key(), it.value()
-            it.next()
+        yield from self.db.items(from_key=start, read_opt=opts)
 
     def keys(self, start: bytes, stop: bytes) -> Iterator[bytes]:
         """Keys ``start <= key < stop``, in key order, as of the call's first step (RocksDB's

@@ -9,7 +9,9 @@ key group (two bytes):
   it); the harness keeps a key's timestamps in it too (``_srt_timers_of``: ``list_timers``
   without a scan), a task does not;
 * ``<group> t <timestamp, 8 bytes> <key>`` → nothing: the timer index, in time order within a
-  key group, which the task walks for due timers.
+  key group, which the task walks for due timers; or :data:`SOLE_EXPIRY`: the key's only
+  timer, at the expiry of its only state (``StateBackend.sole_expiry``), where a TTL cleanup
+  deletes the key's row without reading it.
 
 Keys are pickled tuples of the key fields' Python values. A key's row is read from the store at
 most once a task (decoded into :attr:`LocalBackend.values`; a worker's next task of the same
@@ -54,6 +56,10 @@ _TIMER_SET = "_srt_timers_of"
 # Stored values a function cannot change in place (kept decoded between key turns).
 _IMMUTABLE = frozenset({int, float, str, bytes, bool, type(None)})
 _TS_END = GROUP_BYTES + 1 + 8  # a timer row: group, tag, timestamp, then the key
+# A timer row's value when the timer is its key's only one, at its only state's expiry. A
+# row written without it (by a function of another shape, or before the mark existed) is
+# fired by reading the key's row: a key could hold other cleanup timers, of older expiries.
+SOLE_EXPIRY = b"1"
 # Rows a commit looks at for expired processing-time TTL state: ~1-3 ms of a task's commit,
 # a partition of 1M keys swept every 1,000 batches (a key a batch touches is purged anyway).
 SWEEP_ROWS = 1_000
@@ -232,6 +238,15 @@ def _in_time_order(groups: list[Iterator[bytes]]) -> Iterator[bytes]:
                 read[i] += chunk
 
 
+def _noting_marks(rows: Iterator[tuple[bytes, bytes]], sole: set[bytes]) -> Iterator[bytes]:
+    """The timer rows of ``rows`` (row, value), adding those marked :data:`SOLE_EXPIRY` to
+    ``sole``."""
+    for row, mark in rows:
+        if mark:
+            sole.add(row)
+        yield row
+
+
 def _expire(states: dict[str, Any], ttl: dict[str, bool], now: int) -> bool:
     """Drop from a key's ``states`` the TTL values and map entries (each stored beside its
     expiry, in either time domain) expired at ``now`` (``ttl``: state name → whether it is a
@@ -319,6 +334,9 @@ class LocalBackend(StateBackend):
         self._scanned: tuple[set[bytes], int] | None = None
         self._flushes = 0  # (a pass of due() over the store checks rows written since)
         self._pass_flushes = 0  # what it was when the pass began
+        # The due timer rows marked SOLE_EXPIRY that the pass yielded and expire() has not
+        # fired yet (kept only with sole_expiry).
+        self._sole: set[bytes] = set()
 
     # -- cells ------------------------------------------------------------------------------
     def value_cell(self, name: str, processing_ttl_ms: int | None) -> ValueCell:
@@ -342,9 +360,10 @@ class LocalBackend(StateBackend):
         self.turn += 1
 
     def read_ahead_timers(self, rows: Iterable[bytes]) -> None:
-        """The states of the keys of the coming timer ``rows`` (:meth:`due`'s), in one
-        multi-get (:meth:`_read_rows`)."""
-        self._read_rows(r[:GROUP_BYTES] + STATE_ROW + r[_TS_END:] for r in rows)
+        """The states of the keys of the coming timer ``rows`` (:meth:`due`'s) that
+        :meth:`expire` reads, in one multi-get (:meth:`_read_rows`)."""
+        sole = self._sole
+        self._read_rows(r[:GROUP_BYTES] + STATE_ROW + r[_TS_END:] for r in rows if r not in sole)
 
     def _read_rows(self, rows: Iterable[bytes]) -> None:
         """Read the key rows among ``rows`` that the task has not read yet, sorted, in one
@@ -477,14 +496,15 @@ class LocalBackend(StateBackend):
         none_upto = self._none_due_upto
         if none_upto is not None and ts <= none_upto:
             self._none_due_upto = None
+        mark = SOLE_EXPIRY if self.sole_expiry else b""
         if not self.key_timers:  # the index row is written (again)
-            self.raw[self._index_row(ts)] = b""
+            self.raw[self._index_row(ts)] = mark
             return
         timers = self._timers()
         if ts not in timers:
             timers.add(ts)
             self._save_timers(timers)
-            self.raw[self._index_row(ts)] = b""
+            self.raw[self._index_row(ts)] = mark
 
     def delete_timer(self, ts: int) -> None:
         if not self.key_timers:  # whether it exists or not, its index row goes
@@ -521,10 +541,18 @@ class LocalBackend(StateBackend):
         wanted = {_PREFIXES[g] for g in groups}
         scanned = self._scanned
         runs: list[Iterable[bytes]] = []
+        sole = self._sole if self.sole_expiry else None
         if scanned is None or scanned[0] != wanted or upto > scanned[1]:
             runs.append(
                 _in_time_order(
-                    [self.store.keys(p + TIMER_ROW, p + TIMER_ROW + stop) for p in sorted(wanted)]
+                    [
+                        self.store.keys(p + TIMER_ROW, p + TIMER_ROW + stop)
+                        if sole is None
+                        else _noting_marks(
+                            self.store.scan(p + TIMER_ROW, p + TIMER_ROW + stop), sole
+                        )
+                        for p in sorted(wanted)
+                    ]
                 )
             )
             self._scanned = (wanted, upto)
@@ -541,6 +569,8 @@ class LocalBackend(StateBackend):
             ),
             key=_timer_order,
         )
+        if sole is not None:
+            sole.update(row for row in own if self.raw[row] == SOLE_EXPIRY)
         if own or not runs:
             runs.append(own)
         self._pass_flushes = self._flushes
@@ -604,14 +634,22 @@ class LocalBackend(StateBackend):
         time, as the TTL cells' ``expire`` would (``operators/ttl.py``: a value and each map
         entry stored beside its expiry), without a key turn; whether any fired."""
         assert not self.key_timers  # (the keys' own timer sets would go stale)
-        values, dirty, raw = self.values, self.dirty, self.raw
+        values, dirty, raw, sole = self.values, self.dirty, self.raw, self._sole
         fired = False
         for row in rows:
             if self._removed(row):
+                sole.discard(row)
                 continue
             raw[row] = None
             fired = True
             state_row = row[:GROUP_BYTES] + STATE_ROW + row[_TS_END:]
+            if row in sole:  # the key's only state expired at or before this timer
+                sole.remove(row)
+                dirty.pop(state_row, None)
+                raw[state_row] = None
+                if state_row in values:
+                    values[state_row] = None
+                continue
             if state_row not in values:
                 self._read_rows((state_row,))
             states = values[state_row]

@@ -26,10 +26,14 @@ class _Ttl:
         self.refresh_on_read = update_type is UpdateType.ON_READ_AND_WRITE
         self.granularity = max(1, ttl_ms // CLEANUP_GRANULARITY_FRACTION)
 
+    def cleanup_at(self, expires: int) -> int:
+        """The cleanup timer of a value expiring at ``expires``."""
+        g = self.granularity
+        return -(-expires // g) * g
+
     def stamp(self) -> int:
         expires = self.op.current_ms + self.ttl
-        g = self.granularity
-        self.op.register_ttl_timer(-(-expires // g) * g)
+        self.op.register_ttl_timer(self.cleanup_at(expires))
         return expires
 
     def live(self, expires: int) -> bool:
@@ -37,22 +41,40 @@ class _Ttl:
 
 
 class EventTtlValueCell(ValueCell, _Ttl):
+    """An event-time TTL value. When it is its function's only state and the function sets
+    no timers of its own (``sole``, set by the operator), each key keeps one cleanup timer,
+    at its value's expiry: a write moves it, a clear removes it, so the backend may clear the
+    key at that timer without reading it (``StateBackend.sole_expiry``)."""
+
+    sole = False
+
     def __init__(self, inner: ValueCell, operator: Any, ttl_ms: int, update: UpdateType) -> None:
         _Ttl.__init__(self, operator, ttl_ms, update)
         self.inner = inner
+
+    def _unstamp(self, stored: Any) -> None:
+        """Remove the cleanup timer of ``stored`` (a sole cell's, before it changes)."""
+        if stored is not None:
+            self.op.backend.delete_timer(self.cleanup_at(stored[1]))
 
     def get(self) -> Any:
         stored = self.inner.get()
         if stored is None or not self.live(stored[1]):
             return None
         if self.refresh_on_read:
+            if self.sole:
+                self._unstamp(stored)
             self.inner.put((stored[0], self.stamp()))
         return stored[0]
 
     def put(self, value: Any) -> None:
+        if self.sole:
+            self._unstamp(self.inner.get())
         self.inner.put((value, self.stamp()))
 
     def clear(self) -> None:
+        if self.sole:
+            self._unstamp(self.inner.get())
         self.inner.clear()
 
     def expire(self, upto: int) -> None:

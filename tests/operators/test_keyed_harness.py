@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from stateful_runtime import (
     AggregateFunction,
@@ -19,8 +21,10 @@ from stateful_runtime import (
     UpdateType,
     ValueStateDescriptor,
 )
+from stateful_runtime.checkpoints.keyed import STATE_ROW
 from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.functions import to_ms
+from stateful_runtime.operators import local_state
 from stateful_runtime.operators.keyed import TIMERS_STATE
 from stateful_runtime.testing import KeyedProcessHarness
 
@@ -362,3 +366,113 @@ def test_map_keys_in_a_call_see_its_own_puts_and_removals():
         ("", True, ""),
         ("3", False, "3:[3]"),
     ]
+
+
+# -- a function whose only state is an event-time TTL value: cleanups that do not read --------
+TTL_MS = 1_000
+
+
+class LastSeen(KeyedProcessFunction):
+    """Emits what the key held before each element (None once expired), then holds the
+    element's ``n`` (0 clears it); ``spare``: a second state, never written (a function of
+    another shape, whose cleanup timers are not its keys' only ones)."""
+
+    output_schema = {"k": str, "was": int}
+
+    def __init__(self, update_type=UpdateType.ON_CREATE_AND_WRITE, spare=False):
+        self.update_type, self.spare = update_type, spare
+
+    def open(self, ctx):
+        ttl = StateTtlConfig(
+            timedelta(milliseconds=TTL_MS), self.update_type, TimeDomain.EVENT_TIME
+        )
+        self.last = ctx.get_state(ValueStateDescriptor("last", int, ttl=ttl))
+        if self.spare:
+            ctx.get_state(ValueStateDescriptor("spare", int, ttl=ttl))
+
+    def process_element(self, e, ctx):
+        yield {"k": e["k"], "was": self.last.value()}
+        if e["n"]:
+            self.last.update(e["n"])
+        else:
+            self.last.clear()
+
+
+_BATCH = st.tuples(
+    st.lists(
+        st.tuples(st.sampled_from("abc"), st.integers(0, 6_000), st.integers(0, 3)), max_size=8
+    ),
+    st.integers(0, 1_500),  # how far the watermark moves before the batch
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(_BATCH, min_size=1, max_size=8),
+    st.sampled_from([UpdateType.ON_CREATE_AND_WRITE, UpdateType.ON_READ_AND_WRITE]),
+    st.integers(0, 4),
+)
+@example(  # a key written twice by the older shape: its earlier timer must not cut it
+    [([("a", 3_000, 1), ("a", 3_500, 2)], 0), ([], 1_200)], UpdateType.ON_CREATE_AND_WRITE, 1
+)
+def test_a_sole_ttl_value_is_cleaned_at_its_last_expiry_and_never_before(
+    batches, update_type, upgraded_after
+):
+    """A key's only state, an event-time TTL value, keeps one cleanup timer (its row is
+    deleted there unread); whatever the writes, clears and reads (TTL refreshed on read or
+    not), in or out of order, the function sees what the TTL says, and once the watermark
+    passes a value's cleanup time its row is gone and not before. The first batches may run
+    a function of another shape (``spare``: a second state), as before an upgrade: the
+    cleanup timers its keys hold are several and unmarked, and must not cut a live value."""
+    h = KeyedProcessHarness(LastSeen(update_type, spare=True), key_by="k", timestamp_field="ts")
+    model: dict[str, tuple[int, int]] = {}  # key → (value, expires)
+
+    def cleaned(model: dict[str, tuple[int, int]], watermark: int) -> None:
+        granularity = TTL_MS // 100
+        for k in list(model):
+            if -(-model[k][1] // granularity) * granularity <= watermark:
+                del model[k]  # its cleanup timer fired: its row must be gone
+
+    watermark = 10_000
+    for i, (elements, advance) in enumerate(batches):
+        if i == upgraded_after:
+            h.fn = LastSeen(update_type)
+        watermark += advance
+        cleaned(model, watermark)  # (due cleanups fire before the batch's elements)
+        records = [{"k": k, "n": n, "ts": watermark + ts - 3_000} for k, ts, n in elements]
+        want = []
+        for r in records:
+            stored = model.get(r["k"])
+            live = stored is not None and stored[1] > r["ts"]
+            want.append({"k": r["k"], "was": stored[0] if live else None})
+            if live and update_type is UpdateType.ON_READ_AND_WRITE:
+                model[r["k"]] = (stored[0], r["ts"] + TTL_MS)
+            if r["n"]:
+                model[r["k"]] = (r["n"], r["ts"] + TTL_MS)
+            else:
+                model.pop(r["k"], None)
+        got = h.process_elements(records, watermark=watermark)
+        # (a key's outputs in its order; keys in the harness's own order)
+        assert sorted(got, key=lambda o: o["k"]) == sorted(want, key=lambda o: o["k"])
+        cleaned(model, watermark)
+        assert {k[0] for name, k in h.stored_states() if name == "last"} == set(model)
+    h.process_watermark(watermark + 10 * TTL_MS)
+    assert not h.stored_states() and not any(h.timers(k) for k in "abc")
+
+
+@pytest.mark.parametrize("spare, reads", [(False, 0), (True, 50)])
+def test_a_sole_ttl_values_cleanup_deletes_its_row_unread(monkeypatch, spare, reads):
+    """The cleanups of a function whose only state is an event-time TTL value read none of
+    the keys' rows (the deduplication pattern: a wave of expiries is most of its work); a
+    function of another shape reads each before cutting it."""
+    h = KeyedProcessHarness(LastSeen(spare=spare), key_by="k", timestamp_field="ts")
+    h.process_elements([{"k": f"k{i}", "n": 1, "ts": 10_000} for i in range(50)])
+    local_state._warm.clear()  # (as when the partition's next batch runs on another worker)
+    read: list[bytes] = []
+    get_many = h.store.get_many
+    monkeypatch.setattr(h.store, "get_many", lambda rows: read.extend(rows) or get_many(rows))
+    monkeypatch.setattr(h.store, "get", lambda row: read.append(row) or get_many([row])[0])
+    h.process_watermark(20_000)
+    assert len([r for r in read if r[2:3] == STATE_ROW]) == reads
+    assert not h.stored_states()
+    h.close()
