@@ -647,8 +647,9 @@ class LocalBackend(StateBackend):
                 sole.remove(row)
                 dirty.pop(state_row, None)
                 raw[state_row] = None
-                if state_row in values:
-                    values[state_row] = None
+                if state_row not in values:  # (a read of it later in the task: none)
+                    self.value_bytes += len(state_row)
+                values[state_row] = None
                 continue
             if state_row not in values:
                 self._read_rows((state_row,))

@@ -403,6 +403,7 @@ _BATCH = st.tuples(
         st.tuples(st.sampled_from("abc"), st.integers(0, 6_000), st.integers(0, 3)), max_size=8
     ),
     st.integers(0, 1_500),  # how far the watermark moves before the batch
+    st.booleans(),  # whether the batch runs on another worker (none of the values kept)
 )
 
 
@@ -413,7 +414,14 @@ _BATCH = st.tuples(
     st.integers(0, 4),
 )
 @example(  # a key written twice by the older shape: its earlier timer must not cut it
-    [([("a", 3_000, 1), ("a", 3_500, 2)], 0), ([], 1_200)], UpdateType.ON_CREATE_AND_WRITE, 1
+    [([("a", 3_000, 1), ("a", 3_500, 2)], 0, False), ([], 1_200, False)],
+    UpdateType.ON_CREATE_AND_WRITE,
+    1,
+)
+@example(  # cleaned unread, then read by a late element of the batch on another worker
+    [([("a", 3_000, 1)], 0, False), ([("a", 0, 2)], 1_010, True)],
+    UpdateType.ON_CREATE_AND_WRITE,
+    0,
 )
 def test_a_sole_ttl_value_is_cleaned_at_its_last_expiry_and_never_before(
     batches, update_type, upgraded_after
@@ -434,9 +442,11 @@ def test_a_sole_ttl_value_is_cleaned_at_its_last_expiry_and_never_before(
                 del model[k]  # its cleanup timer fired: its row must be gone
 
     watermark = 10_000
-    for i, (elements, advance) in enumerate(batches):
+    for i, (elements, advance, moved) in enumerate(batches):
         if i == upgraded_after:
             h.fn = LastSeen(update_type)
+        if moved:
+            local_state._warm.clear()
         watermark += advance
         cleaned(model, watermark)  # (due cleanups fire before the batch's elements)
         records = [{"k": k, "n": n, "ts": watermark + ts - 3_000} for k, ts, n in elements]
