@@ -48,14 +48,15 @@ def checkpoint_facts(query_dir: str | Path, now: float | None = None) -> Checkpo
     """What one query's checkpoint says at ``now`` (default: now): last committed batch, when it
     committed, how long the batch after it has been planned (in flight), and its state
     partitions. Read from files, so it does not go stale when the job process hangs, as its
-    own health report does."""
+    own health report does. A file written after ``now`` (a batch that committed or was
+    planned while the facts were read) is 0 s old, never less."""
     now = time.time() if now is None else now
     query = QueryLayout(query_dir)
     last = query.last_committed()
     commit_time = query.last_commit_time()
     planned = query.offsets(0 if last is None else last + 1)
     try:
-        inflight_age: float | None = round(now - planned.stat().st_mtime, 3)
+        inflight_age: float | None = _age(now, planned.stat().st_mtime)
     except OSError:
         inflight_age = None
     try:
@@ -65,10 +66,14 @@ def checkpoint_facts(query_dir: str | Path, now: float | None = None) -> Checkpo
     return CheckpointFacts(
         last_committed_batch=last,
         last_commit_time=commit_time,
-        checkpoint_age_s=None if commit_time is None else round(now - commit_time, 3),
+        checkpoint_age_s=None if commit_time is None else _age(now, commit_time),
         inflight_batch_age_s=inflight_age,
         state_partitions=partitions,
     )
+
+
+def _age(now: float, written: float) -> float:
+    return max(0.0, round(now - written, 3))
 
 
 @dataclass

@@ -75,6 +75,17 @@ def test_a_stateless_query_has_no_state_partitions_and_nothing_in_flight(tmp_pat
     assert facts.state_partitions is None
 
 
+def test_a_batch_committed_while_the_facts_are_read_is_no_age_not_a_negative_one(tmp_path: Path):
+    """A status takes its time first and reads the checkpoint after: a batch that commits (or
+    is planned) in between is 0 s old at that time, not a negative age."""
+    q = tmp_path / "q"
+    _batch(q, 0, planned_at=NOW - 1, committed_at=NOW + 0.067)
+    _batch(q, 1, planned_at=NOW + 0.07, committed_at=None)
+    facts = checkpoint_facts(q, NOW)
+    assert (facts.checkpoint_age_s, facts.inflight_batch_age_s) == (0.0, 0.0)
+    assert facts.last_commit_time == NOW + 0.067
+
+
 _batches = st.lists(
     st.tuples(
         st.integers(0, 100_000),  # rows
