@@ -72,7 +72,8 @@ def test_the_driver_jvm_runs_from_pysparks_jars_merged_into_one(spark):
     """A local master's JVM searches one jar for a class or resource, not PySpark's 280, and
     what the jars list rather than define is all there: every jar's services (Spark's data
     sources, Hadoop's file systems) and Log4j's plugins (the job's logging configuration
-    loads; without them Log4j falls back to its default)."""
+    loads; without them Log4j falls back to its default), but for MLlib's session extension,
+    which the session does not load."""
     home = spark_home.merged_home()
     assert home is not None, "platform/bootstrap.sh did not merge PySpark's jars"
     jvm = spark.sparkContext._jvm
@@ -88,8 +89,20 @@ def test_the_driver_jvm_runs_from_pysparks_jars_merged_into_one(spark):
             for name in z.namelist():
                 if name.startswith("META-INF/services/") and not name.endswith("/"):
                     listed.setdefault(name, set()).update(_services(z.read(name)))
+    extensions = "META-INF/services/org.apache.spark.sql.SparkSessionExtensionsProvider"
+    mllib = b"org.apache.spark.sql.ml.InternalFunctionRegistration"
+    assert mllib in listed[extensions]  # PySpark's jars list it: the merge leaves it out
+    listed = {n: p - {mllib} for n, p in listed.items() if p - {mllib}}
     with zipfile.ZipFile(home / "jars" / spark_home.JAR) as merged:
         assert {name: _services(merged.read(name)) for name in listed} == listed
+        assert extensions in listed or extensions not in merged.namelist()
+    providers = jvm.java.util.ServiceLoader.load(
+        jvm.java.lang.Class.forName("org.apache.spark.sql.SparkSessionExtensionsProvider")
+    ).iterator()
+    loaded = []
+    while providers.hasNext():
+        loaded.append(providers.next().getClass().getName())
+    assert mllib.decode() not in loaded, loaded
     loader = jvm.java.util.ServiceLoader.load(
         jvm.java.lang.Class.forName("org.apache.spark.sql.sources.DataSourceRegister")
     )
@@ -136,14 +149,27 @@ def test_merged_jars_keep_each_name_once_and_every_listing(tmp_path):
             spark_home._PLUGINS: plugins(("console", "org.b.Other"), ("file", "org.b.File")),
         },
     )
+    # MLlib's session extension is left out of its listing, whichever jar lists it, and a
+    # listing left with no provider is not written.
+    extensions = "META-INF/services/org.apache.spark.sql.SparkSessionExtensionsProvider"
+    mllib = b"org.apache.spark.sql.ml.InternalFunctionRegistration"
+    third = jar(
+        "c.jar",
+        {
+            extensions: b"# licence\n" + mllib + b"\n",
+            "META-INF/services/org.example.Other": b"org.c.Kept\n" + mllib + b"  \n",
+        },
+    )
     out = tmp_path / "merged.jar"
-    spark_home.merge([first, second], out)
+    spark_home.merge([first, second, third], out)
     with zipfile.ZipFile(out) as z:
         names = z.namelist()
         assert z.read("org/x/A.class") == b"first" and z.read("org/x/B.class") == b"b"
         assert z.read(service).split() == [b"org.a.One", b"org.b.Two"]
         assert "META-INF/INDEX.LIST" not in names and "META-INF/KEY.SF" not in names
         assert b"Multi-Release: true" in z.read("META-INF/MANIFEST.MF")
+        assert extensions not in names
+        assert z.read("META-INF/services/org.example.Other").split() == [b"org.c.Kept", mllib]
         merged = z.read(spark_home._PLUGINS)
     assert merged == _cache({"core": [("console", "org.a.Console"), ("file", "org.b.File")]})
     assert len(names) == len(set(names))
