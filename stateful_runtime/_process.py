@@ -95,6 +95,16 @@ def full_collections_deferred() -> Iterator[None]:
         gc.set_threshold(*thresholds)
 
 
+def one_blas_thread() -> None:
+    """OpenBLAS (numpy's) with no thread pool in this process and those it starts, unless the
+    environment chose: a job's processes do no linear algebra, and the pool, a thread per
+    core started when numpy loads, spins before it sleeps (2% of a 3,000-event run's CPU,
+    NOTES.md). Spark's workers take one core per task likewise (``OMP_NUM_THREADS``). Takes
+    effect for numpy loaded after it: a job process's first step, and before its session
+    starts the processes that load numpy."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 # How far below the job's own threads a speculative import runs (a nice value, per thread).
 BEHIND = 10
 

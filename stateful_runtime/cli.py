@@ -190,7 +190,10 @@ def _log_cmd(args: argparse.Namespace) -> int:
 
 
 def _run_cmd(args: argparse.Namespace) -> int:
+    from stateful_runtime._process import one_blas_thread
     from stateful_runtime.runtime import stop_signals
+
+    one_blas_thread()  # before anything loads numpy
 
     # SIGINT/SIGTERM stop the job cleanly from here on, even while its file loads.
     signals = stop_signals.catch()

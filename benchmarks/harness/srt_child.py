@@ -38,6 +38,9 @@ def main() -> int:
     )
     a = ap.parse_args()
 
+    from stateful_runtime._process import one_blas_thread
+
+    one_blas_thread()  # as `srt run` does, before anything loads numpy
     from stateful_runtime.runtime.loader import load_job_file, parse_overrides
     from stateful_runtime.runtime.runner import BatchCommitted, JobRunner
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stateful_runtime._process import import_behind, process_dir
+from stateful_runtime._process import import_behind, one_blas_thread, process_dir
 from stateful_runtime.checkpoints.storage import s3_endpoint
 from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.runtime import forkserver, spark_home
@@ -611,6 +611,7 @@ def build_session(
     master = master or default_master()
     conf = spark_conf(parallelism, master, job_log=log_file is not None, short_run=short_run)
     scratch = _scratch_conf(master)
+    one_blas_thread()  # for the processes the session starts
     if os.path.basename(workers) == "srt-python":
         # before the JVM starts: it, and the processes it starts, inherit the server's socket
         forkserver.start(scratch.get("spark.local.dir"), log_file)

@@ -8,6 +8,7 @@ without a `chmod` process."""
 from __future__ import annotations
 
 import io
+import os
 import struct
 import zipfile
 from pathlib import Path
@@ -379,3 +380,14 @@ def test_a_process_that_started_spark_ends_its_jvm_before_it_exits(tmp_path):
     )
     jvm = int(done.stdout.split()[-1])
     assert not Path(f"/proc/{jvm}").exists(), "the JVM outlived the process that started it"
+
+
+def test_a_job_process_runs_openblas_without_its_thread_pool_unless_told(monkeypatch):
+    from stateful_runtime._process import one_blas_thread
+
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    one_blas_thread()
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "4")  # the environment's choice is kept
+    one_blas_thread()
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "4"
