@@ -105,20 +105,12 @@ def one_blas_thread() -> None:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
-# How far below the job's own threads a speculative import runs (a nice value, per thread).
-BEHIND = 10
-
-
-def import_behind(modules: tuple[str, ...]) -> None:
-    """Import ``modules`` in the calling thread at a lower priority (``BEHIND``): work done
-    ahead of its need, which must not take a core from what the start waits on (the driver
-    JVM's boot). A module that fails to import is left to its importer, which meets the same
-    error."""
+def import_ahead(modules: tuple[str, ...]) -> None:
+    """Import ``modules`` ahead of their need (in a thread that would otherwise wait, or in a
+    server before it serves). A module that fails to import is left to its importer, which
+    meets the same error."""
     import importlib
-    import threading
 
-    with contextlib.suppress(OSError):  # (per thread on Linux; raising one's nice is allowed)
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BEHIND)
     for module in modules:
         try:
             importlib.import_module(module)

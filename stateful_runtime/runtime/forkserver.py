@@ -33,10 +33,9 @@ import selectors
 import signal
 import socket
 import sys
-import threading
 from typing import Any
 
-from stateful_runtime._process import import_behind
+from stateful_runtime._process import import_ahead
 from stateful_runtime.runtime import spark_home
 from stateful_runtime.runtime.python_worker import (
     ENV,
@@ -319,12 +318,7 @@ def main() -> None:
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     server = _Server(path)  # listening before the imports: an early start waits, it is not refused
-    # The imports run while the driver's JVM boots, the start's critical path: in a thread of
-    # their own, behind it in priority (the children this thread forks later run at the
-    # job's; NOTES.md, "Imports behind the JVM's boot").
-    loader = threading.Thread(target=import_behind, args=(PRELOAD,), name="srt-preload")
-    loader.start()
-    loader.join()
+    import_ahead(PRELOAD)
     os.register_at_fork(after_in_child=_reseed_numpy)
     # What the imports made is never garbage: a child's collections skip it, and leave its
     # pages shared with the server's (freeze_worker_heap does the same in a worker).

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stateful_runtime._process import import_behind, one_blas_thread, process_dir
+from stateful_runtime._process import import_ahead, one_blas_thread, process_dir
 from stateful_runtime.checkpoints.storage import s3_endpoint
 from stateful_runtime.exceptions import ConfigError
 from stateful_runtime.runtime import forkserver, spark_home
@@ -561,9 +561,9 @@ def _launch_jvm(conf: dict[str, str]) -> None:
         return
     # PySpark's py4j converters import pyspark.testing.utils (pandas with it, ~0.2 s) on the
     # first call that passes an argument, the session's first: done while this thread waits
-    # for the JVM instead, behind its boot in priority (NOTES.md: the session ~0.2 s sooner).
+    # for the JVM instead (NOTES.md, "Imports during the JVM's boot": the session ~0.2 s sooner).
     threading.Thread(
-        target=import_behind, args=(LAUNCH_IMPORTS,), name="srt-launch-imports", daemon=True
+        target=import_ahead, args=(LAUNCH_IMPORTS,), name="srt-launch-imports", daemon=True
     ).start()
     spark_conf = SparkConf(loadDefaults=False)
     for key, value in conf.items():
