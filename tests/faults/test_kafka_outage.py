@@ -15,7 +15,9 @@ sink's transaction coordinator, while the UPI job reads and writes exactly-once.
 
 The job reads a 4-partition topic in small batches and writes the exactly-once Kafka sink; the
 faults come after two committed batches (a batch in flight or about to be planned), more input
-follows. If the job gives up it is started again, as the Dagster restart sensor would. The
+follows. The job rides through both (a source waits up to a minute for a cluster out of reach
+or a leadership moving); if it gives up it is started again, as the Dagster restart sensor
+would, and the trial says so. The
 output, read with read_committed, holds each (window, batch) update once and its last update
 per window equals the oracle; each dead letter is in ``<topic>-dlq`` once.
 """
@@ -229,6 +231,9 @@ def test_broker_killed_then_back_output_equals_oracle(upi, job_env, tmp_path, tr
         broker.stop(signal.SIGKILL)
         time.sleep(OUTAGE_S)  # the outage itself, not a synchronisation
         broker.start()
+        # The job waits the outage out (its source asks a cluster out of reach again, with a
+        # new client, for up to a minute): its next batches commit, no restart.
+        assert progressed() == 0, "the job stopped while the broker was down"
         return f"broker killed, down {OUTAGE_S:g} s, restarted"
 
     try:

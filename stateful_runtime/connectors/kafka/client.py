@@ -35,13 +35,35 @@ LEADER_MOVING = frozenset(
         78,  # OFFSET_NOT_AVAILABLE
     }
 )
-LEADER_WAIT_S = 60.0  # how long a moving leadership is asked again before its error stands
+# The cluster out of reach for a moment (a broker restarting, the network): librdkafka's own
+# codes for a transport failure, a request that timed out, every broker down and no partition
+# leader known (_NOENT, "No leaders found": the admin client's answer while they are down), and
+# Kafka's NETWORK_EXCEPTION.
+UNREACHABLE = frozenset({-195, -185, -187, -156, 13})
+# How long a moving leadership, or a cluster out of reach, is asked again before its error
+# stands (Kafka's own clients wait default.api.timeout.ms, 60 s, the same way).
+LEADER_WAIT_S = 60.0
+
+
+def _code(exc: Exception) -> int | None:
+    err: Any = exc.args[0] if exc.args else None
+    return err.code() if hasattr(err, "code") else None
 
 
 def leader_moving(exc: Exception) -> bool:
     """Whether ``exc`` (a KafkaException) is a partition's leadership moving."""
-    err: Any = exc.args[0] if exc.args else None
-    return (err.code() if hasattr(err, "code") else None) in LEADER_MOVING
+    return _code(exc) in LEADER_MOVING
+
+
+def passing(exc: Exception) -> bool:
+    """Whether ``exc`` (a KafkaException) is a state of the cluster that passes: a partition's
+    leadership moving, or the cluster out of reach for a moment."""
+    code = _code(exc)
+    return code in LEADER_MOVING or code in UNREACHABLE
+
+
+class ClusterUnreachable(ConfigError):
+    """The cluster did not answer :func:`check_cluster` (raised with what to check)."""
 
 
 def watermark_offsets(consumer: Any, tp: Any) -> tuple[int, int]:
@@ -101,10 +123,13 @@ def check_cluster(
     *,
     what: str = "source",
     admin: Any = None,
+    wait_s: float = 0.0,
 ) -> dict[str, int]:
     """Partition counts of ``topics`` (or of topics matching ``pattern``); ConfigError if the
-    cluster cannot be reached, the security settings are wrong or a topic is missing.
-    ``admin``: a client to reuse (a new connection per call costs tens of milliseconds)."""
+    cluster cannot be reached (:class:`ClusterUnreachable`), the security settings are wrong
+    or a topic is missing. ``admin``: a client to reuse (a new connection per call costs tens
+    of milliseconds). ``wait_s``: a running job's wait for a cluster out of reach (a broker
+    restarting), asked again by a new client with backoff; at a job's start, none."""
     import re
 
     from confluent_kafka import KafkaException
@@ -112,16 +137,28 @@ def check_cluster(
     servers = config["bootstrap.servers"]
     if admin is None:
         admin = admin_client(config, what=what)
-    try:
-        # list_topics(topic) would auto-create it on some brokers: list everything instead.
-        meta = admin.list_topics(timeout=METADATA_TIMEOUT_S)
-    except KafkaException as exc:
-        raise ConfigError(
-            f"Kafka {what}: cannot reach the cluster at {servers} within "
-            f"{METADATA_TIMEOUT_S:.0f} s ({masking.mask_text(str(exc))}). Check "
-            f"bootstrap_servers, that the brokers are up, and the security.protocol/sasl.* "
-            f"settings; nothing was read or written"
-        ) from None
+    deadline, pause = time.monotonic() + wait_s, 0.1
+    while True:
+        try:
+            # list_topics(topic) would auto-create it on some brokers: list everything.
+            meta = admin.list_topics(timeout=METADATA_TIMEOUT_S)
+            break
+        except KafkaException as exc:
+            if time.monotonic() + pause > deadline:
+                raise ClusterUnreachable(
+                    f"Kafka {what}: cannot reach the cluster at {servers} within "
+                    f"{METADATA_TIMEOUT_S + wait_s:.0f} s ({masking.mask_text(str(exc))}). "
+                    + (
+                        "The job stops with nothing of the batch committed; once the "
+                        "brokers are back, a restart resumes exactly"
+                        if wait_s
+                        else "Check bootstrap_servers, that the brokers are up, and the "
+                        "security.protocol/sasl.* settings; nothing was read or written"
+                    )
+                ) from None
+        time.sleep(pause)
+        pause = min(pause * 2, 2.0)
+        admin = admin_client(config, what=what)
     found = {
         t: len(m.partitions)
         for t, m in meta.topics.items()

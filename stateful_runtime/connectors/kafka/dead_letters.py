@@ -15,6 +15,7 @@ import pyarrow as pa
 from stateful_runtime.connectors.base import ERROR, OFFSET, PARTITION, RAW, SinkSummary
 from stateful_runtime.connectors.dead_letters import NO_ORIGIN, STEP
 from stateful_runtime.connectors.kafka.client import (
+    LEADER_WAIT_S,
     METADATA_TIMEOUT_S,
     CommitMarkers,
     check_cluster,
@@ -151,7 +152,10 @@ class _DeadLetterTxn:
         from confluent_kafka import Producer
 
         self.sink = sink
-        counts = check_cluster(sink.config, sink.source_topics or None, sink.source_pattern)
+        # (the job is running: a cluster out of reach, a broker restarting, is waited for)
+        counts = check_cluster(
+            sink.config, sink.source_topics or None, sink.source_pattern, wait_s=LEADER_WAIT_S
+        )
         self._parts = ensure_topic(sink.config, sink.topic, max(counts.values(), default=1))
         sink._markers.ensure()
         self.producer = Producer(

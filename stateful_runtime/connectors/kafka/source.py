@@ -64,9 +64,10 @@ from stateful_runtime.connectors.kafka import client as kafka_client
 from stateful_runtime.connectors.kafka.client import (
     LEADER_WAIT_S,
     METADATA_TIMEOUT_S,
+    ClusterUnreachable,
     admin_client,
     check_cluster,
-    leader_moving,
+    passing,
     quiet,
     watermark_offsets,
 )
@@ -552,16 +553,27 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._admin
 
     def _partitions(self) -> list[tuple[str, int]]:
-        counts = check_cluster(
-            self.config, self.topics or None, self.pattern, admin=self._admin_client()
-        )
+        """The topics' partitions; the job is running, so a cluster out of reach (a broker
+        restarting) is waited for up to :data:`LEADER_WAIT_S`."""
+        try:
+            counts = check_cluster(
+                self.config,
+                self.topics or None,
+                self.pattern,
+                admin=self._admin_client(),
+                wait_s=LEADER_WAIT_S,
+            )
+        except ClusterUnreachable:
+            self._admin = None
+            raise
         return [(t, p) for t, n in sorted(counts.items()) for p in range(n)]
 
     def _list(self, spec: Any, parts: list[tuple[str, int]]) -> dict[str, int]:
         """The offsets ``spec`` names for ``parts``. A partition whose leadership is moving
-        (a broker shut down, a leader elected) answers with a leader error for a moment:
-        asked again, with backoff, for up to :data:`LEADER_WAIT_S`; then the error stands
-        (the job stops naming it, and its restart resumes exactly)."""
+        (a broker shut down, a leader elected) answers with a leader error for a moment, and
+        a broker restarting leaves the cluster out of reach for a while: asked again, with
+        backoff and a new client, for up to :data:`LEADER_WAIT_S`; then the error stands (the
+        job stops naming it, and its restart resumes exactly)."""
         from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
 
         deadline, pause = time.monotonic() + LEADER_WAIT_S, 0.1
@@ -576,8 +588,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     f"{tp.topic}:{tp.partition}": f.result().offset for tp, f in futures.items()
                 }
             except KafkaException as exc:
-                if not leader_moving(exc) or time.monotonic() + pause > deadline:
+                if not passing(exc) or time.monotonic() + pause > deadline:
                     raise
+                # A client that knew the leader before a broker restarted keeps asking with
+                # its leader epoch and is answered FENCED_LEADER_EPOCH as long as it lives: a
+                # new client learns the cluster afresh.
+                self._admin = None
             else:
                 # After a partition's leader moved, librdkafka's admin client keeps asking the
                 # old leader it knew and answers -1001 (OFFSET_INVALID) without an error, for
@@ -847,6 +863,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                     )
                                 },
                             )
+                        if err.code() in kafka_client.UNREACHABLE:
+                            continue  # the client reconnects; the deadline bounds the wait
                         if err.code() != KafkaError._PARTITION_EOF:
                             raise RuntimeError(f"Kafka read {split}: {err}")
                         eof = eof or m.offset() >= split.end
