@@ -52,6 +52,12 @@ def test_starting_offsets_discovery_and_errors(kafka, monkeypatch):
     # What a bounded run reads at most (its JIT's size): the topics' records, or None.
     assert KafkaSource(kafka.bootstrap, "so", SCHEMA).records_held() == 10
     assert KafkaSource("127.0.0.1:1", "so", SCHEMA).records_held() is None
+    # A running job's reader waits for a cluster out of reach (a broker restarting), asking
+    # again with a new client, before it stops the job saying a restart resumes exactly.
+    monkeypatch.setattr("stateful_runtime.connectors.kafka.source.LEADER_WAIT_S", 1.5)
+    away = KafkaStreamReader(KafkaSource("127.0.0.1:1", "so", SCHEMA).options())
+    with pytest.raises(ConfigError, match="within 2 s .*a restart resumes exactly"):
+        away._partitions()
     # Pattern subscription sees a topic (and partitions) created later.
     reader = KafkaStreamReader(
         KafkaSource(kafka.bootstrap, pattern="so.*", schema=SCHEMA).options()
