@@ -29,6 +29,9 @@ local RocksDB holds the same), each key starting with its key group (two bytes, 
   touched by a batch is one row read and one written;
 * ``<group> t <timestamp, 8 bytes> <key>`` → nothing: the timer index, in time order within a
   key group (unsigned big-endian, :func:`encode_ts`);
+* in a delta only, ``<group> t`` → a timestamp's 8 bytes: every timer row of the group before
+  that time is deleted (:func:`timers_fired`: a task fires every timer due at its batch's time,
+  so their rows go as one range, not a delete each);
 * ``<group> b <state name>`` → a broadcast state's dict (every group of a partition holds it).
 
 ``<key>`` is the pickled tuple of the key fields' values. The previous layout
@@ -74,7 +77,10 @@ COMMIT = ".commit"
 # The ``_tag`` of the output row by which a task hands its version's token to the driver.
 COMMIT_TAG = "srt:keyed-commit"
 COMMIT_FORMAT = "srt-keyed-commit-1"
-FORMAT = "srt-keyed-2"
+# Deltas may hold timer ranges (``<group> t`` rows); files of "srt-keyed-2" have the same rows
+# without them and are read as they are.
+FORMAT = "srt-keyed-3"
+_SAME_ROWS = ("srt-keyed-2", FORMAT)
 # A row per state and key (``<group> s <name> \0 <key>``): read, never written.
 PREVIOUS_FORMAT = "srt-keyed-1"
 # Bytes of the key group at the start of every stored key.
@@ -308,6 +314,21 @@ def parse_row(row: bytes) -> tuple[int, bytes, bytes]:
     return group_of(row), row[GROUP_BYTES : GROUP_BYTES + 1], row[GROUP_BYTES + 1 :]
 
 
+def timers_fired(group: int, upto: int) -> tuple[bytes, bytes]:
+    """A delta's row deleting every timer row of ``group`` at or before ``upto``."""
+    return group_prefix(group) + TIMER_ROW, encode_ts(upto + 1)
+
+
+def is_timer_range(row: bytes) -> bool:
+    """Whether ``row`` is a delta's :func:`timers_fired` row."""
+    return len(row) == GROUP_BYTES + 1 and row[GROUP_BYTES:] == TIMER_ROW
+
+
+def timer_range(row: bytes, bound: bytes) -> tuple[bytes, bytes]:
+    """The keys a :func:`timers_fired` row deletes: ``start <= key < stop``."""
+    return row, row + bound
+
+
 # -- files ---------------------------------------------------------------------------------------
 def version_of(path: Path, suffix: str) -> int | None:
     """The version of a ``<V>.<token><suffix>`` (or ``<V><suffix>``) file, or None for any
@@ -512,7 +533,10 @@ def problem(path: Path) -> str | None:
             if not reader.schema.equals(schema()):
                 return f"not a keyed state file (columns {reader.schema.names})"
             meta = reader.schema.metadata or {}
-            if meta.get(b"format") not in (FORMAT.encode(), PREVIOUS_FORMAT.encode()):
+            if meta.get(b"format") not in (
+                *(f.encode() for f in _SAME_ROWS),
+                PREVIOUS_FORMAT.encode(),
+            ):
                 return f"format {meta.get(b'format')!r}, not {FORMAT}"
             if version_of(path, path.suffix) not in (None, int(meta.get(b"version", b"-1"))):
                 return f"holds version {meta.get(b'version', b'?').decode()}"
@@ -526,7 +550,8 @@ def problem(path: Path) -> str | None:
 def rows(
     path: Path, current: Callable[[bytes], bytes | None] | None = None
 ) -> Iterator[tuple[list[bytes], list[bytes | None]]]:
-    """The rows of one file, a record batch at a time: (keys, values; None deletes), in this
+    """The rows of one file, a record batch at a time: (keys, values; None deletes, and a
+    delta's :func:`timers_fired` rows, each before the rows it may precede), in this
     layout. A file of the previous layout is turned into this one's rows as it is read: a
     state row merges into its key's row as ``current`` holds it (the rows applied so far;
     apply each batch before reading the next)."""
@@ -593,15 +618,28 @@ def state_at(
         )
     wanted = None if groups is None else {group_prefix(g) for g in groups}
     out: dict[bytes, bytes] = {}
+    timers: dict[bytes, set[bytes]] = {}  # each group's timer rows in ``out``, for the ranges
     for path in files:
         for keys, values in rows(path, out.get):
             for k, v in zip(keys, values, strict=True):
                 if wanted is not None and k[:GROUP_BYTES] not in wanted:
                     continue
-                if v is None:
+                timer = k[GROUP_BYTES : GROUP_BYTES + 1] == TIMER_ROW
+                if timer and v is not None and is_timer_range(k):
+                    start, stop = timer_range(k, v)
+                    gone = {t for t in timers.get(start, ()) if t < stop}
+                    for t in gone:
+                        del out[t]
+                    if gone:
+                        timers[start] -= gone
+                elif v is None:
                     out.pop(k, None)
+                    if timer:
+                        timers.get(k[: GROUP_BYTES + 1], set()).discard(k)
                 else:
                     out[k] = v
+                    if timer:
+                        timers.setdefault(k[: GROUP_BYTES + 1], set()).add(k)
     return out
 
 

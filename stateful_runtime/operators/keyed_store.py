@@ -62,7 +62,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pyarrow as pa
@@ -308,18 +308,26 @@ class KeyedStore:
                 rows = dict(
                     zip(keys[lo : lo + _APPLY_ROWS], values[lo : lo + _APPLY_ROWS], strict=True)
                 )
+                ranges = {k: v for k, v in rows.items() if files.is_timer_range(k)}
+                for k in ranges:
+                    del rows[k]
                 if first:
                     rows[_MARKER] = _DIRTY
                     first = False
-                self.db.write(self._batch(rows), self._wopts)
+                self.db.write(self._batch(rows, ranges), self._wopts)  # type: ignore[arg-type]
         self.db.write(self._batch({_MARKER: self._marker_row(version, token)}), self._wopts)
         self.token = token
 
     @staticmethod
-    def _batch(rows: dict[bytes, bytes | None]) -> WriteBatch:
+    def _batch(
+        rows: dict[bytes, bytes | None], ranges: dict[bytes, bytes] | None = None
+    ) -> WriteBatch:
         # In the order given: sorting first made a task's commit slower (NOTES.md, "One row
-        # per key"), though a long-lived memtable takes a sorted batch faster.
+        # per key"), though a long-lived memtable takes a sorted batch faster. The fired
+        # timers' ranges (files.timers_fired) first: a row the batch puts outlives them.
         wb = WriteBatch(raw_mode=True)
+        for start, bound in (ranges or {}).items():
+            wb.delete_range(*files.timer_range(start, bound))
         put, delete = wb.put, wb.delete
         for k, v in rows.items():
             if v is None:
@@ -374,19 +382,30 @@ class KeyedStore:
         yield from self.db.keys(from_key=start, read_opt=opts)
 
     # -- committing -------------------------------------------------------------------------
-    def commit(self, rows: dict[bytes, bytes | None] | None = None) -> int:
-        """Write this task's changes (and ``rows``, not yet written) as the next version in
-        the checkpoint, under this attempt's token (:attr:`token` afterwards), then ``rows``
-        and the marker of the version to the local copy in one write batch; a snapshot when
-        :func:`snapshot_due`. Returns the version, which is read back only once a
-        commit record names the token (the driver's, or :meth:`publish`)."""
+    def commit(
+        self,
+        rows: dict[bytes, bytes | None] | None = None,
+        ranges: dict[bytes, bytes] | None = None,
+    ) -> int:
+        """Write this task's changes (and ``rows``, not yet written, after the fired timers'
+        ``ranges``: :func:`~stateful_runtime.checkpoints.keyed.timers_fired` rows) as the next
+        version in the checkpoint, under this attempt's token (:attr:`token` afterwards),
+        then the same and the marker of the version to the local copy in one write batch; a
+        snapshot when :func:`snapshot_due`. Returns the version, which is read back only
+        once a commit record names the token (the driver's, or :meth:`publish`)."""
         assert self.db is not None and self.version is not None
         version = self.version + 1
         token = uuid.uuid4().hex
         self.checkpoint.mkdir(parents=True, exist_ok=True)
         rows = rows or {}
-        self.changes.update(rows)
-        # In the order written (a delta's keys are distinct; applying needs no order).
+        parts: list[Mapping[bytes, bytes | None]]
+        if ranges:
+            # In the order the local copy took them: what the task wrote before (flushed),
+            # the ranges, then its rows (a row of either part is written once).
+            parts = [{k: v for k, v in self.changes.items() if k not in rows}, ranges, rows]
+        else:
+            self.changes.update(rows)  # (a delta's keys are distinct: no order to keep)
+            parts = [self.changes]
         delta = files.write(
             self.checkpoint,
             version,
@@ -394,15 +413,15 @@ class KeyedStore:
             token,
             [
                 pa.record_batch(
-                    [
-                        pa.array(list(self.changes), pa.binary()),
-                        pa.array(list(self.changes.values()), pa.binary()),
-                    ],
+                    [pa.array(list(part), pa.binary()), pa.array(list(part.values()), pa.binary())],
                     schema=_SCHEMA,
                 )
+                for part in parts
             ],
         )
-        self.db.write(self._batch({**rows, _MARKER: self._marker_row(version, token)}), self._wopts)
+        batch = self._batch(rows, ranges)
+        batch.put(_MARKER, self._marker_row(version, token))
+        self.db.write(batch, self._wopts)
         self._marked = False
         base, changed, count = self._chain(version - 1)
         changed, count = changed + delta.stat().st_size, count + 1

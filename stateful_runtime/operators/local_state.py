@@ -45,6 +45,7 @@ from stateful_runtime.checkpoints.keyed import (
     encode_ts,
     key_group,
     parse_row,
+    timers_fired,
 )
 from stateful_runtime.operators.backend import MapCell, StateBackend, ValueCell
 from stateful_runtime.operators.keyed_store import MAX_PARALLELISM, KeyedStore, group_prefix
@@ -337,6 +338,11 @@ class LocalBackend(StateBackend):
         # The due timer rows marked SOLE_EXPIRY that the pass yielded and expire() has not
         # fired yet (kept only with sole_expiry).
         self._sole: set[bytes] = set()
+        # The timer rows the task fired (taken or expired), not among its written rows: the
+        # commit removes them as one range per key group, every timer up to the latest time
+        # due() was asked for (:attr:`_due_upto`), which it fired whole.
+        self._fired: set[bytes] = set()
+        self._due_upto: int | None = None
 
     # -- cells ------------------------------------------------------------------------------
     def value_cell(self, name: str, processing_ttl_ms: int | None) -> ValueCell:
@@ -432,9 +438,19 @@ class LocalBackend(StateBackend):
 
     def commit(self) -> int:
         """The task's changes, and the expired state its sweep found (:meth:`sweep`), as the
-        store's next version (see :meth:`KeyedStore.commit`)."""
+        store's next version (see :meth:`KeyedStore.commit`): the timers it fired go as one
+        range per key group (:func:`~stateful_runtime.checkpoints.keyed.timers_fired`): each
+        due() pass is read whole, so no timer up to its time is left but those the task
+        registered since, which the commit writes after the ranges."""
         self.sweep()
-        return self.store.commit(self.pending())
+        rows = self.pending()
+        fired, upto = self._fired, self._due_upto
+        self._fired = set()
+        if not fired or upto is None:
+            return self.store.commit(rows)
+        groups = {row[:GROUP_BYTES] for row in fired}
+        ranges = dict(timers_fired(int.from_bytes(g, "big"), upto) for g in groups)
+        return self.store.commit(rows, ranges)
 
     def sweep(self, limit: int = SWEEP_ROWS) -> None:
         """Look at up to ``limit`` more rows of the task's key groups, from where this
@@ -498,7 +514,10 @@ class LocalBackend(StateBackend):
             self._none_due_upto = None
         mark = SOLE_EXPIRY if self.sole_expiry else b""
         if not self.key_timers:  # the index row is written (again)
-            self.raw[self._index_row(ts)] = mark
+            row = self._index_row(ts)
+            self.raw[row] = mark
+            if self._fired:
+                self._fired.discard(row)  # (fired earlier in the task: pending again)
             return
         timers = self._timers()
         if ts not in timers:
@@ -523,7 +542,7 @@ class LocalBackend(StateBackend):
             return sorted(
                 decode_ts(row[GROUP_BYTES + 1 : _TS_END])
                 for row, _ in self.store.scan(base, base + b"\xff" * 9)
-                if row[_TS_END:] == self.key_bytes
+                if row[_TS_END:] == self.key_bytes and row not in self._fired
             )
         return sorted(self._timers())
 
@@ -535,6 +554,8 @@ class LocalBackend(StateBackend):
         read as it fires, never listed. The store's part is read once up to a time (every
         timer it found there was taken since: what a later look up to that time can find is
         the task's own)."""
+        if self._due_upto is None or upto > self._due_upto:
+            self._due_upto = upto
         if self._none_due_upto is not None and upto <= self._none_due_upto:
             return
         stop = encode_ts(upto + 1) if upto < 2**63 - 1 else b"\xff" * 9
@@ -599,7 +620,7 @@ class LocalBackend(StateBackend):
         """Whether timer ``row`` (:meth:`due`'s) was removed since its pass began: by the
         task, or by a timer fired before it whose removal was flushed to the store since."""
         taken = self.raw.get(row, _MISSING)
-        if taken is None:
+        if taken is None or row in self._fired:
             return True
         return (
             taken is _MISSING
@@ -624,7 +645,8 @@ class LocalBackend(StateBackend):
             self.delete_timer(ts)
             self.end_key()
         else:
-            self.raw[row] = None
+            self.raw.pop(row, None)  # (registered in the task: never written)
+            self._fired.add(row)
         return ts, key
 
     def expire(self, rows: Iterable[bytes], ttl: dict[str, bool]) -> bool:
@@ -635,12 +657,14 @@ class LocalBackend(StateBackend):
         entry stored beside its expiry), without a key turn; whether any fired."""
         assert not self.key_timers  # (the keys' own timer sets would go stale)
         values, dirty, raw, sole = self.values, self.dirty, self.raw, self._sole
+        taken = self._fired
         fired = False
         for row in rows:
             if self._removed(row):
                 sole.discard(row)
                 continue
-            raw[row] = None
+            raw.pop(row, None)  # (registered in the task: never written)
+            taken.add(row)
             fired = True
             state_row = row[:GROUP_BYTES] + STATE_ROW + row[_TS_END:]
             if row in sole:  # the key's only state expired at or before this timer

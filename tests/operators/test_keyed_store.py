@@ -8,7 +8,7 @@ import threading
 import uuid
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stateful_runtime.exceptions import StateError
@@ -383,3 +383,82 @@ def test_a_snapshot_writer_whose_worker_is_gone_stops_and_leaves_no_snapshot(tmp
     s.close()
     keyed_store.write_snapshot(aside, s.checkpoint, 1, "t", 100, parent=os.getppid())
     assert [p.name for p in s.checkpoint.glob("*.snapshot")] == ["1.t.snapshot"]
+
+
+@settings(max_examples=25)  # (each batch opens and commits a RocksDB)
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(st.tuples(st.integers(0, 40), st.integers(0, 120)), max_size=25),
+            st.booleans(),
+            st.lists(st.tuples(st.integers(0, 40), st.integers(0, 120)), max_size=4),
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_fired_timers_leave_as_ranges_and_every_reader_agrees(tmp_path_factory, batches):
+    """A task fires every timer due at its batch's time, so its commit removes them as one
+    range per key group, not a delete each. Per batch: the due timers fire, new ones are
+    registered (a flush to the store among them, or not), those already due fire, and some
+    are registered after that, due or not (they stay). The live copy, a copy rebuilt from
+    the files and the files read alone (a rescale's, ``srt state inspect``'s) agree with the
+    model, and the deltas hold no delete of a fired timer."""
+    import pickle
+
+    import pyarrow as pa
+
+    from stateful_runtime.checkpoints import keyed as files
+    from stateful_runtime.operators.local_state import LocalBackend
+
+    tmp = tmp_path_factory.mktemp("ranges")
+    store = KeyedStore(tmp / "ck", tmp / "a")
+    model: set[tuple[int, int]] = set()
+    version = 0
+
+    def register(backend: LocalBackend, key: int, ts: int) -> None:
+        backend.group = files.key_group((key,))
+        backend.begin_key((key,))
+        backend.register_timer(ts)
+        backend.end_key()
+
+    def fire(backend: LocalBackend, upto: int) -> None:
+        for row in list(backend.due(upto, backend.groups)):
+            taken = backend.take(row)
+            if taken is not None:
+                model.discard((taken[1][0], taken[0]))
+
+    for n, (early, flush, late) in enumerate(batches):
+        upto = 20 * n
+        store.open(version)
+        backend = LocalBackend(store, clock=lambda: 0, key_timers=False)
+        backend.groups = range(MAX_PARALLELISM)
+        fire(backend, upto)
+        for i, (key, ts) in enumerate(early):
+            register(backend, key, ts)
+            model.add((key, ts))
+            if flush and i == len(early) // 2:
+                backend.flush()
+        fire(backend, upto)
+        assert not any(ts <= upto for _, ts in model)
+        for key, ts in late:  # after the last look: these stay, due or not
+            register(backend, key, ts)
+            model.add((key, ts))
+        version = backend.commit()
+        store.publish()
+        store.close()
+        with pa.ipc.open_file(next((tmp / "ck").glob(f"{version}.*.delta"))) as f:
+            rows = f.read_all()
+        deleted = [k for k, v in zip(*rows.to_pydict().values(), strict=True) if v is None]
+        assert not [k for k in deleted if k[2:3] == files.TIMER_ROW], "a fired timer's delete"
+
+    def timers(rows: dict[bytes, bytes]) -> set[tuple[int, int]]:
+        return {
+            (pickle.loads(k[11:])[0], files.decode_ts(k[3:11]))
+            for k in rows
+            if k[2:3] == files.TIMER_ROW
+        }
+
+    assert timers(_contents(store, version)) == model
+    assert timers(_contents(KeyedStore(tmp / "ck", tmp / "b"), version)) == model  # rebuilt
+    assert timers(files.state_at(tmp / "ck", version)) == model
