@@ -62,10 +62,6 @@ def passing(exc: Exception) -> bool:
     return code in LEADER_MOVING or code in UNREACHABLE
 
 
-class ClusterUnreachable(ConfigError):
-    """The cluster did not answer :func:`check_cluster` (raised with what to check)."""
-
-
 def watermark_offsets(consumer: Any, tp: Any) -> tuple[int, int]:
     """``consumer.get_watermark_offsets(tp)`` (low, high), asked again with backoff for up to
     :data:`LEADER_WAIT_S` while the partition's leadership moves; any other error, or one
@@ -126,10 +122,10 @@ def check_cluster(
     wait_s: float = 0.0,
 ) -> dict[str, int]:
     """Partition counts of ``topics`` (or of topics matching ``pattern``); ConfigError if the
-    cluster cannot be reached (:class:`ClusterUnreachable`), the security settings are wrong
-    or a topic is missing. ``admin``: a client to reuse (a new connection per call costs tens
-    of milliseconds). ``wait_s``: a running job's wait for a cluster out of reach (a broker
-    restarting), asked again by a new client with backoff; at a job's start, none."""
+    cluster cannot be reached, the security settings are wrong or a topic is missing.
+    ``admin``: a client to reuse (a new connection per call costs tens of milliseconds).
+    ``wait_s``: a running job's wait for a cluster out of reach (a broker restarting), asked
+    again by a new client with backoff; at a job's start, none."""
     import re
 
     from confluent_kafka import KafkaException
@@ -145,7 +141,7 @@ def check_cluster(
             break
         except KafkaException as exc:
             if time.monotonic() + pause > deadline:
-                raise ClusterUnreachable(
+                raise ConfigError(
                     f"Kafka {what}: cannot reach the cluster at {servers} within "
                     f"{METADATA_TIMEOUT_S + wait_s:.0f} s ({masking.mask_text(str(exc))}). "
                     + (

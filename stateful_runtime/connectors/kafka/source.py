@@ -64,7 +64,6 @@ from stateful_runtime.connectors.kafka import client as kafka_client
 from stateful_runtime.connectors.kafka.client import (
     LEADER_WAIT_S,
     METADATA_TIMEOUT_S,
-    ClusterUnreachable,
     admin_client,
     check_cluster,
     passing,
@@ -555,17 +554,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _partitions(self) -> list[tuple[str, int]]:
         """The topics' partitions; the job is running, so a cluster out of reach (a broker
         restarting) is waited for up to :data:`LEADER_WAIT_S`."""
-        try:
-            counts = check_cluster(
-                self.config,
-                self.topics or None,
-                self.pattern,
-                admin=self._admin_client(),
-                wait_s=LEADER_WAIT_S,
-            )
-        except ClusterUnreachable:
-            self._admin = None
-            raise
+        counts = check_cluster(
+            self.config,
+            self.topics or None,
+            self.pattern,
+            admin=self._admin_client(),
+            wait_s=LEADER_WAIT_S,
+        )
         return [(t, p) for t, n in sorted(counts.items()) for p in range(n)]
 
     def _list(self, spec: Any, parts: list[tuple[str, int]]) -> dict[str, int]:
