@@ -446,8 +446,9 @@ class LocalBackend(StateBackend):
         rows = self.pending()
         fired, upto = self._fired, self._due_upto
         self._fired = set()
-        if not fired or upto is None:
+        if not fired:
             return self.store.commit(rows)
+        assert upto is not None  # (every fired row came from a due() pass)
         groups = {row[:GROUP_BYTES] for row in fired}
         ranges = dict(timers_fired(int.from_bytes(g, "big"), upto) for g in groups)
         return self.store.commit(rows, ranges)
