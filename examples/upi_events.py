@@ -53,6 +53,16 @@ def events(
         ).encode()
 
 
+def bad_lines(lines: Iterable[bytes]) -> list[bytes]:
+    """The lines the UPI decoder rejects (the three malformed shapes ``events`` makes), sorted:
+    what the dead-letter topic must hold, each once."""
+    return sorted(
+        line
+        for line in lines
+        if line.startswith(b"{not") or b'"ten"' in line or b'"amount_paise"' not in line
+    )
+
+
 def oracle(lines: Iterable[bytes]) -> dict[tuple[str, datetime], tuple[int, int]]:
     """(merchant_id, window_start UTC naive) → (payments, amount_paise), computed directly."""
     out: dict[tuple[str, datetime], list[int]] = defaultdict(lambda: [0, 0])

@@ -46,17 +46,19 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # order them).
 LONGEST_FILES = (
     "tests/faults/test_kill_trials.py",
-    "tests/dagster_defs/test_ui.py",
     "tests/dbt_sink/test_upi_warehouses.py",
+    "tests/dagster_defs/test_ui.py",
     "tests/srt_airflow/test_lifecycle.py",
-    "tests/faults/test_overflow.py",
-    "tests/faults/test_connected_kill.py",
-    "tests/faults/test_sink_tables.py",
-    "tests/runtime/test_runner_crash.py",
-    "tests/connectors/kafka/test_kafka_union.py",
-    "tests/connectors/kafka/test_kafka_upi.py",
-    "tests/runtime/test_runner_signals.py",
     "tests/faults/test_kafka_outage.py",
+    "tests/faults/test_cluster_kills.py",
+    "tests/faults/test_overflow.py",
+    "tests/faults/test_sink_tables.py",
+    "tests/faults/test_connected_kill.py",
+    "tests/runtime/test_cluster.py",
+    "tests/faults/test_event_time.py",
+    "tests/checkpoints/test_savepoints_spark.py",
+    "tests/operators/test_keyed_spark.py",
+    "tests/checkpoints/test_migrate.py",
 )
 
 

@@ -1,7 +1,7 @@
 """A checkpoint on S3 as a path (``checkpoint.dir=s3://...``): what the runtime's checkpoint code
 asks of a directory, answered by a real S3 API endpoint, and the job's lock as a lease.
 
-The job on S3 end to end, killed and resumed on the cluster: tests/faults/test_s3_checkpoint.py.
+The job on S3 end to end, killed and resumed on the cluster: tests/faults/test_cluster_kills.py.
 """
 
 from __future__ import annotations

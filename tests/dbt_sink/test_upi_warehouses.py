@@ -5,9 +5,10 @@ clickhouse,delta``: one query per warehouse in one job), end to end through the 
 * kill -9 of the whole job at five random points and at three forced ones (a sink held by its
   test hook between the data and its ledger entry, between two partitions of a batch, between
   the last partition and the batch's commit), both warehouse servers down for a while mid-run
-  (the fifth random kill ends that run): every table still equals the oracle (ClickHouse with
-  FINAL; its raw copies are explained by the replays its ledger records); then a batch in
-  PostgreSQL's ledger but not in Spark's commit log is replayed without a write.
+  (the fifth random kill ends that run), this process appending to the job's topic all the
+  while: every table still equals the oracle (ClickHouse with FINAL; its raw copies are
+  explained by the replays its ledger records) and each bad record is one dead letter; then a
+  batch in PostgreSQL's ledger but not in Spark's commit log is replayed without a write.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import threading
 import time
 
 import pytest
-from upi_events import events, oracle
+from upi_events import bad_lines, events, oracle
 
 from dbt_sink.partitioned import HOOK_AT, HOOK_DIR
 from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.connectors.eventlog import EventLog
 from stateful_runtime.connectors.eventlog.ingest import _records
+from tests.faults.harness import dead_letters
 from tests.helpers import (
     append_lines,
     kill_group,
@@ -259,3 +261,6 @@ def test_kill_dash_nine_and_warehouse_outage_result_equals_oracle(
     expected = oracle(fed + more)
     for kind in KINDS:
         assert read_counts(kind, warehouses[kind]) == expected, kind
+    # Each bad record is one dead letter, whatever the kills and the three queries reading it,
+    # the log appended by this process all the while.
+    assert dead_letters(upi.log_dir) == bad_lines(fed + more)

@@ -376,15 +376,6 @@ class OutageProxy:
 # -- input while the job runs ----------------------------------------------------------------------
 
 
-def bad_lines(lines: Iterable[bytes]) -> list[bytes]:
-    """The records the UPI decoder rejects (examples/upi_events' three malformed shapes)."""
-    return sorted(
-        line
-        for line in lines
-        if line.startswith(b"{not") or b'"ten"' in line or b'"amount_paise"' not in line
-    )
-
-
 def dead_letters(log_dir: Path, topic: str = f"{TOPIC}-dlq") -> list[bytes]:
     """The dead letters' values, sorted ([] if the topic was never made)."""
     return sorted(r.value for r in read_topic(log_dir, topic))
@@ -402,6 +393,8 @@ def record_run(
     """Record a run that must end exact (exit 0, the UPI table of workspace ``ws`` = the oracle
     of ``lines``, each bad record one dead letter) as a trial: ``passed`` is its detail when
     it does. Returns what went wrong ([]: nothing)."""
+    from upi_events import bad_lines
+
     cmp = compare(ws.table(), upi_oracle(lines))
     dead = dead_letters(ws.log_dir)
     why = []

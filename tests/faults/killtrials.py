@@ -171,14 +171,6 @@ class Outcome:
         return "\n".join(lines)
 
 
-def _bad(lines: list[bytes]) -> list[bytes]:
-    return sorted(
-        line
-        for line in lines
-        if line.startswith(b"{not") or b'"ten"' in line or b'"amount_paise"' not in line
-    )
-
-
 def _check(ws: Any, log: LogCopy) -> tuple[int, int, int, str]:
     """The table against the oracle of what the sink's ledger claims, and the dead letters
     against the bad records of the committed input: (ledger batch, lost, duplicated, detail)."""
@@ -215,7 +207,9 @@ def _check(ws: Any, log: LogCopy) -> tuple[int, int, int, str]:
     ]:
         for k, v in json.loads(f.read_text().splitlines()[2]).items():
             read[k] = max(read.get(k, 0), int(v))
-    extra = Counter(dead_letters(ws.log_dir)) - Counter(_bad(log.lines(read)))
+    from upi_events import bad_lines
+
+    extra = Counter(dead_letters(ws.log_dir)) - Counter(bad_lines(log.lines(read)))
     if extra:
         detail += f" {sum(extra.values())} dead letter(s) beyond the committed input's bad records"
     return b, cmp.lost, cmp.duplicated, detail.strip()
@@ -245,7 +239,8 @@ def run_kill_trials(
     say: Callable[[str], None] = lambda s: None,
 ) -> Outcome:
     """Run ``cfg.trials`` kill trials and the final drain in ``root``."""
-    from upi_events import events  # examples/: on sys.path once tests.helpers is imported
+    # examples/ is on sys.path once tests.helpers is imported
+    from upi_events import bad_lines, events
 
     from stateful_runtime.checkpoints.layout import QueryLayout
     from stateful_runtime.checkpoints.verify import verify
@@ -372,8 +367,8 @@ def run_kill_trials(
         problems.append(f"drain exited {final.returncode}: {final.stderr[-2000:]}")
     if not cmp.exact:
         problems.append(str(cmp))
-    if dead != _bad(lines):
-        problems.append(f"{len(dead)} dead letters, {len(_bad(lines))} bad records")
+    if dead != bad_lines(lines):
+        problems.append(f"{len(dead)} dead letters, {len(bad_lines(lines))} bad records")
     if quarantined != torn_count:
         problems.append(f"{torn_count} torn commits, {quarantined} quarantines")
     out.final_ok = not problems

@@ -15,14 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from upi_events import oracle
+from upi_events import bad_lines, oracle
 
 from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.checkpoints.verify import verify
 from tests.faults.harness import (
     QUERY,
     Feeder,
-    bad_lines,
     batch_offsets,
     compare,
     dead_letters,

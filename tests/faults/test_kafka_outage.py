@@ -32,12 +32,12 @@ from collections.abc import Callable
 from datetime import datetime
 
 import pytest
-from upi_events import events, oracle
+from upi_events import bad_lines, events, oracle
 
 from stateful_runtime.checkpoints.layout import QueryLayout
 from stateful_runtime.connectors.kafka.sink import BATCH_HEADER
 from tests.connectors.kafka.helpers import Client, start_broker, start_cluster
-from tests.faults.harness import JOB, QUERY, bad_lines, caught_up, compare
+from tests.faults.harness import JOB, QUERY, caught_up, compare
 from tests.helpers import srt, srt_background, wait_for_commit
 
 pytestmark = pytest.mark.faults

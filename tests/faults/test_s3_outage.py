@@ -17,7 +17,7 @@ import time
 import uuid
 
 import pytest
-from upi_events import oracle
+from upi_events import bad_lines, oracle
 
 from stateful_runtime.checkpoints.layout import QueryLayout
 from tests.faults.harness import (
@@ -25,7 +25,6 @@ from tests.faults.harness import (
     QUERY,
     Feeder,
     OutageProxy,
-    bad_lines,
     caught_up,
     compare,
     dead_letters,
