@@ -97,6 +97,7 @@ from stateful_runtime.runtime.session import (
     arrow_schema,
     build_session,
     default_master,
+    jvm_ending,
     s3_conf,
     short_run,
     sized_jit_note,
@@ -630,6 +631,7 @@ class JobRunner:
 
     def stop(self) -> None:
         """Ask the job to stop: the batch in flight commits, then the queries stop."""
+        jvm_ending()  # a signal to the process group ends the JVM under a call as well
         self._stop.set()
         self._wake.set()
 

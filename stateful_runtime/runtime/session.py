@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import re
 import signal
@@ -215,6 +216,27 @@ def _writes_at_exit() -> bool:
     )
 
 
+# py4j reports a command its JVM did not answer with ``logging.exception`` on the root logger
+# (an ERROR and a traceback on stderr), then the call raises. Once the job is stopping, the
+# JVM ending under a call is expected: a signal to the job's process group reaches the JVM as
+# well (a SIGTERM to the group before Spark started printed one after "stopped by SIGTERM"),
+# and the caller handles the raise.
+_SEND_FAILED = "Exception while sending command."
+
+
+class _JvmEnding(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != _SEND_FAILED
+
+
+def jvm_ending() -> None:
+    """From now on in this process, py4j's report of a command the JVM did not answer is not
+    printed (the call's own exception stands): the job is stopping, or the process exits."""
+    root = logging.getLogger()
+    if not any(isinstance(f, _JvmEnding) for f in root.filters):
+        root.addFilter(_JvmEnding())
+
+
 def _end_jvm(
     spark: SparkSession, proc: subprocess.Popen | None, timeout: float, scratch: bool
 ) -> None:
@@ -235,6 +257,7 @@ def _end_jvm(
     ends, and py4j then skips those messages."""
     from stateful_runtime.runtime import warmup
 
+    jvm_ending()
     client = getattr(getattr(spark.sparkContext, "_gateway", None), "_gateway_client", None)
     warmup.settle(spark)  # its tasks end before Spark stops under them
     stopped = id(spark.sparkContext) in _STOPPED_CLEANLY or _stop_context(spark)

@@ -50,6 +50,26 @@ LATE_GC_SCRIPT = textwrap.dedent("""
 """)
 
 
+# A JVM ending under a py4j call once the job is stopping: a signal to the job's process group
+# reaches the JVM as well, and py4j reported the call the JVM did not answer with an ERROR and
+# a traceback on the root logger, after "stopped by SIGTERM" (found by
+# tests/runtime/test_runner_signals.py, a SIGTERM to the group before Spark started). Which way
+# a call to a dying JVM fails is a matter of timing, so the test gives py4j's report itself.
+JVM_ENDING_SCRIPT = textwrap.dedent("""
+    import logging
+    from stateful_runtime.runtime.session import jvm_ending
+    def report(message):
+        try:
+            raise ConnectionResetError(104, "Connection reset by peer")
+        except ConnectionResetError:
+            logging.exception(message)  # as py4j's GatewayClient.send_command does
+    report("Exception while sending command.")
+    jvm_ending()
+    report("Exception while sending command.")
+    report("another failure")
+""")
+
+
 def _exec(tmp_path, script: str, **env) -> subprocess.CompletedProcess:
     done = subprocess.run(
         [sys.executable, "-c", script],
@@ -98,3 +118,10 @@ def test_a_flight_recording_is_written_at_exit(tmp_path):
     line = _run(tmp_path, JAVA_TOOL_OPTIONS=f"-XX:StartFlightRecording=filename={recording}")
     assert line == "jvm-exit 0", line
     assert recording.stat().st_size > 0
+
+
+def test_a_jvm_ending_under_a_call_is_not_reported_once_the_job_stops(tmp_path):
+    done = _exec(tmp_path, JVM_ENDING_SCRIPT)
+    # Before the stop, py4j's report shows; after it, only other errors do.
+    assert done.stderr.count("ERROR:root:Exception while sending command.") == 1, done.stderr
+    assert "ERROR:root:another failure" in done.stderr, done.stderr
