@@ -286,33 +286,3 @@ def test_cluster_leader_moved_and_coordinator_lost_output_equals_oracle(
         )
     finally:
         cluster.stop()
-
-
-def test_a_watermark_lookup_waits_out_a_broker_restart(tmp_path):
-    """The sink's markers and the dead letters' transaction look a partition's offsets up while
-    the job runs: a broker restarting under the lookup (a transport error, a torn-down broker
-    connection, a timeout) is asked again until it answers, as a moving leadership is. Before,
-    the dead letters' publication of a running job stopped it on the first error."""
-    import threading
-
-    from confluent_kafka import Consumer, TopicPartition
-
-    from stateful_runtime.connectors.kafka.client import watermark_offsets
-
-    broker = start_broker(tmp_path / "kafka" / "data")
-    try:
-        broker.create_topic("marks", 1)
-        broker.produce("marks", [(b"k", b"v%d" % i) for i in range(5)])
-        consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "t"})
-        tp = TopicPartition("marks", 0)
-        assert watermark_offsets(consumer, tp) == (0, 5)
-        broker.stop(signal.SIGKILL)
-        back = threading.Timer(4.0, broker.start)  # the outage: not a synchronisation
-        back.start()
-        try:
-            assert watermark_offsets(consumer, tp) == (0, 5)
-        finally:
-            back.join()
-            consumer.close()
-    finally:
-        broker.stop()

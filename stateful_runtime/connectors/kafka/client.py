@@ -36,20 +36,23 @@ LEADER_MOVING = frozenset(
     }
 )
 # The cluster out of reach for a moment (a broker restarting, the network): librdkafka's own
-# codes for a transport failure, a request that timed out, every broker down, no partition
-# leader known (_NOENT, "No leaders found": the admin client's answer while they are down) and
-# a request whose broker connection was torn down (_DESTROY_BROKER, "Broker handle destroyed":
-# a broker restarting under a watermark lookup), and Kafka's NETWORK_EXCEPTION.
-UNREACHABLE = frozenset({-195, -185, -187, -156, -137, 13})
+# codes for a transport failure, a request that timed out, every broker down and no partition
+# leader known (_NOENT, "No leaders found": the admin client's answer while they are down), and
+# Kafka's NETWORK_EXCEPTION.
+UNREACHABLE = frozenset({-195, -185, -187, -156, 13})
 # How long a moving leadership, or a cluster out of reach, is asked again before its error
 # stands (Kafka's own clients wait default.api.timeout.ms, 60 s, the same way).
 LEADER_WAIT_S = 60.0
-_UNKNOWN_PARTITION = -190
 
 
 def _code(exc: Exception) -> int | None:
     err: Any = exc.args[0] if exc.args else None
     return err.code() if hasattr(err, "code") else None
+
+
+def leader_moving(exc: Exception) -> bool:
+    """Whether ``exc`` (a KafkaException) is a partition's leadership moving."""
+    return _code(exc) in LEADER_MOVING
 
 
 def passing(exc: Exception) -> bool:
@@ -61,10 +64,9 @@ def passing(exc: Exception) -> bool:
 
 def watermark_offsets(consumer: Any, tp: Any) -> tuple[int, int]:
     """``consumer.get_watermark_offsets(tp)`` (low, high), asked again with backoff for up to
-    :data:`LEADER_WAIT_S` while the partition's leadership moves or the cluster is out of
-    reach (:func:`passing`); any other error, or one that lasts, stands. Without it a job
-    whose dead letters or sink markers were read at the moment a leader moved, or while a
-    broker restarted, stopped (found by the cluster and broker-kill trials of tests/faults)."""
+    :data:`LEADER_WAIT_S` while the partition's leadership moves; any other error, or one
+    that lasts, stands. Without it a job whose dead letters or sink markers were read at the
+    moment a leader moved stopped (found by the cluster trial of tests/faults)."""
     from confluent_kafka import KafkaException
 
     deadline, pause = time.monotonic() + LEADER_WAIT_S, 0.1
@@ -72,11 +74,7 @@ def watermark_offsets(consumer: Any, tp: Any) -> tuple[int, int]:
         try:
             return consumer.get_watermark_offsets(tp, timeout=METADATA_TIMEOUT_S)
         except KafkaException as exc:
-            # A broker restarting answers metadata without the partition for a moment
-            # (_UNKNOWN_PARTITION) until it has read the cluster's metadata back; the callers
-            # look up partitions that exist (checked by check_cluster, made by ensure_topic).
-            restarting = _code(exc) == _UNKNOWN_PARTITION
-            if not (passing(exc) or restarting) or time.monotonic() + pause > deadline:
+            if not leader_moving(exc) or time.monotonic() + pause > deadline:
                 raise
         time.sleep(pause)  # backoff before asking a moving leadership again
         pause = min(pause * 2, 2.0)
